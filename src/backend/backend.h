@@ -1,0 +1,148 @@
+/* backend.h - the op table every compute backend (CPU, CUDA) implements.
+ *
+ * The forward pass is written once against these ops. Activations are fp32 arrays in
+ * backend memory ("device pointers"; plain host pointers on the CPU). Weights are
+ * described by exl_linear_src (pointers into the mapped files) and turned into a
+ * backend-owned exl_linear, which may repack them once. */
+#ifndef EXL_BACKEND_H
+#define EXL_BACKEND_H
+
+#include "exl.h"
+#include "io/dtype.h"
+
+#include <stdint.h>
+
+/* ---- weights as they lie in the files */
+
+typedef enum exl_linear_kind { EXL_LINEAR_DENSE, EXL_LINEAR_EXL2, EXL_LINEAR_GPTQ } exl_linear_kind;
+
+/* An unquantized matrix in Hugging Face layout: [out_features, in_features] row-major. */
+typedef struct exl_dense_src {
+    exl_dtype dtype; /* F32, F16 or BF16 */
+    const void *data;
+} exl_dense_src;
+
+/* EXL2 tensors (see docs: formats). Validated by quant/ before reaching a backend. */
+typedef struct exl_exl2_src {
+    const int32_t *q_weight;     /* [q_rows, n_padded] */
+    const int32_t *q_invperm;    /* [in] */
+    const int32_t *q_scale;      /* [n_groups, n_padded / 8] */
+    const uint16_t *q_scale_max; /* fp16 [n_groups] */
+    const int16_t *q_groups;     /* [2 * n_groups]: (bits, first q row) */
+    int32_t q_rows, n_padded, n_groups;
+} exl_exl2_src;
+
+/* GPTQ tensors, validated by quant/. */
+typedef struct exl_gptq_src {
+    const int32_t *qweight;  /* [in * bits / 32, out] */
+    const int32_t *qzeros;   /* [n_groups, out * bits / 32] */
+    const uint16_t *scales;  /* fp16 [n_groups, out] */
+    const int32_t *g_idx;    /* [in] or NULL (row k in group k / group_size) */
+    int32_t bits, group_size, n_groups;
+    int32_t zero_offset;     /* 1 for gptq v1 checkpoints, 0 for v2 */
+} exl_gptq_src;
+
+typedef struct exl_linear_src {
+    exl_linear_kind kind;
+    int64_t in_features, out_features;
+    exl_dense_src dense;
+    exl_exl2_src exl2;
+    exl_gptq_src gptq;
+    exl_dtype bias_dtype;
+    const void *bias; /* [out_features] or NULL */
+    const char *name; /* for messages */
+} exl_linear_src;
+
+typedef struct exl_linear exl_linear; /* backend-owned, opaque */
+typedef struct exl_vector exl_vector; /* backend-owned fp32 vector (norm weights) */
+
+/* ---- one forward batch: several sequences, their new tokens concatenated row-wise */
+
+typedef struct exl_attn_seq {
+    int32_t q_start;    /* first row of this sequence in the batch */
+    int32_t n_q;        /* new tokens */
+    int32_t n_kv;       /* tokens in the cache after this step (the new ones included) */
+    int32_t page_start; /* first entry of this sequence's page table in page_tables */
+} exl_attn_seq;
+
+typedef struct exl_batch {
+    int32_t n_rows, n_seqs;
+    int32_t max_q, max_kv;
+    /* host copies */
+    const exl_attn_seq *seqs;
+    const int32_t *pos;          /* [n_rows] position of each row */
+    const int32_t *slots;        /* [n_rows] cache slot (page * page_size + offset) of each row */
+    /* backend copies (identical pointers on the CPU) */
+    const exl_attn_seq *d_seqs;
+    const int32_t *d_ids, *d_pos, *d_slots, *d_page_tables;
+} exl_batch;
+
+typedef struct exl_attn_shape {
+    int32_t n_heads, n_kv_heads, head_dim;
+    int32_t page_size;
+    int32_t sliding_window; /* 0 = none */
+    float scale;
+} exl_attn_shape;
+
+/* ---- the op table */
+
+typedef struct exl_backend exl_backend;
+
+typedef struct exl_backend_ops {
+    void (*destroy)(exl_backend *be);
+
+    /* memory: NULL / non-OK with a message on failure */
+    void *(*alloc)(exl_backend *be, size_t bytes);
+    void (*free)(exl_backend *be, void *p);
+    exl_status (*upload)(exl_backend *be, void *dst, const void *src, size_t bytes);
+    exl_status (*download)(exl_backend *be, void *dst, const void *src, size_t bytes);
+    exl_status (*synchronize)(exl_backend *be);
+
+    /* weights */
+    exl_status (*linear_init)(exl_backend *be, const exl_linear_src *src, exl_linear **out);
+    void (*linear_free)(exl_backend *be, exl_linear *w);
+    /* fp32 vector of n values from a dense source, plus `add` to each (Gemma's 1 + w) */
+    exl_status (*vector_init)(exl_backend *be, const exl_dense_src *src, int64_t n, float add, exl_vector **out);
+    void (*vector_free)(exl_backend *be, exl_vector *v);
+
+    /* ops: all pointers are backend memory; x, out are [rows, width] fp32 */
+    /* out[r] = table[ids[r]] * scale, where table is a dense linear of [vocab, width] */
+    void (*embed)(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
+                  float scale);
+    /* out may be x */
+    void (*rmsnorm)(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
+                    float eps);
+    /* out = x · W + b; x is [rows, in], out is [rows, out] */
+    void (*matmul)(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
+    /* rotary embedding in place on [rows, n_heads, head_dim], NeoX (rotate-half) layout;
+     * inv_freq holds rot_dim / 2 frequencies, cos and sin are multiplied by attn_factor */
+    void (*rope)(exl_backend *be, float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
+                 int32_t rot_dim, const float *inv_freq, float attn_factor);
+    /* write rows of k and v ([rows, n_kv_heads * head_dim]) to their cache slots */
+    void (*kv_store)(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                     const exl_batch *b, int32_t kv_width);
+    /* causal attention of each sequence's new queries over its paged cache */
+    void (*attention)(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
+                      const exl_batch *b, const exl_attn_shape *shape);
+    /* gate = act(gate) * up over [rows, width] */
+    void (*glu)(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
+    /* x += y over n values */
+    void (*add)(exl_backend *be, float *x, const float *y, int64_t n);
+    /* out[i] = x[idx[i]] for rows of width */
+    void (*gather_rows)(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
+                        int32_t width);
+} exl_backend_ops;
+
+struct exl_backend {
+    const exl_backend_ops *ops;
+    const char *name;
+    size_t kv_elem_bytes; /* bytes per cached K/V value */
+};
+
+/* The CPU backend (always available). n_threads <= 0: one per core. */
+exl_status exl_backend_cpu_init(int n_threads, exl_backend **out);
+/* The backend for a device request: CUDA when asked for (error if unusable) or when
+ * AUTO finds a usable GPU, else the CPU. */
+exl_status exl_backend_init(exl_device device, int n_threads, exl_backend **out);
+
+#endif

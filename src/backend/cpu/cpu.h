@@ -1,0 +1,42 @@
+/* cpu.h - the CPU backend's private types shared by its files. */
+#ifndef EXL_CPU_H
+#define EXL_CPU_H
+
+#include "backend/backend.h"
+#include "backend/cpu/kernels.h"
+#include "base/threads.h"
+
+typedef struct exl_cpu_backend {
+    exl_backend base;
+    exl_pool *pool;
+    const exl_cpu_kernels *k;
+} exl_cpu_backend;
+
+struct exl_linear {
+    exl_linear_src src; /* weights stay in the mapped files */
+    float *bias;        /* fp32 copy, or NULL */
+};
+
+struct exl_vector {
+    float *v;
+};
+
+static inline exl_cpu_backend *exl_cpu(exl_backend *be) { return (exl_cpu_backend *)be; }
+
+void exl_cpu_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
+void exl_cpu_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
+                   float scale);
+void exl_cpu_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows,
+                     int32_t width, float eps);
+void exl_cpu_rope(exl_backend *be, float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
+                  int32_t rot_dim, const float *inv_freq, float attn_factor);
+void exl_cpu_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                      const exl_batch *b, int32_t kv_width);
+void exl_cpu_attention(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
+                       const exl_batch *b, const exl_attn_shape *shape);
+void exl_cpu_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
+void exl_cpu_add(exl_backend *be, float *x, const float *y, int64_t n);
+void exl_cpu_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
+                         int32_t width);
+
+#endif

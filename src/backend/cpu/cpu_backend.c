@@ -1,0 +1,126 @@
+/* cpu_backend.c - the CPU backend's op table, memory and weight handles. */
+#include "backend/cpu/cpu.h"
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/half.h"
+
+#include <string.h>
+
+static void cpu_destroy(exl_backend *be) {
+    exl_pool_free(exl_cpu(be)->pool);
+    exl_free(be);
+}
+
+static void *cpu_alloc(exl_backend *be, size_t bytes) {
+    void *p = exl_malloc_aligned(bytes);
+    if (!p)
+        exl_fail(EXL_ERR_NOMEM, "out of host memory allocating %zu bytes", bytes);
+    return p;
+}
+
+static void cpu_free(exl_backend *be, void *p) { exl_free_aligned(p); }
+
+static exl_status cpu_copy(exl_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes)
+        memmove(dst, src, bytes);
+    return EXL_OK;
+}
+
+static exl_status cpu_synchronize(exl_backend *be) { return EXL_OK; }
+
+static float dense_value(exl_dtype t, const void *data, int64_t i) {
+    switch (t) {
+    case EXL_DTYPE_F32: return ((const float *)data)[i];
+    case EXL_DTYPE_F16: return exl_f16_to_f32(((const uint16_t *)data)[i]);
+    case EXL_DTYPE_BF16: return exl_bf16_to_f32(((const uint16_t *)data)[i]);
+    default: return 0;
+    }
+}
+
+static exl_status cpu_linear_init(exl_backend *be, const exl_linear_src *src, exl_linear **out) {
+    if (src->kind != EXL_LINEAR_DENSE)
+        return exl_fail(EXL_ERR_UNSUPPORTED, "%s: quantized weights are not supported by the CPU backend yet",
+                        src->name ? src->name : "linear");
+    exl_linear *w = exl_calloc(1, sizeof *w);
+    if (!w)
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    w->src = *src;
+    if (src->bias) {
+        w->bias = exl_malloc((size_t)src->out_features * sizeof(float));
+        if (!w->bias) {
+            exl_free(w);
+            return exl_fail(EXL_ERR_NOMEM, "out of memory");
+        }
+        for (int64_t i = 0; i < src->out_features; i++)
+            w->bias[i] = dense_value(src->bias_dtype, src->bias, i);
+    }
+    *out = w;
+    return EXL_OK;
+}
+
+static void cpu_linear_free(exl_backend *be, exl_linear *w) {
+    if (!w)
+        return;
+    exl_free(w->bias);
+    exl_free(w);
+}
+
+static exl_status cpu_vector_init(exl_backend *be, const exl_dense_src *src, int64_t n, float add,
+                                  exl_vector **out) {
+    exl_vector *v = exl_calloc(1, sizeof *v);
+    if (!v || !(v->v = exl_malloc((size_t)n * sizeof(float)))) {
+        exl_free(v);
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    }
+    for (int64_t i = 0; i < n; i++)
+        v->v[i] = dense_value(src->dtype, src->data, i) + add;
+    *out = v;
+    return EXL_OK;
+}
+
+static void cpu_vector_free(exl_backend *be, exl_vector *v) {
+    if (!v)
+        return;
+    exl_free(v->v);
+    exl_free(v);
+}
+
+static const exl_backend_ops cpu_ops = {
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .synchronize = cpu_synchronize,
+    .linear_init = cpu_linear_init,
+    .linear_free = cpu_linear_free,
+    .vector_init = cpu_vector_init,
+    .vector_free = cpu_vector_free,
+    .embed = exl_cpu_embed,
+    .rmsnorm = exl_cpu_rmsnorm,
+    .matmul = exl_cpu_matmul,
+    .rope = exl_cpu_rope,
+    .kv_store = exl_cpu_kv_store,
+    .attention = exl_cpu_attention,
+    .glu = exl_cpu_glu,
+    .add = exl_cpu_add,
+    .gather_rows = exl_cpu_gather_rows,
+};
+
+exl_status exl_backend_cpu_init(int n_threads, exl_backend **out) {
+    exl_cpu_backend *be = exl_calloc(1, sizeof *be);
+    if (!be)
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    exl_status st = exl_pool_init(n_threads, &be->pool);
+    if (st != EXL_OK) {
+        exl_free(be);
+        return st;
+    }
+    be->k = exl_cpu_kernels_best();
+    be->base.ops = &cpu_ops;
+    be->base.name = "cpu";
+    be->base.kv_elem_bytes = sizeof(float);
+    *out = &be->base;
+    return EXL_OK;
+}

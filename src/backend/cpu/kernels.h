@@ -1,0 +1,26 @@
+/* kernels.h - the CPU's SIMD inner loops, one table per instruction set, picked at run time. */
+#ifndef EXL_CPU_KERNELS_H
+#define EXL_CPU_KERNELS_H
+
+#include <stdint.h>
+
+#define EXL_CPU_MAX_NR 4 /* activation rows a dot kernel handles at once */
+
+typedef struct exl_cpu_kernels {
+    const char *isa;
+    /* out[r] = sum_k x[r * ldx + k] * w[k] for r < nr (1 <= nr <= EXL_CPU_MAX_NR) */
+    void (*dot_f32)(const float *x, int64_t ldx, int nr, const float *w, int64_t k, float *out);
+    void (*dot_f16)(const float *x, int64_t ldx, int nr, const uint16_t *w, int64_t k, float *out);
+    void (*dot_bf16)(const float *x, int64_t ldx, int nr, const uint16_t *w, int64_t k, float *out);
+} exl_cpu_kernels;
+
+extern const exl_cpu_kernels exl_cpu_kernels_scalar;
+extern const exl_cpu_kernels exl_cpu_kernels_avx2;
+extern const exl_cpu_kernels exl_cpu_kernels_avx512;
+
+/* The best table this CPU supports; $EXL_CPU_ISA (scalar, avx2, avx512) caps the choice. */
+const exl_cpu_kernels *exl_cpu_kernels_best(void);
+/* The table for an ISA name if this CPU supports it, else NULL. */
+const exl_cpu_kernels *exl_cpu_kernels_named(const char *isa);
+
+#endif

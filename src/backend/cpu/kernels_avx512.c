@@ -1,0 +1,43 @@
+/* kernels_avx512.c - AVX-512 inner loops (compiled with -mavx512f/bw/vl/dq). */
+#include "backend/cpu/kernels.h"
+
+#include <immintrin.h>
+
+static inline __m512 load_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+static inline __m512 load_f16(const uint16_t *p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+/* Two accumulators per row; the tail uses masked loads, so no scalar remainder. */
+#define DEFINE_DOT(name, wtype, loadv)                                                             \
+    static void name(const float *x, int64_t ldx, int nr, const wtype *w, int64_t k, float *out) { \
+        __m512 a0[EXL_CPU_MAX_NR], a1[EXL_CPU_MAX_NR];                                             \
+        for (int r = 0; r < nr; r++)                                                               \
+            a0[r] = a1[r] = _mm512_setzero_ps();                                                   \
+        int64_t i = 0;                                                                             \
+        for (; i + 32 <= k; i += 32) {                                                             \
+            __m512 w0 = loadv(w + i, 0xffff), w1 = loadv(w + i + 16, 0xffff);                      \
+            for (int r = 0; r < nr; r++) {                                                         \
+                a0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * ldx + i), w0, a0[r]);              \
+                a1[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * ldx + i + 16), w1, a1[r]);         \
+            }                                                                                      \
+        }                                                                                          \
+        for (; i < k; i += 16) {                                                                   \
+            __mmask16 m = k - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k - i)) - 1);      \
+            __m512 w0 = loadv(w + i, m);                                                           \
+            for (int r = 0; r < nr; r++)                                                           \
+                a0[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + r * ldx + i), w0, a0[r]);     \
+        }                                                                                          \
+        for (int r = 0; r < nr; r++)                                                               \
+            out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));                            \
+    }
+
+DEFINE_DOT(dot_f32, float, load_f32)
+DEFINE_DOT(dot_f16, uint16_t, load_f16)
+DEFINE_DOT(dot_bf16, uint16_t, load_bf16)
+
+const exl_cpu_kernels exl_cpu_kernels_avx512 = {"avx512", dot_f32, dot_f16, dot_bf16};

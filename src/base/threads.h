@@ -1,0 +1,19 @@
+/* threads.h - a fork-join worker pool: run fn(ctx, i, n) for i in [0, n) across threads. */
+#ifndef EXL_BASE_THREADS_H
+#define EXL_BASE_THREADS_H
+
+#include "exl.h"
+
+typedef struct exl_pool exl_pool;
+typedef void (*exl_task_fn)(void *ctx, int index, int count);
+
+/* n_threads <= 0 means one per online core. The caller's thread is one of them. */
+exl_status exl_pool_init(int n_threads, exl_pool **out);
+void exl_pool_free(exl_pool *pool);
+int exl_pool_size(const exl_pool *pool);
+/* Calls fn(ctx, i, pool_size) once for each thread index i and waits for all. */
+void exl_pool_run(exl_pool *pool, exl_task_fn fn, void *ctx);
+/* Split [0, n) into near-equal ranges for thread i of count; multiples of `align`. */
+void exl_split_range(long n, int i, int count, long align, long *begin, long *end);
+
+#endif

@@ -1,0 +1,77 @@
+/* main.c - the exl command: dispatches to one subcommand per file (cmd_*.c). */
+#include "cli.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"info", cmd_info, "describe a model directory: architecture, sizes, dtypes, memory"},
+    {"logits", cmd_logits, "write the logits of a token sequence to a safetensors file"},
+    {"tokenize", cmd_tokenize, "print the token ids of text read on stdin"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "exl - fast inference for quantized LLMs (EXL2, GPTQ, fp16/bf16)\n\n"
+               "usage: exl <command> [options]   (exl <command> --help for details)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+}
+
+int cli_error(exl_status st) {
+    fprintf(stderr, "exl: %s\n", exl_last_error()[0] ? exl_last_error() : exl_status_str(st));
+    return 1;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    fprintf(stderr, "exl %s: ", cmd);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (see exl %s --help)\n", cmd);
+    return 2;
+}
+
+int cli_parse_int(const char *s, long lo, long hi, long *out) {
+    if (!s || !*s)
+        return -1;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_parse_device(const char *s, exl_device *out) {
+    if (!strcmp(s, "auto"))
+        *out = EXL_DEVICE_AUTO;
+    else if (!strcmp(s, "cpu"))
+        *out = EXL_DEVICE_CPU;
+    else if (!strcmp(s, "cuda") || !strcmp(s, "gpu"))
+        *out = EXL_DEVICE_CUDA;
+    else
+        return -1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "exl: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

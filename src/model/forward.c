@@ -1,0 +1,199 @@
+/* forward.c - the transformer forward pass, written once against the backend op table. */
+#include "model/model.h"
+
+#include "base/alloc.h"
+#include "base/error.h"
+
+#include <math.h>
+#include <string.h>
+
+
+int32_t exl_model_max_rows(const exl_model *m) { return EXL_MAX_ROWS; }
+
+
+static exl_status alloc_buf(exl_model *m, void **p, size_t bytes) {
+    *p = m->be->ops->alloc(m->be, bytes);
+    return *p ? EXL_OK : exl_fail_prefix(EXL_ERR_NOMEM, "forward buffers");
+}
+
+static exl_status ensure_scratch(exl_model *m, int32_t n_pages_total) {
+    exl_forward_scratch *s = &m->fs;
+    const exl_hf_config *c = &m->cfg;
+    exl_backend *be = m->be;
+    if (!s->x) {
+        size_t R = EXL_MAX_ROWS, f = sizeof(float);
+        size_t qw = (size_t)c->n_heads * c->head_dim, kvw = (size_t)c->n_kv_heads * c->head_dim;
+        EXL_TRY(alloc_buf(m, (void **)&s->x, R * c->hidden_size * f));
+        EXL_TRY(alloc_buf(m, (void **)&s->h, R * c->hidden_size * f));
+        EXL_TRY(alloc_buf(m, (void **)&s->q, R * qw * f));
+        EXL_TRY(alloc_buf(m, (void **)&s->k, R * kvw * f));
+        EXL_TRY(alloc_buf(m, (void **)&s->v, R * kvw * f));
+        EXL_TRY(alloc_buf(m, (void **)&s->attn, R * qw * f));
+        EXL_TRY(alloc_buf(m, (void **)&s->gate, R * c->intermediate_size * f));
+        EXL_TRY(alloc_buf(m, (void **)&s->up, R * c->intermediate_size * f));
+        EXL_TRY(alloc_buf(m, (void **)&s->logits, R * c->vocab_size * f));
+        EXL_TRY(alloc_buf(m, (void **)&s->ids, R * sizeof(int32_t)));
+        EXL_TRY(alloc_buf(m, (void **)&s->pos, R * sizeof(int32_t)));
+        EXL_TRY(alloc_buf(m, (void **)&s->slots, R * sizeof(int32_t)));
+        EXL_TRY(alloc_buf(m, (void **)&s->logit_rows, R * sizeof(int32_t)));
+        EXL_TRY(alloc_buf(m, (void **)&s->seqs, R * sizeof(exl_attn_seq)));
+        EXL_TRY(alloc_buf(m, (void **)&s->inv_freq, (size_t)m->rot_dim / 2 * f));
+        if (!(s->host = exl_calloc(1, sizeof *s->host)))
+            return exl_fail(EXL_ERR_NOMEM, "out of memory");
+        s->max_rows = EXL_MAX_ROWS;
+        s->rope_seq_len = -1;
+    }
+    if (n_pages_total > s->max_pages) {
+        int32_t n = n_pages_total > 2 * s->max_pages ? n_pages_total : 2 * s->max_pages;
+        if (s->page_tables)
+            be->ops->free(be, s->page_tables);
+        exl_free(s->host_page_tables);
+        s->page_tables = NULL;
+        s->max_pages = 0;
+        EXL_TRY(alloc_buf(m, (void **)&s->page_tables, (size_t)n * sizeof(int32_t)));
+        if (!(s->host_page_tables = exl_malloc((size_t)n * sizeof(int32_t))))
+            return exl_fail(EXL_ERR_NOMEM, "out of memory");
+        s->max_pages = n;
+    }
+    return EXL_OK;
+}
+
+static exl_status update_rope(exl_model *m, int32_t seq_len) {
+    exl_forward_scratch *s = &m->fs;
+    /* Only dynamic NTK scaling depends on the length, and only beyond max_pos. */
+    if (m->cfg.rope.type != EXL_ROPE_DYNAMIC || seq_len < m->cfg.max_pos)
+        seq_len = m->cfg.max_pos;
+    if (s->rope_seq_len == seq_len)
+        return EXL_OK;
+    float inv_freq[512];
+    exl_rope_frequencies(&m->cfg, m->rot_dim, seq_len, inv_freq, &s->rope_attn_factor);
+    s->rope_seq_len = seq_len;
+    return m->be->ops->upload(m->be, s->inv_freq, inv_freq, (size_t)m->rot_dim / 2 * sizeof(float));
+}
+
+static exl_status check_steps(const exl_model *m, const exl_kv_cache *cache, const exl_seq_step *steps,
+                              int32_t n_seqs, int32_t *rows, int32_t *pages, int32_t *n_logits) {
+    *rows = *pages = *n_logits = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const exl_seq_step *st = &steps[i];
+        int64_t total = (int64_t)st->n_past + st->n_new;
+        if (st->n_new < 1 || st->n_past < 0)
+            return exl_fail(EXL_ERR_ARG, "forward: sequence %d has no new tokens", i);
+        if (total > (int64_t)st->n_pages * cache->page_size)
+            return exl_fail(EXL_ERR_ARG, "forward: sequence %d needs %lld cache slots but its pages hold %lld", i,
+                            (long long)total, (long long)st->n_pages * cache->page_size);
+        for (int32_t p = 0; p < st->n_pages; p++)
+            if (st->pages[p] < 0 || st->pages[p] >= cache->n_pages)
+                return exl_fail(EXL_ERR_ARG, "forward: sequence %d uses page %d outside the cache", i, st->pages[p]);
+        for (int32_t t = 0; t < st->n_new; t++)
+            if (st->ids[t] < 0 || st->ids[t] >= m->cfg.vocab_size)
+                return exl_fail(EXL_ERR_ARG, "token id %d is outside the vocabulary (0..%d)", st->ids[t],
+                                m->cfg.vocab_size - 1);
+        *rows += st->n_new;
+        *pages += st->n_pages;
+        *n_logits += st->want_logits == 2 ? st->n_new : st->want_logits ? 1 : 0;
+    }
+    if (*rows > EXL_MAX_ROWS)
+        return exl_fail(EXL_ERR_ARG, "forward: %d tokens in one step (at most %d)", *rows, EXL_MAX_ROWS);
+    return EXL_OK;
+}
+
+static exl_status build_batch(exl_model *m, const exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                              int32_t rows, int32_t n_pages, exl_batch *b) {
+    exl_forward_scratch *s = &m->fs;
+    exl_host_rows *h = s->host;
+    exl_attn_seq *seqs = h->seqs;
+    int32_t *page_tables = s->host_page_tables;
+    exl_backend *be = m->be;
+    int32_t row = 0, page = 0, lr = 0, max_q = 0, max_kv = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const exl_seq_step *st = &steps[i];
+        seqs[i] = (exl_attn_seq){row, st->n_new, st->n_past + st->n_new, page};
+        memcpy(page_tables + page, st->pages, (size_t)st->n_pages * sizeof(int32_t));
+        for (int32_t t = 0; t < st->n_new; t++) {
+            int32_t p = st->n_past + t;
+            h->ids[row + t] = st->ids[t];
+            h->pos[row + t] = p;
+            h->slots[row + t] = st->pages[p / cache->page_size] * cache->page_size + p % cache->page_size;
+            if (st->want_logits == 2 || (st->want_logits == 1 && t == st->n_new - 1))
+                h->logit_rows[lr++] = row + t;
+        }
+        row += st->n_new;
+        page += st->n_pages;
+        max_q = st->n_new > max_q ? st->n_new : max_q;
+        max_kv = seqs[i].n_kv > max_kv ? seqs[i].n_kv : max_kv;
+    }
+    EXL_TRY(be->ops->upload(be, s->ids, h->ids, (size_t)rows * sizeof(int32_t)));
+    EXL_TRY(be->ops->upload(be, s->pos, h->pos, (size_t)rows * sizeof(int32_t)));
+    EXL_TRY(be->ops->upload(be, s->slots, h->slots, (size_t)rows * sizeof(int32_t)));
+    EXL_TRY(be->ops->upload(be, s->logit_rows, h->logit_rows, (size_t)lr * sizeof(int32_t)));
+    EXL_TRY(be->ops->upload(be, s->seqs, seqs, (size_t)n_seqs * sizeof(exl_attn_seq)));
+    EXL_TRY(be->ops->upload(be, s->page_tables, page_tables, (size_t)n_pages * sizeof(int32_t)));
+    *b = (exl_batch){.n_rows = rows,
+                     .n_seqs = n_seqs,
+                     .max_q = max_q,
+                     .max_kv = max_kv,
+                     .seqs = seqs,
+                     .pos = h->pos,
+                     .slots = h->slots,
+                     .d_seqs = s->seqs,
+                     .d_ids = s->ids,
+                     .d_pos = s->pos,
+                     .d_slots = s->slots,
+                     .d_page_tables = s->page_tables};
+    return update_rope(m, max_kv);
+}
+
+static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int li, const exl_batch *b) {
+    const exl_backend_ops *op = m->be->ops;
+    exl_backend *be = m->be;
+    exl_forward_scratch *s = &m->fs;
+    const exl_hf_config *c = &m->cfg;
+    int32_t rows = b->n_rows, kvw = c->n_kv_heads * c->head_dim;
+    float eps = (float)c->rms_eps;
+
+    op->rmsnorm(be, s->h, s->x, l->attn_norm, rows, c->hidden_size, eps);
+    op->matmul(be, s->q, s->h, l->q, rows);
+    op->matmul(be, s->k, s->h, l->k, rows);
+    op->matmul(be, s->v, s->h, l->v, rows);
+    op->rope(be, s->q, b->d_pos, rows, c->n_heads, c->head_dim, m->rot_dim, s->inv_freq, s->rope_attn_factor);
+    op->rope(be, s->k, b->d_pos, rows, c->n_kv_heads, c->head_dim, m->rot_dim, s->inv_freq, s->rope_attn_factor);
+    op->kv_store(be, cache->k[li], cache->v[li], s->k, s->v, b, kvw);
+    exl_attn_shape shape = {c->n_heads, c->n_kv_heads, c->head_dim, cache->page_size, c->sliding_window,
+                            1.0f / sqrtf((float)c->head_dim)};
+    op->attention(be, s->attn, s->q, cache->k[li], cache->v[li], b, &shape);
+    op->matmul(be, s->h, s->attn, l->o, rows);
+    op->add(be, s->x, s->h, (int64_t)rows * c->hidden_size);
+
+    op->rmsnorm(be, s->h, s->x, l->mlp_norm, rows, c->hidden_size, eps);
+    op->matmul(be, s->gate, s->h, l->gate, rows);
+    op->matmul(be, s->up, s->h, l->up, rows);
+    op->glu(be, s->gate, s->up, rows, c->intermediate_size, (int)c->act);
+    op->matmul(be, s->h, s->gate, l->down, rows);
+    op->add(be, s->x, s->h, (int64_t)rows * c->hidden_size);
+}
+
+exl_status exl_model_forward(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                             float *logits) {
+    int32_t rows, n_pages, n_logits;
+    EXL_TRY(check_steps(m, cache, steps, n_seqs, &rows, &n_pages, &n_logits));
+    EXL_TRY(ensure_scratch(m, n_pages));
+    exl_batch b;
+    exl_status st = build_batch(m, cache, steps, n_seqs, rows, n_pages, &b);
+    if (st == EXL_OK) {
+        const exl_backend_ops *op = m->be->ops;
+        exl_forward_scratch *s = &m->fs;
+        op->embed(m->be, s->x, m->embed, b.d_ids, rows, m->embed_scale);
+        for (int i = 0; i < m->cfg.n_layers; i++)
+            run_layer(m, &m->layers[i], cache, i, &b);
+        if (n_logits > 0) {
+            op->gather_rows(m->be, s->h, s->x, s->logit_rows, n_logits, m->cfg.hidden_size);
+            op->rmsnorm(m->be, s->h, s->h, m->final_norm, n_logits, m->cfg.hidden_size, (float)m->cfg.rms_eps);
+            op->matmul(m->be, s->logits, s->h, m->head, n_logits);
+            st = op->download(m->be, logits, s->logits, (size_t)n_logits * m->cfg.vocab_size * sizeof(float));
+        }
+        if (st == EXL_OK)
+            st = op->synchronize(m->be);
+    }
+    return st;
+}

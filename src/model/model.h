@@ -1,0 +1,84 @@
+/* model.h - a loaded model: config, mapped weights, backend handles, forward scratch. */
+#ifndef EXL_MODEL_MODEL_H
+#define EXL_MODEL_MODEL_H
+
+#include "backend/backend.h"
+#include "io/hf_config.h"
+#include "io/weights.h"
+
+typedef struct exl_layer {
+    exl_vector *attn_norm, *mlp_norm;
+    exl_linear *q, *k, *v, *o;
+    exl_linear *gate, *up, *down;
+} exl_layer;
+
+#define EXL_MAX_ROWS 256 /* tokens per forward step; longer inputs are split by the caller */
+
+/* Host staging of a step's batch description. */
+typedef struct exl_host_rows {
+    int32_t ids[EXL_MAX_ROWS], pos[EXL_MAX_ROWS], slots[EXL_MAX_ROWS], logit_rows[EXL_MAX_ROWS];
+    exl_attn_seq seqs[EXL_MAX_ROWS];
+} exl_host_rows;
+
+/* Buffers for one forward step of up to EXL_MAX_ROWS tokens, allocated once. */
+typedef struct exl_forward_scratch {
+    int32_t max_rows, max_pages;
+    float *x, *h, *q, *k, *v, *attn, *gate, *up, *logits;
+    int32_t *ids, *pos, *slots, *page_tables, *logit_rows;
+    exl_attn_seq *seqs;
+    float *inv_freq;
+    float rope_attn_factor;
+    int32_t rope_seq_len; /* sequence length inv_freq was computed for (dynamic rope) */
+    exl_host_rows *host;
+    int32_t *host_page_tables;
+} exl_forward_scratch;
+
+struct exl_model {
+    char *dir;
+    exl_hf_config cfg;
+    exl_weights *weights;
+    exl_backend *be;
+    exl_linear *embed; /* dense [vocab, hidden] table */
+    exl_linear *head;  /* lm_head, or the embedding table when tied */
+    exl_vector *final_norm;
+    exl_layer *layers;
+    float embed_scale;
+    int32_t rot_dim;
+    exl_forward_scratch fs;
+};
+
+/* A paged KV cache: n_pages pages of page_size token slots per layer. */
+typedef struct exl_kv_cache {
+    int32_t n_pages, page_size, n_layers, kv_width;
+    void **k, **v; /* per layer, backend memory */
+} exl_kv_cache;
+
+exl_status exl_kv_cache_init(exl_model *m, int32_t n_pages, int32_t page_size, exl_kv_cache **out);
+void exl_kv_cache_free(exl_model *m, exl_kv_cache *c);
+
+/* One sequence's part of a forward step, as the caller (session, generator) sees it. */
+typedef struct exl_seq_step {
+    const int32_t *ids;   /* n_new host token ids */
+    int32_t n_new;
+    int32_t n_past;       /* tokens already in the cache */
+    const int32_t *pages; /* host page table covering n_past + n_new tokens */
+    int32_t n_pages;
+    int want_logits;      /* 0: none, 1: last new token only, 2: every new token */
+} exl_seq_step;
+
+/* Run one step over several sequences. Logits of the requested rows are written to
+ * host memory `logits` in order (sequence by sequence), vocab floats each. The total
+ * new tokens must not exceed exl_model_max_rows. */
+exl_status exl_model_forward(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                             float *logits);
+int32_t exl_model_max_rows(const exl_model *m);
+
+/* Loading pieces (model_load.c, linear_load.c) */
+exl_status exl_model_load_linear(exl_model *m, const char *prefix, int64_t in, int64_t out, int has_bias,
+                                 exl_linear **w);
+
+/* RoPE frequencies for a sequence length (dynamic scaling depends on it). */
+void exl_rope_frequencies(const exl_hf_config *cfg, int32_t rot_dim, int32_t seq_len, float *inv_freq,
+                          float *attn_factor);
+
+#endif
