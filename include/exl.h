@@ -93,6 +93,9 @@ int32_t exl_session_length(const exl_session *session);
 exl_status exl_session_eval(exl_session *session, const int32_t *ids, int32_t n,
                             float *logits, float *last_logits);
 
+/* Write one fp32 matrix [rows, cols] as a safetensors file holding a single tensor. */
+exl_status exl_tensor_save(const char *path, const char *name, const float *data, int32_t rows, int32_t cols);
+
 /* ---------------------------------------------------------------- tokenizer */
 
 /* Loaded from a model directory: tokenizer.json, else tokenizer.model (SentencePiece),

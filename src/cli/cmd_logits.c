@@ -1,8 +1,6 @@
 /* cmd_logits.c - `exl logits`: the logits at every position of a token sequence. */
 #include "cli.h"
 
-#include "io/safetensors.h"
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,16 +82,8 @@ int cmd_logits(int argc, char **argv) {
         logits = malloc((size_t)n * d.vocab_size * sizeof *logits);
         st = logits ? exl_session_eval(sess, ids, n, logits, NULL) : EXL_ERR_NOMEM;
     }
-    if (st == EXL_OK) {
-        exl_st_writer *w;
-        int64_t shape[2] = {n, d.vocab_size};
-        st = exl_st_writer_init(&w);
-        if (st == EXL_OK)
-            st = exl_st_writer_add(w, "logits", EXL_DTYPE_F32, 2, shape, logits);
-        if (st == EXL_OK)
-            st = exl_st_writer_write(w, out);
-        exl_st_writer_free(w);
-    }
+    if (st == EXL_OK)
+        st = exl_tensor_save(out, "logits", logits, n, d.vocab_size);
     free(logits);
     free(ids);
     exl_session_free(sess);

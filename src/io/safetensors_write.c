@@ -102,3 +102,14 @@ void exl_st_writer_free(exl_st_writer *w) {
     exl_free(w->t);
     exl_free(w);
 }
+
+exl_status exl_tensor_save(const char *path, const char *name, const float *data, int32_t rows, int32_t cols) {
+    exl_st_writer *w;
+    int64_t shape[2] = {rows, cols};
+    EXL_TRY(exl_st_writer_init(&w));
+    exl_status st = exl_st_writer_add(w, name, EXL_DTYPE_F32, 2, shape, data);
+    if (st == EXL_OK)
+        st = exl_st_writer_write(w, path);
+    exl_st_writer_free(w);
+    return st;
+}

@@ -1,0 +1,19 @@
+/* model_util.h - test helpers that write model directories: dtype conversions, shards,
+ * and deliberately broken variants of a fixture. */
+#ifndef EXL_TEST_MODEL_UTIL_H
+#define EXL_TEST_MODEL_UTIL_H
+
+#include "exl.h"
+#include "io/dtype.h"
+
+/* Copy src_dir's config.json to dst_dir and write its tensors converted to `dtype`
+ * (float tensors only) in n_shards files with an index when n_shards > 1. */
+exl_status mu_convert_model(const char *src_dir, const char *dst_dir, exl_dtype dtype, int n_shards);
+/* Copy a file byte for byte. */
+int mu_copy_file(const char *src, const char *dst);
+/* Write text to a file. */
+int mu_write_file(const char *path, const void *data, size_t n);
+/* Read a whole file (malloc'd). */
+char *mu_read_file(const char *path, size_t *n);
+
+#endif
