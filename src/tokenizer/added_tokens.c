@@ -45,7 +45,6 @@ exl_status exl_tok_add_token(exl_tokenizer *tok, const char *path, int32_t id, c
     tok->text_len[id] = (uint32_t)len;
     tok->dec_text[id] = match;
     tok->dec_len[id] = (uint32_t)match_len;
-    tok->flags[id] |= EXL_TOK_F_ADDED;
     if (special) {
         tok->flags[id] |= EXL_TOK_F_SPECIAL;
         if (match_len == len && !memcmp(match, text, len))

@@ -187,7 +187,6 @@ typedef struct exl_tok_trie {
 
 /* Per-token flags. */
 enum {
-    EXL_TOK_F_ADDED = 1,
     EXL_TOK_F_SPECIAL = 2,
     EXL_TOK_F_SKIP = 4,  /* dropped by decode(skip_special) */
 };
