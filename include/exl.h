@@ -67,6 +67,8 @@ typedef struct exl_model_desc {
     int32_t eos_token_ids[8];
     int32_t tied_embeddings;
     char backend[16];          /* "cpu" or "cuda" */
+    uint64_t decode_bytes;     /* weight bytes read per decoded token (all but the embedding table) */
+    uint64_t file_bytes;       /* size of the weight files */
 } exl_model_desc;
 
 void exl_model_describe(const exl_model *model, exl_model_desc *out);
@@ -144,6 +146,161 @@ typedef struct exl_chat_message {
  * tools_json: a JSON array of tool definitions, or NULL. Free with exl_string_free. */
 exl_status exl_chat_apply(const exl_tokenizer *tok, const exl_chat_message *messages, int32_t n_messages,
                           int add_generation_prompt, const char *tools_json, char **text);
+
+/* ---------------------------------------------------------------- generator */
+
+/* A generator runs many jobs (a prompt plus sampling settings and stop conditions)
+ * through one model at once: continuous batching over a paged KV cache that the jobs
+ * share. Jobs join and leave at any step; long prompts are fed in chunks under a
+ * per-step token budget so running jobs keep decoding; pages are taken as sequences
+ * grow, and when the cache runs dry the lowest-priority job is preempted (its pages
+ * are released and it resumes later by recomputing, often from the prefix cache).
+ * Full pages are identified by a hash chain over their tokens, so jobs with a common
+ * prefix share pages; released pages stay cached (LRU) for later jobs.
+ *
+ * Threading: exl_generator_submit, _cancel, _pending and _stats may be called from
+ * any thread at any time (a mutex guards the generator's inbox). exl_generator_step
+ * must be called by one thread at a time, usually one thread looping on it; the
+ * events it returns stay valid until that thread's next step or exl_generator_free.
+ * While a step runs, nothing else may run the model (a session, another generator).
+ * exl_generator_free must not race with any other call. */
+typedef struct exl_generator exl_generator;
+
+typedef struct exl_generator_params {
+    int32_t n_pages;          /* KV cache pages; default 64 */
+    int32_t page_size;        /* token slots per page; default 256 */
+    int32_t max_batch_tokens; /* tokens per forward step, 1..256; default 256 */
+    int32_t max_jobs;         /* jobs running at once (others wait), 1..max_batch_tokens; default max_batch_tokens */
+    int32_t prefix_cache;     /* reuse the cached K/V of identical prefixes; default 1 */
+} exl_generator_params;
+
+exl_generator_params exl_generator_default_params(void);
+
+typedef struct exl_logit_bias {
+    int32_t id;
+    float bias; /* added to the token's logit; -INFINITY bans it */
+} exl_logit_bias;
+
+/* How the next token is drawn, applied to the fp32 logits in this order: logit bias,
+ * penalties, temperature, then the filters top-k, top-p, min-p, typical, tail-free
+ * (or Mirostat v2 instead of the filters), then a draw from the job's own random
+ * stream, so a seed gives the same text whatever else runs in the batch. */
+typedef struct exl_sampling {
+    float temperature;        /* 0 = greedy (argmax, lowest id on ties); default 1 */
+    int32_t top_k;            /* keep the k most likely tokens; 0 = off */
+    float top_p;              /* keep the smallest set reaching probability top_p; 1 = off */
+    float min_p;              /* drop tokens below min_p times the top probability; 0 = off */
+    float typical_p;          /* locally typical sampling (Meister et al.); 1 = off */
+    float tfs_z;              /* tail-free sampling; 1 = off */
+    int32_t mirostat;         /* 0 = off, 2 = Mirostat v2 (the filters above are then unused) */
+    float mirostat_tau;       /* target surprise in bits; default 5 */
+    float mirostat_eta;       /* learning rate; default 0.1 */
+    float repetition_penalty; /* divide positive / multiply negative logits of seen tokens; 1 = off */
+    float frequency_penalty;  /* subtract this times the token's count; 0 = off */
+    float presence_penalty;   /* subtract this from every seen token; 0 = off */
+    int32_t penalty_range;    /* "seen" = the last N tokens of prompt + completion; 0 = all */
+    const exl_logit_bias *logit_bias; /* copied at submit */
+    int32_t n_logit_bias;
+    uint64_t seed;            /* seeds the job's random stream (0 is a seed like any other) */
+} exl_sampling;
+
+exl_sampling exl_sampling_default(void);
+
+typedef struct exl_job_params {
+    const int32_t *ids;        /* the prompt as token ids, or NULL to use text */
+    int32_t n_ids;
+    const char *text;          /* the prompt as UTF-8 text (when ids is NULL) */
+    int32_t add_special;       /* text: apply the tokenizer's post-processor (BOS); default 1 */
+    int32_t max_new_tokens;    /* default 256 */
+    int32_t min_new_tokens;    /* stop tokens are suppressed before this many; default 0 */
+    const int32_t *stop_ids;   /* stop tokens besides the model's and tokenizer's eos ids */
+    int32_t n_stop_ids;
+    int32_t ignore_eos;        /* do not stop on the eos ids (stop_ids still apply) */
+    const char *const *stop_strings;   /* end the completion before the first match */
+    int32_t n_stop_strings;
+    const char *const *banned_strings; /* never produced: on a match the job rewinds and resamples */
+    int32_t n_banned_strings;
+    int32_t logprobs;          /* report the log-probability of each token (model distribution) */
+    int32_t top_logprobs;      /* and of the 0..20 most likely tokens at each position */
+    int32_t priority;          /* higher runs first and is preempted last; default 0 */
+    exl_sampling sampling;
+    void *user;                /* handed back in events */
+} exl_job_params;
+
+exl_job_params exl_job_default_params(void);
+
+typedef enum exl_finish_reason {
+    EXL_FINISH_NONE = 0,  /* still running */
+    EXL_FINISH_STOP,      /* a stop token or stop string */
+    EXL_FINISH_LENGTH,    /* max_new_tokens reached */
+    EXL_FINISH_CANCELLED, /* exl_generator_cancel */
+    EXL_FINISH_ERROR,     /* see error */
+} exl_finish_reason;
+
+const char *exl_finish_reason_str(exl_finish_reason r); /* "stop", "length", ... */
+
+typedef struct exl_token_logprob {
+    int32_t id;
+    float logprob;
+} exl_token_logprob;
+
+/* What happened to one job during a step. Text is streamed in whole characters; it and
+ * the ids are final (a banned string can no longer take them back). */
+typedef struct exl_gen_event {
+    uint64_t job;
+    void *user;
+    const char *text;         /* new completion text, NUL-terminated */
+    size_t text_len;
+    const int32_t *ids;       /* new tokens (a stop token included) */
+    int32_t n_ids;
+    const float *logprobs;    /* [n_ids] when requested, else NULL */
+    const exl_token_logprob *top_logprobs; /* [n_ids * n_top_logprobs], most likely first */
+    int32_t n_top_logprobs;
+    exl_finish_reason finish;
+    int32_t stop_token;       /* the stop token that ended the job, else -1 */
+    const char *stop_string;  /* the stop string that ended it, else NULL */
+    int32_t n_prompt_tokens;
+    int32_t n_cached_tokens;  /* prompt tokens found in the prefix cache at admission */
+    int32_t n_generated;      /* tokens generated so far */
+    const char *error;        /* the message when finish is EXL_FINISH_ERROR */
+} exl_gen_event;
+
+/* tok is used for text prompts, stop/banned strings and the event text; the model
+ * and the tokenizer must outlive the generator. */
+exl_status exl_generator_init(exl_model *model, const exl_tokenizer *tok, const exl_generator_params *params,
+                              exl_generator **out);
+void exl_generator_free(exl_generator *gen);
+/* Queue a job (everything in params is copied); *job receives its id (never 0). */
+exl_status exl_generator_submit(exl_generator *gen, const exl_job_params *params, uint64_t *job);
+/* Ask for a job to end; its last event (EXL_FINISH_CANCELLED) comes from the next step.
+ * EXL_ERR_ARG when no such job is waiting or running (it may just have finished). */
+exl_status exl_generator_cancel(exl_generator *gen, uint64_t job);
+/* Run one forward step over the scheduled jobs and return what happened (*n_events may
+ * be 0, e.g. while a long prompt is fed). When the step fails the jobs it held end with
+ * EXL_FINISH_ERROR events, which are returned along with the failing status. */
+exl_status exl_generator_step(exl_generator *gen, const exl_gen_event **events, int32_t *n_events);
+/* Jobs submitted and not yet finished (waiting or running). */
+int32_t exl_generator_pending(exl_generator *gen);
+
+typedef struct exl_generator_stats {
+    int64_t steps;             /* forward steps run */
+    int64_t tokens_computed;   /* token rows run through the model (prefill, decode, recompute) */
+    int64_t tokens_generated;  /* tokens sampled and kept */
+    int64_t prefix_hit_tokens; /* tokens whose K/V came from the prefix cache */
+    int64_t pages_shared;      /* full pages reused from the prefix cache */
+    int64_t pages_copied;      /* partly matching pages copied from the prefix cache */
+    int64_t preemptions;
+    int64_t rewinds;           /* resamples forced by banned strings */
+    int64_t jobs_submitted, jobs_finished;
+    int32_t jobs_waiting, jobs_running;
+    int32_t pages_total;
+    int32_t pages_used;        /* held by jobs */
+    int32_t pages_cached;      /* held by no job, keeping K/V for the prefix cache */
+    int32_t pages_free;        /* empty */
+} exl_generator_stats;
+
+/* A snapshot as of the end of the last step. */
+void exl_generator_stats_get(exl_generator *gen, exl_generator_stats *out);
 
 #ifdef __cplusplus
 }

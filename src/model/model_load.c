@@ -169,6 +169,17 @@ void exl_model_describe(const exl_model *m, exl_model_desc *d) {
     memcpy(d->eos_token_ids, c->eos_token_ids, sizeof d->eos_token_ids);
     d->tied_embeddings = c->tie_embeddings;
     snprintf(d->backend, sizeof d->backend, "%s", m->be->name);
+    d->file_bytes = m->weights->total_bytes;
+    /* decode reads every tensor once per token except the embedding rows it gathers;
+     * a tied head reads the embedding table as its weight */
+    const exl_st_tensor *emb = exl_weights_find(m->weights, "model.embed_tokens.weight");
+    uint64_t tensors = 0;
+    for (int f = 0; f < m->weights->n_files; f++)
+        for (int i = 0; i < m->weights->files[f]->n_tensors; i++)
+            tensors += m->weights->files[f]->tensors[i].nbytes;
+    int tied_head = !exl_weights_find(m->weights, "lm_head.weight") && !exl_weights_find(m->weights, "lm_head.q_weight") &&
+                    !exl_weights_find(m->weights, "lm_head.qweight");
+    d->decode_bytes = tensors - (emb && !tied_head ? emb->nbytes : 0);
 }
 
 void exl_string_free(char *s) { exl_free(s); }

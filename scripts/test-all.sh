@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# test-all.sh - the whole test suite: a release build with every unit test (CTest), the same
+# tests under ASan+UBSan, and a short run of every libFuzzer target. The last line is
+# CTest's summary of the release run. Set EXL_FUZZ_SECONDS (default 20) per fuzz target.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+shared=${EXL_SHARED:-$(cd .. && pwd)/shared}
+
+echo "== release build"
+# CI builds one CUDA architecture (when the toolkit is present) to catch compile errors
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DEXL_CUDA_ARCHS="${EXL_CUDA_ARCHS:-75}" -DEXL_SHARED_DIR="$shared" \
+    >/dev/null
+cmake --build build -j"$jobs"
+
+echo "== ASan+UBSan build and tests"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DEXL_SANITIZE=ON -DEXL_CUDA=OFF -DEXL_SHARED_DIR="$shared" >/dev/null
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900
+
+echo "== fuzzing (clang libFuzzer, ${EXL_FUZZ_SECONDS:-20}s per target)"
+cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DEXL_FUZZ=ON -DEXL_CUDA=OFF \
+    -DEXL_SHARED_DIR="$shared" >/dev/null
+cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_jinja $(
+    ls tests/fuzz/fuzz_quant.c >/dev/null 2>&1 && echo fuzz_quant)
+corpus=$(mktemp -d)
+mkdir -p "$corpus"/{safetensors,config,tokenizer,jinja,quant}
+cp tests/fuzz/corpus/safetensors/* "$corpus/safetensors/"
+for m in "$shared"/models/*/; do
+    [ -f "$m/config.json" ] && cp "$m/config.json" "$corpus/config/$(basename "$m").json"
+done
+for t in "$shared"/tokenizers/*/; do
+    [ -f "$t/tokenizer_config.json" ] && python3 -c 'import json,sys; t=json.load(open(sys.argv[1])).get("chat_template"); t and open(sys.argv[2],"w").write(t if isinstance(t,str) else t[0]["template"])' \
+        "$t/tokenizer_config.json" "$corpus/jinja/$(basename "$t").jinja"
+done
+cp "$shared/models/tinystories-656k/tokenizer.json" "$corpus/tokenizer/tinystories.json"
+for target in build-fuzz/fuzz_*; do
+    name=$(basename "$target" | sed 's/^fuzz_//')
+    dir="$corpus/$name"
+    mkdir -p "$dir"
+    echo "-- $target"
+    if ! "$target" -max_total_time="${EXL_FUZZ_SECONDS:-20}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+        "$dir" >"$corpus/log" 2>&1; then
+        tail -n 60 "$corpus/log"
+        echo "fuzzer $target failed"
+        exit 1
+    fi
+    grep -E "^stat::number_of_executed_units" "$corpus/log" || true
+done
+rm -rf "$corpus"
+
+echo "== release tests"
+ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900

@@ -1,0 +1,170 @@
+/* cmd_perplexity.c - `exl perplexity`: perplexity of a model on a text file, sliding windows. */
+#include "cli.h"
+#include "progress.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void help(void) {
+    printf("usage: exl perplexity -m DIR -f FILE [--ctx N] [--stride S] [--max-windows K]\n"
+           "                      [--device cpu|cuda|auto] [-t THREADS]\n\n"
+           "Protocol:\n"
+           "  - the whole file is tokenized once with the tokenizer's post-processor, so a BOS\n"
+           "    token (if the tokenizer adds one) stands only at the very start;\n"
+           "  - windows of N tokens (default 2048) start every S tokens (default N): window w\n"
+           "    covers tokens [w*S, w*S + N); only whole windows are used (a text shorter than\n"
+           "    N gives one window of all its tokens);\n"
+           "  - inside a window, token i (i >= 1) is predicted from tokens 0..i-1 of that window;\n"
+           "  - a window scores only the tokens that no earlier window scored (with S = N that\n"
+           "    is N-1 predictions per window);\n"
+           "  - --max-windows K stops after K windows.\n"
+           "The result is exp(mean negative log-likelihood) over all scored tokens, printed last\n"
+           "as 'perplexity: <value>'.\n");
+}
+
+/* -log softmax(logits)[target], computed in double. */
+static double nll(const float *logits, int32_t vocab, int32_t target) {
+    float mx = logits[0];
+    for (int32_t i = 1; i < vocab; i++)
+        if (logits[i] > mx)
+            mx = logits[i];
+    double sum = 0;
+    for (int32_t i = 0; i < vocab; i++)
+        sum += exp((double)logits[i] - mx);
+    return log(sum) + mx - logits[target];
+}
+
+int cmd_perplexity(int argc, char **argv) {
+    const char *dir = NULL, *file = NULL;
+    long ctx = 2048, stride = 0, max_windows = -1;
+    exl_model_params p = exl_model_default_params();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            help();
+            return 0;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has) {
+            dir = argv[++i];
+        } else if ((!strcmp(a, "-f") || !strcmp(a, "--file")) && has) {
+            file = argv[++i];
+        } else if (!strcmp(a, "--ctx") && has) {
+            if (cli_parse_int(argv[++i], 2, 1 << 20, &ctx))
+                return cli_usage_error("perplexity", "--ctx must be an integer >= 2");
+        } else if (!strcmp(a, "--stride") && has) {
+            if (cli_parse_int(argv[++i], 1, 1 << 20, &stride))
+                return cli_usage_error("perplexity", "--stride must be a positive integer");
+        } else if (!strcmp(a, "--max-windows") && has) {
+            if (cli_parse_int(argv[++i], 1, 1L << 40, &max_windows))
+                return cli_usage_error("perplexity", "--max-windows must be a positive integer");
+        } else if (!strcmp(a, "--device") && has) {
+            if (cli_parse_device(argv[++i], &p.device))
+                return cli_usage_error("perplexity", "unknown device '%s'", argv[i]);
+        } else if (!strcmp(a, "-t") && has) {
+            long t;
+            if (cli_parse_int(argv[++i], 1, 1024, &t))
+                return cli_usage_error("perplexity", "bad thread count '%s'", argv[i]);
+            p.n_threads = (int32_t)t;
+        } else {
+            return cli_usage_error("perplexity", "unknown option or missing value '%s'", a);
+        }
+    }
+    if (!dir || !file)
+        return cli_usage_error("perplexity", "need -m DIR and -f FILE");
+    if (!stride)
+        stride = ctx;
+    if (stride > ctx)
+        return cli_usage_error("perplexity", "--stride (%ld) must not exceed --ctx (%ld)", stride, ctx);
+
+    FILE *fp = fopen(file, "rb");
+    if (!fp) {
+        fprintf(stderr, "exl: %s: cannot open\n", file);
+        return 1;
+    }
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *text = malloc((size_t)len + 1);
+    if (!text || fread(text, 1, (size_t)len, fp) != (size_t)len) {
+        fclose(fp);
+        free(text);
+        fprintf(stderr, "exl: %s: read failed\n", file);
+        return 1;
+    }
+    fclose(fp);
+
+    exl_tokenizer *tok = NULL;
+    exl_model *m = NULL;
+    exl_session *s = NULL;
+    int32_t *ids = NULL, n_ids = 0;
+    float *logits = NULL;
+    exl_status st = exl_tokenizer_load(dir, &tok);
+    if (st == EXL_OK)
+        st = exl_tokenizer_encode(tok, text, (size_t)len, 1, &ids, &n_ids);
+    free(text);
+    if (st == EXL_OK)
+        st = exl_model_load(dir, &p, &m);
+    exl_model_desc d;
+    const int32_t chunk = 256;
+    if (st == EXL_OK) {
+        exl_model_describe(m, &d);
+        if (ctx > n_ids)
+            ctx = n_ids;
+        st = exl_session_init(m, (int32_t)ctx, &s);
+    }
+    if (st == EXL_OK && !(logits = malloc((size_t)chunk * d.vocab_size * sizeof *logits)))
+        st = EXL_ERR_NOMEM;
+    if (st != EXL_OK || n_ids < 2) {
+        int rc = st != EXL_OK ? cli_error(st) : (fprintf(stderr, "exl: %s: fewer than 2 tokens\n", file), 1);
+        exl_session_free(s);
+        exl_model_free(m);
+        exl_tokenizer_free(tok);
+        exl_ids_free(ids);
+        free(logits);
+        return rc;
+    }
+    long n_windows = (n_ids - ctx) / stride + 1;
+    if (max_windows > 0 && n_windows > max_windows)
+        n_windows = max_windows;
+    double total_nll = 0;
+    long scored = 0;
+    long next_unscored = 1; /* global index of the first token no window has scored */
+    cli_progress bar;
+    cli_progress_begin(&bar, "perplexity", n_windows);
+    for (long w = 0; w < n_windows && st == EXL_OK; w++) {
+        long start = w * stride;
+        exl_session_reset(s);
+        for (long c = 0; c < ctx && st == EXL_OK; c += chunk) {
+            int32_t n = (int32_t)(ctx - c < chunk ? ctx - c : chunk);
+            st = exl_session_eval(s, ids + start + c, n, logits, NULL);
+            /* row r predicts token start + c + r + 1 */
+            for (int32_t r = 0; st == EXL_OK && r < n; r++) {
+                long target = start + c + r + 1;
+                if (target >= start + ctx || target < next_unscored)
+                    continue;
+                total_nll += nll(logits + (int64_t)r * d.vocab_size, d.vocab_size, ids[target]);
+                scored++;
+            }
+        }
+        next_unscored = start + ctx;
+        char extra[64];
+        snprintf(extra, sizeof extra, "ppl %.4f", scored ? exp(total_nll / scored) : 0.0);
+        cli_progress_update(&bar, w + 1, extra);
+    }
+    cli_progress_end(&bar);
+    int rc = 0;
+    if (st != EXL_OK) {
+        rc = cli_error(st);
+    } else {
+        printf("tokens: %d, windows: %ld, scored: %ld\n", n_ids, n_windows, scored);
+        printf("perplexity: %.6f\n", exp(total_nll / scored));
+    }
+    exl_session_free(s);
+    exl_model_free(m);
+    exl_tokenizer_free(tok);
+    exl_ids_free(ids);
+    free(logits);
+    return rc;
+}
