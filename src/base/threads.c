@@ -120,6 +120,15 @@ void exl_pool_run(exl_pool *pool, exl_task_fn fn, void *ctx) {
         ;
 }
 
+#define MIN_PARALLEL_WORK (1 << 16)
+
+void exl_pool_run_work(exl_pool *pool, exl_task_fn fn, void *ctx, int64_t work) {
+    if (work < MIN_PARALLEL_WORK)
+        fn(ctx, 0, 1);
+    else
+        exl_pool_run(pool, fn, ctx);
+}
+
 void exl_split_range(long n, int i, int count, long align, long *begin, long *end) {
     if (align < 1)
         align = 1;

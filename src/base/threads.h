@@ -4,6 +4,8 @@
 
 #include "exl.h"
 
+#include <stdint.h>
+
 typedef struct exl_pool exl_pool;
 typedef void (*exl_task_fn)(void *ctx, int index, int count);
 
@@ -13,6 +15,9 @@ void exl_pool_free(exl_pool *pool);
 int exl_pool_size(const exl_pool *pool);
 /* Calls fn(ctx, i, pool_size) once for each thread index i and waits for all. */
 void exl_pool_run(exl_pool *pool, exl_task_fn fn, void *ctx);
+/* Like exl_pool_run, but runs fn(ctx, 0, 1) on the caller alone when `work` (in
+ * roughly multiply-adds) is too small to repay waking the other threads. */
+void exl_pool_run_work(exl_pool *pool, exl_task_fn fn, void *ctx, int64_t work);
 /* Split [0, n) into near-equal ranges for thread i of count; multiples of `align`. */
 void exl_split_range(long n, int i, int count, long align, long *begin, long *end);
 

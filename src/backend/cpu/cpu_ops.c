@@ -56,10 +56,7 @@ static void rmsnorm_task(void *p, int ti, int tn) {
 void exl_cpu_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows,
                      int32_t width, float eps) {
     rmsnorm_job j = {out, x, w->v, rows, width, eps};
-    if (rows < 4)
-        rmsnorm_task(&j, 0, 1);
-    else
-        exl_pool_run(exl_cpu(be)->pool, rmsnorm_task, &j);
+    exl_pool_run_work(exl_cpu(be)->pool, rmsnorm_task, &j, (int64_t)rows * width * 4);
 }
 
 /* ---- rope (NeoX layout: pairs (i, i + rot_dim/2)) */
@@ -112,7 +109,7 @@ static void glu_task(void *p, int ti, int tn) {
 
 void exl_cpu_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act) {
     glu_job j = {gate, up, (int64_t)rows * width, act};
-    exl_pool_run(exl_cpu(be)->pool, glu_task, &j);
+    exl_pool_run_work(exl_cpu(be)->pool, glu_task, &j, j.n * 16);
 }
 
 /* ---- add, gather */
