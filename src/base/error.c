@@ -40,7 +40,12 @@ exl_status exl_fail_prefix(exl_status st, const char *fmt, ...) {
     va_start(ap, fmt);
     int n = vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof last_error && old[0])
-        snprintf(last_error + n, sizeof last_error - (size_t)n, ": %s", old);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof last_error ? (size_t)n : sizeof last_error - 1;
+    if (old[0] && len + 2 < sizeof last_error) {
+        size_t room = sizeof last_error - len - 3, olen = strlen(old);
+        memcpy(last_error + len, ": ", 2);
+        memcpy(last_error + len + 2, old, olen < room ? olen : room);
+        last_error[len + 2 + (olen < room ? olen : room)] = 0;
+    }
     return st;
 }

@@ -1,0 +1,119 @@
+/* test_base.c - base utilities: errors, strings, fp16/bf16 conversion, thread pool, alloc failures. */
+#include "backend/cpu/kernels.h"
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "base/str.h"
+#include "base/threads.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+EXL_TEST(error_messages) {
+    CHECK(exl_fail(EXL_ERR_FORMAT, "%s: bad %d", "file", 3) == EXL_ERR_FORMAT);
+    CHECK(!strcmp(exl_last_error(), "file: bad 3"));
+    CHECK(exl_fail_prefix(EXL_ERR_IO, "loading %s", "x") == EXL_ERR_IO);
+    CHECK(!strcmp(exl_last_error(), "loading x: file: bad 3"));
+    char long_msg[3000];
+    memset(long_msg, 'a', sizeof long_msg - 1);
+    long_msg[sizeof long_msg - 1] = 0;
+    exl_fail(EXL_ERR_ARG, "%s", long_msg);
+    exl_fail_prefix(EXL_ERR_ARG, "p");
+    CHECK(strlen(exl_last_error()) < 1024 && !strncmp(exl_last_error(), "p: aaa", 6));
+    CHECK(!strcmp(exl_status_str(EXL_ERR_NOMEM), "out of memory"));
+}
+
+EXL_TEST(strings) {
+    exl_str s = EXL_STR_INIT;
+    CHECK(exl_str_puts(&s, "ab") == 0 && exl_str_printf(&s, "%d-%s", 42, "x") == 0 && exl_str_putc(&s, '!') == 0);
+    CHECK(!strcmp(s.data, "ab42-x!") && s.len == 7);
+    for (int i = 0; i < 1000; i++)
+        exl_str_putc(&s, 'z');
+    CHECK(s.len == 1007 && s.data[1007] == 0);
+    char *d = exl_str_steal(&s);
+    CHECK(d && s.data == NULL && strlen(d) == 1007);
+    exl_free(d);
+    exl_alloc_fail_after(0);
+    CHECK(exl_str_puts(&s, "x") == -1 && s.len == 0);
+    exl_alloc_fail_after(-1);
+}
+
+EXL_TEST(half_conversions_exact) {
+    /* every fp16 value widens exactly and narrows back to itself */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = exl_f16_to_f32((uint16_t)h);
+        if (isnan(f))
+            continue;
+        if (exl_f32_to_f16(f) != h)
+            bad++;
+    }
+    CHECK_MSG(bad == 0, "%d fp16 values do not round-trip", bad);
+    CHECK(exl_f16_to_f32(0x3c00) == 1.0f && exl_f16_to_f32(0xc000) == -2.0f && exl_f16_to_f32(0x0001) == 0x1p-24f);
+    CHECK(exl_f32_to_f16(65520.0f) == 0x7c00 && exl_f32_to_f16(1.0f + 0x1p-11f) == 0x3c00); /* ties to even */
+    CHECK(exl_f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f) == 0x3c01);
+    CHECK(exl_bf16_to_f32(0x3f80) == 1.0f && exl_f32_to_bf16(1.0f) == 0x3f80);
+    CHECK(exl_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80 && exl_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-16f) == 0x3f81);
+}
+
+static atomic_int hits[8];
+
+static void count_task(void *ctx, int i, int n) {
+    (void)ctx;
+    atomic_fetch_add(&hits[i], n);
+}
+
+EXL_TEST(thread_pool_runs_every_index) {
+    exl_pool *pool;
+    REQUIRE_OK(exl_pool_init(4, &pool));
+    for (int rep = 0; rep < 1000; rep++)
+        exl_pool_run(pool, count_task, NULL);
+    for (int i = 0; i < 4; i++)
+        CHECK_MSG(atomic_load(&hits[i]) == 4000, "thread %d ran %d", i, atomic_load(&hits[i]) / 4);
+    exl_pool_free(pool);
+    long b, e, total = 0;
+    for (int i = 0; i < 3; i++) {
+        exl_split_range(100, i, 3, 8, &b, &e);
+        CHECK(b % 8 == 0 && e >= b);
+        total += e - b;
+    }
+    CHECK(total == 100);
+}
+
+EXL_TEST(simd_kernels_agree_with_scalar) {
+    const char *isas[] = {"avx2", "avx512"};
+    float x[4 * 203], w32[203], out_s[4], out_v[4];
+    uint16_t w16[203], wbf[203];
+    for (int i = 0; i < 4 * 203; i++)
+        x[i] = sinf((float)i) * 0.5f;
+    for (int i = 0; i < 203; i++) {
+        w32[i] = cosf((float)i * 0.3f);
+        w16[i] = exl_f32_to_f16(w32[i]);
+        wbf[i] = exl_f32_to_bf16(w32[i]);
+    }
+    const exl_cpu_kernels *s = exl_cpu_kernels_named("scalar");
+    for (int k = 0; k < 2; k++) {
+        const exl_cpu_kernels *v = exl_cpu_kernels_named(isas[k]);
+        if (!v) {
+            printf("    %s not supported on this CPU: not compared\n", isas[k]);
+            continue;
+        }
+        for (int nr = 1; nr <= 4; nr++)
+            for (int len = 1; len <= 203; len += 13) {
+                s->dot_f32(x, 203, nr, w32, len, out_s);
+                v->dot_f32(x, 203, nr, w32, len, out_v);
+                for (int r = 0; r < nr; r++)
+                    CHECK(fabsf(out_s[r] - out_v[r]) <= 1e-5f * (1 + fabsf(out_s[r])));
+                s->dot_f16(x, 203, nr, w16, len, out_s);
+                v->dot_f16(x, 203, nr, w16, len, out_v);
+                for (int r = 0; r < nr; r++)
+                    CHECK(fabsf(out_s[r] - out_v[r]) <= 1e-5f * (1 + fabsf(out_s[r])));
+                s->dot_bf16(x, 203, nr, wbf, len, out_s);
+                v->dot_bf16(x, 203, nr, wbf, len, out_v);
+                for (int r = 0; r < nr; r++)
+                    CHECK(fabsf(out_s[r] - out_v[r]) <= 1e-5f * (1 + fabsf(out_s[r])));
+            }
+    }
+}
