@@ -265,8 +265,8 @@ typedef struct exl_gen_event {
     const char *error;        /* the message when finish is EXL_FINISH_ERROR */
 } exl_gen_event;
 
-/* tok is used for text prompts, stop/banned strings and the event text; the model
- * and the tokenizer must outlive the generator. */
+/* params NULL: the defaults. tok is used for text prompts, stop/banned strings and the
+ * event text; the model and the tokenizer must outlive the generator. */
 exl_status exl_generator_init(exl_model *model, const exl_tokenizer *tok, const exl_generator_params *params,
                               exl_generator **out);
 void exl_generator_free(exl_generator *gen);

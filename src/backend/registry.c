@@ -2,7 +2,9 @@
  *
  * The CUDA backend is a shared library (libexl_cuda.so) searched next to the running
  * binary, then on the loader path. It exports exl_backend_cuda_create. Any failure to
- * load it or to find a GPU means "no GPU": AUTO falls back to the CPU, CUDA is an error. */
+ * load it or to find a GPU means "no GPU": AUTO falls back to the CPU, CUDA is an error.
+ * The library has no error state of its own: before creating the backend we hand it
+ * exl_backend_cuda_set_error_sink(core_error_sink), so its messages land in exl_last_error(). */
 #include "backend/backend.h"
 
 #include "base/error.h"
@@ -14,6 +16,10 @@
 #include <unistd.h>
 
 typedef exl_status (*cuda_create_fn)(exl_backend **out);
+typedef void (*cuda_error_sink_fn)(exl_status st, const char *msg);
+typedef void (*cuda_set_sink_fn)(cuda_error_sink_fn sink);
+
+static void core_error_sink(exl_status st, const char *msg) { exl_fail(st, "%s", msg); }
 
 static void *open_cuda_library(char *why, size_t why_len) {
     char exe[PATH_MAX];
@@ -46,9 +52,11 @@ exl_status exl_backend_init(exl_device device, int n_threads, exl_backend **out)
         void *lib = open_cuda_library(why, sizeof why);
         if (lib) {
             cuda_create_fn create = (cuda_create_fn)(uintptr_t)dlsym(lib, "exl_backend_cuda_create");
-            if (!create) {
-                snprintf(why, sizeof why, "libexl_cuda.so lacks exl_backend_cuda_create");
+            cuda_set_sink_fn set_sink = (cuda_set_sink_fn)(uintptr_t)dlsym(lib, "exl_backend_cuda_set_error_sink");
+            if (!create || !set_sink) {
+                snprintf(why, sizeof why, "libexl_cuda.so lacks exl_backend_cuda_create or its error sink");
             } else {
+                set_sink(core_error_sink);
                 exl_status st = create(out);
                 if (st == EXL_OK)
                     return EXL_OK; /* the library stays loaded for the process lifetime */

@@ -16,6 +16,7 @@ static const command commands[] = {
     {"info", cmd_info, "describe a model directory: architecture, sizes, dtypes, memory"},
     {"bench", cmd_bench, "measure prefill and decode speed against the memory-bandwidth bound"},
     {"perplexity", cmd_perplexity, "perplexity of a model on a text file (sliding windows)"},
+    {"run", cmd_run, "complete prompts (streaming; several prompts run as one batch)"},
     {"logits", cmd_logits, "write the logits of a token sequence to a safetensors file"},
     {"tokenize", cmd_tokenize, "print the token ids of text read on stdin"},
 };

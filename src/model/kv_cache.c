@@ -47,3 +47,27 @@ void exl_kv_cache_free(exl_model *m, exl_kv_cache *c) {
     exl_free(c->v);
     exl_free(c);
 }
+
+exl_status exl_kv_cache_copy_page(exl_model *m, exl_kv_cache *c, int32_t src, int32_t dst, int32_t n_slots) {
+    if (src < 0 || src >= c->n_pages || dst < 0 || dst >= c->n_pages || n_slots < 0 || n_slots > c->page_size)
+        return exl_fail(EXL_ERR_ARG, "kv cache: cannot copy %d slots from page %d to page %d", n_slots, src, dst);
+    /* Through the host: the op table has no device-to-device copy, and this is rare. */
+    size_t slot_bytes = (size_t)c->kv_width * m->be->kv_elem_bytes, bytes = (size_t)n_slots * slot_bytes;
+    size_t src_off = (size_t)src * c->page_size * slot_bytes, dst_off = (size_t)dst * c->page_size * slot_bytes;
+    if (!bytes || src == dst)
+        return EXL_OK;
+    unsigned char *tmp = exl_malloc(bytes);
+    if (!tmp)
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    exl_status st = EXL_OK;
+    for (int32_t l = 0; l < c->n_layers && st == EXL_OK; l++) {
+        void *kv[2] = {c->k[l], c->v[l]};
+        for (int i = 0; i < 2 && st == EXL_OK; i++) {
+            st = m->be->ops->download(m->be, tmp, (unsigned char *)kv[i] + src_off, bytes);
+            if (st == EXL_OK)
+                st = m->be->ops->upload(m->be, (unsigned char *)kv[i] + dst_off, tmp, bytes);
+        }
+    }
+    exl_free(tmp);
+    return st;
+}

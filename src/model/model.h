@@ -33,6 +33,12 @@ typedef struct exl_forward_scratch {
     int32_t *host_page_tables;
 } exl_forward_scratch;
 
+/* What one linear layer was loaded from (kept for `exl info`); src.name points at name. */
+typedef struct exl_linear_record {
+    char name[96];
+    exl_linear_src src;
+} exl_linear_record;
+
 struct exl_model {
     char *dir;
     exl_hf_config cfg;
@@ -42,6 +48,8 @@ struct exl_model {
     exl_linear *head;  /* lm_head, or the embedding table when tied */
     exl_vector *final_norm;
     exl_layer *layers;
+    exl_linear_record *linears; /* every linear loaded through exl_model_load_linear */
+    int32_t n_linears, cap_linears;
     float embed_scale;
     int32_t rot_dim;
     exl_forward_scratch fs;
@@ -55,6 +63,8 @@ typedef struct exl_kv_cache {
 
 exl_status exl_kv_cache_init(exl_model *m, int32_t n_pages, int32_t page_size, exl_kv_cache **out);
 void exl_kv_cache_free(exl_model *m, exl_kv_cache *c);
+/* Copy the K/V of the first n_slots slots of page src to page dst, in every layer. */
+exl_status exl_kv_cache_copy_page(exl_model *m, exl_kv_cache *c, int32_t src, int32_t dst, int32_t n_slots);
 
 /* One sequence's part of a forward step, as the caller (session, generator) sees it. */
 typedef struct exl_seq_step {

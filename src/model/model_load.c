@@ -147,6 +147,7 @@ void exl_model_free(exl_model *m) {
         be->ops->destroy(be);
     }
     exl_free(m->layers);
+    exl_free(m->linears);
     exl_weights_close(m->weights);
     exl_free(m->dir);
     exl_free(m);

@@ -1,8 +1,10 @@
-/* report.c - the text `exl info` prints: architecture, sizes, dtypes, parameters, memory. */
+/* report.c - the text `exl info` prints: architecture, sizes, dtypes, parameters, memory,
+ * and per linear layer its format, code widths and bits per weight. */
 #include "model/model.h"
 
 #include "base/error.h"
 #include "base/str.h"
+#include "quant/quant.h"
 
 #include <string.h>
 
@@ -19,6 +21,53 @@ static const char *group_of(const char *name) {
     if (strstr(name, "mlp"))
         return "mlp";
     return "other";
+}
+
+/* "4:224 5:32": input rows per code width, widest first. */
+static int bits_mix(exl_str *s, const exl_quant_stats *st) {
+    int bad = 0, first = 1;
+    for (int b = 8; b >= 1; b--)
+        if (st->rows_by_bits[b]) {
+            bad |= exl_str_printf(s, "%s%d:%lld", first ? "" : " ", b, (long long)st->rows_by_bits[b]);
+            first = 0;
+        }
+    return bad;
+}
+
+/* One line per linear layer (format, shape, code widths, bits per weight), then the
+ * bits per weight of the decoder layers, the head, and all linear layers together. */
+static int linear_report(const exl_model *m, exl_str *s) {
+    static const char *kinds[] = {"dense", "EXL2", "GPTQ"};
+    double bits[2] = {0}, weights[2] = {0}; /* [0] decoder layers, [1] head */
+    int bad = exl_str_puts(s, "linear layers (format, in x out, code widths as bits:rows, bits per weight):\n");
+    for (int32_t i = 0; i < m->n_linears; i++) {
+        const exl_linear_src *src = &m->linears[i].src;
+        exl_quant_stats st;
+        exl_linear_stats(src, &st);
+        int head = strncmp(src->name, "model.layers.", 13) != 0;
+        bits[head] += st.bits;
+        weights[head] += (double)st.weights;
+        bad |= exl_str_printf(s, "  %-36s %-5s %6lld x %-6lld ", src->name, kinds[src->kind],
+                              (long long)src->in_features, (long long)src->out_features);
+        if (src->kind == EXL_LINEAR_DENSE)
+            bad |= exl_str_printf(s, "%-24s", exl_dtype_name(src->dense.dtype));
+        else {
+            exl_str mix = EXL_STR_INIT;
+            bad |= bits_mix(&mix, &st);
+            if (src->kind == EXL_LINEAR_GPTQ)
+                bad |= exl_str_printf(&mix, " g%d%s", src->gptq.group_size, src->gptq.g_idx ? " g_idx" : "");
+            bad |= exl_str_printf(s, "%-24s", mix.data ? mix.data : "");
+            exl_str_free(&mix);
+        }
+        bad |= exl_str_printf(s, " %6.3f bpw\n", st.bits / (double)st.weights);
+    }
+    if (weights[0] > 0)
+        bad |= exl_str_printf(s, "bits/weight:  %.3f decoder layers", bits[0] / weights[0]);
+    if (weights[1] > 0)
+        bad |= exl_str_printf(s, ", %.3f head", bits[1] / weights[1]);
+    if (weights[0] + weights[1] > 0)
+        bad |= exl_str_printf(s, ", %.3f all linear layers\n", (bits[0] + bits[1]) / (weights[0] + weights[1]));
+    return bad;
 }
 
 exl_status exl_model_report(const exl_model *m, char **out) {
@@ -39,6 +88,7 @@ exl_status exl_model_report(const exl_model *m, char **out) {
                           c->tie_embeddings ? " (tied embeddings)" : "");
     if (c->quant.present)
         bad |= exl_str_printf(&s, "quantization: %s\n", c->quant.method);
+    bad |= linear_report(m, &s);
 
     /* parameters and bytes per (group, dtype) */
     static const char *groups[] = {"embeddings", "attention", "mlp", "norms", "head", "other"};

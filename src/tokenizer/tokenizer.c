@@ -11,38 +11,12 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "io/json_file.h"
 
-#define MAX_FILE_BYTES ((size_t)1 << 30)
 
 /* ---------------------------------------------------------------- files */
 
 /* Read a whole file; *data is NUL-terminated. Returns EXL_ERR_IO (ENOENT kept in errno). */
-static exl_status read_file(const char *path, char **data, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return exl_fail(EXL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || (size_t)sb.st_size > MAX_FILE_BYTES) {
-        fclose(f);
-        return exl_fail(EXL_ERR_IO, "%s: not a regular file of at most 1 GiB", path);
-    }
-    size_t n = (size_t)sb.st_size;
-    char *buf = exl_malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        return exl_fail(EXL_ERR_NOMEM, "%s: out of memory", path);
-    }
-    size_t got = fread(buf, 1, n, f);
-    fclose(f);
-    if (got != n) {
-        exl_free(buf);
-        return exl_fail(EXL_ERR_IO, "%s: short read (file truncated while reading?)", path);
-    }
-    buf[n] = 0;
-    *data = buf;
-    *len = n;
-    return EXL_OK;
-}
 
 static int file_exists(const char *path) {
     struct stat sb;
@@ -135,7 +109,7 @@ static exl_status parse_json_file(const char *path, cJSON **out) {
     char *data;
     size_t len;
     *out = NULL;
-    EXL_TRY(read_file(path, &data, &len));
+    EXL_TRY(exl_file_read(path, &data, &len));
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(data, len, &end, 0);
     size_t at = end && end >= data && end <= data + len ? (size_t)(end - data) : 0;
@@ -215,7 +189,7 @@ static exl_status load_side_files(exl_tokenizer *tok, const char *dir) {
     if (file_exists(p)) {
         char *data;
         size_t len;
-        st = read_file(p, &data, &len);
+        st = exl_file_read(p, &data, &len);
         if (st == EXL_OK) {
             exl_free(tok->chat_template);
             tok->chat_template = data;
@@ -257,7 +231,7 @@ static exl_status load_file(exl_tokenizer *tok, const char *path, int is_spm, co
     size_t len;
     if (!(tok->path = exl_strdup(path)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
-    EXL_TRY(read_file(path, &data, &len));
+    EXL_TRY(exl_file_read(path, &data, &len));
     exl_status st;
     if (is_spm) {
         int add_bos = 1, add_eos = 0;

@@ -4,17 +4,20 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/qkernels.h"
 #include "base/threads.h"
 
 typedef struct exl_cpu_backend {
     exl_backend base;
     exl_pool *pool;
     const exl_cpu_kernels *k;
+    const exl_cpu_qkernels *qk; /* same ISA as k */
 } exl_cpu_backend;
 
 struct exl_linear {
-    exl_linear_src src; /* weights stay in the mapped files */
-    float *bias;        /* fp32 copy, or NULL */
+    exl_linear_src src;     /* weights stay in the mapped files */
+    float *bias;            /* fp32 copy, or NULL */
+    struct exl_cpu_qmat *q; /* EXL2 / GPTQ view (cpu_quant.h), NULL when dense */
 };
 
 struct exl_vector {
@@ -23,6 +26,8 @@ struct exl_vector {
 
 static inline exl_cpu_backend *exl_cpu(exl_backend *be) { return (exl_cpu_backend *)be; }
 
+/* x·W + b for EXL2 / GPTQ weights (cpu_qmatmul.c) */
+void exl_cpu_qmatmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
 void exl_cpu_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
 void exl_cpu_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
                    float scale);

@@ -1,5 +1,6 @@
 /* cpu_backend.c - the CPU backend's op table, memory and weight handles. */
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/cpu_quant.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -38,18 +39,25 @@ static float dense_value(exl_dtype t, const void *data, int64_t i) {
     }
 }
 
+static void cpu_linear_free(exl_backend *be, exl_linear *w);
+
 static exl_status cpu_linear_init(exl_backend *be, const exl_linear_src *src, exl_linear **out) {
-    if (src->kind != EXL_LINEAR_DENSE)
-        return exl_fail(EXL_ERR_UNSUPPORTED, "%s: quantized weights are not supported by the CPU backend yet",
-                        src->name ? src->name : "linear");
     exl_linear *w = exl_calloc(1, sizeof *w);
     if (!w)
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     w->src = *src;
+    w->src.name = NULL; /* the caller's string need not outlive the call */
+    if (src->kind != EXL_LINEAR_DENSE) {
+        exl_status st = exl_cpu_qmat_init(src, &w->q);
+        if (st != EXL_OK) {
+            exl_free(w);
+            return st;
+        }
+    }
     if (src->bias) {
         w->bias = exl_malloc((size_t)src->out_features * sizeof(float));
         if (!w->bias) {
-            exl_free(w);
+            cpu_linear_free(be, w);
             return exl_fail(EXL_ERR_NOMEM, "out of memory");
         }
         for (int64_t i = 0; i < src->out_features; i++)
@@ -62,6 +70,7 @@ static exl_status cpu_linear_init(exl_backend *be, const exl_linear_src *src, ex
 static void cpu_linear_free(exl_backend *be, exl_linear *w) {
     if (!w)
         return;
+    exl_cpu_qmat_free(w->q);
     exl_free(w->bias);
     exl_free(w);
 }
@@ -118,6 +127,7 @@ exl_status exl_backend_cpu_init(int n_threads, exl_backend **out) {
         return st;
     }
     be->k = exl_cpu_kernels_best();
+    be->qk = exl_cpu_qkernels_for(be->k->isa);
     be->base.ops = &cpu_ops;
     be->base.name = "cpu";
     be->base.kv_elem_bytes = sizeof(float);

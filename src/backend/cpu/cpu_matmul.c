@@ -1,4 +1,5 @@
-/* cpu_matmul.c - out = x·W + b on the CPU, threads split the output features. */
+/* cpu_matmul.c - out = x·W + b on the CPU, threads split the output features; quantized
+ * weights go to cpu_qmatmul.c. */
 #include "backend/cpu/cpu.h"
 
 typedef struct {
@@ -34,6 +35,10 @@ static void dense_task(void *p, int ti, int tn) {
 }
 
 void exl_cpu_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
+    if (w->src.kind != EXL_LINEAR_DENSE) {
+        exl_cpu_qmatmul(be, out, x, w, rows);
+        return;
+    }
     matmul_job j = {exl_cpu(be), out, x, w, rows};
-    exl_pool_run(exl_cpu(be)->pool, dense_task, &j);
+    exl_pool_run_work(exl_cpu(be)->pool, dense_task, &j, rows * w->src.in_features * w->src.out_features);
 }

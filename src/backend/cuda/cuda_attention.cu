@@ -1,0 +1,331 @@
+/* cuda_attention.cu - causal attention of new queries over the paged fp16 KV cache.
+ *
+ * Decode (at most EXL_CUDA_DECODE_MAX_Q new tokens per sequence): "flash decoding". Each block
+ * takes one (row, head) and one split of its keys; its 4 warps score 32 keys at a time
+ * (one key per lane, 16-byte K loads), keep an online softmax, and accumulate V with one
+ * output dimension per lane. Splits leave (max, sum, acc) partials that a second kernel
+ * merges. Prefill: a block takes 16 queries of one head and stages 32 keys of K and V in
+ * shared memory at a time, shared by its 4 warps (4 queries each). fp32 arithmetic. */
+#include "backend/cuda/cuda_internal.h"
+
+#include <math.h>
+
+#define MAX_HEAD_DIM 256
+#define MAX_DPL (MAX_HEAD_DIM / 32) /* output dimensions per lane */
+#define ATT_WARPS 4
+#define Q_TILE 16
+#define KEY_BLOCK 32
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Slot of key t of a sequence. */
+__device__ __forceinline__ int64_t key_slot(const int32_t *pages, int32_t t, int32_t page_size) {
+    return (int64_t)pages[t / page_size] * page_size + t % page_size;
+}
+
+__device__ __forceinline__ int find_seq(const exl_attn_seq *seqs, int n_seqs, int row) {
+    int s = 0;
+    while (s + 1 < n_seqs && row >= seqs[s + 1].q_start)
+        s++;
+    return s;
+}
+
+/* dot of an fp32 vector in shared memory with an fp16 row (hd % 8 == 0, 16-byte aligned) */
+__device__ __forceinline__ float dot_q_k(const float *q, const __half *k, int hd) {
+    float d = 0.0f;
+    for (int i = 0; i < hd; i += 8) {
+        uint4 raw = *(const uint4 *)(k + i);
+        __half2 h[4];
+        memcpy(h, &raw, 16);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 f = __half22float2(h[j]);
+            d += q[i + 2 * j] * f.x + q[i + 2 * j + 1] * f.y;
+        }
+    }
+    return d;
+}
+
+/* ---- decode */
+
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
+                   const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
+                   int keys_per_split) {
+    __shared__ float qs[MAX_HEAD_DIM];
+    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    __shared__ float wacc[ATT_WARPS][MAX_HEAD_DIM];
+    const int hd = sh.head_dim, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int row = blockIdx.x / sh.n_heads, head = blockIdx.x % sh.n_heads, split = blockIdx.y;
+    const int kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * hd;
+    const exl_attn_seq seq = seqs[find_seq(seqs, n_seqs, row)];
+    const int last = seq.n_kv - seq.n_q + (row - seq.q_start);
+    int first = sh.sliding_window > 0 && last - sh.sliding_window + 1 > 0 ? last - sh.sliding_window + 1 : 0;
+    const int k0 = first + split * keys_per_split;
+    const int k1 = min(last + 1, k0 + keys_per_split);
+    const int32_t *pages = page_tables + seq.page_start;
+
+    for (int i = threadIdx.x; i < hd; i += blockDim.x)
+        qs[i] = q[((int64_t)row * sh.n_heads + head) * hd + i] * sh.scale;
+    __syncthreads();
+
+    float m = -INFINITY, l = 0.0f, acc[MAX_DPL];
+#pragma unroll
+    for (int i = 0; i < MAX_DPL; i++)
+        acc[i] = 0.0f;
+    for (int t0 = k0 + warp * KEY_BLOCK; t0 < k1; t0 += ATT_WARPS * KEY_BLOCK) {
+        int t = t0 + lane;
+        int64_t slot = t < k1 ? key_slot(pages, t, sh.page_size) : 0;
+        float s = t < k1 ? dot_q_k(qs, kc + slot * kvw + (int64_t)kvh * hd, hd) : -INFINITY;
+        float nm = fmaxf(m, warp_max(s));
+        float p = t < k1 ? __expf(s - nm) : 0.0f;
+        float corr = __expf(m - nm);
+        l = l * corr + warp_sum(p);
+        m = nm;
+#pragma unroll
+        for (int i = 0; i < MAX_DPL; i++)
+            acc[i] *= corr;
+        int n = min(KEY_BLOCK, k1 - t0);
+        for (int j = 0; j < n; j++) {
+            float pj = __shfl_sync(0xffffffffu, p, j);
+            int64_t sj = __shfl_sync(0xffffffffu, slot, j);
+            const __half *v = vc + sj * kvw + (int64_t)kvh * hd;
+#pragma unroll
+            for (int i = 0; i < MAX_DPL; i++)
+                if (lane + 32 * i < hd)
+                    acc[i] += pj * __half2float(v[lane + 32 * i]);
+        }
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < MAX_DPL; i++)
+        if (lane + 32 * i < hd)
+            wacc[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+    float bm = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++)
+        bm = fmaxf(bm, wm[w]);
+    float bl = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++)
+        bl += wm[w] == -INFINITY ? 0.0f : wl[w] * __expf(wm[w] - bm);
+    const int64_t rh = (int64_t)row * sh.n_heads + head;
+    if (gridDim.y == 1) {
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float a = 0.0f;
+            for (int w = 0; w < ATT_WARPS; w++)
+                a += wm[w] == -INFINITY ? 0.0f : wacc[w][d] * __expf(wm[w] - bm);
+            out[rh * hd + d] = bl > 0.0f ? a / bl : 0.0f;
+        }
+        return;
+    }
+    float *pp = partial + (rh * gridDim.y + split) * (hd + 2);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            a += wm[w] == -INFINITY ? 0.0f : wacc[w][d] * __expf(wm[w] - bm);
+        pp[2 + d] = a;
+    }
+    if (threadIdx.x == 0) {
+        pp[0] = bm;
+        pp[1] = bl;
+    }
+}
+
+__global__ void attn_combine_kernel(float *out, const float *partial, int hd, int n_splits) {
+    const int64_t rh = blockIdx.x;
+    const float *pp = partial + rh * n_splits * (hd + 2);
+    float m = -INFINITY;
+    for (int s = 0; s < n_splits; s++)
+        m = fmaxf(m, pp[s * (hd + 2)]);
+    float l = 0.0f;
+    for (int s = 0; s < n_splits; s++) {
+        float ms = pp[s * (hd + 2)];
+        l += ms == -INFINITY ? 0.0f : pp[s * (hd + 2) + 1] * __expf(ms - m);
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < n_splits; s++) {
+            float ms = pp[s * (hd + 2)];
+            a += ms == -INFINITY ? 0.0f : pp[s * (hd + 2) + 2 + d] * __expf(ms - m);
+        }
+        out[rh * hd + d] = l > 0.0f ? a / l : 0.0f;
+    }
+}
+
+/* ---- prefill */
+
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+attn_prefill_kernel(float *out, const float *q, const __half *kc, const __half *vc, const exl_attn_seq *seqs,
+                    const int32_t *page_tables, exl_attn_shape sh) {
+    extern __shared__ float smem[];
+    const int hd = sh.head_dim, ks = hd + 8; /* K/V row stride in halves (16-byte pad) */
+    float *qs = smem;                                    /* [Q_TILE][hd] */
+    float *ps = qs + Q_TILE * hd;                        /* [ATT_WARPS][4][KEY_BLOCK] */
+    __half *kt = (__half *)(ps + ATT_WARPS * 4 * KEY_BLOCK); /* [KEY_BLOCK][ks] */
+    __half *vt = kt + KEY_BLOCK * ks;
+    __shared__ int64_t slots[KEY_BLOCK];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int head = blockIdx.y, kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * hd;
+    const exl_attn_seq seq = seqs[blockIdx.z];
+    const int qt0 = blockIdx.x * Q_TILE;
+    if (qt0 >= seq.n_q)
+        return;
+    const int nq = min(Q_TILE, seq.n_q - qt0);
+    const int32_t *pages = page_tables + seq.page_start;
+    const int past = seq.n_kv - seq.n_q;
+
+    for (int i = threadIdx.x; i < Q_TILE * hd; i += blockDim.x) {
+        int qi = i / hd;
+        qs[i] = qi < nq ? q[((int64_t)(seq.q_start + qt0 + qi) * sh.n_heads + head) * hd + i % hd] * sh.scale : 0.0f;
+    }
+    /* key range of the tile */
+    const int last_max = past + qt0 + nq - 1;
+    int first_min = past + qt0;
+    first_min = sh.sliding_window > 0 && first_min - sh.sliding_window + 1 > 0 ? first_min - sh.sliding_window + 1 : 0;
+    first_min -= first_min % KEY_BLOCK;
+
+    float m[4], l[4], acc[4][MAX_DPL];
+    int qlast[4], qfirst[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        m[j] = -INFINITY;
+        l[j] = 0.0f;
+        int qi = warp * 4 + j;
+        qlast[j] = qi < nq ? past + qt0 + qi : -1;
+        qfirst[j] = sh.sliding_window > 0 && qlast[j] - sh.sliding_window + 1 > 0 ? qlast[j] - sh.sliding_window + 1 : 0;
+#pragma unroll
+        for (int i = 0; i < MAX_DPL; i++)
+            acc[j][i] = 0.0f;
+    }
+    float *pw = ps + warp * 4 * KEY_BLOCK;
+    for (int t0 = first_min; t0 <= last_max; t0 += KEY_BLOCK) {
+        __syncthreads(); /* previous block's K/V no longer in use */
+        if (threadIdx.x < KEY_BLOCK) {
+            int t = t0 + threadIdx.x;
+            slots[threadIdx.x] = t <= last_max ? key_slot(pages, t, sh.page_size) : -1;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < KEY_BLOCK * (hd / 8); i += blockDim.x) {
+            int j = i / (hd / 8), c = (i % (hd / 8)) * 8;
+            uint4 kz = make_uint4(0, 0, 0, 0), vz = kz;
+            if (slots[j] >= 0) {
+                kz = *(const uint4 *)(kc + slots[j] * kvw + (int64_t)kvh * hd + c);
+                vz = *(const uint4 *)(vc + slots[j] * kvw + (int64_t)kvh * hd + c);
+            }
+            *(uint4 *)(kt + j * ks + c) = kz;
+            *(uint4 *)(vt + j * ks + c) = vz;
+        }
+        __syncthreads();
+        const int t = t0 + lane;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            bool valid = t >= qfirst[j] && t <= qlast[j];
+            float s = valid ? dot_q_k(qs + (warp * 4 + j) * hd, kt + lane * ks, hd) : -INFINITY;
+            float nm = fmaxf(m[j], warp_max(s));
+            float p = valid ? __expf(s - nm) : 0.0f;
+            float corr = nm == -INFINITY ? 1.0f : __expf(m[j] - nm);
+            l[j] = l[j] * corr + warp_sum(p);
+            m[j] = nm;
+#pragma unroll
+            for (int i = 0; i < MAX_DPL; i++)
+                acc[j][i] *= corr;
+            pw[j * KEY_BLOCK + lane] = p;
+        }
+        __syncwarp();
+        for (int kj = 0; kj < KEY_BLOCK; kj++) {
+#pragma unroll
+            for (int i = 0; i < MAX_DPL; i++) {
+                if (lane + 32 * i < hd) {
+                    float v = __half2float(vt[kj * ks + lane + 32 * i]);
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        acc[j][i] += pw[j * KEY_BLOCK + kj] * v;
+                }
+            }
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int qi = warp * 4 + j;
+        if (qi >= nq)
+            continue;
+        float *o = out + ((int64_t)(seq.q_start + qt0 + qi) * sh.n_heads + head) * hd;
+#pragma unroll
+        for (int i = 0; i < MAX_DPL; i++)
+            if (lane + 32 * i < hd)
+                o[lane + 32 * i] = l[j] > 0.0f ? acc[j][i] / l[j] : 0.0f;
+    }
+}
+
+/* ---- dispatch */
+
+void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
+                        const exl_batch *b, const exl_attn_shape *sh) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (b->n_rows < 1)
+        return;
+    if (sh->head_dim > MAX_HEAD_DIM || sh->head_dim % 8 || sh->n_kv_heads < 1 || sh->n_heads % sh->n_kv_heads) {
+        exl_cuda_set_sticky(cb, EXL_ERR_UNSUPPORTED,
+                            "CUDA attention needs head_dim a multiple of 8 up to %d and heads a multiple of kv heads "
+                            "(got %d, %d/%d)",
+                            MAX_HEAD_DIM, sh->head_dim, sh->n_heads, sh->n_kv_heads);
+        return;
+    }
+    const __half *kc = (const __half *)k_cache, *vc = (const __half *)v_cache;
+    if (b->max_q > EXL_CUDA_DECODE_MAX_Q) {
+        size_t smem = (size_t)Q_TILE * sh->head_dim * sizeof(float) + ATT_WARPS * 4 * KEY_BLOCK * sizeof(float) +
+                      2 * KEY_BLOCK * (size_t)(sh->head_dim + 8) * sizeof(__half);
+        if (smem > 48 * 1024 &&
+            cudaFuncSetAttribute(attn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+                cudaSuccess) {
+            exl_cuda_check_launch(cb, "attention shared memory");
+            return;
+        }
+        dim3 grid((unsigned)((b->max_q + Q_TILE - 1) / Q_TILE), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
+        attn_prefill_kernel<<<grid, ATT_WARPS * 32, smem, cb->stream>>>(out, q, kc, vc, b->d_seqs, b->d_page_tables,
+                                                                       *sh);
+        exl_cuda_check_launch(cb, "prefill attention");
+        return;
+    }
+    int64_t items = (int64_t)b->n_rows * sh->n_heads;
+    int splits = (int)((4 * cb->n_sms + items - 1) / items);
+    /* sized for max_kv rounded up to the bucket: splits past the keys exit at once, and the
+     * launch stays the same for the next tokens (graph replay) */
+    int32_t max_kv = (b->max_kv + EXL_CUDA_KV_BUCKET - 1) / EXL_CUDA_KV_BUCKET * EXL_CUDA_KV_BUCKET;
+    int max_splits = (max_kv + 63) / 64;
+    if (splits > max_splits)
+        splits = max_splits;
+    if (splits > 64)
+        splits = 64;
+    if (splits < 1)
+        splits = 1;
+    int kps = (max_kv + splits - 1) / splits;
+    kps = (kps + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+    splits = (max_kv + kps - 1) / kps;
+    if (splits > 1 && !exl_cuda_ensure(cb, (void **)&cb->attn_partial, &cb->attn_partial_bytes,
+                                       (size_t)items * splits * (sh->head_dim + 2) * sizeof(float),
+                                       "attention partials"))
+        return;
+    dim3 grid((unsigned)items, (unsigned)splits);
+    attn_decode_kernel<<<grid, ATT_WARPS * 32, 0, cb->stream>>>(out, cb->attn_partial, q, kc, vc, b->d_seqs,
+                                                                b->n_seqs, b->d_page_tables, *sh, kps);
+    exl_cuda_check_launch(cb, "decode attention");
+    if (splits > 1) {
+        attn_combine_kernel<<<(unsigned)items, 128, 0, cb->stream>>>(out, cb->attn_partial, sh->head_dim, splits);
+        exl_cuda_check_launch(cb, "attention combine");
+    }
+}

@@ -1,0 +1,185 @@
+/* cuda_internal.h - the CUDA backend's private types, error plumbing and helpers.
+ *
+ * Ops in the table return void, and kernels run asynchronously, so the backend keeps a
+ * sticky error: the first failure (a launch error, an unsupported shape, a failed
+ * scratch allocation) is recorded and returned by the next synchronize/download.
+ * Messages reach the core's exl_last_error() through the callback that registry.c
+ * hands over (exl_backend_cuda_set_error_sink); this library has no error state of its own. */
+#ifndef EXL_CUDA_INTERNAL_H
+#define EXL_CUDA_INTERNAL_H
+
+#include "backend/backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors */
+
+/* Record a message through the core's error sink and return st. */
+exl_status exl_cuda_fail(exl_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define EXL_TRY(expr)                        \
+    do {                                     \
+        exl_status exl_try_st_ = (expr);     \
+        if (exl_try_st_ != EXL_OK)           \
+            return exl_try_st_;              \
+    } while (0)
+
+typedef struct exl_cuda_backend {
+    exl_backend base;
+    int device;
+    int n_sms;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    exl_status sticky;      /* first asynchronous failure, EXL_OK if none */
+    char sticky_msg[512];
+    /* scratch, grown on demand (never inside a steady decode loop) */
+    void *scratch;          /* fp16 activations / dequantized weights for the GEMM path */
+    size_t scratch_bytes;
+    size_t dequant_bytes;   /* largest dequantized matrix of any quantized linear */
+    float *gemv_partial;    /* split-K partial sums of the GEMV kernels */
+    size_t gemv_partial_bytes;
+    unsigned *gemv_counters; /* per column tile arrival counters (self-resetting) */
+    size_t gemv_counter_count;
+    float *attn_partial;    /* split-K partials of decode attention */
+    size_t attn_partial_bytes;
+    /* decode-step graphs (cuda_graph.cu) */
+    int graph_state;        /* idle, matching, capturing, bypass */
+    int graphs_off;         /* EXL_CUDA_GRAPHS=0, or after a graph API failure */
+    struct exl_cuda_op *tape; /* the ops of the cached graph, in order */
+    int32_t tape_len, tape_cap, match_pos;
+    cudaGraphExec_t exec;
+} exl_cuda_backend;
+
+static inline exl_cuda_backend *exl_cuda(exl_backend *be) { return (exl_cuda_backend *)be; }
+
+/* Record the first asynchronous failure; later ones are dropped. */
+void exl_cuda_set_sticky(exl_cuda_backend *cb, exl_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Check the last launch; records a sticky error on failure and returns 0. */
+int exl_cuda_check_launch(exl_cuda_backend *cb, const char *what);
+/* Grow a device buffer to at least `bytes` (contents lost). 0 on failure (sticky set). */
+int exl_cuda_ensure(exl_cuda_backend *cb, void **buf, size_t *have, size_t bytes, const char *what);
+/* A cudaMalloc that fails with a clear out-of-memory message. */
+exl_status exl_cuda_malloc(void **p, size_t bytes, const char *what);
+
+#define CUDA_CHECK(call, what)                                                                             \
+    do {                                                                                                   \
+        cudaError_t e_ = (call);                                                                           \
+        if (e_ != cudaSuccess)                                                                             \
+            return exl_cuda_fail(e_ == cudaErrorMemoryAllocation ? EXL_ERR_NOMEM : EXL_ERR_DEVICE,        \
+                                 "CUDA: %s: %s", what, cudaGetErrorString(e_));                            \
+    } while (0)
+
+#define CUBLAS_CHECK_STICKY(cb, call, what)                                                                \
+    do {                                                                                                   \
+        cublasStatus_t s_ = (call);                                                                        \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                   \
+            exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "cuBLAS: %s: %s", what, cublasGetStatusString(s_));    \
+    } while (0)
+
+/* ---- weights */
+
+/* A quantized matrix (EXL2 or GPTQ) repacked for this backend:
+ * rows are grouped in chunks of 32 ("slots"), each chunk one bit width and one scale group;
+ * codes of a chunk are a little-endian bit stream down each column (word stride n_pad), the
+ * values in the pair order of exl_cuda_slot_of(); the activations are gathered into slot order
+ * through slot_src (-1 = padding, read as 0). W[slot, n] = (code - zero) * scale[group, n]. */
+typedef struct exl_qmatrix {
+    int32_t n_chunks, n_pad, n_groups, word_rows;
+    uint32_t *qw;        /* [word_rows, n_pad] */
+    int4 *chunks;        /* [n_chunks]: word row, bits, group, 0 */
+    __half *scales;      /* [n_groups, n_pad] */
+    __half *zeros;       /* [n_groups, n_pad] (GPTQ) or NULL (EXL2: zero = 2^(bits-1)) */
+    int32_t *slot_src;   /* [n_chunks * 32] */
+} exl_qmatrix;
+
+struct exl_linear {
+    exl_linear_kind kind;
+    int32_t in, out;
+    __half *w;           /* dense: [out, in] fp16 */
+    exl_qmatrix q;       /* quantized */
+    float *bias;         /* [out] or NULL */
+};
+
+struct exl_vector {
+    float *v;
+};
+
+/* Host: the slot (0..31) a row of a 32-row chunk of `bits` goes to, so that decoded pairs
+ * land on consecutive slots (see cuda_quant.cu). */
+int exl_cuda_slot_of(int bits, int row);
+
+exl_status exl_cuda_qmatrix_init(exl_cuda_backend *cb, const exl_linear_src *src, exl_qmatrix *q);
+void exl_cuda_qmatrix_free(exl_qmatrix *q);
+
+/* ---- ops: the op-table entries (cuda_graph.cu) record each call and hand it to these
+ * launchers, directly or inside a CUDA graph capture */
+
+void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
+void exl_cuda_qgemv(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows);
+void exl_cuda_qdequant(exl_cuda_backend *cb, __half *dst, const exl_linear *w);
+/* fp32 activations (gathered through idx, NULL = none) as two fp16 matrices hi, lo: [2 * rows, width] */
+void exl_cuda_gather_half(exl_cuda_backend *cb, __half *dst, const float *x, const int32_t *idx, int32_t rows,
+                          int32_t in, int32_t width);
+void exl_cuda_run_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
+                        float scale);
+void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows,
+                          int32_t width, float eps);
+void exl_cuda_run_rope(exl_backend *be, float *x, const int32_t *pos, int32_t rows, int32_t n_heads,
+                       int32_t head_dim, int32_t rot_dim, const float *inv_freq, float attn_factor);
+void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                           const exl_batch *b, int32_t kv_width);
+void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
+                            const exl_batch *b, const exl_attn_shape *shape);
+void exl_cuda_run_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
+void exl_cuda_run_add(exl_backend *be, float *x, const float *y, int64_t n);
+void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
+                              int32_t width);
+
+/* Largest row count the decode (GEMV / split-K attention) paths take; graphs are used only
+ * for steps at or under it. */
+#define EXL_CUDA_GEMV_MAX_ROWS 8
+#define EXL_CUDA_DECODE_MAX_Q 4
+/* decode attention sizes its splits for max_kv rounded up to this, so a captured step can
+ * be replayed for the next tokens */
+#define EXL_CUDA_KV_BUCKET 256
+
+/* the op table's entries (cuda_graph.cu) */
+void exl_cuda_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
+                    float scale);
+void exl_cuda_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
+                      float eps);
+void exl_cuda_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
+void exl_cuda_rope(exl_backend *be, float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
+                   int32_t rot_dim, const float *inv_freq, float attn_factor);
+void exl_cuda_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                       const exl_batch *b, int32_t kv_width);
+void exl_cuda_attention(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
+                        const exl_batch *b, const exl_attn_shape *shape);
+void exl_cuda_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
+void exl_cuda_add(exl_backend *be, float *x, const float *y, int64_t n);
+void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
+                          int32_t width);
+
+/* ---- graphs (cuda_graph.cu) */
+
+/* End the step at a synchronisation point: launch what was captured or matched. */
+void exl_cuda_graph_finish(exl_cuda_backend *cb);
+/* Something that cannot be captured (a buffer growing) is about to happen inside a step:
+ * launch what was captured so far, drop the cached graph, run the rest of the step directly. */
+void exl_cuda_graph_flush(exl_cuda_backend *cb);
+/* Finish the step and drop the cached graph (memory it refers to is being freed). */
+void exl_cuda_graph_forget(exl_cuda_backend *cb);
+void exl_cuda_graph_free(exl_cuda_backend *cb);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

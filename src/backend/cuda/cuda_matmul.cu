@@ -1,0 +1,136 @@
+/* cuda_matmul.cu - out = x·W + b on the GPU.
+ *
+ * Few rows (decode): a GEMV that streams the weights once (dense fp16: one warp per output,
+ * 16-byte loads; quantized: cuda_qgemv.cu). Many rows (prefill): fp16 activations and
+ * fp16 weights (quantized ones dequantized first, whole matrix, into scratch) through
+ * cuBLAS with fp32 accumulation and fp32 output. The activations go in as two fp16 parts
+ * (x = hi + lo, two GEMMs into one output): fp16 activations alone flip near-tied argmaxes
+ * of the reference logits, and the GEMMs are a small part of a prefill step today. */
+#include "backend/cuda/cuda_internal.h"
+
+#define DENSE_WARPS 8
+
+/* ---- dense GEMV: warp per output feature, R rows at once */
+
+template <int R>
+__global__ void __launch_bounds__(DENSE_WARPS * 32)
+dense_gemv_kernel(float *out, const float *x, const __half *w, int32_t in, int32_t n_out, const float *bias) {
+    int lane = threadIdx.x % 32;
+    int n = blockIdx.x * DENSE_WARPS + threadIdx.x / 32;
+    if (n >= n_out)
+        return;
+    const __half *wr = w + (int64_t)n * in;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        acc[r] = 0.0f;
+    int32_t vec_end = (in % 8 == 0) ? in : 0;
+    for (int32_t k = lane * 8; k < vec_end; k += 256) {
+        uint4 raw = __ldg((const uint4 *)(wr + k));
+        __half2 h[4];
+        memcpy(h, &raw, 16);
+        float2 f[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            f[i] = __half22float2(h[i]);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float4 *xr = (const float4 *)(x + (int64_t)r * in + k);
+            float4 a = __ldg(xr), b = __ldg(xr + 1);
+            acc[r] += f[0].x * a.x + f[0].y * a.y + f[1].x * a.z + f[1].y * a.w + f[2].x * b.x + f[2].y * b.y +
+                      f[3].x * b.z + f[3].y * b.w;
+        }
+    }
+    for (int32_t k = vec_end + lane; k < in; k += 32) {
+        float wv = __half2float(wr[k]);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            acc[r] += wv * x[(int64_t)r * in + k];
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = acc[r];
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0)
+            out[(int64_t)r * n_out + n] = v + (bias ? bias[n] : 0.0f);
+    }
+}
+
+template <int R>
+static void launch_dense_gemv(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w) {
+    unsigned blocks = (unsigned)((w->out + DENSE_WARPS - 1) / DENSE_WARPS);
+    dense_gemv_kernel<R><<<blocks, DENSE_WARPS * 32, 0, cb->stream>>>(out, x, w->w, w->in, w->out, w->bias);
+    exl_cuda_check_launch(cb, "dense GEMV");
+}
+
+static void dense_gemv(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows) {
+    for (int32_t r = 0; r < rows; r += 4) {
+        int n = rows - r < 4 ? rows - r : 4;
+        float *o = out + (int64_t)r * w->out;
+        const float *xr = x + (int64_t)r * w->in;
+        switch (n) {
+        case 1: launch_dense_gemv<1>(cb, o, xr, w); break;
+        case 2: launch_dense_gemv<2>(cb, o, xr, w); break;
+        case 3: launch_dense_gemv<3>(cb, o, xr, w); break;
+        default: launch_dense_gemv<4>(cb, o, xr, w); break;
+        }
+    }
+}
+
+/* ---- many rows: cuBLAS */
+
+__global__ void bias_kernel(float *out, const float *bias, int32_t n_out, int64_t total) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total)
+        out[i] += bias[i % n_out];
+}
+
+/* out[rows, N] (row-major) = (hi + lo)[rows, K] · A, where xh holds hi then lo and A is fp16
+ * either [N, K] row-major (transposed = 1, lda = K) or [K, lda] row-major (transposed = 0). */
+static void gemm(exl_cuda_backend *cb, float *out, const __half *xh, const __half *a, int transposed, int32_t lda,
+                 int32_t rows, int32_t K, int32_t N) {
+    const float one = 1.0f, zero = 0.0f;
+    for (int part = 0; part < 2; part++)
+        CUBLAS_CHECK_STICKY(cb,
+                            cublasGemmEx(cb->cublas, transposed ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, rows,
+                                         K, &one, a, CUDA_R_16F, lda, xh + (int64_t)part * rows * K, CUDA_R_16F, K,
+                                         part ? &one : &zero, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT),
+                            "GEMM");
+}
+
+static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows) {
+    int quant = w->kind != EXL_LINEAR_DENSE;
+    int32_t K = quant ? w->q.n_chunks * 32 : w->in;
+    size_t x_bytes = (2 * (size_t)rows * K * sizeof(__half) + 255) / 256 * 256;
+    size_t need = x_bytes + (quant ? cb->dequant_bytes : 0);
+    if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, need, "GEMM scratch"))
+        return;
+    __half *xh = (__half *)cb->scratch;
+    exl_cuda_gather_half(cb, xh, x, quant ? w->q.slot_src : NULL, rows, w->in, K);
+    if (quant) {
+        __half *wd = (__half *)((char *)cb->scratch + x_bytes);
+        exl_cuda_qdequant(cb, wd, w);
+        gemm(cb, out, xh, wd, 0, w->q.n_pad, rows, K, w->out);
+    } else {
+        gemm(cb, out, xh, w->w, 1, w->in, rows, K, w->out);
+    }
+    if (w->bias) {
+        int64_t total = (int64_t)rows * w->out;
+        bias_kernel<<<(unsigned)((total + 255) / 256), 256, 0, cb->stream>>>(out, w->bias, w->out, total);
+        exl_cuda_check_launch(cb, "bias");
+    }
+}
+
+void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (rows < 1)
+        return;
+    if (rows > EXL_CUDA_GEMV_MAX_ROWS)
+        matmul_gemm(cb, out, x, w, rows);
+    else if (w->kind == EXL_LINEAR_DENSE)
+        dense_gemv(cb, out, x, w, rows);
+    else
+        exl_cuda_qgemv(cb, out, x, w, rows);
+}

@@ -1,0 +1,175 @@
+/* cuda_ops.cu - element-wise and row ops on the GPU: embed, rmsnorm, rope, glu, add,
+ * gather, and the fp16 KV-cache writes. All fp32 in and out, fp32 arithmetic. */
+#include "backend/cuda/cuda_internal.h"
+
+#define ROW_THREADS 256
+
+static inline unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+/* ---- embed: out[r] = table[ids[r]] * scale (fp16 table) */
+
+__global__ void embed_kernel(float *out, const __half *table, const int32_t *ids, int32_t width, float scale) {
+    int32_t r = blockIdx.y;
+    const __half *src = table + (int64_t)ids[r] * width;
+    for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x)
+        out[(int64_t)r * width + i] = __half2float(src[i]) * scale;
+}
+
+void exl_cuda_run_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
+                    float scale) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (rows < 1)
+        return;
+    dim3 grid(blocks_for(table->in, ROW_THREADS), (unsigned)rows);
+    embed_kernel<<<grid, ROW_THREADS, 0, cb->stream>>>(out, table->w, ids, table->in, scale);
+    exl_cuda_check_launch(cb, "embed");
+}
+
+/* ---- rmsnorm: one block per row */
+
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x / 32) ? red[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int32_t width, float eps) {
+    __shared__ float red[32];
+    const float *xr = x + (int64_t)blockIdx.x * width;
+    float *o = out + (int64_t)blockIdx.x * width;
+    float ss = 0;
+    for (int32_t i = threadIdx.x; i < width; i += blockDim.x)
+        ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    float inv = rsqrtf(ss / width + eps);
+    for (int32_t i = threadIdx.x; i < width; i += blockDim.x)
+        o[i] = w[i] * (xr[i] * inv);
+}
+
+void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
+                      float eps) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (rows < 1)
+        return;
+    rmsnorm_kernel<<<(unsigned)rows, ROW_THREADS, 0, cb->stream>>>(out, x, w->v, width, eps);
+    exl_cuda_check_launch(cb, "rmsnorm");
+}
+
+/* ---- rope (NeoX pairs i, i + rot_dim/2): one thread per (row, head, pair) */
+
+__global__ void rope_kernel(float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
+                            int32_t half, const float *inv_freq, float attn_factor) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)rows * n_heads * half)
+        return;
+    int32_t i = (int32_t)(t % half);
+    int64_t rh = t / half;
+    int32_t r = (int32_t)(rh / n_heads);
+    float s, c;
+    sincosf((float)pos[r] * inv_freq[i], &s, &c);
+    c *= attn_factor;
+    s *= attn_factor;
+    float *v = x + rh * head_dim;
+    float a = v[i], b = v[i + half];
+    v[i] = a * c - b * s;
+    v[i + half] = b * c + a * s;
+}
+
+void exl_cuda_run_rope(exl_backend *be, float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
+                   int32_t rot_dim, const float *inv_freq, float attn_factor) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    int64_t n = (int64_t)rows * n_heads * (rot_dim / 2);
+    if (n < 1)
+        return;
+    rope_kernel<<<blocks_for(n, ROW_THREADS), ROW_THREADS, 0, cb->stream>>>(x, pos, rows, n_heads, head_dim,
+                                                                            rot_dim / 2, inv_freq, attn_factor);
+    exl_cuda_check_launch(cb, "rope");
+}
+
+/* ---- glu: gate = act(gate) * up; act 0 silu, 1 gelu (tanh), 2 gelu (erf) */
+
+__global__ void glu_kernel(float *gate, const float *up, int64_t n, int act) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    float g = gate[i], a;
+    if (act == 0)
+        a = g / (1.0f + expf(-g));
+    else if (act == 1)
+        a = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    else
+        a = 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
+    gate[i] = a * up[i];
+}
+
+void exl_cuda_run_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    int64_t n = (int64_t)rows * width;
+    if (n < 1)
+        return;
+    glu_kernel<<<blocks_for(n, ROW_THREADS), ROW_THREADS, 0, cb->stream>>>(gate, up, n, act);
+    exl_cuda_check_launch(cb, "glu");
+}
+
+/* ---- add, gather */
+
+__global__ void add_kernel(float *x, const float *y, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] += y[i];
+}
+
+void exl_cuda_run_add(exl_backend *be, float *x, const float *y, int64_t n) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (n < 1)
+        return;
+    add_kernel<<<blocks_for(n, ROW_THREADS), ROW_THREADS, 0, cb->stream>>>(x, y, n);
+    exl_cuda_check_launch(cb, "add");
+}
+
+__global__ void gather_rows_kernel(float *out, const float *x, const int32_t *idx, int32_t width) {
+    int32_t r = blockIdx.y;
+    const float *src = x + (int64_t)idx[r] * width;
+    for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x)
+        out[(int64_t)r * width + i] = src[i];
+}
+
+void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
+                          int32_t width) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (n < 1)
+        return;
+    dim3 grid(blocks_for(width, ROW_THREADS), (unsigned)n);
+    gather_rows_kernel<<<grid, ROW_THREADS, 0, cb->stream>>>(out, x, idx, width);
+    exl_cuda_check_launch(cb, "gather_rows");
+}
+
+/* ---- kv_store: rows of k and v to their slots, fp16 */
+
+__global__ void kv_store_kernel(__half *kc, __half *vc, const float *k, const float *v, const int32_t *slots,
+                                int32_t kv_width) {
+    int32_t r = blockIdx.y;
+    int64_t dst = (int64_t)slots[r] * kv_width, src = (int64_t)r * kv_width;
+    for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < kv_width; i += gridDim.x * blockDim.x) {
+        kc[dst + i] = __float2half_rn(k[src + i]);
+        vc[dst + i] = __float2half_rn(v[src + i]);
+    }
+}
+
+void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                       const exl_batch *b, int32_t kv_width) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (b->n_rows < 1)
+        return;
+    dim3 grid(blocks_for(kv_width, ROW_THREADS), (unsigned)b->n_rows);
+    kv_store_kernel<<<grid, ROW_THREADS, 0, cb->stream>>>((__half *)k_cache, (__half *)v_cache, k, v, b->d_slots,
+                                                           kv_width);
+    exl_cuda_check_launch(cb, "kv_store");
+}

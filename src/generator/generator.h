@@ -1,0 +1,153 @@
+/* generator.h - internals of the generator shared by its files: jobs, the generator,
+ * and the functions that pass them between scheduling, stepping and text handling.
+ *
+ * A job's sequence is tokens[0..n_tokens): the prompt followed by what was sampled.
+ * The first n_cached of them have K/V in the job's pages; every step feeds some of
+ * the rest, and when a step feeds the last token its logits yield the next token.
+ * Prefill, decode and the recompute after a preemption are the same thing. */
+#ifndef EXL_GENERATOR_GENERATOR_H
+#define EXL_GENERATOR_GENERATOR_H
+
+#include <pthread.h>
+
+#include "base/str.h"
+#include "exl.h"
+#include "generator/page_pool.h"
+#include "generator/sampler.h"
+#include "generator/stop_strings.h"
+#include "model/model.h"
+
+typedef enum exl_job_state { EXL_JOB_WAITING, EXL_JOB_RUNNING, EXL_JOB_DONE } exl_job_state;
+
+typedef struct exl_job {
+    uint64_t id, order; /* order: submission sequence, breaks priority ties */
+    void *user;
+    int32_t priority;
+    exl_job_state state;
+    int cancel;      /* set by exl_generator_cancel (under the generator's mutex) */
+    int cancel_seen; /* the step's copy of it */
+
+    /* settings (copied from exl_job_params) */
+    exl_sampling sampling;
+    int32_t max_new, min_new;
+    int32_t *stop_ids, n_stop_ids;
+    int ignore_eos;
+    exl_string_set stop, banned;
+    int logprobs;
+    int32_t top_logprobs;
+
+    /* the sequence and its cache pages */
+    int32_t *tokens, n_tokens, n_prompt, cap_tokens;
+    int32_t n_cached, n_cached_prompt;
+    int32_t *pages, n_pages, cap_pages;
+    uint64_t *chain; /* chain hash through page i, known for i < n_chain */
+    int32_t n_chain;
+    int32_t step_tokens; /* tokens fed in the current step */
+
+    /* sampling state; per generated token: Mirostat's mu before it, log-probabilities */
+    exl_sampler_state rng;
+    float *mu_hist, *lp;
+    exl_token_logprob *top;
+    int32_t *ban_pos, *ban_id, n_bans, cap_bans; /* tokens banned at a position (rewinds) */
+
+    /* text */
+    exl_detokenizer *detok;
+    exl_str held;        /* decoded text not emitted yet */
+    int64_t emitted;     /* bytes of completion text emitted */
+    int64_t *text_end;   /* per generated token: bytes of text decoded through it */
+    int32_t n_reported;  /* generated tokens handed out in events */
+
+    /* how it ended */
+    exl_finish_reason finish;
+    int32_t stop_token;
+    const char *stop_string;
+    char *error;
+
+    exl_str ev_text; /* this step's event text */
+} exl_job;
+
+/* A growable list of job pointers. */
+typedef struct exl_job_list {
+    exl_job **v;
+    int32_t n, cap;
+} exl_job_list;
+
+struct exl_generator {
+    exl_model *model;
+    const exl_tokenizer *tok;
+    exl_generator_params params;
+    int32_t vocab;
+    int32_t eos[24], n_eos; /* model config and tokenizer eos ids */
+    exl_kv_cache *cache;
+    exl_page_pool pool;
+
+    /* shared with submitting threads, under mu */
+    pthread_mutex_t mu;
+    exl_job_list inbox; /* submitted, not yet seen by a step */
+    exl_job_list alive; /* every job not finished */
+    uint64_t next_id;
+    exl_generator_stats published;
+
+    /* the stepping thread's own */
+    exl_job_list waiting; /* by priority, then submission order */
+    exl_job_list running; /* same order: the last one is preempted first */
+    exl_job_list done;    /* finished in the last step, freed in the next */
+    exl_generator_stats stats;
+    exl_seq_step *steps;
+    exl_job **step_jobs;
+    int32_t n_step;
+    float *logits;         /* [max_jobs, vocab] */
+    float *raw;            /* [vocab]: a job's logits before processing (log-probabilities) */
+    exl_gen_event *events; /* at most one per job alive */
+    exl_job **event_jobs;  /* the job of each event */
+    int32_t n_events, cap_events;
+    exl_sampler_scratch scratch;
+};
+
+/* ---- job lists (job.c) */
+/* Make room for n jobs in all (-1 on allocation failure); then inserts cannot fail. */
+int exl_job_list_reserve(exl_job_list *l, int32_t n);
+/* Insert in order: priority descending, then submission order (room must be reserved). */
+void exl_job_list_insert(exl_job_list *l, exl_job *j);
+void exl_job_list_remove(exl_job_list *l, exl_job *j);
+void exl_job_list_free(exl_job_list *l);
+
+/* ---- jobs (job.c) */
+exl_status exl_job_create(exl_generator *g, const exl_job_params *p, exl_job **out);
+void exl_job_free(exl_job *j);
+/* The chain hash of the tokens before page i (EXL_HASH_ROOT for i == 0). */
+uint64_t exl_job_parent_hash(exl_job *j, int32_t page_size, int32_t i);
+/* Drop the job's pages, last first (they stay cached for later prefix hits). */
+void exl_job_release_pages(exl_generator *g, exl_job *j);
+/* Cut the sequence back to n tokens (n >= n_prompt), copying a shared page it would
+ * write into. */
+exl_status exl_job_truncate(exl_generator *g, exl_job *j, int32_t n);
+
+/* ---- text (job_text.c) */
+/* Prime the job's detokenizer with the end of its prompt (for spacing). */
+exl_status exl_job_text_init(exl_generator *g, exl_job *j);
+/* After a token was appended: decode it, look for stop and banned strings, move the
+ * text that is final into ev_text. *banned_at receives the generated-token index to
+ * rewind to when a banned string appeared (else -1). */
+exl_status exl_job_text_update(exl_generator *g, exl_job *j, int32_t *banned_at);
+/* Rewind to generated token k (banned string): rebuild the detokenizer and held text. */
+exl_status exl_job_text_rewind(exl_generator *g, exl_job *j, int32_t k);
+/* The job ends: emit what is held (up to a stop string if one matched). */
+exl_status exl_job_text_finish(exl_generator *g, exl_job *j);
+
+/* ---- scheduling (scheduler.c) */
+/* Admit waiting jobs, split the token budget, take pages (preempting as needed);
+ * fills g->steps / g->step_jobs / g->n_step. */
+exl_status exl_sched_plan(exl_generator *g);
+/* After a successful forward: record the fed tokens in their pages. */
+void exl_sched_commit(exl_generator *g);
+
+/* ---- the generator (generator.c) */
+/* Room for n events (-1 on allocation failure). */
+int exl_gen_reserve_events(exl_generator *g, int32_t n);
+
+/* ---- stepping (step.c) */
+/* End a job: text flushed, pages released, final event queued, moved to g->done. */
+exl_status exl_gen_finish(exl_generator *g, exl_job *j, exl_finish_reason why, const char *error);
+
+#endif

@@ -1,0 +1,51 @@
+/* openai_request.h - a /v1/completions or /v1/chat/completions request body, parsed
+ * and checked: every field's type and range, with a 400 naming the field otherwise. */
+#ifndef EXL_SERVER_OPENAI_REQUEST_H
+#define EXL_SERVER_OPENAI_REQUEST_H
+
+#include "exl.h"
+#include "server/openai_error.h"
+
+#include <cjson/cJSON.h>
+
+#define EXL_OAI_MAX_CHOICES 128 /* prompts x n */
+#define EXL_OAI_MAX_STOP 16
+#define EXL_OAI_MAX_BIAS 1024
+
+typedef enum exl_oai_kind { EXL_OAI_COMPLETION, EXL_OAI_CHAT } exl_oai_kind;
+
+/* A completion prompt: text, or token ids given directly. */
+typedef struct exl_oai_prompt {
+    const char *text; /* points into the parsed JSON, or NULL */
+    int32_t *ids;     /* exl_malloc'd when given as ids */
+    int32_t n_ids;
+} exl_oai_prompt;
+
+typedef struct exl_oai_request {
+    exl_oai_kind kind;
+    cJSON *root;                /* the parsed body; strings below point into it */
+    const char *model;          /* NULL when not given */
+    exl_oai_prompt *prompts;    /* completions: one per prompt */
+    int32_t n_prompts;
+    exl_chat_message *messages; /* chat */
+    char **contents;            /* owned message texts (content parts joined) */
+    int32_t n_messages;
+    int32_t max_tokens;         /* 0 = not given */
+    int32_t n;
+    const char *stop[EXL_OAI_MAX_STOP];
+    int32_t n_stop;
+    int has_seed;
+    int stream, include_usage;
+    int logprobs;               /* report log-probabilities */
+    int32_t top_logprobs;
+    exl_sampling sampling;      /* seed set when has_seed; logit_bias points at `bias` */
+    exl_logit_bias *bias;
+} exl_oai_request;
+
+/* Parse body[0..len) (UTF-8 checked first). vocab bounds logit_bias and token prompts.
+ * On failure *err says what (400) and the request holds nothing to free. */
+int exl_oai_request_parse(exl_oai_kind kind, const char *body, size_t len, int32_t vocab, exl_oai_request *req,
+                          exl_oai_error *err);
+void exl_oai_request_free(exl_oai_request *req);
+
+#endif

@@ -1,0 +1,344 @@
+/* gpu_bench.c - batch-1 decode and prefill speed of random-weight models of real shapes
+ * (Llama-2-7B: hidden 4096, 32 layers, 32 heads, ffn 11008, vocab 32000) on the CUDA
+ * backend, against the device's own copy bandwidth and fp16 GEMM rate measured in the
+ * same run. The weights are generated in memory (EXL2 / GPTQ in their file layouts) and
+ * the model is driven through the real forward pass (exl_model_forward).
+ *
+ * usage: gpu_bench [fp16|exl2|gptq ...] [--layers N]   (default: exl2 gptq fp16) */
+#include "model/model.h"
+
+#include "base/alloc.h"
+#include "base/half.h"
+#include "quant_gen.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CK(call)                                                                                             \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) {                                                                             \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                      \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+#define EK(call)                                                                                             \
+    do {                                                                                                     \
+        if ((call) != EXL_OK) {                                                                              \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, exl_last_error());                            \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+
+static uint64_t rng = 0x1234567887654321ull;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* ---- the two ceilings */
+
+static double copy_bandwidth(void) {
+    size_t bytes = (size_t)2 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes));
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    float ms[10];
+    for (int i = -2; i < 10; i++) {
+        cudaEventRecord(e0, 0);
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+        cudaEventRecord(e1, 0);
+        CK(cudaEventSynchronize(e1));
+        if (i >= 0)
+            cudaEventElapsedTime(&ms[i], e0, e1);
+    }
+    qsort(ms, 10, sizeof ms[0], cmp_f);
+    cudaFree(a), cudaFree(b);
+    return 2.0 * bytes / (ms[5] * 1e-3);
+}
+
+static double gemm_rate(void) {
+    int n = 8192;
+    uint16_t *a, *b; /* fp16 */
+    float *c;
+    CK(cudaMalloc((void **)&a, (size_t)n * n * 2));
+    CK(cudaMalloc((void **)&b, (size_t)n * n * 2));
+    CK(cudaMalloc((void **)&c, (size_t)n * n * 4));
+    uint16_t *h = malloc((size_t)n * n * 2);
+    for (size_t i = 0; i < (size_t)n * n; i++)
+        h[i] = exl_f32_to_f16(qg_uniform(&rng) - 0.5f);
+    CK(cudaMemcpy(a, h, (size_t)n * n * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b, h, (size_t)n * n * 2, cudaMemcpyHostToDevice));
+    free(h);
+    cublasHandle_t hd;
+    cublasCreate(&hd);
+    const float one = 1, zero = 0;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    float ms[5];
+    for (int i = -2; i < 5; i++) {
+        cudaEventRecord(e0, 0);
+        cublasGemmEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16F, n, b, CUDA_R_16F, n, &zero, c,
+                     CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        cudaEventRecord(e1, 0);
+        CK(cudaEventSynchronize(e1));
+        if (i >= 0)
+            cudaEventElapsedTime(&ms[i], e0, e1);
+    }
+    qsort(ms, 5, sizeof ms[0], cmp_f);
+    cublasDestroy(hd);
+    cudaFree(a), cudaFree(b), cudaFree(c);
+    return 2.0 * n * n * (double)n / (ms[2] * 1e-3);
+}
+
+/* ---- a random model */
+
+typedef struct {
+    const char *kind;
+    int32_t layers;
+    double file_bytes;   /* weight bytes a token reads, in the file format (head included, embedding row not) */
+    double device_bytes; /* what the kernels stream */
+} model_info;
+
+static uint16_t *dense_pool; /* random fp16 values, reused for every dense matrix */
+static size_t dense_pool_n;
+
+static void linear(exl_model *m, model_info *mi, const char *kind, int head, int64_t K, int64_t N,
+                   exl_linear **out) {
+    exl_linear_src src = {0};
+    qgen g;
+    memset(&g, 0, sizeof g);
+    if (!strcmp(kind, "fp16")) {
+        src.kind = EXL_LINEAR_DENSE;
+        src.in_features = K;
+        src.out_features = N;
+        src.dense = (exl_dense_src){EXL_DTYPE_F16, dense_pool};
+        src.name = "dense";
+        mi->file_bytes += K * N * 2.0;
+        mi->device_bytes += K * N * 2.0;
+    } else if (!strcmp(kind, "exl2")) {
+        int bits = head ? 6 : 4, n_groups = (int)(K / 128);
+        int b[256], r[256];
+        for (int i = 0; i < n_groups; i++)
+            b[i] = bits, r[i] = 128;
+        qgen_exl2(&g, (int32_t)K, (int32_t)N, n_groups, b, r, &rng);
+        src = g.src;
+        double np = g.src.exl2.n_padded;
+        mi->file_bytes += K * np * bits / 8.0 + n_groups * (np / 2.0 + 2 + 4) + K * 4.0;
+        mi->device_bytes += K * np * bits / 8.0 + n_groups * (np * 2.0) + K * 4.0;
+    } else {
+        qgen_gptq(&g, (int32_t)K, (int32_t)N, 4, 128, 0, 1, &rng);
+        src = g.src;
+        int G = (int)(K / 128);
+        mi->file_bytes += K * N / 2.0 + G * (N * 2.0 + N / 2.0);
+        mi->device_bytes += K * N / 2.0 + G * (N * 4.0) + K * 4.0;
+    }
+    EK(m->be->ops->linear_init(m->be, &src, out));
+    qgen_free(&g);
+}
+
+static exl_model *build_model(const char *kind, int32_t n_layers, model_info *mi) {
+    exl_model *m = exl_calloc(1, sizeof *m);
+    exl_hf_config *c = &m->cfg;
+    c->arch = EXL_ARCH_LLAMA;
+    snprintf(c->model_type, sizeof c->model_type, "llama");
+    c->vocab_size = 32000, c->hidden_size = 4096, c->intermediate_size = 11008, c->n_layers = n_layers;
+    c->n_heads = 32, c->n_kv_heads = 32, c->head_dim = 128, c->max_pos = 4096;
+    c->rms_eps = 1e-5;
+    c->rope.type = EXL_ROPE_DEFAULT;
+    c->rope.theta = 10000;
+    c->rope.factor = 1;
+    c->rope.partial_rotary_factor = 1;
+    c->act = EXL_ACT_SILU;
+    c->bos_token_id = 1;
+    m->rot_dim = 128;
+    m->embed_scale = 1;
+    EK(exl_backend_init(EXL_DEVICE_CUDA, 0, &m->be));
+    memset(mi, 0, sizeof *mi);
+    mi->kind = kind;
+    mi->layers = n_layers;
+    int64_t H = 4096, F = 11008;
+    exl_linear_src es = {0};
+    es.kind = EXL_LINEAR_DENSE;
+    es.in_features = H;
+    es.out_features = 32000;
+    es.dense = (exl_dense_src){EXL_DTYPE_F16, dense_pool};
+    es.name = "embed";
+    EK(m->be->ops->linear_init(m->be, &es, &m->embed));
+    uint16_t ones[4096];
+    for (int i = 0; i < 4096; i++)
+        ones[i] = exl_f32_to_f16(0.9f + 0.2f * qg_uniform(&rng));
+    exl_dense_src ns = {EXL_DTYPE_F16, ones};
+    EK(m->be->ops->vector_init(m->be, &ns, H, 0, &m->final_norm));
+    m->layers = exl_calloc((size_t)n_layers, sizeof *m->layers);
+    for (int i = 0; i < n_layers; i++) {
+        exl_layer *l = &m->layers[i];
+        EK(m->be->ops->vector_init(m->be, &ns, H, 0, &l->attn_norm));
+        EK(m->be->ops->vector_init(m->be, &ns, H, 0, &l->mlp_norm));
+        linear(m, mi, kind, 0, H, H, &l->q);
+        linear(m, mi, kind, 0, H, H, &l->k);
+        linear(m, mi, kind, 0, H, H, &l->v);
+        linear(m, mi, kind, 0, H, H, &l->o);
+        linear(m, mi, kind, 0, H, F, &l->gate);
+        linear(m, mi, kind, 0, H, F, &l->up);
+        linear(m, mi, kind, 0, F, H, &l->down);
+    }
+    /* EXL2 quantizes the head (6 bits here); GPTQ checkpoints keep it fp16 */
+    linear(m, mi, !strcmp(kind, "exl2") ? "exl2" : "fp16", 1, H, 32000, &m->head);
+    return m;
+}
+
+/* ---- timing the forward pass */
+
+typedef struct {
+    double decode_tps[2]; /* context 128, 2048 */
+    double prefill_tps;
+} speeds;
+
+static double decode_speed(exl_model *m, exl_kv_cache *cache, int32_t *pages, int32_t n_pages, int32_t ctx,
+                           float *logits) {
+    int32_t ids[256];
+    for (int i = 0; i < 256; i++)
+        ids[i] = (int32_t)(qg_next(&rng) % 32000);
+    for (int32_t done = 0; done < ctx; done += 256) {
+        int32_t n = ctx - done < 256 ? ctx - done : 256;
+        exl_seq_step st = {ids, n, done, pages, n_pages, 1};
+        EK(exl_model_forward(m, cache, &st, 1, logits));
+    }
+    const int steps = 64;
+    double t0 = 0;
+    for (int i = -4; i < steps; i++) {
+        if (i == 0)
+            t0 = now();
+        exl_seq_step st = {ids + (i & 63) + 4, 1, ctx + i + 4, pages, n_pages, 1};
+        EK(exl_model_forward(m, cache, &st, 1, logits));
+    }
+    return steps / (now() - t0);
+}
+
+static double prefill_speed(exl_model *m, exl_kv_cache *cache, int32_t *pages, int32_t n_pages, float *logits) {
+    int32_t ids[256];
+    for (int i = 0; i < 256; i++)
+        ids[i] = (int32_t)(qg_next(&rng) % 32000);
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now();
+        for (int32_t done = 0; done < 2048; done += 256) {
+            exl_seq_step st = {ids, 256, done, pages, n_pages, done + 256 == 2048};
+            EK(exl_model_forward(m, cache, &st, 1, logits));
+        }
+        double tps = 2048 / (now() - t0);
+        if (tps > best)
+            best = tps;
+    }
+    return best;
+}
+
+/* time one matmul op alone (events), for the GEMV efficiency of each shape */
+static double matmul_us(exl_model *m, const exl_linear *w, int64_t K, int64_t N) {
+    exl_backend *be = m->be;
+    float *x = be->ops->alloc(be, K * 4), *y = be->ops->alloc(be, N * 4);
+    float *hx = malloc(K * 4);
+    for (int64_t i = 0; i < K; i++)
+        hx[i] = qg_uniform(&rng) - 0.5f;
+    EK(be->ops->upload(be, x, hx, K * 4));
+    for (int i = 0; i < 5; i++)
+        be->ops->matmul(be, y, x, w, 1);
+    EK(be->ops->synchronize(be));
+    const int reps = 200;
+    double t0 = now();
+    for (int i = 0; i < reps; i++)
+        be->ops->matmul(be, y, x, w, 1);
+    EK(be->ops->synchronize(be));
+    double us = (now() - t0) / reps * 1e6;
+    be->ops->free(be, x), be->ops->free(be, y);
+    free(hx);
+    return us;
+}
+
+int main(int argc, char **argv) {
+    const char *kinds[8];
+    int n_kinds = 0, n_layers = 32;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--layers") && i + 1 < argc)
+            n_layers = atoi(argv[++i]);
+        else if (n_kinds < 8)
+            kinds[n_kinds++] = argv[i];
+    }
+    if (!n_kinds)
+        kinds[0] = "exl2", kinds[1] = "gptq", kinds[2] = "fp16", n_kinds = 3;
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    double bw = copy_bandwidth(), tflops = gemm_rate();
+    printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    printf("copy bandwidth (device-to-device, read+write): %.0f GB/s\n", bw / 1e9);
+    printf("fp16 GEMM 8192^3 (cuBLAS, fp32 accumulate): %.0f TFLOP/s\n", tflops / 1e12);
+    dense_pool_n = (size_t)32000 * 4096;
+    dense_pool = malloc(dense_pool_n * 2);
+    for (size_t i = 0; i < dense_pool_n; i++)
+        dense_pool[i] = exl_f32_to_f16((qg_uniform(&rng) - 0.5f) * 0.04f);
+    float *logits = malloc(256 * 32000 * 4);
+    printf("\n| model | GB/token (file) | decode t/s ctx 128 | ctx 2048 | bound t/s | of bound (128) | "
+           "prefill 2048 t/s | of tensor-core bound |\n|---|---|---|---|---|---|---|---|\n");
+    for (int k = 0; k < n_kinds; k++) {
+        model_info mi;
+        double t0 = now();
+        exl_model *m = build_model(kinds[k], n_layers, &mi);
+        double load_s = now() - t0;
+        int32_t n_pages = 9, pages[9];
+        for (int i = 0; i < n_pages; i++)
+            pages[i] = i;
+        exl_kv_cache *cache;
+        EK(exl_kv_cache_init(m, n_pages, 256, &cache));
+        double d128 = decode_speed(m, cache, pages, n_pages, 128, logits);
+        double d2048 = decode_speed(m, cache, pages, n_pages, 2048, logits);
+        double pre = prefill_speed(m, cache, pages, n_pages, logits);
+        double bound = bw / mi.file_bytes;
+        double params = n_layers * (4.0 * 4096 * 4096 + 3.0 * 4096 * 11008) + 4096.0 * 32000;
+        double pre_bound = tflops / (2 * params);
+        printf("| %s, %d layers | %.2f | %.1f | %.1f | %.0f | %.1f%% | %.0f | %.1f%% |\n", kinds[k], n_layers,
+               mi.file_bytes / 1e9, d128, d2048, bound, 100 * d128 / bound, pre, 100 * pre / pre_bound);
+        fprintf(stderr, "%s: load %.1f s, device bytes/token %.2f GB\n", kinds[k], load_s, mi.device_bytes / 1e9);
+        /* per-shape GEMV efficiency (one op, back to back, no forward overhead) */
+        struct {
+            const char *name;
+            const exl_linear *w;
+            int64_t K, N;
+        } shapes[4] = {{"q_proj 4096x4096", m->layers[0].q, 4096, 4096},
+                       {"gate_proj 4096x11008", m->layers[0].gate, 4096, 11008},
+                       {"down_proj 11008x4096", m->layers[0].down, 11008, 4096},
+                       {"head 4096x32000", m->head, 4096, 32000}};
+        for (int s = 0; s < 4; s++) {
+            double us = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N);
+            int head = s == 3;
+            const char *kk = head && strcmp(kinds[k], "exl2") ? "fp16" : kinds[k];
+            /* bytes of that one matrix, as streamed by the kernel */
+            double bytes;
+            if (!strcmp(kk, "fp16"))
+                bytes = shapes[s].K * shapes[s].N * 2.0;
+            else if (!strcmp(kk, "exl2"))
+                bytes = shapes[s].K * shapes[s].N * (head ? 6 : 4) / 8.0 + shapes[s].K / 128 * shapes[s].N * 2.0;
+            else
+                bytes = shapes[s].K * shapes[s].N / 2.0 + shapes[s].K / 128 * shapes[s].N * 4.0;
+            fprintf(stderr, "  %-22s %8.1f us  %6.0f GB/s  (%.0f%% of copy)\n", shapes[s].name, us,
+                    bytes / us / 1e3, 100 * bytes / (us * 1e-6) / bw);
+        }
+        exl_kv_cache_free(m, cache);
+        exl_model_free(m);
+    }
+    return 0;
+}

@@ -1,0 +1,31 @@
+#!/bin/bash
+# prepare.sh - fill .gpu/ (git-ignored) for a GPU machine that cannot see ../shared and may
+# lack the build dependencies: the fixtures it tests against (shared/: config, weights and
+# reference logits of every model, about 58 MB) and, built here, the GPU programs (bin/).
+#
+# usage (here, from the repo root): tests/gpu/prepare.sh [SHARED_DIR] [CUDA_ARCHS]
+# then on the GPU machine: tests/gpu/run.sh   (carry .gpu)
+set -euo pipefail
+shared=${1:-../shared}
+archs=${2:-90}
+rm -rf .gpu/shared .gpu/bin
+mkdir -p .gpu/shared/models .gpu/shared/reference .gpu/bin
+for d in "$shared"/models/*/; do
+    n=$(basename "$d")
+    [ -f "$shared/reference/$n.logits.safetensors" ] || continue
+    mkdir -p ".gpu/shared/models/$n"
+    cp "$d"config.json "$d"*.safetensors ".gpu/shared/models/$n/"
+    [ -f "$d"quantize_config.json ] && cp "$d"quantize_config.json ".gpu/shared/models/$n/"
+    cp "$shared/reference/$n.logits.safetensors" .gpu/shared/reference/
+done
+cmake -S . -B build-gpu -DEXL_CUDA=ON -DEXL_CUDA_ARCHS="$archs" >/dev/null
+cmake --build build-gpu -j"$(nproc)" --target test_gpu gpu_bench exl_cuda >/dev/null
+for f in test_gpu gpu_bench libexl_cuda.so; do strip -o ".gpu/bin/$f" "build-gpu/$f"; done
+# run-time libraries of the core that a bare CUDA image may not have
+for lib in $(ldd build-gpu/test_gpu build-gpu/gpu_bench | awk '/=> \// {print $3}' | sort -u); do
+    case $(basename "$lib") in
+    libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | libgcc_s.so* | libstdc++.so* | libcublas*) ;;
+    *) cp -L "$lib" .gpu/bin/ ;;
+    esac
+done
+du -sh .gpu

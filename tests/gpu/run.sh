@@ -1,0 +1,41 @@
+#!/bin/bash
+# run.sh - the CUDA backend's tests and benchmarks, in one command on a GPU machine.
+#
+# usage (from the repo root): tests/gpu/run.sh [DIR]
+#   DIR (default .gpu) holds shared/ (fixtures: models/ and reference/ as in ../shared) and
+#   optionally bin/ (programs built elsewhere by tests/gpu/prepare.sh). Without bin/ it
+#   builds here (cmake, EXL_CUDA_ARCHS=${EXL_CUDA_ARCHS:-90}).
+# Logs go to $OUT (or DIR/out); the last lines are a summary. BENCH_ARGS passes arguments
+# to gpu_bench (e.g. "exl2 --layers 8").
+set -uo pipefail
+dir=${1:-.gpu}
+out=${OUT:-$dir/out}
+mkdir -p "$out"
+if [ -x "$dir/bin/test_gpu" ]; then
+    bin=$dir/bin
+    export LD_LIBRARY_PATH="$bin:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+else
+    bin=build-gpu
+    cmake -S . -B "$bin" -DEXL_CUDA=ON -DEXL_CUDA_ARCHS="${EXL_CUDA_ARCHS:-90}" >"$out/build.log" 2>&1 &&
+        cmake --build "$bin" -j"$(nproc)" --target test_gpu gpu_bench exl_cuda >>"$out/build.log" 2>&1 ||
+        { tail -30 "$out/build.log"; exit 1; }
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+
+timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/test_gpu.log" 2>&1
+test_rc=$?
+timeout 420 "$bin/gpu_bench" ${BENCH_ARGS:-} >"$out/bench.log" 2>"$out/bench_detail.log"
+bench_rc=$?
+# the same decode without CUDA graphs (every op launched singly), for comparison
+EXL_CUDA_GRAPHS=0 timeout 120 "$bin/gpu_bench" exl2 >"$out/bench_nographs.log" 2>/dev/null
+
+echo "==== test_gpu (rc $test_rc): failures and skips"
+grep -E "^(FAIL|SKIP)" "$out/test_gpu.log" | head -40
+grep -E "^ok .*(logits|decode token)" "$out/test_gpu.log"
+tail -1 "$out/test_gpu.log"
+echo "==== gpu_bench (rc $bench_rc)"
+cat "$out/bench_detail.log" | tail -30
+cat "$out/bench.log"
+echo "without CUDA graphs:"
+tail -1 "$out/bench_nographs.log"
+[ $test_rc -eq 0 ] && [ $bench_rc -eq 0 ]

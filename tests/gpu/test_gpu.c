@@ -1,0 +1,514 @@
+/* test_gpu.c - the CUDA backend against the CPU backend, op by op, and GPU logits against
+ * the reference logits of the fixtures. Needs a GPU: without one it fails (it is run by
+ * tests/gpu/run.sh on a GPU machine, never by CTest).
+ *
+ * usage: test_gpu SHARED_DIR   (a folder with models/ and reference/ as in ../shared)
+ * Prints one line per check: "ok|FAIL <check> <error> (tolerance)". Exit status 1 on failure. */
+#include "backend/backend.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "quant_gen.h"
+#include "ref_util.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int n_fail, n_ok;
+static exl_backend *cpu, *gpu;
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+void exl_test_failed(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "    %s:%d: ", file, line);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static void report(const char *name, double err, double tol) {
+    int ok = err >= 0 && err <= tol && !isnan(err);
+    printf("%s %-44s %.3e (tol %.0e)\n", ok ? "ok  " : "FAIL", name, err, tol);
+    fflush(stdout);
+    ok ? n_ok++ : n_fail++;
+}
+
+static void require(int cond, const char *what) {
+    if (!cond) {
+        printf("FAIL %s: %s\n", what, exl_last_error());
+        exit(1);
+    }
+}
+
+static float *rnd(int64_t n, float lo, float hi) {
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = lo + (hi - lo) * qg_uniform(&rng);
+    return v;
+}
+
+/* a backend copy of host data */
+static void *put(exl_backend *be, const void *h, size_t bytes) {
+    void *d = be->ops->alloc(be, bytes);
+    require(d && be->ops->upload(be, d, h, bytes) == EXL_OK, "upload");
+    return d;
+}
+
+static float *get(exl_backend *be, const void *d, int64_t n) {
+    float *h = malloc((size_t)n * sizeof *h);
+    require(be->ops->download(be, h, d, (size_t)n * sizeof *h) == EXL_OK, "download");
+    return h;
+}
+
+/* relative L2 error of the GPU result against the CPU result */
+static double cmp_dev(const void *dgpu, const void *dcpu, int64_t n) {
+    float *a = get(gpu, dgpu, n), *b = get(cpu, dcpu, n);
+    double e = ref_rel_err(a, b, n);
+    free(a);
+    free(b);
+    return e;
+}
+
+/* ---- element-wise and row ops */
+
+static void test_row_ops(void) {
+    int32_t rows = 5, width = 300;
+    float *x = rnd(rows * width, -2, 2), *y = rnd(rows * width, -2, 2), *nw = rnd(width, 0.5f, 1.5f);
+    uint16_t *nw16 = malloc(width * 2);
+    for (int i = 0; i < width; i++)
+        nw16[i] = exl_f32_to_f16(nw[i]);
+    exl_dense_src vs = {EXL_DTYPE_F16, nw16};
+    exl_vector *vc, *vg;
+    require(cpu->ops->vector_init(cpu, &vs, width, 1.0f, &vc) == EXL_OK, "vector cpu");
+    require(gpu->ops->vector_init(gpu, &vs, width, 1.0f, &vg) == EXL_OK, "vector gpu");
+    size_t bytes = (size_t)rows * width * 4;
+    float *xc = put(cpu, x, bytes), *xg = put(gpu, x, bytes), *yc = put(cpu, y, bytes), *yg = put(gpu, y, bytes);
+    float *oc = put(cpu, x, bytes), *og = put(gpu, x, bytes);
+
+    cpu->ops->rmsnorm(cpu, oc, xc, vc, rows, width, 1e-5f);
+    gpu->ops->rmsnorm(gpu, og, xg, vg, rows, width, 1e-5f);
+    report("rmsnorm", cmp_dev(og, oc, rows * width), 1e-6);
+
+    for (int act = 0; act < 3; act++) {
+        char name[64];
+        cpu->ops->upload(cpu, oc, x, bytes);
+        gpu->ops->upload(gpu, og, x, bytes);
+        cpu->ops->glu(cpu, oc, yc, rows, width, act);
+        gpu->ops->glu(gpu, og, yg, rows, width, act);
+        snprintf(name, sizeof name, "glu act %d", act);
+        report(name, cmp_dev(og, oc, rows * width), 1e-6);
+    }
+
+    cpu->ops->add(cpu, xc, yc, (int64_t)rows * width);
+    gpu->ops->add(gpu, xg, yg, (int64_t)rows * width);
+    report("add", cmp_dev(xg, xc, rows * width), 1e-7);
+
+    int32_t idx[3] = {4, 0, 2};
+    int32_t *ic = put(cpu, idx, sizeof idx), *ig = put(gpu, idx, sizeof idx);
+    cpu->ops->gather_rows(cpu, oc, xc, ic, 3, width);
+    gpu->ops->gather_rows(gpu, og, xg, ig, 3, width);
+    report("gather_rows", cmp_dev(og, oc, 3 * width), 0);
+
+    /* rope: partial rotary, positions up to 3000 */
+    int32_t rr = 7, heads = 3, hd = 64, rot = 48;
+    int32_t pos[7];
+    for (int i = 0; i < rr; i++)
+        pos[i] = (int32_t)(qg_next(&rng) % 3000);
+    float inv[24];
+    for (int i = 0; i < rot / 2; i++)
+        inv[i] = 1.0f / powf(10000.0f, 2.0f * i / rot);
+    float *q = rnd(rr * heads * hd, -1, 1);
+    float *qc = put(cpu, q, rr * heads * hd * 4), *qg2 = put(gpu, q, rr * heads * hd * 4);
+    int32_t *pc = put(cpu, pos, sizeof pos), *pg = put(gpu, pos, sizeof pos);
+    float *fc = put(cpu, inv, sizeof inv), *fg = put(gpu, inv, sizeof inv);
+    cpu->ops->rope(cpu, qc, pc, rr, heads, hd, rot, fc, 1.1f);
+    gpu->ops->rope(gpu, qg2, pg, rr, heads, hd, rot, fg, 1.1f);
+    report("rope (partial, pos < 3000)", cmp_dev(qg2, qc, rr * heads * hd), 1e-5);
+
+    /* embed from each dtype */
+    int32_t vocab = 50, ew = 64, ids[4] = {3, 49, 0, 3};
+    float *tab = rnd(vocab * ew, -1, 1);
+    uint16_t *t16 = malloc(vocab * ew * 2), *tb16 = malloc(vocab * ew * 2);
+    for (int i = 0; i < vocab * ew; i++) {
+        t16[i] = exl_f32_to_f16(tab[i]);
+        tb16[i] = exl_f32_to_bf16(tab[i]);
+    }
+    const void *datas[3] = {tab, t16, tb16};
+    exl_dtype dts[3] = {EXL_DTYPE_F32, EXL_DTYPE_F16, EXL_DTYPE_BF16};
+    int32_t *idc = put(cpu, ids, sizeof ids), *idg = put(gpu, ids, sizeof ids);
+    for (int d = 0; d < 3; d++) {
+        exl_linear_src ls = {0};
+        ls.kind = EXL_LINEAR_DENSE;
+        ls.in_features = ew;
+        ls.out_features = vocab;
+        ls.dense = (exl_dense_src){dts[d], datas[d]};
+        ls.name = "embed";
+        exl_linear *lc, *lg;
+        require(cpu->ops->linear_init(cpu, &ls, &lc) == EXL_OK, "embed cpu");
+        require(gpu->ops->linear_init(gpu, &ls, &lg) == EXL_OK, "embed gpu");
+        cpu->ops->embed(cpu, oc, lc, idc, 4, 1.5f);
+        gpu->ops->embed(gpu, og, lg, idg, 4, 1.5f);
+        char name[64];
+        snprintf(name, sizeof name, "embed %s", d == 0 ? "F32" : d == 1 ? "F16" : "BF16");
+        report(name, cmp_dev(og, oc, 4 * ew), d == 0 ? 1e-3 : 1e-6); /* fp32 tables are fp16 on the GPU */
+        cpu->ops->linear_free(cpu, lc);
+        gpu->ops->linear_free(gpu, lg);
+    }
+    free(x), free(y), free(nw), free(nw16), free(q), free(tab), free(t16), free(tb16);
+}
+
+/* ---- dense matmul */
+
+static void test_dense_matmul(void) {
+    int32_t Ks[2] = {256, 200}, N = 77, rows_list[5] = {1, 3, 6, 9, 40};
+    exl_dtype dts[3] = {EXL_DTYPE_F16, EXL_DTYPE_BF16, EXL_DTYPE_F32};
+    for (int ki = 0; ki < 2; ki++)
+        for (int d = 0; d < 3; d++) {
+            int32_t K = Ks[ki];
+            float *w = rnd(K * N, -0.1f, 0.1f), *bias = rnd(N, -1, 1), *x = rnd(40 * K, -1, 1);
+            uint16_t *w16 = malloc(K * N * 2);
+            for (int i = 0; i < K * N; i++)
+                w16[i] = d == 0 ? exl_f32_to_f16(w[i]) : exl_f32_to_bf16(w[i]);
+            exl_linear_src ls = {0};
+            ls.kind = EXL_LINEAR_DENSE;
+            ls.in_features = K;
+            ls.out_features = N;
+            ls.dense = (exl_dense_src){dts[d], d == 2 ? (void *)w : (void *)w16};
+            ls.bias_dtype = EXL_DTYPE_F32;
+            ls.bias = bias;
+            ls.name = "dense";
+            exl_linear *lc, *lg;
+            require(cpu->ops->linear_init(cpu, &ls, &lc) == EXL_OK, "dense cpu");
+            require(gpu->ops->linear_init(gpu, &ls, &lg) == EXL_OK, "dense gpu");
+            float *xc = put(cpu, x, 40 * K * 4), *xg = put(gpu, x, 40 * K * 4);
+            float *oc = cpu->ops->alloc(cpu, 40 * N * 4), *og = gpu->ops->alloc(gpu, 40 * N * 4);
+            for (int ri = 0; ri < 5; ri++) {
+                int32_t rows = rows_list[ri];
+                cpu->ops->matmul(cpu, oc, xc, lc, rows);
+                gpu->ops->matmul(gpu, og, xg, lg, rows);
+                char name[64];
+                snprintf(name, sizeof name, "matmul %s K=%d rows=%d", d == 0 ? "F16" : d == 1 ? "BF16" : "F32", K,
+                         rows);
+                /* the GPU keeps weights in fp16 and, from 9 rows, feeds cuBLAS fp16 activations */
+                report(name, cmp_dev(og, oc, rows * N), rows > 8 || d > 0 ? 3e-3 : 1e-3);
+            }
+            cpu->ops->free(cpu, xc), cpu->ops->free(cpu, oc), gpu->ops->free(gpu, xg), gpu->ops->free(gpu, og);
+            cpu->ops->linear_free(cpu, lc);
+            gpu->ops->linear_free(gpu, lg);
+            free(w), free(bias), free(x), free(w16);
+        }
+}
+
+/* ---- attention over a paged cache */
+
+typedef struct {
+    int32_t n_past, n_new;
+} seq_spec;
+
+static void attention_case(const char *name, int32_t heads, int32_t kv_heads, int32_t hd, int32_t window,
+                           const seq_spec *specs, int n_seqs) {
+    const int32_t page = 16, kvw = kv_heads * hd;
+    int32_t total_pages = 0, rows = 0, all_rows = 0, max_q = 0, max_kv = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int32_t n = specs[s].n_past + specs[s].n_new;
+        total_pages += (n + page - 1) / page;
+        rows += specs[s].n_new;
+        all_rows += n;
+        max_q = specs[s].n_new > max_q ? specs[s].n_new : max_q;
+        max_kv = n > max_kv ? n : max_kv;
+    }
+    /* shuffled page tables */
+    int32_t *perm = malloc(total_pages * 4);
+    for (int i = 0; i < total_pages; i++)
+        perm[i] = i;
+    for (int i = total_pages - 1; i > 0; i--) {
+        int j = (int)(qg_next(&rng) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    exl_attn_seq *seqs = malloc(n_seqs * sizeof *seqs);
+    int32_t *all_slots = malloc(all_rows * 4), *new_slots = malloc(rows * 4), *pos = malloc(rows * 4);
+    int32_t row = 0, arow = 0, pg = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int32_t n = specs[s].n_past + specs[s].n_new;
+        seqs[s] = (exl_attn_seq){row, specs[s].n_new, n, pg};
+        for (int32_t t = 0; t < n; t++) {
+            int32_t slot = perm[pg + t / page] * page + t % page;
+            all_slots[arow++] = slot;
+            if (t >= specs[s].n_past) {
+                new_slots[row] = slot;
+                pos[row++] = t;
+            }
+        }
+        pg += (n + page - 1) / page;
+    }
+    float *k = rnd(all_rows * kvw, -1, 1), *v = rnd(all_rows * kvw, -1, 1), *q = rnd(rows * heads * hd, -1, 1);
+    exl_backend *bes[2] = {cpu, gpu};
+    void *out_d[2];
+    for (int bi = 0; bi < 2; bi++) {
+        exl_backend *be = bes[bi];
+        size_t cache = (size_t)total_pages * page * kvw * be->kv_elem_bytes;
+        void *kc = be->ops->alloc(be, cache), *vc = be->ops->alloc(be, cache);
+        float *kd = put(be, k, all_rows * kvw * 4), *vd = put(be, v, all_rows * kvw * 4);
+        float *qd = put(be, q, rows * heads * hd * 4);
+        int32_t *as = put(be, all_slots, all_rows * 4), *ns = put(be, new_slots, rows * 4);
+        int32_t *pt = put(be, perm, total_pages * 4);
+        exl_attn_seq *sd = put(be, seqs, n_seqs * sizeof *seqs);
+        exl_batch store = {.n_rows = all_rows, .slots = all_slots, .d_slots = as};
+        be->ops->kv_store(be, kc, vc, kd, vd, &store, kvw);
+        exl_batch b = {rows, n_seqs, max_q, max_kv, seqs, pos, new_slots, sd, NULL, NULL, ns, pt};
+        exl_attn_shape sh = {heads, kv_heads, hd, page, window, 1.0f / sqrtf((float)hd)};
+        out_d[bi] = be->ops->alloc(be, (size_t)rows * heads * hd * 4);
+        be->ops->attention(be, out_d[bi], qd, kc, vc, &b, &sh);
+        require(be->ops->synchronize(be) == EXL_OK, name);
+    }
+    report(name, cmp_dev(out_d[1], out_d[0], rows * heads * hd), 2e-3); /* fp16 cache on the GPU */
+    free(perm), free(seqs), free(all_slots), free(new_slots), free(pos), free(k), free(v), free(q);
+}
+
+static void test_attention(void) {
+    seq_spec dec[2] = {{37, 1}, {0, 1}}, dec3[2] = {{100, 3}, {5, 2}}, pre[2] = {{37, 20}, {0, 13}};
+    seq_spec longd[1] = {{2047, 1}}, longp[1] = {{300, 100}};
+    attention_case("attention decode GQA hd64", 8, 2, 64, 0, dec, 2);
+    attention_case("attention decode 3 rows hd128", 4, 4, 128, 0, dec3, 2);
+    attention_case("attention decode ctx 2048 (splits)", 4, 1, 128, 0, longd, 1);
+    attention_case("attention prefill GQA hd64", 8, 2, 64, 0, pre, 2);
+    attention_case("attention prefill hd16", 8, 4, 16, 0, pre, 2);
+    attention_case("attention prefill ctx 400 hd256", 2, 1, 256, 0, longp, 1);
+    attention_case("attention prefill sliding window 10", 4, 2, 64, 10, pre, 2);
+    attention_case("attention decode sliding window 10", 4, 2, 64, 10, dec3, 2);
+}
+
+/* ---- quantized matmul against the reference dequantization */
+
+static void quant_case(const char *name, const exl_linear_src *src) {
+    int64_t K = src->in_features, N = src->out_features;
+    exl_linear *lg;
+    if (gpu->ops->linear_init(gpu, src, &lg) != EXL_OK) {
+        printf("FAIL %s: %s\n", name, exl_last_error());
+        n_fail++;
+        return;
+    }
+    float *w = qref_dequant(src);
+    int32_t rows_list[6] = {1, 2, 4, 5, 9, 33};
+    float *x = rnd(33 * K, -1, 1), *want = malloc(33 * N * 4);
+    float *xg = put(gpu, x, 33 * K * 4), *og = gpu->ops->alloc(gpu, 33 * N * 4);
+    for (int64_t r = 0; r < 33; r++)
+        for (int64_t n = 0; n < N; n++) {
+            double a = 0;
+            for (int64_t k = 0; k < K; k++)
+                a += (double)x[r * K + k] * w[k * N + n];
+            want[r * N + n] = (float)a;
+        }
+    for (int ri = 0; ri < 6; ri++) {
+        int32_t rows = rows_list[ri];
+        gpu->ops->matmul(gpu, og, xg, lg, rows);
+        float *got = get(gpu, og, rows * N);
+        char full[96];
+        snprintf(full, sizeof full, "%s rows=%d", name, rows);
+        report(full, ref_rel_err(got, want, rows * N), 3e-3);
+        free(got);
+    }
+    gpu->ops->free(gpu, xg), gpu->ops->free(gpu, og);
+    gpu->ops->linear_free(gpu, lg);
+    free(w), free(x), free(want);
+}
+
+static const exl_st_tensor *need(exl_st_file *f, const char *prefix, const char *suffix) {
+    char name[256];
+    snprintf(name, sizeof name, "%s.%s", prefix, suffix);
+    const exl_st_tensor *t = exl_st_find(f, name);
+    if (!t)
+        printf("FAIL missing tensor %s in %s\n", name, f->path);
+    return t;
+}
+
+static void fixture_exl2(const char *shared, const char *model, const char *layer) {
+    char path[1024], name[256];
+    snprintf(path, sizeof path, "%s/models/%s/output.safetensors", shared, model);
+    exl_st_file *f;
+    if (exl_st_open(path, &f) != EXL_OK) {
+        printf("FAIL %s: %s\n", model, exl_last_error());
+        n_fail++;
+        return;
+    }
+    const exl_st_tensor *qw = need(f, layer, "q_weight"), *inv = need(f, layer, "q_invperm"),
+                        *qs = need(f, layer, "q_scale"), *qm = need(f, layer, "q_scale_max"),
+                        *qg = need(f, layer, "q_groups");
+    if (qw && inv && qs && qm && qg) {
+        exl_linear_src s = {0};
+        s.kind = EXL_LINEAR_EXL2;
+        s.in_features = inv->shape[0];
+        s.out_features = qw->shape[1];
+        s.exl2 = (exl_exl2_src){qw->data, inv->data, qs->data, qm->data, qg->data, (int32_t)qw->shape[0],
+                                (int32_t)qw->shape[1], (int32_t)qm->shape[0]};
+        s.name = layer;
+        snprintf(name, sizeof name, "exl2 %s %s", model + 10, layer + (strncmp(layer, "model.", 6) ? 0 : 15));
+        quant_case(name, &s);
+    } else {
+        n_fail++;
+    }
+    exl_st_close(f);
+}
+
+static void fixture_gptq(const char *shared, const char *model, const char *layer, int group_size) {
+    char path[1024], name[256];
+    snprintf(path, sizeof path, "%s/models/%s/model.safetensors", shared, model);
+    exl_st_file *f;
+    if (exl_st_open(path, &f) != EXL_OK) {
+        printf("FAIL %s: %s\n", model, exl_last_error());
+        n_fail++;
+        return;
+    }
+    const exl_st_tensor *qw = need(f, layer, "qweight"), *qz = need(f, layer, "qzeros"), *sc = need(f, layer, "scales"),
+                        *gi = need(f, layer, "g_idx");
+    if (qw && qz && sc) {
+        exl_linear_src s = {0};
+        s.kind = EXL_LINEAR_GPTQ;
+        s.in_features = qw->shape[0] * 8;
+        s.out_features = qw->shape[1];
+        s.gptq = (exl_gptq_src){qw->data, qz->data, sc->data, gi ? gi->data : NULL, 4, group_size,
+                                (int32_t)sc->shape[0], 1};
+        s.name = layer;
+        snprintf(name, sizeof name, "gptq %s %s", model + 10, layer + 15);
+        quant_case(name, &s);
+    } else {
+        n_fail++;
+    }
+    exl_st_close(f);
+}
+
+static void test_quant(const char *shared) {
+    qgen g;
+    int bits[6] = {8, 6, 5, 4, 3, 2}, rows[6] = {32, 64, 32, 128, 128, 128};
+    qgen_exl2(&g, 512, 200, 6, bits, rows, &rng);
+    quant_case("exl2 random 8/6/5/4/3/2 bits N=200", &g.src);
+    qgen_free(&g);
+    int bits2[3] = {6, 4, 3}, rows2[3] = {96, 64, 32}; /* groups of 96/64/32 rows */
+    qgen_exl2(&g, 192, 64, 3, bits2, rows2, &rng);
+    quant_case("exl2 random 6/4/3 bits", &g.src);
+    qgen_free(&g);
+    int gb[4] = {2, 3, 4, 8};
+    for (int i = 0; i < 4; i++)
+        for (int act = 0; act < 2; act++) {
+            char name[64];
+            qgen_gptq(&g, 384, 256, gb[i], act ? 64 : 128, act, act ? 1 : 0, &rng);
+            snprintf(name, sizeof name, "gptq random %d-bit%s", gb[i], act ? " act-order v1" : " v2");
+            quant_case(name, &g.src);
+            qgen_free(&g);
+        }
+    qgen_gptq(&g, 200, 96, 4, 48, 1, 1, &rng); /* groups of 48 rows: padded chunks */
+    quant_case("gptq random 4-bit groups of 48", &g.src);
+    qgen_free(&g);
+    fixture_exl2(shared, "rand-llama-exl2-3.0bpw-h6", "model.layers.0.mlp.down_proj");
+    fixture_exl2(shared, "rand-llama-exl2-3.0bpw-h6", "model.layers.1.self_attn.q_proj");
+    fixture_exl2(shared, "rand-llama-exl2-5.0bpw-h8", "lm_head");
+    fixture_gptq(shared, "rand-llama-gptq-4bit-g32-actorder-asym", "model.layers.0.mlp.gate_proj", 32);
+    fixture_gptq(shared, "rand-llama-gptq-4bit-g64-sym", "model.layers.1.self_attn.o_proj", 64);
+}
+
+/* ---- whole models against the reference logits */
+
+static void test_models(const char *shared) {
+    const char *models[] = {"tinystories-656k", "rand-llama", "rand-qwen2", "rand-gemma", "rand-linrope",
+                            "rand-llama3rope", "rand-yarn", "rand-llama-exl2-3.0bpw-h6", "rand-llama-exl2-5.0bpw-h8",
+                            "rand-qwen2-exl2-4.0bpw-h6", "rand-gemma-exl2-4.0bpw-h6",
+                            "rand-llama-gptq-4bit-g32-actorder-asym", "rand-llama-gptq-4bit-g64-sym",
+                            "tinystories-656k-gptq-4bit-g32-actorder-asym"};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        char dir[1024], ref[1024], name[128];
+        snprintf(dir, sizeof dir, "%s/models/%s", shared, models[i]);
+        snprintf(ref, sizeof ref, "%s/reference/%s.logits.safetensors", shared, models[i]);
+        exl_model_params p = exl_model_default_params();
+        p.device = EXL_DEVICE_CUDA;
+        exl_model *m;
+        exl_status st = exl_model_load(dir, &p, &m);
+        if (st == EXL_ERR_UNSUPPORTED) {
+            printf("SKIP logits %s: %s\n", models[i], exl_last_error());
+            continue;
+        }
+        if (st != EXL_OK) {
+            printf("FAIL logits %s: %s\n", models[i], exl_last_error());
+            n_fail++;
+            continue;
+        }
+        exl_model_free(m);
+        int mism = 0, npos = 0;
+        double e = ref_compare_model(dir, ref, "logits", &p, &mism, &npos);
+        snprintf(name, sizeof name, "logits %s (%d pos)", models[i], npos);
+        report(name, e, 5e-3);
+        snprintf(name, sizeof name, "argmax mismatches %s", models[i]);
+        report(name, npos > 0 ? mism : -1, 0);
+    }
+}
+
+/* Sequence b one token at a time (the decode path, CUDA graphs replayed from the second
+ * token on) against the reference logits. */
+static void test_decode(const char *shared, const char *model) {
+    char dir[1024], ref[1024], name[160];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
+    snprintf(ref, sizeof ref, "%s/reference/%s.logits.safetensors", shared, model);
+    exl_st_file *rf;
+    exl_model *m;
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    if (exl_st_open(ref, &rf) != EXL_OK || exl_model_load(dir, &p, &m) != EXL_OK) {
+        printf("FAIL decode %s: %s\n", model, exl_last_error());
+        n_fail++;
+        return;
+    }
+    const exl_st_tensor *ids = exl_st_find(rf, "ids_b"), *lg = exl_st_find(rf, "logits_b"),
+                        *pos = exl_st_find(rf, "pos_b");
+    exl_model_desc d;
+    exl_model_describe(m, &d);
+    int32_t n = (int32_t)ids->shape[0], rows = (int32_t)lg->shape[0], mism = 0;
+    float *out = malloc((size_t)n * d.vocab_size * sizeof *out);
+    exl_session *s;
+    require(exl_session_init(m, n, &s) == EXL_OK, "session");
+    for (int32_t t = 0; t < n; t++)
+        require(exl_session_eval(s, (const int32_t *)ids->data + t, 1, out + (int64_t)t * d.vocab_size, NULL) ==
+                    EXL_OK,
+                "decode eval");
+    double worst = 0;
+    for (int32_t r = 0; r < rows; r++) {
+        int32_t at = pos ? ((const int32_t *)pos->data)[r] : r;
+        const float *want = (const float *)lg->data + (int64_t)r * d.vocab_size;
+        double e = ref_rel_err(out + (int64_t)at * d.vocab_size, want, d.vocab_size);
+        worst = e > worst ? e : worst;
+        mism += ref_argmax(out + (int64_t)at * d.vocab_size, d.vocab_size) != ref_argmax(want, d.vocab_size);
+    }
+    snprintf(name, sizeof name, "decode token by token %s (%d pos)", model, rows);
+    report(name, worst, 5e-3);
+    snprintf(name, sizeof name, "decode argmax mismatches %s", model);
+    report(name, mism, 0);
+    exl_session_free(s);
+    exl_model_free(m);
+    exl_st_close(rf);
+    free(out);
+}
+
+int main(int argc, char **argv) {
+    const char *shared = argc > 1 ? argv[1] : "../shared";
+    require(exl_backend_cpu_init(1, &cpu) == EXL_OK, "cpu backend");
+    require(exl_backend_init(EXL_DEVICE_CUDA, 0, &gpu) == EXL_OK, "cuda backend");
+    /* errors from the library reach exl_last_error() */
+    void *huge = gpu->ops->alloc(gpu, (size_t)1 << 50);
+    int oom_ok = !huge && strstr(exl_last_error(), "out of GPU memory") != NULL;
+    printf("%s out-of-memory message: %s\n", oom_ok ? "ok  " : "FAIL", exl_last_error());
+    oom_ok ? n_ok++ : n_fail++;
+    test_row_ops();
+    test_dense_matmul();
+    test_attention();
+    test_quant(shared);
+    test_models(shared);
+    test_decode(shared, "rand-llama");
+    test_decode(shared, "rand-qwen2-exl2-4.0bpw-h6");
+    test_decode(shared, "rand-llama-gptq-4bit-g32-actorder-asym");
+    gpu->ops->destroy(gpu);
+    cpu->ops->destroy(cpu);
+    printf("test_gpu: %d passed, %d failed\n", n_ok, n_fail);
+    return n_fail ? 1 : 0;
+}
