@@ -23,7 +23,9 @@ rand=$root/bench/tmp/rand-512x8
 tables=""
 for m in "$shared/models/tinystories-656k" "$rand"; do
   echo "$(basename "$m")"
-  table=$("$build/generator_bench" "$m" "$prompt" "$new" $levels)
+  repeats=3
+  [ "$m" = "$rand" ] && repeats=2
+  table=$("$build/generator_bench" "$m" "$prompt" "$new" "$repeats" $levels)
   echo "$table"
   tables+="### $(basename "$m")"$'\n\n'"$table"$'\n\n'
 done
@@ -36,6 +38,7 @@ N jobs with distinct random ${prompt}-token prompts submitted at once, each gene
 (temperature 0.8, top-k 40, top-p 0.95, eos ignored), run to the end by one thread stepping the
 generator (page size 256, token budget 256 per step, all CPU threads in the matmuls). \"generated tok/s\"
 is the aggregate over all jobs, prefill included in the time; \"computed tok/s\" counts prompt tokens too.
+Fastest of 3 runs (tinystories) or 2 runs (rand-512x8) per row.
 rand-512x8: hidden 512, 8 layers, 8 heads / 4 KV heads, ffn 2048, vocab 2048, fp16 (64 MB).
 
 ${tables}Command: \`bench/generator_bench.sh\`. Machine: $cpu ($(nproc) cores, shared with other jobs:

@@ -302,6 +302,38 @@ typedef struct exl_generator_stats {
 /* A snapshot as of the end of the last step. */
 void exl_generator_stats_get(exl_generator *gen, exl_generator_stats *out);
 
+/* ---------------------------------------------------------------- quantizer */
+
+/* Convert a Hugging Face model directory to EXL2 (measured mixed bit widths within a
+ * bits-per-weight budget) or GPTQ, with Hessians from calibration text, layer by layer on
+ * the CPU. The output directory is complete (weights, config.json with
+ * quantization_config, tokenizer and other files copied). A killed run resumes from the
+ * last finished layer when started again with the same parameters. */
+typedef enum exl_quant_format { EXL_QUANT_EXL2 = 0, EXL_QUANT_GPTQ } exl_quant_format;
+
+typedef struct exl_quantize_params {
+    const char *in_dir, *out_dir;      /* out_dir must be absent, empty, or an unfinished run */
+    exl_quant_format format;
+    double bpw;                        /* EXL2: decoder-layer bits per weight; default 4.0 */
+    int32_t head_bits;                 /* EXL2: bits of lm_head (2-6 or 8); default 6 */
+    const char *measurement;           /* EXL2: reuse this measurement.json (skips the measuring pass) */
+    int32_t bits;                      /* GPTQ: 2, 3, 4 or 8; default 4 */
+    int32_t group_size;                /* GPTQ: default 128; -1 = one group */
+    int32_t act_order, sym;            /* GPTQ: default 0, 0 */
+    int32_t rtn;                       /* GPTQ: round to nearest (no Hessian; calibration unused) */
+    const char *const *calibration;    /* UTF-8 text files */
+    int32_t n_calibration;
+    int32_t rows, length;              /* calibration rows of `length` tokens; default 32 x 512 */
+    int32_t n_threads;                 /* 0 = one per core */
+    /* called as work advances (stage: "measuring", "quantizing", "writing") */
+    void (*progress)(void *user, const char *stage, int32_t done, int32_t total);
+    void *progress_user;
+} exl_quantize_params;
+
+exl_quantize_params exl_quantize_default_params(void);
+/* *report (may be NULL): a text summary (bits per layer, bits per weight); exl_string_free. */
+exl_status exl_quantize(const exl_quantize_params *params, char **report);
+
 #ifdef __cplusplus
 }
 #endif

@@ -17,7 +17,10 @@ static const command commands[] = {
     {"bench", cmd_bench, "measure prefill and decode speed against the memory-bandwidth bound"},
     {"perplexity", cmd_perplexity, "perplexity of a model on a text file (sliding windows)"},
     {"run", cmd_run, "complete prompts (streaming; several prompts run as one batch)"},
+    {"chat", cmd_chat, "chat with a model in the terminal (streaming, history, /help)"},
+    {"serve", cmd_serve, "serve an OpenAI-compatible HTTP API (completions, chat, SSE)"},
     {"logits", cmd_logits, "write the logits of a token sequence to a safetensors file"},
+    {"quantize", cmd_quantize, "convert a Hugging Face model to EXL2 or GPTQ (calibrated, layer by layer)"},
     {"tokenize", cmd_tokenize, "print the token ids of text read on stdin"},
 };
 

@@ -52,6 +52,7 @@ typedef struct exl_job {
 
     /* text */
     exl_detokenizer *detok;
+    int detok_ready;     /* primed; 0 after a failed restart */
     exl_str held;        /* decoded text not emitted yet */
     int64_t emitted;     /* bytes of completion text emitted */
     int64_t *text_end;   /* per generated token: bytes of text decoded through it */

@@ -17,6 +17,7 @@ static exl_status nomem(void) { return exl_fail(EXL_ERR_NOMEM, "out of memory");
 
 /* A fresh detokenizer that has seen the end of the prompt and generated tokens [0, k). */
 static exl_status restart_detok(exl_generator *g, exl_job *j, int32_t k) {
+    j->detok_ready = 0;
     exl_detokenizer_free(j->detok);
     j->detok = NULL;
     EXL_TRY(exl_detokenizer_init(g->tok, 1, &j->detok));
@@ -25,6 +26,7 @@ static exl_status restart_detok(exl_generator *g, exl_job *j, int32_t k) {
     size_t len;
     for (int32_t i = from; i < j->n_prompt + k; i++)
         EXL_TRY(exl_detokenizer_push(j->detok, j->tokens[i], &text, &len));
+    j->detok_ready = 1;
     return EXL_OK;
 }
 
@@ -94,7 +96,7 @@ exl_status exl_job_text_rewind(exl_generator *g, exl_job *j, int32_t k) {
 }
 
 exl_status exl_job_text_finish(exl_generator *g, exl_job *j) {
-    if (!j->stop_string) {
+    if (!j->stop_string && j->detok_ready) { /* (not after a failed restart: its state is unusable) */
         const char *text;
         size_t len;
         EXL_TRY(exl_detokenizer_flush(j->detok, &text, &len));

@@ -40,6 +40,7 @@ static int32_t held_prefix_pages(exl_generator *g, exl_job *j) {
 static exl_status attach_prefix(exl_generator *g, exl_job *j) {
     exl_page_pool *pool = &g->pool;
     int32_t ps = pool->page_size, limit = j->n_tokens - 1, pos = 0;
+    exl_status st = EXL_OK;
     while (pos < limit) {
         const int32_t *t = j->tokens + pos;
         uint64_t parent = exl_job_parent_hash(j, ps, j->n_pages);
@@ -58,25 +59,25 @@ static exl_status attach_prefix(exl_generator *g, exl_job *j) {
             break;
         exl_page_pool_ref(pool, src); /* pinned: taking a page must not evict it */
         int32_t dst = exl_page_pool_take(pool, parent);
-        exl_status st = dst >= 0 ? exl_kv_cache_copy_page(g->model, g->cache, src, dst, len) : EXL_OK;
-        if (dst >= 0 && st == EXL_OK) {
-            memcpy(pool->tokens + (size_t)dst * ps, t, (size_t)len * sizeof *t);
-            pool->n_valid[dst] = len;
-            j->pages[j->n_pages++] = dst;
-            pos += len;
-            g->stats.pages_copied++;
-        } else if (dst >= 0) {
+        if (dst >= 0 && (st = exl_kv_cache_copy_page(g->model, g->cache, src, dst, len)) != EXL_OK) {
             exl_page_pool_release(pool, dst);
+            dst = -1;
         }
         exl_page_pool_release(pool, src);
-        EXL_TRY(st);
-        if (dst < 0 || len < ps)
+        if (dst < 0)
+            break;
+        memcpy(pool->tokens + (size_t)dst * ps, t, (size_t)len * sizeof *t);
+        pool->n_valid[dst] = len;
+        j->pages[j->n_pages++] = dst;
+        pos += len;
+        g->stats.pages_copied++;
+        if (len < ps)
             break;
         exl_prefix_register(pool, dst, exl_job_parent_hash(j, ps, j->n_pages));
     }
-    j->n_cached = pos;
+    j->n_cached = pos; /* also on failure: the pages it holds must never be rewritten */
     g->stats.prefix_hit_tokens += pos;
-    return EXL_OK;
+    return st;
 }
 
 static exl_status admit(exl_generator *g) {

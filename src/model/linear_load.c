@@ -46,7 +46,7 @@ static exl_status record(exl_model *m, const exl_linear_src *src) {
     exl_linear_record *r = &m->linears[m->n_linears++];
     snprintf(r->name, sizeof r->name, "%s", src->name);
     r->src = *src;
-    r->src.name = r->name;
+    r->src.name = NULL; /* the record array moves as it grows: use r->name */
     return EXL_OK;
 }
 

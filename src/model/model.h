@@ -33,7 +33,7 @@ typedef struct exl_forward_scratch {
     int32_t *host_page_tables;
 } exl_forward_scratch;
 
-/* What one linear layer was loaded from (kept for `exl info`); src.name points at name. */
+/* What one linear layer was loaded from (kept for `exl info`); src.name is NULL. */
 typedef struct exl_linear_record {
     char name[96];
     exl_linear_src src;

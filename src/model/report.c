@@ -42,12 +42,13 @@ static int linear_report(const exl_model *m, exl_str *s) {
     int bad = exl_str_puts(s, "linear layers (format, in x out, code widths as bits:rows, bits per weight):\n");
     for (int32_t i = 0; i < m->n_linears; i++) {
         const exl_linear_src *src = &m->linears[i].src;
+        const char *name = m->linears[i].name;
         exl_quant_stats st;
         exl_linear_stats(src, &st);
-        int head = strncmp(src->name, "model.layers.", 13) != 0;
+        int head = strncmp(name, "model.layers.", 13) != 0;
         bits[head] += st.bits;
         weights[head] += (double)st.weights;
-        bad |= exl_str_printf(s, "  %-36s %-5s %6lld x %-6lld ", src->name, kinds[src->kind],
+        bad |= exl_str_printf(s, "  %-36s %-5s %6lld x %-6lld ", name, kinds[src->kind],
                               (long long)src->in_features, (long long)src->out_features);
         if (src->kind == EXL_LINEAR_DENSE)
             bad |= exl_str_printf(s, "%-24s", exl_dtype_name(src->dense.dtype));

@@ -95,9 +95,8 @@ static int add_chat_token(cJSON *content, const exl_tokenizer *tok, const exl_st
     cJSON *o = text ? chat_token(text, e->logprobs ? e->logprobs[i] : NAN) : NULL;
     exl_string_free(text);
     cJSON *tops = o ? cJSON_AddArrayToObject(o, "top_logprobs") : NULL;
-    if (!o || !tops || !cJSON_AddItemToArray(content, o)) {
-        if (o && !tops)
-            cJSON_Delete(o);
+    if (!tops || !cJSON_AddItemToArray(content, o)) {
+        cJSON_Delete(o);
         return -1;
     }
     for (int32_t k = 0; k < e->n_top; k++) {
@@ -247,9 +246,12 @@ int exl_oai_chunk_append(exl_str *out, const exl_oai_header *h, int32_t index, i
     cJSON *o = header_object(h, 1);
     cJSON *arr = o ? cJSON_AddArrayToObject(o, "choices") : NULL;
     cJSON *c = arr ? chunk_choice(h, index, role, text, text_len, lp, finish) : NULL;
-    if (!c || !cJSON_AddItemToArray(arr, c) || (with_usage && !cJSON_AddNullToObject(o, "usage"))) {
-        if (c && !c->prev)
-            cJSON_Delete(c);
+    if (!c) {
+        cJSON_Delete(o);
+        return -1;
+    }
+    cJSON_AddItemToArray(arr, c); /* cannot fail: both exist */
+    if (with_usage && !cJSON_AddNullToObject(o, "usage")) {
         cJSON_Delete(o);
         return -1;
     }

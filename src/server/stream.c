@@ -116,7 +116,7 @@ void exl_stream_push(const exl_gen_event *e) {
         exl_stream_unref(s);
 }
 
-exl_stream_event *exl_stream_pop(exl_stream *s, int timeout_ms) {
+exl_stream_event *exl_stream_pop(exl_stream *s, int timeout_ms, int *lost) {
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_sec += timeout_ms / 1000;
@@ -136,6 +136,7 @@ exl_stream_event *exl_stream_pop(exl_stream *s, int timeout_ms) {
             s->tail = NULL;
         e->next = NULL;
     }
+    *lost = s->lost;
     pthread_mutex_unlock(&s->mu);
     return e;
 }

@@ -56,9 +56,10 @@ void exl_stream_unref(exl_stream *s);
 /* Engine thread: copy an event to the queue of its slot (e->user); on its final event
  * the job's reference is dropped. */
 void exl_stream_push(const exl_gen_event *e);
-/* HTTP thread: the next event, waiting at most timeout_ms; NULL when none came (check
- * s->lost then). Free it with exl_stream_event_free. */
-exl_stream_event *exl_stream_pop(exl_stream *s, int timeout_ms);
+/* HTTP thread: the next event, waiting at most timeout_ms; NULL when none came, with
+ * *lost set when an event was dropped for want of memory. Free it with
+ * exl_stream_event_free. */
+exl_stream_event *exl_stream_pop(exl_stream *s, int timeout_ms, int *lost);
 void exl_stream_event_free(exl_stream_event *e);
 
 #endif

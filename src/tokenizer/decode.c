@@ -377,9 +377,16 @@ static exl_status emit(exl_detokenizer *d, size_t upto, const char **text, size_
     exl_str_clear(&d->prev);
     exl_str_clear(&d->cur);
     exl_str_clear(&d->out);
+    if (!d->ids) { /* nothing was ever pushed */
+        if (exl_str_reserve(&d->out, 0))
+            return nomem();
+        *text = d->out.data;
+        *len = 0;
+        return EXL_OK;
+    }
     EXL_TRY(decode_ids(d->tok, d->ids + d->ctx, d->read - d->ctx, &d->prev));
     EXL_TRY(decode_ids(d->tok, d->ids + d->ctx, upto - d->ctx, &d->cur));
-    if (d->cur.len >= d->prev.len && !memcmp(d->cur.data, d->prev.data, d->prev.len)) {
+    if (d->cur.len >= d->prev.len && (!d->prev.len || !memcmp(d->cur.data, d->prev.data, d->prev.len))) {
         if (exl_str_append(&d->out, d->cur.data + d->prev.len, d->cur.len - d->prev.len))
             return nomem();
         d->ctx = d->read;

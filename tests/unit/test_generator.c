@@ -1,6 +1,7 @@
 /* test_generator.c - the generator against the transformers greedy reference (through
  * the C API and through `exl run`), batch invariance, per-job seeds whatever the batch,
  * submissions from another thread, priorities, and bad arguments. */
+#include "base/alloc.h"
 #include "gen_util.h"
 #include "test.h"
 
@@ -369,6 +370,55 @@ EXL_TEST(bad_arguments) {
     CHECK(exl_generator_cancel(g, id + 100) == EXL_ERR_ARG);
     CHECK(exl_generator_pending(g) == 1);
     exl_generator_free(g); /* with a job still queued */
+    exl_tokenizer_free(tok);
+    exl_model_free(m);
+}
+
+/* ---------------------------------------------------------------- allocation failures */
+
+/* Fail each allocation of init, submit and the steps in turn: every call reports
+ * EXL_ERR_NOMEM or goes on, nothing crashes or leaks (under ASan), and jobs still end. */
+EXL_TEST(allocation_failures) {
+    exl_tokenizer *tok;
+    exl_model *m = gu_load("tinystories-656k", &tok);
+    REQUIRE(m);
+    const char *stops[] = {"zebra"}, *bans[] = {"Lily"};
+    exl_job_params p = exl_job_default_params();
+    p.text = "Once upon a time";
+    p.max_new_tokens = 12;
+    p.sampling.temperature = 0;
+    p.stop_strings = stops;
+    p.n_stop_strings = 1;
+    p.banned_strings = bans;
+    p.n_banned_strings = 1;
+    p.logprobs = 1;
+    p.top_logprobs = 2;
+    int completed = 0;
+    for (long n = 0; n < 400; n++) {
+        exl_generator_params gp = exl_generator_default_params();
+        gp.n_pages = 4;
+        gp.page_size = 8;
+        exl_generator *g = NULL;
+        exl_alloc_fail_after(n);
+        exl_status st = exl_generator_init(m, tok, &gp, &g);
+        uint64_t id;
+        if (st == EXL_OK)
+            st = exl_generator_submit(g, &p, &id);
+        int done = 0;
+        for (int s = 0; st != EXL_ERR_ARG && g && s < 200 && exl_generator_pending(g) > 0; s++) {
+            const exl_gen_event *ev;
+            int32_t k;
+            st = exl_generator_step(g, &ev, &k);
+            CHECK(st == EXL_OK || st == EXL_ERR_NOMEM);
+            for (int32_t e = 0; e < k; e++)
+                done += ev[e].finish != EXL_FINISH_NONE;
+        }
+        exl_alloc_fail_after(-1);
+        CHECK_MSG(!g || exl_generator_pending(g) == 0, "failing allocation %ld: the job never ended", n);
+        completed += done;
+        exl_generator_free(g);
+    }
+    CHECK(completed > 0);
     exl_tokenizer_free(tok);
     exl_model_free(m);
 }

@@ -10,6 +10,7 @@
  * original w by up to 4.9e-4, and its logits_* were computed with the original norms; the
  * files as shipped are therefore held to 1e-3, and the same quantized tensors with the
  * original model's norms (written to a temporary model) to 1e-4. */
+#include "model_util.h"
 #include "ref_util.h"
 #include "test.h"
 
@@ -85,20 +86,6 @@ EXL_TEST(exl2_gemma_as_shipped) {
     check_dir("rand-gemma-exl2-4.0bpw-h6", dir_path, "rand-gemma-exl2-4.0bpw-h6", 1e-3);
 }
 
-static int copy_file(const char *from, const char *to) {
-    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
-    char buf[4096];
-    size_t n;
-    int ok = in && out;
-    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
-        ok = fwrite(buf, 1, n, out) == n;
-    if (in)
-        fclose(in);
-    if (out && fclose(out))
-        ok = 0;
-    return ok;
-}
-
 EXL_TEST(exl2_gemma_original_norms) {
     char qpath[4096], dpath[4096], tmp[4096], out[4200];
     snprintf(qpath, sizeof qpath, "%s", exl_test_shared("models/rand-gemma-exl2-4.0bpw-h6/output.safetensors"));
@@ -129,6 +116,25 @@ EXL_TEST(exl2_gemma_original_norms) {
     char from[4096];
     snprintf(from, sizeof from, "%s", exl_test_shared("models/rand-gemma-exl2-4.0bpw-h6/config.json"));
     snprintf(out, sizeof out, "%s/config.json", tmp);
-    REQUIRE(copy_file(from, out));
+    REQUIRE(mu_copy_file(from, out) == 0);
     check_dir("rand-gemma-exl2-4.0bpw-h6 (original norms)", tmp, "rand-gemma-exl2-4.0bpw-h6", TOL_FP32);
+}
+
+/* `exl info`: per layer format and code widths, and the decoder's bits per weight, which
+ * ExLlamaV2 targeted at 3.0 (its config's "bits") for this fixture. */
+EXL_TEST(report_bits_per_weight) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", exl_test_shared("models/rand-llama-exl2-3.0bpw-h6"));
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CPU;
+    exl_model *m;
+    REQUIRE_OK(exl_model_load(dir, &p, &m));
+    char *r;
+    exl_status st = exl_model_report(m, &r);
+    exl_model_free(m);
+    REQUIRE_OK(st);
+    const char *line = strstr(r, "model.layers.1.mlp.down_proj ");
+    CHECK_MSG(line && strstr(line, "EXL2     768 x 256    5:64 3:704") == strchr(line, 'E'), "%s", r);
+    CHECK_MSG(strstr(r, "bits/weight:  2.991 decoder layers, 7.047 head"), "%s", r);
+    exl_string_free(r);
 }

@@ -23,6 +23,7 @@
 
 #define QNV 4              /* vectors per tile */
 #define QTILE (QNV * VL)   /* columns per tile */
+#define QPREFETCH 4        /* chunks ahead to prefetch */
 #define QINLINE static inline __attribute__((always_inline))
 
 /* Centered codes (code - 2^(b-1)) at one stream bit position for VL columns, read one at
@@ -93,6 +94,12 @@ QINLINE void q_group(int B, int NR, const exl_qgroup *g, const int32_t *w, int64
         q_row_any(B, NR, w, ld, m, bit, x, ldx, perm[row], acc, xs);
     for (; row + CR <= end; row += CR, bit += (int64_t)CR * B) {
         const int32_t *wc = w + (bit >> 5) * ld;
+        /* stream rows are ld words apart: fetch the tile's words QPREFETCH chunks ahead */
+#pragma GCC unroll 5
+        for (int c = 0; c < CW; c++)
+#pragma GCC unroll 4
+            for (int v = 0; v < QNV; v += 64 / (VL * 4) > 0 ? 64 / (VL * 4) : 1)
+                __builtin_prefetch(wc + ((int64_t)QPREFETCH * CW + c) * ld + v * VL);
         vint wv[5 * QNV];
 #pragma GCC unroll 5
         for (int c = 0; c < CW; c++)

@@ -1,0 +1,350 @@
+/* cmd_chat.c - `exl chat`: an interactive chat in the terminal. Each turn renders the
+ * whole conversation with the model's chat template (exl_chat_apply) and streams the
+ * reply; the generator's prefix cache makes re-reading the history cheap. Reads lines
+ * from stdin, so it works on a pipe as well (then without the "> " prompt). Ctrl-C
+ * stops a reply; the oldest turns are dropped when the history outgrows the context. */
+#include "cli.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_CTX_CAP 4096
+/* the end marker of ChatML, the fallback template; harmless as a stop string elsewhere */
+#define CHATML_END "<|im_end|>"
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) { interrupted = 1; }
+
+static void help(void) {
+    printf("usage: exl chat -m DIR [options]\n\n"
+           "Chat with the model: type a message, the reply streams back. Commands:\n"
+           "  /reset        forget the conversation (the system prompt stays)\n"
+           "  /system TEXT  set the system prompt (and reset)\n"
+           "  /help         this list\n"
+           "  /exit         quit (so does end of input)\n"
+           "Ctrl-C stops a reply. Lines come from stdin, which need not be a terminal.\n\n"
+           "options:\n"
+           "  --system TEXT        system prompt\n"
+           "  -n N                 longest reply in tokens (default 512)\n"
+           "  --ctx N              conversation window in tokens (default: the model's, at most 4096)\n"
+           "  --greedy             always take the most likely token\n"
+           "  --temperature T      (default 0.7)\n"
+           "  --top-k K            (default 40; 0 = off)\n"
+           "  --top-p P            (default 0.95; 1 = off)\n"
+           "  --min-p P            (default 0.05; 0 = off)\n"
+           "  --repeat-penalty R   (default 1 = off)\n"
+           "  --seed S             random seed (default: from the clock)\n"
+           "  --device cpu|cuda|auto, -t THREADS\n");
+}
+
+/* ---------------------------------------------------------------- the conversation */
+
+typedef struct chat {
+    exl_model *model;
+    exl_tokenizer *tok;
+    exl_generator *gen;
+    exl_job_params jp;
+    int32_t ctx, max_reply;
+    char *system;
+    exl_chat_message *msgs; /* msgs[0] is the system prompt when there is one */
+    int32_t n_msgs, cap_msgs;
+    int tty;
+} chat;
+
+static void forget(chat *c, int32_t from, int32_t count) {
+    if (!count)
+        return;
+    for (int32_t i = from; i < from + count; i++)
+        free((char *)c->msgs[i].content);
+    memmove(c->msgs + from, c->msgs + from + count, (size_t)(c->n_msgs - from - count) * sizeof *c->msgs);
+    c->n_msgs -= count;
+}
+
+static int add_message(chat *c, const char *role, const char *text, size_t len);
+
+static int reset(chat *c) {
+    forget(c, 0, c->n_msgs);
+    return c->system && *c->system ? add_message(c, "system", c->system, strlen(c->system)) : 0;
+}
+
+static int add_message(chat *c, const char *role, const char *text, size_t len) {
+    if (c->n_msgs == c->cap_msgs) {
+        int32_t cap = c->cap_msgs ? 2 * c->cap_msgs : 16;
+        exl_chat_message *m = realloc(c->msgs, (size_t)cap * sizeof *m);
+        if (!m)
+            return -1;
+        c->msgs = m;
+        c->cap_msgs = cap;
+    }
+    char *s = strndup(text, len);
+    if (!s)
+        return -1;
+    c->msgs[c->n_msgs++] = (exl_chat_message){role, s};
+    return 0;
+}
+
+/* The conversation as prompt ids, dropping the oldest turns until it leaves room for
+ * a reply of at least a quarter of the window. EXL_ERR_ARG: the last message alone is too long. */
+static exl_status render(chat *c, int32_t **ids, int32_t *n) {
+    int32_t first = c->n_msgs && !strcmp(c->msgs[0].role, "system");
+    for (;;) {
+        char *text;
+        exl_status st = exl_chat_apply(c->tok, c->msgs, c->n_msgs, 1, NULL, &text);
+        if (st != EXL_OK)
+            return st;
+        int32_t *enc, n_enc;
+        st = exl_tokenizer_encode(c->tok, text, strlen(text), 0, &enc, &n_enc);
+        exl_string_free(text);
+        if (st != EXL_OK)
+            return st;
+        int32_t bos = exl_tokenizer_bos_id(c->tok), add = bos >= 0 && (n_enc == 0 || enc[0] != bos);
+        if (n_enc + add + c->ctx / 4 <= c->ctx || c->n_msgs - first <= 1) {
+            *ids = malloc((size_t)(n_enc + add + 1) * sizeof **ids);
+            if (*ids) {
+                if (add)
+                    (*ids)[0] = bos;
+                memcpy(*ids + add, enc, (size_t)n_enc * sizeof **ids);
+            }
+            *n = n_enc + add;
+            exl_ids_free(enc);
+            if (!*ids)
+                return EXL_ERR_NOMEM;
+            return *n < c->ctx ? EXL_OK : EXL_ERR_ARG;
+        }
+        exl_ids_free(enc);
+        forget(c, first, c->n_msgs - first >= 3 ? 2 : 1); /* the oldest user + assistant turn */
+    }
+}
+
+/* Generate and stream one reply; it joins the history. */
+static exl_status reply(chat *c) {
+    int32_t *ids = NULL, n = 0;
+    exl_status st = render(c, &ids, &n);
+    if (st == EXL_ERR_ARG) {
+        free(ids);
+        fprintf(stderr, "exl chat: that message is too long for the %d-token window\n", (int)c->ctx);
+        forget(c, c->n_msgs - 1, 1);
+        return EXL_OK;
+    }
+    if (st != EXL_OK)
+        return st;
+    exl_job_params jp = c->jp;
+    jp.ids = ids;
+    jp.n_ids = n;
+    jp.max_new_tokens = c->ctx - n < c->max_reply ? c->ctx - n : c->max_reply;
+    uint64_t job;
+    st = exl_generator_submit(c->gen, &jp, &job);
+    free(ids);
+    char *text = NULL;
+    size_t len = 0;
+    int cancelled = 0;
+    interrupted = 0;
+    while (st == EXL_OK && exl_generator_pending(c->gen) > 0) {
+        if (interrupted && !cancelled)
+            cancelled = exl_generator_cancel(c->gen, job) == EXL_OK;
+        const exl_gen_event *ev;
+        int32_t n_ev;
+        st = exl_generator_step(c->gen, &ev, &n_ev);
+        for (int32_t i = 0; st == EXL_OK && i < n_ev; i++) {
+            fwrite(ev[i].text, 1, ev[i].text_len, stdout);
+            fflush(stdout);
+            char *t = realloc(text, len + ev[i].text_len + 1);
+            if (!t) {
+                st = EXL_ERR_NOMEM;
+                break;
+            }
+            text = t;
+            memcpy(text + len, ev[i].text, ev[i].text_len);
+            len += ev[i].text_len;
+            text[len] = 0;
+        }
+    }
+    printf(cancelled ? " [stopped]\n" : "\n");
+    if (st == EXL_OK && add_message(c, "assistant", text ? text : "", len))
+        st = EXL_ERR_NOMEM;
+    free(text);
+    return st;
+}
+
+/* ---------------------------------------------------------------- commands and the loop */
+
+/* 1 to quit, 0 to go on, -1 out of memory. */
+static int command(chat *c, char *line) {
+    if (!strcmp(line, "/exit") || !strcmp(line, "/quit"))
+        return 1;
+    if (!strcmp(line, "/reset")) {
+        if (reset(c))
+            return -1;
+        printf("(conversation cleared)\n");
+    } else if (!strncmp(line, "/system", 7) && (!line[7] || line[7] == ' ')) {
+        free(c->system);
+        c->system = strdup(line[7] ? line + 8 : "");
+        if (!c->system || reset(c))
+            return -1;
+        printf("(system prompt set, conversation cleared)\n");
+    } else if (!strcmp(line, "/help")) {
+        printf("/reset  /system TEXT  /help  /exit  (Ctrl-C stops a reply)\n");
+    } else {
+        printf("unknown command %s (try /help)\n", line);
+    }
+    return 0;
+}
+
+static exl_status loop(chat *c) {
+    char *line = NULL;
+    size_t cap = 0;
+    exl_status st = EXL_OK;
+    for (;;) {
+        if (c->tty) {
+            printf("> ");
+            fflush(stdout);
+        }
+        errno = 0;
+        ssize_t got = getline(&line, &cap, stdin);
+        if (got < 0)
+            break; /* end of input, or Ctrl-C at the prompt */
+        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
+            line[--got] = 0;
+        if (got == 0)
+            continue;
+        if (line[0] == '/') {
+            int rc = command(c, line);
+            if (rc < 0)
+                st = EXL_ERR_NOMEM;
+            if (rc)
+                break;
+            continue;
+        }
+        if (add_message(c, "user", line, (size_t)got)) {
+            st = EXL_ERR_NOMEM;
+            break;
+        }
+        st = reply(c);
+        if (st != EXL_OK)
+            break;
+    }
+    if (c->tty && st == EXL_OK)
+        printf("\n");
+    free(line);
+    return st;
+}
+
+static int parse_float(const char *s, float *out) {
+    char *end;
+    *out = strtof(s, &end);
+    return !*s || *end;
+}
+
+int cmd_chat(int argc, char **argv) {
+    chat c = {.max_reply = 512, .tty = isatty(0)};
+    const char *dir = NULL, *system = NULL;
+    int greedy = 0, have_seed = 0;
+    long x;
+    exl_model_params mp = exl_model_default_params();
+    c.jp = exl_job_default_params();
+    exl_sampling *s = &c.jp.sampling;
+    s->temperature = 0.7f;
+    s->top_k = 40;
+    s->top_p = 0.95f;
+    s->min_p = 0.05f;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            help();
+            return 0;
+        } else if (!strcmp(a, "--greedy")) {
+            greedy = 1;
+        } else if (!v) {
+            return cli_usage_error("chat", "unknown option or missing value '%s'", a);
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            dir = argv[++i];
+        } else if (!strcmp(a, "--system")) {
+            system = argv[++i];
+        } else if (!strcmp(a, "-n")) {
+            if (cli_parse_int(argv[++i], 1, 1 << 24, &x))
+                return cli_usage_error("chat", "bad token count '%s'", v);
+            c.max_reply = (int32_t)x;
+        } else if (!strcmp(a, "--ctx")) {
+            if (cli_parse_int(argv[++i], 8, 1 << 24, &x))
+                return cli_usage_error("chat", "bad --ctx '%s'", v);
+            c.ctx = (int32_t)x;
+        } else if (!strcmp(a, "--top-k")) {
+            if (cli_parse_int(argv[++i], 0, 1 << 24, &x))
+                return cli_usage_error("chat", "bad --top-k '%s'", v);
+            s->top_k = (int32_t)x;
+        } else if (!strcmp(a, "--seed")) {
+            s->seed = strtoull(argv[++i], &end, 10);
+            if (*end || !*v)
+                return cli_usage_error("chat", "bad --seed '%s'", v);
+            have_seed = 1;
+        } else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") ||
+                   !strcmp(a, "--repeat-penalty")) {
+            float *f = !strcmp(a, "--temperature") ? &s->temperature
+                       : !strcmp(a, "--top-p")     ? &s->top_p
+                       : !strcmp(a, "--min-p")     ? &s->min_p
+                                                   : &s->repetition_penalty;
+            if (parse_float(argv[++i], f))
+                return cli_usage_error("chat", "bad %s '%s'", a, v);
+        } else if (!strcmp(a, "--device")) {
+            if (cli_parse_device(argv[++i], &mp.device))
+                return cli_usage_error("chat", "unknown device '%s'", v);
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (cli_parse_int(argv[++i], 1, 1024, &x))
+                return cli_usage_error("chat", "bad thread count '%s'", v);
+            mp.n_threads = (int32_t)x;
+        } else {
+            return cli_usage_error("chat", "unknown option '%s'", a);
+        }
+    }
+    if (!dir)
+        return cli_usage_error("chat", "need -m DIR");
+    if (greedy)
+        s->temperature = 0;
+    if (!have_seed)
+        s->seed = (uint64_t)time(NULL);
+    static const char *const stop[] = {CHATML_END};
+    c.jp.stop_strings = stop;
+    c.jp.n_stop_strings = 1;
+
+    exl_status st = exl_model_load(dir, &mp, &c.model);
+    if (st == EXL_OK)
+        st = exl_tokenizer_load(dir, &c.tok);
+    if (st == EXL_OK) {
+        exl_model_desc d;
+        exl_model_describe(c.model, &d);
+        if (!c.ctx)
+            c.ctx = d.max_position_embeddings > 0 && d.max_position_embeddings < DEFAULT_CTX_CAP
+                        ? d.max_position_embeddings
+                        : DEFAULT_CTX_CAP;
+        exl_generator_params gp = exl_generator_default_params();
+        gp.max_jobs = 1;
+        gp.n_pages = (c.ctx + gp.page_size - 1) / gp.page_size + 1;
+        st = exl_generator_init(c.model, c.tok, &gp, &c.gen);
+    }
+    if (st == EXL_OK && system && !(c.system = strdup(system)))
+        st = EXL_ERR_NOMEM;
+    if (st == EXL_OK) {
+        struct sigaction sa = {.sa_handler = on_sigint}; /* no SA_RESTART: Ctrl-C ends a read */
+        sigaction(SIGINT, &sa, NULL);
+        if (reset(&c))
+            st = EXL_ERR_NOMEM;
+        if (st == EXL_OK && c.tty)
+            fprintf(stderr, "exl chat: %s (/help for commands)\n", dir);
+        if (st == EXL_OK)
+            st = loop(&c);
+    }
+    forget(&c, 0, c.n_msgs);
+    free(c.msgs);
+    free(c.system);
+    exl_generator_free(c.gen);
+    exl_tokenizer_free(c.tok);
+    exl_model_free(c.model);
+    return st == EXL_OK ? 0 : cli_error(st);
+}

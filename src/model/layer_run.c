@@ -1,0 +1,254 @@
+/* layer_run.c - host fp32 pieces of one decoder layer for the quantizer (see layer_run.h). */
+#include "model/layer_run.h"
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "model/model.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- setup */
+
+exl_status exl_lrun_init(exl_lrun *r, const exl_hf_config *cfg, exl_pool *pool, int32_t n_seqs, int32_t seq_len) {
+    memset(r, 0, sizeof *r);
+    r->cfg = cfg;
+    r->pool = pool;
+    r->n_seqs = n_seqs;
+    r->seq_len = seq_len;
+    r->rot_dim = (int32_t)(cfg->head_dim * cfg->rope.partial_rotary_factor) & ~1;
+    if (r->rot_dim < 2 || r->rot_dim > cfg->head_dim || r->rot_dim > 1024)
+        return exl_fail(EXL_ERR_UNSUPPORTED, "rotary dimension %d is not supported", r->rot_dim);
+    int32_t half = r->rot_dim / 2;
+    r->cos = exl_malloc((size_t)seq_len * half * sizeof(float));
+    r->sin = exl_malloc((size_t)seq_len * half * sizeof(float));
+    r->scores = exl_malloc((size_t)exl_pool_size(pool) * seq_len * sizeof(float));
+    if (!r->cos || !r->sin || !r->scores) {
+        exl_lrun_free(r);
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    }
+    float inv_freq[512], factor = 1.0f;
+    exl_rope_frequencies(cfg, r->rot_dim, seq_len > cfg->max_pos ? seq_len : cfg->max_pos, inv_freq, &factor);
+    for (int32_t p = 0; p < seq_len; p++)
+        for (int32_t i = 0; i < half; i++) {
+            float a = (float)p * inv_freq[i];
+            r->cos[(size_t)p * half + i] = cosf(a) * factor;
+            r->sin[(size_t)p * half + i] = sinf(a) * factor;
+        }
+    return EXL_OK;
+}
+
+void exl_lrun_free(exl_lrun *r) {
+    exl_free(r->cos);
+    exl_free(r->sin);
+    exl_free(r->scores);
+    r->cos = r->sin = r->scores = NULL;
+}
+
+/* ---- rmsnorm */
+
+void exl_lrun_rmsnorm(const exl_lrun *r, float *out, const float *x, const float *w, int64_t rows) {
+    int64_t H = r->cfg->hidden_size;
+    for (int64_t t = 0; t < rows; t++) {
+        const float *xi = x + t * H;
+        double ss = 0;
+        for (int64_t i = 0; i < H; i++)
+            ss += (double)xi[i] * xi[i];
+        float inv = (float)(1.0 / sqrt(ss / (double)H + r->cfg->rms_eps));
+        for (int64_t i = 0; i < H; i++)
+            out[t * H + i] = xi[i] * inv * w[i];
+    }
+}
+
+/* ---- matmul, split by rows over the pool */
+
+typedef struct mm_ctx {
+    float *out;
+    const float *x, *W, *bias;
+    int64_t rows, K, N;
+} mm_ctx;
+
+static void mm_task(void *ctx, int index, int count) {
+    const mm_ctx *c = ctx;
+    long t0, t1;
+    exl_split_range((long)c->rows, index, count, 4, &t0, &t1);
+    int64_t K = c->K, N = c->N;
+    for (int64_t t = t0; t < t1; t += 4) {
+        int64_t nt = t1 - t < 4 ? t1 - t : 4;
+        for (int64_t i = 0; i < nt; i++) {
+            float *o = c->out + (t + i) * N;
+            if (c->bias)
+                memcpy(o, c->bias, (size_t)N * sizeof(float));
+            else
+                memset(o, 0, (size_t)N * sizeof(float));
+        }
+        for (int64_t k = 0; k < K; k++) {
+            const float *w = c->W + k * N;
+            if (nt == 4) {
+                float a0 = c->x[t * K + k], a1 = c->x[(t + 1) * K + k];
+                float a2 = c->x[(t + 2) * K + k], a3 = c->x[(t + 3) * K + k];
+                float *o0 = c->out + t * N, *o1 = o0 + N, *o2 = o1 + N, *o3 = o2 + N;
+                for (int64_t n = 0; n < N; n++) {
+                    float wv = w[n];
+                    o0[n] += a0 * wv;
+                    o1[n] += a1 * wv;
+                    o2[n] += a2 * wv;
+                    o3[n] += a3 * wv;
+                }
+            } else {
+                for (int64_t i = 0; i < nt; i++) {
+                    float a = c->x[(t + i) * K + k];
+                    float *o = c->out + (t + i) * N;
+                    for (int64_t n = 0; n < N; n++)
+                        o[n] += a * w[n];
+                }
+            }
+        }
+    }
+}
+
+void exl_lrun_matmul(const exl_lrun *r, float *out, const float *x, const float *W, const float *bias, int64_t rows,
+                     int64_t K, int64_t N) {
+    mm_ctx c = {out, x, W, bias, rows, K, N};
+    exl_pool_run_work(r->pool, mm_task, &c, rows * K * N);
+}
+
+/* ---- rope + attention, split by (sequence, head) */
+
+typedef struct attn_ctx {
+    const exl_lrun *r;
+    float *out, *q, *k;
+    const float *v;
+} attn_ctx;
+
+static void rope_rows(const exl_lrun *r, float *x, int32_t heads) {
+    int32_t hd = r->cfg->head_dim, half = r->rot_dim / 2;
+    int64_t T = exl_lrun_rows(r);
+    for (int64_t t = 0; t < T; t++) {
+        int32_t p = (int32_t)(t % r->seq_len);
+        const float *cs = r->cos + (size_t)p * half, *sn = r->sin + (size_t)p * half;
+        for (int32_t h = 0; h < heads; h++) {
+            float *v = x + (t * heads + h) * hd;
+            for (int32_t i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * cs[i] - b * sn[i];
+                v[i + half] = b * cs[i] + a * sn[i];
+            }
+        }
+    }
+}
+
+static void attn_task(void *ctx, int index, int count) {
+    const attn_ctx *c = ctx;
+    const exl_lrun *r = c->r;
+    const exl_hf_config *cf = r->cfg;
+    int32_t H = cf->n_heads, KV = cf->n_kv_heads, hd = cf->head_dim, L = r->seq_len;
+    int32_t win = cf->sliding_window;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *sc = r->scores + (size_t)index * L;
+    long j0, j1;
+    exl_split_range((long)r->n_seqs * H, index, count, 1, &j0, &j1);
+    for (long job = j0; job < j1; job++) {
+        int32_t s = (int32_t)(job / H), h = (int32_t)(job % H), kh = h / (H / KV);
+        for (int32_t i = 0; i < L; i++) {
+            int64_t ti = (int64_t)s * L + i;
+            const float *qi = c->q + (ti * H + h) * hd;
+            int32_t first = win > 0 && i - win + 1 > 0 ? i - win + 1 : 0;
+            float mx = -INFINITY;
+            for (int32_t j = first; j <= i; j++) {
+                const float *kj = c->k + (((int64_t)s * L + j) * KV + kh) * hd;
+                float d = 0;
+                for (int32_t e = 0; e < hd; e++)
+                    d += qi[e] * kj[e];
+                sc[j] = d * scale;
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            float sum = 0;
+            for (int32_t j = first; j <= i; j++)
+                sum += sc[j] = expf(sc[j] - mx);
+            float *o = c->out + (ti * H + h) * hd;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int32_t j = first; j <= i; j++) {
+                const float *vj = c->v + (((int64_t)s * L + j) * KV + kh) * hd;
+                float p = sc[j] / sum;
+                for (int32_t e = 0; e < hd; e++)
+                    o[e] += p * vj[e];
+            }
+        }
+    }
+}
+
+void exl_lrun_attention(const exl_lrun *r, float *out, float *q, float *k, const float *v) {
+    rope_rows(r, q, r->cfg->n_heads);
+    rope_rows(r, k, r->cfg->n_kv_heads);
+    attn_ctx c = {r, out, q, k, v};
+    exl_pool_run(r->pool, attn_task, &c);
+}
+
+/* ---- activation */
+
+void exl_lrun_glu(const exl_lrun *r, float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i], a;
+        if (r->cfg->act == EXL_ACT_SILU)
+            a = g / (1.0f + expf(-g));
+        else if (r->cfg->act == EXL_ACT_GELU_TANH)
+            a = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
+        else
+            a = 0.5f * g * (1.0f + erff(g * 0.70710678f));
+        gate[i] = a * up[i];
+    }
+}
+
+/* ---- weights */
+
+float exl_lrun_elem(const exl_st_tensor *t, int64_t i) {
+    switch (t->dtype) {
+    case EXL_DTYPE_F16:
+        return exl_f16_to_f32(((const uint16_t *)t->data)[i]);
+    case EXL_DTYPE_BF16:
+        return exl_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    default:
+        return ((const float *)t->data)[i];
+    }
+}
+
+exl_status exl_lrun_embed(const exl_lrun *r, const exl_weights *w, const int32_t *ids, float *out) {
+    int64_t H = r->cfg->hidden_size, T = exl_lrun_rows(r);
+    const exl_st_tensor *t;
+    int64_t shape[2] = {r->cfg->vocab_size, H};
+    EXL_TRY(exl_weights_get(w, "model.embed_tokens.weight", EXL_DTYPES_FLOAT, 2, shape, &t));
+    float scale = r->cfg->arch == EXL_ARCH_GEMMA ? sqrtf((float)H) : 1.0f;
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t j = 0; j < H; j++)
+            out[i * H + j] = exl_lrun_elem(t, (int64_t)ids[i] * H + j) * scale;
+    return EXL_OK;
+}
+
+exl_status exl_lrun_load_linear(const exl_weights *w, const char *name, int64_t K, int64_t N, float **W) {
+    const exl_st_tensor *t;
+    int64_t shape[2] = {N, K};
+    EXL_TRY(exl_weights_get(w, name, EXL_DTYPES_FLOAT, 2, shape, &t));
+    if (!(*W = exl_malloc((size_t)K * N * sizeof(float))))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory reading %s", name);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++)
+            (*W)[k * N + n] = exl_lrun_elem(t, n * K + k);
+    return EXL_OK;
+}
+
+exl_status exl_lrun_load_vector(const exl_weights *w, const char *name, int64_t n, float add, float **v) {
+    const exl_st_tensor *t;
+    int64_t shape[1] = {n};
+    EXL_TRY(exl_weights_get(w, name, EXL_DTYPES_FLOAT, 1, shape, &t));
+    if (!(*v = exl_malloc((size_t)n * sizeof(float))))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory reading %s", name);
+    for (int64_t i = 0; i < n; i++)
+        (*v)[i] = exl_lrun_elem(t, i) + add;
+    return EXL_OK;
+}
+
+exl_status exl_lrun_load_norm(const exl_lrun *r, const exl_weights *w, const char *name, float **v) {
+    return exl_lrun_load_vector(w, name, r->cfg->hidden_size, r->cfg->arch == EXL_ARCH_GEMMA ? 1.0f : 0.0f, v);
+}

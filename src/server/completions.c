@@ -1,0 +1,367 @@
+/* completions.c - POST /v1/completions and /v1/chat/completions: the request becomes
+ * token prompts (the chat template renders messages), one generator job per choice
+ * (prompts x n) is submitted to the engine, and the request's event queue is read
+ * either to the end (one JSON response) or chunk by chunk as Server-Sent Events.
+ *
+ * Context: a prompt of ctx tokens or more is refused (400, context_length_exceeded);
+ * max_tokens is cut to what the context leaves. Default max_tokens: 16 for
+ * completions (as OpenAI), the rest of the context for chat.
+ * A client that leaves (its socket reads end-of-file, or a write fails) has its jobs
+ * cancelled, which releases their cache pages; so does one that half-closes its end
+ * after sending the request (nothing tells the two apart). */
+#include "server/http.h"
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "server/openai_response.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define POLL_MS 100 /* how often a waiting request checks its client and the server */
+#define CHATML_END "<|im_end|>"
+
+typedef struct oai_run {
+    exl_server *srv;
+    exl_oai_request req;
+    exl_oai_header hdr;
+    exl_stream *stream;
+    int32_t n_prompts;
+    int32_t **prompt_ids;     /* [n_prompts] */
+    int32_t *prompt_len;
+    int32_t n_choices;
+    exl_oai_choice *choices;  /* [n_choices] */
+    int32_t n_done;
+    int fd;
+    /* streaming */
+    exl_str out;              /* SSE bytes not yet handed to the connection */
+    size_t out_pos;
+    int ended;
+} oai_run;
+
+/* ---------------------------------------------------------------- life of a run */
+
+static void cancel_unfinished(oai_run *r) {
+    for (int32_t i = 0; r->stream && i < r->stream->n_slots; i++)
+        if (!r->stream->slots[i].finished)
+            exl_engine_cancel(r->srv->engine, r->stream->slots[i].job);
+}
+
+static void run_free(oai_run *r) {
+    if (!r)
+        return;
+    cancel_unfinished(r);
+    exl_stream_unref(r->stream);
+    for (int32_t i = 0; r->prompt_ids && i < r->n_prompts; i++)
+        exl_free(r->prompt_ids[i]);
+    exl_free(r->prompt_ids);
+    exl_free(r->prompt_len);
+    for (int32_t i = 0; r->choices && i < r->n_choices; i++) {
+        exl_str_free(&r->choices[i].text);
+        cJSON_Delete(r->choices[i].logprobs);
+    }
+    exl_free(r->choices);
+    exl_str_free(&r->out);
+    exl_oai_request_free(&r->req);
+    exl_free(r);
+}
+
+static int nomem(exl_oai_error *err) { return exl_oai_fail(err, 500, "server_error", NULL, NULL, "out of memory"); }
+
+/* ---------------------------------------------------------------- prompts */
+
+/* Chat: render the template and tokenize without the post-processor (templates write
+ * their own BOS); add BOS when the tokenizer has one and the text did not start with it. */
+static int chat_prompt(oai_run *r, exl_oai_error *err) {
+    exl_server *srv = r->srv;
+    char *text = NULL;
+    exl_status st = exl_chat_apply(srv->tok, r->req.messages, r->req.n_messages, 1, NULL, &text);
+    if (st != EXL_OK)
+        return exl_oai_bad_param(err, "messages", "chat template: %s", exl_last_error());
+    int32_t *ids = NULL, n = 0;
+    st = exl_tokenizer_encode(srv->tok, text, strlen(text), 0, &ids, &n);
+    exl_string_free(text);
+    if (st != EXL_OK)
+        return exl_oai_bad_param(err, "messages", "%s", exl_last_error());
+    int32_t bos = exl_tokenizer_bos_id(srv->tok);
+    int add_bos = bos >= 0 && (n == 0 || ids[0] != bos);
+    r->prompt_ids[0] = exl_malloc((size_t)(n + add_bos) * sizeof(int32_t) + 1);
+    if (!r->prompt_ids[0]) {
+        exl_ids_free(ids);
+        return nomem(err);
+    }
+    if (add_bos)
+        r->prompt_ids[0][0] = bos;
+    if (n)
+        memcpy(r->prompt_ids[0] + add_bos, ids, (size_t)n * sizeof(int32_t));
+    r->prompt_len[0] = n + add_bos;
+    exl_ids_free(ids);
+    return 0;
+}
+
+static int completion_prompt(oai_run *r, int32_t i, exl_oai_error *err) {
+    const exl_oai_prompt *p = &r->req.prompts[i];
+    int32_t *ids = NULL, n = p->n_ids;
+    if (p->text) {
+        if (exl_tokenizer_encode(r->srv->tok, p->text, strlen(p->text), 1, &ids, &n) != EXL_OK)
+            return exl_oai_bad_param(err, "prompt", "%s", exl_last_error());
+    }
+    r->prompt_ids[i] = exl_malloc((size_t)n * sizeof(int32_t) + 1);
+    if (r->prompt_ids[i] && n)
+        memcpy(r->prompt_ids[i], p->text ? ids : p->ids, (size_t)n * sizeof(int32_t));
+    r->prompt_len[i] = n;
+    exl_ids_free(ids);
+    return r->prompt_ids[i] ? 0 : nomem(err);
+}
+
+static int make_prompts(oai_run *r, exl_oai_error *err) {
+    r->n_prompts = r->req.kind == EXL_OAI_CHAT ? 1 : r->req.n_prompts;
+    r->prompt_ids = exl_calloc((size_t)r->n_prompts, sizeof *r->prompt_ids);
+    r->prompt_len = exl_calloc((size_t)r->n_prompts, sizeof *r->prompt_len);
+    if (!r->prompt_ids || !r->prompt_len)
+        return nomem(err);
+    const char *param = r->req.kind == EXL_OAI_CHAT ? "messages" : "prompt";
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        if (r->req.kind == EXL_OAI_CHAT ? chat_prompt(r, err) : completion_prompt(r, i, err))
+            return -1;
+        if (r->prompt_len[i] == 0)
+            return exl_oai_bad_param(err, param, "the prompt is empty");
+        if (r->prompt_len[i] >= r->srv->ctx)
+            return exl_oai_fail(err, 400, "invalid_request_error", param, "context_length_exceeded",
+                                "This model's maximum context length is %d tokens, but the prompt has %d tokens",
+                                (int)r->srv->ctx, (int)r->prompt_len[i]);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+static int submit_jobs(oai_run *r, exl_oai_error *err) {
+    exl_server *srv = r->srv;
+    const exl_oai_request *q = &r->req;
+    r->n_choices = r->n_prompts * q->n;
+    r->stream = exl_stream_new(r->n_choices);
+    r->choices = exl_calloc((size_t)r->n_choices, sizeof *r->choices);
+    if (!r->stream || !r->choices)
+        return nomem(err);
+    const char *stop[EXL_OAI_MAX_STOP + 1];
+    int32_t n_stop = q->n_stop;
+    memcpy(stop, q->stop, (size_t)n_stop * sizeof *stop);
+    if (q->kind == EXL_OAI_CHAT && !srv->has_template)
+        stop[n_stop++] = CHATML_END;
+    for (int32_t i = 0; i < r->n_choices; i++) {
+        int32_t p = i / q->n, k = i % q->n, room = srv->ctx - r->prompt_len[p];
+        if (q->logprobs && !(r->choices[i].logprobs = exl_oai_logprobs_new(q->kind)))
+            return nomem(err);
+        exl_job_params jp = exl_job_default_params();
+        jp.ids = r->prompt_ids[p];
+        jp.n_ids = r->prompt_len[p];
+        jp.max_new_tokens = q->max_tokens ? q->max_tokens : q->kind == EXL_OAI_CHAT ? room : 16;
+        if (jp.max_new_tokens > room)
+            jp.max_new_tokens = room;
+        jp.stop_strings = stop;
+        jp.n_stop_strings = n_stop;
+        jp.logprobs = q->logprobs;
+        jp.top_logprobs = q->top_logprobs;
+        jp.sampling = q->sampling;
+        /* the n choices of one seed differ from each other, and repeat across requests */
+        jp.sampling.seed = q->has_seed ? q->sampling.seed + (uint64_t)k
+                                       : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + atomic_fetch_add(&srv->next_id, 1);
+        if (exl_engine_submit(srv->engine, &jp, &r->stream->slots[i]) != EXL_OK)
+            return exl_oai_bad_param(err, NULL, "%s", exl_last_error());
+    }
+    return 0;
+}
+
+/* Take in one event: count it, and for streams format it into r->out. */
+static int absorb(oai_run *r, exl_stream_event *e, exl_oai_error *err) {
+    exl_oai_choice *c = &r->choices[e->index];
+    size_t offset = c->text.len;
+    if (exl_str_append(&c->text, e->text, e->text_len))
+        return nomem(err);
+    c->n_generated = e->n_generated;
+    cJSON *delta_lp = NULL;
+    if (c->logprobs) {
+        delta_lp = r->req.stream ? exl_oai_logprobs_new(r->req.kind) : c->logprobs;
+        if (!delta_lp || exl_oai_logprobs_add(delta_lp, r->req.kind, r->srv->tok, e, offset)) {
+            if (delta_lp != c->logprobs)
+                cJSON_Delete(delta_lp);
+            return nomem(err);
+        }
+    }
+    int rc = 0;
+    if (r->req.stream && (e->text_len || (delta_lp && e->n_ids > (e->finish == EXL_FINISH_STOP))))
+        rc = exl_oai_chunk_append(&r->out, &r->hdr, e->index, 0, e->text, e->text_len, delta_lp, NULL,
+                                  r->req.include_usage);
+    if (delta_lp != c->logprobs)
+        cJSON_Delete(delta_lp);
+    if (rc)
+        return nomem(err);
+    if (e->finish == EXL_FINISH_NONE)
+        return 0;
+    r->stream->slots[e->index].finished = 1;
+    r->n_done++;
+    c->finish = e->finish;
+    if (e->finish == EXL_FINISH_ERROR)
+        return exl_oai_fail(err, 500, "server_error", NULL, NULL, "generation failed: %s",
+                            e->error ? e->error : "unknown error");
+    if (e->finish == EXL_FINISH_CANCELLED)
+        return exl_oai_fail(err, 503, "server_error", NULL, NULL, "the server is shutting down");
+    if (r->req.stream && exl_oai_chunk_append(&r->out, &r->hdr, e->index, 0, r->req.kind == EXL_OAI_CHAT ? NULL : "",
+                                              0, NULL, exl_oai_finish_str(e->finish), r->req.include_usage))
+        return nomem(err);
+    return 0;
+}
+
+static exl_oai_usage usage_of(const oai_run *r) {
+    exl_oai_usage u = {0};
+    for (int32_t i = 0; i < r->n_prompts; i++)
+        u.prompt_tokens += r->prompt_len[i];
+    for (int32_t i = 0; i < r->n_choices; i++)
+        u.completion_tokens += r->choices[i].n_generated;
+    return u;
+}
+
+/* Wait for the next event: 1 got one, 0 timed out (client and server still there),
+ * -1 give up (err says why when err->status is set; else the client left). */
+static int next_event(oai_run *r, exl_stream_event **e, exl_oai_error *err) {
+    int lost = 0;
+    *e = exl_stream_pop(r->stream, POLL_MS, &lost);
+    if (*e)
+        return 1;
+    if (lost)
+        return nomem(err);
+    if (atomic_load(&r->srv->stopping))
+        return exl_oai_fail(err, 503, "server_error", NULL, NULL, "the server is shutting down");
+    return exl_http_peer_gone(r->fd) ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- streaming */
+
+static void sse_error(oai_run *r, const exl_oai_error *err) {
+    char *json = exl_oai_error_json(err);
+    if (json) {
+        exl_str_printf(&r->out, "data: %s\n\n", json);
+        exl_free(json);
+    }
+}
+
+/* Refill r->out; returns 0, or -1 when the connection should be dropped. */
+static int sse_fill(oai_run *r) {
+    exl_oai_error err = {0};
+    exl_str_clear(&r->out);
+    r->out_pos = 0;
+    while (r->out.len == 0 && r->n_done < r->n_choices) {
+        exl_stream_event *e;
+        int rc = next_event(r, &e, &err);
+        if (rc > 0) {
+            rc = absorb(r, e, &err);
+            exl_stream_event_free(e);
+        }
+        if (rc < 0 && !err.status)
+            return -1; /* the client left */
+        if (rc < 0) {
+            cancel_unfinished(r);
+            r->n_done = r->n_choices;
+            sse_error(r, &err);
+        }
+    }
+    if (r->n_done == r->n_choices) {
+        exl_oai_usage u = usage_of(r);
+        if (!err.status && r->req.include_usage)
+            exl_oai_usage_chunk_append(&r->out, &r->hdr, &u);
+        exl_str_puts(&r->out, "data: [DONE]\n\n");
+        r->ended = 1;
+    }
+    return 0;
+}
+
+static ssize_t sse_read(void *ctx, char *buf, size_t max) {
+    oai_run *r = ctx;
+    if (r->out_pos == r->out.len) {
+        if (r->ended)
+            return EXL_HTTP_END;
+        if (sse_fill(r))
+            return EXL_HTTP_ABORT;
+    }
+    size_t n = r->out.len - r->out_pos;
+    if (n > max)
+        n = max;
+    if (n == 0)
+        return EXL_HTTP_ABORT; /* out of memory while formatting */
+    memcpy(buf, r->out.data + r->out_pos, n);
+    r->out_pos += n;
+    return (ssize_t)n;
+}
+
+static void sse_free(void *ctx) { run_free(ctx); }
+
+/* ---------------------------------------------------------------- entry */
+
+static int wait_all(oai_run *r, exl_oai_error *err) {
+    while (r->n_done < r->n_choices) {
+        exl_stream_event *e;
+        int rc = next_event(r, &e, err);
+        if (rc > 0) {
+            rc = absorb(r, e, err);
+            exl_stream_event_free(e);
+        }
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int start(oai_run *r, const exl_http_request *req, exl_oai_error *err) {
+    exl_server *srv = r->srv;
+    if (exl_oai_request_parse(r->hdr.kind, req->body, req->body_len, srv->vocab, &r->req, err))
+        return -1;
+    if (r->req.model && strcmp(r->req.model, srv->model_name))
+        return exl_oai_fail(err, 404, "invalid_request_error", "model", "model_not_found",
+                            "The model '%.200s' does not exist (this server has '%s')", r->req.model,
+                            srv->model_name);
+    if (make_prompts(r, err) || submit_jobs(r, err))
+        return -1;
+    if (r->req.stream && r->req.kind == EXL_OAI_CHAT) /* the opening chunk of each choice */
+        for (int32_t i = 0; i < r->n_choices; i++)
+            if (exl_oai_chunk_append(&r->out, &r->hdr, i, 1, "", 0, NULL, NULL, r->req.include_usage))
+                return nomem(err);
+    return 0;
+}
+
+void exl_completions(exl_server *srv, exl_oai_kind kind, const exl_http_request *req, exl_http_reply *reply) {
+    exl_oai_error err = {0};
+    oai_run *r = exl_calloc(1, sizeof *r);
+    if (!r) {
+        nomem(&err);
+        exl_reply_error(reply, &err);
+        return;
+    }
+    r->srv = srv;
+    r->fd = req->fd;
+    r->hdr.kind = kind;
+    r->hdr.created = (long long)time(NULL);
+    r->hdr.model = srv->model_name;
+    snprintf(r->hdr.id, sizeof r->hdr.id, "%s-%016llx", kind == EXL_OAI_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)(atomic_fetch_add(&srv->next_id, 1) * 0x9E3779B97F4A7C15ull));
+    if (start(r, req, &err)) {
+        exl_reply_error(reply, &err);
+        run_free(r);
+        return;
+    }
+    if (r->req.stream) {
+        *reply = (exl_http_reply){.status = 200, .read = sse_read, .free = sse_free, .ctx = r};
+        return;
+    }
+    if (wait_all(r, &err)) {
+        if (err.status)
+            exl_reply_error(reply, &err);
+        else
+            reply->status = 0; /* the client left: nobody to answer */
+    } else {
+        exl_oai_usage u = usage_of(r);
+        exl_reply_json(reply, 200, exl_oai_response_json(&r->hdr, r->choices, r->n_choices, &u));
+    }
+    run_free(r);
+}

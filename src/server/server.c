@@ -1,0 +1,140 @@
+/* server.c - exl_server_start / _stop: load the model and tokenizer, size the generator
+ * for max_jobs sequences of ctx tokens, start the engine thread and the HTTP daemon. */
+#include "server/http.h"
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "tokenizer/tokenizer.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define DEFAULT_CTX_CAP 4096
+
+exl_server_params exl_server_default_params(void) {
+    exl_model_params mp = exl_model_default_params();
+    return (exl_server_params){.host = "127.0.0.1",
+                               .port = 8000,
+                               .max_jobs = 32,
+                               .device = mp.device,
+                               .n_threads = mp.n_threads,
+                               .max_body = 4 << 20,
+                               .max_connections = 256,
+                               .timeout_s = 60};
+}
+
+void exl_server_log(const exl_server *srv, const char *fmt, ...) {
+    if (!srv->params.log)
+        return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    srv->params.log(srv->params.log_ctx, line);
+}
+
+static exl_status check_params(const exl_server_params *p) {
+    if (!p->model_dir)
+        return exl_fail(EXL_ERR_ARG, "server: no model directory");
+    if (p->port < 0 || p->port > 65535)
+        return exl_fail(EXL_ERR_ARG, "server: port must be in 0..65535");
+    if (p->max_jobs < 1 || p->max_jobs > 256)
+        return exl_fail(EXL_ERR_ARG, "server: max_jobs must be in 1..256");
+    if (p->ctx < 0 || p->max_body < 1 || p->max_connections < 1 || p->timeout_s < 1)
+        return exl_fail(EXL_ERR_ARG, "server: ctx, max_body, max_connections and timeout_s must be positive");
+    return EXL_OK;
+}
+
+static char *base_name(const char *dir) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/')
+        b--;
+    return exl_strndup(dir + b, n - b);
+}
+
+/* Enough pages for max_jobs sequences of ctx tokens each, so no job waits for memory
+ * that a full house could not give it. */
+static exl_status start_engine(exl_server *srv) {
+    exl_generator_params gp = exl_generator_default_params();
+    if (srv->params.max_jobs > gp.max_batch_tokens)
+        return exl_fail(EXL_ERR_ARG, "server: max_jobs above %d", (int)gp.max_batch_tokens);
+    gp.max_jobs = srv->params.max_jobs;
+    if (srv->ctx < gp.page_size)
+        gp.page_size = srv->ctx;
+    int64_t per_job = (srv->ctx + gp.page_size - 1) / gp.page_size;
+    gp.n_pages = (int32_t)(per_job * gp.max_jobs);
+    return exl_engine_start(srv->model, srv->tok, &gp, &srv->engine);
+}
+
+static exl_status load(exl_server *srv) {
+    const exl_server_params *p = &srv->params;
+    exl_model_params mp = exl_model_default_params();
+    mp.device = p->device;
+    mp.n_threads = p->n_threads;
+    EXL_TRY(exl_model_load(p->model_dir, &mp, &srv->model));
+    EXL_TRY(exl_tokenizer_load(p->model_dir, &srv->tok));
+    exl_model_desc d;
+    exl_model_describe(srv->model, &d);
+    srv->vocab = d.vocab_size;
+    srv->ctx = p->ctx ? p->ctx : d.max_position_embeddings > 0 && d.max_position_embeddings < DEFAULT_CTX_CAP
+                                     ? d.max_position_embeddings
+                                     : DEFAULT_CTX_CAP;
+    if (srv->ctx < 2)
+        return exl_fail(EXL_ERR_ARG, "server: ctx must be at least 2 tokens");
+    srv->has_template = exl_tokenizer_chat_template(srv->tok) != NULL;
+    return start_engine(srv);
+}
+
+exl_status exl_server_start(const exl_server_params *params, exl_server **out) {
+    *out = NULL;
+    EXL_TRY(check_params(params));
+    exl_server *srv = exl_calloc(1, sizeof *srv);
+    if (!srv)
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    srv->params = *params;
+    srv->started = (long long)time(NULL);
+    atomic_init(&srv->stopping, 0);
+    atomic_init(&srv->next_id, (unsigned long long)srv->started << 20);
+    srv->model_name = params->model_name ? exl_strdup(params->model_name) : base_name(params->model_dir);
+    srv->host = exl_strdup(params->host ? params->host : "127.0.0.1");
+    srv->api_key = params->api_key ? exl_strdup(params->api_key) : NULL;
+    exl_status st = !srv->model_name || !srv->host || (params->api_key && !srv->api_key)
+                        ? exl_fail(EXL_ERR_NOMEM, "out of memory")
+                        : EXL_OK;
+    if (st == EXL_OK)
+        st = load(srv);
+    if (st == EXL_OK)
+        st = exl_http_start(srv);
+    if (st != EXL_OK) {
+        exl_server_stop(srv);
+        return st;
+    }
+    *out = srv;
+    return EXL_OK;
+}
+
+int32_t exl_server_port(const exl_server *srv) { return srv->port; }
+
+const char *exl_server_model_name(const exl_server *srv) { return srv->model_name; }
+
+void exl_server_stop(exl_server *srv) {
+    if (!srv)
+        return;
+    /* waiting requests notice within a poll interval, cancel their jobs and answer;
+     * the daemon joins their threads, then the engine steps until no job is left */
+    atomic_store(&srv->stopping, 1);
+    exl_http_stop(srv);
+    exl_engine_stop(srv->engine);
+    exl_tokenizer_free(srv->tok);
+    exl_model_free(srv->model);
+    exl_free(srv->model_name);
+    exl_free(srv->host);
+    exl_free(srv->api_key);
+    exl_free(srv);
+}

@@ -1,0 +1,50 @@
+/* server.h - the OpenAI-compatible HTTP server (exl serve): its one entry point.
+ *
+ * Kept out of exl.h on purpose: only the CLI starts a server, and the HTTP layer is not
+ * part of the embeddable library API. exl_server_start loads the model, starts the
+ * engine thread (which owns the generator) and the HTTP daemon (libmicrohttpd, a thread
+ * per connection); exl_server_stop ends the connections' jobs, stops both and frees all.
+ *
+ * Routes: POST /v1/completions, POST /v1/chat/completions (SSE when "stream": true),
+ * GET /v1/models, GET /v1/models/{id}, GET /health (never needs the API key; reports
+ * the generator's jobs and pages). Chat prompts come from the model's chat template
+ * (tokenizer_config.json); a model without one gets the ChatML fallback of
+ * exl_chat_apply, and its "<|im_end|>" is then also a stop string. */
+#ifndef EXL_SERVER_H
+#define EXL_SERVER_H
+
+#include "exl.h"
+
+/* Receives one line (no newline) per finished request and per server-side problem. */
+typedef void (*exl_server_log_fn)(void *ctx, const char *line);
+
+typedef struct exl_server_params {
+    const char *model_dir;
+    const char *model_name;  /* the model id served; NULL = the directory's base name */
+    const char *host;        /* address to bind; default "127.0.0.1" */
+    int32_t port;            /* 0 = any free port (see exl_server_port); default 8000 */
+    const char *api_key;     /* required as "Authorization: Bearer KEY" on /v1/...; NULL = open */
+    int32_t max_jobs;        /* jobs decoding at once (more wait); default 32 */
+    int32_t ctx;             /* tokens per sequence, prompt + completion; 0 = the model's
+                                max_position_embeddings capped at 4096 */
+    exl_device device;
+    int32_t n_threads;       /* CPU threads; 0 = one per core */
+    int64_t max_body;        /* request body limit in bytes (413 beyond); default 4 MiB */
+    int32_t max_connections; /* default 256 */
+    int32_t timeout_s;       /* idle connection timeout; default 60 */
+    exl_server_log_fn log;   /* may be NULL */
+    void *log_ctx;
+} exl_server_params;
+
+exl_server_params exl_server_default_params(void);
+
+typedef struct exl_server exl_server;
+
+exl_status exl_server_start(const exl_server_params *params, exl_server **out);
+/* The port actually bound (useful with port 0). */
+int32_t exl_server_port(const exl_server *srv);
+/* The model id clients must name (or omit). */
+const char *exl_server_model_name(const exl_server *srv);
+void exl_server_stop(exl_server *srv);
+
+#endif
