@@ -18,7 +18,7 @@ mkdir -p "$work"
 [ -f "$work/fp16/config.json" ] || "$build/make_random_model" -o "$work/fp16" $shape --dtype f16 >/dev/null
 [ -f "$work/exl2/config.json" ] || "$build/make_random_quant" -o "$work/exl2" --format exl2 $shape >/dev/null
 [ -f "$work/gptq/config.json" ] || "$build/make_random_quant" -o "$work/gptq" --format gptq $shape >/dev/null
-ids=$(seq 0 63 | awk '{printf "%s%d", NR > 1 ? "," : "", ($1 * 37) % 32000}')
+ids=$(seq 0 63 | awk '{printf "%s%d", (NR > 1 ? "," : ""), ($1 * 37) % 32000}')
 
 echo "| model | file MiB | read/token MiB | decode tok/s (best of $runs) | bandwidth GB/s | bound tok/s | % of bound | peak RSS MiB |"
 echo "|---|---|---|---|---|---|---|---|"
