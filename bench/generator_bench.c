@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now(void) {
@@ -75,7 +76,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     exl_model_params mp = exl_model_default_params();
-    mp.device = EXL_DEVICE_CPU;
+    /* EXL_BENCH_DEVICE=cuda runs the same benchmark on the GPU */
+    const char *dev = getenv("EXL_BENCH_DEVICE");
+    mp.device = dev && !strcmp(dev, "cuda") ? EXL_DEVICE_CUDA : EXL_DEVICE_CPU;
     exl_model *model;
     exl_tokenizer *tok;
     if (exl_model_load(argv[1], &mp, &model) != EXL_OK || exl_tokenizer_load(argv[1], &tok) != EXL_OK)
