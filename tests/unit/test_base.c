@@ -117,3 +117,48 @@ EXL_TEST(simd_kernels_agree_with_scalar) {
             }
     }
 }
+
+/* A block kernel's every (row, column) must equal dot_* on that column bit for bit: the
+ * matmul picks between them by batch size, and rows must not depend on their batch. */
+EXL_TEST(block_kernels_match_dot_bitwise) {
+    enum { K = 203, NC = EXL_CPU_NC };
+    float x[4 * K], w32[NC * K], out_d[4], out_b[4 * NC];
+    uint16_t w16[NC * K], wbf[NC * K];
+    for (int i = 0; i < 4 * K; i++)
+        x[i] = sinf((float)i) * 0.5f;
+    for (int i = 0; i < NC * K; i++) {
+        w32[i] = cosf((float)i * 0.3f);
+        w16[i] = exl_f32_to_f16(w32[i]);
+        wbf[i] = exl_f32_to_bf16(w32[i]);
+    }
+    const char *isas[] = {"scalar", "avx2", "avx512"};
+    for (int t = 0; t < 3; t++) {
+        const exl_cpu_kernels *v = exl_cpu_kernels_named(isas[t]);
+        if (!v || !v->block_f16)
+            continue;
+        for (int nr = 1; nr <= 4; nr++)
+            for (int len = 1; len <= K; len += 13) {
+                const float *p32[NC];
+                const uint16_t *p16[NC], *pbf[NC];
+                for (int c = 0; c < NC; c++) {
+                    p32[c] = w32 + c * K;
+                    p16[c] = w16 + c * K;
+                    pbf[c] = wbf + c * K;
+                }
+                for (int c = 0; c < NC; c++) {
+                    v->block_f32(x, K, nr, p32, len, out_b);
+                    v->dot_f32(x, K, nr, p32[c], len, out_d);
+                    for (int r = 0; r < nr; r++)
+                        CHECK(out_b[r * NC + c] == out_d[r]);
+                    v->block_f16(x, K, nr, p16, len, out_b);
+                    v->dot_f16(x, K, nr, p16[c], len, out_d);
+                    for (int r = 0; r < nr; r++)
+                        CHECK(out_b[r * NC + c] == out_d[r]);
+                    v->block_bf16(x, K, nr, pbf, len, out_b);
+                    v->dot_bf16(x, K, nr, pbf[c], len, out_d);
+                    for (int r = 0; r < nr; r++)
+                        CHECK(out_b[r * NC + c] == out_d[r]);
+                }
+            }
+    }
+}

@@ -1,8 +1,13 @@
 /* cpu_qmatmul.c - out = x·W + b for EXL2 / GPTQ weights, straight from the packed codes.
  *
- * Threads split the output columns in kernel tiles. Per tile, activation rows go in
- * blocks of QROWS; per (tile, group) the scales and zeros of the tile's columns are
- * decoded once and the ISA kernel (qkernels.h) accumulates the group into the block. */
+ * Threads split the output columns in kernel tiles. Activation rows go in blocks of
+ * QROWS; a thread's columns go in blocks whose accumulators fit QACC floats (all of a
+ * thread's columns at decode). Per block the groups are walked in order and, within a
+ * group, the tiles left to right: a thread reads each stream row of the group along its
+ * columns, so its weight reads are a few sequential streams rather than one jump of a
+ * whole row per load. Per (group, tile) the scales and zeros are decoded once and the ISA
+ * kernel (qkernels.h) accumulates the group into the block. Each output is the sum of
+ * its groups in order, whatever the block, so rows do not depend on their batch. */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/cpu_quant.h"
 
@@ -10,7 +15,8 @@
 
 #include <string.h>
 
-#define QROWS 64 /* activation rows accumulated per pass over a tile's weights */
+#define QROWS 64   /* activation rows accumulated per pass over the weights */
+#define QACC 8192  /* floats of accumulators per thread: [rows][block columns] */
 
 typedef struct {
     const exl_cpu_qkernels *qk;
@@ -27,9 +33,12 @@ static void group_params(const exl_linear *w, const exl_cpu_qkernels *qk, const 
     const exl_linear_src *s = &w->src;
     int tile = qk->tile;
     if (s->kind == EXL_LINEAR_EXL2) {
+        /* eight 4-bit scale codes a word (exl_exl2_scale_code, hoisted) */
         const float *lut = w->q->lut + (int64_t)grp->g * 16;
+        const uint32_t *codes = (const uint32_t *)s->exl2.q_scale + (int64_t)grp->g * (s->exl2.n_padded / 8);
         for (int i = 0; i < width; i++) {
-            scale[i] = lut[exl_exl2_scale_code(&s->exl2, grp->g, n0 + i)];
+            uint64_t n = (uint64_t)(n0 + i);
+            scale[i] = lut[(codes[n >> 3] >> (4 * (n & 7))) & 15u];
             zero[i] = 0.0f;
         }
     } else {
@@ -38,8 +47,18 @@ static void group_params(const exl_linear *w, const exl_cpu_qkernels *qk, const 
         const int32_t *zrow = q->qzeros + (int64_t)grp->g * (N * q->bits / 32);
         int32_t mid = 1 << (q->bits - 1);
         qk->f16_to_f32(q->scales + (int64_t)grp->g * N + n0, scale, width);
-        for (int i = 0; i < width; i++)
-            zero[i] = (float)((int32_t)exl_qstream_get(zrow, 1, (n0 + i) * q->bits, q->bits) + q->zero_offset - mid);
+        int32_t off = q->zero_offset - mid;
+        if (32 % q->bits == 0) { /* codes never straddle words: exl_qstream_get, hoisted */
+            const uint32_t *zw = (const uint32_t *)zrow;
+            uint32_t mask = (1u << q->bits) - 1u;
+            for (int i = 0; i < width; i++) {
+                uint64_t bit = (uint64_t)(n0 + i) * (uint64_t)q->bits;
+                zero[i] = (float)((int32_t)((zw[bit >> 5] >> (bit & 31)) & mask) + off);
+            }
+        } else {
+            for (int i = 0; i < width; i++)
+                zero[i] = (float)((int32_t)exl_qstream_get(zrow, 1, (n0 + i) * q->bits, q->bits) + off);
+        }
     }
     for (int i = width; i < tile; i++)
         scale[i] = zero[i] = 0.0f;
@@ -54,27 +73,34 @@ static void qmatmul_task(void *p, int ti, int tn) {
     int tile = qk->tile;
     long t0, t1;
     exl_split_range((N + tile - 1) / tile, ti, tn, 1, &t0, &t1);
-    float acc[QROWS * EXL_QTILE_MAX], scale[EXL_QTILE_MAX], zero[EXL_QTILE_MAX];
-    for (long t = t0; t < t1; t++) {
-        int64_t n0 = (int64_t)t * tile;
-        int width = N - n0 < tile ? (int)(N - n0) : tile;
-        for (int32_t rb = 0; rb < j->rows; rb += QROWS) {
-            int nrows = j->rows - rb < QROWS ? j->rows - rb : QROWS;
-            const float *xb = j->x + (int64_t)rb * K;
-            memset(acc, 0, (size_t)nrows * tile * sizeof(float));
+    float acc[QACC], scale[EXL_QTILE_MAX], zero[EXL_QTILE_MAX];
+    for (int32_t rb = 0; rb < j->rows; rb += QROWS) {
+        int nrows = j->rows - rb < QROWS ? j->rows - rb : QROWS;
+        const float *xb = j->x + (int64_t)rb * K;
+        long span = QACC / (nrows * tile); /* tiles per block: acc holds [nrows][span * tile] */
+        for (long b0 = t0; b0 < t1; b0 += span) {
+            long nt = t1 - b0 < span ? t1 - b0 : span;
+            int64_t c0 = (int64_t)b0 * tile;
+            int cols = (int)(nt * tile); /* acc rows are cols floats apart */
+            memset(acc, 0, (size_t)nrows * (size_t)cols * sizeof(float));
             for (int32_t g = 0; g < q->n_groups; g++) {
                 const exl_qgroup *grp = &q->groups[g];
-                group_params(w, qk, grp, n0, width, scale, zero);
-                for (int r = 0; r < nrows; r += qk->max_nr) {
-                    int nr = nrows - r < qk->max_nr ? nrows - r : qk->max_nr;
-                    qk->group(grp, q->words + n0, q->ld, width, q->perm, xb + (int64_t)r * K, K, nr, scale, zero,
-                              acc + r * tile);
+                for (long t = 0; t < nt; t++) {
+                    int64_t n0 = c0 + t * tile;
+                    int width = N - n0 < tile ? (int)(N - n0) : tile;
+                    group_params(w, qk, grp, n0, width, scale, zero);
+                    for (int r = 0; r < nrows; r += qk->max_nr) {
+                        int nr = nrows - r < qk->max_nr ? nrows - r : qk->max_nr;
+                        qk->group(grp, q->words + n0, q->ld, width, q->perm, xb + (int64_t)r * K, K, nr, scale, zero,
+                                  acc + (int64_t)r * cols + t * tile, cols);
+                    }
                 }
             }
+            int width = N - c0 < cols ? (int)(N - c0) : cols;
             for (int r = 0; r < nrows; r++) {
-                float *o = j->out + (int64_t)(rb + r) * N + n0;
+                float *o = j->out + (int64_t)(rb + r) * N + c0;
                 for (int i = 0; i < width; i++)
-                    o[i] = acc[r * tile + i] + (w->bias ? w->bias[n0 + i] : 0.0f);
+                    o[i] = acc[r * cols + i] + (w->bias ? w->bias[c0 + i] : 0.0f);
             }
         }
     }

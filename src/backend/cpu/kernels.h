@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #define EXL_CPU_MAX_NR 4 /* activation rows a dot kernel handles at once */
+#define EXL_CPU_NC 3     /* weight columns a block kernel handles at once */
 
 typedef struct exl_cpu_kernels {
     const char *isa;
@@ -12,6 +13,12 @@ typedef struct exl_cpu_kernels {
     void (*dot_f32)(const float *x, int64_t ldx, int nr, const float *w, int64_t k, float *out);
     void (*dot_f16)(const float *x, int64_t ldx, int nr, const uint16_t *w, int64_t k, float *out);
     void (*dot_bf16)(const float *x, int64_t ldx, int nr, const uint16_t *w, int64_t k, float *out);
+    /* Register-blocked: out[r * EXL_CPU_NC + c] = sum_k x[r * ldx + k] * w[c][k] for r < nr,
+     * c < EXL_CPU_NC, bit-identical to dot_* on each column (so whichever kernel a batch
+     * uses, a row's result does not depend on its batch). NULL where a table has none. */
+    void (*block_f32)(const float *x, int64_t ldx, int nr, const float *const *w, int64_t k, float *out);
+    void (*block_f16)(const float *x, int64_t ldx, int nr, const uint16_t *const *w, int64_t k, float *out);
+    void (*block_bf16)(const float *x, int64_t ldx, int nr, const uint16_t *const *w, int64_t k, float *out);
 } exl_cpu_kernels;
 
 extern const exl_cpu_kernels exl_cpu_kernels_scalar;

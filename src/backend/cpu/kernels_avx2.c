@@ -4,6 +4,7 @@
 #include "base/half.h"
 
 #include <immintrin.h>
+#include <stddef.h>
 
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -51,4 +52,4 @@ DEFINE_DOT(dot_f32, float, load_f32, one_f32)
 DEFINE_DOT(dot_f16, uint16_t, load_f16, exl_f16_to_f32)
 DEFINE_DOT(dot_bf16, uint16_t, load_bf16, exl_bf16_to_f32)
 
-const exl_cpu_kernels exl_cpu_kernels_avx2 = {"avx2", dot_f32, dot_f16, dot_bf16};
+const exl_cpu_kernels exl_cpu_kernels_avx2 = {"avx2", dot_f32, dot_f16, dot_bf16, NULL, NULL, NULL};

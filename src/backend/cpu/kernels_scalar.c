@@ -3,6 +3,8 @@
 
 #include "base/half.h"
 
+#include <stddef.h>
+
 #define DEFINE_DOT(name, wtype, load)                                                              \
     static void name(const float *x, int64_t ldx, int nr, const wtype *w, int64_t k, float *out) { \
         for (int r = 0; r < nr; r++) {                                                             \
@@ -23,4 +25,4 @@ DEFINE_DOT(dot_f32, float, LOAD_F32)
 DEFINE_DOT(dot_f16, uint16_t, exl_f16_to_f32)
 DEFINE_DOT(dot_bf16, uint16_t, exl_bf16_to_f32)
 
-const exl_cpu_kernels exl_cpu_kernels_scalar = {"scalar", dot_f32, dot_f16, dot_bf16};
+const exl_cpu_kernels exl_cpu_kernels_scalar = {"scalar", dot_f32, dot_f16, dot_bf16, NULL, NULL, NULL};

@@ -34,9 +34,9 @@ typedef struct exl_cpu_qkernels {
     int max_nr; /* activation rows per call */
     /* words: the first stream word of the tile's first column; stream rows are ld words
      * apart; columns >= width are neither read nor meaningful. x rows are ldx apart;
-     * acc is [nr][tile]; scale and zero (relative to 2^(b-1)) hold tile values. */
+     * acc is [nr] rows of tile values, lda floats apart; scale and zero (relative to 2^(b-1)) hold tile values. */
     void (*group)(const exl_qgroup *g, const int32_t *words, int64_t ld, int width, const int32_t *perm,
-                  const float *x, int64_t ldx, int nr, const float *scale, const float *zero, float *acc);
+                  const float *x, int64_t ldx, int nr, const float *scale, const float *zero, float *acc, int64_t lda);
     /* dst[i] = fp16 src[i] as fp32 */
     void (*f16_to_f32)(const uint16_t *src, float *dst, int n);
 } exl_cpu_qkernels;

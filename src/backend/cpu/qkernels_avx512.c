@@ -19,7 +19,9 @@ typedef __mmask16 vmask;
 #define VI_AND(a, b) _mm512_and_si512(a, b)
 #define VI_OR(a, b) _mm512_or_si512(a, b)
 #define VI_SET1(a) _mm512_set1_epi32(a)
+#define VI_ANDOR(a, m, o) _mm512_ternarylogic_epi32(a, VI_SET1(m), VI_SET1(o), 0xEA) /* (a & m) | o */
 #define VF_CVT(v) _mm512_cvtepi32_ps(v)
+#define VF_BITS(v) _mm512_castsi512_ps(v)
 #define VF_SET1(a) _mm512_set1_ps(a)
 #define VF_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VF_MUL(a, b) _mm512_mul_ps(a, b)
