@@ -42,24 +42,18 @@ int cmd_logits(int argc, char **argv) {
     exl_model_params p = exl_model_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        int opt;
         int has = i + 1 < argc;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             help();
             return 0;
-        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has) {
-            dir = argv[++i];
+        } else if ((opt = cli_model_option("logits", argc, argv, &i, &dir, &p)) != 0) {
+            if (opt < 0)
+                return 2;
         } else if (!strcmp(a, "--ids") && has) {
             ids_arg = argv[++i];
         } else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && has) {
             out = argv[++i];
-        } else if (!strcmp(a, "--device") && has) {
-            if (cli_parse_device(argv[++i], &p.device))
-                return cli_usage_error("logits", "unknown device '%s'", argv[i]);
-        } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && has) {
-            long t;
-            if (cli_parse_int(argv[++i], 1, 1024, &t))
-                return cli_usage_error("logits", "bad thread count '%s'", argv[i]);
-            p.n_threads = (int32_t)t;
         } else {
             return cli_usage_error("logits", "unknown option or missing value '%s'", a);
         }

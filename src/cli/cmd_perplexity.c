@@ -42,12 +42,14 @@ int cmd_perplexity(int argc, char **argv) {
     exl_model_params p = exl_model_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        int opt;
         int has = i + 1 < argc;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             help();
             return 0;
-        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has) {
-            dir = argv[++i];
+        } else if ((opt = cli_model_option("perplexity", argc, argv, &i, &dir, &p)) != 0) {
+            if (opt < 0)
+                return 2;
         } else if ((!strcmp(a, "-f") || !strcmp(a, "--file")) && has) {
             file = argv[++i];
         } else if (!strcmp(a, "--ctx") && has) {
@@ -59,14 +61,6 @@ int cmd_perplexity(int argc, char **argv) {
         } else if (!strcmp(a, "--max-windows") && has) {
             if (cli_parse_int(argv[++i], 1, 1L << 40, &max_windows))
                 return cli_usage_error("perplexity", "--max-windows must be a positive integer");
-        } else if (!strcmp(a, "--device") && has) {
-            if (cli_parse_device(argv[++i], &p.device))
-                return cli_usage_error("perplexity", "unknown device '%s'", argv[i]);
-        } else if (!strcmp(a, "-t") && has) {
-            long t;
-            if (cli_parse_int(argv[++i], 1, 1024, &t))
-                return cli_usage_error("perplexity", "bad thread count '%s'", argv[i]);
-            p.n_threads = (int32_t)t;
         } else {
             return cli_usage_error("perplexity", "unknown option or missing value '%s'", a);
         }

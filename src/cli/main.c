@@ -69,6 +69,32 @@ int cli_parse_device(const char *s, exl_device *out) {
     return 0;
 }
 
+int cli_model_option(const char *cmd, int argc, char **argv, int *i, const char **dir, exl_model_params *p) {
+    const char *a = argv[*i];
+    if (*i + 1 >= argc)
+        return 0;
+    const char *v = argv[*i + 1];
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        *dir = v;
+    } else if (!strcmp(a, "--device")) {
+        if (cli_parse_device(v, &p->device)) {
+            cli_usage_error(cmd, "unknown device '%s' (cpu, cuda or auto)", v);
+            return -1;
+        }
+    } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        long t;
+        if (cli_parse_int(v, 1, 1024, &t)) {
+            cli_usage_error(cmd, "bad thread count '%s'", v);
+            return -1;
+        }
+        p->n_threads = (int32_t)t;
+    } else {
+        return 0;
+    }
+    (*i)++;
+    return 1;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
