@@ -181,29 +181,45 @@ static const char *type_of(const loader *L, const cJSON *obj, const char *where,
     return t;
 }
 
-/* ---------------------------------------------------------------- normalizer */
+typedef exl_status (*component_fn)(const loader *L, const cJSON *n, const char *where, int depth);
 
-static exl_status parse_normalizer(const loader *L, const cJSON *n, const char *where, int depth) {
-    exl_tokenizer *tok = L->tok;
+/* The common head of a normalizer, pre-tokenizer, post-processor or decoder: an object with a
+ * "type". A "Sequence" has each entry of its `list_key` array parsed by fn, and *type is set
+ * to NULL; otherwise *type is the component's type for the caller to handle. */
+static exl_status parse_component(const loader *L, const cJSON *n, const char *where, int depth,
+                                  const char *list_key, component_fn fn, const char **type) {
+    *type = NULL;
     if (depth > 16)
         return bad(L, where, "nested too deeply");
     if (!cJSON_IsObject(n))
         return bad(L, where, "expected an object");
     exl_status st;
-    const char *type = type_of(L, n, where, &st);
+    const char *t = type_of(L, n, where, &st);
     EXL_TRY(st);
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
-        if (!cJSON_IsArray(list))
-            return bad(L, where, "Sequence needs a \"normalizers\" array");
-        int i = 0;
-        for (const cJSON *c = list->child; c; c = c->next, i++) {
-            char f[128];
-            snprintf(f, sizeof f, "%s.normalizers[%d]", where, i);
-            EXL_TRY(parse_normalizer(L, c, f, depth + 1));
-        }
+    if (strcmp(t, "Sequence")) {
+        *type = t;
         return EXL_OK;
     }
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, list_key);
+    if (!cJSON_IsArray(list))
+        return exl_fail(EXL_ERR_FORMAT, "%s: %s: Sequence needs a \"%s\" array", L->path, where, list_key);
+    int i = 0;
+    for (const cJSON *c = list->child; c; c = c->next, i++) {
+        char f[128];
+        snprintf(f, sizeof f, "%s.%s[%d]", where, list_key, i);
+        EXL_TRY(fn(L, c, f, depth + 1));
+    }
+    return EXL_OK;
+}
+
+/* ---------------------------------------------------------------- normalizer */
+
+static exl_status parse_normalizer(const loader *L, const cJSON *n, const char *where, int depth) {
+    exl_tokenizer *tok = L->tok;
+    const char *type;
+    EXL_TRY(parse_component(L, n, where, depth, "normalizers", parse_normalizer, &type));
+    if (!type)
+        return EXL_OK;
     exl_tok_norm *o = push_item((void **)&tok->norms, &tok->n_norms, sizeof *o);
     if (!o)
         return nomem(L);
@@ -248,25 +264,10 @@ static exl_status parse_normalizer(const loader *L, const cJSON *n, const char *
 
 static exl_status parse_pretok(const loader *L, const cJSON *n, const char *where, int depth) {
     exl_tokenizer *tok = L->tok;
-    if (depth > 16)
-        return bad(L, where, "nested too deeply");
-    if (!cJSON_IsObject(n))
-        return bad(L, where, "expected an object");
-    exl_status st;
-    const char *type = type_of(L, n, where, &st);
-    EXL_TRY(st);
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "pretokenizers");
-        if (!cJSON_IsArray(list))
-            return bad(L, where, "Sequence needs a \"pretokenizers\" array");
-        int i = 0;
-        for (const cJSON *c = list->child; c; c = c->next, i++) {
-            char f[128];
-            snprintf(f, sizeof f, "%s.pretokenizers[%d]", where, i);
-            EXL_TRY(parse_pretok(L, c, f, depth + 1));
-        }
+    const char *type;
+    EXL_TRY(parse_component(L, n, where, depth, "pretokenizers", parse_pretok, &type));
+    if (!type)
         return EXL_OK;
-    }
     if (!strcmp(type, "BertPreTokenizer")) {
         exl_tok_pretok *o = push_item((void **)&tok->pretoks, &tok->n_pretoks, sizeof *o);
         if (!o)
@@ -379,26 +380,15 @@ static exl_status parse_template(const loader *L, const cJSON *n) {
     return EXL_OK;
 }
 
-static exl_status parse_post(const loader *L, const cJSON *n, int depth) {
-    if (depth > 16)
-        return bad(L, "post_processor", "nested too deeply");
-    if (!cJSON_IsObject(n))
-        return bad(L, "post_processor", "expected an object");
-    exl_status st;
-    const char *type = type_of(L, n, "post_processor", &st);
-    EXL_TRY(st);
+static exl_status parse_post(const loader *L, const cJSON *n, const char *where, int depth) {
+    const char *type;
+    EXL_TRY(parse_component(L, n, where, depth, "processors", parse_post, &type));
+    if (!type)
+        return EXL_OK;
     if (!strcmp(type, "TemplateProcessing"))
         return parse_template(L, n);
     if (!strcmp(type, "ByteLevel"))
         return EXL_OK; /* only trims offsets, which exl does not report */
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "processors");
-        if (!cJSON_IsArray(list))
-            return bad(L, "post_processor", "Sequence needs a \"processors\" array");
-        for (const cJSON *c = list->child; c; c = c->next)
-            EXL_TRY(parse_post(L, c, depth + 1));
-        return EXL_OK;
-    }
     if (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing")) {
         int32_t cls, sep;
         EXL_TRY(pair_id(L, n, "cls", &cls));
@@ -406,32 +396,17 @@ static exl_status parse_post(const loader *L, const cJSON *n, int depth) {
         EXL_TRY(push_ids(L, &L->tok->post_prefix, &L->tok->n_post_prefix, cls));
         return push_ids(L, &L->tok->post_suffix, &L->tok->n_post_suffix, sep);
     }
-    return exl_fail(EXL_ERR_UNSUPPORTED, "%s: post_processor type '%s' is not supported", L->path, type);
+    return exl_fail(EXL_ERR_UNSUPPORTED, "%s: %s: post_processor type '%s' is not supported", L->path, where, type);
 }
 
 /* ---------------------------------------------------------------- decoder */
 
 static exl_status parse_decoder(const loader *L, const cJSON *n, const char *where, int depth) {
     exl_tokenizer *tok = L->tok;
-    if (depth > 16)
-        return bad(L, where, "nested too deeply");
-    if (!cJSON_IsObject(n))
-        return bad(L, where, "expected an object");
-    exl_status st;
-    const char *type = type_of(L, n, where, &st);
-    EXL_TRY(st);
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "decoders");
-        if (!cJSON_IsArray(list))
-            return bad(L, where, "Sequence needs a \"decoders\" array");
-        int i = 0;
-        for (const cJSON *c = list->child; c; c = c->next, i++) {
-            char f[128];
-            snprintf(f, sizeof f, "%s.decoders[%d]", where, i);
-            EXL_TRY(parse_decoder(L, c, f, depth + 1));
-        }
+    const char *type;
+    EXL_TRY(parse_component(L, n, where, depth, "decoders", parse_decoder, &type));
+    if (!type)
         return EXL_OK;
-    }
     exl_tok_dec *o = push_item((void **)&tok->decs, &tok->n_decs, sizeof *o);
     if (!o)
         return nomem(L);
@@ -675,7 +650,7 @@ exl_status exl_tok_load_json(exl_tokenizer *tok, const char *path, const char *d
     if (st == EXL_OK && cJSON_IsArray(added))
         st = parse_added(&L, added);
     if (st == EXL_OK && (n = cJSON_GetObjectItemCaseSensitive(root, "post_processor")) && !cJSON_IsNull(n))
-        st = parse_post(&L, n, 0);
+        st = parse_post(&L, n, "post_processor", 0);
     cJSON_Delete(root);
     return st;
 }
