@@ -84,6 +84,22 @@ typedef struct exl_attn_shape {
     float scale;
 } exl_attn_shape;
 
+/* A matmul with its neighbours in the decoder layer fused (see matmul_fused below):
+ *   xin = norm ? rmsnorm(x) * norm : up ? act(x) * up : x        (act as in glu)
+ *   out[i] = xin · W[i] + b[i], or out[i] += ... when accumulate (not with norm), for i < n */
+typedef struct exl_matmul_fused {
+    int32_t rows, n;
+    int32_t in_features, out_features[3]; /* of the linears, for the unfused path */
+    const float *x;         /* [rows, in] */
+    const exl_vector *norm; /* or NULL */
+    float eps;
+    const float *up;        /* [rows, in], or NULL */
+    int32_t act;
+    int32_t accumulate;
+    const exl_linear *w[3]; /* all with the same in_features */
+    float *out[3];          /* [rows, out_features of w[i]]; never x or up */
+} exl_matmul_fused;
+
 /* ---- the op table */
 
 typedef struct exl_backend exl_backend;
@@ -131,6 +147,15 @@ typedef struct exl_backend_ops {
     /* out[i] = x[idx[i]] for rows of width */
     void (*gather_rows)(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
                         int32_t width);
+
+    /* Fused ops, optional: a backend leaves them NULL and the forward pass composes the ops
+     * above (same results up to rounding). */
+    void (*matmul_fused)(exl_backend *be, const exl_matmul_fused *f);
+    /* rope (as above) on q [rows, n_heads, head_dim] and k [rows, n_kv_heads, head_dim] in place,
+     * then kv_store of k and v */
+    void (*rope_kv_store)(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
+                          const exl_batch *b, const exl_attn_shape *shape, int32_t rot_dim, const float *inv_freq,
+                          float attn_factor);
 } exl_backend_ops;
 
 struct exl_backend {

@@ -31,6 +31,7 @@ static exl_status ensure_scratch(exl_model *m, int32_t n_pages_total) {
         EXL_TRY(alloc_buf(m, (void **)&s->attn, R * qw * f));
         EXL_TRY(alloc_buf(m, (void **)&s->gate, R * c->intermediate_size * f));
         EXL_TRY(alloc_buf(m, (void **)&s->up, R * c->intermediate_size * f));
+        EXL_TRY(alloc_buf(m, (void **)&s->sel, R * c->hidden_size * f));
         EXL_TRY(alloc_buf(m, (void **)&s->logits, R * c->vocab_size * f));
         EXL_TRY(alloc_buf(m, (void **)&s->ids, R * sizeof(int32_t)));
         EXL_TRY(alloc_buf(m, (void **)&s->pos, R * sizeof(int32_t)));
@@ -144,33 +145,72 @@ static exl_status build_batch(exl_model *m, const exl_kv_cache *cache, const exl
     return update_rope(m, max_kv);
 }
 
-static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int li, const exl_batch *b) {
+/* out[i] (+)= xin · W[i] as described for exl_matmul_fused: the backend's fused op, or the
+ * unfused ops through the scratch buffer h (which must not be x, up or an output). */
+static void matmul_fused(exl_model *m, const exl_matmul_fused *f) {
     const exl_backend_ops *op = m->be->ops;
     exl_backend *be = m->be;
     exl_forward_scratch *s = &m->fs;
-    const exl_hf_config *c = &m->cfg;
-    int32_t rows = b->n_rows, kvw = c->n_kv_heads * c->head_dim;
-    float eps = (float)c->rms_eps;
+    if (op->matmul_fused) {
+        op->matmul_fused(be, f);
+        return;
+    }
+    const float *xin = f->x;
+    int32_t in = f->in_features;
+    if (f->norm) {
+        op->rmsnorm(be, s->h, f->x, f->norm, f->rows, in, f->eps);
+        xin = s->h;
+    } else if (f->up) { /* in place: x is the forward's own gate buffer */
+        op->glu(be, (float *)f->x, f->up, f->rows, in, f->act);
+    }
+    for (int32_t i = 0; i < f->n; i++) {
+        if (f->accumulate) {
+            op->matmul(be, s->h, xin, f->w[i], f->rows);
+            op->add(be, f->out[i], s->h, (int64_t)f->rows * f->out_features[i]);
+        } else {
+            op->matmul(be, f->out[i], xin, f->w[i], f->rows);
+        }
+    }
+}
 
-    op->rmsnorm(be, s->h, s->x, l->attn_norm, rows, c->hidden_size, eps);
-    op->matmul(be, s->q, s->h, l->q, rows);
-    op->matmul(be, s->k, s->h, l->k, rows);
-    op->matmul(be, s->v, s->h, l->v, rows);
-    op->rope(be, s->q, b->d_pos, rows, c->n_heads, c->head_dim, m->rot_dim, s->inv_freq, s->rope_attn_factor);
-    op->rope(be, s->k, b->d_pos, rows, c->n_kv_heads, c->head_dim, m->rot_dim, s->inv_freq, s->rope_attn_factor);
-    op->kv_store(be, cache->k[li], cache->v[li], s->k, s->v, b, kvw);
+static void rope_kv_store(exl_model *m, exl_kv_cache *cache, int li, const exl_batch *b, const exl_attn_shape *sh) {
+    const exl_backend_ops *op = m->be->ops;
+    exl_backend *be = m->be;
+    exl_forward_scratch *s = &m->fs;
+    if (op->rope_kv_store) {
+        op->rope_kv_store(be, s->q, s->k, s->v, cache->k[li], cache->v[li], b, sh, m->rot_dim, s->inv_freq,
+                          s->rope_attn_factor);
+        return;
+    }
+    int32_t rows = b->n_rows;
+    op->rope(be, s->q, b->d_pos, rows, sh->n_heads, sh->head_dim, m->rot_dim, s->inv_freq, s->rope_attn_factor);
+    op->rope(be, s->k, b->d_pos, rows, sh->n_kv_heads, sh->head_dim, m->rot_dim, s->inv_freq, s->rope_attn_factor);
+    op->kv_store(be, cache->k[li], cache->v[li], s->k, s->v, b, sh->n_kv_heads * sh->head_dim);
+}
+
+static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int li, const exl_batch *b) {
+    exl_forward_scratch *s = &m->fs;
+    const exl_hf_config *c = &m->cfg;
+    int32_t rows = b->n_rows, hid = c->hidden_size, ffn = c->intermediate_size;
+    int32_t qw = c->n_heads * c->head_dim, kvw = c->n_kv_heads * c->head_dim;
+    float eps = (float)c->rms_eps;
     exl_attn_shape shape = {c->n_heads, c->n_kv_heads, c->head_dim, cache->page_size, c->sliding_window,
                             1.0f / sqrtf((float)c->head_dim)};
-    op->attention(be, s->attn, s->q, cache->k[li], cache->v[li], b, &shape);
-    op->matmul(be, s->h, s->attn, l->o, rows);
-    op->add(be, s->x, s->h, (int64_t)rows * c->hidden_size);
 
-    op->rmsnorm(be, s->h, s->x, l->mlp_norm, rows, c->hidden_size, eps);
-    op->matmul(be, s->gate, s->h, l->gate, rows);
-    op->matmul(be, s->up, s->h, l->up, rows);
-    op->glu(be, s->gate, s->up, rows, c->intermediate_size, (int)c->act);
-    op->matmul(be, s->h, s->gate, l->down, rows);
-    op->add(be, s->x, s->h, (int64_t)rows * c->hidden_size);
+    matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 3, .in_features = hid, .out_features = {qw, kvw, kvw}, .x = s->x, .norm = l->attn_norm, .eps = eps,
+                                        .w = {l->q, l->k, l->v}, .out = {s->q, s->k, s->v}});
+    rope_kv_store(m, cache, li, b, &shape);
+    m->be->ops->attention(m->be, s->attn, s->q, cache->k[li], cache->v[li], b, &shape);
+    matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 1, .in_features = qw, .out_features = {hid}, .x = s->attn,
+                                        .accumulate = 1, .w = {l->o},
+                                        .out = {s->x}});
+
+    matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 2, .in_features = hid, .out_features = {ffn, ffn},
+                                        .x = s->x, .norm = l->mlp_norm, .eps = eps,
+                                        .w = {l->gate, l->up}, .out = {s->gate, s->up}});
+    matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 1, .in_features = ffn, .out_features = {hid}, .x = s->gate,
+                                        .up = s->up, .act = (int32_t)c->act,
+                                        .accumulate = 1, .w = {l->down}, .out = {s->x}});
 }
 
 exl_status exl_model_forward(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
@@ -187,9 +227,11 @@ exl_status exl_model_forward(exl_model *m, exl_kv_cache *cache, const exl_seq_st
         for (int i = 0; i < m->cfg.n_layers; i++)
             run_layer(m, &m->layers[i], cache, i, &b);
         if (n_logits > 0) {
-            op->gather_rows(m->be, s->h, s->x, s->logit_rows, n_logits, m->cfg.hidden_size);
-            op->rmsnorm(m->be, s->h, s->h, m->final_norm, n_logits, m->cfg.hidden_size, (float)m->cfg.rms_eps);
-            op->matmul(m->be, s->logits, s->h, m->head, n_logits);
+            op->gather_rows(m->be, s->sel, s->x, s->logit_rows, n_logits, m->cfg.hidden_size);
+            matmul_fused(m, &(exl_matmul_fused){.rows = n_logits, .n = 1, .in_features = m->cfg.hidden_size,
+                                                .out_features = {m->cfg.vocab_size}, .x = s->sel,
+                                                .norm = m->final_norm,
+                                                .eps = (float)m->cfg.rms_eps, .w = {m->head}, .out = {s->logits}});
             st = op->download(m->be, logits, s->logits, (size_t)n_logits * m->cfg.vocab_size * sizeof(float));
         }
         if (st == EXL_OK)

@@ -24,6 +24,7 @@ typedef struct exl_host_rows {
 typedef struct exl_forward_scratch {
     int32_t max_rows, max_pages;
     float *x, *h, *q, *k, *v, *attn, *gate, *up, *logits;
+    float *sel; /* the rows logits are wanted for */
     int32_t *ids, *pos, *slots, *page_tables, *logit_rows;
     exl_attn_seq *seqs;
     float *inv_freq;

@@ -118,7 +118,7 @@ static void free_scratch(exl_model *m) {
     exl_backend *be = m->be;
     exl_forward_scratch *s = &m->fs;
     void *bufs[] = {s->x,   s->h,   s->q,     s->k,           s->v,          s->attn,    s->gate, s->up,
-                    s->logits, s->ids, s->pos, s->slots, s->page_tables, s->logit_rows, s->seqs, s->inv_freq};
+                    s->sel, s->logits, s->ids, s->pos, s->slots, s->page_tables, s->logit_rows, s->seqs, s->inv_freq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
