@@ -410,6 +410,128 @@ static void test_quant(const char *shared) {
     fixture_gptq(shared, "rand-llama-gptq-4bit-g64-sym", "model.layers.1.self_attn.o_proj", 64);
 }
 
+/* ---- fused ops: matmul_fused against a host reference, rope_kv_store against the
+ * unfused GPU ops */
+
+static void fused_case(const char *name, qgen *g, int n, int32_t rows, int mode) {
+    int64_t K = g[0].src.in_features;
+    exl_linear *lg[3];
+    float *w[3], *og[3], *want[3];
+    int64_t N[3];
+    float *x = rnd(rows * K, -1, 1), *up = rnd(rows * K, -1, 1), *nw = rnd(K, 0.5f, 1.5f);
+    float *base = NULL, *xin = malloc((size_t)rows * K * 4);
+    uint16_t *nw16 = malloc(K * 2);
+    for (int64_t k = 0; k < K; k++)
+        nw16[k] = exl_f32_to_f16(nw[k]), nw[k] = exl_f16_to_f32(nw16[k]);
+    exl_dense_src vs = {EXL_DTYPE_F16, nw16};
+    exl_vector *vg;
+    require(gpu->ops->vector_init(gpu, &vs, K, 0.0f, &vg) == EXL_OK, "vector gpu");
+    for (int32_t r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int64_t k = 0; k < K; k++)
+            ss += (double)x[r * K + k] * x[r * K + k];
+        double inv = 1.0 / sqrt(ss / K + 1e-5);
+        for (int64_t k = 0; k < K; k++) {
+            double v = x[r * K + k];
+            xin[r * K + k] = mode == 0 ? (float)(nw[k] * v * inv) : (float)(v / (1.0 + exp(-v)) * up[r * K + k]);
+        }
+    }
+    exl_matmul_fused f = {.rows = rows, .n = n, .in_features = (int32_t)K, .eps = 1e-5f, .act = 0};
+    f.x = put(gpu, x, rows * K * 4);
+    if (mode == 0)
+        f.norm = vg;
+    else
+        f.up = put(gpu, up, rows * K * 4), f.accumulate = 1;
+    for (int i = 0; i < n; i++) {
+        N[i] = g[i].src.out_features;
+        require(gpu->ops->linear_init(gpu, &g[i].src, &lg[i]) == EXL_OK, "linear gpu");
+        w[i] = qref_dequant(&g[i].src);
+        base = rnd(rows * N[i], -1, 1);
+        want[i] = malloc(rows * N[i] * 4);
+        for (int32_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < N[i]; c++) {
+                double a = mode == 1 ? base[r * N[i] + c] : 0;
+                for (int64_t k = 0; k < K; k++)
+                    a += (double)xin[r * K + k] * w[i][k * N[i] + c];
+                want[i][r * N[i] + c] = (float)a;
+            }
+        og[i] = put(gpu, base, rows * N[i] * 4);
+        free(base);
+        f.w[i] = lg[i], f.out[i] = og[i], f.out_features[i] = (int32_t)N[i];
+    }
+    gpu->ops->matmul_fused(gpu, &f);
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        float *got = get(gpu, og[i], rows * N[i]);
+        double e = ref_rel_err(got, want[i], rows * N[i]);
+        worst = e > worst ? e : worst;
+        free(got), free(want[i]), free(w[i]);
+        gpu->ops->free(gpu, og[i]);
+        gpu->ops->linear_free(gpu, lg[i]);
+    }
+    char full[128];
+    snprintf(full, sizeof full, "%s rows=%d", name, rows);
+    report(full, worst, 3e-3);
+    gpu->ops->free(gpu, (void *)f.x);
+    if (f.up)
+        gpu->ops->free(gpu, (void *)f.up);
+    gpu->ops->vector_free(gpu, vg);
+    free(x), free(up), free(nw), free(nw16), free(xin);
+}
+
+static void test_fused(void) {
+    qgen g[3];
+    int bits[3] = {6, 5, 4}, rows[3] = {128, 128, 256};
+    qgen_exl2(&g[0], 512, 512, 3, bits, rows, &rng);
+    int bits1[2] = {4, 3}, rows1[2] = {256, 256};
+    qgen_exl2(&g[1], 512, 128, 2, bits1, rows1, &rng);
+    qgen_gptq(&g[2], 512, 200, 4, 128, 1, 0, &rng);
+    int32_t rl[4] = {1, 3, 6, 40};
+    for (int i = 0; i < 4; i++)
+        fused_case("matmul_fused norm + 3 linears (exl2, exl2, gptq)", g, 3, rl[i], 0);
+    for (int i = 0; i < 3; i++)
+        qgen_free(&g[i]);
+    int bits2[4] = {8, 4, 3, 2}, rows2[4] = {384, 320, 320, 352}; /* 1376 inputs: 43 chunks, two stages */
+    qgen_exl2(&g[0], 1376, 96, 4, bits2, rows2, &rng);
+    for (int i = 0; i < 4; i++)
+        fused_case("matmul_fused glu + residual (exl2 8/4/3/2)", g, 1, rl[i], 1);
+    qgen_free(&g[0]);
+
+    /* rope + KV store (partial rotary, GQA) against rope, rope, kv_store */
+    int32_t nr = 3, nh = 4, nkv = 2, hd = 64, rot = 32, page = 16, kvw = nkv * hd;
+    int32_t pos[3] = {5, 17, 40}, slots[3] = {21, 2, 40};
+    float inv[16];
+    for (int i = 0; i < rot / 2; i++)
+        inv[i] = 1.0f / powf(10000.0f, 2.0f * i / rot);
+    float *q = rnd(nr * nh * hd, -1, 1), *k = rnd(nr * kvw, -1, 1), *v = rnd(nr * kvw, -1, 1);
+    float *q1 = put(gpu, q, nr * nh * hd * 4), *q2 = put(gpu, q, nr * nh * hd * 4);
+    float *k1 = put(gpu, k, nr * kvw * 4), *k2 = put(gpu, k, nr * kvw * 4), *vg = put(gpu, v, nr * kvw * 4);
+    size_t cache_bytes = (size_t)4 * page * kvw * 2;
+    void *kc1 = gpu->ops->alloc(gpu, cache_bytes), *kc2 = gpu->ops->alloc(gpu, cache_bytes);
+    void *vc1 = gpu->ops->alloc(gpu, cache_bytes), *vc2 = gpu->ops->alloc(gpu, cache_bytes);
+    uint16_t *zero = calloc(1, cache_bytes);
+    gpu->ops->upload(gpu, kc1, zero, cache_bytes), gpu->ops->upload(gpu, kc2, zero, cache_bytes);
+    gpu->ops->upload(gpu, vc1, zero, cache_bytes), gpu->ops->upload(gpu, vc2, zero, cache_bytes);
+    int32_t *pg = put(gpu, pos, sizeof pos), *sg = put(gpu, slots, sizeof slots);
+    float *fg = put(gpu, inv, sizeof inv);
+    exl_batch b = {.n_rows = nr, .n_seqs = 1, .max_q = nr, .max_kv = 41, .d_pos = pg, .d_slots = sg};
+    exl_attn_shape sh = {nh, nkv, hd, page, 0, 0.125f};
+    gpu->ops->rope(gpu, q1, pg, nr, nh, hd, rot, fg, 1.1f);
+    gpu->ops->rope(gpu, k1, pg, nr, nkv, hd, rot, fg, 1.1f);
+    gpu->ops->kv_store(gpu, kc1, vc1, k1, vg, &b, kvw);
+    gpu->ops->rope_kv_store(gpu, q2, k2, vg, kc2, vc2, &b, &sh, rot, fg, 1.1f);
+    uint16_t *a1 = malloc(cache_bytes), *a2 = malloc(cache_bytes), *b1 = malloc(cache_bytes), *b2 = malloc(cache_bytes);
+    gpu->ops->download(gpu, a1, kc1, cache_bytes), gpu->ops->download(gpu, a2, kc2, cache_bytes);
+    gpu->ops->download(gpu, b1, vc1, cache_bytes), gpu->ops->download(gpu, b2, vc2, cache_bytes);
+    float *qa = get(gpu, q1, nr * nh * hd), *qb = get(gpu, q2, nr * nh * hd);
+    double diff = memcmp(a1, a2, cache_bytes) || memcmp(b1, b2, cache_bytes) ? 1 : ref_rel_err(qb, qa, nr * nh * hd);
+    report("rope_kv_store == rope, rope, kv_store", diff, 0);
+    free(q), free(k), free(v), free(zero), free(a1), free(a2), free(b1), free(b2), free(qa), free(qb);
+    void *bufs[] = {q1, q2, k1, k2, vg, kc1, kc2, vc1, vc2, pg, sg, fg};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        gpu->ops->free(gpu, bufs[i]);
+}
+
 /* ---- whole models against the reference logits */
 
 static void test_models(const char *shared) {
@@ -503,6 +625,7 @@ int main(int argc, char **argv) {
     test_dense_matmul();
     test_attention();
     test_quant(shared);
+    test_fused();
     test_models(shared);
     test_decode(shared, "rand-llama");
     test_decode(shared, "rand-qwen2-exl2-4.0bpw-h6");

@@ -4,8 +4,10 @@
  * takes one (row, head) and one split of its keys; its 4 warps score 32 keys at a time
  * (one key per lane, 16-byte K loads), keep an online softmax, and accumulate V with one
  * output dimension per lane. Splits leave (max, sum, acc) partials that a second kernel
- * merges. Prefill: a block takes 16 queries of one head and stages 32 keys of K and V in
- * shared memory at a time, shared by its 4 warps (4 queries each). fp32 arithmetic. */
+ * merges; for head_dim 64 and 128 a variant loads a warp's 32 K rows into registers and V
+ * rows into shared memory at once (attn_decode_fast_kernel). Prefill: a block takes 16
+ * queries of one head and stages 32 keys of K and V in shared memory at a time, shared by
+ * its 4 warps (4 queries each). fp32 arithmetic. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <math.h>
@@ -43,6 +45,7 @@ __device__ __forceinline__ int find_seq(const exl_attn_seq *seqs, int n_seqs, in
 /* dot of an fp32 vector in shared memory with an fp16 row (hd % 8 == 0, 16-byte aligned) */
 __device__ __forceinline__ float dot_q_k(const float *q, const __half *k, int hd) {
     float d = 0.0f;
+#pragma unroll 8
     for (int i = 0; i < hd; i += 8) {
         uint4 raw = *(const uint4 *)(k + i);
         __half2 h[4];
@@ -96,6 +99,7 @@ attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc,
         for (int i = 0; i < MAX_DPL; i++)
             acc[i] *= corr;
         int n = min(KEY_BLOCK, k1 - t0);
+#pragma unroll 8
         for (int j = 0; j < n; j++) {
             float pj = __shfl_sync(0xffffffffu, p, j);
             int64_t sj = __shfl_sync(0xffffffffu, slot, j);
@@ -139,6 +143,131 @@ attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc,
         pp[2 + d] = a;
     }
     if (threadIdx.x == 0) {
+        pp[0] = bm;
+        pp[1] = bl;
+    }
+}
+
+/* The same for head_dim HD (64 or 128), built for latency at short contexts: a lane loads
+ * its key's whole K row into registers and its V row into shared memory (cp.async) in one
+ * go, so a warp's 32 keys cost one memory round trip instead of one per key. */
+template <int HD>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
+                        const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
+                        int keys_per_split) {
+    constexpr int VS = HD + 8; /* V row stride in halves (16-byte pad) */
+    constexpr int PPL = HD / 64; /* half2 output pairs per lane */
+    __shared__ __align__(16) __half vt[ATT_WARPS][KEY_BLOCK][VS];
+    __shared__ __align__(16) float qs[HD];
+    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    __shared__ float wacc[ATT_WARPS][HD];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int row = blockIdx.x / sh.n_heads, head = blockIdx.x % sh.n_heads, split = blockIdx.y;
+    const int kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * HD;
+    const exl_attn_seq seq = seqs[find_seq(seqs, n_seqs, row)];
+    const int last = seq.n_kv - seq.n_q + (row - seq.q_start);
+    int first = sh.sliding_window > 0 && last - sh.sliding_window + 1 > 0 ? last - sh.sliding_window + 1 : 0;
+    const int k0 = first + split * keys_per_split;
+    const int k1 = min(last + 1, k0 + keys_per_split);
+    const int32_t *pages = page_tables + seq.page_start;
+
+    for (int i = threadIdx.x; i < HD; i += blockDim.x)
+        qs[i] = q[((int64_t)row * sh.n_heads + head) * HD + i] * sh.scale;
+    __syncthreads();
+
+    float m = -INFINITY, l = 0.0f;
+    float2 acc[PPL];
+#pragma unroll
+    for (int i = 0; i < PPL; i++)
+        acc[i] = make_float2(0.0f, 0.0f);
+    for (int t0 = k0 + warp * KEY_BLOCK; t0 < k1; t0 += ATT_WARPS * KEY_BLOCK) {
+        const int t = t0 + lane;
+        uint4 kr[HD / 8];
+        if (t < k1) {
+            const int64_t slot = key_slot(pages, t, sh.page_size);
+            const uint4 *ks = (const uint4 *)(kc + slot * kvw + (int64_t)kvh * HD);
+            const __half *vs = vc + slot * kvw + (int64_t)kvh * HD;
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+#if __CUDA_ARCH__ >= 800
+                unsigned d = (unsigned)__cvta_generic_to_shared(&vt[warp][lane][8 * i]);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(vs + 8 * i));
+#else
+                *(uint4 *)&vt[warp][lane][8 * i] = *(const uint4 *)(vs + 8 * i);
+#endif
+            }
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++)
+                kr[i] = ks[i];
+        }
+#if __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;");
+#endif
+        float s = -INFINITY;
+        if (t < k1) {
+            s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                __half2 h[4];
+                memcpy(h, &kr[i], 16);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float2 f = __half22float2(h[j]);
+                    s += qs[8 * i + 2 * j] * f.x + qs[8 * i + 2 * j + 1] * f.y;
+                }
+            }
+        }
+        __syncwarp();
+        float nm = fmaxf(m, warp_max(s));
+        float p = t < k1 ? __expf(s - nm) : 0.0f;
+        float corr = __expf(m - nm);
+        l = l * corr + warp_sum(p);
+        m = nm;
+#pragma unroll
+        for (int i = 0; i < PPL; i++)
+            acc[i].x *= corr, acc[i].y *= corr;
+        const int n = min(KEY_BLOCK, k1 - t0);
+#pragma unroll 8
+        for (int j = 0; j < n; j++) {
+            float pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+            for (int i = 0; i < PPL; i++) {
+                float2 v = __half22float2(*(const __half2 *)&vt[warp][j][2 * (lane + 32 * i)]);
+                acc[i].x += pj * v.x;
+                acc[i].y += pj * v.y;
+            }
+        }
+        __syncwarp(); /* vt is reused by the warp's next block */
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < PPL; i++) {
+        wacc[warp][2 * (lane + 32 * i)] = acc[i].x;
+        wacc[warp][2 * (lane + 32 * i) + 1] = acc[i].y;
+    }
+    __syncthreads();
+    float bm = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++)
+        bm = fmaxf(bm, wm[w]);
+    float bl = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++)
+        bl += wm[w] == -INFINITY ? 0.0f : wl[w] * __expf(wm[w] - bm);
+    const int64_t rh = (int64_t)row * sh.n_heads + head;
+    float *pp = partial + (rh * gridDim.y + split) * (HD + 2);
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            a += wm[w] == -INFINITY ? 0.0f : wacc[w][d] * __expf(wm[w] - bm);
+        if (gridDim.y == 1)
+            out[rh * HD + d] = bl > 0.0f ? a / bl : 0.0f;
+        else
+            pp[2 + d] = a;
+    }
+    if (gridDim.y > 1 && threadIdx.x == 0) {
         pp[0] = bm;
         pp[1] = bl;
     }
@@ -321,8 +450,15 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const v
                                        "attention partials"))
         return;
     dim3 grid((unsigned)items, (unsigned)splits);
-    attn_decode_kernel<<<grid, ATT_WARPS * 32, 0, cb->stream>>>(out, cb->attn_partial, q, kc, vc, b->d_seqs,
-                                                                b->n_seqs, b->d_page_tables, *sh, kps);
+    if (sh->head_dim == 128)
+        attn_decode_fast_kernel<128><<<grid, ATT_WARPS * 32, 0, cb->stream>>>(
+            out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
+    else if (sh->head_dim == 64)
+        attn_decode_fast_kernel<64><<<grid, ATT_WARPS * 32, 0, cb->stream>>>(
+            out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
+    else
+        attn_decode_kernel<<<grid, ATT_WARPS * 32, 0, cb->stream>>>(out, cb->attn_partial, q, kc, vc, b->d_seqs,
+                                                                    b->n_seqs, b->d_page_tables, *sh, kps);
     exl_cuda_check_launch(cb, "decode attention");
     if (splits > 1) {
         attn_combine_kernel<<<(unsigned)items, 128, 0, cb->stream>>>(out, cb->attn_partial, sh->head_dim, splits);

@@ -103,9 +103,10 @@ static void cu_destroy(exl_backend *be) {
     exl_cuda_graph_free(cb);
     cudaStreamSynchronize(cb->stream);
     cudaFree(cb->scratch);
+    cudaFree(cb->attn_partial);
+    cudaFree(cb->fused_scratch);
     cudaFree(cb->gemv_partial);
     cudaFree(cb->gemv_counters);
-    cudaFree(cb->attn_partial);
     cublasDestroy(cb->cublas);
     cudaStreamDestroy(cb->stream);
     free(cb);
@@ -276,7 +277,8 @@ static const exl_backend_ops cuda_ops = {
     cu_destroy,     cu_alloc,       cu_free,         cu_upload,        cu_download,
     cu_synchronize, cu_linear_init, cu_linear_free,  cu_vector_init,   cu_vector_free,
     exl_cuda_embed, exl_cuda_rmsnorm, exl_cuda_matmul, exl_cuda_rope,  exl_cuda_kv_store,
-    exl_cuda_attention, exl_cuda_glu, exl_cuda_add,  exl_cuda_gather_rows,
+    exl_cuda_attention, exl_cuda_glu, exl_cuda_add,  exl_cuda_gather_rows, exl_cuda_matmul_fused,
+    exl_cuda_rope_kv_store,
 };
 
 /* ---- creation */

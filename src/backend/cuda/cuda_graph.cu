@@ -31,6 +31,8 @@ enum {
     OP_GLU,
     OP_ADD,
     OP_GATHER_ROWS,
+    OP_MATMUL_FUSED,
+    OP_ROPE_KV_STORE,
 };
 
 /* One recorded call; compared byte for byte, so always built from a zeroed struct. */
@@ -39,9 +41,10 @@ typedef struct exl_cuda_op {
     int32_t i[5];
     int64_t n;
     float f[2];
-    const void *p[5];
+    const void *p[6];
     exl_batch b;        /* device pointers and sizes only (host pointers cleared) */
     exl_attn_shape sh;
+    exl_matmul_fused mf;
 } exl_cuda_op;
 
 static void run(exl_cuda_backend *cb, const exl_cuda_op *o) {
@@ -74,6 +77,11 @@ static void run(exl_cuda_backend *cb, const exl_cuda_op *o) {
     case OP_GATHER_ROWS:
         exl_cuda_run_gather_rows(be, (float *)o->p[0], (const float *)o->p[1], (const int32_t *)o->p[2], o->i[0],
                                  o->i[1]);
+        break;
+    case OP_MATMUL_FUSED: exl_cuda_run_matmul_fused(be, &o->mf); break;
+    case OP_ROPE_KV_STORE:
+        exl_cuda_run_rope_kv_store(be, (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2], (void *)o->p[3],
+                                   (void *)o->p[4], &o->b, &o->sh, o->i[0], (const float *)o->p[5], o->f[0]);
         break;
     }
 }
@@ -310,4 +318,29 @@ void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int
     exl_cuda_op o = new_op(OP_GATHER_ROWS);
     o.p[0] = out, o.p[1] = x, o.p[2] = idx, o.i[0] = n, o.i[1] = width;
     submit(exl_cuda(be), &o, n <= EXL_CUDA_GEMV_MAX_ROWS);
+}
+
+void exl_cuda_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    size_t need = exl_cuda_fused_scratch_need(cb, f) * sizeof(float);
+    if (need && !exl_cuda_ensure(cb, (void **)&cb->fused_scratch, &cb->fused_scratch_bytes, need, "matmul scratch"))
+        return;
+    exl_cuda_op o = new_op(OP_MATMUL_FUSED);
+    o.mf.rows = f->rows, o.mf.n = f->n, o.mf.in_features = f->in_features;
+    o.mf.x = f->x, o.mf.norm = f->norm, o.mf.eps = f->eps, o.mf.up = f->up, o.mf.act = f->act;
+    o.mf.accumulate = f->accumulate;
+    for (int i = 0; i < f->n && i < 3; i++)
+        o.mf.out_features[i] = f->out_features[i], o.mf.w[i] = f->w[i], o.mf.out[i] = f->out[i];
+    submit(cb, &o, f->rows <= EXL_CUDA_GEMV_MAX_ROWS);
+}
+
+void exl_cuda_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
+                            const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
+                            float attn_factor) {
+    exl_cuda_op o = new_op(OP_ROPE_KV_STORE);
+    o.p[0] = q, o.p[1] = k, o.p[2] = v, o.p[3] = k_cache, o.p[4] = v_cache, o.p[5] = inv_freq;
+    o.i[0] = rot_dim, o.f[0] = attn_factor;
+    o.b = device_batch(b);
+    o.sh = *sh;
+    submit(exl_cuda(be), &o, b->n_rows <= EXL_CUDA_GEMV_MAX_ROWS);
 }

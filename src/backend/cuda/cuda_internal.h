@@ -49,6 +49,8 @@ typedef struct exl_cuda_backend {
     size_t gemv_counter_count;
     float *attn_partial;    /* split-K partials of decode attention */
     size_t attn_partial_bytes;
+    float *fused_scratch;   /* the unfused path of matmul_fused: normed input, products */
+    size_t fused_scratch_bytes;
     /* decode-step graphs (cuda_graph.cu) */
     int graph_state;        /* idle, matching, capturing, bypass */
     int graphs_off;         /* EXL_CUDA_GRAPHS=0, or after a graph API failure */
@@ -123,7 +125,13 @@ void exl_cuda_qmatrix_free(exl_qmatrix *q);
  * launchers, directly or inside a CUDA graph capture */
 
 void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
-void exl_cuda_qgemv(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows);
+/* matmul_fused; the unfused path needs fused_scratch_need() floats of fused_scratch */
+void exl_cuda_run_matmul_fused(exl_backend *be, const exl_matmul_fused *f);
+size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_fused *f);
+/* The fused quantized GEMV (cuda_qgemv.cu): 1 if it takes f (few rows, quantized weights
+ * of one input width), which exl_cuda_qgemv_fused then launches. */
+int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f);
+void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
 void exl_cuda_qdequant(exl_cuda_backend *cb, __half *dst, const exl_linear *w);
 /* fp32 activations (gathered through idx, NULL = none) as two fp16 matrices hi, lo: [2 * rows, width] */
 void exl_cuda_gather_half(exl_cuda_backend *cb, __half *dst, const float *x, const int32_t *idx, int32_t rows,
@@ -142,6 +150,9 @@ void exl_cuda_run_glu(exl_backend *be, float *gate, const float *up, int32_t row
 void exl_cuda_run_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
                               int32_t width);
+void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
+                                const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
+                                float attn_factor);
 
 /* Largest row count the decode (GEMV / split-K attention) paths take; graphs are used only
  * for steps at or under it. */
@@ -167,6 +178,10 @@ void exl_cuda_glu(exl_backend *be, float *gate, const float *up, int32_t rows, i
 void exl_cuda_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
                           int32_t width);
+void exl_cuda_matmul_fused(exl_backend *be, const exl_matmul_fused *f);
+void exl_cuda_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
+                            const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
+                            float attn_factor);
 
 /* ---- graphs (cuda_graph.cu) */
 

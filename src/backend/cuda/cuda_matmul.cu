@@ -1,12 +1,14 @@
-/* cuda_matmul.cu - out = x·W + b on the GPU.
+/* cuda_matmul.cu - out = x·W + b on the GPU, alone or fused (matmul_fused).
  *
  * Few rows (decode): a GEMV that streams the weights once (dense fp16: one warp per output,
- * 16-byte loads; quantized: cuda_qgemv.cu). Many rows (prefill): fp16 activations and
+ * 16-byte loads; quantized: cuda_qgemv.cu, which also fuses norm/GLU/residual). Many rows (prefill): fp16 activations and
  * fp16 weights (quantized ones dequantized first, whole matrix, into scratch) through
  * cuBLAS with fp32 accumulation and fp32 output. The activations go in as two fp16 parts
  * (x = hi + lo, two GEMMs into one output): fp16 activations alone flip near-tied argmaxes
  * of the reference logits, and the GEMMs are a small part of a prefill step today. */
 #include "backend/cuda/cuda_internal.h"
+
+#include <string.h>
 
 #define DENSE_WARPS 8
 
@@ -127,10 +129,51 @@ void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_
     exl_cuda_backend *cb = exl_cuda(be);
     if (rows < 1)
         return;
-    if (rows > EXL_CUDA_GEMV_MAX_ROWS)
-        matmul_gemm(cb, out, x, w, rows);
-    else if (w->kind == EXL_LINEAR_DENSE)
+    exl_matmul_fused f;
+    memset(&f, 0, sizeof f);
+    f.rows = rows, f.n = 1, f.x = x, f.w[0] = w, f.out[0] = out;
+    if (exl_cuda_qgemv_takes(cb, &f))
+        exl_cuda_qgemv_fused(cb, &f);
+    else if (rows <= EXL_CUDA_GEMV_MAX_ROWS && w->kind == EXL_LINEAR_DENSE)
         dense_gemv(cb, out, x, w, rows);
     else
-        exl_cuda_qgemv(cb, out, x, w, rows);
+        matmul_gemm(cb, out, x, w, rows);
+}
+
+/* ---- matmul_fused: the fused GEMV, or the ops one by one through fused_scratch
+ * ([rows, in] normed input, then [rows, out] products to add) */
+
+size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
+    if (exl_cuda_qgemv_takes(cb, f))
+        return 0;
+    size_t n = f->norm ? (size_t)f->rows * f->in_features : 0;
+    if (f->accumulate)
+        for (int i = 0; i < f->n; i++)
+            n = n > (size_t)f->rows * f->out_features[i] ? n : (size_t)f->rows * f->out_features[i];
+    return n;
+}
+
+void exl_cuda_run_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (f->rows < 1)
+        return;
+    if (exl_cuda_qgemv_takes(cb, f)) {
+        exl_cuda_qgemv_fused(cb, f);
+        return;
+    }
+    const float *xin = f->x;
+    if (f->norm) {
+        exl_cuda_run_rmsnorm(be, cb->fused_scratch, f->x, f->norm, f->rows, f->in_features, f->eps);
+        xin = cb->fused_scratch;
+    } else if (f->up) { /* in place, as the unfused forward pass does */
+        exl_cuda_run_glu(be, (float *)f->x, f->up, f->rows, f->in_features, f->act);
+    }
+    for (int i = 0; i < f->n; i++) {
+        if (f->accumulate) {
+            exl_cuda_run_matmul(be, cb->fused_scratch, xin, f->w[i], f->rows);
+            exl_cuda_run_add(be, f->out[i], cb->fused_scratch, (int64_t)f->rows * f->out_features[i]);
+        } else {
+            exl_cuda_run_matmul(be, f->out[i], xin, f->w[i], f->rows);
+        }
+    }
 }

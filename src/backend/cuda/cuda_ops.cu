@@ -1,5 +1,5 @@
 /* cuda_ops.cu - element-wise and row ops on the GPU: embed, rmsnorm, rope, glu, add,
- * gather, and the fp16 KV-cache writes. All fp32 in and out, fp32 arithmetic. */
+ * gather, and the fp16 KV-cache writes (alone or fused with rope). All fp32 in and out, fp32 arithmetic. */
 #include "backend/cuda/cuda_internal.h"
 
 #define ROW_THREADS 256
@@ -25,7 +25,9 @@ void exl_cuda_run_embed(exl_backend *be, float *out, const exl_linear *table, co
     exl_cuda_check_launch(cb, "embed");
 }
 
-/* ---- rmsnorm: one block per row */
+/* ---- rmsnorm: one block per row, wide enough that each thread loads a few values */
+
+#define NORM_THREADS 1024
 
 __device__ __forceinline__ float block_sum(float v, float *red) {
     for (int o = 16; o > 0; o >>= 1)
@@ -45,10 +47,12 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int32
     const float *xr = x + (int64_t)blockIdx.x * width;
     float *o = out + (int64_t)blockIdx.x * width;
     float ss = 0;
+#pragma unroll 4
     for (int32_t i = threadIdx.x; i < width; i += blockDim.x)
         ss += xr[i] * xr[i];
     ss = block_sum(ss, red);
     float inv = rsqrtf(ss / width + eps);
+#pragma unroll 4
     for (int32_t i = threadIdx.x; i < width; i += blockDim.x)
         o[i] = w[i] * (xr[i] * inv);
 }
@@ -58,7 +62,7 @@ void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl
     exl_cuda_backend *cb = exl_cuda(be);
     if (rows < 1)
         return;
-    rmsnorm_kernel<<<(unsigned)rows, ROW_THREADS, 0, cb->stream>>>(out, x, w->v, width, eps);
+    rmsnorm_kernel<<<(unsigned)rows, NORM_THREADS, 0, cb->stream>>>(out, x, w->v, width, eps);
     exl_cuda_check_launch(cb, "rmsnorm");
 }
 
@@ -172,4 +176,56 @@ void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const 
     kv_store_kernel<<<grid, ROW_THREADS, 0, cb->stream>>>((__half *)k_cache, (__half *)v_cache, k, v, b->d_slots,
                                                            kv_width);
     exl_cuda_check_launch(cb, "kv_store");
+}
+
+/* ---- rope on q and k, then k and v to their cache slots (fp16), in one launch: threads
+ * [0, nq) rotate q pairs, [nq, nq + nk) rotate k pairs and store both values, then kv_width
+ * threads store v and kv_width threads store the k dimensions past rot_dim */
+
+__global__ void rope_kv_store_kernel(float *q, float *k, const float *v, __half *kc, __half *vc, const int32_t *pos,
+                                     const int32_t *slots, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                     int32_t half, const float *inv_freq, float attn_factor) {
+    const int32_t r = blockIdx.y, kvw = n_kv_heads * head_dim;
+    const int32_t nq = n_heads * half, nk = n_kv_heads * half;
+    const int64_t dst = (int64_t)slots[r] * kvw;
+    for (int32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < nq + nk + 2 * kvw; t += gridDim.x * blockDim.x) {
+        if (t < nq + nk) {
+            const int is_k = t >= nq;
+            const int32_t u = is_k ? t - nq : t, h = u / half, i = u % half;
+            float *base = is_k ? k + (int64_t)r * kvw + h * head_dim : q + ((int64_t)r * n_heads + h) * head_dim;
+            float s, c;
+            sincosf((float)pos[r] * inv_freq[i], &s, &c);
+            c *= attn_factor;
+            s *= attn_factor;
+            float a = base[i], b = base[i + half];
+            float na = a * c - b * s, nb = b * c + a * s;
+            base[i] = na;
+            base[i + half] = nb;
+            if (is_k) {
+                kc[dst + h * head_dim + i] = __float2half_rn(na);
+                kc[dst + h * head_dim + i + half] = __float2half_rn(nb);
+            }
+        } else if (t < nq + nk + kvw) {
+            const int32_t j = t - nq - nk;
+            vc[dst + j] = __float2half_rn(v[(int64_t)r * kvw + j]);
+        } else {
+            const int32_t j = t - nq - nk - kvw;
+            if (j % head_dim >= 2 * half)
+                kc[dst + j] = __float2half_rn(k[(int64_t)r * kvw + j]);
+        }
+    }
+}
+
+void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
+                                const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
+                                float attn_factor) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (b->n_rows < 1)
+        return;
+    int64_t n = (int64_t)(sh->n_heads + sh->n_kv_heads) * (rot_dim / 2) + 2 * (int64_t)sh->n_kv_heads * sh->head_dim;
+    dim3 grid(blocks_for(n, ROW_THREADS), (unsigned)b->n_rows);
+    rope_kv_store_kernel<<<grid, ROW_THREADS, 0, cb->stream>>>(q, k, v, (__half *)k_cache, (__half *)v_cache, b->d_pos,
+                                                               b->d_slots, sh->n_heads, sh->n_kv_heads, sh->head_dim,
+                                                               rot_dim / 2, inv_freq, attn_factor);
+    exl_cuda_check_launch(cb, "rope + KV store");
 }

@@ -1,62 +1,92 @@
-/* cuda_qgemv.cu - fused dequantize + GEMV for few rows (the decode case), and the
- * dequantize-to-fp16 kernel for the many-row (cuBLAS) case, over an exl_qmatrix.
+/* cuda_qgemv.cu - fused dequantize + GEMV for few rows (the decode case) over up to three
+ * quantized matrices that share their input, with the layer's neighbours fused in: the
+ * input's RMSNorm or GLU is applied while the activations are gathered, and the result
+ * can be added to the output (the residual).
  *
- * Decoding: a chunk is 32 rows of one width b in b words per column. Codes are turned
- * into fp16 pairs with one mask-and-or per pair ((code | 0x6400) is 1024 + code), the zero
- * subtracted exactly ((1024 + q) - (1024 + z)), and the pair multiplied with the matching
- * pair of activations (slot order, see exl_cuda_slot_of). Products are summed in fp16 over
- * 8 rows at most, then in fp32, and scaled per chunk in fp32.
- *
- * GEMV grid: x = column tiles of 256 (64 threads x 4 columns, 16-byte loads), y = split of
- * the chunks. The 4 warp pairs of a block take every 4th chunk of the block's range; the
- * block sums them in shared memory; with a split, the last block of a column tile to
- * arrive (counter per tile, reset by it) adds the partial sums in split order, so the
- * result does not depend on timing. */
-#include "backend/cuda/cuda_internal.h"
+ * Grid: x = column tiles of 256 (64 threads x 4 columns, 16-byte loads) of all the matrices
+ * one after another, y = a split of the input chunks. A block first asks L2 for its
+ * weights, then gathers its chunks' activations (slot order, fp16 pairs); its 4 warp pairs
+ * take every 4th chunk of the block's range and the block sums them in shared memory; with
+ * a split, the last block of a column tile to arrive (counter per tile, reset by it) adds
+ * the partial sums in split order, so the result does not depend on timing. Products are
+ * summed in fp16 over 8 rows at most, then in fp32, and scaled per chunk in fp32. */
+#include "backend/cuda/cuda_qdecode.cuh"
 
-#define CHUNK 32
 #define COL_TILE 256
 #define GEMV_THREADS 256
 #define SUBS (GEMV_THREADS / 64)
+#define MAX_MATS 3
 
-/* ---- decoding one chunk of one column */
+typedef struct gemv_mat {
+    exl_qmatrix q;
+    float *out;
+    const float *bias;
+    int32_t n_out;
+    int32_t tile_end;  /* column tiles of this and the earlier matrices */
+} gemv_mat;
 
-__device__ __forceinline__ __half2 u32_as_half2(uint32_t u) {
-    __half2 h;
-    memcpy(&h, &u, 4);
-    return h;
+typedef struct gemv_args {
+    gemv_mat m[MAX_MATS];
+    int32_t n_mats;
+    const float *x, *up, *norm;
+    float eps;
+    int32_t act, in, accumulate;
+    int32_t chunks_per_block;
+    float *partial;     /* [split][R][tiles * COL_TILE] */
+    unsigned *counters; /* [tiles] */
+} gemv_args;
+
+/* ---- the input transform */
+
+__device__ __forceinline__ float activate(float g, int act) {
+    if (act == 0)
+        return g / (1.0f + expf(-g));
+    if (act == 1)
+        return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
 }
 
-template <int B>
-__device__ __forceinline__ uint32_t extract(const uint32_t (&w)[B], int bit) {
-    int lo = bit >> 5, off = bit & 31;
-    uint32_t v = off + B <= 32 ? w[lo] >> off : __funnelshift_r(w[lo], w[lo + 1 < B ? lo + 1 : lo], off);
-    return v & ((1u << B) - 1);
-}
-
-/* Calls f(pair, (q - z) as half2) for the 16 pairs of a chunk; pair p covers slots 2p, 2p+1. */
-template <int B, typename F>
-__device__ __forceinline__ void decode_chunk(const uint32_t (&w)[B], __half2 zz, F &&f) {
-    if constexpr (B == 2 || B == 4 || B == 8) {
-        constexpr int V = 32 / B;
-        constexpr uint32_t M = (1u << B) - 1, MM = M | (M << 16);
-#pragma unroll
-        for (int u = 0; u < B; u++)
-#pragma unroll
-            for (int i = 0; i < V / 2; i++)
-                f(u * V / 2 + i, __hsub2(u32_as_half2(((w[u] >> (i * B)) & MM) | 0x64006400u), zz));
-    } else {
-#pragma unroll
-        for (int p = 0; p < 16; p++) {
-            uint32_t a = extract<B>(w, p * B), b = extract<B>(w, (p + 16) * B);
-            f(p, __hsub2(u32_as_half2(a | (b << 16) | 0x64006400u), zz));
+template <int R>
+__device__ void row_inv_rms(const gemv_args &a, float *inv, float *red) {
+    for (int r = 0; r < R; r++) {
+        const float *xr = a.x + (int64_t)r * a.in;
+        float ss = 0.0f;
+        if (a.in % 4 == 0) {
+#pragma unroll 4
+            for (int i = threadIdx.x; i < a.in / 4; i += GEMV_THREADS) {
+                float4 v = __ldg((const float4 *)xr + i);
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+        } else {
+#pragma unroll 4
+            for (int i = threadIdx.x; i < a.in; i += GEMV_THREADS)
+                ss += xr[i] * xr[i];
         }
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (threadIdx.x % 32 == 0)
+            red[threadIdx.x / 32] = ss;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float t = 0.0f;
+            for (int w = 0; w < (GEMV_THREADS / 32); w++)
+                t += red[w];
+            inv[r] = rsqrtf(t / a.in + a.eps);
+        }
+        __syncthreads();
     }
 }
 
-__device__ __forceinline__ __half2 zero_pair(const __half *zeros, int64_t at, int bits) {
-    float z = zeros ? __half2float(zeros[at]) : (float)(1 << (bits - 1));
-    return __float2half2_rn(1024.0f + z);
+template <int R>
+__device__ __forceinline__ float input_at(const gemv_args &a, int r, int s, const float *inv) {
+    if (s < 0)
+        return 0.0f;
+    float v = a.x[(int64_t)r * a.in + s];
+    if (a.norm)
+        return a.norm[s] * (v * inv[r]);
+    if (a.up)
+        return activate(v, a.act) * a.up[(int64_t)r * a.in + s];
+    return v;
 }
 
 /* ---- GEMV */
@@ -106,17 +136,22 @@ __device__ __forceinline__ void gemv_chunk(const uint32_t *qw, int64_t n_pad, in
 }
 
 template <int R>
-__global__ void __launch_bounds__(GEMV_THREADS)
-qgemv_kernel(float *out, const float *x, int32_t in, int32_t n_out, exl_qmatrix q, int32_t chunks_per_block,
-             const float *bias, float *partial, unsigned *counters) {
+__global__ void __launch_bounds__(GEMV_THREADS) qgemv_kernel(const __grid_constant__ gemv_args a) {
     extern __shared__ __half2 xs[]; /* [R][chunks_per_block * 16] */
     __shared__ float red[SUBS][R][COL_TILE];
+    __shared__ float inv[R], red_rms[GEMV_THREADS / 32];
     __shared__ int is_last;
     const int tid = threadIdx.x, quad = tid % 64, sub = tid / 64;
-    const int c0 = blockIdx.y * chunks_per_block;
-    const int n_loc = min(chunks_per_block, q.n_chunks - c0);
-    const int xs_stride = chunks_per_block * 16;
-    const int col0 = blockIdx.x * COL_TILE + quad * 4;
+    int mi = 0;
+    while (mi + 1 < a.n_mats && (int)blockIdx.x >= a.m[mi].tile_end)
+        mi++;
+    const gemv_mat &M = a.m[mi];
+    const exl_qmatrix &q = M.q;
+    const int cpb = a.chunks_per_block;
+    const int c0 = blockIdx.y * cpb;
+    const int n_loc = max(0, min(cpb, q.n_chunks - c0));
+    const int xs_stride = cpb * 16;
+    const int col0 = ((int)blockIdx.x - (mi ? a.m[mi - 1].tile_end : 0)) * COL_TILE + quad * 4;
 
     /* start this thread's weights on their way to L2 while the activations are gathered */
     for (int lc = sub; lc < n_loc; lc += SUBS) {
@@ -124,15 +159,13 @@ qgemv_kernel(float *out, const float *x, int32_t in, int32_t n_out, exl_qmatrix 
         for (int i = 0; i < meta.y; i++)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(q.qw + (int64_t)(meta.x + i) * q.n_pad + col0));
     }
-
-    /* activations of this block's chunks, gathered into slot order, as fp16 pairs */
+    if (a.norm)
+        row_inv_rms<R>(a, inv, red_rms);
     for (int i = tid; i < n_loc * 16; i += GEMV_THREADS) {
-        int s0 = q.slot_src[c0 * CHUNK + 2 * i], s1 = q.slot_src[c0 * CHUNK + 2 * i + 1];
+        int2 sp = __ldg((const int2 *)(q.slot_src + c0 * CHUNK) + i);
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const float *xr = x + (int64_t)r * in;
-            xs[r * xs_stride + i] = __floats2half2_rn(s0 >= 0 ? xr[s0] : 0.0f, s1 >= 0 ? xr[s1] : 0.0f);
-        }
+        for (int r = 0; r < R; r++)
+            xs[r * xs_stride + i] = __floats2half2_rn(input_at<R>(a, r, sp.x, inv), input_at<R>(a, r, sp.y, inv));
     }
     __syncthreads();
 
@@ -161,7 +194,8 @@ qgemv_kernel(float *out, const float *x, int32_t in, int32_t n_out, exl_qmatrix 
             red[sub][r][quad * 4 + c] = acc[r][c];
     __syncthreads();
 
-    const int col = blockIdx.x * COL_TILE + tid;
+    const int tcol = ((int)blockIdx.x - (mi ? a.m[mi - 1].tile_end : 0)) * COL_TILE + tid;
+    const int gcol = blockIdx.x * COL_TILE + tid; /* column in the partial sums */
     float sum[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -170,55 +204,104 @@ qgemv_kernel(float *out, const float *x, int32_t in, int32_t n_out, exl_qmatrix 
         for (int s = 0; s < SUBS; s++)
             sum[r] += red[s][r][tid];
     }
-    if (gridDim.y == 1) {
-        if (col < n_out)
+    if (gridDim.y > 1) {
+        const int64_t width = (int64_t)gridDim.x * COL_TILE;
 #pragma unroll
-            for (int r = 0; r < R; r++)
-                out[(int64_t)r * n_out + col] = sum[r] + (bias ? bias[col] : 0.0f);
-        return;
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        partial[((int64_t)blockIdx.y * R + r) * q.n_pad + col] = sum[r];
-    __threadfence();
-    __syncthreads();
-    if (tid == 0)
-        is_last = atomicAdd(&counters[blockIdx.x], 1u) == gridDim.y - 1;
-    __syncthreads();
-    if (!is_last)
-        return;
-    __threadfence();
-    if (col < n_out)
+        for (int r = 0; r < R; r++)
+            a.partial[((int64_t)blockIdx.y * R + r) * width + gcol] = sum[r];
+        __threadfence();
+        __syncthreads();
+        if (tid == 0)
+            is_last = atomicAdd(&a.counters[blockIdx.x], 1u) == gridDim.y - 1;
+        __syncthreads();
+        if (!is_last)
+            return;
+        __threadfence();
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float t = bias ? bias[col] : 0.0f;
+            sum[r] = 0.0f;
             for (unsigned y = 0; y < gridDim.y; y++)
-                t += __ldcg(partial + ((int64_t)y * R + r) * q.n_pad + col);
-            out[(int64_t)r * n_out + col] = t;
+                sum[r] += __ldcg(a.partial + ((int64_t)y * R + r) * width + gcol);
         }
-    if (tid == 0)
-        counters[blockIdx.x] = 0;
+        if (tid == 0)
+            a.counters[blockIdx.x] = 0;
+    }
+    if (tcol < M.n_out)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float *dst = M.out + (int64_t)r * M.n_out + tcol;
+            *dst = (a.accumulate ? *dst : 0.0f) + sum[r] + (M.bias ? M.bias[tcol] : 0.0f);
+        }
 }
 
+/* ---- launch */
+
 template <int R>
-static void launch_gemv(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w) {
-    const exl_qmatrix *q = &w->q;
-    int tiles = q->n_pad / COL_TILE;
-    int target = 3 * cb->n_sms;
-    int split = target / tiles;
-    int max_split = (q->n_chunks + 2 * SUBS - 1) / (2 * SUBS); /* at least 2 chunks per sub */
-    if (split > max_split)
-        split = max_split;
-    if (split < 1)
-        split = 1;
-    int cpb = (q->n_chunks + split - 1) / split;
-    int max_cpb = 24576 / (R * 64); /* keep the activations under 24 KiB of shared memory */
-    if (cpb > max_cpb)
-        cpb = max_cpb;
-    split = (q->n_chunks + cpb - 1) / cpb;
+static void launch(exl_cuda_backend *cb, const gemv_args *a, int split) {
+    dim3 grid((unsigned)a->m[a->n_mats - 1].tile_end, (unsigned)split);
+    size_t smem = (size_t)R * a->chunks_per_block * 16 * sizeof(__half2);
+    qgemv_kernel<R><<<grid, GEMV_THREADS, smem, cb->stream>>>(*a);
+    exl_cuda_check_launch(cb, "quantized GEMV");
+}
+
+static void launch_rows(exl_cuda_backend *cb, const gemv_args *a, int split, int rows) {
+    switch (rows) {
+    case 1: launch<1>(cb, a, split); break;
+    case 2: launch<2>(cb, a, split); break;
+    case 3: launch<3>(cb, a, split); break;
+    default: launch<4>(cb, a, split); break;
+    }
+}
+
+/* The launch arguments for f (less the per-row-group pointers) and its split; 0 if the
+ * kernel does not take f. */
+static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args *a, int *split) {
+    if (f->rows < 1 || f->rows > EXL_CUDA_GEMV_MAX_ROWS || f->n < 1 || f->n > MAX_MATS)
+        return 0;
+    memset(a, 0, sizeof *a);
+    int32_t tiles = 0, chunks = 0;
+    for (int i = 0; i < f->n; i++) {
+        const exl_linear *w = f->w[i];
+        if (w->kind == EXL_LINEAR_DENSE || w->in != f->w[0]->in)
+            return 0;
+        tiles += w->q.n_pad / COL_TILE;
+        a->m[i] = (gemv_mat){w->q, f->out[i], w->bias, w->out, tiles};
+        chunks = w->q.n_chunks > chunks ? w->q.n_chunks : chunks;
+    }
+    a->n_mats = f->n;
+    a->norm = f->norm ? f->norm->v : NULL;
+    a->eps = f->eps;
+    a->act = f->act;
+    a->in = f->w[0]->in;
+    a->accumulate = f->accumulate;
+    /* about 3 blocks per SM, at least 2 chunks per warp pair, activations under 24 KiB */
+    int R = f->rows < 4 ? f->rows : 4;
+    int s = 3 * cb->n_sms / tiles, max_split = (chunks + 2 * SUBS - 1) / (2 * SUBS);
+    s = s > max_split ? max_split : s < 1 ? 1 : s;
+    int cpb = (chunks + s - 1) / s, max_cpb = 24576 / (R * 64);
+    a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
+    *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
+    return 1;
+}
+
+int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
+    gemv_args a;
+    int split;
+    return plan(cb, f, &a, &split);
+}
+
+void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
+    gemv_args a;
+    int split;
+    if (!plan(cb, f, &a, &split)) {
+        exl_cuda_set_sticky(cb, EXL_ERR_UNSUPPORTED, "quantized GEMV: this matmul does not fit the kernel");
+        return;
+    }
+    int32_t tiles = a.m[a.n_mats - 1].tile_end;
     if (split > 1) {
+        int R = f->rows < 4 ? f->rows : 4;
         if (!exl_cuda_ensure(cb, (void **)&cb->gemv_partial, &cb->gemv_partial_bytes,
-                             (size_t)split * R * q->n_pad * sizeof(float), "GEMV partial sums"))
+                             (size_t)split * R * tiles * COL_TILE * sizeof(float), "GEMV partial sums"))
             return;
         if ((size_t)tiles > cb->gemv_counter_count) {
             size_t bytes = cb->gemv_counter_count * sizeof(unsigned);
@@ -231,97 +314,16 @@ static void launch_gemv(exl_cuda_backend *cb, float *out, const float *x, const 
                 return;
             }
         }
+        a.partial = cb->gemv_partial;
+        a.counters = cb->gemv_counters;
     }
-    dim3 grid((unsigned)tiles, (unsigned)split);
-    size_t smem = (size_t)R * cpb * 16 * sizeof(__half2);
-    qgemv_kernel<R><<<grid, GEMV_THREADS, smem, cb->stream>>>(out, x, w->in, w->out, *q, cpb, w->bias,
-                                                              cb->gemv_partial, cb->gemv_counters);
-    exl_cuda_check_launch(cb, "quantized GEMV");
-}
-
-void exl_cuda_qgemv(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows) {
-    switch (rows) {
-    case 1: launch_gemv<1>(cb, out, x, w); break;
-    case 2: launch_gemv<2>(cb, out, x, w); break;
-    case 3: launch_gemv<3>(cb, out, x, w); break;
-    case 4: launch_gemv<4>(cb, out, x, w); break;
-    default:
-        for (int32_t r = 0; r < rows; r += 4) {
-            int n = rows - r < 4 ? rows - r : 4;
-            exl_cuda_qgemv(cb, out + (int64_t)r * w->out, x + (int64_t)r * w->in, w, n);
-        }
+    /* rows 5..8 as two launches (the weights are read twice) */
+    for (int32_t r = 0; r < f->rows; r += 4) {
+        gemv_args part = a;
+        part.x = f->x + (int64_t)r * a.in;
+        part.up = f->up ? f->up + (int64_t)r * a.in : NULL;
+        for (int i = 0; i < f->n; i++)
+            part.m[i].out = f->out[i] + (int64_t)r * f->w[i]->out;
+        launch_rows(cb, &part, split, f->rows - r < 4 ? f->rows - r : 4);
     }
-}
-
-/* ---- dequantize to fp16 [slots, n_pad] (slot order) */
-
-template <int B>
-__device__ __forceinline__ void dequant_chunk(__half *dst, const uint32_t *qw, int64_t n_pad, int col0, int4 meta,
-                                              const __half *scales, const __half *zeros, int chunk) {
-    uint4 wv[B];
-#pragma unroll
-    for (int i = 0; i < B; i++)
-        wv[i] = __ldg((const uint4 *)(qw + (int64_t)(meta.x + i) * n_pad + col0));
-    const int64_t g0 = (int64_t)meta.z * n_pad + col0;
-    __half *base = dst + (int64_t)chunk * CHUNK * n_pad + col0;
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-        uint32_t w[B];
-#pragma unroll
-        for (int i = 0; i < B; i++)
-            w[i] = c == 0 ? wv[i].x : c == 1 ? wv[i].y : c == 2 ? wv[i].z : wv[i].w;
-        __half2 zz = zero_pair(zeros, g0 + c, B);
-        __half2 s2 = __half2half2(scales[g0 + c]);
-        decode_chunk<B>(w, zz, [&](int p, __half2 qv) {
-            __half2 v = __hmul2(qv, s2);
-            base[(int64_t)(2 * p) * n_pad + c] = __low2half(v);
-            base[(int64_t)(2 * p + 1) * n_pad + c] = __high2half(v);
-        });
-    }
-}
-
-__global__ void qdequant_kernel(__half *dst, exl_qmatrix q) {
-    int quad = blockIdx.x * blockDim.x + threadIdx.x;
-    int chunk = blockIdx.y;
-    if (quad * 4 >= q.n_pad)
-        return;
-    int4 meta = q.chunks[chunk];
-    int col0 = quad * 4;
-    switch (meta.y) {
-    case 2: dequant_chunk<2>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk); break;
-    case 3: dequant_chunk<3>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk); break;
-    case 4: dequant_chunk<4>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk); break;
-    case 5: dequant_chunk<5>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk); break;
-    case 6: dequant_chunk<6>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk); break;
-    default: dequant_chunk<8>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk); break;
-    }
-}
-
-void exl_cuda_qdequant(exl_cuda_backend *cb, __half *dst, const exl_linear *w) {
-    const exl_qmatrix *q = &w->q;
-    dim3 grid((unsigned)(q->n_pad / 4 + 127) / 128, (unsigned)q->n_chunks);
-    qdequant_kernel<<<grid, 128, 0, cb->stream>>>(dst, *q);
-    exl_cuda_check_launch(cb, "dequantize");
-}
-
-/* ---- activations to fp16, gathered: x[r, idx[i]] (idx NULL: identity, -1: 0) split into
- * hi = fp16(x) at dst[r, i] and lo = fp16(x - hi) at dst[rows + r, i] */
-
-__global__ void gather_half_kernel(__half *dst, const float *x, const int32_t *idx, int32_t in, int32_t width,
-                                   int32_t rows) {
-    int32_t r = blockIdx.y;
-    for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) {
-        int32_t s = idx ? idx[i] : i;
-        float v = s >= 0 ? x[(int64_t)r * in + s] : 0.0f;
-        __half hi = __float2half_rn(v);
-        dst[(int64_t)r * width + i] = hi;
-        dst[(int64_t)(rows + r) * width + i] = __float2half_rn(v - __half2float(hi));
-    }
-}
-
-void exl_cuda_gather_half(exl_cuda_backend *cb, __half *dst, const float *x, const int32_t *idx, int32_t rows,
-                          int32_t in, int32_t width) {
-    dim3 grid((unsigned)(width + 255) / 256, (unsigned)rows);
-    gather_half_kernel<<<grid, 256, 0, cb->stream>>>(dst, x, idx, in, width, rows);
-    exl_cuda_check_launch(cb, "gather to fp16");
 }

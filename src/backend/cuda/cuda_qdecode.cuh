@@ -1,0 +1,52 @@
+/* cuda_qdecode.cuh - decoding the codes of one 32-row chunk of one column of an exl_qmatrix
+ * (cuda_internal.h) into fp16 pairs, shared by the GEMV and the dequantize kernels.
+ *
+ * A chunk of b-bit codes is b words. Codes become fp16 pairs with one mask-and-or per pair
+ * ((code | 0x6400) is 1024 + code); the zero is subtracted exactly ((1024 + q) - (1024 + z)).
+ * Pair p holds slots 2p and 2p + 1 (the slot order of exl_cuda_slot_of). */
+#ifndef EXL_CUDA_QDECODE_CUH
+#define EXL_CUDA_QDECODE_CUH
+
+#include "backend/cuda/cuda_internal.h"
+
+#define CHUNK 32
+
+__device__ __forceinline__ __half2 u32_as_half2(uint32_t u) {
+    __half2 h;
+    memcpy(&h, &u, 4);
+    return h;
+}
+
+template <int B>
+__device__ __forceinline__ uint32_t extract(const uint32_t (&w)[B], int bit) {
+    int lo = bit >> 5, off = bit & 31;
+    uint32_t v = off + B <= 32 ? w[lo] >> off : __funnelshift_r(w[lo], w[lo + 1 < B ? lo + 1 : lo], off);
+    return v & ((1u << B) - 1);
+}
+
+/* Calls f(pair, (q - z) as half2) for the 16 pairs of a chunk; pair p covers slots 2p, 2p+1. */
+template <int B, typename F>
+__device__ __forceinline__ void decode_chunk(const uint32_t (&w)[B], __half2 zz, F &&f) {
+    if constexpr (B == 2 || B == 4 || B == 8) {
+        constexpr int V = 32 / B;
+        constexpr uint32_t M = (1u << B) - 1, MM = M | (M << 16);
+#pragma unroll
+        for (int u = 0; u < B; u++)
+#pragma unroll
+            for (int i = 0; i < V / 2; i++)
+                f(u * V / 2 + i, __hsub2(u32_as_half2(((w[u] >> (i * B)) & MM) | 0x64006400u), zz));
+    } else {
+#pragma unroll
+        for (int p = 0; p < 16; p++) {
+            uint32_t a = extract<B>(w, p * B), b = extract<B>(w, (p + 16) * B);
+            f(p, __hsub2(u32_as_half2(a | (b << 16) | 0x64006400u), zz));
+        }
+    }
+}
+
+__device__ __forceinline__ __half2 zero_pair(const __half *zeros, int64_t at, int bits) {
+    float z = zeros ? __half2float(zeros[at]) : (float)(1 << (bits - 1));
+    return __float2half2_rn(1024.0f + z);
+}
+
+#endif
