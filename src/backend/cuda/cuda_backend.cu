@@ -234,7 +234,7 @@ static exl_status cu_linear_init(exl_backend *be, const exl_linear_src *src, exl
     } else {
         st = exl_cuda_qmatrix_init(cb, src, &w->q);
         if (st == EXL_OK) {
-            size_t bytes = (size_t)w->q.n_chunks * 32 * (size_t)w->q.n_pad * sizeof(__half);
+            size_t bytes = 2 * (size_t)w->q.n_chunks * 32 * (size_t)w->q.n_pad * sizeof(__half); /* hi, lo */
             if (bytes > cb->dequant_bytes)
                 cb->dequant_bytes = bytes;
         }

@@ -42,7 +42,7 @@ typedef struct exl_cuda_backend {
     /* scratch, grown on demand (never inside a steady decode loop) */
     void *scratch;          /* fp16 activations / dequantized weights for the GEMM path */
     size_t scratch_bytes;
-    size_t dequant_bytes;   /* largest dequantized matrix of any quantized linear */
+    size_t dequant_bytes;   /* largest dequantized matrix (hi and lo parts) of any quantized linear */
     float *gemv_partial;    /* split-K partial sums of the GEMV kernels */
     size_t gemv_partial_bytes;
     unsigned *gemv_counters; /* per column tile arrival counters (self-resetting) */
@@ -132,6 +132,7 @@ size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_
  * of one input width), which exl_cuda_qgemv_fused then launches. */
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f);
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
+/* w to fp16 [slots, n_pad] at dst (hi) and right after it (lo = w - hi) */
 void exl_cuda_qdequant(exl_cuda_backend *cb, __half *dst, const exl_linear *w);
 /* fp32 activations (gathered through idx, NULL = none) as two fp16 matrices hi, lo: [2 * rows, width] */
 void exl_cuda_gather_half(exl_cuda_backend *cb, __half *dst, const float *x, const int32_t *idx, int32_t rows,
@@ -157,6 +158,9 @@ void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float
 /* Largest row count the decode (GEMV / split-K attention) paths take; graphs are used only
  * for steps at or under it. */
 #define EXL_CUDA_GEMV_MAX_ROWS 8
+/* Largest row count the quantized GEMV takes (8 rows per launch, so the weights are read
+ * once per 8 rows); more rows go to dequantize + cuBLAS */
+#define EXL_CUDA_QGEMV_MAX_ROWS 32
 #define EXL_CUDA_DECODE_MAX_Q 4
 /* decode attention sizes its splits for max_kv rounded up to this, so a captured step can
  * be replayed for the next tokens */

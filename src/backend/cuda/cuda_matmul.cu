@@ -4,8 +4,9 @@
  * 16-byte loads; quantized: cuda_qgemv.cu, which also fuses norm/GLU/residual). Many rows (prefill): fp16 activations and
  * fp16 weights (quantized ones dequantized first, whole matrix, into scratch) through
  * cuBLAS with fp32 accumulation and fp32 output. The activations go in as two fp16 parts
- * (x = hi + lo, two GEMMs into one output): fp16 activations alone flip near-tied argmaxes
- * of the reference logits, and the GEMMs are a small part of a prefill step today. */
+ * (x = hi + lo), and dequantized weights too (w_hi + w_lo; x_lo·w_lo is dropped), several
+ * GEMMs into one output: fp16 parts alone flip near-tied argmaxes of the reference logits,
+ * and the GEMMs are a small part of a prefill step today. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <string.h>
@@ -88,16 +89,17 @@ __global__ void bias_kernel(float *out, const float *bias, int32_t n_out, int64_
         out[i] += bias[i % n_out];
 }
 
-/* out[rows, N] (row-major) = (hi + lo)[rows, K] · A, where xh holds hi then lo and A is fp16
+/* out[rows, N] (row-major) (+)= sum over the first x_parts parts of xh [rows, K] · A, where
+ * xh holds hi then lo and A is fp16
  * either [N, K] row-major (transposed = 1, lda = K) or [K, lda] row-major (transposed = 0). */
-static void gemm(exl_cuda_backend *cb, float *out, const __half *xh, const __half *a, int transposed, int32_t lda,
-                 int32_t rows, int32_t K, int32_t N) {
+static void gemm(exl_cuda_backend *cb, float *out, const __half *xh, int x_parts, const __half *a, int transposed,
+                 int32_t lda, int accumulate, int32_t rows, int32_t K, int32_t N) {
     const float one = 1.0f, zero = 0.0f;
-    for (int part = 0; part < 2; part++)
+    for (int part = 0; part < x_parts; part++)
         CUBLAS_CHECK_STICKY(cb,
                             cublasGemmEx(cb->cublas, transposed ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, rows,
                                          K, &one, a, CUDA_R_16F, lda, xh + (int64_t)part * rows * K, CUDA_R_16F, K,
-                                         part ? &one : &zero, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                         part || accumulate ? &one : &zero, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT),
                             "GEMM");
 }
@@ -114,9 +116,10 @@ static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const 
     if (quant) {
         __half *wd = (__half *)((char *)cb->scratch + x_bytes);
         exl_cuda_qdequant(cb, wd, w);
-        gemm(cb, out, xh, wd, 0, w->q.n_pad, rows, K, w->out);
+        gemm(cb, out, xh, 2, wd, 0, w->q.n_pad, 0, rows, K, w->out);              /* (x_hi + x_lo) w_hi */
+        gemm(cb, out, xh, 1, wd + (int64_t)K * w->q.n_pad, 0, w->q.n_pad, 1, rows, K, w->out); /* + x_hi w_lo */
     } else {
-        gemm(cb, out, xh, w->w, 1, w->in, rows, K, w->out);
+        gemm(cb, out, xh, 2, w->w, 1, w->in, 0, rows, K, w->out);
     }
     if (w->bias) {
         int64_t total = (int64_t)rows * w->out;

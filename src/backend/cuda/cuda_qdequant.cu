@@ -1,12 +1,15 @@
-/* cuda_qdequant.cu - quantized matrices dequantized to fp16, and fp32 activations gathered
- * to fp16, for the many-row (cuBLAS) matmul path. */
+/* cuda_qdequant.cu - quantized matrices dequantized to fp16 (hi + lo), and fp32 activations
+ * gathered to fp16 (hi + lo), for the many-row (cuBLAS) matmul path. */
 #include "backend/cuda/cuda_qdecode.cuh"
 
-/* ---- dequantize to fp16 [slots, n_pad] (slot order) */
+/* ---- dequantize to fp16 [slots, n_pad] (slot order) as two parts, hi = fp16(w) and then
+ * lo = fp16(w - hi): with both, the GEMMs see the weights to ~22 bits, so prefill logits
+ * keep the argmax of an fp32 reference even at near ties */
 
 template <int B>
 __device__ __forceinline__ void dequant_chunk(__half *dst, const uint32_t *qw, int64_t n_pad, int col0, int4 meta,
-                                              const __half *scales, const __half *zeros, int chunk) {
+                                              const __half *scales, const __half *zeros, int chunk,
+                                              int64_t lo_off) {
     uint4 wv[B];
 #pragma unroll
     for (int i = 0; i < B; i++)
@@ -20,11 +23,16 @@ __device__ __forceinline__ void dequant_chunk(__half *dst, const uint32_t *qw, i
         for (int i = 0; i < B; i++)
             w[i] = c == 0 ? wv[i].x : c == 1 ? wv[i].y : c == 2 ? wv[i].z : wv[i].w;
         __half2 zz = zero_pair(zeros, g0 + c, B);
-        __half2 s2 = __half2half2(scales[g0 + c]);
+        float s = __half2float(scales[g0 + c]);
         decode_chunk<B>(w, zz, [&](int p, __half2 qv) {
-            __half2 v = __hmul2(qv, s2);
-            base[(int64_t)(2 * p) * n_pad + c] = __low2half(v);
-            base[(int64_t)(2 * p + 1) * n_pad + c] = __high2half(v);
+            float2 v = __half22float2(qv); /* q - z, exact */
+            v.x *= s, v.y *= s;
+            __half h0 = __float2half_rn(v.x), h1 = __float2half_rn(v.y);
+            int64_t at = (int64_t)(2 * p) * n_pad + c;
+            base[at] = h0;
+            base[at + n_pad] = h1;
+            base[lo_off + at] = __float2half_rn(v.x - __half2float(h0));
+            base[lo_off + at + n_pad] = __float2half_rn(v.y - __half2float(h1));
         });
     }
 }
@@ -36,13 +44,14 @@ __global__ void qdequant_kernel(__half *dst, exl_qmatrix q) {
         return;
     int4 meta = q.chunks[chunk];
     int col0 = quad * 4;
+    const int64_t lo_off = (int64_t)q.n_chunks * CHUNK * q.n_pad;
     switch (meta.y) {
-    case 2: dequant_chunk<2>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk); break;
-    case 3: dequant_chunk<3>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk); break;
-    case 4: dequant_chunk<4>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk); break;
-    case 5: dequant_chunk<5>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk); break;
-    case 6: dequant_chunk<6>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk); break;
-    default: dequant_chunk<8>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk); break;
+    case 2: dequant_chunk<2>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk, lo_off); break;
+    case 3: dequant_chunk<3>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk, lo_off); break;
+    case 4: dequant_chunk<4>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk, lo_off); break;
+    case 5: dequant_chunk<5>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk, lo_off); break;
+    case 6: dequant_chunk<6>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk, lo_off); break;
+    default: dequant_chunk<8>(dst, q.qw, q.n_pad, col0, meta, q.scales, q.zeros, chunk, lo_off); break;
     }
 }
 

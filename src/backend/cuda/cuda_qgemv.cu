@@ -16,6 +16,7 @@
 #define GEMV_THREADS 256
 #define SUBS (GEMV_THREADS / 64)
 #define MAX_MATS 3
+#define ROWS_PER_LAUNCH 8
 
 typedef struct gemv_mat {
     exl_qmatrix q;
@@ -249,14 +250,18 @@ static void launch_rows(exl_cuda_backend *cb, const gemv_args *a, int split, int
     case 1: launch<1>(cb, a, split); break;
     case 2: launch<2>(cb, a, split); break;
     case 3: launch<3>(cb, a, split); break;
-    default: launch<4>(cb, a, split); break;
+    case 4: launch<4>(cb, a, split); break;
+    case 5: launch<5>(cb, a, split); break;
+    case 6: launch<6>(cb, a, split); break;
+    case 7: launch<7>(cb, a, split); break;
+    default: launch<8>(cb, a, split); break;
     }
 }
 
 /* The launch arguments for f (less the per-row-group pointers) and its split; 0 if the
  * kernel does not take f. */
 static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args *a, int *split) {
-    if (f->rows < 1 || f->rows > EXL_CUDA_GEMV_MAX_ROWS || f->n < 1 || f->n > MAX_MATS)
+    if (f->rows < 1 || f->rows > EXL_CUDA_QGEMV_MAX_ROWS || f->n < 1 || f->n > MAX_MATS)
         return 0;
     memset(a, 0, sizeof *a);
     int32_t tiles = 0, chunks = 0;
@@ -274,11 +279,13 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
     a->act = f->act;
     a->in = f->w[0]->in;
     a->accumulate = f->accumulate;
-    /* about 3 blocks per SM, at least 2 chunks per warp pair, activations under 24 KiB */
-    int R = f->rows < 4 ? f->rows : 4;
+    /* about 3 blocks per SM, at least 2 chunks per warp pair, activations under 24 KiB and
+     * with the static reduction buffer (R KiB x 4) under 46 KiB */
+    int R = f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
     int s = 3 * cb->n_sms / tiles, max_split = (chunks + 2 * SUBS - 1) / (2 * SUBS);
     s = s > max_split ? max_split : s < 1 ? 1 : s;
-    int cpb = (chunks + s - 1) / s, max_cpb = 24576 / (R * 64);
+    int smem = 47104 - 4096 * R < 24576 ? 47104 - 4096 * R : 24576;
+    int cpb = (chunks + s - 1) / s, max_cpb = smem / (R * 64);
     a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
     *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
     return 1;
@@ -299,7 +306,7 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
     }
     int32_t tiles = a.m[a.n_mats - 1].tile_end;
     if (split > 1) {
-        int R = f->rows < 4 ? f->rows : 4;
+        int R = f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
         if (!exl_cuda_ensure(cb, (void **)&cb->gemv_partial, &cb->gemv_partial_bytes,
                              (size_t)split * R * tiles * COL_TILE * sizeof(float), "GEMV partial sums"))
             return;
@@ -317,13 +324,13 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
         a.partial = cb->gemv_partial;
         a.counters = cb->gemv_counters;
     }
-    /* rows 5..8 as two launches (the weights are read twice) */
-    for (int32_t r = 0; r < f->rows; r += 4) {
+    /* ROWS_PER_LAUNCH rows per launch (the weights are read once per launch) */
+    for (int32_t r = 0; r < f->rows; r += ROWS_PER_LAUNCH) {
         gemv_args part = a;
         part.x = f->x + (int64_t)r * a.in;
         part.up = f->up ? f->up + (int64_t)r * a.in : NULL;
         for (int i = 0; i < f->n; i++)
             part.m[i].out = f->out[i] + (int64_t)r * f->w[i]->out;
-        launch_rows(cb, &part, split, f->rows - r < 4 ? f->rows - r : 4);
+        launch_rows(cb, &part, split, f->rows - r < ROWS_PER_LAUNCH ? f->rows - r : ROWS_PER_LAUNCH);
     }
 }
