@@ -4,7 +4,7 @@
  * same run. The weights are generated in memory (EXL2 / GPTQ in their file layouts) and
  * the model is driven through the real forward pass (exl_model_forward).
  *
- * usage: gpu_bench [fp16|exl2|gptq ...] [--layers N] [--profile]   (default: exl2 gptq fp16)
+ * usage: gpu_bench [fp16|exl2|gptq|exl2-8b ...] [--layers N] [--profile]   (default: exl2 gptq fp16 exl2-8b)
  * --profile: only a 128-token prompt and 3 decode steps of the first kind (for ncu). */
 #include "model/model.h"
 
@@ -152,16 +152,23 @@ static void linear(exl_model *m, model_info *mi, const char *kind, int head, int
     qgen_free(&g);
 }
 
+/* "exl2-8b": Llama-3-8B's shape (8 KV heads, ffn 14336, vocab 128256), else Llama-2-7B's */
+static int is_8b(const char *kind) { return !strcmp(kind, "exl2-8b"); }
+
 static exl_model *build_model(const char *kind, int32_t n_layers, model_info *mi) {
     exl_model *m = exl_calloc(1, sizeof *m);
     exl_hf_config *c = &m->cfg;
+    const int big = is_8b(kind);
+    if (big)
+        kind = "exl2";
     c->arch = EXL_ARCH_LLAMA;
     snprintf(c->model_type, sizeof c->model_type, "llama");
-    c->vocab_size = 32000, c->hidden_size = 4096, c->intermediate_size = 11008, c->n_layers = n_layers;
-    c->n_heads = 32, c->n_kv_heads = 32, c->head_dim = 128, c->max_pos = 4096;
+    c->vocab_size = big ? 128256 : 32000, c->hidden_size = 4096, c->intermediate_size = big ? 14336 : 11008;
+    c->n_layers = n_layers;
+    c->n_heads = 32, c->n_kv_heads = big ? 8 : 32, c->head_dim = 128, c->max_pos = 4096;
     c->rms_eps = 1e-5;
     c->rope.type = EXL_ROPE_DEFAULT;
-    c->rope.theta = 10000;
+    c->rope.theta = big ? 500000 : 10000;
     c->rope.factor = 1;
     c->rope.partial_rotary_factor = 1;
     c->act = EXL_ACT_SILU;
@@ -172,11 +179,11 @@ static exl_model *build_model(const char *kind, int32_t n_layers, model_info *mi
     memset(mi, 0, sizeof *mi);
     mi->kind = kind;
     mi->layers = n_layers;
-    int64_t H = 4096, F = 11008;
+    int64_t H = 4096, F = c->intermediate_size, KV = (int64_t)c->n_kv_heads * 128, V = c->vocab_size;
     exl_linear_src es = {0};
     es.kind = EXL_LINEAR_DENSE;
     es.in_features = H;
-    es.out_features = 32000;
+    es.out_features = V;
     es.dense = (exl_dense_src){EXL_DTYPE_F16, dense_pool};
     es.name = "embed";
     EK(m->be->ops->linear_init(m->be, &es, &m->embed));
@@ -191,15 +198,15 @@ static exl_model *build_model(const char *kind, int32_t n_layers, model_info *mi
         EK(m->be->ops->vector_init(m->be, &ns, H, 0, &l->attn_norm));
         EK(m->be->ops->vector_init(m->be, &ns, H, 0, &l->mlp_norm));
         linear(m, mi, kind, 0, H, H, &l->q);
-        linear(m, mi, kind, 0, H, H, &l->k);
-        linear(m, mi, kind, 0, H, H, &l->v);
+        linear(m, mi, kind, 0, H, KV, &l->k);
+        linear(m, mi, kind, 0, H, KV, &l->v);
         linear(m, mi, kind, 0, H, H, &l->o);
         linear(m, mi, kind, 0, H, F, &l->gate);
         linear(m, mi, kind, 0, H, F, &l->up);
         linear(m, mi, kind, 0, F, H, &l->down);
     }
     /* EXL2 quantizes the head (6 bits here); GPTQ checkpoints keep it fp16 */
-    linear(m, mi, !strcmp(kind, "exl2") ? "exl2" : "fp16", 1, H, 32000, &m->head);
+    linear(m, mi, !strcmp(kind, "exl2") ? "exl2" : "fp16", 1, H, V, &m->head);
     return m;
 }
 
@@ -285,18 +292,18 @@ int main(int argc, char **argv) {
             kinds[n_kinds++] = argv[i];
     }
     if (!n_kinds)
-        kinds[0] = "exl2", kinds[1] = "gptq", kinds[2] = "fp16", n_kinds = 3;
+        kinds[0] = "exl2", kinds[1] = "gptq", kinds[2] = "fp16", kinds[3] = "exl2-8b", n_kinds = 4;
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     double bw = copy_bandwidth(), tflops = gemm_rate();
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     printf("copy bandwidth (device-to-device, read+write): %.0f GB/s\n", bw / 1e9);
     printf("fp16 GEMM 8192^3 (cuBLAS, fp32 accumulate): %.0f TFLOP/s\n", tflops / 1e12);
-    dense_pool_n = (size_t)32000 * 4096;
+    dense_pool_n = (size_t)128256 * 4096; /* the largest embedding table */
     dense_pool = malloc(dense_pool_n * 2);
     for (size_t i = 0; i < dense_pool_n; i++)
         dense_pool[i] = exl_f32_to_f16((qg_uniform(&rng) - 0.5f) * 0.04f);
-    float *logits = malloc(256 * 32000 * 4);
+    float *logits = malloc((size_t)256 * 128256 * 4);
     printf("\n| model | GB/token (file) | decode t/s ctx 128 | ctx 2048 | bound t/s | of bound (128) | "
            "prefill 2048 t/s | of tensor-core bound |\n|---|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < n_kinds; k++) {
@@ -323,7 +330,10 @@ int main(int argc, char **argv) {
         double d2048 = decode_speed(m, cache, pages, n_pages, 2048, logits);
         double pre = prefill_speed(m, cache, pages, n_pages, logits);
         double bound = bw / mi.file_bytes;
-        double params = n_layers * (4.0 * 4096 * 4096 + 3.0 * 4096 * 11008) + 4096.0 * 32000;
+        const exl_hf_config *c = &m->cfg;
+        double kvw = (double)c->n_kv_heads * c->head_dim;
+        double params = n_layers * (2.0 * 4096 * 4096 + 2.0 * 4096 * kvw + 3.0 * 4096 * c->intermediate_size) +
+                        4096.0 * c->vocab_size;
         double pre_bound = tflops / (2 * params);
         printf("| %s, %d layers | %.2f | %.1f | %.1f | %.0f | %.1f%% | %.0f | %.1f%% |\n", kinds[k], n_layers,
                mi.file_bytes / 1e9, d128, d2048, bound, 100 * d128 / bound, pre, 100 * pre / pre_bound);
@@ -337,7 +347,7 @@ int main(int argc, char **argv) {
                        {"gate_proj 4096x11008", m->layers[0].gate, 4096, 11008},
                        {"down_proj 11008x4096", m->layers[0].down, 11008, 4096},
                        {"head 4096x32000", m->head, 4096, 32000}};
-        for (int s = 0; s < 4; s++) {
+        for (int s = 0; s < (is_8b(kinds[k]) ? 0 : 4); s++) {
             double us = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N);
             int head = s == 3;
             const char *kk = head && strcmp(kinds[k], "exl2") ? "fp16" : kinds[k];
