@@ -69,6 +69,7 @@ void exl_str_free(exl_str *s) {
 char *exl_str_steal(exl_str *s) {
     if (!s->data && exl_str_reserve(s, 0))
         return NULL;
+    s->data[s->len] = 0;
     char *d = s->data;
     s->data = NULL;
     s->len = s->cap = 0;

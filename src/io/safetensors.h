@@ -45,6 +45,8 @@ exl_status exl_st_writer_init(exl_st_writer **out);
 exl_status exl_st_writer_add(exl_st_writer *w, const char *name, exl_dtype dtype, int n_dims,
                              const int64_t *shape, const void *data);
 exl_status exl_st_writer_write(exl_st_writer *w, const char *path);
+/* Set the header's __metadata__ to {"format": "pt"} (what transformers and AutoGPTQ write). */
+void exl_st_writer_format_pt(exl_st_writer *w);
 void exl_st_writer_free(exl_st_writer *w);
 
 #endif

@@ -21,7 +21,10 @@ typedef struct {
 struct exl_st_writer {
     pending_tensor *t;
     int n, cap;
+    int format_pt;
 };
+
+void exl_st_writer_format_pt(exl_st_writer *w) { w->format_pt = 1; }
 
 exl_status exl_st_writer_init(exl_st_writer **out) {
     *out = exl_calloc(1, sizeof **out);
@@ -61,6 +64,8 @@ exl_status exl_st_writer_write(exl_st_writer *w, const char *path) {
     exl_str h = EXL_STR_INIT;
     uint64_t off = 0;
     int bad = exl_str_putc(&h, '{');
+    if (w->format_pt)
+        bad |= exl_str_printf(&h, "\"__metadata__\":{\"format\":\"pt\"}%s", w->n ? "," : "");
     for (int i = 0; i < w->n; i++) {
         pending_tensor *t = &w->t[i];
         bad |= exl_str_printf(&h, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "", t->name,

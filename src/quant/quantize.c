@@ -672,9 +672,9 @@ static exl_status run(qz *q) {
     if (!found && !dir_is_empty(p->out_dir))
         return exl_fail(EXL_ERR_STATE, "%s: the output directory is not empty", p->out_dir);
     if (!found) {
+        EXL_TRY(embed_rows(q));
         if ((mkdir(p->out_dir, 0777) && errno != EEXIST) || (mkdir(q->work, 0777) && errno != EEXIST))
             return exl_fail(EXL_ERR_IO, "%s: cannot create the directory", q->work);
-        EXL_TRY(embed_rows(q));
         pass = p->format == EXL_QUANT_EXL2 && !p->measurement ? 0 : 1;
         next = 0;
         EXL_TRY(save_state(q, pass, next));

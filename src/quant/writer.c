@@ -58,17 +58,32 @@ exl_status exl_qz_part_write(exl_qz_part *p, const char *path) {
     return EXL_OK;
 }
 
+/* The tensors go in by element size, widest first (in part order within a size), as the
+ * safetensors library lays them out: with the data section starting 8-aligned, every tensor
+ * is then aligned to its element size, so readers that map the file can use it in place. */
 exl_status exl_qz_merge(char *const *paths, int32_t n, const char *out_path) {
     exl_st_file **f = exl_calloc((size_t)n, sizeof *f);
     exl_st_writer *w = NULL;
     exl_status st = f ? exl_st_writer_init(&w) : exl_fail(EXL_ERR_NOMEM, "out of memory");
-    for (int32_t i = 0; i < n && st == EXL_OK; i++) {
+    if (st == EXL_OK)
+        exl_st_writer_format_pt(w);
+    for (int32_t i = 0; i < n && st == EXL_OK; i++)
         st = exl_st_open(paths[i], &f[i]);
-        for (int j = 0; st == EXL_OK && j < f[i]->n_tensors; j++) {
-            const exl_st_tensor *t = &f[i]->tensors[j];
-            st = exl_st_writer_add(w, t->name, t->dtype, t->n_dims, t->shape, t->data);
-        }
-    }
+    int64_t n_in = 0, n_out = 0;
+    for (int32_t i = 0; i < n && st == EXL_OK; i++)
+        n_in += f[i]->n_tensors;
+    for (size_t size = 8; size >= 1 && st == EXL_OK; size /= 2)
+        for (int32_t i = 0; i < n && st == EXL_OK; i++)
+            for (int j = 0; st == EXL_OK && j < f[i]->n_tensors; j++) {
+                const exl_st_tensor *t = &f[i]->tensors[j];
+                if (exl_dtype_size(t->dtype) == size) {
+                    st = exl_st_writer_add(w, t->name, t->dtype, t->n_dims, t->shape, t->data);
+                    n_out++;
+                }
+            }
+    if (st == EXL_OK && n_out != n_in)
+        st = exl_fail(EXL_ERR_UNSUPPORTED, "%s: a tensor of the parts has an element size other than 1, 2, 4 or 8",
+                      out_path);
     if (st == EXL_OK)
         st = exl_st_writer_write(w, out_path);
     if (w)
