@@ -1,6 +1,7 @@
 /* layer_run.c - host fp32 pieces of one decoder layer for the quantizer (see layer_run.h). */
 #include "model/layer_run.h"
 
+#include "backend/cpu/kernels.h"
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/half.h"
@@ -10,6 +11,12 @@
 #include <string.h>
 
 /* ---- setup */
+
+/* Floats of attention scratch per thread: one sequence's values transposed [head_dim,
+ * seq_len] and the probabilities of a block of queries [EXL_CPU_MAX_NR, seq_len]. */
+static size_t attn_scratch(const exl_lrun *r) {
+    return (size_t)r->seq_len * (size_t)(r->cfg->head_dim + EXL_CPU_MAX_NR);
+}
 
 exl_status exl_lrun_init(exl_lrun *r, const exl_hf_config *cfg, exl_pool *pool, int32_t n_seqs, int32_t seq_len) {
     memset(r, 0, sizeof *r);
@@ -23,7 +30,7 @@ exl_status exl_lrun_init(exl_lrun *r, const exl_hf_config *cfg, exl_pool *pool, 
     int32_t half = r->rot_dim / 2;
     r->cos = exl_malloc((size_t)seq_len * half * sizeof(float));
     r->sin = exl_malloc((size_t)seq_len * half * sizeof(float));
-    r->scores = exl_malloc((size_t)exl_pool_size(pool) * seq_len * sizeof(float));
+    r->scores = exl_malloc((size_t)exl_pool_size(pool) * attn_scratch(r) * sizeof(float));
     if (!r->cos || !r->sin || !r->scores) {
         exl_lrun_free(r);
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
@@ -61,56 +68,72 @@ void exl_lrun_rmsnorm(const exl_lrun *r, float *out, const float *x, const float
     }
 }
 
-/* ---- matmul, split by rows over the pool */
+/* ---- matmul: the CPU's dot kernels (the backend's, SIMD where the CPU has it) over tiles
+ * of rows split across the pool; the columns pass one block at a time, gathered from W in
+ * chunks of input features, while the tile's rows stay in cache. */
+
+#define MM_TILE 32 /* rows per tile */
+#define MM_KC 512  /* input features gathered per column at a time */
 
 typedef struct mm_ctx {
     float *out;
     const float *x, *W, *bias;
     int64_t rows, K, N;
+    const exl_cpu_kernels *k;
 } mm_ctx;
+
+/* acc[i * EXL_CPU_NC + j] = x[i, 0 .. kc) · w[j] for i < nr. */
+static void mm_kernel(const exl_cpu_kernels *k, const float *x, int64_t ldx, int nr, const float *const *w, int64_t kc,
+                      float *acc) {
+    if (k->block_f32) {
+        k->block_f32(x, ldx, nr, w, kc, acc);
+        return;
+    }
+    float col[EXL_CPU_MAX_NR];
+    for (int j = 0; j < EXL_CPU_NC; j++) {
+        k->dot_f32(x, ldx, nr, w[j], kc, col);
+        for (int i = 0; i < nr; i++)
+            acc[i * EXL_CPU_NC + j] = col[i];
+    }
+}
+
+/* Columns n .. n + EXL_CPU_NC (fewer at the end) of rows r0 .. r1 (at most MM_TILE). */
+static void mm_cols(const mm_ctx *c, int64_t r0, int64_t r1, int64_t n) {
+    int64_t K = c->K, N = c->N;
+    int nc = N - n < EXL_CPU_NC ? (int)(N - n) : EXL_CPU_NC;
+    float wbuf[EXL_CPU_NC][MM_KC], sum[MM_TILE * EXL_CPU_NC] = {0}, acc[EXL_CPU_MAX_NR * EXL_CPU_NC];
+    const float *w[EXL_CPU_NC];
+    for (int j = 0; j < EXL_CPU_NC; j++)
+        w[j] = wbuf[j];
+    for (int64_t k0 = 0; k0 < K; k0 += MM_KC) {
+        int64_t kc = K - k0 < MM_KC ? K - k0 : MM_KC;
+        for (int64_t k = 0; k < kc; k++)
+            for (int j = 0; j < EXL_CPU_NC; j++) /* a last partial block repeats its last column */
+                wbuf[j][k] = c->W[(k0 + k) * N + n + (j < nc ? j : nc - 1)];
+        for (int64_t r = r0; r < r1; r += EXL_CPU_MAX_NR) {
+            int nr = r1 - r < EXL_CPU_MAX_NR ? (int)(r1 - r) : EXL_CPU_MAX_NR;
+            mm_kernel(c->k, c->x + r * K + k0, K, nr, w, kc, acc);
+            for (int i = 0; i < nr * EXL_CPU_NC; i++)
+                sum[(r - r0) * EXL_CPU_NC + i] += acc[i];
+        }
+    }
+    for (int64_t r = r0; r < r1; r++)
+        for (int j = 0; j < nc; j++)
+            c->out[r * N + n + j] = sum[(r - r0) * EXL_CPU_NC + j] + (c->bias ? c->bias[n + j] : 0.0f);
+}
 
 static void mm_task(void *ctx, int index, int count) {
     const mm_ctx *c = ctx;
     long t0, t1;
-    exl_split_range((long)c->rows, index, count, 4, &t0, &t1);
-    int64_t K = c->K, N = c->N;
-    for (int64_t t = t0; t < t1; t += 4) {
-        int64_t nt = t1 - t < 4 ? t1 - t : 4;
-        for (int64_t i = 0; i < nt; i++) {
-            float *o = c->out + (t + i) * N;
-            if (c->bias)
-                memcpy(o, c->bias, (size_t)N * sizeof(float));
-            else
-                memset(o, 0, (size_t)N * sizeof(float));
-        }
-        for (int64_t k = 0; k < K; k++) {
-            const float *w = c->W + k * N;
-            if (nt == 4) {
-                float a0 = c->x[t * K + k], a1 = c->x[(t + 1) * K + k];
-                float a2 = c->x[(t + 2) * K + k], a3 = c->x[(t + 3) * K + k];
-                float *o0 = c->out + t * N, *o1 = o0 + N, *o2 = o1 + N, *o3 = o2 + N;
-                for (int64_t n = 0; n < N; n++) {
-                    float wv = w[n];
-                    o0[n] += a0 * wv;
-                    o1[n] += a1 * wv;
-                    o2[n] += a2 * wv;
-                    o3[n] += a3 * wv;
-                }
-            } else {
-                for (int64_t i = 0; i < nt; i++) {
-                    float a = c->x[(t + i) * K + k];
-                    float *o = c->out + (t + i) * N;
-                    for (int64_t n = 0; n < N; n++)
-                        o[n] += a * w[n];
-                }
-            }
-        }
-    }
+    exl_split_range((long)c->rows, index, count, MM_TILE, &t0, &t1);
+    for (int64_t tile = t0; tile < t1; tile += MM_TILE)
+        for (int64_t n = 0; n < c->N; n += EXL_CPU_NC)
+            mm_cols(c, tile, tile + MM_TILE < t1 ? tile + MM_TILE : t1, n);
 }
 
 void exl_lrun_matmul(const exl_lrun *r, float *out, const float *x, const float *W, const float *bias, int64_t rows,
                      int64_t K, int64_t N) {
-    mm_ctx c = {out, x, W, bias, rows, K, N};
+    mm_ctx c = {out, x, W, bias, rows, K, N, exl_cpu_kernels_best()};
     exl_pool_run_work(r->pool, mm_task, &c, rows * K * N);
 }
 
@@ -120,6 +143,7 @@ typedef struct attn_ctx {
     const exl_lrun *r;
     float *out, *q, *k;
     const float *v;
+    const exl_cpu_kernels *kern;
 } attn_ctx;
 
 static void rope_rows(const exl_lrun *r, float *x, int32_t heads) {
@@ -139,50 +163,72 @@ static void rope_rows(const exl_lrun *r, float *x, int32_t heads) {
     }
 }
 
-static void attn_task(void *ctx, int index, int count) {
-    const attn_ctx *c = ctx;
+/* Probabilities of query i over keys first .. i into p (zero elsewhere in [lo, hi]). */
+static void attn_probs(const attn_ctx *c, const float *qi, const float *k, int64_t ldk, int32_t first, int32_t i,
+                       int32_t lo, int32_t hi, float *p) {
+    const exl_lrun *r = c->r;
+    int32_t hd = r->cfg->head_dim;
+    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, sum = 0;
+    for (int32_t j = lo; j < first; j++)
+        p[j] = 0;
+    for (int32_t j = first; j <= i; j += EXL_CPU_MAX_NR) {
+        int nr = i + 1 - j < EXL_CPU_MAX_NR ? i + 1 - j : EXL_CPU_MAX_NR;
+        c->kern->dot_f32(k + j * ldk, ldk, nr, qi, hd, p + j);
+    }
+    for (int32_t j = first; j <= i; j++) {
+        p[j] *= scale;
+        mx = p[j] > mx ? p[j] : mx;
+    }
+    for (int32_t j = first; j <= i; j++)
+        sum += p[j] = expf(p[j] - mx);
+    for (int32_t j = first; j <= i; j++)
+        p[j] /= sum;
+    for (int32_t j = i + 1; j <= hi; j++)
+        p[j] = 0;
+}
+
+/* One (sequence, head): blocks of EXL_CPU_MAX_NR queries share each pass over the values. */
+static void attn_head(const attn_ctx *c, int32_t s, int32_t h, float *scratch) {
     const exl_lrun *r = c->r;
     const exl_hf_config *cf = r->cfg;
-    int32_t H = cf->n_heads, KV = cf->n_kv_heads, hd = cf->head_dim, L = r->seq_len;
-    int32_t win = cf->sliding_window;
-    float scale = 1.0f / sqrtf((float)hd);
-    float *sc = r->scores + (size_t)index * L;
-    long j0, j1;
-    exl_split_range((long)r->n_seqs * H, index, count, 1, &j0, &j1);
-    for (long job = j0; job < j1; job++) {
-        int32_t s = (int32_t)(job / H), h = (int32_t)(job % H), kh = h / (H / KV);
-        for (int32_t i = 0; i < L; i++) {
-            int64_t ti = (int64_t)s * L + i;
-            const float *qi = c->q + (ti * H + h) * hd;
-            int32_t first = win > 0 && i - win + 1 > 0 ? i - win + 1 : 0;
-            float mx = -INFINITY;
-            for (int32_t j = first; j <= i; j++) {
-                const float *kj = c->k + (((int64_t)s * L + j) * KV + kh) * hd;
-                float d = 0;
-                for (int32_t e = 0; e < hd; e++)
-                    d += qi[e] * kj[e];
-                sc[j] = d * scale;
-                mx = sc[j] > mx ? sc[j] : mx;
-            }
-            float sum = 0;
-            for (int32_t j = first; j <= i; j++)
-                sum += sc[j] = expf(sc[j] - mx);
-            float *o = c->out + (ti * H + h) * hd;
-            memset(o, 0, (size_t)hd * sizeof(float));
-            for (int32_t j = first; j <= i; j++) {
-                const float *vj = c->v + (((int64_t)s * L + j) * KV + kh) * hd;
-                float p = sc[j] / sum;
-                for (int32_t e = 0; e < hd; e++)
-                    o[e] += p * vj[e];
-            }
+    int32_t H = cf->n_heads, KV = cf->n_kv_heads, hd = cf->head_dim, L = r->seq_len, win = cf->sliding_window;
+    int32_t kh = h / (H / KV);
+    float *vt = scratch, *p = scratch + (size_t)hd * L;
+    int64_t ldk = (int64_t)KV * hd, ldq = (int64_t)H * hd;
+    const float *k = c->k + (int64_t)s * L * ldk + (int64_t)kh * hd, *v = c->v + (int64_t)s * L * ldk + (int64_t)kh * hd;
+    for (int32_t j = 0; j < L; j++)
+        for (int32_t e = 0; e < hd; e++)
+            vt[(size_t)e * L + j] = v[j * ldk + e];
+    for (int32_t i0 = 0; i0 < L; i0 += EXL_CPU_MAX_NR) {
+        int nq = L - i0 < EXL_CPU_MAX_NR ? L - i0 : EXL_CPU_MAX_NR;
+        int32_t hi = i0 + nq - 1, lo = win > 0 && i0 - win + 1 > 0 ? i0 - win + 1 : 0;
+        for (int qi = 0; qi < nq; qi++) {
+            int32_t i = i0 + qi, first = win > 0 && i - win + 1 > 0 ? i - win + 1 : 0;
+            attn_probs(c, c->q + ((int64_t)s * L + i) * ldq + (int64_t)h * hd, k, ldk, first, i, lo, hi,
+                       p + (size_t)qi * L);
+        }
+        float o[EXL_CPU_MAX_NR];
+        for (int32_t e = 0; e < hd; e++) {
+            c->kern->dot_f32(p + lo, L, nq, vt + (size_t)e * L + lo, hi + 1 - lo, o);
+            for (int qi = 0; qi < nq; qi++)
+                c->out[((int64_t)s * L + i0 + qi) * ldq + (int64_t)h * hd + e] = o[qi];
         }
     }
+}
+
+static void attn_task(void *ctx, int index, int count) {
+    const attn_ctx *c = ctx;
+    int32_t H = c->r->cfg->n_heads;
+    long j0, j1;
+    exl_split_range((long)c->r->n_seqs * H, index, count, 1, &j0, &j1);
+    for (long job = j0; job < j1; job++)
+        attn_head(c, (int32_t)(job / H), (int32_t)(job % H), c->r->scores + (size_t)index * attn_scratch(c->r));
 }
 
 void exl_lrun_attention(const exl_lrun *r, float *out, float *q, float *k, const float *v) {
     rope_rows(r, q, r->cfg->n_heads);
     rope_rows(r, k, r->cfg->n_kv_heads);
-    attn_ctx c = {r, out, q, k, v};
+    attn_ctx c = {r, out, q, k, v, exl_cpu_kernels_best()};
     exl_pool_run(r->pool, attn_task, &c);
 }
 

@@ -2,8 +2,11 @@
  *
  * A knapsack by dynamic programming: the budget is cut into UNITS units, each recipe costs
  * its bits rounded up to whole units (so any choice that fits in units fits in bits), and
- * the sum over blocks of the squared relative output error is minimized. Errors of
- * independent blocks add roughly as variances in the residual stream, hence the squares. */
+ * the sum over blocks of the relative error (1 - accuracy) is minimized. The sum of the
+ * errors, not of their squares: squares spend the bits on the block with the largest
+ * error, usually a late MLP, while an early block's error is carried and amplified by every
+ * block after it, which its own measure does not see. On rand-llama (tools/quant_kl) the
+ * mean KL is 0.18 against 0.22 at 3 bpw and 0.010 against 0.011 at 5 bpw. */
 #include "quant/qz.h"
 
 #include "base/alloc.h"
@@ -37,7 +40,7 @@ exl_status exl_qz_optimize(const exl_qz_measurement *m, double budget_bits, int3
                 double c = ceil(bm->r[r].total_bits / unit - 1e-9);
                 if (c > u || !isfinite(cost[u - (int32_t)c]))
                     continue;
-                double e = 1.0 - bm->r[r].accuracy, v = cost[u - (int32_t)c] + e * e;
+                double v = cost[u - (int32_t)c] + (1.0 - bm->r[r].accuracy);
                 if (v < next[u]) {
                     next[u] = v;
                     pick[(size_t)b * (UNITS + 1) + u] = (int16_t)r;

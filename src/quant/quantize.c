@@ -3,11 +3,12 @@
  * The calibration rows' hidden states go through the model one decoder layer at a time
  * (model/layer_run.h). EXL2 first measures (unless given a measurement.json): every
  * candidate recipe of each block (self_attn, mlp) is quantized with GPTQ and the relative
- * error of the block's output recorded, on the unquantized model's states; the optimizer
- * then picks one recipe per block within the budget. The quantizing pass runs each layer
- * on the states of the already-quantized layers before it, and inside a layer each linear
- * sees the outputs of the already-quantized linears before it (o_proj after q/k/v, down
- * after gate/up). Only one layer's weights, Hessians and activations are held at a time.
+ * error of the hidden states after the block recorded, on the unquantized model's states
+ * (see measure_block); the optimizer then picks one recipe per block within the budget.
+ * The quantizing pass runs each layer on the states of the already-quantized layers before
+ * it, and inside a layer each linear sees the outputs of the already-quantized linears
+ * before it (o_proj after q/k/v, down after gate/up). Only one layer's weights, Hessians
+ * and activations are held at a time.
  *
  * Resuming: OUT_DIR/.exl-quant holds state.json (parameters, pass, next layer), the
  * hidden states after the last finished layer, the partial measurement and one
@@ -67,14 +68,12 @@ static char *work_path(const qz *q, const char *fmt, int a) {
     return path;
 }
 
-static double dot_diff(const float *a, const float *b, int64_t n, double *ref) {
-    double e = 0, r = 0;
+static double sq_dist(const float *a, const float *b, int64_t n) {
+    double e = 0;
     for (int64_t i = 0; i < n; i++) {
         double d = (double)a[i] - b[i];
         e += d * d;
-        r += (double)b[i] * b[i];
     }
-    *ref = r;
     return e;
 }
 
@@ -124,23 +123,27 @@ static void mlp_core(qz *q, acts *a, float *const *W) {
     exl_lrun_glu(&q->lr, a->gate, a->up, q->T * q->F);
 }
 
-static exl_status hessian_of(qz *q, const float *x, int64_t K, exl_hessian *h) {
-    EXL_TRY(exl_hessian_init(h, K));
+/* The GPTQ factor of the Hessian of inputs x [T, K] (EXL2 always in act-order). */
+static exl_status hinv_of(qz *q, const float *x, int64_t K, exl_qz_hinv *hi) {
+    exl_hessian h;
+    EXL_TRY(exl_hessian_init(&h, K));
+    exl_status st = EXL_OK;
     if (q->p->format == EXL_QUANT_GPTQ && q->p->rtn)
-        exl_hessian_identity(h);
-    else {
-        exl_hessian_add(h, x, q->T, q->pool);
-        exl_hessian_finish(h);
-    }
-    return EXL_OK;
+        exl_hessian_identity(&h);
+    else if ((st = exl_hessian_add(&h, x, q->T, q->pool)) == EXL_OK)
+        exl_hessian_finish(&h);
+    if (st == EXL_OK)
+        st = exl_gptq_prepare(&h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
+    exl_hessian_free(&h);
+    return st;
 }
 
 /* ---- quantizing one linear */
 
-static exl_status quant_exl2(qz *q, const exl_qz_opt *o, const float *W, const exl_hessian *h, int64_t N,
+static exl_status quant_exl2(qz *q, const exl_qz_opt *o, const float *W, const exl_qz_hinv *h, int64_t N,
                              exl_qz_result *r, exl_qz_layout *l) {
     EXL_TRY(exl_exl2_layout(o, h->K, l));
-    exl_status st = exl_gptq_quantize(W, h, N, EXL_QZ_EXL2, 1, l, q->pool, r);
+    exl_status st = exl_gptq_quantize(W, h, N, EXL_QZ_EXL2, l, q->pool, r);
     if (st != EXL_OK)
         exl_qz_layout_free(l);
     return st;
@@ -148,7 +151,7 @@ static exl_status quant_exl2(qz *q, const exl_qz_opt *o, const float *W, const e
 
 /* Quantize linear (name, W, bias) into the part; *Wq receives the dequantized weights. */
 static exl_status emit_linear(qz *q, exl_qz_part *part, const char *name, const float *W, const float *bias,
-                              const exl_hessian *h, int64_t N, const exl_qz_opt *o, float **Wq) {
+                              const exl_qz_hinv *h, int64_t N, const exl_qz_opt *o, float **Wq) {
     int64_t K = h->K;
     char tn[300];
     exl_qz_result r;
@@ -189,8 +192,7 @@ static exl_status emit_linear(qz *q, exl_qz_part *part, const char *name, const 
             l.bits[g] = q->p->bits;
             l.rows[g] = (int32_t)(K - (int64_t)g * gs < gs ? K - (int64_t)g * gs : gs);
         }
-        st = exl_gptq_quantize(W, h, N, q->p->sym ? EXL_QZ_GPTQ_SYM : EXL_QZ_GPTQ_ASYM, q->p->act_order, &l, q->pool,
-                               &r);
+        st = exl_gptq_quantize(W, h, N, q->p->sym ? EXL_QZ_GPTQ_SYM : EXL_QZ_GPTQ_ASYM, &l, q->pool, &r);
         if (st != EXL_OK) {
             exl_qz_layout_free(&l);
             return st;
@@ -258,7 +260,7 @@ typedef struct wcache {
     float *Wq;
 } wcache;
 
-static exl_status cached_quant(qz *q, wcache *c, const exl_qz_opt *o, const float *W, const exl_hessian *h, int64_t N) {
+static exl_status cached_quant(qz *q, wcache *c, const exl_qz_opt *o, const float *W, const exl_qz_hinv *h, int64_t N) {
     if (c->Wq && !memcmp(&c->opt, o, sizeof *o))
         return EXL_OK;
     exl_free(c->Wq);
@@ -274,26 +276,35 @@ static exl_status cached_quant(qz *q, wcache *c, const exl_qz_opt *o, const floa
     return EXL_OK;
 }
 
-/* Measure the candidates of block k (0 attention, 1 MLP) of layer l; x advances past it. */
+/* Measure the candidates of block k (0 attention, 1 MLP) of layer l; x advances past it.
+ * A candidate's accuracy is 1 - the relative error of the hidden states after the block,
+ * residual included (ExLlamaV2's measure): the same output error counts for more where the
+ * residual stream is still small, early in the model, where it also has the most layers
+ * left to grow through. */
 static exl_status measure_block(qz *q, acts *a, int32_t l, int k) {
     int first = k ? LIN_GATE : LIN_Q, n = k ? 3 : 4;
-    exl_hessian h_in = {0}, h_mid = {0};
+    exl_qz_hinv h_in = {0}, h_mid = {0};
     wcache c[4] = {{{0}, NULL}};
     exl_qz_block_meas *bm = &q->meas.b[2 * l + k];
     snprintf(bm->name, sizeof bm->name, "model.layers.%d.%s", l, q->desc[k].suffix);
     exl_lrun_rmsnorm(&q->lr, a->h, q->x, q->norm[k], q->T);
     float *mid = k ? a->gate : a->attn;
     int64_t Kmid = k ? q->F : q->qw;
-    exl_status st = hessian_of(q, a->h, q->H, &h_in);
+    exl_status st = hinv_of(q, a->h, q->H, &h_in);
     if (st == EXL_OK) {
         if (k)
             mlp_core(q, a, q->W);
         else
             attn_core(q, a, q->W);
-        st = hessian_of(q, mid, Kmid, &h_mid);
+        st = hinv_of(q, mid, Kmid, &h_mid);
     }
+    double norm = 0; /* of the hidden states after the block */
     if (st == EXL_OK) {
         exl_lrun_matmul(&q->lr, a->ref, mid, q->W[first + n - 1], q->bias[first + n - 1], q->T, Kmid, q->H);
+        for (int64_t i = 0; i < q->T * q->H; i++) {
+            q->x[i] += a->ref[i];
+            norm += (double)q->x[i] * q->x[i];
+        }
         st = exl_qz_candidates(&q->desc[k], &bm->r, &bm->n);
     }
     for (int32_t r = 0; st == EXL_OK && r < bm->n; r++) {
@@ -310,19 +321,15 @@ static exl_status measure_block(qz *q, acts *a, int32_t l, int k) {
         else
             attn_core(q, a, Wq);
         exl_lrun_matmul(&q->lr, a->y, mid, Wq[first + n - 1], q->bias[first + n - 1], q->T, Kmid, q->H);
-        double ref, e = dot_diff(a->y, a->ref, q->T * q->H, &ref);
-        double err = ref > 0 ? sqrt(e / ref) : 0;
+        double err = norm > 0 ? sqrt(sq_dist(a->y, a->ref, q->T * q->H) / norm) : 0;
         bm->r[r].accuracy = err < 1 ? 1 - err : 0;
     }
     for (int i = 0; i < 4; i++)
         exl_free(c[i].Wq);
-    exl_hessian_free(&h_in);
-    exl_hessian_free(&h_mid);
-    if (st == EXL_OK) {
-        for (int64_t i = 0; i < q->T * q->H; i++)
-            q->x[i] += a->ref[i];
+    exl_qz_hinv_free(&h_in);
+    exl_qz_hinv_free(&h_mid);
+    if (st == EXL_OK)
         q->meas.n_blocks = 2 * l + k + 1;
-    }
     return st;
 }
 
@@ -330,26 +337,26 @@ static exl_status measure_block(qz *q, acts *a, int32_t l, int k) {
 
 static exl_status quant_block(qz *q, acts *a, exl_qz_part *part, int32_t l, int k) {
     int first = k ? LIN_GATE : LIN_Q, n = k ? 3 : 4;
-    exl_hessian h = {0};
+    exl_qz_hinv h = {0};
     float *Wq[N_LIN] = {0};
     char name[256];
     exl_lrun_rmsnorm(&q->lr, a->h, q->x, q->norm[k], q->T);
     float *mid = k ? a->gate : a->attn;
     int64_t Kmid = k ? q->F : q->qw;
     const exl_qz_recipe *rc = q->choice ? &q->meas.b[2 * l + k].r[q->choice[2 * l + k]] : NULL;
-    exl_status st = hessian_of(q, a->h, q->H, &h);
+    exl_status st = hinv_of(q, a->h, q->H, &h);
     for (int i = 0; st == EXL_OK && i < n - 1; i++) {
         snprintf(name, sizeof name, "model.layers.%d.%s", l, lin_names[first + i]);
         st = emit_linear(q, part, name, q->W[first + i], q->bias[first + i], &h, q->N[first + i],
                          rc ? &rc->opt[i] : NULL, &Wq[first + i]);
     }
-    exl_hessian_free(&h);
+    exl_qz_hinv_free(&h);
     if (st == EXL_OK) {
         if (k)
             mlp_core(q, a, Wq);
         else
             attn_core(q, a, Wq);
-        st = hessian_of(q, mid, Kmid, &h);
+        st = hinv_of(q, mid, Kmid, &h);
     }
     if (st == EXL_OK) {
         int i = n - 1;
@@ -357,7 +364,7 @@ static exl_status quant_block(qz *q, acts *a, exl_qz_part *part, int32_t l, int 
         st = emit_linear(q, part, name, q->W[first + i], q->bias[first + i], &h, q->N[first + i],
                          rc ? &rc->opt[i] : NULL, &Wq[first + i]);
     }
-    exl_hessian_free(&h);
+    exl_qz_hinv_free(&h);
     if (st == EXL_OK) {
         exl_lrun_matmul(&q->lr, a->y, mid, Wq[first + n - 1], q->bias[first + n - 1], q->T, Kmid, q->H);
         for (int64_t i = 0; i < q->T * q->H; i++)
@@ -399,11 +406,11 @@ static exl_status write_head(qz *q, acts *a) {
     int has_head = exl_weights_find(q->w, "lm_head.weight") != NULL;
     if (st == EXL_OK && q->p->format == EXL_QUANT_EXL2) {
         float *norm = NULL, *W = NULL, *Wq = NULL;
-        exl_hessian h = {0};
+        exl_qz_hinv h = {0};
         st = exl_lrun_load_norm(&q->lr, q->w, "model.norm.weight", &norm);
         if (st == EXL_OK) {
             exl_lrun_rmsnorm(&q->lr, a->h, q->x, norm, q->T);
-            st = hessian_of(q, a->h, q->H, &h);
+            st = hinv_of(q, a->h, q->H, &h);
         }
         if (st == EXL_OK)
             st = exl_lrun_load_linear(q->w, has_head ? "lm_head.weight" : "model.embed_tokens.weight", q->H,
@@ -411,7 +418,7 @@ static exl_status write_head(qz *q, acts *a) {
         exl_qz_opt o = {1, {q->p->head_bits}, {1}, {32}};
         if (st == EXL_OK)
             st = emit_linear(q, &part, "lm_head", W, NULL, &h, q->cfg.vocab_size, &o, &Wq);
-        exl_hessian_free(&h);
+        exl_qz_hinv_free(&h);
         exl_free(norm);
         exl_free(W);
         exl_free(Wq);
@@ -568,7 +575,8 @@ static exl_status embed_rows(qz *q) {
         memset(q->x, 0, (size_t)(q->T * q->H) * sizeof(float));
         return EXL_OK;
     }
-    EXL_TRY(exl_qz_calibration(q->p->in_dir, q->p->calibration, q->p->n_calibration, q->p->rows, q->p->length, &ids));
+    EXL_TRY(exl_qz_calibration(q->p->in_dir, q->p->calibration, q->p->n_calibration, q->p->rows, q->p->length,
+                               q->cfg.vocab_size, &ids));
     exl_status st = exl_lrun_embed(&q->lr, q->w, ids, q->x);
     exl_free(ids);
     return st;

@@ -3,13 +3,14 @@
  *   hessian.c     H = 2/n · XᵀX of a linear's calibration inputs
  *   gptq.c        GPTQ (Frantar et al. 2022): rows of W[K, N] quantized one after another in
  *                 act-order, the error of each spread over the rows not yet quantized through
- *                 the upper Cholesky factor of H⁻¹, in blocks of 128 rows; EXL2 or GPTQ scales
+ *                 the upper Cholesky factor of the damped H⁻¹, group by group in blocks of at
+ *                 most 128 rows; EXL2 or GPTQ scales
  *   exl2_quant.c  EXL2 recipes (bit widths, row proportions, group sizes) -> group layout,
  *                 bit counts, packed tensors
  *   measure.c     the candidate recipes of each block and their measured output error
  *   optimize.c    one recipe per block within the bits budget
  *   qz_json.c     measurement.json read / write, config.json quantization_config
- *   calib.c       calibration text -> rows of token ids
+ *   calib.c       calibration text (and a few rows of random tokens) -> rows of token ids
  *   quantize.c    the driver: layer by layer, resumable, writing OUT_DIR
  *
  * Weights are W[k, n] (in x out) fp32 while being quantized. */
@@ -33,7 +34,7 @@ typedef struct exl_hessian {
 } exl_hessian;
 
 exl_status exl_hessian_init(exl_hessian *h, int64_t K);
-void exl_hessian_add(exl_hessian *h, const float *x, int64_t rows, exl_pool *pool);
+exl_status exl_hessian_add(exl_hessian *h, const float *x, int64_t rows, exl_pool *pool);
 void exl_hessian_finish(exl_hessian *h);
 /* The identity (round to nearest through the same code path). */
 void exl_hessian_identity(exl_hessian *h);
@@ -66,9 +67,27 @@ typedef struct exl_qz_result {
     float *Wq;            /* [K, N] dequantized, original row order */
 } exl_qz_result;
 
-/* Quantize W [K, N] against H (damped here, 1% of the mean diagonal). act_order sorts
- * rows by diag(H) descending. W is not modified. */
-exl_status exl_gptq_quantize(const float *W, const exl_hessian *H, int64_t N, exl_qz_scheme scheme, int act_order,
+/* Damping added to H before it is inverted, as a fraction of its mean diagonal:
+ * EXL_QZ_DAMP + EXL_QZ_DAMP_PER_DIM·K/n for a K x K Hessian of n rows. Calibration text pins
+ * H down only roughly (all the more when n is not much larger than K: the sample covariance
+ * then spreads its eigenvalues by about sqrt(K/n)), and a lightly damped H lets GPTQ push
+ * the error into input directions the calibration rarely saw but other inputs use. On
+ * rand-llama with 1% damping GPTQ lost to round-to-nearest; ExLlamaV2 damps by 12%. */
+#define EXL_QZ_DAMP 0.3
+#define EXL_QZ_DAMP_PER_DIM 3.0
+
+/* What GPTQ needs of a Hessian, shared by every quantization of the linears that see it. */
+typedef struct exl_qz_hinv {
+    int64_t K;
+    int32_t *perm; /* [K] permuted row r is original row perm[r] (act-order or identity) */
+    float *U;      /* [K, K] upper Cholesky factor of the permuted, damped H⁻¹ */
+} exl_qz_hinv;
+
+/* act_order sorts rows by diag(H) descending. */
+exl_status exl_gptq_prepare(const exl_hessian *H, int act_order, exl_pool *pool, exl_qz_hinv *out);
+void exl_qz_hinv_free(exl_qz_hinv *h);
+/* Quantize W [K, N] (not modified) with the groups of layout taken in h's row order. */
+exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, exl_qz_scheme scheme,
                              const exl_qz_layout *layout, exl_pool *pool, exl_qz_result *out);
 void exl_qz_result_free(exl_qz_result *r);
 
@@ -135,16 +154,17 @@ exl_status exl_qz_measurement_load(const char *path, const exl_qz_block_desc *de
 
 /* ---- optimizer */
 
-/* Pick one recipe per block, minimizing the sum of squared errors with the total bits at
+/* Pick one recipe per block, minimizing the sum of errors (1 - accuracy) with the total bits at
  * most budget_bits; choice[b] receives the recipe index. EXL_ERR_ARG if even the smallest
  * recipes exceed the budget. */
 exl_status exl_qz_optimize(const exl_qz_measurement *m, double budget_bits, int32_t *choice);
 
 /* ---- calibration */
 
-/* Tokenize the files and cut rows x length token ids (*ids allocated). */
+/* rows x length token ids (*ids allocated): windows of the tokenized files, and a few rows
+ * of random ids below vocab (see calib.c). */
 exl_status exl_qz_calibration(const char *model_dir, const char *const *files, int32_t n_files, int32_t rows,
-                              int32_t length, int32_t **ids);
+                              int32_t length, int32_t vocab, int32_t **ids);
 
 /* ---- output (writer.c) */
 
