@@ -23,7 +23,7 @@ typedef struct exl_lrun {
     int32_t n_seqs, seq_len;
     int32_t rot_dim;
     float *cos, *sin; /* [seq_len, rot_dim / 2], attention factor applied */
-    float *scores;    /* [pool size, seq_len] attention scratch */
+    float *scores;    /* per-thread attention scratch, seq_len * (head_dim + 4) floats each */
 } exl_lrun;
 
 exl_status exl_lrun_init(exl_lrun *r, const exl_hf_config *cfg, exl_pool *pool, int32_t n_seqs, int32_t seq_len);

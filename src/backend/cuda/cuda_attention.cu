@@ -59,6 +59,42 @@ __device__ __forceinline__ float dot_q_k(const float *q, const __half *k, int hd
     return d;
 }
 
+/* The keys [k0, k1) that split `split` of query row `row` attends to (causal, sliding window). */
+__device__ __forceinline__ void decode_keys(const exl_attn_seq &seq, int row, int split, int keys_per_split,
+                                            int sliding_window, int *k0, int *k1) {
+    const int last = seq.n_kv - seq.n_q + (row - seq.q_start);
+    const int first = sliding_window > 0 && last - sliding_window + 1 > 0 ? last - sliding_window + 1 : 0;
+    *k0 = first + split * keys_per_split;
+    *k1 = min(last + 1, *k0 + keys_per_split);
+}
+
+/* Merge the block's warps' online-softmax states (max wm, sum wl, unnormalised acc rows of
+ * wacc with stride ws) for (row, head) rh: the output itself with one split, else the
+ * split's partial (max, sum, acc) for attn_combine_kernel. After a __syncthreads. */
+__device__ void merge_warps(float *out, float *partial, const float *wm, const float *wl, const float *wacc, int ws,
+                            int hd, int64_t rh, int split) {
+    float bm = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++)
+        bm = fmaxf(bm, wm[w]);
+    float bl = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++)
+        bl += wm[w] == -INFINITY ? 0.0f : wl[w] * __expf(wm[w] - bm);
+    float *pp = partial + (rh * gridDim.y + split) * (hd + 2);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            a += wm[w] == -INFINITY ? 0.0f : wacc[w * ws + d] * __expf(wm[w] - bm);
+        if (gridDim.y == 1)
+            out[rh * hd + d] = bl > 0.0f ? a / bl : 0.0f;
+        else
+            pp[2 + d] = a;
+    }
+    if (gridDim.y > 1 && threadIdx.x == 0) {
+        pp[0] = bm;
+        pp[1] = bl;
+    }
+}
+
 /* ---- decode */
 
 __global__ void __launch_bounds__(ATT_WARPS * 32)
@@ -72,10 +108,8 @@ attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc,
     const int row = blockIdx.x / sh.n_heads, head = blockIdx.x % sh.n_heads, split = blockIdx.y;
     const int kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * hd;
     const exl_attn_seq seq = seqs[find_seq(seqs, n_seqs, row)];
-    const int last = seq.n_kv - seq.n_q + (row - seq.q_start);
-    int first = sh.sliding_window > 0 && last - sh.sliding_window + 1 > 0 ? last - sh.sliding_window + 1 : 0;
-    const int k0 = first + split * keys_per_split;
-    const int k1 = min(last + 1, k0 + keys_per_split);
+    int k0, k1;
+    decode_keys(seq, row, split, keys_per_split, sh.sliding_window, &k0, &k1);
     const int32_t *pages = page_tables + seq.page_start;
 
     for (int i = threadIdx.x; i < hd; i += blockDim.x)
@@ -119,33 +153,7 @@ attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc,
         if (lane + 32 * i < hd)
             wacc[warp][lane + 32 * i] = acc[i];
     __syncthreads();
-    float bm = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++)
-        bm = fmaxf(bm, wm[w]);
-    float bl = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++)
-        bl += wm[w] == -INFINITY ? 0.0f : wl[w] * __expf(wm[w] - bm);
-    const int64_t rh = (int64_t)row * sh.n_heads + head;
-    if (gridDim.y == 1) {
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            float a = 0.0f;
-            for (int w = 0; w < ATT_WARPS; w++)
-                a += wm[w] == -INFINITY ? 0.0f : wacc[w][d] * __expf(wm[w] - bm);
-            out[rh * hd + d] = bl > 0.0f ? a / bl : 0.0f;
-        }
-        return;
-    }
-    float *pp = partial + (rh * gridDim.y + split) * (hd + 2);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++)
-            a += wm[w] == -INFINITY ? 0.0f : wacc[w][d] * __expf(wm[w] - bm);
-        pp[2 + d] = a;
-    }
-    if (threadIdx.x == 0) {
-        pp[0] = bm;
-        pp[1] = bl;
-    }
+    merge_warps(out, partial, wm, wl, &wacc[0][0], MAX_HEAD_DIM, hd, (int64_t)row * sh.n_heads + head, split);
 }
 
 /* The same for head_dim HD (64 or 128), built for latency at short contexts: a lane loads
@@ -166,10 +174,8 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
     const int row = blockIdx.x / sh.n_heads, head = blockIdx.x % sh.n_heads, split = blockIdx.y;
     const int kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * HD;
     const exl_attn_seq seq = seqs[find_seq(seqs, n_seqs, row)];
-    const int last = seq.n_kv - seq.n_q + (row - seq.q_start);
-    int first = sh.sliding_window > 0 && last - sh.sliding_window + 1 > 0 ? last - sh.sliding_window + 1 : 0;
-    const int k0 = first + split * keys_per_split;
-    const int k1 = min(last + 1, k0 + keys_per_split);
+    int k0, k1;
+    decode_keys(seq, row, split, keys_per_split, sh.sliding_window, &k0, &k1);
     const int32_t *pages = page_tables + seq.page_start;
 
     for (int i = threadIdx.x; i < HD; i += blockDim.x)
@@ -250,27 +256,7 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
         wacc[warp][2 * (lane + 32 * i) + 1] = acc[i].y;
     }
     __syncthreads();
-    float bm = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++)
-        bm = fmaxf(bm, wm[w]);
-    float bl = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++)
-        bl += wm[w] == -INFINITY ? 0.0f : wl[w] * __expf(wm[w] - bm);
-    const int64_t rh = (int64_t)row * sh.n_heads + head;
-    float *pp = partial + (rh * gridDim.y + split) * (HD + 2);
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-        float a = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++)
-            a += wm[w] == -INFINITY ? 0.0f : wacc[w][d] * __expf(wm[w] - bm);
-        if (gridDim.y == 1)
-            out[rh * HD + d] = bl > 0.0f ? a / bl : 0.0f;
-        else
-            pp[2 + d] = a;
-    }
-    if (gridDim.y > 1 && threadIdx.x == 0) {
-        pp[0] = bm;
-        pp[1] = bl;
-    }
+    merge_warps(out, partial, wm, wl, &wacc[0][0], HD, HD, (int64_t)row * sh.n_heads + head, split);
 }
 
 __global__ void attn_combine_kernel(float *out, const float *partial, int hd, int n_splits) {
