@@ -2,7 +2,8 @@
  * of concurrency: N jobs with distinct random prompts submitted at once, run to the end.
  * usage: generator_bench MODEL_DIR PROMPT_TOKENS NEW_TOKENS REPEATS N [N ...]
  * Prints one Markdown table row per N, the fastest of REPEATS runs: jobs, wall seconds,
- * generated tokens/s, tokens/s through the model (prompt + generated), forward steps. */
+ * generated tokens/s, tokens/s through the model (prompt + generated), forward steps, and the
+ * seconds spent in the forward pass and in sampling (the rest is setup and scheduling). */
 #include "exl.h"
 
 #include <stdio.h>
@@ -86,7 +87,8 @@ int main(int argc, char **argv) {
     exl_model_desc d;
     exl_model_describe(model, &d);
     int prompt_len = atoi(argv[2]), new_tokens = atoi(argv[3]), repeats = atoi(argv[4]);
-    printf("| jobs | seconds | generated tok/s | computed tok/s | steps |\n|---|---|---|---|---|\n");
+    printf("| jobs | seconds | generated tok/s | computed tok/s | steps | forward s | sampling s |\n"
+           "|---|---|---|---|---|---|---|\n");
     for (int i = 5; i < argc; i++) {
         outcome best = {0}, o;
         for (int r = 0; r < repeats; r++) {
@@ -95,8 +97,9 @@ int main(int argc, char **argv) {
             if (r == 0 || o.seconds < best.seconds)
                 best = o;
         }
-        printf("| %s | %.2f | %.1f | %.1f | %lld |\n", argv[i], best.seconds, best.st.tokens_generated / best.seconds,
-               best.st.tokens_computed / best.seconds, (long long)best.st.steps);
+        printf("| %s | %.2f | %.1f | %.1f | %lld | %.2f | %.2f |\n", argv[i], best.seconds,
+               best.st.tokens_generated / best.seconds, best.st.tokens_computed / best.seconds,
+               (long long)best.st.steps, best.st.seconds_forward, best.st.seconds_sampling);
         fflush(stdout);
     }
     exl_tokenizer_free(tok);

@@ -297,6 +297,8 @@ typedef struct exl_generator_stats {
     int32_t pages_used;        /* held by jobs */
     int32_t pages_cached;      /* held by no job, keeping K/V for the prefix cache */
     int32_t pages_free;        /* empty */
+    double seconds_forward;    /* wall time in the model's forward pass (logits on the host included) */
+    double seconds_sampling;   /* wall time sampling, detokenizing and checking stop conditions */
 } exl_generator_stats;
 
 /* A snapshot as of the end of the last step. */
@@ -306,9 +308,10 @@ void exl_generator_stats_get(exl_generator *gen, exl_generator_stats *out);
 
 /* Convert a Hugging Face model directory to EXL2 (measured mixed bit widths within a
  * bits-per-weight budget) or GPTQ, with Hessians from calibration text, layer by layer on
- * the CPU. The output directory is complete (weights, config.json with
- * quantization_config, tokenizer and other files copied). A killed run resumes from the
- * last finished layer when started again with the same parameters. */
+ * the CPU (its big fp32 products on the GPU when `device` gets one). The output directory
+ * is complete (weights, config.json with quantization_config, tokenizer and other files
+ * copied). A killed run resumes from the last finished layer when started again with the
+ * same parameters (on any device). */
 typedef enum exl_quant_format { EXL_QUANT_EXL2 = 0, EXL_QUANT_GPTQ } exl_quant_format;
 
 typedef struct exl_quantize_params {
@@ -325,13 +328,14 @@ typedef struct exl_quantize_params {
     int32_t n_calibration;
     int32_t rows, length;              /* calibration rows of `length` tokens; default 32 x 512 */
     int32_t n_threads;                 /* 0 = one per core */
+    exl_device device;                 /* default AUTO: the GPU when one is usable, else the CPU */
     /* called as work advances (stage: "measuring", "quantizing", "writing") */
     void (*progress)(void *user, const char *stage, int32_t done, int32_t total);
     void *progress_user;
 } exl_quantize_params;
 
 exl_quantize_params exl_quantize_default_params(void);
-/* *report (may be NULL): a text summary (bits per layer, bits per weight); exl_string_free. */
+/* *report (may be NULL): a text summary (the device, bits per layer, bits per weight); exl_string_free. */
 exl_status exl_quantize(const exl_quantize_params *params, char **report);
 
 #ifdef __cplusplus

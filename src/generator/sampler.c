@@ -231,38 +231,74 @@ static int32_t tail_free_filter(exl_candidate *c, int32_t n, float z) {
     return n - 1;
 }
 
-int32_t exl_sampler_filter(const exl_sampling *p, const exl_sampler_state *st, const float *logits,
-                           int32_t vocab, exl_sampler_scratch *s) {
-    exl_candidate *c = s->cand;
-    int32_t best = -1;
-    for (int32_t i = 0; i < vocab; i++)
-        if (logits[i] > -INFINITY && (best < 0 || logits[i] > logits[best]))
-            best = i;
-    if (best < 0)
-        return 0;
-    if (p->temperature <= 0) {
-        c[0] = (exl_candidate){best, 1.0f};
-        return 1;
+/* The k largest logits (ties: lower id first) sorted into c, in one pass that keeps a
+ * sorted list; c[].p holds the logit. Returns -1 when fewer than k logits are finite. */
+static int32_t top_k_logits(const float *logits, int32_t vocab, int32_t k, exl_candidate *c) {
+    int32_t m = 0;
+    for (int32_t i = 0; i < vocab; i++) {
+        float l = logits[i];
+        if (!(l > -INFINITY) || (m == k && l <= c[k - 1].p))
+            continue;
+        int32_t at = m < k ? m++ : k - 1;
+        while (at > 0 && c[at - 1].p < l) {
+            c[at] = c[at - 1];
+            at--;
+        }
+        c[at] = (exl_candidate){i, l};
     }
-    float inv_t = 1.0f / p->temperature, lmax = logits[best];
+    return m == k ? m : -1;
+}
+
+/* Every finite logit as a weight exp((l - max) / T), in id order; *best gets the argmax. */
+static int32_t all_weights(const float *logits, int32_t vocab, float temperature, exl_candidate *c, int32_t *best) {
+    *best = -1;
+    for (int32_t i = 0; i < vocab; i++)
+        if (logits[i] > -INFINITY && (*best < 0 || logits[i] > logits[*best]))
+            *best = i;
+    if (*best < 0 || temperature <= 0)
+        return 0;
+    float inv_t = 1.0f / temperature, lmax = logits[*best];
     int32_t n = 0;
     for (int32_t i = 0; i < vocab; i++)
         if (logits[i] > -INFINITY)
             c[n++] = (exl_candidate){i, expf((logits[i] - lmax) * inv_t)};
-    if (p->mirostat == 2) { /* keep tokens whose surprise -log2(q) is at most mu */
-        float thr = (float)(total_weight(c, n) * exp2(-(double)st->mu));
-        int32_t m = 0;
+    return n;
+}
+
+int32_t exl_sampler_filter(const exl_sampling *p, const exl_sampler_state *st, const float *logits,
+                           int32_t vocab, exl_sampler_scratch *s) {
+    exl_candidate *c = s->cand;
+    int32_t n = -1, sorted = 0;
+    if (p->temperature > 0 && p->mirostat != 2 && p->top_k > 0 && p->top_k < vocab &&
+        (n = top_k_logits(logits, vocab, p->top_k, c)) > 0) {
+        /* top-k first: only k weights to compute; the order by logit is the order by weight */
+        float inv_t = 1.0f / p->temperature, lmax = c[0].p;
         for (int32_t i = 0; i < n; i++)
-            if (c[i].p >= thr)
-                c[m++] = c[i];
-        if (m == 0)
-            c[m++] = (exl_candidate){best, 1.0f};
-        return m;
-    }
-    int32_t sorted = 0;
-    if (p->top_k > 0 && p->top_k < n) {
-        select_top(c, n, p->top_k);
-        n = sorted = p->top_k;
+            c[i].p = expf((c[i].p - lmax) * inv_t);
+        sorted = n;
+    } else {
+        int32_t best;
+        n = all_weights(logits, vocab, p->temperature, c, &best);
+        if (best < 0)
+            return 0;
+        if (p->temperature <= 0) {
+            c[0] = (exl_candidate){best, 1.0f};
+            return 1;
+        }
+        if (p->mirostat == 2) { /* keep tokens whose surprise -log2(q) is at most mu */
+            float thr = (float)(total_weight(c, n) * exp2(-(double)st->mu));
+            int32_t m = 0;
+            for (int32_t i = 0; i < n; i++)
+                if (c[i].p >= thr)
+                    c[m++] = c[i];
+            if (m == 0)
+                c[m++] = (exl_candidate){best, 1.0f};
+            return m;
+        }
+        if (p->top_k > 0 && p->top_k < n) {
+            select_top(c, n, p->top_k);
+            n = sorted = p->top_k;
+        }
     }
     if (p->top_p < 1.0f)
         n = sorted = top_p_filter(c, n, sorted, p->top_p);

@@ -8,6 +8,13 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* ---------------------------------------------------------------- finishing */
 
@@ -217,7 +224,10 @@ static exl_status run_step(exl_generator *g) {
     EXL_TRY(exl_sched_plan(g));
     if (!g->n_step)
         return EXL_OK;
+    double t0 = now_seconds();
     exl_status st = exl_model_forward(g->model, g->cache, g->steps, g->n_step, g->logits);
+    double t1 = now_seconds();
+    g->stats.seconds_forward += t1 - t0;
     if (st != EXL_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", exl_last_error());
@@ -237,6 +247,7 @@ static exl_status run_step(exl_generator *g) {
             exl_gen_finish(g, j, EXL_FINISH_ERROR, exl_last_error());
         st = st == EXL_OK ? js : st;
     }
+    g->stats.seconds_sampling += now_seconds() - t1;
     return st;
 }
 
