@@ -156,6 +156,17 @@ typedef struct exl_backend_ops {
     void (*rope_kv_store)(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                           const exl_batch *b, const exl_attn_shape *shape, int32_t rot_dim, const float *inv_freq,
                           float attn_factor);
+
+    /* Optional, for host-side work such as the quantizer; NULL where the backend has no faster
+     * way than the host (the CPU backend leaves it NULL). On HOST pointers, fp32, row-major as
+     * cblas_sgemm: C = alpha·op(A)·op(B) + beta·C with op(A) [M, K] (A is [M, lda], or with
+     * trans_a [K, lda]), op(B) [K, N] (B is [K, ldb], or with trans_b [N, ldb]), C [M, ldc].
+     * The backend stages the data through its own memory, computes in strict fp32 (no reduced
+     * precision: results match the CPU up to fp32 rounding) and returns when C is written.
+     * With beta 0, C is not read. */
+    exl_status (*host_gemm)(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                            const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                            int64_t ldc);
 } exl_backend_ops;
 
 struct exl_backend {

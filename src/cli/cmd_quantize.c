@@ -9,6 +9,7 @@
 
 static void help(void) {
     printf("usage: exl quantize -i HF_DIR -o OUT_DIR --calibration FILE... [--rows N] [--length L] [-t THREADS]\n"
+           "         [--device cpu|cuda|auto]\n"
            "         --format exl2 --bpw B [--head-bits H] [--measurement FILE]\n"
            "         --format gptq [--bits 4] [--group-size 128] [--act-order] [--sym] [--rtn]\n\n"
            "EXL2 measures the error of candidate bit allocations for every attention and MLP block\n"
@@ -18,7 +19,10 @@ static void help(void) {
            "GPTQ writes model.safetensors (AutoGPTQ v1 layout) and quantize_config.json; --rtn rounds\n"
            "to nearest without calibration. Calibration: the files are tokenized and cut into N rows\n"
            "of L tokens (defaults 32 x 512). OUT_DIR must be empty or absent; an interrupted run\n"
-           "continues from its last finished layer when the same command is given again.\n");
+           "continues from its last finished layer when the same command is given again.\n"
+           "--device: where the big fp32 products (layer matmuls, Hessians, GPTQ updates) run: auto\n"
+           "(default) uses the GPU when one is usable, else the CPU; cuda insists on the GPU. The\n"
+           "report's first line names the device used.\n");
 }
 
 static void on_progress(void *user, const char *stage, int32_t done, int32_t total) {
@@ -85,6 +89,11 @@ int cmd_quantize(int argc, char **argv) {
                 p.length = (int32_t)v;
             else
                 p.n_threads = (int32_t)v;
+        } else if (!strcmp(a, "--device") && has) {
+            if (cli_parse_device(argv[++i], &p.device)) {
+                free(cal);
+                return cli_usage_error("quantize", "unknown device '%s' (cpu, cuda or auto)", argv[i]);
+            }
         } else if (!strcmp(a, "--measurement") && has) {
             p.measurement = argv[++i];
         } else if (!strcmp(a, "--act-order")) {

@@ -68,9 +68,10 @@ void exl_lrun_rmsnorm(const exl_lrun *r, float *out, const float *x, const float
     }
 }
 
-/* ---- matmul: the CPU's dot kernels (the backend's, SIMD where the CPU has it) over tiles
- * of rows split across the pool; the columns pass one block at a time, gathered from W in
- * chunks of input features, while the tile's rows stay in cache. */
+/* ---- matmul (big ones on the accelerator when there is one, see layer_run.h): the CPU's
+ * dot kernels (the backend's, SIMD where the CPU has it) over tiles of rows split across
+ * the pool; the columns pass one block at a time, gathered from W in chunks of input
+ * features, while the tile's rows stay in cache. */
 
 #define MM_TILE 32 /* rows per tile */
 #define MM_KC 512  /* input features gathered per column at a time */
@@ -131,10 +132,22 @@ static void mm_task(void *ctx, int index, int count) {
             mm_cols(c, tile, tile + MM_TILE < t1 ? tile + MM_TILE : t1, n);
 }
 
-void exl_lrun_matmul(const exl_lrun *r, float *out, const float *x, const float *W, const float *bias, int64_t rows,
-                     int64_t K, int64_t N) {
+static exl_status matmul_accel(const exl_lrun *r, float *out, const float *x, const float *W, const float *bias,
+                               int64_t rows, int64_t K, int64_t N) {
+    EXL_TRY(r->accel->ops->host_gemm(r->accel, 0, 0, rows, N, K, 1.0f, x, K, W, N, 0.0f, out, N));
+    for (int64_t t = 0; bias && t < rows; t++)
+        for (int64_t n = 0; n < N; n++)
+            out[t * N + n] += bias[n];
+    return EXL_OK;
+}
+
+exl_status exl_lrun_matmul(const exl_lrun *r, float *out, const float *x, const float *W, const float *bias,
+                           int64_t rows, int64_t K, int64_t N) {
+    if (r->accel && rows * K * N >= EXL_LRUN_ACCEL_MIN_WORK)
+        return matmul_accel(r, out, x, W, bias, rows, K, N);
     mm_ctx c = {out, x, W, bias, rows, K, N, exl_cpu_kernels_best()};
     exl_pool_run_work(r->pool, mm_task, &c, rows * K * N);
+    return EXL_OK;
 }
 
 /* ---- rope + attention, split by (sequence, head) */

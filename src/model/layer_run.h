@@ -7,10 +7,13 @@
  * plain fp32 arrays, weights as W[k, n] (in x out), n_seqs independent causal sequences
  * of seq_len tokens each (positions 0..seq_len-1), so T = n_seqs * seq_len rows.
  * Work is split over an exl_pool. The composition (norm, q/k/v, attention, o, residual,
- * norm, gate/up, act, down, residual) is left to the caller so it can capture any input. */
+ * norm, gate/up, act, down, residual) is left to the caller so it can capture any input.
+ * With `accel` set (a backend with host_gemm), matmuls of at least EXL_LRUN_ACCEL_MIN_WORK
+ * multiply-adds run there; the rest, and everything when it is NULL, on the CPU. */
 #ifndef EXL_MODEL_LAYER_RUN_H
 #define EXL_MODEL_LAYER_RUN_H
 
+#include "backend/backend.h"
 #include "base/threads.h"
 #include "io/hf_config.h"
 #include "io/weights.h"
@@ -24,7 +27,11 @@ typedef struct exl_lrun {
     int32_t rot_dim;
     float *cos, *sin; /* [seq_len, rot_dim / 2], attention factor applied */
     float *scores;    /* per-thread attention scratch, seq_len * (head_dim + 4) floats each */
+    exl_backend *accel; /* host_gemm for the big matmuls, or NULL (the CPU); set after init, not owned */
 } exl_lrun;
+
+/* Below this many multiply-adds the copies to an accelerator cost more than the CPU's work. */
+#define EXL_LRUN_ACCEL_MIN_WORK ((int64_t)1 << 22)
 
 exl_status exl_lrun_init(exl_lrun *r, const exl_hf_config *cfg, exl_pool *pool, int32_t n_seqs, int32_t seq_len);
 void exl_lrun_free(exl_lrun *r);
@@ -32,9 +39,9 @@ static inline int64_t exl_lrun_rows(const exl_lrun *r) { return (int64_t)r->n_se
 
 /* out[t] = x[t] * w / rms(x[t]); w already includes Gemma's +1 (see exl_lrun_load_norm). */
 void exl_lrun_rmsnorm(const exl_lrun *r, float *out, const float *x, const float *w, int64_t rows);
-/* out[rows, N] = x[rows, K] · W[K, N] (+ bias[N] when not NULL). */
-void exl_lrun_matmul(const exl_lrun *r, float *out, const float *x, const float *W, const float *bias, int64_t rows,
-                     int64_t K, int64_t N);
+/* out[rows, N] = x[rows, K] · W[K, N] (+ bias[N] when not NULL). Fails only on the accelerator. */
+exl_status exl_lrun_matmul(const exl_lrun *r, float *out, const float *x, const float *W, const float *bias,
+                           int64_t rows, int64_t K, int64_t N);
 /* RoPE on q [T, heads*hd] and k [T, kv_heads*hd] in place, then causal (GQA, sliding window)
  * attention of each sequence: out [T, heads*hd]. */
 void exl_lrun_attention(const exl_lrun *r, float *out, float *q, float *k, const float *v);

@@ -8,7 +8,8 @@
  * U[i,i] is subtracted from every later row j as U[i,j]·e, immediately inside the block and
  * for the rows after it in one pass when the block is done. So a group's scales are fixed
  * from its rows with every earlier error already spread into them. Work over rows and
- * columns is split across the pool. */
+ * columns is split across the pool; the update of the rows after a block, a product
+ * W[rest] -= U[block, rest]ᵀ·E, goes to the accelerator when there is one (see qz.h). */
 #include "quant/qz.h"
 
 #include "base/alloc.h"
@@ -50,53 +51,202 @@ void exl_qz_hinv_free(exl_qz_hinv *h) {
 /* ---- the inverse-Hessian factor
  *
  * With J the order reversal and J·A·J = M·Mᵀ (M lower), A⁻¹ = J·M⁻ᵀ·M⁻¹·J, so U = J·M⁻¹·J is
- * upper with UᵀU = A⁻¹: one Cholesky factorization and one triangular inverse. */
+ * upper with UᵀU = A⁻¹: one Cholesky factorization and one triangular inverse, both in place
+ * in double. Both go by blocks of NB columns, so that all but O(K²·NB) of their O(K³) work is
+ * products by gemm, split across the pool by rows. A is padded with the identity to Kp, a
+ * multiple of 8 (gemm's tile).
+ *
+ * The products stay in double on the CPU, not on an accelerator's fp32 host_gemm: simulated
+ * in fp32 they moved U by about 1e-7 (relative, twice its own float rounding) and left the
+ * codes unchanged, but every step would send the trailing matrix over the bus and back, and
+ * the O(K²·NB) panel work stays on the CPU anyway, so little time would be saved. */
 
-/* In-place lower Cholesky factor of A [K, K] (row-major, lower triangle used). */
-static int cholesky(double *A, int64_t K) {
-    for (int64_t j = 0; j < K; j++) {
-        double d = A[j * K + j];
+#define NB 128   /* columns per block */
+#define PANEL 64 /* rows per gemm call */
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define SIMD_CLONES
+#endif
+
+/* C [m, n] = (beta ? C : 0) + alpha·A [m, k]·B [k, n], row-major with leading dimensions lda,
+ * ldb, ldc; m % 4 == 0, n % 8 == 0, k > 0. Over slices of 256 of k and 64 rows of A, an 8-column
+ * strip of B is copied to a contiguous buffer and 4 x 8 tiles of C accumulate in registers. */
+SIMD_CLONES static void gemm(int64_t m, int64_t n, int64_t k, double alpha, const double *A, int64_t lda,
+                             const double *B, int64_t ldb, int beta, double *C, int64_t ldc) {
+    double bp[256][8];
+    for (int64_t p0 = 0; p0 < k; p0 += 256) {
+        int64_t kc = k - p0 < 256 ? k - p0 : 256;
+        int add = beta || p0 > 0;
+        for (int64_t i0 = 0; i0 < m; i0 += 64)
+            for (int64_t j = 0; j < n; j += 8) {
+                for (int64_t p = 0; p < kc; p++)
+                    memcpy(bp[p], B + (p0 + p) * ldb + j, sizeof bp[p]);
+                for (int64_t i = i0; i < m && i < i0 + 64; i += 4) {
+                    const double *a = A + i * lda + p0;
+                    double acc[4][8] = {{0}};
+                    for (int64_t p = 0; p < kc; p++)
+#pragma GCC unroll 4
+                        for (int r = 0; r < 4; r++)
+#pragma GCC unroll 8
+                            for (int q = 0; q < 8; q++)
+                                acc[r][q] += a[r * lda + p] * bp[p][q];
+                    for (int r = 0; r < 4; r++)
+                        for (int q = 0; q < 8; q++) {
+                            double *o = C + (i + r) * ldc + j + q;
+                            *o = (add ? *o : 0.0) + alpha * acc[r][q];
+                        }
+                }
+            }
+    }
+}
+
+/* Rows [r0, r1) of thread i of n over [0, len) when row r costs r + 1: equal shares of the
+ * triangle, in multiples of 4 (as len is). */
+static void split_tri(int64_t len, int i, int n, int64_t *r0, int64_t *r1) {
+    *r0 = (int64_t)((double)len * sqrt((double)i / n)) & ~(int64_t)3;
+    *r1 = i + 1 == n ? len : (int64_t)((double)len * sqrt((double)(i + 1) / n)) & ~(int64_t)3;
+}
+
+typedef struct fac_ctx {
+    double *A;          /* [Kp, Kp] */
+    double *W;          /* [Kp, NB] the panel transposed, or a product */
+    double *D;          /* [NB, NB] the diagonal block transposed, or its inverse */
+    int64_t Kp, b0, b1; /* the block: columns b0 .. b1 */
+} fac_ctx;
+
+/* Unblocked in-place lower Cholesky factor of the n x n block at A (leading dimension ld); -1
+ * when it is not positive definite. */
+static int chol_block(double *A, int64_t ld, int64_t n) {
+    for (int64_t j = 0; j < n; j++) {
+        const double *aj = A + j * ld;
+        double d = aj[j];
         for (int64_t p = 0; p < j; p++)
-            d -= A[j * K + p] * A[j * K + p];
+            d -= aj[p] * aj[p];
         if (!(d > 0))
             return -1;
         d = sqrt(d);
-        A[j * K + j] = d;
-        for (int64_t i = j + 1; i < K; i++) {
-            double s = A[i * K + j];
-            const double *ai = A + i * K, *aj = A + j * K;
+        A[j * ld + j] = d;
+        for (int64_t i = j + 1; i < n; i++) {
+            double *ai = A + i * ld, s = ai[j];
             for (int64_t p = 0; p < j; p++)
                 s -= ai[p] * aj[p];
-            A[i * K + j] = s / d;
+            ai[j] = s / d;
         }
     }
     return 0;
 }
 
-typedef struct inv_ctx {
-    const double *M; /* lower Cholesky factor of the reversed A */
-    float *U;
-    int64_t K;
-} inv_ctx;
-
-/* Column j of M⁻¹ by forward substitution, stored as U[K-1-i, K-1-j]; columns split by thread. */
-static void inv_task(void *ctx, int index, int count) {
-    const inv_ctx *c = ctx;
-    int64_t K = c->K;
-    double *x = exl_malloc((size_t)K * sizeof(double));
-    if (!x)
-        return; /* caught by the caller's check of U's diagonal */
-    for (int64_t j = index; j < K; j += count) {
-        for (int64_t i = j; i < K; i++) {
-            double s = i == j ? 1.0 : 0.0;
-            const double *mi = c->M + i * K;
-            for (int64_t p = j; p < i; p++)
-                s -= mi[p] * x[p];
-            x[i] = s / mi[i];
-            c->U[(K - 1 - i) * K + (K - 1 - j)] = (float)x[i];
+/* Rows b1 .. Kp of the block's columns, 8 at a time: L21 = A21·L11⁻ᵀ by substitution (D holds
+ * L11ᵀ), also stored transposed in W [nb, Kp - b1]. */
+static void chol_panel_task(void *ctx, int index, int count) {
+    const fac_ctx *c = ctx;
+    int64_t Kp = c->Kp, nb = c->b1 - c->b0, rows = Kp - c->b1;
+    long i0, i1;
+    exl_split_range((long)rows, index, count, 8, &i0, &i1);
+    double x[NB][8];
+    for (int64_t i = i0; i < i1; i += 8) {
+        double *a = c->A + (c->b1 + i) * Kp + c->b0;
+        for (int64_t j = 0; j < nb; j++)
+            for (int r = 0; r < 8; r++)
+                x[j][r] = a[r * Kp + j];
+        for (int64_t j = 0; j < nb; j++) {
+            const double *d = c->D + j * nb;
+            for (int r = 0; r < 8; r++)
+                x[j][r] /= d[j];
+            for (int64_t q = j + 1; q < nb; q++)
+                for (int r = 0; r < 8; r++)
+                    x[q][r] -= d[q] * x[j][r];
+            memcpy(c->W + j * rows + i, x[j], sizeof x[j]);
         }
+        for (int64_t j = 0; j < nb; j++)
+            for (int r = 0; r < 8; r++)
+                a[r * Kp + j] = x[j][r];
     }
-    exl_free(x);
+}
+
+/* A22 -= L21·L21ᵀ on this thread's rows (to the diagonal, by tiles: also a little above it). */
+static void chol_update_task(void *ctx, int index, int count) {
+    const fac_ctx *c = ctx;
+    int64_t Kp = c->Kp, nb = c->b1 - c->b0, rows = Kp - c->b1, r0, r1;
+    split_tri(rows, index, count, &r0, &r1);
+    for (int64_t a = r0; a < r1; a += PANEL) {
+        int64_t b = a + PANEL < r1 ? a + PANEL : r1;
+        double *ai = c->A + (c->b1 + a) * Kp;
+        gemm(b - a, (b + 7) & ~(int64_t)7, nb, -1.0, ai + c->b0, Kp, c->W, rows, 1, ai + c->b1, Kp);
+    }
+}
+
+/* Right-looking blocked Cholesky of c->A in place (lower); -1 when it is not positive definite. */
+static int cholesky(fac_ctx *c, exl_pool *pool) {
+    int64_t Kp = c->Kp;
+    for (c->b0 = 0; c->b0 < Kp; c->b0 = c->b1) {
+        c->b1 = c->b0 + NB < Kp ? c->b0 + NB : Kp;
+        int64_t nb = c->b1 - c->b0, rows = Kp - c->b1;
+        double *d = c->A + c->b0 * Kp + c->b0;
+        if (chol_block(d, Kp, nb))
+            return -1;
+        for (int64_t j = 0; j < nb; j++)
+            for (int64_t q = j; q < nb; q++)
+                c->D[j * nb + q] = d[q * Kp + j];
+        exl_pool_run_work(pool, chol_panel_task, c, rows * nb * nb / 2);
+        exl_pool_run_work(pool, chol_update_task, c, rows * rows * nb / 2);
+    }
+    return 0;
+}
+
+/* D [n, n] = the inverse of the lower n x n block at M (leading dimension ld), row by row. */
+static void tri_inv_block(const double *M, int64_t ld, int64_t n, double *D) {
+    memset(D, 0, (size_t)(n * n) * sizeof(double));
+    for (int64_t r = 0; r < n; r++) {
+        double *x = D + r * n;
+        const double *m = M + r * ld;
+        x[r] = 1.0;
+        for (int64_t p = 0; p < r; p++)
+            for (int64_t q = 0; q <= p; q++)
+                x[q] -= m[p] * D[p * n + q];
+        for (int64_t q = 0; q <= r; q++)
+            x[q] /= m[r];
+    }
+}
+
+/* W [Kp - b1, nb] = X·M[b1 .., block] on this thread's rows, X = A[b1 .., b1 ..] (lower). */
+static void inv_product_task(void *ctx, int index, int count) {
+    const fac_ctx *c = ctx;
+    int64_t Kp = c->Kp, nb = c->b1 - c->b0, rows = Kp - c->b1, r0, r1;
+    split_tri(rows, index, count, &r0, &r1);
+    const double *X = c->A + c->b1 * Kp + c->b1;
+    for (int64_t a = r0; a < r1; a += PANEL) {
+        int64_t b = a + PANEL < r1 ? a + PANEL : r1;
+        gemm(b - a, nb, b, 1.0, X + a * Kp, Kp, c->A + c->b1 * Kp + c->b0, Kp, 0, c->W + a * nb, nb);
+    }
+}
+
+/* A[b1 .., block] = -W·D on this thread's rows. */
+static void inv_scale_task(void *ctx, int index, int count) {
+    const fac_ctx *c = ctx;
+    int64_t Kp = c->Kp, nb = c->b1 - c->b0;
+    long i0, i1;
+    exl_split_range((long)(Kp - c->b1), index, count, 4, &i0, &i1);
+    gemm(i1 - i0, nb, nb, -1.0, c->W + i0 * nb, nb, c->D, nb, 0, c->A + (c->b1 + i0) * Kp + c->b0, Kp);
+}
+
+/* In-place inverse of the lower c->A (zero above the diagonal), by block columns from the
+ * right: with X the inverse of the part after a block, A[b1 .., block] = -X·A[b1 .., block]·D
+ * where D is the inverse of the block's diagonal part. */
+static void tri_inverse(fac_ctx *c, exl_pool *pool) {
+    int64_t Kp = c->Kp;
+    for (c->b0 = (Kp - 1) / NB * NB; c->b0 >= 0; c->b0 -= NB) {
+        c->b1 = c->b0 + NB < Kp ? c->b0 + NB : Kp;
+        int64_t nb = c->b1 - c->b0, rows = Kp - c->b1;
+        double *d = c->A + c->b0 * Kp + c->b0;
+        tri_inv_block(d, Kp, nb, c->D);
+        exl_pool_run_work(pool, inv_product_task, c, rows * rows * nb / 2);
+        exl_pool_run_work(pool, inv_scale_task, c, rows * nb * nb);
+        for (int64_t r = 0; r < nb; r++)
+            memcpy(d + r * Kp, c->D + r * nb, (size_t)nb * sizeof(double));
+    }
 }
 
 typedef struct diag_key {
@@ -127,35 +277,42 @@ static exl_status make_perm(const exl_hessian *H, int act_order, int32_t *perm) 
  * diagonal, n the rows it was accumulated from; the damping grows 4x (up to 8 times) while
  * the factorization fails. */
 static exl_status factor(const exl_hessian *H, const int32_t *perm, exl_pool *pool, float *U) {
-    int64_t K = H->K;
-    double *A = exl_malloc((size_t)(K * K) * sizeof(double));
-    if (!A)
-        return exl_fail(EXL_ERR_NOMEM, "out of memory for the inverse Hessian (K = %lld)", (long long)K);
+    int64_t K = H->K, Kp = (K + 7) & ~(int64_t)7;
+    fac_ctx c = {exl_malloc((size_t)(Kp * Kp) * sizeof(double)), exl_malloc((size_t)(Kp * NB) * sizeof(double)),
+                 exl_malloc((size_t)(NB * NB) * sizeof(double)), Kp, 0, 0};
+    exl_status st = c.A && c.W && c.D ? EXL_OK
+                                      : exl_fail(EXL_ERR_NOMEM, "out of memory for the inverse Hessian (K = %lld)",
+                                                 (long long)K);
     double mean = 0;
     for (int64_t i = 0; i < K; i++)
         mean += H->H[i * K + i];
     mean = mean > 0 ? mean / (double)K : 1.0;
     double damp = EXL_QZ_DAMP + EXL_QZ_DAMP_PER_DIM * (double)K / (double)(H->n > 0 ? H->n : 1);
     int tries = 0;
-    for (; tries < 8; tries++, damp *= 4) {
-        for (int64_t i = 0; i < K; i++)
-            for (int64_t j = 0; j <= i; j++)
-                A[i * K + j] = H->H[(int64_t)perm[K - 1 - i] * K + perm[K - 1 - j]];
-        for (int64_t i = 0; i < K; i++)
-            A[i * K + i] += damp * mean;
-        if (!cholesky(A, K))
+    for (; st == EXL_OK && tries < 8; tries++, damp *= 4) {
+        for (int64_t i = 0; i < Kp; i++) {
+            double *a = c.A + i * Kp;
+            memset(a, 0, (size_t)Kp * sizeof(double));
+            for (int64_t j = 0; i < K && j <= i; j++)
+                a[j] = H->H[(int64_t)perm[K - 1 - i] * K + perm[K - 1 - j]];
+            a[i] += i < K ? damp * mean : 1.0;
+        }
+        if (!cholesky(&c, pool))
             break;
     }
-    exl_status st =
-        tries < 8 ? EXL_OK : exl_fail(EXL_ERR_ARG, "the calibration Hessian is not positive definite even with damping");
+    if (st == EXL_OK && tries == 8)
+        st = exl_fail(EXL_ERR_ARG, "the calibration Hessian is not positive definite even with damping");
     if (st == EXL_OK) {
-        inv_ctx c = {A, U, K};
-        exl_pool_run_work(pool, inv_task, &c, K * K * K / 6);
-        for (int64_t i = 0; i < K && st == EXL_OK; i++)
-            if (!(U[i * K + i] > 0))
-                st = exl_fail(EXL_ERR_NOMEM, "out of memory inverting the Hessian");
+        for (int64_t i = 0; i < Kp; i++) /* the updates by tiles wrote a little above the diagonal */
+            memset(c.A + i * Kp + i + 1, 0, (size_t)(Kp - i - 1) * sizeof(double));
+        tri_inverse(&c, pool);
+        for (int64_t i = 0; i < K; i++)
+            for (int64_t j = 0; j <= i; j++)
+                U[(K - 1 - i) * K + (K - 1 - j)] = (float)c.A[i * Kp + j];
     }
-    exl_free(A);
+    exl_free(c.A);
+    exl_free(c.W);
+    exl_free(c.D);
     return st;
 }
 
@@ -366,6 +523,18 @@ static void upd_task(void *ctx, int index, int count) {
     }
 }
 
+/* W[i2 .. K) -= U[i1 .. i2, i2 .. K)ᵀ · E: on the accelerator when it pays, else split across the pool. */
+static exl_status update_rest(float *W, const float *U, const float *E, int64_t K, int64_t N, int64_t i1, int64_t i2,
+                              exl_pool *pool, exl_backend *accel) {
+    int64_t work = (K - i2) * (i2 - i1) * N;
+    if (accel && work >= EXL_QZ_ACCEL_MIN_WORK)
+        return accel->ops->host_gemm(accel, 1, 0, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, 1.0f,
+                                     W + i2 * N, N);
+    upd_ctx c = {W, U, E, K, N, i1, i2};
+    exl_pool_run_work(pool, upd_task, &c, work);
+    return EXL_OK;
+}
+
 /* ---- driver */
 
 static exl_status alloc_result(exl_qz_result *r, int64_t K, int64_t N, int32_t G, exl_qz_scheme scheme) {
@@ -394,7 +563,7 @@ static exl_status alloc_result(exl_qz_result *r, int64_t K, int64_t N, int32_t G
 
 /* Quantize the permuted rows Wp group by group (see the top of the file). */
 static exl_status gptq_rows(float *Wp, const exl_qz_hinv *h, qstate *qs, const exl_qz_layout *layout, exl_pool *pool,
-                            exl_qz_result *out) {
+                            exl_backend *accel, exl_qz_result *out) {
     int64_t K = h->K, N = qs->N, r0 = 0;
     float *E = exl_malloc((size_t)(BLOCK * N) * sizeof(float));
     exl_status st = E ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
@@ -408,8 +577,7 @@ static exl_status gptq_rows(float *Wp, const exl_qz_hinv *h, qstate *qs, const e
         for (int64_t i1 = r0; st == EXL_OK && i1 < r1; i1 += BLOCK) {
             int64_t i2 = i1 + BLOCK < r1 ? i1 + BLOCK : r1;
             quant_block(qs, Wp, h->U, E, K, i1, i2, out->codes);
-            upd_ctx c = {Wp, h->U, E, K, N, i1, i2};
-            exl_pool_run_work(pool, upd_task, &c, (K - i2) * (i2 - i1) * N);
+            st = update_rest(Wp, h->U, E, K, N, i1, i2, pool, accel);
         }
         r0 = r1;
     }
@@ -418,7 +586,7 @@ static exl_status gptq_rows(float *Wp, const exl_qz_hinv *h, qstate *qs, const e
 }
 
 exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, exl_qz_scheme scheme,
-                             const exl_qz_layout *layout, exl_pool *pool, exl_qz_result *out) {
+                             const exl_qz_layout *layout, exl_pool *pool, exl_backend *accel, exl_qz_result *out) {
     int64_t K = h->K, rows = 0;
     for (int32_t g = 0; g < layout->n_groups; g++)
         rows += layout->rows[g];
@@ -432,7 +600,7 @@ exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, ex
         for (int64_t r = 0; r < K; r++)
             memcpy(Wp + r * N, W + (int64_t)h->perm[r] * N, (size_t)N * sizeof(float));
         qstate qs = {scheme, N, 0, sc, sc + N};
-        st = gptq_rows(Wp, h, &qs, layout, pool, out);
+        st = gptq_rows(Wp, h, &qs, layout, pool, accel, out);
     }
     for (int64_t r = 0; st == EXL_OK && r < K; r++)
         memcpy(out->Wq + (int64_t)h->perm[r] * N, Wp + r * N, (size_t)N * sizeof(float));

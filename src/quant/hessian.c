@@ -66,8 +66,19 @@ static void add_task(void *ctx, int index, int count) {
     }
 }
 
-exl_status exl_hessian_add(exl_hessian *h, const float *x, int64_t rows, exl_pool *pool) {
+/* The whole of H (both triangles; exl_hessian_finish mirrors the upper one) += XᵀX at once;
+ * a fresh H (n = 0, all zeros) is not uploaded. */
+static exl_status add_accel(exl_hessian *h, const float *x, int64_t rows, exl_backend *accel) {
     int64_t K = h->K;
+    EXL_TRY(accel->ops->host_gemm(accel, 1, 0, K, K, rows, 1.0f, x, K, x, K, h->n ? 1.0f : 0.0f, h->H, K));
+    h->n += rows;
+    return EXL_OK;
+}
+
+exl_status exl_hessian_add(exl_hessian *h, const float *x, int64_t rows, exl_pool *pool, exl_backend *accel) {
+    int64_t K = h->K;
+    if (accel && rows * K * K >= EXL_QZ_ACCEL_MIN_WORK)
+        return add_accel(h, x, rows, accel);
     float *xt = exl_malloc((size_t)(K * CHUNK) * sizeof(float));
     if (!xt)
         return exl_fail(EXL_ERR_NOMEM, "out of memory for the Hessian (K = %lld)", (long long)K);

@@ -1,6 +1,6 @@
 /* measure.c - the candidate EXL2 recipes of a block.
  *
- * Each linear gets one of a ladder of levels, from about 2.3 to 8.2 bits per weight.
+ * Each linear gets one of a ladder of levels, from about 2.1 to 8.2 bits per weight.
  * A block's candidates are every level applied to all its linears, and the same with
  * its most sensitive linear (v_proj in attention, down_proj in the MLP) one or two levels
  * higher. The driver (quantize.c) measures each candidate's output error. */
@@ -12,6 +12,8 @@
 #include <string.h>
 
 static const exl_qz_opt levels[] = {
+    {1, {2}, {1}, {128}},
+    {1, {2}, {1}, {64}},
     {2, {3, 2}, {0.1, 0.9}, {64, 64}},
     {2, {3, 2}, {0.3, 0.7}, {64, 64}},
     {1, {3}, {1}, {64}},

@@ -10,6 +10,9 @@
  * before it (o_proj after q/k/v, down after gate/up). Only one layer's weights, Hessians
  * and activations are held at a time.
  *
+ * The big products (layer matmuls, Hessians, GPTQ updates) run on the GPU when the device
+ * parameter gets one (a backend with host_gemm, see backend.h), in fp32 as on the CPU.
+ *
  * Resuming: OUT_DIR/.exl-quant holds state.json (parameters, pass, next layer), the
  * hidden states after the last finished layer, the partial measurement and one
  * safetensors part per finished layer; the last step merges the parts and removes it. */
@@ -41,6 +44,7 @@ typedef struct qz {
     exl_hf_config cfg;
     exl_weights *w;
     exl_pool *pool;
+    exl_backend *accel;    /* the GPU's host_gemm, or NULL: everything on the CPU */
     exl_lrun lr;
     char *work;            /* OUT_DIR/.exl-quant */
     char sig[1024];        /* the parameters a resumed run must match */
@@ -110,17 +114,24 @@ typedef struct acts {
     float *h, *qa, *ka, *va, *attn, *y, *gate, *up, *ref;
 } acts;
 
-static void attn_core(qz *q, acts *a, float *const *W) {
-    exl_lrun_matmul(&q->lr, a->qa, a->h, W[LIN_Q], q->bias[LIN_Q], q->T, q->H, q->qw);
-    exl_lrun_matmul(&q->lr, a->ka, a->h, W[LIN_K], q->bias[LIN_K], q->T, q->H, q->kvw);
-    exl_lrun_matmul(&q->lr, a->va, a->h, W[LIN_V], q->bias[LIN_V], q->T, q->H, q->kvw);
+static exl_status attn_core(qz *q, acts *a, float *const *W) {
+    EXL_TRY(exl_lrun_matmul(&q->lr, a->qa, a->h, W[LIN_Q], q->bias[LIN_Q], q->T, q->H, q->qw));
+    EXL_TRY(exl_lrun_matmul(&q->lr, a->ka, a->h, W[LIN_K], q->bias[LIN_K], q->T, q->H, q->kvw));
+    EXL_TRY(exl_lrun_matmul(&q->lr, a->va, a->h, W[LIN_V], q->bias[LIN_V], q->T, q->H, q->kvw));
     exl_lrun_attention(&q->lr, a->attn, a->qa, a->ka, a->va);
+    return EXL_OK;
 }
 
-static void mlp_core(qz *q, acts *a, float *const *W) {
-    exl_lrun_matmul(&q->lr, a->gate, a->h, W[LIN_GATE], q->bias[LIN_GATE], q->T, q->H, q->F);
-    exl_lrun_matmul(&q->lr, a->up, a->h, W[LIN_UP], q->bias[LIN_UP], q->T, q->H, q->F);
+static exl_status mlp_core(qz *q, acts *a, float *const *W) {
+    EXL_TRY(exl_lrun_matmul(&q->lr, a->gate, a->h, W[LIN_GATE], q->bias[LIN_GATE], q->T, q->H, q->F));
+    EXL_TRY(exl_lrun_matmul(&q->lr, a->up, a->h, W[LIN_UP], q->bias[LIN_UP], q->T, q->H, q->F));
     exl_lrun_glu(&q->lr, a->gate, a->up, q->T * q->F);
+    return EXL_OK;
+}
+
+/* The block's core (attention or MLP, k = 0 or 1) with weights W. */
+static exl_status block_core(qz *q, acts *a, float *const *W, int k) {
+    return k ? mlp_core(q, a, W) : attn_core(q, a, W);
 }
 
 /* The GPTQ factor of the Hessian of inputs x [T, K] (EXL2 always in act-order). */
@@ -130,7 +141,7 @@ static exl_status hinv_of(qz *q, const float *x, int64_t K, exl_qz_hinv *hi) {
     exl_status st = EXL_OK;
     if (q->p->format == EXL_QUANT_GPTQ && q->p->rtn)
         exl_hessian_identity(&h);
-    else if ((st = exl_hessian_add(&h, x, q->T, q->pool)) == EXL_OK)
+    else if ((st = exl_hessian_add(&h, x, q->T, q->pool, q->accel)) == EXL_OK)
         exl_hessian_finish(&h);
     if (st == EXL_OK)
         st = exl_gptq_prepare(&h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
@@ -143,7 +154,7 @@ static exl_status hinv_of(qz *q, const float *x, int64_t K, exl_qz_hinv *hi) {
 static exl_status quant_exl2(qz *q, const exl_qz_opt *o, const float *W, const exl_qz_hinv *h, int64_t N,
                              exl_qz_result *r, exl_qz_layout *l) {
     EXL_TRY(exl_exl2_layout(o, h->K, l));
-    exl_status st = exl_gptq_quantize(W, h, N, EXL_QZ_EXL2, l, q->pool, r);
+    exl_status st = exl_gptq_quantize(W, h, N, EXL_QZ_EXL2, l, q->pool, q->accel, r);
     if (st != EXL_OK)
         exl_qz_layout_free(l);
     return st;
@@ -192,7 +203,7 @@ static exl_status emit_linear(qz *q, exl_qz_part *part, const char *name, const 
             l.bits[g] = q->p->bits;
             l.rows[g] = (int32_t)(K - (int64_t)g * gs < gs ? K - (int64_t)g * gs : gs);
         }
-        st = exl_gptq_quantize(W, h, N, q->p->sym ? EXL_QZ_GPTQ_SYM : EXL_QZ_GPTQ_ASYM, &l, q->pool, &r);
+        st = exl_gptq_quantize(W, h, N, q->p->sym ? EXL_QZ_GPTQ_SYM : EXL_QZ_GPTQ_ASYM, &l, q->pool, q->accel, &r);
         if (st != EXL_OK) {
             exl_qz_layout_free(&l);
             return st;
@@ -291,16 +302,14 @@ static exl_status measure_block(qz *q, acts *a, int32_t l, int k) {
     float *mid = k ? a->gate : a->attn;
     int64_t Kmid = k ? q->F : q->qw;
     exl_status st = hinv_of(q, a->h, q->H, &h_in);
-    if (st == EXL_OK) {
-        if (k)
-            mlp_core(q, a, q->W);
-        else
-            attn_core(q, a, q->W);
+    if (st == EXL_OK)
+        st = block_core(q, a, q->W, k);
+    if (st == EXL_OK)
         st = hinv_of(q, mid, Kmid, &h_mid);
-    }
     double norm = 0; /* of the hidden states after the block */
+    if (st == EXL_OK)
+        st = exl_lrun_matmul(&q->lr, a->ref, mid, q->W[first + n - 1], q->bias[first + n - 1], q->T, Kmid, q->H);
     if (st == EXL_OK) {
-        exl_lrun_matmul(&q->lr, a->ref, mid, q->W[first + n - 1], q->bias[first + n - 1], q->T, Kmid, q->H);
         for (int64_t i = 0; i < q->T * q->H; i++) {
             q->x[i] += a->ref[i];
             norm += (double)q->x[i] * q->x[i];
@@ -314,13 +323,12 @@ static exl_status measure_block(qz *q, acts *a, int32_t l, int k) {
                               q->N[first + i]);
             Wq[first + i] = c[i].Wq;
         }
+        if (st == EXL_OK)
+            st = block_core(q, a, Wq, k);
+        if (st == EXL_OK)
+            st = exl_lrun_matmul(&q->lr, a->y, mid, Wq[first + n - 1], q->bias[first + n - 1], q->T, Kmid, q->H);
         if (st != EXL_OK)
             break;
-        if (k)
-            mlp_core(q, a, Wq);
-        else
-            attn_core(q, a, Wq);
-        exl_lrun_matmul(&q->lr, a->y, mid, Wq[first + n - 1], q->bias[first + n - 1], q->T, Kmid, q->H);
         double err = norm > 0 ? sqrt(sq_dist(a->y, a->ref, q->T * q->H) / norm) : 0;
         bm->r[r].accuracy = err < 1 ? 1 - err : 0;
     }
@@ -351,13 +359,10 @@ static exl_status quant_block(qz *q, acts *a, exl_qz_part *part, int32_t l, int 
                          rc ? &rc->opt[i] : NULL, &Wq[first + i]);
     }
     exl_qz_hinv_free(&h);
-    if (st == EXL_OK) {
-        if (k)
-            mlp_core(q, a, Wq);
-        else
-            attn_core(q, a, Wq);
+    if (st == EXL_OK)
+        st = block_core(q, a, Wq, k);
+    if (st == EXL_OK)
         st = hinv_of(q, mid, Kmid, &h);
-    }
     if (st == EXL_OK) {
         int i = n - 1;
         snprintf(name, sizeof name, "model.layers.%d.%s", l, lin_names[first + i]);
@@ -365,11 +370,10 @@ static exl_status quant_block(qz *q, acts *a, exl_qz_part *part, int32_t l, int 
                          rc ? &rc->opt[i] : NULL, &Wq[first + i]);
     }
     exl_qz_hinv_free(&h);
-    if (st == EXL_OK) {
-        exl_lrun_matmul(&q->lr, a->y, mid, Wq[first + n - 1], q->bias[first + n - 1], q->T, Kmid, q->H);
-        for (int64_t i = 0; i < q->T * q->H; i++)
-            q->x[i] += a->y[i];
-    }
+    if (st == EXL_OK)
+        st = exl_lrun_matmul(&q->lr, a->y, mid, Wq[first + n - 1], q->bias[first + n - 1], q->T, Kmid, q->H);
+    for (int64_t i = 0; st == EXL_OK && i < q->T * q->H; i++)
+        q->x[i] += a->y[i];
     for (int i = 0; i < N_LIN; i++)
         exl_free(Wq[i]);
     return st;
@@ -515,6 +519,20 @@ static exl_status remove_work(qz *q, int32_t n_layers) {
 
 /* ---- setup and the passes */
 
+/* The GPU for the big products when the device parameter gets one (AUTO without a GPU:
+ * the CPU, silently; CUDA without one: the error). */
+static exl_status accel_init(qz *q) {
+    exl_backend *be;
+    if (q->p->device == EXL_DEVICE_CPU)
+        return EXL_OK;
+    EXL_TRY(exl_backend_init(q->p->device, 1, &be));
+    if (be->ops->host_gemm)
+        q->accel = be;
+    else
+        be->ops->destroy(be);
+    return EXL_OK;
+}
+
 static exl_status setup(qz *q) {
     const exl_quantize_params *p = q->p;
     if (!p->in_dir || !p->out_dir)
@@ -561,7 +579,10 @@ static exl_status setup(qz *q) {
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     EXL_TRY(exl_weights_open(p->in_dir, &q->w));
     EXL_TRY(exl_pool_init(p->n_threads, &q->pool));
+    EXL_TRY(accel_init(q));
+    exl_str_printf(&q->report, "device: %s\n", q->accel ? q->accel->name : "cpu");
     EXL_TRY(exl_lrun_init(&q->lr, &q->cfg, q->pool, p->rows, p->length));
+    q->lr.accel = q->accel;
     if (!(q->x = exl_malloc((size_t)(q->T * q->H) * sizeof(float))))
         return exl_fail(EXL_ERR_NOMEM, "out of memory for %lld hidden states", (long long)q->T);
     if (!(q->meas.b = exl_calloc((size_t)c->n_layers * 2, sizeof *q->meas.b)))
@@ -768,7 +789,7 @@ static exl_status run(qz *q) {
 
 exl_quantize_params exl_quantize_default_params(void) {
     return (exl_quantize_params){.format = EXL_QUANT_EXL2, .bpw = 4.0, .head_bits = 6, .bits = 4, .group_size = 128,
-                                 .rows = 32, .length = 512};
+                                 .rows = 32, .length = 512, .device = EXL_DEVICE_AUTO};
 }
 
 exl_status exl_quantize(const exl_quantize_params *params, char **report) {
@@ -789,6 +810,8 @@ exl_status exl_quantize(const exl_quantize_params *params, char **report) {
     exl_lrun_free(&q.lr);
     if (q.pool)
         exl_pool_free(q.pool);
+    if (q.accel)
+        q.accel->ops->destroy(q.accel);
     if (q.w)
         exl_weights_close(q.w);
     exl_free(q.work);

@@ -256,22 +256,23 @@ static double prefill_speed(exl_model *m, exl_kv_cache *cache, int32_t *pages, i
     return best;
 }
 
-/* time one matmul op alone, 200 back to back in one graph, for the GEMV efficiency of each shape */
-static double matmul_us(exl_model *m, const exl_linear *w, int64_t K, int64_t N) {
+/* time one matmul op of `rows` rows alone, 200 back to back (one row: in one graph), for the
+ * efficiency of each shape */
+static double matmul_us(exl_model *m, const exl_linear *w, int64_t K, int64_t N, int32_t rows) {
     exl_backend *be = m->be;
-    float *x = be->ops->alloc(be, K * 4), *y = be->ops->alloc(be, N * 4);
-    float *hx = malloc(K * 4);
-    for (int64_t i = 0; i < K; i++)
+    float *x = be->ops->alloc(be, rows * K * 4), *y = be->ops->alloc(be, rows * N * 4);
+    float *hx = malloc(rows * K * 4);
+    for (int64_t i = 0; i < rows * K; i++)
         hx[i] = qg_uniform(&rng) - 0.5f;
-    EK(be->ops->upload(be, x, hx, K * 4));
+    EK(be->ops->upload(be, x, hx, rows * K * 4));
     /* the first round is captured into a CUDA graph, the timed one replays it */
     const int reps = 200;
     for (int i = 0; i < reps; i++)
-        be->ops->matmul(be, y, x, w, 1);
+        be->ops->matmul(be, y, x, w, rows);
     EK(be->ops->synchronize(be));
     double t0 = now();
     for (int i = 0; i < reps; i++)
-        be->ops->matmul(be, y, x, w, 1);
+        be->ops->matmul(be, y, x, w, rows);
     EK(be->ops->synchronize(be));
     double us = (now() - t0) / reps * 1e6;
     be->ops->free(be, x), be->ops->free(be, y);
@@ -348,7 +349,7 @@ int main(int argc, char **argv) {
                        {"down_proj 11008x4096", m->layers[0].down, 11008, 4096},
                        {"head 4096x32000", m->head, 4096, 32000}};
         for (int s = 0; s < (is_8b(kinds[k]) ? 0 : 4); s++) {
-            double us = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N);
+            double us = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, 1);
             int head = s == 3;
             const char *kk = head && strcmp(kinds[k], "exl2") ? "fp16" : kinds[k];
             /* bytes of that one matrix, as streamed by the kernel */
@@ -359,8 +360,14 @@ int main(int argc, char **argv) {
                 bytes = shapes[s].K * shapes[s].N * (head ? 6 : 4) / 8.0 + shapes[s].K / 128 * shapes[s].N * 2.0;
             else
                 bytes = shapes[s].K * shapes[s].N / 2.0 + shapes[s].K / 128 * shapes[s].N * 4.0;
-            fprintf(stderr, "  %-22s %8.1f us  %6.0f GB/s  (%.0f%% of copy)\n", shapes[s].name, us,
+            fprintf(stderr, "  %-22s %8.1f us  %6.0f GB/s  (%.0f%% of copy)", shapes[s].name, us,
                     bytes / us / 1e3, 100 * bytes / (us * 1e-6) / bw);
+            /* many rows (batched decode, prefill chunks): time and tensor-core rate */
+            for (int32_t rows = 16; rows <= 256; rows *= 4) {
+                double t = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, rows);
+                fprintf(stderr, "  | %d rows %.1f us %.0f TFLOP/s", rows, t, 2.0 * rows * shapes[s].K * shapes[s].N / t / 1e6);
+            }
+            fprintf(stderr, "\n");
         }
         exl_kv_cache_free(m, cache);
         exl_model_free(m);

@@ -1,7 +1,8 @@
 #!/bin/bash
 # prepare.sh - fill .gpu/ (git-ignored) for a GPU machine that cannot see ../shared and may
 # lack the build dependencies: the fixtures it tests against (shared/: config, weights and
-# reference logits of every model, about 58 MB) and, built here, the GPU programs (bin/).
+# reference logits of every model, about 58 MB; rand-llama's tokenizer and a calibration
+# text for the quantizer test) and, built here, the GPU programs (bin/).
 #
 # usage (here, from the repo root): tests/gpu/prepare.sh [SHARED_DIR] [CUDA_ARCHS]
 # then on the GPU machine: tests/gpu/run.sh   (carry .gpu)
@@ -18,6 +19,12 @@ for d in "$shared"/models/*/; do
     [ -f "$d"quantize_config.json ] && cp "$d"quantize_config.json ".gpu/shared/models/$n/"
     cp "$shared/reference/$n.logits.safetensors" .gpu/shared/reference/
 done
+# the quantizer test: rand-llama's tokenizer and the first 64 kB (whole lines) of a calibration text
+for f in tokenizer.json tokenizer_config.json special_tokens_map.json; do
+    cp "$shared/models/rand-llama/$f" .gpu/shared/models/rand-llama/
+done
+mkdir -p .gpu/shared/data/calibration
+head -c 65536 "$shared/data/calibration/tiny.utf8" | sed '$d' >.gpu/shared/data/calibration/tiny.utf8
 cmake -S . -B build-gpu -DEXL_CUDA=ON -DEXL_CUDA_ARCHS="$archs" >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target test_gpu gpu_bench exl_cuda >/dev/null
 for f in test_gpu gpu_bench libexl_cuda.so; do strip -o ".gpu/bin/$f" "build-gpu/$f"; done

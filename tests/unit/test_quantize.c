@@ -16,7 +16,9 @@
  *     output directory each fail with a message naming the problem;
  *   - a run killed with SIGKILL (in a child process) after a finished layer, in the measuring
  *     and in the quantizing pass, continues from that layer and writes the same bytes as an
- *     uninterrupted run.
+ *     uninterrupted run;
+ *   - GPTQ's factor U of a random Hessian (K = 300: three blocks, no multiple of 8) has
+ *     UᵀU·A = I for A the permuted, damped Hessian.
  *
  * Calibration is 4 rows x 64 tokens of tiny.utf8 on 2 threads. The measuring pass is most of
  * the time (33 candidates per block), so only the small model is measured, twice (one run
@@ -73,6 +75,7 @@ static exl_quantize_params base_params(const char *in, const char *out, exl_quan
     p.rows = QT_ROWS;
     p.length = QT_LENGTH;
     p.n_threads = QT_THREADS;
+    p.device = EXL_DEVICE_CPU; /* byte-exact expectations; the GPU path is tests/gpu's */
     return p;
 }
 
@@ -2002,4 +2005,55 @@ EXL_TEST(gptq_resumes_after_a_kill_from_the_last_finished_layer) {
     check_same_outputs(ref, out, files, 3, "resumed GPTQ");
     join(path, sizeof path, out, ".exl-quant");
     CHECK_MSG(!exists(path), "the work directory %s is left behind", path);
+}
+
+EXL_TEST(gptq_factor_inverts_the_damped_hessian) {
+    enum { K = 300, ROWS = 600 };
+    float *x = malloc(sizeof(float) * ROWS * K);
+    double *A = malloc(sizeof(double) * K * K), *G = calloc(K * K, sizeof(double));
+    REQUIRE(x && A && G);
+    uint32_t seed = 7;
+    for (int i = 0; i < ROWS * K; i++) { /* correlated columns of uneven scale */
+        seed = seed * 1664525u + 1013904223u;
+        float u = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
+        x[i] = (u + (i % K ? 0.5f * x[i - i % K] : 0.0f)) * (float)(1 + i % K % 7);
+    }
+    exl_pool *pool;
+    exl_hessian h;
+    exl_qz_hinv hi = {0};
+    REQUIRE_OK(exl_pool_init(QT_THREADS, &pool));
+    REQUIRE_OK(exl_hessian_init(&h, K));
+    REQUIRE_OK(exl_hessian_add(&h, x, ROWS, pool, NULL));
+    exl_hessian_finish(&h);
+    REQUIRE_OK(exl_gptq_prepare(&h, 1, pool, &hi));
+    double mean = 0, err = 0;
+    for (int i = 0; i < K; i++)
+        mean += h.H[i * K + i] / K;
+    for (int i = 0; i < K; i++)
+        for (int j = 0; j < K; j++)
+            A[i * K + j] = h.H[hi.perm[i] * K + hi.perm[j]] +
+                           (i == j ? (EXL_QZ_DAMP + EXL_QZ_DAMP_PER_DIM * K / ROWS) * mean : 0.0);
+    for (int i = 0; i < K; i++) {
+        CHECK(hi.U[i * K + i] > 0);
+        for (int j = 0; j < i; j++)
+            CHECK(hi.U[i * K + j] == 0);
+    }
+    for (int p = 0; p < K; p++) /* G = UᵀU */
+        for (int i = p; i < K; i++)
+            for (int j = p; j < K; j++)
+                G[i * K + j] += (double)hi.U[p * K + i] * hi.U[p * K + j];
+    for (int i = 0; i < K; i++)
+        for (int j = 0; j < K; j++) {
+            double s = 0;
+            for (int p = 0; p < K; p++)
+                s += G[i * K + p] * A[p * K + j];
+            err = fmax(err, fabs(s - (i == j)));
+        }
+    CHECK_MSG(err < 1e-4, "max |UᵀU·A - I| = %g", err);
+    exl_qz_hinv_free(&hi);
+    exl_hessian_free(&h);
+    exl_pool_free(pool);
+    free(x);
+    free(A);
+    free(G);
 }

@@ -107,6 +107,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->fused_scratch);
     cudaFree(cb->gemv_partial);
     cudaFree(cb->gemv_counters);
+    exl_cuda_host_gemm_free(cb);
     cublasDestroy(cb->cublas);
     cudaStreamDestroy(cb->stream);
     free(cb);
@@ -233,11 +234,6 @@ static exl_status cu_linear_init(exl_backend *be, const exl_linear_src *src, exl
             st = upload_dense(cb, w, src);
     } else {
         st = exl_cuda_qmatrix_init(cb, src, &w->q);
-        if (st == EXL_OK) {
-            size_t bytes = 2 * (size_t)w->q.n_chunks * 32 * (size_t)w->q.n_pad * sizeof(__half); /* hi, lo */
-            if (bytes > cb->dequant_bytes)
-                cb->dequant_bytes = bytes;
-        }
     }
     if (st == EXL_OK && src->bias)
         st = upload_f32(cb, &w->bias, src->bias_dtype, src->bias, src->out_features, 0.0f, "a bias");
@@ -278,7 +274,7 @@ static const exl_backend_ops cuda_ops = {
     cu_synchronize, cu_linear_init, cu_linear_free,  cu_vector_init,   cu_vector_free,
     exl_cuda_embed, exl_cuda_rmsnorm, exl_cuda_matmul, exl_cuda_rope,  exl_cuda_kv_store,
     exl_cuda_attention, exl_cuda_glu, exl_cuda_add,  exl_cuda_gather_rows, exl_cuda_matmul_fused,
-    exl_cuda_rope_kv_store,
+    exl_cuda_rope_kv_store, exl_cuda_host_gemm,
 };
 
 /* ---- creation */

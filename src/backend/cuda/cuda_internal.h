@@ -40,9 +40,8 @@ typedef struct exl_cuda_backend {
     exl_status sticky;      /* first asynchronous failure, EXL_OK if none */
     char sticky_msg[512];
     /* scratch, grown on demand (never inside a steady decode loop) */
-    void *scratch;          /* fp16 activations / dequantized weights for the GEMM path */
+    void *scratch;          /* fp16 activations (hi and lo parts) for the many-row paths */
     size_t scratch_bytes;
-    size_t dequant_bytes;   /* largest dequantized matrix (hi and lo parts) of any quantized linear */
     float *gemv_partial;    /* split-K partial sums of the GEMV kernels */
     size_t gemv_partial_bytes;
     unsigned *gemv_counters; /* per column tile arrival counters (self-resetting) */
@@ -57,6 +56,9 @@ typedef struct exl_cuda_backend {
     struct exl_cuda_op *tape; /* the ops of the cached graph, in order */
     int32_t tape_len, tape_cap, match_pos;
     cudaGraphExec_t exec;
+    /* host_gemm staging (cuda_host_gemm.cu) */
+    float *host_gemm_buf;
+    size_t host_gemm_floats;
 } exl_cuda_backend;
 
 static inline exl_cuda_backend *exl_cuda(exl_backend *be) { return (exl_cuda_backend *)be; }
@@ -132,11 +134,12 @@ size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_
  * of one input width), which exl_cuda_qgemv_fused then launches. */
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f);
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
-/* w to fp16 [slots, n_pad] at dst (hi) and right after it (lo = w - hi) */
-void exl_cuda_qdequant(exl_cuda_backend *cb, __half *dst, const exl_linear *w);
-/* fp32 activations (gathered through idx, NULL = none) as two fp16 matrices hi, lo: [2 * rows, width] */
-void exl_cuda_gather_half(exl_cuda_backend *cb, __half *dst, const float *x, const int32_t *idx, int32_t rows,
-                          int32_t in, int32_t width);
+/* out[rows, out] (+)= x · w + b on tensor cores for a quantized w (cuda_qmma.cu); x is fp32
+ * [rows, in]; uses scratch */
+void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows,
+                   int accumulate);
+/* fp32 x [rows, width] as two fp16 matrices hi, lo: [2 * rows, width] (cuda_split_half.cu) */
+void exl_cuda_split_half(exl_cuda_backend *cb, __half *dst, const float *x, int32_t rows, int32_t width);
 void exl_cuda_run_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
                         float scale);
 void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows,
@@ -158,9 +161,9 @@ void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float
 /* Largest row count the decode (GEMV / split-K attention) paths take; graphs are used only
  * for steps at or under it. */
 #define EXL_CUDA_GEMV_MAX_ROWS 8
-/* Largest row count the quantized GEMV takes (8 rows per launch, so the weights are read
- * once per 8 rows); more rows go to dequantize + cuBLAS */
-#define EXL_CUDA_QGEMV_MAX_ROWS 32
+/* Largest row count the quantized GEMV takes (one launch); more rows go to the tensor-core
+ * kernel (cuda_qmma.cu), which reads the weights once for up to 64 rows */
+#define EXL_CUDA_QGEMV_MAX_ROWS 8
 #define EXL_CUDA_DECODE_MAX_Q 4
 /* decode attention sizes its splits for max_kv rounded up to this, so a captured step can
  * be replayed for the next tokens */
@@ -197,6 +200,13 @@ void exl_cuda_graph_flush(exl_cuda_backend *cb);
 /* Finish the step and drop the cached graph (memory it refers to is being freed). */
 void exl_cuda_graph_forget(exl_cuda_backend *cb);
 void exl_cuda_graph_free(exl_cuda_backend *cb);
+
+/* ---- host_gemm (cuda_host_gemm.cu): the op-table entry, and freeing its staging buffer */
+
+exl_status exl_cuda_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                              int64_t ldc);
+void exl_cuda_host_gemm_free(exl_cuda_backend *cb);
 
 #ifdef __cplusplus
 }

@@ -1,12 +1,10 @@
 /* cuda_matmul.cu - out = x·W + b on the GPU, alone or fused (matmul_fused).
  *
  * Few rows (decode): a GEMV that streams the weights once (dense fp16: one warp per output,
- * 16-byte loads; quantized: cuda_qgemv.cu, which also fuses norm/GLU/residual). Many rows (prefill): fp16 activations and
- * fp16 weights (quantized ones dequantized first, whole matrix, into scratch) through
- * cuBLAS with fp32 accumulation and fp32 output. The activations go in as two fp16 parts
- * (x = hi + lo), and dequantized weights too (w_hi + w_lo; x_lo·w_lo is dropped), several
- * GEMMs into one output: fp16 parts alone flip near-tied argmaxes of the reference logits,
- * and the GEMMs are a small part of a prefill step today. */
+ * 16-byte loads; quantized: cuda_qgemv.cu, which also fuses norm/GLU/residual). Many rows:
+ * the activations as two fp16 parts (x = hi + lo: fp16 alone flips near-tied argmaxes of the
+ * reference logits), then for quantized weights the tensor-core kernel of cuda_qmma.cu, for
+ * dense fp16 weights cuBLAS (fp32 accumulation and output), one GEMM per part. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <string.h>
@@ -89,38 +87,30 @@ __global__ void bias_kernel(float *out, const float *bias, int32_t n_out, int64_
         out[i] += bias[i % n_out];
 }
 
-/* out[rows, N] (row-major) (+)= sum over the first x_parts parts of xh [rows, K] · A, where
- * xh holds hi then lo and A is fp16
- * either [N, K] row-major (transposed = 1, lda = K) or [K, lda] row-major (transposed = 0). */
-static void gemm(exl_cuda_backend *cb, float *out, const __half *xh, int x_parts, const __half *a, int transposed,
-                 int32_t lda, int accumulate, int32_t rows, int32_t K, int32_t N) {
+/* out[rows, N] (row-major) = the sum over the first x_parts parts of xh [rows, K] · Aᵀ, where
+ * xh holds hi then lo and A is fp16 [N, K] row-major. */
+static void gemm(exl_cuda_backend *cb, float *out, const __half *xh, int x_parts, const __half *a, int32_t rows, int32_t K, int32_t N) {
     const float one = 1.0f, zero = 0.0f;
     for (int part = 0; part < x_parts; part++)
         CUBLAS_CHECK_STICKY(cb,
-                            cublasGemmEx(cb->cublas, transposed ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, N, rows,
-                                         K, &one, a, CUDA_R_16F, lda, xh + (int64_t)part * rows * K, CUDA_R_16F, K,
-                                         part || accumulate ? &one : &zero, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                            cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &one, a, CUDA_R_16F, K,
+                                         xh + (int64_t)part * rows * K, CUDA_R_16F, K,
+                                         part ? &one : &zero, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT),
                             "GEMM");
 }
 
 static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows) {
-    int quant = w->kind != EXL_LINEAR_DENSE;
-    int32_t K = quant ? w->q.n_chunks * 32 : w->in;
-    size_t x_bytes = (2 * (size_t)rows * K * sizeof(__half) + 255) / 256 * 256;
-    size_t need = x_bytes + (quant ? cb->dequant_bytes : 0);
-    if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, need, "GEMM scratch"))
+    if (w->kind != EXL_LINEAR_DENSE) {
+        exl_cuda_qmma(cb, out, x, w, rows, 0);
+        return;
+    }
+    if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)rows * w->in * sizeof(__half),
+                         "fp16 activations"))
         return;
     __half *xh = (__half *)cb->scratch;
-    exl_cuda_gather_half(cb, xh, x, quant ? w->q.slot_src : NULL, rows, w->in, K);
-    if (quant) {
-        __half *wd = (__half *)((char *)cb->scratch + x_bytes);
-        exl_cuda_qdequant(cb, wd, w);
-        gemm(cb, out, xh, 2, wd, 0, w->q.n_pad, 0, rows, K, w->out);              /* (x_hi + x_lo) w_hi */
-        gemm(cb, out, xh, 1, wd + (int64_t)K * w->q.n_pad, 0, w->q.n_pad, 1, rows, K, w->out); /* + x_hi w_lo */
-    } else {
-        gemm(cb, out, xh, 2, w->w, 1, w->in, 0, rows, K, w->out);
-    }
+    exl_cuda_split_half(cb, xh, x, rows, w->in);
+    gemm(cb, out, xh, 2, w->w, rows, w->in, w->out);
     if (w->bias) {
         int64_t total = (int64_t)rows * w->out;
         bias_kernel<<<(unsigned)((total + 255) / 256), 256, 0, cb->stream>>>(out, w->bias, w->out, total);
