@@ -162,6 +162,31 @@ exl_status exl_st_parse(const char *path, const uint8_t *buf, size_t size, exl_s
     return EXL_OK;
 }
 
+/* Copy the tensors to one aligned block if any of them is misaligned for its type. */
+static exl_status align_tensors(exl_st_file *f) {
+    size_t total = 0;
+    int misaligned = 0;
+    for (int i = 0; i < f->n_tensors; i++) {
+        const exl_st_tensor *t = &f->tensors[i];
+        misaligned |= (uintptr_t)t->data % exl_dtype_size(t->dtype) != 0;
+        total += (t->nbytes + 63) / 64 * 64;
+    }
+    if (!misaligned)
+        return EXL_OK;
+    uint8_t *block = exl_malloc_aligned(total);
+    if (!block)
+        return exl_fail(EXL_ERR_NOMEM, "%s: out of memory copying misaligned tensors (%zu bytes)", f->path, total);
+    size_t at = 0;
+    for (int i = 0; i < f->n_tensors; i++) {
+        exl_st_tensor *t = &f->tensors[i];
+        memcpy(block + at, t->data, t->nbytes);
+        t->data = block + at;
+        at += (t->nbytes + 63) / 64 * 64;
+    }
+    f->aligned = block;
+    return EXL_OK;
+}
+
 exl_status exl_st_open(const char *path, exl_st_file **out) {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -189,6 +214,10 @@ exl_status exl_st_open(const char *path, exl_st_file **out) {
     }
     f->map = map;
     f->size = size;
+    if ((st = align_tensors(f)) != EXL_OK) {
+        exl_st_close(f);
+        return st;
+    }
     *out = f;
     return EXL_OK;
 }
@@ -198,6 +227,7 @@ void exl_st_close(exl_st_file *f) {
         return;
     if (f->map)
         munmap(f->map, f->size);
+    exl_free_aligned(f->aligned);
     free_tensors(f);
     exl_free(f->path);
     exl_free(f);

@@ -24,12 +24,15 @@ typedef struct exl_st_file {
     char *path;
     void *map;
     size_t size;
+    void *aligned;          /* the tensors' copy when the file's were misaligned, or NULL */
     exl_st_tensor *tensors; /* sorted by name */
     int n_tensors;
 } exl_st_file;
 
 /* Map and validate a file: header length within the file, JSON well-formed, every
- * tensor's dtype known, shape consistent with its byte range, range inside the data. */
+ * tensor's dtype known, shape consistent with its byte range, range inside the data. Tensors
+ * whose bytes are not aligned to their element size in the file (a header length that is not
+ * a multiple of 8) are copied once to aligned memory, so data is always safe to read as its type. */
 exl_status exl_st_open(const char *path, exl_st_file **out);
 void exl_st_close(exl_st_file *f);
 /* Parse a whole file image held in memory (used by exl_st_open and the fuzzer). The
