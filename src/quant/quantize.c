@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -564,6 +565,10 @@ static exl_status setup(qz *q) {
                                      {K[0], K[1], K[2], K[3]}, {N[0], N[1], N[2], N[3]}};
     q->desc[1] = (exl_qz_block_desc){"mlp", 3, {"gate_proj", "up_proj", "down_proj"}, {K[4], K[5], K[6]}, {N[4], N[5], N[6]}};
     exl_str sig = EXL_STR_INIT;
+    char *in_abs = realpath(p->in_dir, NULL); /* a run is resumed only on the model it started on */
+    exl_str_printf(&sig, "model=%s layers=%d hidden=%d vocab=%d ", in_abs ? in_abs : p->in_dir, q->cfg.n_layers,
+                   q->cfg.hidden_size, q->cfg.vocab_size);
+    free(in_abs);
     if (p->format == EXL_QUANT_EXL2)
         exl_str_printf(&sig, "exl2 bpw=%.4f head_bits=%d measurement=%s", p->bpw, p->head_bits,
                        p->measurement ? p->measurement : "-");

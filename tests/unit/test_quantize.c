@@ -1958,6 +1958,10 @@ EXL_TEST(exl2_resumes_after_a_kill_from_the_last_finished_layer) {
     exl_quantize_params other = p;
     other.bpw = 3.0;
     expect_fail(exl_quantize(&other, NULL), EXL_ERR_STATE, "resume with other parameters", "unfinished run", NULL);
+    /* so is another model with the same parameters */
+    other = p;
+    other.in_dir = tiny_dir();
+    expect_fail(exl_quantize(&other, NULL), EXL_ERR_STATE, "resume on another model", "unfinished run", NULL);
     /* 2: resumed, measuring continues at layer 1; killed as quantizing reaches layer 1 */
     REQUIRE(run_killed(p, "quantizing", 1, &ev));
     int m = first_event(&ev, "measuring"), q = first_event(&ev, "quantizing");
