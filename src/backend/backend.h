@@ -167,7 +167,15 @@ typedef struct exl_backend_ops {
     exl_status (*host_gemm)(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                             const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                             int64_t ldc);
+    /* Optional: the k (1 <= k <= EXL_TOP_K_MAX, k <= vocab) largest of each row of logits
+     * [rows, vocab] (backend memory), sorted larger first and lower id first among equals, into
+     * HOST arrays ids and vals [rows, k]; returns when they are written. For samplers that need
+     * only the head of the distribution: the logits stay where they are. NULL on the CPU. */
+    exl_status (*top_k)(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows, int32_t vocab,
+                        int32_t k);
 } exl_backend_ops;
+
+#define EXL_TOP_K_MAX 64
 
 struct exl_backend {
     const exl_backend_ops *ops;

@@ -98,6 +98,9 @@ struct exl_generator {
     exl_job **step_jobs;
     int32_t n_step;
     float *logits;         /* [max_jobs, vocab] */
+    int32_t head_max;      /* largest head the model selects on its device (0: none) */
+    int32_t *head_ids;     /* [max_jobs, head_max]: the largest logits, when a step needs no more */
+    float *head_vals;
     float *raw;            /* [vocab]: a job's logits before processing (log-probabilities) */
     exl_gen_event *events; /* at most one per job alive */
     exl_job **event_jobs;  /* the job of each event */

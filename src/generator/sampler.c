@@ -265,43 +265,11 @@ static int32_t all_weights(const float *logits, int32_t vocab, float temperature
     return n;
 }
 
-int32_t exl_sampler_filter(const exl_sampling *p, const exl_sampler_state *st, const float *logits,
-                           int32_t vocab, exl_sampler_scratch *s) {
-    exl_candidate *c = s->cand;
-    int32_t n = -1, sorted = 0;
-    if (p->temperature > 0 && p->mirostat != 2 && p->top_k > 0 && p->top_k < vocab &&
-        (n = top_k_logits(logits, vocab, p->top_k, c)) > 0) {
-        /* top-k first: only k weights to compute; the order by logit is the order by weight */
-        float inv_t = 1.0f / p->temperature, lmax = c[0].p;
-        for (int32_t i = 0; i < n; i++)
-            c[i].p = expf((c[i].p - lmax) * inv_t);
-        sorted = n;
-    } else {
-        int32_t best;
-        n = all_weights(logits, vocab, p->temperature, c, &best);
-        if (best < 0)
-            return 0;
-        if (p->temperature <= 0) {
-            c[0] = (exl_candidate){best, 1.0f};
-            return 1;
-        }
-        if (p->mirostat == 2) { /* keep tokens whose surprise -log2(q) is at most mu */
-            float thr = (float)(total_weight(c, n) * exp2(-(double)st->mu));
-            int32_t m = 0;
-            for (int32_t i = 0; i < n; i++)
-                if (c[i].p >= thr)
-                    c[m++] = c[i];
-            if (m == 0)
-                c[m++] = (exl_candidate){best, 1.0f};
-            return m;
-        }
-        if (p->top_k > 0 && p->top_k < n) {
-            select_top(c, n, p->top_k);
-            n = sorted = p->top_k;
-        }
-    }
+/* The filters after top-k and top-p's sort: c[0..n), the first `sorted` in order. */
+static int32_t later_filters(const exl_sampling *p, exl_candidate *c, int32_t n, int32_t sorted,
+                             exl_sampler_scratch *s) {
     if (p->top_p < 1.0f)
-        n = sorted = top_p_filter(c, n, sorted, p->top_p);
+        n = top_p_filter(c, n, sorted, p->top_p);
     if (p->min_p > 0.0f)
         n = min_p_filter(c, n, p->min_p);
     if (p->typical_p < 1.0f)
@@ -309,6 +277,48 @@ int32_t exl_sampler_filter(const exl_sampling *p, const exl_sampler_state *st, c
     if (p->tfs_z < 1.0f)
         n = tail_free_filter(c, n, p->tfs_z);
     return n;
+}
+
+/* From the top k (c[].p holding logits, sorted): weights, then the later filters. The order
+ * by logit is the order by weight. */
+static int32_t filter_head(const exl_sampling *p, exl_candidate *c, int32_t n, exl_sampler_scratch *s) {
+    float inv_t = 1.0f / p->temperature, lmax = c[0].p;
+    for (int32_t i = 0; i < n; i++)
+        c[i].p = expf((c[i].p - lmax) * inv_t);
+    return later_filters(p, c, n, n, s);
+}
+
+int32_t exl_sampler_filter(const exl_sampling *p, const exl_sampler_state *st, const float *logits,
+                           int32_t vocab, exl_sampler_scratch *s) {
+    exl_candidate *c = s->cand;
+    int32_t n;
+    if (p->temperature > 0 && p->mirostat != 2 && p->top_k > 0 && p->top_k < vocab &&
+        (n = top_k_logits(logits, vocab, p->top_k, c)) > 0)
+        return filter_head(p, c, n, s); /* top-k first: only k weights to compute */
+    int32_t best;
+    n = all_weights(logits, vocab, p->temperature, c, &best);
+    if (best < 0)
+        return 0;
+    if (p->temperature <= 0) {
+        c[0] = (exl_candidate){best, 1.0f};
+        return 1;
+    }
+    if (p->mirostat == 2) { /* keep tokens whose surprise -log2(q) is at most mu */
+        float thr = (float)(total_weight(c, n) * exp2(-(double)st->mu));
+        int32_t m = 0;
+        for (int32_t i = 0; i < n; i++)
+            if (c[i].p >= thr)
+                c[m++] = c[i];
+        if (m == 0)
+            c[m++] = (exl_candidate){best, 1.0f};
+        return m;
+    }
+    int32_t sorted = 0;
+    if (p->top_k > 0 && p->top_k < n) {
+        select_top(c, n, p->top_k);
+        n = sorted = p->top_k;
+    }
+    return later_filters(p, c, n, sorted, s);
 }
 
 /* ---------------------------------------------------------------- the draw */
@@ -338,4 +348,23 @@ int32_t exl_sampler_sample(const exl_sampling *p, exl_sampler_state *st, float *
     exl_sampler_process(p, logits, vocab, history, n_history, s);
     int32_t n = exl_sampler_filter(p, st, logits, vocab, s);
     return n > 0 ? exl_sampler_draw(p, st, s, n) : -1;
+}
+
+int32_t exl_sampler_head_size(const exl_sampling *p, int32_t vocab, int32_t max_k) {
+    if (p->n_logit_bias || p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+        p->presence_penalty != 0.0f || p->mirostat == 2)
+        return 0;
+    if (p->temperature <= 0)
+        return max_k >= 1 ? 1 : 0;
+    return p->top_k > 0 && p->top_k < vocab && p->top_k <= max_k ? p->top_k : 0;
+}
+
+int32_t exl_sampler_sample_head(const exl_sampling *p, exl_sampler_state *st, const int32_t *ids, const float *vals,
+                                exl_sampler_scratch *s) {
+    if (p->temperature <= 0)
+        return ids[0];
+    exl_candidate *c = s->cand;
+    for (int32_t i = 0; i < p->top_k; i++)
+        c[i] = (exl_candidate){ids[i], vals[i]};
+    return exl_sampler_draw(p, st, s, filter_head(p, c, p->top_k, s));
 }

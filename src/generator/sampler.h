@@ -1,7 +1,8 @@
 /* sampler.h - drawing the next token of one job from its fp32 logits, on the CPU.
  *
- * Three stages, so that a backend can later take over the common ones (greedy, top-k,
- * top-p) on the device and hand back only the surviving candidates:
+ * Three stages; where the settings need only the head of the distribution (greedy, top-k
+ * and what follows it), a backend selects the head on the device and exl_sampler_sample_head
+ * finishes with the same result as on the full logits:
  *   exl_sampler_process  logit bias and penalties, in place on the logits;
  *   exl_sampler_filter   temperature, softmax and the filters -> weighted candidates;
  *   exl_sampler_draw     one draw from the job's own random stream (xoshiro256**),
@@ -54,5 +55,14 @@ int32_t exl_sampler_draw(const exl_sampling *p, exl_sampler_state *st, const exl
 /* All three stages on logits (modified); -1 when every token is banned. */
 int32_t exl_sampler_sample(const exl_sampling *p, exl_sampler_state *st, float *logits, int32_t vocab,
                            const int32_t *history, int32_t n_history, exl_sampler_scratch *s);
+/* How many of the largest logits these settings look at, when that is all they need: 1 for
+ * greedy, top_k for top-k (up to max_k, below vocab) and the filters after it, with no logit
+ * bias, penalties or Mirostat; 0 when they need the full logits. */
+int32_t exl_sampler_head_size(const exl_sampling *p, int32_t vocab, int32_t max_k);
+/* exl_sampler_sample from the head alone: ids and vals, the k >= exl_sampler_head_size
+ * largest logits sorted larger first, lower id first among equals. Same token, same
+ * random-stream use as exl_sampler_sample on the full logits. */
+int32_t exl_sampler_sample_head(const exl_sampling *p, exl_sampler_state *st, const int32_t *ids, const float *vals,
+                                exl_sampler_scratch *s);
 
 #endif

@@ -107,22 +107,51 @@ static exl_status rewind_job(exl_generator *g, exl_job *j, int32_t k) {
     return exl_job_truncate(g, j, pos);
 }
 
-static exl_status sample_job(exl_generator *g, exl_job *j, float *logits) {
+/* How many of the largest logits the job's next token needs when that is all it needs (see
+ * exl_sampler_head_size); 0 when it needs all of them: log-probabilities, a ban at this
+ * position, stop tokens still suppressed. */
+static int32_t head_size(const exl_generator *g, const exl_job *j) {
+    if (j->logprobs || j->top_logprobs || j->n_tokens - j->n_prompt < j->min_new)
+        return 0;
+    for (int32_t i = 0; i < j->n_bans; i++)
+        if (j->ban_pos[i] == j->n_tokens)
+            return 0;
+    return exl_sampler_head_size(&j->sampling, g->vocab, g->head_max);
+}
+
+/* The head the step's sampling jobs need (the largest of theirs), or 0 if one needs all logits. */
+static int32_t step_head_size(const exl_generator *g) {
+    int32_t k = 0;
+    for (int32_t s = 0; s < g->n_step; s++) {
+        if (!g->steps[s].want_logits)
+            continue;
+        int32_t kj = g->steps[s].want_logits == 1 ? head_size(g, g->step_jobs[s]) : 0;
+        if (!kj)
+            return 0;
+        k = kj > k ? kj : k;
+    }
+    return k;
+}
+
+/* The next token from the full logits (modified), or from the head (ids, vals sorted). */
+static exl_status sample_job(exl_generator *g, exl_job *j, float *logits, const int32_t *ids, const float *vals) {
     int32_t k = j->n_tokens - j->n_prompt, pos = j->n_tokens;
     float *raw = NULL;
-    if (j->logprobs || j->top_logprobs) {
+    if (logits && (j->logprobs || j->top_logprobs)) {
         raw = g->raw;
         memcpy(raw, logits, (size_t)g->vocab * sizeof *raw);
     }
-    for (int32_t i = 0; i < j->n_bans; i++)
+    for (int32_t i = 0; logits && i < j->n_bans; i++)
         if (j->ban_pos[i] == pos)
             logits[j->ban_id[i]] = -INFINITY;
-    if (k < j->min_new)
+    if (logits && k < j->min_new)
         for (int32_t id = 0; id < g->vocab; id++)
             if (is_stop(g, j, id))
                 logits[id] = -INFINITY;
     j->mu_hist[k] = j->rng.mu;
-    int32_t id = exl_sampler_sample(&j->sampling, &j->rng, logits, g->vocab, j->tokens, j->n_tokens, &g->scratch);
+    int32_t id = logits ? exl_sampler_sample(&j->sampling, &j->rng, logits, g->vocab, j->tokens, j->n_tokens,
+                                             &g->scratch)
+                        : exl_sampler_sample_head(&j->sampling, &j->rng, ids, vals, &g->scratch);
     if (id < 0)
         return exl_gen_finish(g, j, EXL_FINISH_ERROR, "every token is banned at this position");
     if (raw)
@@ -225,7 +254,10 @@ static exl_status run_step(exl_generator *g) {
     if (!g->n_step)
         return EXL_OK;
     double t0 = now_seconds();
-    exl_status st = exl_model_forward(g->model, g->cache, g->steps, g->n_step, g->logits);
+    int32_t head = step_head_size(g); /* > 0: only the head of each row comes back */
+    exl_status st = head ? exl_model_forward_top_k(g->model, g->cache, g->steps, g->n_step, head, g->head_ids,
+                                                   g->head_vals)
+                         : exl_model_forward(g->model, g->cache, g->steps, g->n_step, g->logits);
     double t1 = now_seconds();
     g->stats.seconds_forward += t1 - t0;
     if (st != EXL_OK) {
@@ -242,7 +274,10 @@ static exl_status run_step(exl_generator *g) {
         exl_job *j = g->step_jobs[s];
         if (!g->steps[s].want_logits)
             continue;
-        exl_status js = sample_job(g, j, g->logits + (size_t)row++ * g->vocab);
+        size_t at = (size_t)row * (head ? head : g->vocab);
+        exl_status js = head ? sample_job(g, j, NULL, g->head_ids + at, g->head_vals + at)
+                             : sample_job(g, j, g->logits + at, NULL, NULL);
+        row++;
         if (js != EXL_OK && j->state != EXL_JOB_DONE) /* never leave a job without its next token */
             exl_gen_finish(g, j, EXL_FINISH_ERROR, exl_last_error());
         st = st == EXL_OK ? js : st;

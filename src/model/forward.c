@@ -213,29 +213,53 @@ static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int
                                         .accumulate = 1, .w = {l->down}, .out = {s->x}});
 }
 
-exl_status exl_model_forward(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
-                             float *logits) {
-    int32_t rows, n_pages, n_logits;
-    EXL_TRY(check_steps(m, cache, steps, n_seqs, &rows, &n_pages, &n_logits));
+/* The layers and the head; the logits of the rows that want them are left in m->fs.logits. */
+static exl_status forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                    int32_t *n_logits) {
+    int32_t rows, n_pages;
+    EXL_TRY(check_steps(m, cache, steps, n_seqs, &rows, &n_pages, n_logits));
     EXL_TRY(ensure_scratch(m, n_pages));
     exl_batch b;
-    exl_status st = build_batch(m, cache, steps, n_seqs, rows, n_pages, &b);
-    if (st == EXL_OK) {
-        const exl_backend_ops *op = m->be->ops;
-        exl_forward_scratch *s = &m->fs;
-        op->embed(m->be, s->x, m->embed, b.d_ids, rows, m->embed_scale);
-        for (int i = 0; i < m->cfg.n_layers; i++)
-            run_layer(m, &m->layers[i], cache, i, &b);
-        if (n_logits > 0) {
-            op->gather_rows(m->be, s->sel, s->x, s->logit_rows, n_logits, m->cfg.hidden_size);
-            matmul_fused(m, &(exl_matmul_fused){.rows = n_logits, .n = 1, .in_features = m->cfg.hidden_size,
-                                                .out_features = {m->cfg.vocab_size}, .x = s->sel,
-                                                .norm = m->final_norm,
-                                                .eps = (float)m->cfg.rms_eps, .w = {m->head}, .out = {s->logits}});
-            st = op->download(m->be, logits, s->logits, (size_t)n_logits * m->cfg.vocab_size * sizeof(float));
-        }
-        if (st == EXL_OK)
-            st = op->synchronize(m->be);
+    EXL_TRY(build_batch(m, cache, steps, n_seqs, rows, n_pages, &b));
+    const exl_backend_ops *op = m->be->ops;
+    exl_forward_scratch *s = &m->fs;
+    op->embed(m->be, s->x, m->embed, b.d_ids, rows, m->embed_scale);
+    for (int i = 0; i < m->cfg.n_layers; i++)
+        run_layer(m, &m->layers[i], cache, i, &b);
+    if (*n_logits > 0) {
+        op->gather_rows(m->be, s->sel, s->x, s->logit_rows, *n_logits, m->cfg.hidden_size);
+        matmul_fused(m, &(exl_matmul_fused){.rows = *n_logits, .n = 1, .in_features = m->cfg.hidden_size,
+                                            .out_features = {m->cfg.vocab_size}, .x = s->sel,
+                                            .norm = m->final_norm,
+                                            .eps = (float)m->cfg.rms_eps, .w = {m->head}, .out = {s->logits}});
     }
-    return st;
+    return EXL_OK;
+}
+
+exl_status exl_model_forward(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                             float *logits) {
+    int32_t n_logits;
+    EXL_TRY(forward_to_logits(m, cache, steps, n_seqs, &n_logits));
+    const exl_backend_ops *op = m->be->ops;
+    if (n_logits > 0)
+        EXL_TRY(op->download(m->be, logits, m->fs.logits, (size_t)n_logits * m->cfg.vocab_size * sizeof(float)));
+    return op->synchronize(m->be);
+}
+
+int32_t exl_model_top_k_max(const exl_model *m) {
+    if (!m->be->ops->top_k)
+        return 0;
+    return m->cfg.vocab_size < EXL_TOP_K_MAX ? m->cfg.vocab_size : EXL_TOP_K_MAX;
+}
+
+exl_status exl_model_forward_top_k(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                   int32_t k, int32_t *ids, float *vals) {
+    if (k < 1 || k > exl_model_top_k_max(m))
+        return exl_fail(EXL_ERR_ARG, "exl_model_forward_top_k: k = %d, the backend takes 1 .. %d", k,
+                        exl_model_top_k_max(m));
+    int32_t n_logits;
+    EXL_TRY(forward_to_logits(m, cache, steps, n_seqs, &n_logits));
+    if (n_logits > 0)
+        EXL_TRY(m->be->ops->top_k(m->be, ids, vals, m->fs.logits, n_logits, m->cfg.vocab_size, k));
+    return m->be->ops->synchronize(m->be);
 }

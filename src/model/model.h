@@ -82,6 +82,14 @@ typedef struct exl_seq_step {
  * new tokens must not exceed exl_model_max_rows. */
 exl_status exl_model_forward(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                              float *logits);
+/* The largest k exl_model_forward_top_k takes: 0 when the backend cannot select on its own
+ * (the CPU, whose logits are on the host anyway). */
+int32_t exl_model_top_k_max(const exl_model *m);
+/* As exl_model_forward, but only the k largest logits of each row that wants logits come back
+ * (ids, vals [rows, k], larger first, lower id first among equals): the sampler's candidates
+ * without moving the whole vocabulary. */
+exl_status exl_model_forward_top_k(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                   int32_t k, int32_t *ids, float *vals);
 int32_t exl_model_max_rows(const exl_model *m);
 
 /* Loading pieces (model_load.c, linear_load.c) */

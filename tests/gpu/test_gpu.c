@@ -797,6 +797,108 @@ static void test_quantize_device(const char *shared) {
     remove_dir(dir_cpu);
 }
 
+/* ---- sampling from the head of the logits: the top_k op against a full sort, and the
+ * generator's head path against its full-logits path (a job asking for log-probabilities takes
+ * the full logits; sampling does not depend on that) */
+
+static int by_logit(const void *a, const void *b, const float *v) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (v[x] != v[y])
+        return v[x] > v[y] ? -1 : 1;
+    return (x > y) - (x < y);
+}
+static const float *sort_vals;
+static int by_sort_vals(const void *a, const void *b) { return by_logit(a, b, sort_vals); }
+
+static void top_k_case(int32_t rows, int32_t vocab, int32_t k, int coarse) {
+    float *x = rnd((int64_t)rows * vocab, -10, 10);
+    if (coarse) /* many ties, at the k-th place too */
+        for (int64_t i = 0; i < (int64_t)rows * vocab; i++)
+            x[i] = floorf(x[i]);
+    float *xg = put(gpu, x, (int64_t)rows * vocab * 4);
+    int32_t *ids = malloc((size_t)rows * k * sizeof *ids), *order = malloc((size_t)vocab * sizeof *order);
+    float *vals = malloc((size_t)rows * k * sizeof *vals);
+    exl_status st = gpu->ops->top_k(gpu, ids, vals, xg, rows, vocab, k);
+    int bad = st != EXL_OK;
+    for (int32_t r = 0; r < rows && !bad; r++) {
+        for (int32_t i = 0; i < vocab; i++)
+            order[i] = i;
+        sort_vals = x + (int64_t)r * vocab;
+        qsort(order, (size_t)vocab, sizeof *order, by_sort_vals);
+        for (int32_t i = 0; i < k; i++)
+            bad += ids[r * k + i] != order[i] || vals[r * k + i] != sort_vals[order[i]];
+    }
+    char name[96];
+    snprintf(name, sizeof name, "top_k %d rows x %d, k %d%s", rows, vocab, k, coarse ? ", ties" : "");
+    report(name, bad, 0);
+    gpu->ops->free(gpu, xg);
+    free(x), free(ids), free(vals), free(order);
+}
+
+/* The tokens of one job of 24 new tokens on the GPU, with or without log-probabilities. */
+static int generate(exl_model *m, exl_tokenizer *tok, const exl_sampling *sp, int logprobs, int32_t *out) {
+    exl_generator_params gp = exl_generator_default_params();
+    exl_generator *g;
+    if (exl_generator_init(m, tok, &gp, &g) != EXL_OK)
+        return -1;
+    static const int32_t prompt[] = {1, 80, 147, 201, 282, 57, 313, 598};
+    exl_job_params jp = exl_job_default_params();
+    jp.ids = prompt, jp.n_ids = 8, jp.max_new_tokens = 24, jp.ignore_eos = 1, jp.logprobs = logprobs;
+    jp.sampling = *sp;
+    uint64_t id;
+    int n = 0;
+    if (exl_generator_submit(g, &jp, &id) != EXL_OK)
+        n = -1;
+    while (n >= 0 && exl_generator_pending(g) > 0) {
+        const exl_gen_event *ev;
+        int32_t ne;
+        if (exl_generator_step(g, &ev, &ne) != EXL_OK) {
+            n = -1;
+            break;
+        }
+        for (int32_t e = 0; e < ne; e++)
+            for (int32_t i = 0; i < ev[e].n_ids && n < 24; i++)
+                out[n++] = ev[e].ids[i];
+    }
+    exl_generator_free(g);
+    return n;
+}
+
+static void test_head_sampling(const char *shared) {
+    top_k_case(3, 32000, 1, 0);
+    top_k_case(5, 32000, 40, 0);
+    top_k_case(4, 32000, 64, 1);
+    top_k_case(64, 2048, 17, 1);
+    top_k_case(2, 64, 64, 1);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/rand-llama", shared);
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    exl_model *m;
+    exl_tokenizer *tok;
+    if (exl_model_load(dir, &p, &m) != EXL_OK || exl_tokenizer_load(dir, &tok) != EXL_OK) {
+        printf("FAIL head sampling: %s\n", exl_last_error());
+        n_fail++;
+        return;
+    }
+    for (int c = 0; c < 3; c++) {
+        exl_sampling sp = exl_sampling_default();
+        sp.seed = 7 + c;
+        if (c == 0)
+            sp.temperature = 0;
+        else
+            sp.top_k = c == 1 ? 40 : 64, sp.top_p = 0.9f, sp.temperature = 0.8f;
+        int32_t head[24], full[24];
+        int nh = generate(m, tok, &sp, 0, head), nf = generate(m, tok, &sp, 1, full);
+        char name[96];
+        snprintf(name, sizeof name, "generator head path == full logits (%s)",
+                 c == 0 ? "greedy" : c == 1 ? "top-k 40, top-p 0.9" : "top-k 64, top-p 0.9");
+        report(name, nh == 24 && nf == 24 ? (double)memcmp(head, full, sizeof head) != 0 : 1.0, 0);
+    }
+    exl_tokenizer_free(tok);
+    exl_model_free(m);
+}
+
 int main(int argc, char **argv) {
     const char *shared = argc > 1 ? argv[1] : "../shared";
     require(exl_backend_cpu_init(1, &cpu) == EXL_OK, "cpu backend");
@@ -817,6 +919,7 @@ int main(int argc, char **argv) {
     test_decode(shared, "rand-llama-gptq-4bit-g32-actorder-asym");
     test_host_gemm();
     test_quantize_device(shared);
+    test_head_sampling(shared);
     gpu->ops->destroy(gpu);
     cpu->ops->destroy(cpu);
     printf("test_gpu: %d passed, %d failed\n", n_ok, n_fail);

@@ -291,3 +291,74 @@ EXL_TEST(seed_fixes_the_draws) {
     CHECK(fabs(u / 1000 - 0.5) < 0.05);
     exl_sampler_scratch_free(&s);
 }
+
+/* ---- the head path (a backend selects the largest logits, the host finishes): for every
+ * setting it takes, the same token and the same random-stream use as the full logits */
+
+static int head_order(const void *a, const void *b) {
+    const exl_candidate *x = a, *y = b;
+    if (x->p != y->p)
+        return x->p > y->p ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+EXL_TEST(head_path_matches_full_logits) {
+    enum { V = 3000, K = 64 };
+    exl_sampler_scratch s = scratch_for(V), s2 = scratch_for(V);
+    float *logits = malloc(V * sizeof *logits), *work = malloc(V * sizeof *work);
+    exl_candidate *sorted = malloc(V * sizeof *sorted);
+    int32_t ids[K];
+    float vals[K];
+    uint64_t x = 42;
+    int settings = 0, draws = 0;
+    for (int round = 0; round < 40; round++) {
+        for (int32_t i = 0; i < V; i++) { /* coarse values: many ties, also at the k-th place */
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            logits[i] = (float)((x >> 40) % 64) * 0.25f - 8.0f;
+        }
+        for (int32_t i = 0; i < V; i++)
+            sorted[i] = (exl_candidate){i, logits[i]};
+        qsort(sorted, V, sizeof *sorted, head_order);
+        for (int32_t i = 0; i < K; i++)
+            ids[i] = sorted[i].id, vals[i] = sorted[i].p;
+        exl_sampling p = exl_sampling_default();
+        p.seed = (uint64_t)round;
+        switch (round % 5) {
+        case 0: p.temperature = 0; break;
+        case 1: p.top_k = 1 + round % 64, p.temperature = 0.7f; break;
+        case 2: p.top_k = 40, p.top_p = 0.9f, p.min_p = 0.05f; break;
+        case 3: p.top_k = 64, p.typical_p = 0.8f; break;
+        default: p.top_k = 20, p.tfs_z = 0.95f, p.temperature = 1.5f; break;
+        }
+        CHECK(exl_sampler_head_size(&p, V, K) > 0);
+        exl_sampler_state a, b;
+        exl_sampler_init(&a, &p);
+        exl_sampler_init(&b, &p);
+        for (int d = 0; d < 20; d++, draws++) {
+            memcpy(work, logits, V * sizeof *work);
+            int32_t full = exl_sampler_sample(&p, &a, work, V, NULL, 0, &s);
+            int32_t head = exl_sampler_sample_head(&p, &b, ids, vals, &s2);
+            CHECK_MSG(full == head, "round %d draw %d: full logits give %d, the head %d", round, d, full, head);
+        }
+        CHECK(!memcmp(a.rng, b.rng, sizeof a.rng));
+        settings++;
+    }
+    /* settings that need the full logits */
+    exl_sampling p = exl_sampling_default();
+    p.repetition_penalty = 1.1f;
+    CHECK(exl_sampler_head_size(&p, V, K) == 0);
+    p = exl_sampling_default();
+    p.top_k = 0;
+    CHECK(exl_sampler_head_size(&p, V, K) == 0);
+    p.top_k = K + 1;
+    CHECK(exl_sampler_head_size(&p, V, K) == 0);
+    p = exl_sampling_default();
+    p.mirostat = 2;
+    CHECK(exl_sampler_head_size(&p, V, K) == 0);
+    printf("    %d settings, %d draws: head path == full logits\n", settings, draws);
+    free(logits);
+    free(work);
+    free(sorted);
+    exl_sampler_scratch_free(&s);
+    exl_sampler_scratch_free(&s2);
+}

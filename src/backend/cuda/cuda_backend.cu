@@ -86,7 +86,7 @@ int exl_cuda_ensure(exl_cuda_backend *cb, void **buf, size_t *have, size_t bytes
 }
 
 /* Return (and clear) the sticky error as a status with its message. */
-static exl_status take_sticky(exl_cuda_backend *cb) {
+exl_status exl_cuda_take_sticky(exl_cuda_backend *cb) {
     if (cb->sticky == EXL_OK)
         return EXL_OK;
     exl_status st = exl_cuda_fail(cb->sticky, "%s", cb->sticky_msg);
@@ -107,6 +107,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->fused_scratch);
     cudaFree(cb->gemv_partial);
     cudaFree(cb->gemv_counters);
+    cudaFree(cb->top_k_buf);
     exl_cuda_host_gemm_free(cb);
     cublasDestroy(cb->cublas);
     cudaStreamDestroy(cb->stream);
@@ -133,7 +134,7 @@ static exl_status cu_upload(exl_backend *be, void *dst, const void *src, size_t 
     /* from pageable memory the runtime stages the source before returning, so the caller
      * may reuse it at once; the copy stays ordered with the kernels on the stream */
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cb->stream), "upload");
-    return take_sticky(cb);
+    return exl_cuda_take_sticky(cb);
 }
 
 static exl_status cu_download(exl_backend *be, void *dst, const void *src, size_t bytes) {
@@ -142,14 +143,14 @@ static exl_status cu_download(exl_backend *be, void *dst, const void *src, size_
     if (bytes)
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cb->stream), "download");
     CUDA_CHECK(cudaStreamSynchronize(cb->stream), "download");
-    return take_sticky(cb);
+    return exl_cuda_take_sticky(cb);
 }
 
 static exl_status cu_synchronize(exl_backend *be) {
     exl_cuda_backend *cb = exl_cuda(be);
     exl_cuda_graph_finish(cb);
     CUDA_CHECK(cudaStreamSynchronize(cb->stream), "synchronize");
-    return take_sticky(cb);
+    return exl_cuda_take_sticky(cb);
 }
 
 /* ---- weights */
@@ -274,7 +275,7 @@ static const exl_backend_ops cuda_ops = {
     cu_synchronize, cu_linear_init, cu_linear_free,  cu_vector_init,   cu_vector_free,
     exl_cuda_embed, exl_cuda_rmsnorm, exl_cuda_matmul, exl_cuda_rope,  exl_cuda_kv_store,
     exl_cuda_attention, exl_cuda_glu, exl_cuda_add,  exl_cuda_gather_rows, exl_cuda_matmul_fused,
-    exl_cuda_rope_kv_store, exl_cuda_host_gemm,
+    exl_cuda_rope_kv_store, exl_cuda_host_gemm, exl_cuda_top_k,
 };
 
 /* ---- creation */

@@ -49,6 +49,8 @@ typedef struct exl_cuda_backend {
     float *attn_partial;    /* split-K partials of decode attention */
     size_t attn_partial_bytes;
     float *fused_scratch;   /* the unfused path of matmul_fused: normed input, products */
+    void *top_k_buf;        /* top_k results: ids, then values */
+    size_t top_k_bytes;
     size_t fused_scratch_bytes;
     /* decode-step graphs (cuda_graph.cu) */
     int graph_state;        /* idle, matching, capturing, bypass */
@@ -66,6 +68,8 @@ static inline exl_cuda_backend *exl_cuda(exl_backend *be) { return (exl_cuda_bac
 /* Record the first asynchronous failure; later ones are dropped. */
 void exl_cuda_set_sticky(exl_cuda_backend *cb, exl_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Return (and clear) the sticky error as a status with its message. */
+exl_status exl_cuda_take_sticky(exl_cuda_backend *cb);
 /* Check the last launch; records a sticky error on failure and returns 0. */
 int exl_cuda_check_launch(exl_cuda_backend *cb, const char *what);
 /* Grow a device buffer to at least `bytes` (contents lost). 0 on failure (sticky set). */
@@ -189,6 +193,8 @@ void exl_cuda_matmul_fused(exl_backend *be, const exl_matmul_fused *f);
 void exl_cuda_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                             const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                             float attn_factor);
+exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows,
+                          int32_t vocab, int32_t k);
 
 /* ---- graphs (cuda_graph.cu) */
 
