@@ -143,7 +143,7 @@ static exl_status matmul_accel(const exl_lrun *r, float *out, const float *x, co
 
 exl_status exl_lrun_matmul(const exl_lrun *r, float *out, const float *x, const float *W, const float *bias,
                            int64_t rows, int64_t K, int64_t N) {
-    if (r->accel && rows * K * N >= EXL_LRUN_ACCEL_MIN_WORK)
+    if (r->accel && rows * K * N >= EXL_HOST_GEMM_MIN_WORK)
         return matmul_accel(r, out, x, W, bias, rows, K, N);
     mm_ctx c = {out, x, W, bias, rows, K, N, exl_cpu_kernels_best()};
     exl_pool_run_work(r->pool, mm_task, &c, rows * K * N);

@@ -8,7 +8,7 @@
  * of seq_len tokens each (positions 0..seq_len-1), so T = n_seqs * seq_len rows.
  * Work is split over an exl_pool. The composition (norm, q/k/v, attention, o, residual,
  * norm, gate/up, act, down, residual) is left to the caller so it can capture any input.
- * With `accel` set (a backend with host_gemm), matmuls of at least EXL_LRUN_ACCEL_MIN_WORK
+ * With `accel` set (a backend with host_gemm), matmuls of at least EXL_HOST_GEMM_MIN_WORK
  * multiply-adds run there; the rest, and everything when it is NULL, on the CPU. */
 #ifndef EXL_MODEL_LAYER_RUN_H
 #define EXL_MODEL_LAYER_RUN_H
@@ -29,9 +29,6 @@ typedef struct exl_lrun {
     float *scores;    /* per-thread attention scratch, seq_len * (head_dim + 4) floats each */
     exl_backend *accel; /* host_gemm for the big matmuls, or NULL (the CPU); set after init, not owned */
 } exl_lrun;
-
-/* Below this many multiply-adds the copies to an accelerator cost more than the CPU's work. */
-#define EXL_LRUN_ACCEL_MIN_WORK ((int64_t)1 << 22)
 
 exl_status exl_lrun_init(exl_lrun *r, const exl_hf_config *cfg, exl_pool *pool, int32_t n_seqs, int32_t seq_len);
 void exl_lrun_free(exl_lrun *r);

@@ -527,7 +527,7 @@ static void upd_task(void *ctx, int index, int count) {
 static exl_status update_rest(float *W, const float *U, const float *E, int64_t K, int64_t N, int64_t i1, int64_t i2,
                               exl_pool *pool, exl_backend *accel) {
     int64_t work = (K - i2) * (i2 - i1) * N;
-    if (accel && work >= EXL_QZ_ACCEL_MIN_WORK)
+    if (accel && work >= EXL_HOST_GEMM_MIN_WORK)
         return accel->ops->host_gemm(accel, 1, 0, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, 1.0f,
                                      W + i2 * N, N);
     upd_ctx c = {W, U, E, K, N, i1, i2};

@@ -77,7 +77,7 @@ static exl_status add_accel(exl_hessian *h, const float *x, int64_t rows, exl_ba
 
 exl_status exl_hessian_add(exl_hessian *h, const float *x, int64_t rows, exl_pool *pool, exl_backend *accel) {
     int64_t K = h->K;
-    if (accel && rows * K * K >= EXL_QZ_ACCEL_MIN_WORK)
+    if (accel && rows * K * K >= EXL_HOST_GEMM_MIN_WORK)
         return add_accel(h, x, rows, accel);
     float *xt = exl_malloc((size_t)(K * CHUNK) * sizeof(float));
     if (!xt)

@@ -15,7 +15,7 @@
  *
  * Weights are W[k, n] (in x out) fp32 while being quantized. The big products (the Hessian's
  * XᵀX, GPTQ's update of the rows after a block) go to `accel`, a backend's host_gemm, when the
- * caller has one (NULL: the CPU code) and they hold at least EXL_QZ_ACCEL_MIN_WORK
+ * caller has one (NULL: the CPU code) and they hold at least EXL_HOST_GEMM_MIN_WORK
  * multiply-adds; below that the copies cost more than the CPU's work. */
 #ifndef EXL_QUANT_QZ_H
 #define EXL_QUANT_QZ_H
@@ -28,8 +28,6 @@
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
-
-#define EXL_QZ_ACCEL_MIN_WORK ((int64_t)1 << 22)
 
 /* ---- Hessian */
 

@@ -25,6 +25,7 @@
  * straight through, one killed and resumed). */
 #include "exl.h"
 #include "model_util.h"
+#include "ref_util.h"
 #include "test.h"
 
 #include "base/half.h"
@@ -573,16 +574,6 @@ static float *orig_W(const st_f *in, const char *name, int64_t K, int64_t N) {
     return W;
 }
 
-static double rel_err(const float *a, const float *ref, int64_t n) {
-    double e = 0, r = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        e += d * d;
-        r += (double)ref[i] * ref[i];
-    }
-    return r > 0 ? sqrt(e / r) : sqrt(e);
-}
-
 /* b bits at stream bit p of a column whose words are `stride` apart, starting at word w0. */
 static uint32_t stream_bits(const st_t *t, int64_t w0, int64_t stride, int64_t col, int64_t p, int b) {
     int64_t w = p / 32;
@@ -983,7 +974,7 @@ static int check_exl2_linear(ctx *c, const char *name, const char *src, int64_t 
         check_against_exl(c, name, K, N, D, 0);
         float *W = src ? orig_W(&c->in, src, K, N) : NULL;
         if (W)
-            out->err = rel_err(D, W, K * N);
+            out->err = ref_rel_err(D, W, K * N);
         if (W && c->ours) {
             /* permuted row 0 is the first one GPTQ quantizes (act-order) */
             int b = out->bits[0];
@@ -1395,7 +1386,7 @@ static int check_gptq_linear(ctx *c, const char *name, int64_t K, int64_t N, int
     check_against_exl(c, name, K, N, D, 1);
     float *W = st_find(&c->in, src) ? orig_W(&c->in, src, K, N) : NULL;
     if (W)
-        out->err = rel_err(D, W, K * N);
+        out->err = ref_rel_err(D, W, K * N);
     if (W && c->ours) {
         /* the first row quantized: row 0, or with act-order one of group 0's rows */
         int64_t best = -1, best_bad = N + 1;
@@ -1656,7 +1647,7 @@ static agree compare(const float *got, const float *ref, int n, int vocab) {
             br = r[v] > r[br] ? v : br;
         }
         a.top1 += bg == br;
-        a.mean_err += rel_err(g, r, vocab) / n;
+        a.mean_err += ref_rel_err(g, r, vocab) / n;
         double zg = 0, zr = 0, kl = 0;
         for (int v = 0; v < vocab; v++) {
             zg += exp((double)g[v] - g[bg]);

@@ -97,6 +97,28 @@ __device__ void merge_warps(float *out, float *partial, const float *wm, const f
 
 /* ---- decode */
 
+/* Where a decode block works: its query row and head (blockIdx.x), their KV head, its split's
+ * keys [k0, k1) (blockIdx.y) and the sequence's page table; the query, scaled, goes to qs. */
+typedef struct decode_block {
+    int row, head, kvh, k0, k1;
+    const int32_t *pages;
+} decode_block;
+
+__device__ __forceinline__ decode_block decode_setup(const float *q, float *qs, const exl_attn_seq *seqs, int n_seqs,
+                                                     const int32_t *page_tables, const exl_attn_shape &sh, int hd,
+                                                     int keys_per_split) {
+    decode_block d;
+    d.row = blockIdx.x / sh.n_heads, d.head = blockIdx.x % sh.n_heads;
+    d.kvh = d.head / (sh.n_heads / sh.n_kv_heads);
+    const exl_attn_seq seq = seqs[find_seq(seqs, n_seqs, d.row)];
+    decode_keys(seq, d.row, blockIdx.y, keys_per_split, sh.sliding_window, &d.k0, &d.k1);
+    d.pages = page_tables + seq.page_start;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x)
+        qs[i] = q[((int64_t)d.row * sh.n_heads + d.head) * hd + i] * sh.scale;
+    __syncthreads();
+    return d;
+}
+
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
                    const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
@@ -105,16 +127,10 @@ attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc,
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     __shared__ float wacc[ATT_WARPS][MAX_HEAD_DIM];
     const int hd = sh.head_dim, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int row = blockIdx.x / sh.n_heads, head = blockIdx.x % sh.n_heads, split = blockIdx.y;
-    const int kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * hd;
-    const exl_attn_seq seq = seqs[find_seq(seqs, n_seqs, row)];
-    int k0, k1;
-    decode_keys(seq, row, split, keys_per_split, sh.sliding_window, &k0, &k1);
-    const int32_t *pages = page_tables + seq.page_start;
-
-    for (int i = threadIdx.x; i < hd; i += blockDim.x)
-        qs[i] = q[((int64_t)row * sh.n_heads + head) * hd + i] * sh.scale;
-    __syncthreads();
+    const decode_block d = decode_setup(q, qs, seqs, n_seqs, page_tables, sh, hd, keys_per_split);
+    const int row = d.row, head = d.head, split = blockIdx.y, kvh = d.kvh, kvw = sh.n_kv_heads * hd;
+    const int k0 = d.k0, k1 = d.k1;
+    const int32_t *pages = d.pages;
 
     float m = -INFINITY, l = 0.0f, acc[MAX_DPL];
 #pragma unroll
@@ -171,16 +187,10 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     __shared__ float wacc[ATT_WARPS][HD];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int row = blockIdx.x / sh.n_heads, head = blockIdx.x % sh.n_heads, split = blockIdx.y;
-    const int kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * HD;
-    const exl_attn_seq seq = seqs[find_seq(seqs, n_seqs, row)];
-    int k0, k1;
-    decode_keys(seq, row, split, keys_per_split, sh.sliding_window, &k0, &k1);
-    const int32_t *pages = page_tables + seq.page_start;
-
-    for (int i = threadIdx.x; i < HD; i += blockDim.x)
-        qs[i] = q[((int64_t)row * sh.n_heads + head) * HD + i] * sh.scale;
-    __syncthreads();
+    const decode_block d = decode_setup(q, qs, seqs, n_seqs, page_tables, sh, HD, keys_per_split);
+    const int row = d.row, head = d.head, split = blockIdx.y, kvh = d.kvh, kvw = sh.n_kv_heads * HD;
+    const int k0 = d.k0, k1 = d.k1;
+    const int32_t *pages = d.pages;
 
     float m = -INFINITY, l = 0.0f;
     float2 acc[PPL];

@@ -108,7 +108,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->gemv_partial);
     cudaFree(cb->gemv_counters);
     cudaFree(cb->top_k_buf);
-    exl_cuda_host_gemm_free(cb);
+    cudaFree(cb->host_gemm_buf);
     cublasDestroy(cb->cublas);
     cudaStreamDestroy(cb->stream);
     free(cb);

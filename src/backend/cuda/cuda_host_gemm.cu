@@ -6,8 +6,8 @@
  * exceeds EXL_CUDA_HOST_GEMM_LIMIT floats (default 2^28 = 1 GiB; the environment variable of
  * that name lowers it, for tests of the chunking). Each C chunk is uploaded (unless beta is 0),
  * accumulated over the K chunks on the device and downloaded; op(B) is uploaded once when K
- * is not split. The staging buffer grows on demand and is kept until the backend is
- * destroyed. Synchronous. */
+ * is not split. The staging buffer grows on demand (exl_cuda_ensure) and is kept until the
+ * backend is destroyed. Synchronous. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <stdlib.h>
@@ -46,19 +46,6 @@ static exl_status get_block(exl_cuda_backend *cb, float *dst, int64_t ld, const 
     return EXL_OK;
 }
 
-/* Grow the staging buffer to at least `floats` (contents lost). */
-static exl_status ensure_staging(exl_cuda_backend *cb, size_t floats) {
-    if (cb->host_gemm_floats >= floats)
-        return EXL_OK;
-    cudaStreamSynchronize(cb->stream);
-    cudaFree(cb->host_gemm_buf);
-    cb->host_gemm_buf = NULL;
-    cb->host_gemm_floats = 0;
-    EXL_TRY(exl_cuda_malloc((void **)&cb->host_gemm_buf, floats * sizeof(float), "host_gemm staging"));
-    cb->host_gemm_floats = floats;
-    return EXL_OK;
-}
-
 /* dC [mc, N] = alpha·op(dA)·op(dB) + beta·dC on compact device matrices. Row-major
  * C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLAS gets B first. */
 static exl_status gemm_chunk(exl_cuda_backend *cb, int trans_a, int trans_b, int64_t mc, int64_t N, int64_t kc,
@@ -83,7 +70,9 @@ exl_status exl_cuda_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t
     int64_t lim = limit_floats();
     int64_t kc = min64(K, lim / N > 1 ? lim / N : 1), wide = N > kc ? N : kc;
     int64_t mc = min64(M, lim / wide > 1 ? lim / wide : 1);
-    EXL_TRY(ensure_staging(cb, (size_t)(mc * kc + kc * N + mc * N)));
+    if (!exl_cuda_ensure(cb, (void **)&cb->host_gemm_buf, &cb->host_gemm_bytes,
+                         (size_t)(mc * kc + kc * N + mc * N) * sizeof(float), "host_gemm staging"))
+        return exl_cuda_take_sticky(cb);
     float *dA = cb->host_gemm_buf, *dB = dA + mc * kc, *dC = dB + kc * N;
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         int64_t mr = min64(mc, M - m0);
@@ -101,10 +90,4 @@ exl_status exl_cuda_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t
         EXL_TRY(get_block(cb, C + m0 * ldc, ldc, dC, mr, N));
     }
     return EXL_OK;
-}
-
-void exl_cuda_host_gemm_free(exl_cuda_backend *cb) {
-    cudaFree(cb->host_gemm_buf);
-    cb->host_gemm_buf = NULL;
-    cb->host_gemm_floats = 0;
 }

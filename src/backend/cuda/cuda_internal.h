@@ -60,7 +60,7 @@ typedef struct exl_cuda_backend {
     cudaGraphExec_t exec;
     /* host_gemm staging (cuda_host_gemm.cu) */
     float *host_gemm_buf;
-    size_t host_gemm_floats;
+    size_t host_gemm_bytes;
 } exl_cuda_backend;
 
 static inline exl_cuda_backend *exl_cuda(exl_backend *be) { return (exl_cuda_backend *)be; }
@@ -207,12 +207,11 @@ void exl_cuda_graph_flush(exl_cuda_backend *cb);
 void exl_cuda_graph_forget(exl_cuda_backend *cb);
 void exl_cuda_graph_free(exl_cuda_backend *cb);
 
-/* ---- host_gemm (cuda_host_gemm.cu): the op-table entry, and freeing its staging buffer */
+/* ---- host_gemm (cuda_host_gemm.cu): the op-table entry */
 
 exl_status exl_cuda_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                               const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                               int64_t ldc);
-void exl_cuda_host_gemm_free(exl_cuda_backend *cb);
 
 #ifdef __cplusplus
 }
