@@ -123,6 +123,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
                    const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
                    int keys_per_split) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     __shared__ float qs[MAX_HEAD_DIM];
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     __shared__ float wacc[ATT_WARPS][MAX_HEAD_DIM];
@@ -180,6 +182,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
                         const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
                         int keys_per_split) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     constexpr int VS = HD + 8; /* V row stride in halves (16-byte pad) */
     constexpr int PPL = HD / 64; /* half2 output pairs per lane */
     __shared__ __align__(16) __half vt[ATT_WARPS][KEY_BLOCK][VS];
@@ -270,6 +274,8 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
 }
 
 __global__ void attn_combine_kernel(float *out, const float *partial, int hd, int n_splits) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     const int64_t rh = blockIdx.x;
     const float *pp = partial + rh * n_splits * (hd + 2);
     float m = -INFINITY;
@@ -447,17 +453,17 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const v
         return;
     dim3 grid((unsigned)items, (unsigned)splits);
     if (sh->head_dim == 128)
-        attn_decode_fast_kernel<128><<<grid, ATT_WARPS * 32, 0, cb->stream>>>(
+        exl_cuda_launch(cb, attn_decode_fast_kernel<128>, dim3(grid), dim3(ATT_WARPS * 32), 0, 
             out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
     else if (sh->head_dim == 64)
-        attn_decode_fast_kernel<64><<<grid, ATT_WARPS * 32, 0, cb->stream>>>(
+        exl_cuda_launch(cb, attn_decode_fast_kernel<64>, dim3(grid), dim3(ATT_WARPS * 32), 0, 
             out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
     else
-        attn_decode_kernel<<<grid, ATT_WARPS * 32, 0, cb->stream>>>(out, cb->attn_partial, q, kc, vc, b->d_seqs,
+        exl_cuda_launch(cb, attn_decode_kernel, dim3(grid), dim3(ATT_WARPS * 32), 0, out, cb->attn_partial, q, kc, vc, b->d_seqs,
                                                                     b->n_seqs, b->d_page_tables, *sh, kps);
     exl_cuda_check_launch(cb, "decode attention");
     if (splits > 1) {
-        attn_combine_kernel<<<(unsigned)items, 128, 0, cb->stream>>>(out, cb->attn_partial, sh->head_dim, splits);
+        exl_cuda_launch(cb, attn_combine_kernel, dim3((unsigned)items), dim3(128), 0, out, cb->attn_partial, sh->head_dim, splits);
         exl_cuda_check_launch(cb, "attention combine");
     }
 }

@@ -299,6 +299,7 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
         return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory");
     cb->device = 0;
     cb->n_sms = prop.multiProcessorCount;
+    cb->pdl = prop.major >= 9 && !(getenv("EXL_CUDA_PDL") && !strcmp(getenv("EXL_CUDA_PDL"), "0"));
     const char *graphs = getenv("EXL_CUDA_GRAPHS");
     cb->graphs_off = graphs && !strcmp(graphs, "0");
     e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);

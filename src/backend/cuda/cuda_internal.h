@@ -35,6 +35,7 @@ typedef struct exl_cuda_backend {
     exl_backend base;
     int device;
     int n_sms;
+    int pdl;                /* programmatic dependent launch (sm_90+): see exl_cuda_launch */
     cudaStream_t stream;
     cublasHandle_t cublas;
     exl_status sticky;      /* first asynchronous failure, EXL_OK if none */
@@ -216,4 +217,39 @@ exl_status exl_cuda_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t
 #ifdef __cplusplus
 }
 #endif
+
+/* Programmatic dependent launch. A kernel started by exl_cuda_launch may run while the
+ * kernel before it finishes: up to exl_pdl_wait() it may only read constant data (weights,
+ * tables) and shared memory; after it, everything the earlier kernels wrote is visible.
+ * exl_pdl_trigger() lets the next kernel start its own prologue. Both are no-ops before
+ * sm_90 and for kernels launched without the attribute. EXL_CUDA_PDL=0 turns it off. */
+__device__ __forceinline__ void exl_pdl_wait(void) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void exl_pdl_trigger(void) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Launch kernel k on the backend's stream, with programmatic dependent launch where the
+ * GPU has it; k must call exl_pdl_wait() before it touches memory other kernels write. */
+template <typename... P, typename... A>
+static inline void exl_cuda_launch(exl_cuda_backend *cb, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                                   A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = cb->stream;
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &at;
+    cfg.numAttrs = cb->pdl ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+}
+
 #endif

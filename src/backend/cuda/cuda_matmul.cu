@@ -16,6 +16,8 @@
 template <int R>
 __global__ void __launch_bounds__(DENSE_WARPS * 32)
 dense_gemv_kernel(float *out, const float *x, const __half *w, int32_t in, int32_t n_out, const float *bias) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * DENSE_WARPS + threadIdx.x / 32;
     if (n >= n_out)
@@ -61,7 +63,7 @@ dense_gemv_kernel(float *out, const float *x, const __half *w, int32_t in, int32
 template <int R>
 static void launch_dense_gemv(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w) {
     unsigned blocks = (unsigned)((w->out + DENSE_WARPS - 1) / DENSE_WARPS);
-    dense_gemv_kernel<R><<<blocks, DENSE_WARPS * 32, 0, cb->stream>>>(out, x, w->w, w->in, w->out, w->bias);
+    exl_cuda_launch(cb, dense_gemv_kernel<R>, dim3(blocks), dim3(DENSE_WARPS * 32), 0, out, x, w->w, w->in, w->out, w->bias);
     exl_cuda_check_launch(cb, "dense GEMV");
 }
 
@@ -82,6 +84,8 @@ static void dense_gemv(exl_cuda_backend *cb, float *out, const float *x, const e
 /* ---- many rows: cuBLAS */
 
 __global__ void bias_kernel(float *out, const float *bias, int32_t n_out, int64_t total) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total)
         out[i] += bias[i % n_out];
@@ -113,7 +117,7 @@ static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const 
     gemm(cb, out, xh, 2, w->w, rows, w->in, w->out);
     if (w->bias) {
         int64_t total = (int64_t)rows * w->out;
-        bias_kernel<<<(unsigned)((total + 255) / 256), 256, 0, cb->stream>>>(out, w->bias, w->out, total);
+        exl_cuda_launch(cb, bias_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, out, w->bias, w->out, total);
         exl_cuda_check_launch(cb, "bias");
     }
 }

@@ -9,6 +9,8 @@ static inline unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n
 /* ---- embed: out[r] = table[ids[r]] * scale (fp16 table) */
 
 __global__ void embed_kernel(float *out, const __half *table, const int32_t *ids, int32_t width, float scale) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     int32_t r = blockIdx.y;
     const __half *src = table + (int64_t)ids[r] * width;
     for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x)
@@ -21,7 +23,7 @@ void exl_cuda_run_embed(exl_backend *be, float *out, const exl_linear *table, co
     if (rows < 1)
         return;
     dim3 grid(blocks_for(table->in, ROW_THREADS), (unsigned)rows);
-    embed_kernel<<<grid, ROW_THREADS, 0, cb->stream>>>(out, table->w, ids, table->in, scale);
+    exl_cuda_launch(cb, embed_kernel, dim3(grid), dim3(ROW_THREADS), 0, out, table->w, ids, table->in, scale);
     exl_cuda_check_launch(cb, "embed");
 }
 
@@ -43,6 +45,8 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
 }
 
 __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int32_t width, float eps) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * width;
     float *o = out + (int64_t)blockIdx.x * width;
@@ -62,7 +66,7 @@ void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl
     exl_cuda_backend *cb = exl_cuda(be);
     if (rows < 1)
         return;
-    rmsnorm_kernel<<<(unsigned)rows, NORM_THREADS, 0, cb->stream>>>(out, x, w->v, width, eps);
+    exl_cuda_launch(cb, rmsnorm_kernel, dim3((unsigned)rows), dim3(NORM_THREADS), 0, out, x, w->v, width, eps);
     exl_cuda_check_launch(cb, "rmsnorm");
 }
 
@@ -70,6 +74,8 @@ void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl
 
 __global__ void rope_kernel(float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
                             int32_t half, const float *inv_freq, float attn_factor) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)rows * n_heads * half)
         return;
@@ -92,7 +98,7 @@ void exl_cuda_run_rope(exl_backend *be, float *x, const int32_t *pos, int32_t ro
     int64_t n = (int64_t)rows * n_heads * (rot_dim / 2);
     if (n < 1)
         return;
-    rope_kernel<<<blocks_for(n, ROW_THREADS), ROW_THREADS, 0, cb->stream>>>(x, pos, rows, n_heads, head_dim,
+    exl_cuda_launch(cb, rope_kernel, dim3(blocks_for(n, ROW_THREADS)), dim3(ROW_THREADS), 0, x, pos, rows, n_heads, head_dim,
                                                                             rot_dim / 2, inv_freq, attn_factor);
     exl_cuda_check_launch(cb, "rope");
 }
@@ -100,6 +106,8 @@ void exl_cuda_run_rope(exl_backend *be, float *x, const int32_t *pos, int32_t ro
 /* ---- glu: gate = act(gate) * up; act 0 silu, 1 gelu (tanh), 2 gelu (erf) */
 
 __global__ void glu_kernel(float *gate, const float *up, int64_t n, int act) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
@@ -118,13 +126,15 @@ void exl_cuda_run_glu(exl_backend *be, float *gate, const float *up, int32_t row
     int64_t n = (int64_t)rows * width;
     if (n < 1)
         return;
-    glu_kernel<<<blocks_for(n, ROW_THREADS), ROW_THREADS, 0, cb->stream>>>(gate, up, n, act);
+    exl_cuda_launch(cb, glu_kernel, dim3(blocks_for(n, ROW_THREADS)), dim3(ROW_THREADS), 0, gate, up, n, act);
     exl_cuda_check_launch(cb, "glu");
 }
 
 /* ---- add, gather */
 
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         x[i] += y[i];
@@ -134,11 +144,13 @@ void exl_cuda_run_add(exl_backend *be, float *x, const float *y, int64_t n) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (n < 1)
         return;
-    add_kernel<<<blocks_for(n, ROW_THREADS), ROW_THREADS, 0, cb->stream>>>(x, y, n);
+    exl_cuda_launch(cb, add_kernel, dim3(blocks_for(n, ROW_THREADS)), dim3(ROW_THREADS), 0, x, y, n);
     exl_cuda_check_launch(cb, "add");
 }
 
 __global__ void gather_rows_kernel(float *out, const float *x, const int32_t *idx, int32_t width) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     int32_t r = blockIdx.y;
     const float *src = x + (int64_t)idx[r] * width;
     for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x)
@@ -151,7 +163,7 @@ void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const
     if (n < 1)
         return;
     dim3 grid(blocks_for(width, ROW_THREADS), (unsigned)n);
-    gather_rows_kernel<<<grid, ROW_THREADS, 0, cb->stream>>>(out, x, idx, width);
+    exl_cuda_launch(cb, gather_rows_kernel, dim3(grid), dim3(ROW_THREADS), 0, out, x, idx, width);
     exl_cuda_check_launch(cb, "gather_rows");
 }
 
@@ -159,6 +171,8 @@ void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const
 
 __global__ void kv_store_kernel(__half *kc, __half *vc, const float *k, const float *v, const int32_t *slots,
                                 int32_t kv_width) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     int32_t r = blockIdx.y;
     int64_t dst = (int64_t)slots[r] * kv_width, src = (int64_t)r * kv_width;
     for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < kv_width; i += gridDim.x * blockDim.x) {
@@ -173,7 +187,7 @@ void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const 
     if (b->n_rows < 1)
         return;
     dim3 grid(blocks_for(kv_width, ROW_THREADS), (unsigned)b->n_rows);
-    kv_store_kernel<<<grid, ROW_THREADS, 0, cb->stream>>>((__half *)k_cache, (__half *)v_cache, k, v, b->d_slots,
+    exl_cuda_launch(cb, kv_store_kernel, dim3(grid), dim3(ROW_THREADS), 0, (__half *)k_cache, (__half *)v_cache, k, v, b->d_slots,
                                                            kv_width);
     exl_cuda_check_launch(cb, "kv_store");
 }
@@ -185,6 +199,8 @@ void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const 
 __global__ void rope_kv_store_kernel(float *q, float *k, const float *v, __half *kc, __half *vc, const int32_t *pos,
                                      const int32_t *slots, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                      int32_t half, const float *inv_freq, float attn_factor) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     const int32_t r = blockIdx.y, kvw = n_kv_heads * head_dim;
     const int32_t nq = n_heads * half, nk = n_kv_heads * half;
     const int64_t dst = (int64_t)slots[r] * kvw;
@@ -224,7 +240,7 @@ void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float
         return;
     int64_t n = (int64_t)(sh->n_heads + sh->n_kv_heads) * (rot_dim / 2) + 2 * (int64_t)sh->n_kv_heads * sh->head_dim;
     dim3 grid(blocks_for(n, ROW_THREADS), (unsigned)b->n_rows);
-    rope_kv_store_kernel<<<grid, ROW_THREADS, 0, cb->stream>>>(q, k, v, (__half *)k_cache, (__half *)v_cache, b->d_pos,
+    exl_cuda_launch(cb, rope_kv_store_kernel, dim3(grid), dim3(ROW_THREADS), 0, q, k, v, (__half *)k_cache, (__half *)v_cache, b->d_pos,
                                                                b->d_slots, sh->n_heads, sh->n_kv_heads, sh->head_dim,
                                                                rot_dim / 2, inv_freq, attn_factor);
     exl_cuda_check_launch(cb, "rope + KV store");

@@ -9,7 +9,9 @@
  * take every 4th chunk of the block's range and the block sums them in shared memory; with
  * a split, the last block of a column tile to arrive (counter per tile, reset by it) adds
  * the partial sums in split order, so the result does not depend on timing. Products are
- * summed in fp16 over 8 rows at most, then in fp32, and scaled per chunk in fp32. */
+ * summed in fp16 over 8 rows at most, then in fp32, and scaled per chunk in fp32.
+ * Launched with programmatic dependent launch: the L2 requests for the weights are made
+ * before griddepcontrol.wait, while the previous kernel is still running. */
 #include "backend/cuda/cuda_qdecode.cuh"
 
 #define COL_TILE 256
@@ -154,12 +156,14 @@ __global__ void __launch_bounds__(GEMV_THREADS) qgemv_kernel(const __grid_consta
     const int xs_stride = cpb * 16;
     const int col0 = ((int)blockIdx.x - (mi ? a.m[mi - 1].tile_end : 0)) * COL_TILE + quad * 4;
 
-    /* start this thread's weights on their way to L2 while the activations are gathered */
+    /* start this thread's weights on their way to L2, while the previous kernel finishes */
     for (int lc = sub; lc < n_loc; lc += SUBS) {
         int4 meta = __ldg(q.chunks + c0 + lc);
         for (int i = 0; i < meta.y; i++)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(q.qw + (int64_t)(meta.x + i) * q.n_pad + col0));
     }
+    exl_pdl_trigger();
+    exl_pdl_wait();
     if (a.norm)
         row_inv_rms<R>(a, inv, red_rms);
     for (int i = tid; i < n_loc * 16; i += GEMV_THREADS) {
@@ -241,7 +245,7 @@ template <int R>
 static void launch(exl_cuda_backend *cb, const gemv_args *a, int split) {
     dim3 grid((unsigned)a->m[a->n_mats - 1].tile_end, (unsigned)split);
     size_t smem = (size_t)R * a->chunks_per_block * 16 * sizeof(__half2);
-    qgemv_kernel<R><<<grid, GEMV_THREADS, smem, cb->stream>>>(*a);
+    exl_cuda_launch(cb, qgemv_kernel<R>, grid, dim3(GEMV_THREADS), smem, *a);
     exl_cuda_check_launch(cb, "quantized GEMV");
 }
 

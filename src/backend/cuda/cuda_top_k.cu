@@ -17,6 +17,8 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 
 __global__ void __launch_bounds__(TOPK_THREADS)
 top_k_kernel(int32_t *ids, float *vals, const float *logits, int32_t vocab, int32_t k) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     __shared__ unsigned hist[256];
     __shared__ uint32_t s_prefix;
     __shared__ int s_need, s_count, s_taken, s_warp[TOPK_THREADS / 32];
@@ -115,7 +117,7 @@ exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const floa
         return exl_cuda_take_sticky(cb);
     int32_t *d_ids = (int32_t *)cb->top_k_buf;
     float *d_vals = (float *)(d_ids + n);
-    top_k_kernel<<<(unsigned)rows, TOPK_THREADS, 0, cb->stream>>>(d_ids, d_vals, logits, vocab, k);
+    exl_cuda_launch(cb, top_k_kernel, dim3((unsigned)rows), dim3(TOPK_THREADS), 0, d_ids, d_vals, logits, vocab, k);
     exl_cuda_check_launch(cb, "top-k");
     CUDA_CHECK(cudaMemcpyAsync(ids, d_ids, n * sizeof(int32_t), cudaMemcpyDeviceToHost, cb->stream), "top-k ids");
     CUDA_CHECK(cudaMemcpyAsync(vals, d_vals, n * sizeof(float), cudaMemcpyDeviceToHost, cb->stream), "top-k values");
