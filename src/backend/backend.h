@@ -137,9 +137,11 @@ typedef struct exl_backend_ops {
     /* write rows of k and v ([rows, n_kv_heads * head_dim]) to their cache slots */
     void (*kv_store)(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                      const exl_batch *b, int32_t kv_width);
-    /* causal attention of each sequence's new queries over its paged cache */
-    void (*attention)(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
-                      const exl_batch *b, const exl_attn_shape *shape);
+    /* causal attention of each sequence's new queries over its paged cache; k and v are the new
+     * rows' keys (after rope) and values ([rows, n_kv_heads * head_dim], fp32, already stored),
+     * which a backend whose cache is coarser than fp32 may read instead of their cached copies */
+    void (*attention)(exl_backend *be, float *out, const float *q, const float *k, const float *v,
+                      const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape);
     /* gate = act(gate) * up over [rows, width] */
     void (*glu)(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
     /* x += y over n values */

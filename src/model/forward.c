@@ -200,7 +200,7 @@ static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int
     matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 3, .in_features = hid, .out_features = {qw, kvw, kvw}, .x = s->x, .norm = l->attn_norm, .eps = eps,
                                         .w = {l->q, l->k, l->v}, .out = {s->q, s->k, s->v}});
     rope_kv_store(m, cache, li, b, &shape);
-    m->be->ops->attention(m->be, s->attn, s->q, cache->k[li], cache->v[li], b, &shape);
+    m->be->ops->attention(m->be, s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], b, &shape);
     matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 1, .in_features = qw, .out_features = {hid}, .x = s->attn,
                                         .accumulate = 1, .w = {l->o},
                                         .out = {s->x}});

@@ -213,7 +213,7 @@ typedef struct {
 } seq_spec;
 
 static void attention_case(const char *name, int32_t heads, int32_t kv_heads, int32_t hd, int32_t window,
-                           const seq_spec *specs, int n_seqs) {
+                           const seq_spec *specs, int n_seqs, double tol) {
     const int32_t page = 16, kvw = kv_heads * hd;
     int32_t total_pages = 0, rows = 0, all_rows = 0, max_q = 0, max_kv = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -250,6 +250,14 @@ static void attention_case(const char *name, int32_t heads, int32_t kv_heads, in
         pg += (n + page - 1) / page;
     }
     float *k = rnd(all_rows * kvw, -1, 1), *v = rnd(all_rows * kvw, -1, 1), *q = rnd(rows * heads * hd, -1, 1);
+    /* the new rows' keys and values as computed (fp32), which attention may read instead of the cache */
+    float *k_new = malloc((size_t)rows * kvw * 4), *v_new = malloc((size_t)rows * kvw * 4);
+    for (int s = 0, ar = 0, r = 0; s < n_seqs; s++)
+        for (int32_t t = 0; t < specs[s].n_past + specs[s].n_new; t++, ar++)
+            if (t >= specs[s].n_past) {
+                memcpy(k_new + (size_t)r * kvw, k + (size_t)ar * kvw, (size_t)kvw * 4);
+                memcpy(v_new + (size_t)r++ * kvw, v + (size_t)ar * kvw, (size_t)kvw * 4);
+            }
     exl_backend *bes[2] = {cpu, gpu};
     void *out_d[2];
     for (int bi = 0; bi < 2; bi++) {
@@ -258,6 +266,7 @@ static void attention_case(const char *name, int32_t heads, int32_t kv_heads, in
         void *kc = be->ops->alloc(be, cache), *vc = be->ops->alloc(be, cache);
         float *kd = put(be, k, all_rows * kvw * 4), *vd = put(be, v, all_rows * kvw * 4);
         float *qd = put(be, q, rows * heads * hd * 4);
+        float *knd = put(be, k_new, rows * kvw * 4), *vnd = put(be, v_new, rows * kvw * 4);
         int32_t *as = put(be, all_slots, all_rows * 4), *ns = put(be, new_slots, rows * 4);
         int32_t *pt = put(be, perm, total_pages * 4);
         exl_attn_seq *sd = put(be, seqs, n_seqs * sizeof *seqs);
@@ -266,24 +275,27 @@ static void attention_case(const char *name, int32_t heads, int32_t kv_heads, in
         exl_batch b = {rows, n_seqs, max_q, max_kv, seqs, pos, new_slots, sd, NULL, NULL, ns, pt};
         exl_attn_shape sh = {heads, kv_heads, hd, page, window, 1.0f / sqrtf((float)hd)};
         out_d[bi] = be->ops->alloc(be, (size_t)rows * heads * hd * 4);
-        be->ops->attention(be, out_d[bi], qd, kc, vc, &b, &sh);
+        be->ops->attention(be, out_d[bi], qd, knd, vnd, kc, vc, &b, &sh);
         require(be->ops->synchronize(be) == EXL_OK, name);
     }
-    report(name, cmp_dev(out_d[1], out_d[0], rows * heads * hd), 2e-3); /* fp16 cache on the GPU */
+    report(name, cmp_dev(out_d[1], out_d[0], rows * heads * hd), tol);
     free(perm), free(seqs), free(all_slots), free(new_slots), free(pos), free(k), free(v), free(q);
+    free(k_new), free(v_new);
 }
 
 static void test_attention(void) {
     seq_spec dec[2] = {{37, 1}, {0, 1}}, dec3[2] = {{100, 3}, {5, 2}}, pre[2] = {{37, 20}, {0, 13}};
-    seq_spec longd[1] = {{2047, 1}}, longp[1] = {{300, 100}};
-    attention_case("attention decode GQA hd64", 8, 2, 64, 0, dec, 2);
-    attention_case("attention decode 3 rows hd128", 4, 4, 128, 0, dec3, 2);
-    attention_case("attention decode ctx 2048 (splits)", 4, 1, 128, 0, longd, 1);
-    attention_case("attention prefill GQA hd64", 8, 2, 64, 0, pre, 2);
-    attention_case("attention prefill hd16", 8, 4, 16, 0, pre, 2);
-    attention_case("attention prefill ctx 400 hd256", 2, 1, 256, 0, longp, 1);
-    attention_case("attention prefill sliding window 10", 4, 2, 64, 10, pre, 2);
-    attention_case("attention decode sliding window 10", 4, 2, 64, 10, dec3, 2);
+    seq_spec longd[1] = {{2047, 1}}, longp[1] = {{300, 100}}, prompt[2] = {{0, 40}, {0, 17}};
+    /* keys from the fp16 cache: its rounding; a prompt's keys over itself: fp32 */
+    attention_case("attention decode GQA hd64", 8, 2, 64, 0, dec, 2, 2e-3);
+    attention_case("attention decode 3 rows hd128", 4, 4, 128, 0, dec3, 2, 2e-3);
+    attention_case("attention decode ctx 2048 (splits)", 4, 1, 128, 0, longd, 1, 2e-3);
+    attention_case("attention prefill GQA hd64", 8, 2, 64, 0, pre, 2, 2e-3);
+    attention_case("attention prefill hd16", 8, 4, 16, 0, pre, 2, 2e-3);
+    attention_case("attention prefill ctx 400 hd256", 2, 1, 256, 0, longp, 1, 2e-3);
+    attention_case("attention prefill sliding window 10", 4, 2, 64, 10, pre, 2, 2e-3);
+    attention_case("attention decode sliding window 10", 4, 2, 64, 10, dec3, 2, 2e-3);
+    attention_case("attention prefill of prompts (fp32 keys) hd128", 4, 2, 128, 0, prompt, 2, 1e-4);
 }
 
 /* ---- quantized matmul against the reference dequantization */

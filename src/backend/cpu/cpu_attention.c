@@ -95,8 +95,9 @@ static void attention_task(void *p, int ti, int tn) {
     }
 }
 
-void exl_cpu_attention(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
-                       const exl_batch *b, const exl_attn_shape *shape) {
+void exl_cpu_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
+                       const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape) {
+    (void)k, (void)v; /* the cache is fp32: the new rows' cached copies are exact */
     attn_job j = {exl_cpu(be), out, q, k_cache, v_cache, b, shape, (int64_t)b->n_rows * shape->n_heads};
     exl_pool_run_work(exl_cpu(be)->pool, attention_task, &j,
                       j.n_items * (int64_t)b->max_kv * shape->head_dim * 2);

@@ -42,6 +42,17 @@ __device__ __forceinline__ int find_seq(const exl_attn_seq *seqs, int n_seqs, in
     return s;
 }
 
+/* dot of two fp32 vectors in shared memory (hd % 4 == 0, 16-byte aligned) */
+__device__ __forceinline__ float dot_q_kf(const float *q, const float *k, int hd) {
+    float d = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < hd; i += 4) {
+        float4 a = *(const float4 *)(q + i), b = *(const float4 *)(k + i);
+        d += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    }
+    return d;
+}
+
 /* dot of an fp32 vector in shared memory with an fp16 row (hd % 8 == 0, 16-byte aligned) */
 __device__ __forceinline__ float dot_q_k(const float *q, const __half *k, int hd) {
     float d = 0.0f;
@@ -298,15 +309,18 @@ __global__ void attn_combine_kernel(float *out, const float *partial, int hd, in
 
 /* ---- prefill */
 
+/* Keys and values are staged in fp32: those of the step's own rows are read from k and v
+ * (fp32, as computed) rather than from their fp16 copies in the cache, so a prompt's
+ * attention over itself carries no fp16 rounding. */
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-attn_prefill_kernel(float *out, const float *q, const __half *kc, const __half *vc, const exl_attn_seq *seqs,
-                    const int32_t *page_tables, exl_attn_shape sh) {
+attn_prefill_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc, const __half *vc,
+                    const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
     extern __shared__ float smem[];
-    const int hd = sh.head_dim, ks = hd + 8; /* K/V row stride in halves (16-byte pad) */
+    const int hd = sh.head_dim, ks = hd + 4; /* K/V row stride in floats (16-byte pad) */
     float *qs = smem;                                    /* [Q_TILE][hd] */
     float *ps = qs + Q_TILE * hd;                        /* [ATT_WARPS][4][KEY_BLOCK] */
-    __half *kt = (__half *)(ps + ATT_WARPS * 4 * KEY_BLOCK); /* [KEY_BLOCK][ks] */
-    __half *vt = kt + KEY_BLOCK * ks;
+    float *kt = ps + ATT_WARPS * 4 * KEY_BLOCK;          /* [KEY_BLOCK][ks] */
+    float *vt = kt + KEY_BLOCK * ks;
     __shared__ int64_t slots[KEY_BLOCK];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int head = blockIdx.y, kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * hd;
@@ -350,21 +364,34 @@ attn_prefill_kernel(float *out, const float *q, const __half *kc, const __half *
         }
         __syncthreads();
         for (int i = threadIdx.x; i < KEY_BLOCK * (hd / 8); i += blockDim.x) {
-            int j = i / (hd / 8), c = (i % (hd / 8)) * 8;
-            uint4 kz = make_uint4(0, 0, 0, 0), vz = kz;
-            if (slots[j] >= 0) {
-                kz = *(const uint4 *)(kc + slots[j] * kvw + (int64_t)kvh * hd + c);
-                vz = *(const uint4 *)(vc + slots[j] * kvw + (int64_t)kvh * hd + c);
+            const int j = i / (hd / 8), c = (i % (hd / 8)) * 8, key = t0 + j;
+            float kf[8] = {0, 0, 0, 0, 0, 0, 0, 0}, vf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (slots[j] >= 0 && k && key >= past) { /* a row of this step */
+                const int64_t at = (int64_t)(seq.q_start + key - past) * kvw + (int64_t)kvh * hd + c;
+                *(float4 *)kf = *(const float4 *)(k + at), *(float4 *)(kf + 4) = *(const float4 *)(k + at + 4);
+                *(float4 *)vf = *(const float4 *)(v + at), *(float4 *)(vf + 4) = *(const float4 *)(v + at + 4);
+            } else if (slots[j] >= 0) {
+                uint4 kz = *(const uint4 *)(kc + slots[j] * kvw + (int64_t)kvh * hd + c);
+                uint4 vz = *(const uint4 *)(vc + slots[j] * kvw + (int64_t)kvh * hd + c);
+                __half kh[8], vh[8];
+                memcpy(kh, &kz, 16);
+                memcpy(vh, &vz, 16);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    kf[e] = __half2float(kh[e]), vf[e] = __half2float(vh[e]);
             }
-            *(uint4 *)(kt + j * ks + c) = kz;
-            *(uint4 *)(vt + j * ks + c) = vz;
+#pragma unroll
+            for (int e = 0; e < 8; e += 4) {
+                *(float4 *)(kt + j * ks + c + e) = *(float4 *)(kf + e);
+                *(float4 *)(vt + j * ks + c + e) = *(float4 *)(vf + e);
+            }
         }
         __syncthreads();
         const int t = t0 + lane;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             bool valid = t >= qfirst[j] && t <= qlast[j];
-            float s = valid ? dot_q_k(qs + (warp * 4 + j) * hd, kt + lane * ks, hd) : -INFINITY;
+            float s = valid ? dot_q_kf(qs + (warp * 4 + j) * hd, kt + lane * ks, hd) : -INFINITY;
             float nm = fmaxf(m[j], warp_max(s));
             float p = valid ? __expf(s - nm) : 0.0f;
             float corr = nm == -INFINITY ? 1.0f : __expf(m[j] - nm);
@@ -380,10 +407,10 @@ attn_prefill_kernel(float *out, const float *q, const __half *kc, const __half *
 #pragma unroll
             for (int i = 0; i < MAX_DPL; i++) {
                 if (lane + 32 * i < hd) {
-                    float v = __half2float(vt[kj * ks + lane + 32 * i]);
+                    float vv = vt[kj * ks + lane + 32 * i];
 #pragma unroll
                     for (int j = 0; j < 4; j++)
-                        acc[j][i] += pw[j * KEY_BLOCK + kj] * v;
+                        acc[j][i] += pw[j * KEY_BLOCK + kj] * vv;
                 }
             }
         }
@@ -404,8 +431,8 @@ attn_prefill_kernel(float *out, const float *q, const __half *kc, const __half *
 
 /* ---- dispatch */
 
-void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
-                        const exl_batch *b, const exl_attn_shape *sh) {
+void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
+                            const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *sh) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (b->n_rows < 1)
         return;
@@ -419,7 +446,7 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const v
     const __half *kc = (const __half *)k_cache, *vc = (const __half *)v_cache;
     if (b->max_q > EXL_CUDA_DECODE_MAX_Q) {
         size_t smem = (size_t)Q_TILE * sh->head_dim * sizeof(float) + ATT_WARPS * 4 * KEY_BLOCK * sizeof(float) +
-                      2 * KEY_BLOCK * (size_t)(sh->head_dim + 8) * sizeof(__half);
+                      2 * KEY_BLOCK * (size_t)(sh->head_dim + 4) * sizeof(float);
         if (smem > 48 * 1024 &&
             cudaFuncSetAttribute(attn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
                 cudaSuccess) {
@@ -427,8 +454,8 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const v
             return;
         }
         dim3 grid((unsigned)((b->max_q + Q_TILE - 1) / Q_TILE), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
-        attn_prefill_kernel<<<grid, ATT_WARPS * 32, smem, cb->stream>>>(out, q, kc, vc, b->d_seqs, b->d_page_tables,
-                                                                       *sh);
+        attn_prefill_kernel<<<grid, ATT_WARPS * 32, smem, cb->stream>>>(out, q, k, v, kc, vc, b->d_seqs,
+                                                                       b->d_page_tables, *sh);
         exl_cuda_check_launch(cb, "prefill attention");
         return;
     }

@@ -70,7 +70,8 @@ static void run(exl_cuda_backend *cb, const exl_cuda_op *o) {
                               &o->b, o->i[0]);
         break;
     case OP_ATTENTION:
-        exl_cuda_run_attention(be, (float *)o->p[0], (const float *)o->p[1], o->p[2], o->p[3], &o->b, &o->sh);
+        exl_cuda_run_attention(be, (float *)o->p[0], (const float *)o->p[1], (const float *)o->p[4],
+                               (const float *)o->p[5], o->p[2], o->p[3], &o->b, &o->sh);
         break;
     case OP_GLU: exl_cuda_run_glu(be, (float *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1], o->i[2]); break;
     case OP_ADD: exl_cuda_run_add(be, (float *)o->p[0], (const float *)o->p[1], o->n); break;
@@ -292,10 +293,10 @@ void exl_cuda_kv_store(exl_backend *be, void *k_cache, void *v_cache, const floa
     submit(exl_cuda(be), &o, b->n_rows <= EXL_CUDA_GEMV_MAX_ROWS);
 }
 
-void exl_cuda_attention(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
-                        const exl_batch *b, const exl_attn_shape *shape) {
+void exl_cuda_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
+                        const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape) {
     exl_cuda_op o = new_op(OP_ATTENTION);
-    o.p[0] = out, o.p[1] = q, o.p[2] = k_cache, o.p[3] = v_cache;
+    o.p[0] = out, o.p[1] = q, o.p[2] = k_cache, o.p[3] = v_cache, o.p[4] = k, o.p[5] = v;
     o.b = device_batch(b);
     o.sh = *shape;
     submit(exl_cuda(be), &o, b->n_rows <= EXL_CUDA_GEMV_MAX_ROWS && b->max_q <= EXL_CUDA_DECODE_MAX_Q);

@@ -153,8 +153,9 @@ void exl_cuda_run_rope(exl_backend *be, float *x, const int32_t *pos, int32_t ro
                        int32_t head_dim, int32_t rot_dim, const float *inv_freq, float attn_factor);
 void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                            const exl_batch *b, int32_t kv_width);
-void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
-                            const exl_batch *b, const exl_attn_shape *shape);
+void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
+                            const void *k_cache, const void *v_cache, const exl_batch *b,
+                            const exl_attn_shape *shape);
 void exl_cuda_run_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
 void exl_cuda_run_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
@@ -184,8 +185,8 @@ void exl_cuda_rope(exl_backend *be, float *x, const int32_t *pos, int32_t rows, 
                    int32_t rot_dim, const float *inv_freq, float attn_factor);
 void exl_cuda_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                        const exl_batch *b, int32_t kv_width);
-void exl_cuda_attention(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
-                        const exl_batch *b, const exl_attn_shape *shape);
+void exl_cuda_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
+                        const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape);
 void exl_cuda_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
 void exl_cuda_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
