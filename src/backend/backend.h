@@ -102,6 +102,10 @@ typedef struct exl_matmul_fused {
 
 /* ---- the op table */
 
+/* The interface version of the op table and exl_backend, which libexl_cuda.so reports
+ * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
+#define EXL_BACKEND_ABI 2
+
 typedef struct exl_backend exl_backend;
 
 typedef struct exl_backend_ops {

@@ -1,8 +1,10 @@
 /* registry.c - pick a backend: the CPU, or the CUDA library loaded at run time.
  *
- * The CUDA backend is a shared library (libexl_cuda.so) searched next to the running
- * binary, then on the loader path. It exports exl_backend_cuda_create. Any failure to
- * load it or to find a GPU means "no GPU": AUTO falls back to the CPU, CUDA is an error.
+ * The CUDA backend is a shared library (libexl_cuda.so) taken from $EXL_CUDA_LIBRARY if set,
+ * else searched next to the running binary, then on the loader path. It exports
+ * exl_backend_cuda_create and exl_backend_cuda_abi; a library built for another version of
+ * the op table (EXL_BACKEND_ABI) is refused by name. Any failure to load it or to find a GPU
+ * means "no GPU": AUTO falls back to the CPU, CUDA is an error.
  * The library has no error state of its own: before creating the backend we hand it
  * exl_backend_cuda_set_error_sink(core_error_sink), so its messages land in exl_last_error(). */
 #include "backend/backend.h"
@@ -12,16 +14,25 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 typedef exl_status (*cuda_create_fn)(exl_backend **out);
 typedef void (*cuda_error_sink_fn)(exl_status st, const char *msg);
 typedef void (*cuda_set_sink_fn)(cuda_error_sink_fn sink);
+typedef int (*cuda_abi_fn)(void);
 
 static void core_error_sink(exl_status st, const char *msg) { exl_fail(st, "%s", msg); }
 
 static void *open_cuda_library(char *why, size_t why_len) {
+    const char *forced = getenv("EXL_CUDA_LIBRARY");
+    if (forced && *forced) {
+        void *h = dlopen(forced, RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+            snprintf(why, why_len, "EXL_CUDA_LIBRARY=%s: %s", forced, dlerror());
+        return h;
+    }
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
@@ -53,8 +64,15 @@ exl_status exl_backend_init(exl_device device, int n_threads, exl_backend **out)
         if (lib) {
             cuda_create_fn create = (cuda_create_fn)(uintptr_t)dlsym(lib, "exl_backend_cuda_create");
             cuda_set_sink_fn set_sink = (cuda_set_sink_fn)(uintptr_t)dlsym(lib, "exl_backend_cuda_set_error_sink");
+            cuda_abi_fn abi = (cuda_abi_fn)(uintptr_t)dlsym(lib, "exl_backend_cuda_abi");
+            int lib_abi = abi ? abi() : 1;
             if (!create || !set_sink) {
                 snprintf(why, sizeof why, "libexl_cuda.so lacks exl_backend_cuda_create or its error sink");
+            } else if (lib_abi != EXL_BACKEND_ABI) {
+                snprintf(why, sizeof why,
+                         "libexl_cuda.so was built for another version of exl (backend interface %d; this exl "
+                         "needs %d): install the libexl_cuda.so built with this exl",
+                         lib_abi, EXL_BACKEND_ABI);
             } else {
                 set_sink(core_error_sink);
                 exl_status st = create(out);

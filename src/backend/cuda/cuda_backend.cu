@@ -19,6 +19,8 @@ static exl_error_sink error_sink;
 
 EXL_CUDA_EXPORT void exl_backend_cuda_set_error_sink(exl_error_sink sink) { error_sink = sink; }
 
+EXL_CUDA_EXPORT int exl_backend_cuda_abi(void) { return EXL_BACKEND_ABI; }
+
 /* ---- errors */
 
 exl_status exl_cuda_fail(exl_status st, const char *fmt, ...) {
