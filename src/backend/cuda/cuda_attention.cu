@@ -315,6 +315,8 @@ __global__ void attn_combine_kernel(float *out, const float *partial, int hd, in
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_prefill_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc, const __half *vc,
                     const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
     extern __shared__ float smem[];
     const int hd = sh.head_dim, ks = hd + 4; /* K/V row stride in floats (16-byte pad) */
     float *qs = smem;                                    /* [Q_TILE][hd] */
@@ -454,7 +456,7 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
             return;
         }
         dim3 grid((unsigned)((b->max_q + Q_TILE - 1) / Q_TILE), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
-        attn_prefill_kernel<<<grid, ATT_WARPS * 32, smem, cb->stream>>>(out, q, k, v, kc, vc, b->d_seqs,
+        exl_cuda_launch(cb, attn_prefill_kernel, dim3(grid), dim3(ATT_WARPS * 32), smem, out, q, k, v, kc, vc, b->d_seqs,
                                                                        b->d_page_tables, *sh);
         exl_cuda_check_launch(cb, "prefill attention");
         return;
