@@ -456,8 +456,8 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
             return;
         }
         dim3 grid((unsigned)((b->max_q + Q_TILE - 1) / Q_TILE), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
-        exl_cuda_launch(cb, attn_prefill_kernel, dim3(grid), dim3(ATT_WARPS * 32), smem, out, q, k, v, kc, vc, b->d_seqs,
-                                                                       b->d_page_tables, *sh);
+        exl_cuda_launch(cb, attn_prefill_kernel, dim3(grid), dim3(ATT_WARPS * 32), smem, out, q, k, v, kc, vc,
+                b->d_seqs, b->d_page_tables, *sh);
         exl_cuda_check_launch(cb, "prefill attention");
         return;
     }
@@ -482,17 +482,18 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
         return;
     dim3 grid((unsigned)items, (unsigned)splits);
     if (sh->head_dim == 128)
-        exl_cuda_launch(cb, attn_decode_fast_kernel<128>, dim3(grid), dim3(ATT_WARPS * 32), 0, 
-            out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
+        exl_cuda_launch(cb, attn_decode_fast_kernel<128>, dim3(grid), dim3(ATT_WARPS * 32), 0, out,
+                cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
     else if (sh->head_dim == 64)
-        exl_cuda_launch(cb, attn_decode_fast_kernel<64>, dim3(grid), dim3(ATT_WARPS * 32), 0, 
-            out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
+        exl_cuda_launch(cb, attn_decode_fast_kernel<64>, dim3(grid), dim3(ATT_WARPS * 32), 0, out, cb->attn_partial,
+                q, kc, vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
     else
-        exl_cuda_launch(cb, attn_decode_kernel, dim3(grid), dim3(ATT_WARPS * 32), 0, out, cb->attn_partial, q, kc, vc, b->d_seqs,
-                                                                    b->n_seqs, b->d_page_tables, *sh, kps);
+        exl_cuda_launch(cb, attn_decode_kernel, dim3(grid), dim3(ATT_WARPS * 32), 0, out, cb->attn_partial, q, kc,
+                vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
     exl_cuda_check_launch(cb, "decode attention");
     if (splits > 1) {
-        exl_cuda_launch(cb, attn_combine_kernel, dim3((unsigned)items), dim3(128), 0, out, cb->attn_partial, sh->head_dim, splits);
+        exl_cuda_launch(cb, attn_combine_kernel, dim3((unsigned)items), dim3(128), 0, out, cb->attn_partial,
+                sh->head_dim, splits);
         exl_cuda_check_launch(cb, "attention combine");
     }
 }

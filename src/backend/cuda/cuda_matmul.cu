@@ -63,7 +63,8 @@ dense_gemv_kernel(float *out, const float *x, const __half *w, int32_t in, int32
 template <int R>
 static void launch_dense_gemv(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w) {
     unsigned blocks = (unsigned)((w->out + DENSE_WARPS - 1) / DENSE_WARPS);
-    exl_cuda_launch(cb, dense_gemv_kernel<R>, dim3(blocks), dim3(DENSE_WARPS * 32), 0, out, x, w->w, w->in, w->out, w->bias);
+    exl_cuda_launch(cb, dense_gemv_kernel<R>, dim3(blocks), dim3(DENSE_WARPS * 32), 0, out, x, w->w, w->in, w->out,
+            w->bias);
     exl_cuda_check_launch(cb, "dense GEMV");
 }
 
@@ -117,7 +118,8 @@ static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const 
     gemm(cb, out, xh, 2, w->w, rows, w->in, w->out);
     if (w->bias) {
         int64_t total = (int64_t)rows * w->out;
-        exl_cuda_launch(cb, bias_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, out, w->bias, w->out, total);
+        exl_cuda_launch(cb, bias_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, out, w->bias, w->out,
+                total);
         exl_cuda_check_launch(cb, "bias");
     }
 }

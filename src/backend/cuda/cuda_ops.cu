@@ -98,8 +98,8 @@ void exl_cuda_run_rope(exl_backend *be, float *x, const int32_t *pos, int32_t ro
     int64_t n = (int64_t)rows * n_heads * (rot_dim / 2);
     if (n < 1)
         return;
-    exl_cuda_launch(cb, rope_kernel, dim3(blocks_for(n, ROW_THREADS)), dim3(ROW_THREADS), 0, x, pos, rows, n_heads, head_dim,
-                                                                            rot_dim / 2, inv_freq, attn_factor);
+    exl_cuda_launch(cb, rope_kernel, dim3(blocks_for(n, ROW_THREADS)), dim3(ROW_THREADS), 0, x, pos, rows, n_heads,
+            head_dim, rot_dim / 2, inv_freq, attn_factor);
     exl_cuda_check_launch(cb, "rope");
 }
 
@@ -187,8 +187,8 @@ void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const 
     if (b->n_rows < 1)
         return;
     dim3 grid(blocks_for(kv_width, ROW_THREADS), (unsigned)b->n_rows);
-    exl_cuda_launch(cb, kv_store_kernel, dim3(grid), dim3(ROW_THREADS), 0, (__half *)k_cache, (__half *)v_cache, k, v, b->d_slots,
-                                                           kv_width);
+    exl_cuda_launch(cb, kv_store_kernel, dim3(grid), dim3(ROW_THREADS), 0, (__half *)k_cache, (__half *)v_cache, k,
+            v, b->d_slots, kv_width);
     exl_cuda_check_launch(cb, "kv_store");
 }
 
@@ -240,8 +240,8 @@ void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float
         return;
     int64_t n = (int64_t)(sh->n_heads + sh->n_kv_heads) * (rot_dim / 2) + 2 * (int64_t)sh->n_kv_heads * sh->head_dim;
     dim3 grid(blocks_for(n, ROW_THREADS), (unsigned)b->n_rows);
-    exl_cuda_launch(cb, rope_kv_store_kernel, dim3(grid), dim3(ROW_THREADS), 0, q, k, v, (__half *)k_cache, (__half *)v_cache, b->d_pos,
-                                                               b->d_slots, sh->n_heads, sh->n_kv_heads, sh->head_dim,
-                                                               rot_dim / 2, inv_freq, attn_factor);
+    exl_cuda_launch(cb, rope_kv_store_kernel, dim3(grid), dim3(ROW_THREADS), 0, q, k, v, (__half *)k_cache,
+            (__half *)v_cache, b->d_pos, b->d_slots, sh->n_heads, sh->n_kv_heads, sh->head_dim, rot_dim / 2,
+            inv_freq, attn_factor);
     exl_cuda_check_launch(cb, "rope + KV store");
 }

@@ -395,8 +395,8 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const exl_l
                          "fp16 activations"))
         return;
     __half *xh = (__half *)cb->scratch;
-    exl_cuda_launch(cb, qmma_gather_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, xh, x, q->slot_src, w->in, rows,
-                                                                               total, q->n_chunks);
+    exl_cuda_launch(cb, qmma_gather_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, xh, x, q->slot_src,
+            w->in, rows, total, q->n_chunks);
     if (!exl_cuda_check_launch(cb, "quantized matmul (activations)"))
         return;
     const int mt = rows <= 16 ? 1 : MAX_MT;
@@ -427,7 +427,7 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const exl_l
     if (!exl_cuda_check_launch(cb, "quantized matmul (tensor cores)") || a.direct)
         return;
     int64_t n_sums = (int64_t)rows * w->out;
-    exl_cuda_launch(cb, qmma_reduce_kernel, dim3((unsigned)((n_sums + 255) / 256)), dim3(256), 0, 
-        out, cb->gemv_partial, w->bias, rows, w->out, q->n_pad, splits, accumulate);
+    exl_cuda_launch(cb, qmma_reduce_kernel, dim3((unsigned)((n_sums + 255) / 256)), dim3(256), 0, out,
+            cb->gemv_partial, w->bias, rows, w->out, q->n_pad, splits, accumulate);
     exl_cuda_check_launch(cb, "quantized matmul (split sums)");
 }
