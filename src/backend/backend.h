@@ -173,7 +173,6 @@ typedef struct exl_backend_ops {
     exl_status (*host_gemm)(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                             const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                             int64_t ldc);
-    /* (Below EXL_HOST_GEMM_MIN_WORK multiply-adds, the copies cost more than the host's work.) */
     /* Optional: the k (1 <= k <= EXL_TOP_K_MAX, k <= vocab) largest of each row of logits
      * [rows, vocab] (backend memory), sorted larger first and lower id first among equals, into
      * HOST arrays ids and vals [rows, k]; returns when they are written. For samplers that need
@@ -182,7 +181,8 @@ typedef struct exl_backend_ops {
                         int32_t k);
 } exl_backend_ops;
 
-#define EXL_TOP_K_MAX 64
+#define EXL_TOP_K_MAX 64 /* the largest k of top_k */
+/* below this many multiply-adds, host_gemm's copies cost more than the host's own work */
 #define EXL_HOST_GEMM_MIN_WORK ((int64_t)1 << 22)
 
 struct exl_backend {

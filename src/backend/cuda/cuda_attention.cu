@@ -134,8 +134,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
                    const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
                    int keys_per_split) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     __shared__ float qs[MAX_HEAD_DIM];
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     __shared__ float wacc[ATT_WARPS][MAX_HEAD_DIM];
@@ -193,8 +192,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
                         const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
                         int keys_per_split) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     constexpr int VS = HD + 8; /* V row stride in halves (16-byte pad) */
     constexpr int PPL = HD / 64; /* half2 output pairs per lane */
     __shared__ __align__(16) __half vt[ATT_WARPS][KEY_BLOCK][VS];
@@ -285,8 +283,7 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
 }
 
 __global__ void attn_combine_kernel(float *out, const float *partial, int hd, int n_splits) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     const int64_t rh = blockIdx.x;
     const float *pp = partial + rh * n_splits * (hd + 2);
     float m = -INFINITY;
@@ -315,8 +312,7 @@ __global__ void attn_combine_kernel(float *out, const float *partial, int hd, in
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_prefill_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc, const __half *vc,
                     const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     extern __shared__ float smem[];
     const int hd = sh.head_dim, ks = hd + 4; /* K/V row stride in floats (16-byte pad) */
     float *qs = smem;                                    /* [Q_TILE][hd] */
@@ -456,7 +452,7 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
             return;
         }
         dim3 grid((unsigned)((b->max_q + Q_TILE - 1) / Q_TILE), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
-        exl_cuda_launch(cb, attn_prefill_kernel, dim3(grid), dim3(ATT_WARPS * 32), smem, out, q, k, v, kc, vc,
+        exl_cuda_launch(cb, attn_prefill_kernel, grid, dim3(ATT_WARPS * 32), smem, out, q, k, v, kc, vc,
                 b->d_seqs, b->d_page_tables, *sh);
         exl_cuda_check_launch(cb, "prefill attention");
         return;
@@ -482,13 +478,13 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
         return;
     dim3 grid((unsigned)items, (unsigned)splits);
     if (sh->head_dim == 128)
-        exl_cuda_launch(cb, attn_decode_fast_kernel<128>, dim3(grid), dim3(ATT_WARPS * 32), 0, out,
+        exl_cuda_launch(cb, attn_decode_fast_kernel<128>, grid, dim3(ATT_WARPS * 32), 0, out,
                 cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
     else if (sh->head_dim == 64)
-        exl_cuda_launch(cb, attn_decode_fast_kernel<64>, dim3(grid), dim3(ATT_WARPS * 32), 0, out, cb->attn_partial,
+        exl_cuda_launch(cb, attn_decode_fast_kernel<64>, grid, dim3(ATT_WARPS * 32), 0, out, cb->attn_partial,
                 q, kc, vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
     else
-        exl_cuda_launch(cb, attn_decode_kernel, dim3(grid), dim3(ATT_WARPS * 32), 0, out, cb->attn_partial, q, kc,
+        exl_cuda_launch(cb, attn_decode_kernel, grid, dim3(ATT_WARPS * 32), 0, out, cb->attn_partial, q, kc,
                 vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
     exl_cuda_check_launch(cb, "decode attention");
     if (splits > 1) {

@@ -50,9 +50,9 @@ typedef struct exl_cuda_backend {
     float *attn_partial;    /* split-K partials of decode attention */
     size_t attn_partial_bytes;
     float *fused_scratch;   /* the unfused path of matmul_fused: normed input, products */
+    size_t fused_scratch_bytes;
     void *top_k_buf;        /* top_k results: ids, then values */
     size_t top_k_bytes;
-    size_t fused_scratch_bytes;
     /* decode-step graphs (cuda_graph.cu) */
     int graph_state;        /* idle, matching, capturing, bypass */
     int graphs_off;         /* EXL_CUDA_GRAPHS=0, or after a graph API failure */
@@ -233,6 +233,12 @@ __device__ __forceinline__ void exl_pdl_trigger(void) {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+/* let the next kernel start, then wait for the earlier ones (at the top of a kernel, or after
+ * a prologue that reads only constant data) */
+__device__ __forceinline__ void exl_pdl_start(void) {
+    exl_pdl_trigger();
+    exl_pdl_wait();
 }
 
 /* Launch kernel k on the backend's stream, with programmatic dependent launch where the

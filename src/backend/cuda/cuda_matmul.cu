@@ -16,8 +16,7 @@
 template <int R>
 __global__ void __launch_bounds__(DENSE_WARPS * 32)
 dense_gemv_kernel(float *out, const float *x, const __half *w, int32_t in, int32_t n_out, const float *bias) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * DENSE_WARPS + threadIdx.x / 32;
     if (n >= n_out)
@@ -85,18 +84,18 @@ static void dense_gemv(exl_cuda_backend *cb, float *out, const float *x, const e
 /* ---- many rows: cuBLAS */
 
 __global__ void bias_kernel(float *out, const float *bias, int32_t n_out, int64_t total) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total)
         out[i] += bias[i % n_out];
 }
 
-/* out[rows, N] (row-major) = the sum over the first x_parts parts of xh [rows, K] · Aᵀ, where
- * xh holds hi then lo and A is fp16 [N, K] row-major. */
-static void gemm(exl_cuda_backend *cb, float *out, const __half *xh, int x_parts, const __half *a, int32_t rows, int32_t K, int32_t N) {
+/* out[rows, N] (row-major) = (hi + lo) · Aᵀ, where xh holds the activations' two fp16 parts
+ * hi then lo, each [rows, K], and A is fp16 [N, K] row-major. */
+static void gemm(exl_cuda_backend *cb, float *out, const __half *xh, const __half *a, int32_t rows, int32_t K,
+                 int32_t N) {
     const float one = 1.0f, zero = 0.0f;
-    for (int part = 0; part < x_parts; part++)
+    for (int part = 0; part < 2; part++)
         CUBLAS_CHECK_STICKY(cb,
                             cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &one, a, CUDA_R_16F, K,
                                          xh + (int64_t)part * rows * K, CUDA_R_16F, K,
@@ -115,7 +114,7 @@ static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const 
         return;
     __half *xh = (__half *)cb->scratch;
     exl_cuda_split_half(cb, xh, x, rows, w->in);
-    gemm(cb, out, xh, 2, w->w, rows, w->in, w->out);
+    gemm(cb, out, xh, w->w, rows, w->in, w->out);
     if (w->bias) {
         int64_t total = (int64_t)rows * w->out;
         exl_cuda_launch(cb, bias_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, out, w->bias, w->out,

@@ -9,8 +9,7 @@ static inline unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n
 /* ---- embed: out[r] = table[ids[r]] * scale (fp16 table) */
 
 __global__ void embed_kernel(float *out, const __half *table, const int32_t *ids, int32_t width, float scale) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     int32_t r = blockIdx.y;
     const __half *src = table + (int64_t)ids[r] * width;
     for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x)
@@ -23,7 +22,7 @@ void exl_cuda_run_embed(exl_backend *be, float *out, const exl_linear *table, co
     if (rows < 1)
         return;
     dim3 grid(blocks_for(table->in, ROW_THREADS), (unsigned)rows);
-    exl_cuda_launch(cb, embed_kernel, dim3(grid), dim3(ROW_THREADS), 0, out, table->w, ids, table->in, scale);
+    exl_cuda_launch(cb, embed_kernel, grid, dim3(ROW_THREADS), 0, out, table->w, ids, table->in, scale);
     exl_cuda_check_launch(cb, "embed");
 }
 
@@ -45,8 +44,7 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
 }
 
 __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int32_t width, float eps) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * width;
     float *o = out + (int64_t)blockIdx.x * width;
@@ -74,8 +72,7 @@ void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl
 
 __global__ void rope_kernel(float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
                             int32_t half, const float *inv_freq, float attn_factor) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)rows * n_heads * half)
         return;
@@ -106,8 +103,7 @@ void exl_cuda_run_rope(exl_backend *be, float *x, const int32_t *pos, int32_t ro
 /* ---- glu: gate = act(gate) * up; act 0 silu, 1 gelu (tanh), 2 gelu (erf) */
 
 __global__ void glu_kernel(float *gate, const float *up, int64_t n, int act) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
@@ -133,8 +129,7 @@ void exl_cuda_run_glu(exl_backend *be, float *gate, const float *up, int32_t row
 /* ---- add, gather */
 
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         x[i] += y[i];
@@ -149,8 +144,7 @@ void exl_cuda_run_add(exl_backend *be, float *x, const float *y, int64_t n) {
 }
 
 __global__ void gather_rows_kernel(float *out, const float *x, const int32_t *idx, int32_t width) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     int32_t r = blockIdx.y;
     const float *src = x + (int64_t)idx[r] * width;
     for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x)
@@ -163,7 +157,7 @@ void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const
     if (n < 1)
         return;
     dim3 grid(blocks_for(width, ROW_THREADS), (unsigned)n);
-    exl_cuda_launch(cb, gather_rows_kernel, dim3(grid), dim3(ROW_THREADS), 0, out, x, idx, width);
+    exl_cuda_launch(cb, gather_rows_kernel, grid, dim3(ROW_THREADS), 0, out, x, idx, width);
     exl_cuda_check_launch(cb, "gather_rows");
 }
 
@@ -171,8 +165,7 @@ void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const
 
 __global__ void kv_store_kernel(__half *kc, __half *vc, const float *k, const float *v, const int32_t *slots,
                                 int32_t kv_width) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     int32_t r = blockIdx.y;
     int64_t dst = (int64_t)slots[r] * kv_width, src = (int64_t)r * kv_width;
     for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < kv_width; i += gridDim.x * blockDim.x) {
@@ -187,7 +180,7 @@ void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const 
     if (b->n_rows < 1)
         return;
     dim3 grid(blocks_for(kv_width, ROW_THREADS), (unsigned)b->n_rows);
-    exl_cuda_launch(cb, kv_store_kernel, dim3(grid), dim3(ROW_THREADS), 0, (__half *)k_cache, (__half *)v_cache, k,
+    exl_cuda_launch(cb, kv_store_kernel, grid, dim3(ROW_THREADS), 0, (__half *)k_cache, (__half *)v_cache, k,
             v, b->d_slots, kv_width);
     exl_cuda_check_launch(cb, "kv_store");
 }
@@ -199,8 +192,7 @@ void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const 
 __global__ void rope_kv_store_kernel(float *q, float *k, const float *v, __half *kc, __half *vc, const int32_t *pos,
                                      const int32_t *slots, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                      int32_t half, const float *inv_freq, float attn_factor) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     const int32_t r = blockIdx.y, kvw = n_kv_heads * head_dim;
     const int32_t nq = n_heads * half, nk = n_kv_heads * half;
     const int64_t dst = (int64_t)slots[r] * kvw;
@@ -240,7 +232,7 @@ void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float
         return;
     int64_t n = (int64_t)(sh->n_heads + sh->n_kv_heads) * (rot_dim / 2) + 2 * (int64_t)sh->n_kv_heads * sh->head_dim;
     dim3 grid(blocks_for(n, ROW_THREADS), (unsigned)b->n_rows);
-    exl_cuda_launch(cb, rope_kv_store_kernel, dim3(grid), dim3(ROW_THREADS), 0, q, k, v, (__half *)k_cache,
+    exl_cuda_launch(cb, rope_kv_store_kernel, grid, dim3(ROW_THREADS), 0, q, k, v, (__half *)k_cache,
             (__half *)v_cache, b->d_pos, b->d_slots, sh->n_heads, sh->n_kv_heads, sh->head_dim, rot_dim / 2,
             inv_freq, attn_factor);
     exl_cuda_check_launch(cb, "rope + KV store");

@@ -162,8 +162,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) qgemv_kernel(const __grid_consta
         for (int i = 0; i < meta.y; i++)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(q.qw + (int64_t)(meta.x + i) * q.n_pad + col0));
     }
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     if (a.norm)
         row_inv_rms<R>(a, inv, red_rms);
     for (int i = tid; i < n_loc * 16; i += GEMV_THREADS) {

@@ -252,8 +252,7 @@ static size_t qmma_smem_bytes(int mt, int chunks) {
 
 template <int MT>
 __global__ void __launch_bounds__(MMA_WARPS * 32) qmma_kernel(const __grid_constant__ qmma_args a) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     extern __shared__ __align__(16) unsigned char smem[];
     __half *sa = (__half *)smem;
     uint32_t *sw = (uint32_t *)(sa + N_STAGES * stage_halves(MT));
@@ -339,8 +338,7 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) qmma_kernel(const __grid_const
 /* out (+)= the splits' partial sums in split order, + bias */
 __global__ void qmma_reduce_kernel(float *out, const float *partial, const float *bias, int32_t rows, int32_t n_out,
                                    int64_t n_pad, int32_t splits, int32_t accumulate) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)rows * n_out)
         return;
@@ -363,7 +361,7 @@ static void launch_qmma(exl_cuda_backend *cb, dim3 grid, size_t smem, const qmma
         }
         allowed = smem;
     }
-    exl_cuda_launch(cb, qmma_kernel<MT>, dim3(grid), dim3(MMA_WARPS * 32), smem, *a);
+    exl_cuda_launch(cb, qmma_kernel<MT>, grid, dim3(MMA_WARPS * 32), smem, *a);
 }
 
 /* x [rows, in] (fp32) into the fragment order of qmma_args.xh: element i of a part is half
@@ -371,8 +369,7 @@ static void launch_qmma(exl_cuda_backend *cb, dim3 grid, size_t smem, const qmma
  * registers h / 2) at slot 32c + 8t + 4s (+ 2 for registers 2, 3) + h % 2. */
 __global__ void qmma_gather_kernel(__half *dst, const float *x, const int32_t *slot_src, int32_t in, int32_t rows,
                                    int64_t total, int32_t n_chunks) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total)
         return;

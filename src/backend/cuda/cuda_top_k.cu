@@ -17,8 +17,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 
 __global__ void __launch_bounds__(TOPK_THREADS)
 top_k_kernel(int32_t *ids, float *vals, const float *logits, int32_t vocab, int32_t k) {
-    exl_pdl_trigger();
-    exl_pdl_wait();
+    exl_pdl_start();
     __shared__ unsigned hist[256];
     __shared__ uint32_t s_prefix;
     __shared__ int s_need, s_count, s_taken, s_warp[TOPK_THREADS / 32];
