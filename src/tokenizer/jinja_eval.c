@@ -185,8 +185,11 @@ static exl_status getitem(exl_jctx *c, const exl_jnode *at, exl_jv v, exl_jv key
     if (v.type == EXL_JV_UNDEF)
         return exl_jctx_fail(c, at, EXL_ERR_ARG, "'%s' is undefined", undef_name(v));
     if (v.type == EXL_JV_DICT || v.type == EXL_JV_NS || v.type == EXL_JV_LOOP) {
-        if (key.type == EXL_JV_STR)
-            return exl_jctx_getattr(c, at, v, key.u.s->data, out);
+        if (key.type != EXL_JV_STR)
+            return EXL_OK;
+        EXL_TRY(exl_jctx_getattr(c, at, v, key.u.s->data, out));
+        if (out->type == EXL_JV_UNDEF) /* its name would point into the key, which the caller frees */
+            *out = exl_jv_undef(NULL);
         return EXL_OK;
     }
     if (key.type != EXL_JV_INT && key.type != EXL_JV_BOOL)
