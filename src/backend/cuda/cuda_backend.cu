@@ -107,6 +107,8 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->scratch);
     cudaFree(cb->attn_partial);
     cudaFree(cb->fused_scratch);
+    cudaFree(cb->dequant);
+    cudaFree(cb->gemm_parts);
     cudaFree(cb->gemv_partial);
     cudaFree(cb->gemv_counters);
     cudaFree(cb->top_k_buf);

@@ -49,6 +49,10 @@ typedef struct exl_cuda_backend {
     size_t gemv_counter_count;
     float *attn_partial;    /* split-K partials of decode attention */
     size_t attn_partial_bytes;
+    __half *dequant;        /* quantized weights decoded to fp16 for cuBLAS (cuda_qgemm.cu) */
+    size_t dequant_bytes;
+    float *gemm_parts;      /* the stacked products of both activation parts (exl_cuda_gemm_parts) */
+    size_t gemm_parts_bytes;
     float *fused_scratch;   /* the unfused path of matmul_fused: normed input, products */
     size_t fused_scratch_bytes;
     void *top_k_buf;        /* top_k results: ids, then values */
@@ -143,6 +147,19 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
  * [rows, in]; uses scratch */
 void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows,
                    int accumulate);
+/* out[rows, out] = x · w + b for a quantized w through weights decoded to fp16 and cuBLAS
+ * (cuda_qgemm.cu), the many-row path from exl_cuda_dequant_rows() rows (EXL_CUDA_DEQUANT_ROWS,
+ * default EXL_CUDA_DEQUANT_ROWS_DEFAULT); uses scratch, dequant and gemm_parts */
+#define EXL_CUDA_DEQUANT_ROWS_DEFAULT 48
+void exl_cuda_qgemm(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows);
+int32_t exl_cuda_dequant_rows(void);
+/* out[rows, ldo] = (hi + lo) · W (+ bias) for n columns (cuda_matmul.cu): xh holds the fp16
+ * parts hi then lo, each [rows, K]; W is fp16 [n, K] row-major (trans = 1, dense weights as
+ * stored) or [K, lda] row-major (trans = 0, decoded by cuda_qgemm.cu). Up to 256 rows both
+ * parts go through one GEMM (W read once) into gemm_parts and a small kernel adds them;
+ * beyond, one GEMM per part accumulates into out. */
+void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __half *xh, int32_t rows, int32_t K,
+                         const __half *a, int trans, int64_t lda, int32_t n, const float *bias);
 /* fp32 x [rows, width] as two fp16 matrices hi, lo: [2 * rows, width] (cuda_split_half.cu) */
 void exl_cuda_split_half(exl_cuda_backend *cb, __half *dst, const float *x, int32_t rows, int32_t width);
 void exl_cuda_run_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,

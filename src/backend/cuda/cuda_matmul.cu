@@ -3,13 +3,15 @@
  * Few rows (decode): a GEMV that streams the weights once (dense fp16: one warp per output,
  * 16-byte loads; quantized: cuda_qgemv.cu, which also fuses norm/GLU/residual). Many rows:
  * the activations as two fp16 parts (x = hi + lo: fp16 alone flips near-tied argmaxes of the
- * reference logits), then for quantized weights the tensor-core kernel of cuda_qmma.cu, for
- * dense fp16 weights cuBLAS (fp32 accumulation and output), one GEMM per part. */
+ * reference logits), then for quantized weights the tensor-core kernel of cuda_qmma.cu or, from
+ * exl_cuda_dequant_rows() rows, cuBLAS over weights decoded to fp16 (cuda_qgemm.cu); for dense
+ * fp16 weights cuBLAS (fp32 accumulation and output) directly. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <string.h>
 
 #define DENSE_WARPS 8
+#define STACK_ROWS 256 /* up to this many rows both activation parts share one GEMM */
 
 /* ---- dense GEMV: warp per output feature, R rows at once */
 
@@ -83,30 +85,57 @@ static void dense_gemv(exl_cuda_backend *cb, float *out, const float *x, const e
 
 /* ---- many rows: cuBLAS */
 
-__global__ void bias_kernel(float *out, const float *bias, int32_t n_out, int64_t total) {
+/* out[r, j] = c[r, j] + c[rows + r, j] (+ bias[j]) for the stacked product c [2 * rows, n]; with
+ * c NULL, out[r, j] += bias[j] */
+__global__ void parts_sum_kernel(float *out, int64_t ldo, const float *c, int32_t n, int32_t rows,
+                                 const float *bias) {
     exl_pdl_start();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < total)
-        out[i] += bias[i % n_out];
+    if (i >= (int64_t)rows * n)
+        return;
+    int64_t r = i / n, j = i % n;
+    float v = c ? c[i] + c[(int64_t)rows * n + i] : out[r * ldo + j];
+    out[r * ldo + j] = v + (bias ? bias[j] : 0.0f);
 }
 
-/* out[rows, N] (row-major) = (hi + lo) · Aᵀ, where xh holds the activations' two fp16 parts
- * hi then lo, each [rows, K], and A is fp16 [N, K] row-major. */
-static void gemm(exl_cuda_backend *cb, float *out, const __half *xh, const __half *a, int32_t rows, int32_t K,
-                 int32_t N) {
+void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __half *xh, int32_t rows, int32_t K,
+                         const __half *a, int trans, int64_t lda, int32_t n, const float *bias) {
     const float one = 1.0f, zero = 0.0f;
-    for (int part = 0; part < 2; part++)
+    /* column-major: outᵀ [n, cols] = op(A) [n, K] · xhᵀ [K, cols] */
+    cublasOperation_t op = trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const float *c = NULL;
+    if (rows <= STACK_ROWS) {
+        if (!exl_cuda_ensure(cb, (void **)&cb->gemm_parts, &cb->gemm_parts_bytes, 2 * (size_t)rows * n * sizeof(float),
+                             "matmul products"))
+            return;
         CUBLAS_CHECK_STICKY(cb,
-                            cublasGemmEx(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &one, a, CUDA_R_16F, K,
-                                         xh + (int64_t)part * rows * K, CUDA_R_16F, K,
-                                         part ? &one : &zero, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT),
+                            cublasGemmEx(cb->cublas, op, CUBLAS_OP_N, n, 2 * rows, K, &one, a, CUDA_R_16F, (int)lda,
+                                         xh, CUDA_R_16F, K, &zero, cb->gemm_parts, CUDA_R_32F, n,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                             "GEMM");
+        c = cb->gemm_parts;
+    } else {
+        for (int part = 0; part < 2; part++)
+            CUBLAS_CHECK_STICKY(cb,
+                                cublasGemmEx(cb->cublas, op, CUBLAS_OP_N, n, rows, K, &one, a, CUDA_R_16F, (int)lda,
+                                             xh + (int64_t)part * rows * K, CUDA_R_16F, K, part ? &one : &zero, out,
+                                             CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                "GEMM");
+        if (!bias)
+            return;
+    }
+    int64_t total = (int64_t)rows * n;
+    exl_cuda_launch(cb, parts_sum_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, out, ldo, c, n, rows,
+                    bias);
+    exl_cuda_check_launch(cb, "matmul parts");
 }
 
 static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows) {
     if (w->kind != EXL_LINEAR_DENSE) {
-        exl_cuda_qmma(cb, out, x, w, rows, 0);
+        if (rows >= exl_cuda_dequant_rows())
+            exl_cuda_qgemm(cb, out, x, w, rows);
+        else
+            exl_cuda_qmma(cb, out, x, w, rows, 0);
         return;
     }
     if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)rows * w->in * sizeof(__half),
@@ -114,13 +143,7 @@ static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const 
         return;
     __half *xh = (__half *)cb->scratch;
     exl_cuda_split_half(cb, xh, x, rows, w->in);
-    gemm(cb, out, xh, w->w, rows, w->in, w->out);
-    if (w->bias) {
-        int64_t total = (int64_t)rows * w->out;
-        exl_cuda_launch(cb, bias_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, out, w->bias, w->out,
-                total);
-        exl_cuda_check_launch(cb, "bias");
-    }
+    exl_cuda_gemm_parts(cb, out, w->out, xh, rows, w->in, w->w, 1, w->in, w->out, w->bias);
 }
 
 void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
