@@ -49,7 +49,7 @@ typedef struct exl_cuda_backend {
     size_t gemv_counter_count;
     float *attn_partial;    /* split-K partials of decode attention */
     size_t attn_partial_bytes;
-    __half *dequant;        /* quantized weights decoded to fp16 for cuBLAS (cuda_qgemm.cu) */
+    __half *dequant;        /* quantized weights decoded to fp16 hi and lo for cuBLAS (cuda_qgemm.cu) */
     size_t dequant_bytes;
     float *gemm_parts;      /* the stacked products of both activation parts (exl_cuda_gemm_parts) */
     size_t gemm_parts_bytes;
@@ -147,19 +147,37 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
  * [rows, in]; uses scratch */
 void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows,
                    int accumulate);
-/* out[rows, out] = x · w + b for a quantized w through weights decoded to fp16 and cuBLAS
- * (cuda_qgemm.cu), the many-row path from exl_cuda_dequant_rows() rows (EXL_CUDA_DEQUANT_ROWS,
- * default EXL_CUDA_DEQUANT_ROWS_DEFAULT); uses scratch, dequant and gemm_parts */
-#define EXL_CUDA_DEQUANT_ROWS_DEFAULT 48
-void exl_cuda_qgemm(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows);
+/* out_i[rows, out] (+)= x · w_i + b_i for n quantized matrices of one input width through
+ * weights decoded to fp16 and cuBLAS (cuda_qgemm.cu): the many-row path from
+ * exl_cuda_dequant_rows() rows (EXL_CUDA_DEQUANT_ROWS, default EXL_CUDA_DEQUANT_ROWS_DEFAULT);
+ * uses scratch, dequant and gemm_parts */
+#define EXL_CUDA_DEQUANT_ROWS_DEFAULT 96
+void exl_cuda_qgemm(exl_cuda_backend *cb, int n, float *const *out, const exl_linear *const *w, const float *x,
+                    int32_t rows, int accumulate);
 int32_t exl_cuda_dequant_rows(void);
-/* out[rows, ldo] = (hi + lo) · W (+ bias) for n columns (cuda_matmul.cu): xh holds the fp16
- * parts hi then lo, each [rows, K]; W is fp16 [n, K] row-major (trans = 1, dense weights as
- * stored) or [K, lda] row-major (trans = 0, decoded by cuda_qgemm.cu). Up to 256 rows both
- * parts go through one GEMM (W read once) into gemm_parts and a small kernel adds them;
- * beyond, one GEMM per part accumulates into out. */
+/* Products of fp16 weights with the activations' two fp16 parts (cuda_matmul.cu). xh holds hi
+ * then lo, each [rows, K]. The weights W are hi (+ lo / EXL_CUDA_LO_SCALE when lo is not NULL:
+ * the decoded quantized weights, exact to ~22 bits), each fp16 [n, ld] row-major (trans = 1,
+ * dense weights as stored) or [K, ld] row-major (trans = 0, decoded by cuda_qgemm.cu).
+ * gemm_parts: out[rows, ldo] (+)= x · W (+ bias): up to EXL_CUDA_STACK_ROWS rows the products
+ * hi·W.hi, lo·W.hi (one GEMM: W.hi read once) and hi·W.lo are stacked (exl_cuda_gemm_stacked)
+ * and exl_cuda_parts_sum adds them; beyond, each GEMM accumulates into out.
+ * gemm_stacked: gemm_parts [parts * rows, n] = those products (2 or 3 parts), returned (NULL on
+ * failure). parts_sum: out[r, j] (+)= sum of the parts' c[p * rows + r, j] (+ bias[j]); c NULL:
+ * out += bias. */
+#define EXL_CUDA_STACK_ROWS 256
+#define EXL_CUDA_LO_SCALE 4096.0f
+typedef struct exl_cuda_f16w {
+    const __half *hi, *lo;
+    int trans;
+    int64_t ld;
+} exl_cuda_f16w;
 void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __half *xh, int32_t rows, int32_t K,
-                         const __half *a, int trans, int64_t lda, int32_t n, const float *bias);
+                         const exl_cuda_f16w *w, int32_t n, const float *bias, int accumulate);
+float *exl_cuda_gemm_stacked(exl_cuda_backend *cb, const __half *xh, int32_t rows, int32_t K, const exl_cuda_f16w *w,
+                             int32_t n);
+void exl_cuda_parts_sum(exl_cuda_backend *cb, float *out, int64_t ldo, const float *c, int64_t ldc, int32_t n,
+                        int32_t rows, int parts, const float *bias, int accumulate);
 /* fp32 x [rows, width] as two fp16 matrices hi, lo: [2 * rows, width] (cuda_split_half.cu) */
 void exl_cuda_split_half(exl_cuda_backend *cb, __half *dst, const float *x, int32_t rows, int32_t width);
 void exl_cuda_run_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,

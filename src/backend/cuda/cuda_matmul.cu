@@ -11,7 +11,6 @@
 #include <string.h>
 
 #define DENSE_WARPS 8
-#define STACK_ROWS 256 /* up to this many rows both activation parts share one GEMM */
 
 /* ---- dense GEMV: warp per output feature, R rows at once */
 
@@ -85,55 +84,75 @@ static void dense_gemv(exl_cuda_backend *cb, float *out, const float *x, const e
 
 /* ---- many rows: cuBLAS */
 
-/* out[r, j] = c[r, j] + c[rows + r, j] (+ bias[j]) for the stacked product c [2 * rows, n]; with
- * c NULL, out[r, j] += bias[j] */
-__global__ void parts_sum_kernel(float *out, int64_t ldo, const float *c, int32_t n, int32_t rows,
-                                 const float *bias) {
+/* out[r, j] (+)= the sum over p < parts of c[p * rows + r, j] (+ bias[j]) for the stacked
+ * products c [parts * rows, ldc]; with c NULL, out[r, j] += bias[j] */
+__global__ void parts_sum_kernel(float *out, int64_t ldo, const float *c, int64_t ldc, int32_t n, int32_t rows,
+                                 int32_t parts, const float *bias, int32_t accumulate) {
     exl_pdl_start();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)rows * n)
         return;
     int64_t r = i / n, j = i % n;
-    float v = c ? c[i] + c[(int64_t)rows * n + i] : out[r * ldo + j];
-    out[r * ldo + j] = v + (bias ? bias[j] : 0.0f);
+    float *o = out + r * ldo + j;
+    float v = 0.0f;
+    for (int p = 0; c && p < parts; p++)
+        v += c[((int64_t)p * rows + r) * ldc + j];
+    v += bias ? bias[j] : 0.0f;
+    *o = c && !accumulate ? v : *o + v;
+}
+
+void exl_cuda_parts_sum(exl_cuda_backend *cb, float *out, int64_t ldo, const float *c, int64_t ldc, int32_t n,
+                        int32_t rows, int parts, const float *bias, int accumulate) {
+    int64_t total = (int64_t)rows * n;
+    exl_cuda_launch(cb, parts_sum_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, out, ldo, c, ldc, n,
+                    rows, parts, bias, accumulate);
+    exl_cuda_check_launch(cb, "matmul parts");
+}
+
+/* column-major: cᵀ [n, cols] (+)= alpha · op(A) [n, K] · xhᵀ [K, cols] */
+static void gemm_ex(exl_cuda_backend *cb, float *c, int64_t ldc, const __half *xh, int32_t cols, int32_t K,
+                    const __half *a, const exl_cuda_f16w *w, int32_t n, float alpha, int accumulate) {
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK_STICKY(cb,
+                        cublasGemmEx(cb->cublas, w->trans ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, cols, K,
+                                     &alpha, a, CUDA_R_16F, (int)w->ld, xh, CUDA_R_16F, K,
+                                     accumulate ? &one : &zero, c, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT),
+                        "GEMM");
+}
+
+float *exl_cuda_gemm_stacked(exl_cuda_backend *cb, const __half *xh, int32_t rows, int32_t K, const exl_cuda_f16w *w,
+                             int32_t n) {
+    size_t parts = w->lo ? 3 : 2;
+    if (!exl_cuda_ensure(cb, (void **)&cb->gemm_parts, &cb->gemm_parts_bytes, parts * rows * n * sizeof(float),
+                         "matmul products"))
+        return NULL;
+    gemm_ex(cb, cb->gemm_parts, n, xh, 2 * rows, K, w->hi, w, n, 1.0f, 0);
+    if (w->lo)
+        gemm_ex(cb, cb->gemm_parts + 2 * (int64_t)rows * n, n, xh, rows, K, w->lo, w, n, 1.0f / EXL_CUDA_LO_SCALE, 0);
+    return cb->gemm_parts;
 }
 
 void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __half *xh, int32_t rows, int32_t K,
-                         const __half *a, int trans, int64_t lda, int32_t n, const float *bias) {
-    const float one = 1.0f, zero = 0.0f;
-    /* column-major: outᵀ [n, cols] = op(A) [n, K] · xhᵀ [K, cols] */
-    cublasOperation_t op = trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const float *c = NULL;
-    if (rows <= STACK_ROWS) {
-        if (!exl_cuda_ensure(cb, (void **)&cb->gemm_parts, &cb->gemm_parts_bytes, 2 * (size_t)rows * n * sizeof(float),
-                             "matmul products"))
-            return;
-        CUBLAS_CHECK_STICKY(cb,
-                            cublasGemmEx(cb->cublas, op, CUBLAS_OP_N, n, 2 * rows, K, &one, a, CUDA_R_16F, (int)lda,
-                                         xh, CUDA_R_16F, K, &zero, cb->gemm_parts, CUDA_R_32F, n,
-                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                            "GEMM");
-        c = cb->gemm_parts;
-    } else {
-        for (int part = 0; part < 2; part++)
-            CUBLAS_CHECK_STICKY(cb,
-                                cublasGemmEx(cb->cublas, op, CUBLAS_OP_N, n, rows, K, &one, a, CUDA_R_16F, (int)lda,
-                                             xh + (int64_t)part * rows * K, CUDA_R_16F, K, part ? &one : &zero, out,
-                                             CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                                "GEMM");
-        if (!bias)
-            return;
+                         const exl_cuda_f16w *w, int32_t n, const float *bias, int accumulate) {
+    if (rows <= EXL_CUDA_STACK_ROWS) {
+        const float *c = exl_cuda_gemm_stacked(cb, xh, rows, K, w, n);
+        if (c)
+            exl_cuda_parts_sum(cb, out, ldo, c, n, n, rows, w->lo ? 3 : 2, bias, accumulate);
+        return;
     }
-    int64_t total = (int64_t)rows * n;
-    exl_cuda_launch(cb, parts_sum_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, out, ldo, c, n, rows,
-                    bias);
-    exl_cuda_check_launch(cb, "matmul parts");
+    for (int part = 0; part < 2; part++)
+        gemm_ex(cb, out, ldo, xh + (int64_t)part * rows * K, rows, K, w->hi, w, n, 1.0f, part || accumulate);
+    if (w->lo)
+        gemm_ex(cb, out, ldo, xh, rows, K, w->lo, w, n, 1.0f / EXL_CUDA_LO_SCALE, 1);
+    if (bias)
+        exl_cuda_parts_sum(cb, out, ldo, NULL, 0, n, rows, 0, bias, 1);
 }
 
 static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows) {
     if (w->kind != EXL_LINEAR_DENSE) {
         if (rows >= exl_cuda_dequant_rows())
-            exl_cuda_qgemm(cb, out, x, w, rows);
+            exl_cuda_qgemm(cb, 1, &out, &w, x, rows, 0);
         else
             exl_cuda_qmma(cb, out, x, w, rows, 0);
         return;
@@ -143,7 +162,8 @@ static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const 
         return;
     __half *xh = (__half *)cb->scratch;
     exl_cuda_split_half(cb, xh, x, rows, w->in);
-    exl_cuda_gemm_parts(cb, out, w->out, xh, rows, w->in, w->w, 1, w->in, w->out, w->bias);
+    exl_cuda_f16w fw = {w->w, NULL, 1, w->in};
+    exl_cuda_gemm_parts(cb, out, w->out, xh, rows, w->in, &fw, w->out, w->bias, 0);
 }
 
 void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
@@ -164,11 +184,21 @@ void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_
 /* ---- matmul_fused: the fused GEMV, or the ops one by one through fused_scratch
  * ([rows, in] normed input, then [rows, out] products to add) */
 
+/* 1 if f's matrices go through cuda_qgemm.cu together (quantized, one input width, many rows) */
+static int qgemm_takes(const exl_matmul_fused *f) {
+    if (f->rows < exl_cuda_dequant_rows())
+        return 0;
+    for (int i = 0; i < f->n; i++)
+        if (f->w[i]->kind == EXL_LINEAR_DENSE || f->w[i]->in != f->w[0]->in)
+            return 0;
+    return 1;
+}
+
 size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
     if (exl_cuda_qgemv_takes(cb, f))
         return 0;
     size_t n = f->norm ? (size_t)f->rows * f->in_features : 0;
-    if (f->accumulate)
+    if (f->accumulate && !qgemm_takes(f))
         for (int i = 0; i < f->n; i++)
             n = n > (size_t)f->rows * f->out_features[i] ? n : (size_t)f->rows * f->out_features[i];
     return n;
@@ -188,6 +218,10 @@ void exl_cuda_run_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
         xin = cb->fused_scratch;
     } else if (f->up) { /* in place, as the unfused forward pass does */
         exl_cuda_run_glu(be, (float *)f->x, f->up, f->rows, f->in_features, f->act);
+    }
+    if (qgemm_takes(f)) {
+        exl_cuda_qgemm(cb, f->n, f->out, f->w, xin, f->rows, f->accumulate);
+        return;
     }
     for (int i = 0; i < f->n; i++) {
         if (f->accumulate) {
