@@ -96,6 +96,9 @@ typedef struct exl_matmul_fused {
     const float *up;        /* [rows, in], or NULL */
     int32_t act;
     int32_t accumulate;
+    int32_t decode;         /* 1: the rows are tokens of decode steps, whose xin the backend may
+                             * round to fp16 (as the CUDA GEMV does for any few rows); 0: keep
+                             * xin's precision (prompts, compared with reference logits) */
     const exl_linear *w[3]; /* all with the same in_features */
     float *out[3];          /* [rows, out_features of w[i]]; never x or up */
 } exl_matmul_fused;
@@ -104,7 +107,7 @@ typedef struct exl_matmul_fused {
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 2
+#define EXL_BACKEND_ABI 3
 
 typedef struct exl_backend exl_backend;
 

@@ -194,23 +194,24 @@ static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int
     int32_t rows = b->n_rows, hid = c->hidden_size, ffn = c->intermediate_size;
     int32_t qw = c->n_heads * c->head_dim, kvw = c->n_kv_heads * c->head_dim;
     float eps = (float)c->rms_eps;
+    int32_t decode = b->max_q == 1; /* see exl_matmul_fused.decode */
     exl_attn_shape shape = {c->n_heads, c->n_kv_heads, c->head_dim, cache->page_size, c->sliding_window,
                             1.0f / sqrtf((float)c->head_dim)};
 
     matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 3, .in_features = hid, .out_features = {qw, kvw, kvw}, .x = s->x, .norm = l->attn_norm, .eps = eps,
-                                        .w = {l->q, l->k, l->v}, .out = {s->q, s->k, s->v}});
+                                        .decode = decode, .w = {l->q, l->k, l->v}, .out = {s->q, s->k, s->v}});
     rope_kv_store(m, cache, li, b, &shape);
     m->be->ops->attention(m->be, s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], b, &shape);
     matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 1, .in_features = qw, .out_features = {hid}, .x = s->attn,
-                                        .accumulate = 1, .w = {l->o},
+                                        .accumulate = 1, .decode = decode, .w = {l->o},
                                         .out = {s->x}});
 
     matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 2, .in_features = hid, .out_features = {ffn, ffn},
                                         .x = s->x, .norm = l->mlp_norm, .eps = eps,
-                                        .w = {l->gate, l->up}, .out = {s->gate, s->up}});
+                                        .decode = decode, .w = {l->gate, l->up}, .out = {s->gate, s->up}});
     matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 1, .in_features = ffn, .out_features = {hid}, .x = s->gate,
                                         .up = s->up, .act = (int32_t)c->act,
-                                        .accumulate = 1, .w = {l->down}, .out = {s->x}});
+                                        .accumulate = 1, .decode = decode, .w = {l->down}, .out = {s->x}});
 }
 
 /* The layers and the head; the logits of the rows that want them are left in m->fs.logits. */
@@ -231,7 +232,8 @@ static exl_status forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl
         matmul_fused(m, &(exl_matmul_fused){.rows = *n_logits, .n = 1, .in_features = m->cfg.hidden_size,
                                             .out_features = {m->cfg.vocab_size}, .x = s->sel,
                                             .norm = m->final_norm,
-                                            .eps = (float)m->cfg.rms_eps, .w = {m->head}, .out = {s->logits}});
+                                            .eps = (float)m->cfg.rms_eps, .decode = b.max_q == 1,
+                                            .w = {m->head}, .out = {s->logits}});
     }
     return EXL_OK;
 }

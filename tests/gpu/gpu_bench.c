@@ -256,9 +256,22 @@ static double prefill_speed(exl_model *m, exl_kv_cache *cache, int32_t *pages, i
     return best;
 }
 
+/* one matmul of `rows` rows: the plain op (prompt rows, activations kept to ~22 bits) or, with
+ * decode, matmul_fused marked as decode rows (activations may be rounded to fp16) */
+static void one_matmul(exl_backend *be, float *y, const float *x, const exl_linear *w, int64_t K, int64_t N,
+                       int32_t rows, int decode) {
+    if (!decode) {
+        be->ops->matmul(be, y, x, w, rows);
+        return;
+    }
+    exl_matmul_fused f = {.rows = rows, .n = 1, .in_features = (int32_t)K, .out_features = {(int32_t)N}, .x = x,
+                          .decode = 1, .w = {w}, .out = {y}};
+    be->ops->matmul_fused(be, &f);
+}
+
 /* time one matmul op of `rows` rows alone, 200 back to back (one row: in one graph), for the
  * efficiency of each shape */
-static double matmul_us(exl_model *m, const exl_linear *w, int64_t K, int64_t N, int32_t rows) {
+static double matmul_us(exl_model *m, const exl_linear *w, int64_t K, int64_t N, int32_t rows, int decode) {
     exl_backend *be = m->be;
     float *x = be->ops->alloc(be, rows * K * 4), *y = be->ops->alloc(be, rows * N * 4);
     float *hx = malloc(rows * K * 4);
@@ -268,11 +281,11 @@ static double matmul_us(exl_model *m, const exl_linear *w, int64_t K, int64_t N,
     /* the first round is captured into a CUDA graph, the timed one replays it */
     const int reps = 200;
     for (int i = 0; i < reps; i++)
-        be->ops->matmul(be, y, x, w, rows);
+        one_matmul(be, y, x, w, K, N, rows, decode);
     EK(be->ops->synchronize(be));
     double t0 = now();
     for (int i = 0; i < reps; i++)
-        be->ops->matmul(be, y, x, w, rows);
+        one_matmul(be, y, x, w, K, N, rows, decode);
     EK(be->ops->synchronize(be));
     double us = (now() - t0) / reps * 1e6;
     be->ops->free(be, x), be->ops->free(be, y);
@@ -349,7 +362,7 @@ int main(int argc, char **argv) {
                        {"down_proj 11008x4096", m->layers[0].down, 11008, 4096},
                        {"head 4096x32000", m->head, 4096, 32000}};
         for (int s = 0; s < (is_8b(kinds[k]) ? 0 : 4); s++) {
-            double us = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, 1);
+            double us = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, 1, 0);
             int head = s == 3;
             const char *kk = head && strcmp(kinds[k], "exl2") ? "fp16" : kinds[k];
             /* bytes of that one matrix, as streamed by the kernel */
@@ -366,9 +379,13 @@ int main(int argc, char **argv) {
             const int32_t many[5] = {16, 32, 64, 256, 1024};
             for (int i = 0; i < 5; i++) {
                 int32_t rows = many[i];
-                double t = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, rows);
+                double t = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, rows, 0);
                 fprintf(stderr, "  | %d rows %.1f us %.0f TFLOP/s", rows, t, 2.0 * rows * shapes[s].K * shapes[s].N / t / 1e6);
             }
+            fprintf(stderr, "\n  %-22s as decode rows:", "");
+            const int32_t dec[5] = {4, 8, 16, 32, 64};
+            for (int i = 0; i < 5; i++)
+                fprintf(stderr, "  | %d rows %.1f us", dec[i], matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, dec[i], 1));
             fprintf(stderr, "\n");
         }
         exl_kv_cache_free(m, cache);

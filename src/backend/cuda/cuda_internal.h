@@ -144,25 +144,26 @@ size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f);
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
 /* out[rows, out] (+)= x · w + b on tensor cores for a quantized w (cuda_qmma.cu); x is fp32
- * [rows, in]; uses scratch */
+ * [rows, in], multiplied as fp16 hi + lo (parts 2) or hi alone (parts 1); uses scratch */
 void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows,
-                   int accumulate);
+                   int accumulate, int parts);
 /* out_i[rows, out] (+)= x · w_i + b_i for n quantized matrices of one input width through
  * weights decoded to fp16 and cuBLAS (cuda_qgemm.cu): the many-row path from
  * exl_cuda_dequant_rows() rows (EXL_CUDA_DEQUANT_ROWS, default EXL_CUDA_DEQUANT_ROWS_DEFAULT);
  * uses scratch, dequant and gemm_parts */
 #define EXL_CUDA_DEQUANT_ROWS_DEFAULT 96
 void exl_cuda_qgemm(exl_cuda_backend *cb, int n, float *const *out, const exl_linear *const *w, const float *x,
-                    int32_t rows, int accumulate);
+                    int32_t rows, int accumulate, int parts);
 int32_t exl_cuda_dequant_rows(void);
 /* Products of fp16 weights with the activations' two fp16 parts (cuda_matmul.cu). xh holds hi
  * then lo, each [rows, K]. The weights W are hi (+ lo / EXL_CUDA_LO_SCALE when lo is not NULL:
  * the decoded quantized weights, exact to ~22 bits), each fp16 [n, ld] row-major (trans = 1,
  * dense weights as stored) or [K, ld] row-major (trans = 0, decoded by cuda_qgemm.cu).
+ * xparts 1 multiplies hi alone (the rows of decode steps).
  * gemm_parts: out[rows, ldo] (+)= x · W (+ bias): up to EXL_CUDA_STACK_ROWS rows the products
  * hi·W.hi, lo·W.hi (one GEMM: W.hi read once) and hi·W.lo are stacked (exl_cuda_gemm_stacked)
  * and exl_cuda_parts_sum adds them; beyond, each GEMM accumulates into out.
- * gemm_stacked: gemm_parts [parts * rows, n] = those products (2 or 3 parts), returned (NULL on
+ * gemm_stacked: gemm_parts [*parts * rows, n] = those products (1 to 3), returned (NULL on
  * failure). parts_sum: out[r, j] (+)= sum of the parts' c[p * rows + r, j] (+ bias[j]); c NULL:
  * out += bias. */
 #define EXL_CUDA_STACK_ROWS 256
@@ -172,10 +173,11 @@ typedef struct exl_cuda_f16w {
     int trans;
     int64_t ld;
 } exl_cuda_f16w;
-void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __half *xh, int32_t rows, int32_t K,
-                         const exl_cuda_f16w *w, int32_t n, const float *bias, int accumulate);
-float *exl_cuda_gemm_stacked(exl_cuda_backend *cb, const __half *xh, int32_t rows, int32_t K, const exl_cuda_f16w *w,
-                             int32_t n);
+void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __half *xh, int32_t xparts,
+                         int32_t rows, int32_t K, const exl_cuda_f16w *w, int32_t n, const float *bias,
+                         int accumulate);
+float *exl_cuda_gemm_stacked(exl_cuda_backend *cb, const __half *xh, int32_t xparts, int32_t rows, int32_t K,
+                             const exl_cuda_f16w *w, int32_t n, int *parts);
 void exl_cuda_parts_sum(exl_cuda_backend *cb, float *out, int64_t ldo, const float *c, int64_t ldc, int32_t n,
                         int32_t rows, int parts, const float *bias, int accumulate);
 /* fp32 x [rows, width] as two fp16 matrices hi, lo: [2 * rows, width] (cuda_split_half.cu) */
@@ -203,8 +205,9 @@ void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float
  * for steps at or under it. */
 #define EXL_CUDA_GEMV_MAX_ROWS 8
 /* Largest row count the quantized GEMV takes (one launch); more rows go to the tensor-core
- * kernel (cuda_qmma.cu), which reads the weights once for up to 64 rows */
-#define EXL_CUDA_QGEMV_MAX_ROWS 8
+ * kernel (cuda_qmma.cu), which reads the weights once for up to 32 rows (measured: 8 rows
+ * of q_proj 29.8 us in the GEMV, 20.8 in cuda_qmma.cu; 4 rows 14.1 in the GEMV) */
+#define EXL_CUDA_QGEMV_MAX_ROWS 4
 #define EXL_CUDA_DECODE_MAX_Q 4
 /* decode attention sizes its splits for max_kv rounded up to this, so a captured step can
  * be replayed for the next tokens */

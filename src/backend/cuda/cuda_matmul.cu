@@ -121,27 +121,30 @@ static void gemm_ex(exl_cuda_backend *cb, float *c, int64_t ldc, const __half *x
                         "GEMM");
 }
 
-float *exl_cuda_gemm_stacked(exl_cuda_backend *cb, const __half *xh, int32_t rows, int32_t K, const exl_cuda_f16w *w,
-                             int32_t n) {
-    size_t parts = w->lo ? 3 : 2;
-    if (!exl_cuda_ensure(cb, (void **)&cb->gemm_parts, &cb->gemm_parts_bytes, parts * rows * n * sizeof(float),
-                         "matmul products"))
+float *exl_cuda_gemm_stacked(exl_cuda_backend *cb, const __half *xh, int32_t xparts, int32_t rows, int32_t K,
+                             const exl_cuda_f16w *w, int32_t n, int *parts) {
+    *parts = xparts + (w->lo ? 1 : 0);
+    if (!exl_cuda_ensure(cb, (void **)&cb->gemm_parts, &cb->gemm_parts_bytes,
+                         (size_t)*parts * rows * n * sizeof(float), "matmul products"))
         return NULL;
-    gemm_ex(cb, cb->gemm_parts, n, xh, 2 * rows, K, w->hi, w, n, 1.0f, 0);
+    gemm_ex(cb, cb->gemm_parts, n, xh, xparts * rows, K, w->hi, w, n, 1.0f, 0);
     if (w->lo)
-        gemm_ex(cb, cb->gemm_parts + 2 * (int64_t)rows * n, n, xh, rows, K, w->lo, w, n, 1.0f / EXL_CUDA_LO_SCALE, 0);
+        gemm_ex(cb, cb->gemm_parts + (int64_t)xparts * rows * n, n, xh, rows, K, w->lo, w, n,
+                1.0f / EXL_CUDA_LO_SCALE, 0);
     return cb->gemm_parts;
 }
 
-void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __half *xh, int32_t rows, int32_t K,
-                         const exl_cuda_f16w *w, int32_t n, const float *bias, int accumulate) {
+void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __half *xh, int32_t xparts,
+                         int32_t rows, int32_t K, const exl_cuda_f16w *w, int32_t n, const float *bias,
+                         int accumulate) {
     if (rows <= EXL_CUDA_STACK_ROWS) {
-        const float *c = exl_cuda_gemm_stacked(cb, xh, rows, K, w, n);
+        int parts;
+        const float *c = exl_cuda_gemm_stacked(cb, xh, xparts, rows, K, w, n, &parts);
         if (c)
-            exl_cuda_parts_sum(cb, out, ldo, c, n, n, rows, w->lo ? 3 : 2, bias, accumulate);
+            exl_cuda_parts_sum(cb, out, ldo, c, n, n, rows, parts, bias, accumulate);
         return;
     }
-    for (int part = 0; part < 2; part++)
+    for (int part = 0; part < xparts; part++)
         gemm_ex(cb, out, ldo, xh + (int64_t)part * rows * K, rows, K, w->hi, w, n, 1.0f, part || accumulate);
     if (w->lo)
         gemm_ex(cb, out, ldo, xh, rows, K, w->lo, w, n, 1.0f / EXL_CUDA_LO_SCALE, 1);
@@ -149,12 +152,15 @@ void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __
         exl_cuda_parts_sum(cb, out, ldo, NULL, 0, n, rows, 0, bias, 1);
 }
 
-static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows) {
+/* out = x · w + b for more rows than the GEMVs take; quantized weights multiply the activations'
+ * xparts fp16 parts (1: hi alone, for decode rows), dense ones always both */
+static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows,
+                        int xparts) {
     if (w->kind != EXL_LINEAR_DENSE) {
         if (rows >= exl_cuda_dequant_rows())
-            exl_cuda_qgemm(cb, 1, &out, &w, x, rows, 0);
+            exl_cuda_qgemm(cb, 1, &out, &w, x, rows, 0, xparts);
         else
-            exl_cuda_qmma(cb, out, x, w, rows, 0);
+            exl_cuda_qmma(cb, out, x, w, rows, 0, xparts);
         return;
     }
     if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)rows * w->in * sizeof(__half),
@@ -163,11 +169,12 @@ static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const 
     __half *xh = (__half *)cb->scratch;
     exl_cuda_split_half(cb, xh, x, rows, w->in);
     exl_cuda_f16w fw = {w->w, NULL, 1, w->in};
-    exl_cuda_gemm_parts(cb, out, w->out, xh, rows, w->in, &fw, w->out, w->bias, 0);
+    exl_cuda_gemm_parts(cb, out, w->out, xh, 2, rows, w->in, &fw, w->out, w->bias, 0);
 }
 
-void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
-    exl_cuda_backend *cb = exl_cuda(be);
+/* out = x · w + b, by the GEMV that takes it or matmul_gemm */
+static void matmul_rows(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows,
+                        int xparts) {
     if (rows < 1)
         return;
     exl_matmul_fused f;
@@ -178,7 +185,11 @@ void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_
     else if (rows <= EXL_CUDA_GEMV_MAX_ROWS && w->kind == EXL_LINEAR_DENSE)
         dense_gemv(cb, out, x, w, rows);
     else
-        matmul_gemm(cb, out, x, w, rows);
+        matmul_gemm(cb, out, x, w, rows, xparts);
+}
+
+void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
+    matmul_rows(exl_cuda(be), out, x, w, rows, 2);
 }
 
 /* ---- matmul_fused: the fused GEMV, or the ops one by one through fused_scratch
@@ -219,16 +230,17 @@ void exl_cuda_run_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
     } else if (f->up) { /* in place, as the unfused forward pass does */
         exl_cuda_run_glu(be, (float *)f->x, f->up, f->rows, f->in_features, f->act);
     }
+    const int xparts = f->decode ? 1 : 2;
     if (qgemm_takes(f)) {
-        exl_cuda_qgemm(cb, f->n, f->out, f->w, xin, f->rows, f->accumulate);
+        exl_cuda_qgemm(cb, f->n, f->out, f->w, xin, f->rows, f->accumulate, xparts);
         return;
     }
     for (int i = 0; i < f->n; i++) {
         if (f->accumulate) {
-            exl_cuda_run_matmul(be, cb->fused_scratch, xin, f->w[i], f->rows);
+            matmul_rows(cb, cb->fused_scratch, xin, f->w[i], f->rows, xparts);
             exl_cuda_run_add(be, f->out[i], cb->fused_scratch, (int64_t)f->rows * f->out_features[i]);
         } else {
-            exl_cuda_run_matmul(be, f->out[i], xin, f->w[i], f->rows);
+            matmul_rows(cb, f->out[i], xin, f->w[i], f->rows, xparts);
         }
     }
 }

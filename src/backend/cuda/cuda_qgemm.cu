@@ -131,7 +131,7 @@ static void dequant(exl_cuda_backend *cb, __half *dst, const exl_qmatrix *q, int
 }
 
 void exl_cuda_qgemm(exl_cuda_backend *cb, int n, float *const *out, const exl_linear *const *w, const float *x,
-                    int32_t rows, int accumulate) {
+                    int32_t rows, int accumulate, int parts) {
     const int32_t K = w[0]->in;
     int64_t together = 0; /* the matrices side by side, each from a column tile boundary */
     for (int i = 0; i < n; i++)
@@ -157,16 +157,18 @@ void exl_cuda_qgemm(exl_cuda_backend *cb, int n, float *const *out, const exl_li
     if (fused) {
         for (int64_t i = 0, at = 0; i < n; at += w[i]->q.n_pad, i++)
             dequant(cb, cb->dequant + at, &w[i]->q, 0, w[i]->out, (int32_t)slab, lo_at);
-        const float *c = exl_cuda_gemm_stacked(cb, xh, rows, K, &fw, (int32_t)slab);
+        int n_parts;
+        const float *c = exl_cuda_gemm_stacked(cb, xh, parts, rows, K, &fw, (int32_t)slab, &n_parts);
         for (int64_t i = 0, at = 0; c && i < n; at += w[i]->q.n_pad, i++)
-            exl_cuda_parts_sum(cb, out[i], w[i]->out, c + at, slab, w[i]->out, rows, 3, w[i]->bias, accumulate);
+            exl_cuda_parts_sum(cb, out[i], w[i]->out, c + at, slab, w[i]->out, rows, n_parts, w[i]->bias,
+                               accumulate);
         return;
     }
     for (int i = 0; i < n; i++)
         for (int32_t n0 = 0, N = w[i]->out; n0 < N; n0 += (int32_t)slab) {
             int32_t width = N - n0 < slab ? N - n0 : (int32_t)slab;
             dequant(cb, cb->dequant, &w[i]->q, n0, n0 + width, (int32_t)slab, lo_at);
-            exl_cuda_gemm_parts(cb, out[i] + n0, N, xh, rows, K, &fw, width, w[i]->bias ? w[i]->bias + n0 : NULL,
-                                accumulate);
+            exl_cuda_gemm_parts(cb, out[i] + n0, N, xh, parts, rows, K, &fw, width,
+                                w[i]->bias ? w[i]->bias + n0 : NULL, accumulate);
         }
 }

@@ -18,7 +18,7 @@
 #define GEMV_THREADS 256
 #define SUBS (GEMV_THREADS / 64)
 #define MAX_MATS 3
-#define ROWS_PER_LAUNCH 8
+#define ROWS_PER_LAUNCH EXL_CUDA_QGEMV_MAX_ROWS
 
 typedef struct gemv_mat {
     exl_qmatrix q;
@@ -253,11 +253,7 @@ static void launch_rows(exl_cuda_backend *cb, const gemv_args *a, int split, int
     case 1: launch<1>(cb, a, split); break;
     case 2: launch<2>(cb, a, split); break;
     case 3: launch<3>(cb, a, split); break;
-    case 4: launch<4>(cb, a, split); break;
-    case 5: launch<5>(cb, a, split); break;
-    case 6: launch<6>(cb, a, split); break;
-    case 7: launch<7>(cb, a, split); break;
-    default: launch<8>(cb, a, split); break;
+    default: launch<4>(cb, a, split); break;
     }
 }
 

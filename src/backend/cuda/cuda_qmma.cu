@@ -5,7 +5,8 @@
  * tensor cores (mma.sync, fp32 accumulation) and scales the chunk's sums by the chunk's group
  * scale in fp32. The activations are gathered first (qmma_gather_kernel) into slot order, as
  * two fp16 parts (x = hi + lo), both multiplied, so the products are those of the fp32
- * activations to ~22 bits and the weights are exact; they are laid out in the order the mma
+ * activations to ~22 bits and the weights are exact (for the rows of decode steps only hi, at
+ * half the tensor-core work, as the one-row GEMV rounds them); they are laid out in the order the mma
  * A fragments are read, so a thread's fragment for one k step is one 16-byte load.
  *
  * Block: 8 warps x 16 columns = 128 columns, MT m16 tiles of rows (1 or 2, as few as the rows
@@ -120,12 +121,14 @@ typedef struct chunk_regs {
 
 typedef struct qmma_args {
     exl_qmatrix q;
-    const __half *xh; /* [2][row tiles of 16][n_chunks][FRAG_HALVES]: hi, then lo (qmma_gather_kernel) */
+    const __half *xh; /* [2][row tiles of 16][n_chunks][FRAG_HALVES]: hi, then lo (qmma_gather_kernel;
+                       * lo neither written nor read with parts = 1) */
     float *out;       /* [rows, n_out], or the split partials [split][rows][n_pad] */
     const float *bias;
     int32_t rows, n_out;
     int32_t chunks_per_split;
     int32_t direct;     /* 1: write out (+ bias); 0: write the split's partials */
+    int32_t parts;      /* activation parts multiplied: 2 (hi + lo), or 1 (hi: decode rows) */
     int32_t accumulate; /* with direct: out += */
 } qmma_args;
 
@@ -174,7 +177,7 @@ template <int MT>
 __device__ void stage_copy(const qmma_args &a, const int2 *meta, __half *sa, uint32_t *sw, int tile0, int col0,
                            int c0, int c1) {
     const int n_tiles = (a.rows + 15) / 16;
-    for (int i = threadIdx.x; i < 2 * MT * STAGE_CHUNKS * (FRAG_HALVES / 8); i += MMA_WARPS * 32) {
+    for (int i = threadIdx.x; i < a.parts * MT * STAGE_CHUNKS * (FRAG_HALVES / 8); i += MMA_WARPS * 32) {
         int v = i % (FRAG_HALVES / 8), ci = (i / (FRAG_HALVES / 8)) % STAGE_CHUNKS;
         int m = (i / (STAGE_CHUNKS * FRAG_HALVES / 8)) % MT, part = i / (MT * STAGE_CHUNKS * FRAG_HALVES / 8);
         if (tile0 + m < n_tiles && c0 + ci < c1)
@@ -196,7 +199,7 @@ __device__ void stage_copy(const qmma_args &a, const int2 *meta, __half *sa, uin
  * activations at ac (this thread's fragments of the chunk's first tile, hi part):
  * decode, start loading the next chunk into cr, multiply into part, and when the next chunk
  * starts another group (or there is none), scale part into acc. */
-template <int B, int MT>
+template <int B, int MT, int P>
 __device__ __forceinline__ void chunk_step(const qmma_args &a, chunk_regs &cr, const int2 *meta, int c, int c_end,
                                            const __half *ac,
                                            const uint32_t *sw, int col_base, int g, int t,
@@ -215,7 +218,7 @@ __device__ __forceinline__ void chunk_step(const qmma_args &a, chunk_regs &cr, c
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) { /* hi, then lo */
+        for (int h = 0; h < P; h++) { /* hi, then lo */
             const __half *base = ac + (h * MT + m) * STAGE_CHUNKS * FRAG_HALVES;
             uint4 f0 = *(const uint4 *)base, f1 = *(const uint4 *)(base + FRAG_HALVES / 2);
 #pragma unroll
@@ -250,7 +253,7 @@ static size_t qmma_smem_bytes(int mt, int chunks) {
            (size_t)chunks * sizeof(int2);
 }
 
-template <int MT>
+template <int MT, int P>
 __global__ void __launch_bounds__(MMA_WARPS * 32) qmma_kernel(const __grid_constant__ qmma_args a) {
     exl_pdl_start();
     extern __shared__ __align__(16) unsigned char smem[];
@@ -305,12 +308,12 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) qmma_kernel(const __grid_const
             const __half *ac = buf + (c - s0) * FRAG_HALVES + 8 * lane;
             const uint32_t *wc = sw + (st % N_STAGES) * STAGE_WORDS + (c - s0) * 8 * W_STRIDE;
             switch (cr.bits) { /* one branch per chunk, the same in the whole warp */
-            case 2: chunk_step<2, MT>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
-            case 3: chunk_step<3, MT>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
-            case 4: chunk_step<4, MT>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
-            case 5: chunk_step<5, MT>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
-            case 6: chunk_step<6, MT>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
-            default: chunk_step<8, MT>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
+            case 2: chunk_step<2, MT, P>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
+            case 3: chunk_step<3, MT, P>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
+            case 4: chunk_step<4, MT, P>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
+            case 5: chunk_step<5, MT, P>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
+            case 6: chunk_step<6, MT, P>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
+            default: chunk_step<8, MT, P>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
             }
         }
     }
@@ -350,25 +353,25 @@ __global__ void qmma_reduce_kernel(float *out, const float *partial, const float
     out[i] = accumulate ? out[i] + v : v;
 }
 
-template <int MT>
+template <int MT, int P>
 static void launch_qmma(exl_cuda_backend *cb, dim3 grid, size_t smem, const qmma_args *a) {
     static size_t allowed = 48 * 1024; /* beyond it, the kernel must opt in */
     if (smem > allowed) {
-        if (cudaFuncSetAttribute(qmma_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+        if (cudaFuncSetAttribute(qmma_kernel<MT, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
             cudaSuccess) {
             exl_cuda_check_launch(cb, "quantized matmul (shared memory)");
             return;
         }
         allowed = smem;
     }
-    exl_cuda_launch(cb, qmma_kernel<MT>, grid, dim3(MMA_WARPS * 32), smem, *a);
+    exl_cuda_launch(cb, qmma_kernel<MT, P>, grid, dim3(MMA_WARPS * 32), smem, *a);
 }
 
 /* x [rows, in] (fp32) into the fragment order of qmma_args.xh: element i of a part is half
  * h of lane (g, t) of k step s of chunk c of tile m, which is row 16m + g (+ 8 for the odd
  * registers h / 2) at slot 32c + 8t + 4s (+ 2 for registers 2, 3) + h % 2. */
 __global__ void qmma_gather_kernel(__half *dst, const float *x, const int32_t *slot_src, int32_t in, int32_t rows,
-                                   int64_t total, int32_t n_chunks) {
+                                   int64_t total, int32_t n_chunks, int32_t parts) {
     exl_pdl_start();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total)
@@ -381,11 +384,12 @@ __global__ void qmma_gather_kernel(__half *dst, const float *x, const int32_t *s
     float v = row < rows && src >= 0 ? x[row * in + src] : 0.0f;
     __half hi = __float2half_rn(v);
     dst[i] = hi;
-    dst[total + i] = __float2half_rn(v - __half2float(hi));
+    if (parts == 2)
+        dst[total + i] = __float2half_rn(v - __half2float(hi));
 }
 
 void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows,
-                   int accumulate) {
+                   int accumulate, int parts) {
     const exl_qmatrix *q = &w->q;
     int64_t total = (int64_t)(rows + 15) / 16 * q->n_chunks * FRAG_HALVES; /* halves per part */
     if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)total * sizeof(__half),
@@ -393,10 +397,13 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const exl_l
         return;
     __half *xh = (__half *)cb->scratch;
     exl_cuda_launch(cb, qmma_gather_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, xh, x, q->slot_src,
-            w->in, rows, total, q->n_chunks);
+            w->in, rows, total, q->n_chunks, parts);
     if (!exl_cuda_check_launch(cb, "quantized matmul (activations)"))
         return;
     const int mt = rows <= 16 ? 1 : MAX_MT;
+    /* hi alone measured slower than hi + lo with one m16 tile (16 rows: q_proj 29.0 against
+     * 20.8 us, bench/RESULTS.md); cause not established */
+    parts = mt == 1 ? 2 : parts;
     int32_t row_tiles = (rows + 16 * mt - 1) / (16 * mt), col_tiles = q->n_pad / MMA_COLS;
     int32_t want = 4 * cb->n_sms, blocks = row_tiles * col_tiles;
     int32_t splits = blocks >= want ? 1 : (want + blocks - 1) / blocks;
@@ -408,7 +415,7 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const exl_l
     /* whole stages per split, so only the last split has a short stage */
     a.chunks_per_split = ((q->n_chunks + splits - 1) / splits + STAGE_CHUNKS - 1) / STAGE_CHUNKS * STAGE_CHUNKS;
     splits = (q->n_chunks + a.chunks_per_split - 1) / a.chunks_per_split;
-    a.direct = splits == 1, a.accumulate = accumulate, a.out = out;
+    a.direct = splits == 1, a.accumulate = accumulate, a.out = out, a.parts = parts;
     if (!a.direct) {
         size_t bytes = (size_t)splits * rows * q->n_pad * sizeof(float);
         if (!exl_cuda_ensure(cb, (void **)&cb->gemv_partial, &cb->gemv_partial_bytes, bytes, "matmul partial sums"))
@@ -418,9 +425,9 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const exl_l
     dim3 grid((unsigned)row_tiles, (unsigned)col_tiles, (unsigned)splits);
     size_t smem = qmma_smem_bytes(mt, a.chunks_per_split);
     if (mt == 1)
-        launch_qmma<1>(cb, grid, smem, &a);
+        parts == 1 ? launch_qmma<1, 1>(cb, grid, smem, &a) : launch_qmma<1, 2>(cb, grid, smem, &a);
     else
-        launch_qmma<MAX_MT>(cb, grid, smem, &a);
+        parts == 1 ? launch_qmma<MAX_MT, 1>(cb, grid, smem, &a) : launch_qmma<MAX_MT, 2>(cb, grid, smem, &a);
     if (!exl_cuda_check_launch(cb, "quantized matmul (tensor cores)") || a.direct)
         return;
     int64_t n_sums = (int64_t)rows * w->out;
