@@ -169,7 +169,7 @@ typedef struct exl_generator exl_generator;
 typedef struct exl_generator_params {
     int32_t n_pages;          /* KV cache pages; default 64 */
     int32_t page_size;        /* token slots per page; default 256 */
-    int32_t max_batch_tokens; /* tokens per forward step, 1..256; default 256 */
+    int32_t max_batch_tokens; /* tokens per forward step, 1..512; default 512 */
     int32_t max_jobs;         /* jobs running at once (others wait), 1..max_batch_tokens; default max_batch_tokens */
     int32_t prefix_cache;     /* reuse the cached K/V of identical prefixes; default 1 */
 } exl_generator_params;

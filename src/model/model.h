@@ -12,7 +12,7 @@ typedef struct exl_layer {
     exl_linear *gate, *up, *down;
 } exl_layer;
 
-#define EXL_MAX_ROWS 256 /* tokens per forward step; longer inputs are split by the caller */
+#define EXL_MAX_ROWS 512 /* tokens per forward step; longer inputs are split by the caller */
 
 /* Host staging of a step's batch description. */
 typedef struct exl_host_rows {
