@@ -143,10 +143,11 @@ size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_
  * of one input width), which exl_cuda_qgemv_fused then launches. */
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f);
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
-/* out[rows, out] (+)= x · w + b on tensor cores for a quantized w (cuda_qmma.cu); x is fp32
- * [rows, in], multiplied as fp16 hi + lo (parts 2) or hi alone (parts 1); uses scratch */
-void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows,
-                   int accumulate, int parts);
+/* out[rows, out] (+)= xin · w + b on tensor cores for a quantized w (cuda_qmma.cu); xin is x,
+ * or exl_cuda_activate(x, act) * up when up is not NULL (fp32 [rows, in]), multiplied as fp16
+ * hi + lo (parts 2) or hi alone (parts 1); uses scratch */
+void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float *up, int act, const exl_linear *w,
+                   int32_t rows, int accumulate, int parts);
 /* out_i[rows, out] (+)= x · w_i + b_i for n quantized matrices of one input width through
  * weights decoded to fp16 and cuBLAS (cuda_qgemm.cu): the many-row path from
  * exl_cuda_dequant_rows() rows (EXL_CUDA_DEQUANT_ROWS, default EXL_CUDA_DEQUANT_ROWS_DEFAULT);
@@ -277,6 +278,15 @@ __device__ __forceinline__ void exl_pdl_trigger(void) {
 __device__ __forceinline__ void exl_pdl_start(void) {
     exl_pdl_trigger();
     exl_pdl_wait();
+}
+
+/* The gate activation of a GLU: act 0 silu, 1 gelu (tanh), 2 gelu (erf) */
+__device__ __forceinline__ float exl_cuda_activate(float g, int act) {
+    if (act == 0)
+        return g / (1.0f + expf(-g));
+    if (act == 1)
+        return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
 }
 
 /* Launch kernel k on the backend's stream, with programmatic dependent launch where the

@@ -132,7 +132,7 @@ static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const 
         if (rows >= exl_cuda_dequant_rows())
             exl_cuda_qgemm(cb, 1, &out, &w, x, rows, 0, xparts);
         else
-            exl_cuda_qmma(cb, out, x, w, rows, 0, xparts);
+            exl_cuda_qmma(cb, out, x, NULL, 0, w, rows, 0, xparts);
         return;
     }
     if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)rows * w->in * sizeof(__half),
@@ -167,21 +167,25 @@ void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_
 /* ---- matmul_fused: the fused GEMV, or the ops one by one through fused_scratch
  * ([rows, in] normed input, then [rows, out] products to add) */
 
-/* 1 if f's matrices go through cuda_qgemm.cu together (quantized, one input width, many rows) */
-static int qgemm_takes(const exl_matmul_fused *f) {
-    if (f->rows < exl_cuda_dequant_rows())
-        return 0;
+/* 1 if f's matrices are all quantized of one input width: cuda_qmma.cu or cuda_qgemm.cu add to
+ * the outputs themselves */
+static int all_quantized(const exl_matmul_fused *f) {
     for (int i = 0; i < f->n; i++)
         if (f->w[i]->kind == EXL_LINEAR_DENSE || f->w[i]->in != f->w[0]->in)
             return 0;
     return 1;
 }
 
+/* 1 if f's matrices go through cuda_qgemm.cu together (quantized, many rows) */
+static int qgemm_takes(const exl_matmul_fused *f) {
+    return f->rows >= exl_cuda_dequant_rows() && all_quantized(f);
+}
+
 size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
     if (exl_cuda_qgemv_takes(cb, f))
         return 0;
     size_t n = f->norm ? (size_t)f->rows * f->in_features : 0;
-    if (f->accumulate && !qgemm_takes(f))
+    if (f->accumulate && !all_quantized(f))
         for (int i = 0; i < f->n; i++)
             n = n > (size_t)f->rows * f->out_features[i] ? n : (size_t)f->rows * f->out_features[i];
     return n;
@@ -196,15 +200,24 @@ void exl_cuda_run_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
         return;
     }
     const float *xin = f->x;
+    const int xparts = f->decode ? 1 : 2;
     if (f->norm) {
         exl_cuda_run_rmsnorm(be, cb->fused_scratch, f->x, f->norm, f->rows, f->in_features, f->eps);
         xin = cb->fused_scratch;
+    } else if (f->up && all_quantized(f) && !qgemm_takes(f)) { /* the GLU in the activation gather */
+        for (int i = 0; i < f->n; i++)
+            exl_cuda_qmma(cb, f->out[i], f->x, f->up, f->act, f->w[i], f->rows, f->accumulate, xparts);
+        return;
     } else if (f->up) { /* in place, as the unfused forward pass does */
         exl_cuda_run_glu(be, (float *)f->x, f->up, f->rows, f->in_features, f->act);
     }
-    const int xparts = f->decode ? 1 : 2;
     if (qgemm_takes(f)) {
         exl_cuda_qgemm(cb, f->n, f->out, f->w, xin, f->rows, f->accumulate, xparts);
+        return;
+    }
+    if (all_quantized(f)) {
+        for (int i = 0; i < f->n; i++)
+            exl_cuda_qmma(cb, f->out[i], xin, NULL, 0, f->w[i], f->rows, f->accumulate, xparts);
         return;
     }
     for (int i = 0; i < f->n; i++) {

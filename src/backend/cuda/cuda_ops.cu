@@ -107,14 +107,7 @@ __global__ void glu_kernel(float *gate, const float *up, int64_t n, int act) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
-    float g = gate[i], a;
-    if (act == 0)
-        a = g / (1.0f + expf(-g));
-    else if (act == 1)
-        a = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-    else
-        a = 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
-    gate[i] = a * up[i];
+    gate[i] = exl_cuda_activate(gate[i], act) * up[i];
 }
 
 void exl_cuda_run_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act) {

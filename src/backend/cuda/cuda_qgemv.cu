@@ -41,14 +41,6 @@ typedef struct gemv_args {
 
 /* ---- the input transform */
 
-__device__ __forceinline__ float activate(float g, int act) {
-    if (act == 0)
-        return g / (1.0f + expf(-g));
-    if (act == 1)
-        return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-    return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
-}
-
 template <int R>
 __device__ void row_inv_rms(const gemv_args &a, float *inv, float *red) {
     for (int r = 0; r < R; r++) {
@@ -88,7 +80,7 @@ __device__ __forceinline__ float input_at(const gemv_args &a, int r, int s, cons
     if (a.norm)
         return a.norm[s] * (v * inv[r]);
     if (a.up)
-        return activate(v, a.act) * a.up[(int64_t)r * a.in + s];
+        return exl_cuda_activate(v, a.act) * a.up[(int64_t)r * a.in + s];
     return v;
 }
 

@@ -370,8 +370,8 @@ static void launch_qmma(exl_cuda_backend *cb, dim3 grid, size_t smem, const qmma
 /* x [rows, in] (fp32) into the fragment order of qmma_args.xh: element i of a part is half
  * h of lane (g, t) of k step s of chunk c of tile m, which is row 16m + g (+ 8 for the odd
  * registers h / 2) at slot 32c + 8t + 4s (+ 2 for registers 2, 3) + h % 2. */
-__global__ void qmma_gather_kernel(__half *dst, const float *x, const int32_t *slot_src, int32_t in, int32_t rows,
-                                   int64_t total, int32_t n_chunks, int32_t parts) {
+__global__ void qmma_gather_kernel(__half *dst, const float *x, const float *up, int32_t act, const int32_t *slot_src,
+                                   int32_t in, int32_t rows, int64_t total, int32_t n_chunks, int32_t parts) {
     exl_pdl_start();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total)
@@ -382,22 +382,24 @@ __global__ void qmma_gather_kernel(__half *dst, const float *x, const int32_t *s
     int64_t row = tc / n_chunks * 16 + lane / 4 + (reg & 1) * 8;
     int src = slot_src[chunk * CHUNK + 8 * (lane % 4) + 4 * s + (reg >> 1) * 2 + h % 2];
     float v = row < rows && src >= 0 ? x[row * in + src] : 0.0f;
+    if (up && row < rows && src >= 0)
+        v = exl_cuda_activate(v, act) * up[row * in + src];
     __half hi = __float2half_rn(v);
     dst[i] = hi;
     if (parts == 2)
         dst[total + i] = __float2half_rn(v - __half2float(hi));
 }
 
-void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows,
-                   int accumulate, int parts) {
+void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float *up, int act, const exl_linear *w,
+                   int32_t rows, int accumulate, int parts) {
     const exl_qmatrix *q = &w->q;
     int64_t total = (int64_t)(rows + 15) / 16 * q->n_chunks * FRAG_HALVES; /* halves per part */
     if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)total * sizeof(__half),
                          "fp16 activations"))
         return;
     __half *xh = (__half *)cb->scratch;
-    exl_cuda_launch(cb, qmma_gather_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, xh, x, q->slot_src,
-            w->in, rows, total, q->n_chunks, parts);
+    exl_cuda_launch(cb, qmma_gather_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, xh, x, up, act,
+                    q->slot_src, w->in, rows, total, q->n_chunks, parts);
     if (!exl_cuda_check_launch(cb, "quantized matmul (activations)"))
         return;
     const int mt = rows <= 16 ? 1 : MAX_MT;
