@@ -5,7 +5,7 @@
 # text for the quantizer test) and, built here, the GPU programs (bin/).
 #
 # usage (here, from the repo root): tests/gpu/prepare.sh [SHARED_DIR] [CUDA_ARCHS]
-# then on the GPU machine: tests/gpu/run.sh   (carry .gpu)
+# then on the GPU machine: tests/gpu/run.sh   (carry .gpu/bin and .gpu/shared.tar.gz)
 set -euo pipefail
 shared=${1:-../shared}
 archs=${2:-90}
@@ -35,4 +35,7 @@ for lib in $(ldd build-gpu/test_gpu build-gpu/gpu_bench | awk '/=> \// {print $3
     *) cp -L "$lib" .gpu/bin/ ;;
     esac
 done
-du -sh .gpu
+# the fixtures packed too: .gpu/bin plus .gpu/shared.tar.gz fit the 64 MiB a device call carries,
+# .gpu/shared unpacked does not; run.sh unpacks it when shared/ is missing
+tar czf .gpu/shared.tar.gz -C .gpu shared
+du -sh .gpu/bin .gpu/shared .gpu/shared.tar.gz

@@ -2,7 +2,7 @@
 # run.sh - the CUDA backend's tests and benchmarks, in one command on a GPU machine.
 #
 # usage (from the repo root): tests/gpu/run.sh [DIR]
-#   DIR (default .gpu) holds shared/ (fixtures: models/ and reference/ as in ../shared) and
+#   DIR (default .gpu) holds shared/ or shared.tar.gz (fixtures: models/ and reference/ as in ../shared) and
 #   optionally bin/ (programs built elsewhere by tests/gpu/prepare.sh). Without bin/ it
 #   builds here (cmake, EXL_CUDA_ARCHS=${EXL_CUDA_ARCHS:-90}).
 # Logs go to $OUT (or DIR/out); the last lines are a summary. BENCH_ARGS passes arguments
@@ -11,6 +11,7 @@ set -uo pipefail
 dir=${1:-.gpu}
 out=${OUT:-$dir/out}
 mkdir -p "$out"
+[ -d "$dir/shared" ] || [ ! -f "$dir/shared.tar.gz" ] || tar xzf "$dir/shared.tar.gz" -C "$dir"
 if [ -x "$dir/bin/test_gpu" ]; then
     bin=$dir/bin
     export LD_LIBRARY_PATH="$bin:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
