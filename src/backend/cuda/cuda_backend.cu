@@ -304,8 +304,9 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
     cb->device = 0;
     cb->n_sms = prop.multiProcessorCount;
     cb->pdl = prop.major >= 9 && !(getenv("EXL_CUDA_PDL") && !strcmp(getenv("EXL_CUDA_PDL"), "0"));
-    const char *graphs = getenv("EXL_CUDA_GRAPHS");
+    const char *graphs = getenv("EXL_CUDA_GRAPHS"), *dq = getenv("EXL_CUDA_DEQUANT_ROWS");
     cb->graphs_off = graphs && !strcmp(graphs, "0");
+    cb->dequant_rows = dq && atoi(dq) > 0 ? atoi(dq) : EXL_CUDA_DEQUANT_ROWS_DEFAULT;
     e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(cb);

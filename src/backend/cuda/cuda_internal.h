@@ -36,6 +36,7 @@ typedef struct exl_cuda_backend {
     int device;
     int n_sms;
     int pdl;                /* programmatic dependent launch (sm_90+): see exl_cuda_launch */
+    int32_t dequant_rows;   /* quantized matmuls of this many rows go through cuda_qgemm.cu */
     cudaStream_t stream;
     cublasHandle_t cublas;
     exl_status sticky;      /* first asynchronous failure, EXL_OK if none */
@@ -149,13 +150,12 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
 void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float *up, int act, const exl_linear *w,
                    int32_t rows, int accumulate, int parts);
 /* out_i[rows, out] (+)= x · w_i + b_i for n quantized matrices of one input width through
- * weights decoded to fp16 and cuBLAS (cuda_qgemm.cu): the many-row path from
- * exl_cuda_dequant_rows() rows (EXL_CUDA_DEQUANT_ROWS, default EXL_CUDA_DEQUANT_ROWS_DEFAULT);
- * uses scratch, dequant and gemm_parts */
+ * weights decoded to fp16 and cuBLAS (cuda_qgemm.cu): the many-row path from cb->dequant_rows
+ * rows (EXL_CUDA_DEQUANT_ROWS, default EXL_CUDA_DEQUANT_ROWS_DEFAULT); uses scratch, dequant
+ * and gemm_parts */
 #define EXL_CUDA_DEQUANT_ROWS_DEFAULT 96
 void exl_cuda_qgemm(exl_cuda_backend *cb, int n, float *const *out, const exl_linear *const *w, const float *x,
                     int32_t rows, int accumulate, int parts);
-int32_t exl_cuda_dequant_rows(void);
 /* Products of fp16 weights with the activations' two fp16 parts (cuda_matmul.cu). xh holds hi
  * then lo, each [rows, K]. The weights W are hi (+ lo / EXL_CUDA_LO_SCALE when lo is not NULL:
  * the decoded quantized weights, exact to ~22 bits), each fp16 [n, ld] row-major (trans = 1,

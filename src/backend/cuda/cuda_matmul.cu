@@ -5,7 +5,7 @@
  * norm/GLU/residual). Many rows:
  * the activations as two fp16 parts (x = hi + lo: fp16 alone flips near-tied argmaxes of the
  * reference logits), then for quantized weights the tensor-core kernel of cuda_qmma.cu or, from
- * exl_cuda_dequant_rows() rows, cuBLAS over weights decoded to fp16 (cuda_qgemm.cu); for dense
+ * cb->dequant_rows rows, cuBLAS over weights decoded to fp16 (cuda_qgemm.cu); for dense
  * fp16 weights cuBLAS (fp32 accumulation and output) directly. */
 #include "backend/cuda/cuda_internal.h"
 
@@ -129,7 +129,7 @@ void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __
 static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows,
                         int xparts) {
     if (w->kind != EXL_LINEAR_DENSE) {
-        if (rows >= exl_cuda_dequant_rows())
+        if (rows >= cb->dequant_rows)
             exl_cuda_qgemm(cb, 1, &out, &w, x, rows, 0, xparts);
         else
             exl_cuda_qmma(cb, out, x, NULL, 0, w, rows, 0, xparts);
@@ -177,8 +177,8 @@ static int all_quantized(const exl_matmul_fused *f) {
 }
 
 /* 1 if f's matrices go through cuda_qgemm.cu together (quantized, many rows) */
-static int qgemm_takes(const exl_matmul_fused *f) {
-    return f->rows >= exl_cuda_dequant_rows() && all_quantized(f);
+static int qgemm_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
+    return f->rows >= cb->dequant_rows && all_quantized(f);
 }
 
 size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
@@ -199,25 +199,23 @@ void exl_cuda_run_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
         exl_cuda_qgemv_fused(cb, f);
         return;
     }
-    const float *xin = f->x;
-    const int xparts = f->decode ? 1 : 2;
+    const float *xin = f->x, *up = NULL; /* up: the GLU left to cuda_qmma.cu's activation gather */
+    const int xparts = f->decode ? 1 : 2, quantized = all_quantized(f), qgemm = qgemm_takes(cb, f);
     if (f->norm) {
         exl_cuda_run_rmsnorm(be, cb->fused_scratch, f->x, f->norm, f->rows, f->in_features, f->eps);
         xin = cb->fused_scratch;
-    } else if (f->up && all_quantized(f) && !qgemm_takes(f)) { /* the GLU in the activation gather */
-        for (int i = 0; i < f->n; i++)
-            exl_cuda_qmma(cb, f->out[i], f->x, f->up, f->act, f->w[i], f->rows, f->accumulate, xparts);
-        return;
+    } else if (f->up && quantized && !qgemm) {
+        up = f->up;
     } else if (f->up) { /* in place, as the unfused forward pass does */
         exl_cuda_run_glu(be, (float *)f->x, f->up, f->rows, f->in_features, f->act);
     }
-    if (qgemm_takes(f)) {
+    if (qgemm) {
         exl_cuda_qgemm(cb, f->n, f->out, f->w, xin, f->rows, f->accumulate, xparts);
         return;
     }
-    if (all_quantized(f)) {
+    if (quantized) {
         for (int i = 0; i < f->n; i++)
-            exl_cuda_qmma(cb, f->out[i], xin, NULL, 0, f->w[i], f->rows, f->accumulate, xparts);
+            exl_cuda_qmma(cb, f->out[i], xin, up, f->act, f->w[i], f->rows, f->accumulate, xparts);
         return;
     }
     for (int i = 0; i < f->n; i++) {

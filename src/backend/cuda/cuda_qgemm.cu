@@ -6,13 +6,11 @@
  * multiplied in one GEMM; the residual add and bias ride on the kernel that sums the parts.
  *
  * The tensor-core kernel of cuda_qmma.cu decodes the codes again for every 32 rows; from
- * EXL_CUDA_DEQUANT_ROWS rows (see exl_cuda_dequant_rows) decoding once and letting cuBLAS
+ * EXL_CUDA_DEQUANT_ROWS rows (cb->dequant_rows) decoding once and letting cuBLAS
  * run at its rate is faster. A weight is decoded as two fp16 numbers, hi + lo: fp16 alone
  * (ExLlamaV2's prefill) loses ~2^-12 of each weight, enough to flip near-tied argmaxes of the
  * reference logits; with lo the products hi·hi, lo·hi and hi·lo keep ~22 bits. */
 #include "backend/cuda/cuda_qdecode.cuh"
-
-#include <stdlib.h>
 
 #define DQ_COLS 256          /* columns a block decodes: 64 threads x DQ_COLS_T */
 #define DQ_COLS_T 4          /* columns a thread decodes (one 16-byte load per word row) */
@@ -112,15 +110,6 @@ __global__ void __launch_bounds__(DQ_COLS / DQ_COLS_T * DQ_SUBS)
     case 6: dequant_chunk<6>(q, meta, chunk, col0, n0, end, ld, lo_at, dst); break;
     default: dequant_chunk<8>(q, meta, chunk, col0, n0, end, ld, lo_at, dst); break;
     }
-}
-
-int32_t exl_cuda_dequant_rows(void) {
-    static int32_t rows = 0;
-    if (!rows) {
-        const char *s = getenv("EXL_CUDA_DEQUANT_ROWS");
-        rows = s && atoi(s) > 0 ? atoi(s) : EXL_CUDA_DEQUANT_ROWS_DEFAULT;
-    }
-    return rows;
 }
 
 static void dequant(exl_cuda_backend *cb, __half *dst, const exl_qmatrix *q, int32_t n0, int32_t end, int32_t ld,
