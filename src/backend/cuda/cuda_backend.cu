@@ -307,8 +307,6 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
     const char *graphs = getenv("EXL_CUDA_GRAPHS"), *dq = getenv("EXL_CUDA_DEQUANT_ROWS");
     cb->graphs_off = graphs && !strcmp(graphs, "0");
     cb->dequant_rows = dq && atoi(dq) > 0 ? atoi(dq) : EXL_CUDA_DEQUANT_ROWS_DEFAULT;
-    const char *gb = getenv("EXL_CUDA_GEMV_BLOCKS");
-    cb->gemv_blocks_per_sm = gb && atoi(gb) > 0 ? atoi(gb) : 2;
     e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(cb);

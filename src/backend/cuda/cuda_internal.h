@@ -37,7 +37,6 @@ typedef struct exl_cuda_backend {
     int n_sms;
     int pdl;                /* programmatic dependent launch (sm_90+): see exl_cuda_launch */
     int32_t dequant_rows;   /* quantized matmuls of this many rows go through cuda_qgemm.cu */
-    int32_t gemv_blocks_per_sm; /* the quantized GEMV's launch size (EXL_CUDA_GEMV_BLOCKS) */
     cudaStream_t stream;
     cublasHandle_t cublas;
     exl_status sticky;      /* first asynchronous failure, EXL_OK if none */
@@ -102,18 +101,12 @@ exl_status exl_cuda_malloc(void **p, size_t bytes, const char *what);
 /* ---- weights */
 
 /* A quantized matrix (EXL2 or GPTQ) repacked for this backend:
- * rows are grouped in chunks of 32 ("slots"), each chunk one bit width and one scale group,
- * the chunks in order of bit width;
+ * rows are grouped in chunks of 32 ("slots"), each chunk one bit width and one scale group;
  * codes of a chunk are a little-endian bit stream down each column (word stride n_pad), the
  * values in the pair order of exl_cuda_slot_of(); the activations are gathered into slot order
  * through slot_src (-1 = padding, read as 0). W[slot, n] = (code - zero) * scale[group, n]. */
-#define EXL_QMATRIX_MAX_RUNS 6
 typedef struct exl_qmatrix {
     int32_t n_chunks, n_pad, n_groups, word_rows;
-    /* chunks are sorted by bit width: run i is chunks [run_chunk[i], run_chunk[i + 1]) of
-     * run_bits[i] bits, from word row run_word[i] (host copies, for launch planning) */
-    int32_t n_runs, run_bits[EXL_QMATRIX_MAX_RUNS], run_chunk[EXL_QMATRIX_MAX_RUNS + 1],
-        run_word[EXL_QMATRIX_MAX_RUNS];
     uint32_t *qw;        /* [word_rows, n_pad] */
     int4 *chunks;        /* [n_chunks]: word row, bits, group, 0 */
     __half *scales;      /* [n_groups, n_pad] */
@@ -133,6 +126,9 @@ struct exl_vector {
     float *v;
 };
 
+/* Host: the slot (0..31) a row of a 32-row chunk of `bits` goes to, so that decoded pairs
+ * land on consecutive slots (see cuda_quant.cu). */
+int exl_cuda_slot_of(int bits, int row);
 
 exl_status exl_cuda_qmatrix_init(exl_cuda_backend *cb, const exl_linear_src *src, exl_qmatrix *q);
 void exl_cuda_qmatrix_free(exl_qmatrix *q);
@@ -261,16 +257,6 @@ exl_status exl_cuda_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t
 #ifdef __cplusplus
 }
 #endif
-
-/* The slot (0..31) a row of a 32-row chunk of `bits` goes to, so that decoded pairs land on
- * consecutive slots (see cuda_quant.cu): pairs (p, p + 16) for 3, 5 and 6 bits, pairs (i, i + v/2)
- * within each word of v codes for 2, 4 and 8 bits. */
-__host__ __device__ __forceinline__ int exl_cuda_slot_of(int bits, int row) {
-    if (bits == 3 || bits == 5 || bits == 6)
-        return row < 16 ? 2 * row : 2 * (row - 16) + 1;
-    int v = 32 / bits, u = row / v, j = row % v, half = v / 2;
-    return j < half ? u * v + 2 * j : u * v + 2 * (j - half) + 1;
-}
 
 /* Programmatic dependent launch. A kernel started by exl_cuda_launch may run while the
  * kernel before it finishes: up to exl_pdl_wait() it may only read constant data (weights,

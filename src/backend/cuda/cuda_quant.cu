@@ -7,8 +7,7 @@
  * codes are contiguous and word-aligned in the source is copied word for word (the
  * common case: EXL2, GPTQ without act-order); anything else (act-order, ragged groups)
  * is re-encoded code by code. Act-order GPTQ rows are sorted by group, so the activation
- * gather does the permutation and each group is contiguous. The chunks are stored in order
- * of bit width (groups of one width keep their order). */
+ * gather does the permutation and each group is contiguous. */
 #include "backend/cuda/cuda_internal.h"
 
 #include "base/half.h"
@@ -18,6 +17,13 @@
 
 #define CHUNK 32
 #define COL_TILE 256
+
+int exl_cuda_slot_of(int bits, int row) {
+    if (bits == 3 || bits == 5 || bits == 6) /* pairs (p, p + 16) */
+        return row < 16 ? 2 * row : 2 * (row - 16) + 1;
+    int v = 32 / bits, u = row / v, j = row % v, half = v / 2; /* pairs (i, i + v/2) within a word */
+    return j < half ? u * v + 2 * j : u * v + 2 * (j - half) + 1;
+}
 
 /* A source stream: column n's word w lies at words[w * stride + n]. */
 typedef struct {
@@ -275,20 +281,8 @@ exl_status exl_cuda_qmatrix_init(exl_cuda_backend *cb, const exl_linear_src *src
     if (!pk.qw || !pk.chunks || !pk.slot_src) {
         st = exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory repacking %s", name);
     } else {
-        /* by bit width, so that each width's chunks are one run (cuda_qgemv.cu) */
-        static const int widths[] = {2, 3, 4, 5, 6, 8};
-        for (int wi = 0; wi < 6; wi++) {
-            int64_t first = pk.n_chunks, word = pk.word_rows;
-            for (int i = 0; i < l.n_segments; i++)
-                if (l.seg[i].bits == widths[wi])
-                    pack_segment(&pk, &l.seg[i]);
-            if (pk.n_chunks > first) {
-                q->run_bits[q->n_runs] = widths[wi];
-                q->run_chunk[q->n_runs] = (int32_t)first;
-                q->run_word[q->n_runs++] = (int32_t)word;
-            }
-        }
-        q->run_chunk[q->n_runs] = (int32_t)pk.n_chunks;
+        for (int i = 0; i < l.n_segments; i++)
+            pack_segment(&pk, &l.seg[i]);
         q->n_chunks = (int32_t)pk.n_chunks;
         q->n_pad = (int32_t)n_pad;
         q->n_groups = l.n_groups;
