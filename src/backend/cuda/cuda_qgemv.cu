@@ -83,16 +83,12 @@ __device__ __forceinline__ float input_raw(const gemv_args &a, int r, int s) {
     return a.up ? exl_cuda_activate(v, a.act) * a.up[(int64_t)r * a.in + s] : v;
 }
 
+/* the input transform at input s: the RMSNorm (never set together with up) or input_raw */
 template <int R>
 __device__ __forceinline__ float input_at(const gemv_args &a, int r, int s, const float *inv) {
-    if (s < 0)
-        return 0.0f;
-    float v = a.x[(int64_t)r * a.in + s];
-    if (a.norm)
-        return a.norm[s] * (v * inv[r]);
-    if (a.up)
-        return exl_cuda_activate(v, a.act) * a.up[(int64_t)r * a.in + s];
-    return v;
+    if (a.norm && s >= 0)
+        return a.norm[s] * (a.x[(int64_t)r * a.in + s] * inv[r]);
+    return input_raw(a, r, s);
 }
 
 /* ---- GEMV */
