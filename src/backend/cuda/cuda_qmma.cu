@@ -9,16 +9,16 @@
  * half the tensor-core work, as the one-row GEMV rounds them); they are laid out in the order the mma
  * A fragments are read, so a thread's fragment for one k step is one 16-byte load.
  *
- * Block: 8 warps x 16 columns = 128 columns, MT m16 tiles of rows (1 or 2, as few as the rows
- * need; 4 measured slower for 4-bit matrices), a range of chunks (split-K when the row and
- * column tiles alone would not fill the GPU; the splits' partial sums are added in split order
- * by a second kernel, so results do not depend on timing). The block's chunk descriptors are
- * read into shared memory first. Activations and code words are staged in shared memory
- * STAGE_CHUNKS chunks at a time (the block's 128 columns of a word row are 512 contiguous
- * bytes) in a ring of N_STAGES buffers: the next stages are copied (cp.async) while the
- * current one is multiplied. Each warp loads the scales and zeros of its next chunk before it
- * multiplies the current one, and consecutive chunks of one group are summed before their
- * common scale is applied.
+ * Block: 8 warps x 16 columns = 128 columns, MT m16 tiles of rows (1, 2 or 4, as few as the
+ * rows need: every decoded code feeds MT x parts mma), a range of chunks (split-K to fill one
+ * wave of the GPU; the splits' partial sums are added in split order by a second kernel, so
+ * results do not depend on timing). The block's chunk descriptors are read into shared memory
+ * first. Activations and code words are staged in shared memory 2-4 chunks at a time (the
+ * block's 128 columns of a word row are 512 contiguous bytes, one warp's copy) in a ring of
+ * N_STAGES buffers: the next stages are copied (cp.async) while the current one is
+ * multiplied; each thread's copies are planned once. The words of the first stages are
+ * requested before the wait for the previous kernel. Consecutive chunks of one group are
+ * summed before their common scale is applied, and a group's scales and zeros are loaded once.
  *
  * The k order inside an mma is free as long as A and B agree: thread (g = lane / 4,
  * t = lane % 4) decodes pairs 4t .. 4t+3 of its column's chunk (for 4-bit codes, one word),
@@ -28,13 +28,11 @@
 
 #define MMA_WARPS 8
 #define MMA_COLS (MMA_WARPS * 16)
-#define MAX_MT 2 /* m16 tiles of rows per block at most */
-#define STAGE_CHUNKS 2
+#define MAX_MT 4 /* m16 tiles of rows per block at most */
 #define N_STAGES 3 /* stage buffers in the ring: two copies in flight while one is multiplied */
 #define FRAG_HALVES 512 /* one m16 tile of one chunk: 2 k steps x 32 lanes x 8 halves */
 #define MAX_WORDS 6                          /* code words a thread reads per column and chunk */
 #define W_STRIDE (MMA_COLS + 8)              /* words per staged word row; +8 spreads t over banks */
-#define STAGE_WORDS (STAGE_CHUNKS * 8 * W_STRIDE) /* up to 8 word rows per chunk */
 
 /* c += a · b for one m16n8k16 tile (two m16n8k8 before sm_80). */
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -111,13 +109,13 @@ __device__ __forceinline__ void decode_quarter(const uint32_t (&w)[MAX_WORDS], i
     }
 }
 
-/* What a thread reads of one chunk besides its code words: the zeros of its two columns
- * (g, g + 8 of the warp's 16) and the scales of the columns of its C fragment (2t, 2t + 1 of
- * each 8). */
-typedef struct chunk_regs {
-    int bits, group;
+/* What a thread holds of its chunk's group: the zeros of its two columns (g, g + 8 of the
+ * warp's 16; GPTQ only, EXL2's zero is 2^(bits - 1)) and the scales of the columns of its C
+ * fragment (2t, 2t + 1 of each 8). */
+typedef struct group_regs {
+    int group;
     uint32_t zz[2], sc[2]; /* half2 bits */
-} chunk_regs;
+} group_regs;
 
 typedef struct qmma_args {
     exl_qmatrix q;
@@ -128,7 +126,6 @@ typedef struct qmma_args {
     int32_t rows, n_out;
     int32_t chunks_per_split;
     int32_t direct;     /* 1: write out (+ bias); 0: write the split's partials */
-    int32_t parts;      /* activation parts multiplied: 2 (hi + lo), or 1 (hi: decode rows) */
     int32_t accumulate; /* with direct: out += */
 } qmma_args;
 
@@ -136,13 +133,13 @@ typedef struct qmma_args {
 __device__ __forceinline__ int meta_bits(int2 m) { return m.y & 255; }
 __device__ __forceinline__ int meta_group(int2 m) { return m.y >> 8; }
 
-__device__ __forceinline__ void load_chunk(const qmma_args &a, int2 meta, int col_base, int g, int t,
-                                           chunk_regs &r) {
+__device__ __forceinline__ void load_group(const qmma_args &a, int2 meta, int col_base, int g, int t,
+                                           group_regs &r) {
     const uint32_t n_pad = (uint32_t)a.q.n_pad, at = (uint32_t)meta_group(meta) * n_pad + col_base;
-    r.bits = meta_bits(meta), r.group = meta_group(meta);
+    r.group = meta_group(meta);
 #pragma unroll
     for (int n = 0; n < 2; n++) {
-        r.zz[n] = half2_bits(zero_pair(a.q.zeros, at + n * 8 + g, r.bits));
+        r.zz[n] = a.q.zeros ? half2_bits(zero_pair(a.q.zeros, at + n * 8 + g, meta_bits(meta))) : 0u;
         r.sc[n] = __ldg((const uint32_t *)(a.q.scales + at + n * 8 + 2 * t));
     }
 }
@@ -170,56 +167,36 @@ __device__ __forceinline__ void copy_wait(void) {
 #endif
 }
 
-/* Start copying a stage: the activation fragments of the block's m16 tiles for chunks
- * [c0, c1) (hi and lo), and the chunks' word rows of the block's columns (meta: the
- * descriptors of chunks c0 ...). */
-template <int MT>
-__device__ void stage_copy(const qmma_args &a, const int2 *meta, __half *sa, uint32_t *sw, int tile0, int col0,
-                           int c0, int c1) {
-    const int n_tiles = (a.rows + 15) / 16;
-    for (int i = threadIdx.x; i < a.parts * MT * STAGE_CHUNKS * (FRAG_HALVES / 8); i += MMA_WARPS * 32) {
-        int v = i % (FRAG_HALVES / 8), ci = (i / (FRAG_HALVES / 8)) % STAGE_CHUNKS;
-        int m = (i / (STAGE_CHUNKS * FRAG_HALVES / 8)) % MT, part = i / (MT * STAGE_CHUNKS * FRAG_HALVES / 8);
-        if (tile0 + m < n_tiles && c0 + ci < c1)
-            copy16(sa + ((part * MT + m) * STAGE_CHUNKS + ci) * FRAG_HALVES + v * 8,
-                   a.xh + (((int64_t)part * n_tiles + tile0 + m) * a.q.n_chunks + c0 + ci) * FRAG_HALVES + v * 8);
-    }
-    for (int i = threadIdx.x; i < STAGE_CHUNKS * 8 * (MMA_COLS / 4); i += MMA_WARPS * 32) {
-        int x = i % (MMA_COLS / 4), wr = (i / (MMA_COLS / 4)) % 8, ci = i / (8 * (MMA_COLS / 4));
-        if (c0 + ci >= c1)
-            break;
-        int2 m = meta[ci];
-        if (wr < meta_bits(m))
-            copy16(sw + (ci * 8 + wr) * W_STRIDE + 4 * x,
-                   a.q.qw + (uint32_t)(m.x + wr) * (uint32_t)a.q.n_pad + col0 + 4 * x);
-    }
+/* Chunks a stage holds: four, or two where MT m16 tiles of both activation parts would make
+ * the ring too large for two blocks per SM. */
+__host__ __device__ constexpr int stage_chunks(int mt, int parts) { return mt * parts >= 8 ? 2 : 4; }
+__host__ __device__ constexpr int stage_halves(int mt, int parts) {
+    return parts * mt * stage_chunks(mt, parts) * FRAG_HALVES;
 }
+__host__ __device__ constexpr int stage_words(int mt, int parts) { return stage_chunks(mt, parts) * 8 * W_STRIDE; }
 
-/* One chunk of B-bit codes (words staged at sw, scales and zeros in cr) times the staged
- * activations at ac (this thread's fragments of the chunk's first tile, hi part):
- * decode, start loading the next chunk into cr, multiply into part, and when the next chunk
- * starts another group (or there is none), scale part into acc. */
+/* One chunk of B-bit codes (words staged at sw: the chunk's first word row) times the staged
+ * activations at ac (this thread's fragment of the chunk in the first tile's hi part):
+ * decode, multiply into part, and when the chunk ends its group, scale part into acc and
+ * load the next group's scales and zeros. */
 template <int B, int MT, int P>
-__device__ __forceinline__ void chunk_step(const qmma_args &a, chunk_regs &cr, const int2 *meta, int c, int c_end,
-                                           const __half *ac,
-                                           const uint32_t *sw, int col_base, int g, int t,
+__device__ __forceinline__ void chunk_step(const qmma_args &a, group_regs &gr, const int2 *meta, int c, int c_end,
+                                           const __half *ac, const uint32_t *sw, int col_base, int g, int t,
                                            float (&part)[MT][2][4], float (&acc)[MT][2][4]) {
+    constexpr int SC = stage_chunks(MT, P);
     uint32_t pr[2][4];
+    const __half2 z_exl2 = __float2half2_rn(1024.0f + (float)(1 << (B - 1)));
 #pragma unroll
     for (int n = 0; n < 2; n++) {
         uint32_t w[MAX_WORDS];
         load_words<B>(sw + (threadIdx.x / 32) * 16 + n * 8 + g, t, w);
-        decode_quarter<B>(w, t, u32_as_half2(cr.zz[n]), pr[n]);
+        decode_quarter<B>(w, t, a.q.zeros ? u32_as_half2(gr.zz[n]) : z_exl2, pr[n]);
     }
-    const __half2 sc0 = u32_as_half2(cr.sc[0]), sc1 = u32_as_half2(cr.sc[1]);
-    const int group = cr.group;
-    if (c + 1 < c_end) /* the next chunk's loads fly while this one is multiplied */
-        load_chunk(a, meta[c + 1], col_base, g, t, cr);
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int h = 0; h < P; h++) { /* hi, then lo */
-            const __half *base = ac + (h * MT + m) * STAGE_CHUNKS * FRAG_HALVES;
+            const __half *base = ac + (h * MT + m) * SC * FRAG_HALVES;
             uint4 f0 = *(const uint4 *)base, f1 = *(const uint4 *)(base + FRAG_HALVES / 2);
 #pragma unroll
             for (int n = 0; n < 2; n++) {
@@ -227,11 +204,14 @@ __device__ __forceinline__ void chunk_step(const qmma_args &a, chunk_regs &cr, c
                 mma16816(part[m][n], f1.x, f1.y, f1.z, f1.w, pr[n][2], pr[n][3]);
             }
         }
-    if (c + 1 < c_end && cr.group == group)
+    const bool more = c + 1 < c_end;
+    const int2 next = meta[more ? c + 1 : c];
+    if (more && meta_group(next) == gr.group)
         return;
 #pragma unroll
     for (int n = 0; n < 2; n++) {
-        float s_lo = __low2float(n ? sc1 : sc0), s_hi = __high2float(n ? sc1 : sc0);
+        const __half2 sc = u32_as_half2(gr.sc[n]);
+        const float s_lo = __low2float(sc), s_hi = __high2float(sc);
 #pragma unroll
         for (int m = 0; m < MT; m++) {
             acc[m][n][0] += s_lo * part[m][n][0];
@@ -243,34 +223,74 @@ __device__ __forceinline__ void chunk_step(const qmma_args &a, chunk_regs &cr, c
                 part[m][n][i] = 0.0f;
         }
     }
+    if (more)
+        load_group(a, next, col_base, g, t, gr);
 }
 
-/* Shared memory of a block: the stage ring (activation fragments, then code words) and the
- * descriptors of its chunks. */
-__host__ __device__ constexpr int stage_halves(int mt) { return 2 * mt * STAGE_CHUNKS * FRAG_HALVES; }
-static size_t qmma_smem_bytes(int mt, int chunks) {
-    return (size_t)N_STAGES * (stage_halves(mt) * sizeof(__half) + STAGE_WORDS * sizeof(uint32_t)) +
+static size_t qmma_smem_bytes(int mt, int parts, int chunks) {
+    return (size_t)N_STAGES * (stage_halves(mt, parts) * sizeof(__half) + stage_words(mt, parts) * sizeof(uint32_t)) +
            (size_t)chunks * sizeof(int2);
 }
 
+/* Block: MT m16 row tiles (blockIdx.x), 128 columns (blockIdx.y; 16 a warp), the chunks of
+ * split blockIdx.z. Shared memory: the stage ring (activation fragments [part][m][chunk],
+ * then word rows [chunk][8][W_STRIDE]) and the descriptors of the block's chunks. */
 template <int MT, int P>
-__global__ void __launch_bounds__(MMA_WARPS * 32) qmma_kernel(const __grid_constant__ qmma_args a) {
-    exl_pdl_start();
+__global__ void __launch_bounds__(MMA_WARPS * 32, 2) qmma_kernel(const __grid_constant__ qmma_args a) {
+    constexpr int SC = stage_chunks(MT, P), SH = stage_halves(MT, P), SW = stage_words(MT, P);
+    constexpr int A_VECS = SH / 8 / (MMA_WARPS * 32); /* 16-byte activation copies a thread makes a stage */
+    static_assert(A_VECS * 8 * MMA_WARPS * 32 == SH, "activation stage not a whole number of copies");
     extern __shared__ __align__(16) unsigned char smem[];
     __half *sa = (__half *)smem;
-    uint32_t *sw = (uint32_t *)(sa + N_STAGES * stage_halves(MT));
-    int2 *meta = (int2 *)(sw + N_STAGES * STAGE_WORDS);
+    uint32_t *sw = (uint32_t *)(sa + N_STAGES * SH);
+    int2 *meta = (int2 *)(sw + N_STAGES * SW);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-    const int row0 = blockIdx.x * MT * 16;
-    const int col_base = blockIdx.y * MMA_COLS + warp * 16; /* this warp's 16 columns */
+    const int n_tiles = (a.rows + 15) / 16, tile0 = blockIdx.x * MT;
+    const int col0 = blockIdx.y * MMA_COLS, col_base = col0 + warp * 16; /* this warp's 16 columns */
     const int c_begin = blockIdx.z * a.chunks_per_split;
     const int n_chunks = min(a.q.n_chunks, c_begin + a.chunks_per_split) - c_begin;
-    const int n_stages = (n_chunks + STAGE_CHUNKS - 1) / STAGE_CHUNKS;
+    const int n_stages = (n_chunks + SC - 1) / SC;
+    /* the descriptors and the code words do not depend on earlier kernels: read before the wait */
+    exl_pdl_trigger();
     for (int i = threadIdx.x; i < n_chunks; i += MMA_WARPS * 32) {
         int4 m = __ldg(a.q.chunks + c_begin + i); /* word row, bits, group */
         meta[i] = make_int2(m.x, m.y | m.z << 8);
     }
     __syncthreads();
+    /* activation copy i of a stage: vector v = threadIdx.x + 256 i of [part][m][chunk][64] */
+    const __half *x_src = a.xh + ((int64_t)tile0 * a.q.n_chunks + c_begin) * FRAG_HALVES + threadIdx.x % 64 * 8;
+    const uint32_t *w_src = a.q.qw + col0 + 4 * lane; /* a warp copies word row `warp` of each chunk */
+    auto copy_words = [&](int s) {
+        uint32_t *dst = sw + (s % N_STAGES) * SW + warp * W_STRIDE + 4 * lane;
+#pragma unroll
+        for (int ci = 0; ci < SC; ci++) {
+            const int c = s * SC + ci;
+            if (c < n_chunks && warp < meta_bits(meta[c]))
+                copy16(dst + ci * 8 * W_STRIDE, w_src + (uint32_t)(meta[c].x + warp) * (uint32_t)a.q.n_pad);
+        }
+    };
+    auto copy_acts = [&](int s) {
+        __half *dst = sa + (s % N_STAGES) * SH + threadIdx.x * 8;
+#pragma unroll
+        for (int i = 0; i < A_VECS; i++) {
+            const int u = threadIdx.x / 64 + i * (MMA_WARPS * 32 / 64);
+            const int ci = u % SC, m = u / SC % MT, part = u / (SC * MT), c = s * SC + ci;
+            if (c < n_chunks && tile0 + m < n_tiles)
+                copy16(dst + i * MMA_WARPS * 32 * 8,
+                       x_src + (((int64_t)part * n_tiles + m) * a.q.n_chunks + c) * FRAG_HALVES);
+        }
+    };
+    /* the ring: stage s in buffer s % N_STAGES, N_STAGES - 1 stages in flight; one copy group
+     * is committed per stage (empty ones too) so wait_group counts stages. The words of the
+     * first stages go into the first group, before the wait for the activations. */
+    for (int s = 0; s < N_STAGES - 1 && s < n_stages; s++)
+        copy_words(s);
+    exl_pdl_wait();
+    for (int s = 0; s < N_STAGES - 1; s++) {
+        if (s < n_stages)
+            copy_acts(s);
+        copy_commit();
+    }
 
     float acc[MT][2][4], part[MT][2][4];
 #pragma unroll
@@ -280,60 +300,57 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) qmma_kernel(const __grid_const
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 acc[m][n][i] = part[m][n][i] = 0.0f;
-
-    chunk_regs cr;
+    group_regs gr;
     if (n_chunks > 0)
-        load_chunk(a, meta[0], col_base, g, t, cr);
-    /* the ring: stage s in buffer s % N_STAGES, N_STAGES - 1 stages in flight; one copy group
-     * is committed per stage (empty ones too) so wait_group counts stages */
-    for (int s = 0; s < N_STAGES - 1; s++) {
-        if (s < n_stages)
-            stage_copy<MT>(a, meta + s * STAGE_CHUNKS, sa + s * stage_halves(MT), sw + s * STAGE_WORDS,
-                           blockIdx.x * MT, blockIdx.y * MMA_COLS, c_begin + s * STAGE_CHUNKS,
-                           c_begin + min(n_chunks, (s + 1) * STAGE_CHUNKS));
-        copy_commit();
-    }
+        load_group(a, meta[0], col_base, g, t, gr);
+
     for (int st = 0; st < n_stages; st++) {
         copy_wait<N_STAGES - 2>();
         __syncthreads(); /* stage st is in; everyone is done with the buffer of stage st - 1 */
-        const int nx = st + N_STAGES - 1, b = nx % N_STAGES;
+        const int nx = st + N_STAGES - 1;
         if (nx < n_stages)
-            stage_copy<MT>(a, meta + nx * STAGE_CHUNKS, sa + b * stage_halves(MT), sw + b * STAGE_WORDS,
-                           blockIdx.x * MT, blockIdx.y * MMA_COLS, c_begin + nx * STAGE_CHUNKS,
-                           c_begin + min(n_chunks, (nx + 1) * STAGE_CHUNKS));
+            copy_words(nx), copy_acts(nx);
         copy_commit();
-        const int s0 = st * STAGE_CHUNKS, s1 = min(n_chunks, s0 + STAGE_CHUNKS);
-        const __half *buf = sa + (st % N_STAGES) * stage_halves(MT);
-        for (int c = s0; c < s1; c++) {
-            const __half *ac = buf + (c - s0) * FRAG_HALVES + 8 * lane;
-            const uint32_t *wc = sw + (st % N_STAGES) * STAGE_WORDS + (c - s0) * 8 * W_STRIDE;
-            switch (cr.bits) { /* one branch per chunk, the same in the whole warp */
-            case 2: chunk_step<2, MT, P>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
-            case 3: chunk_step<3, MT, P>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
-            case 4: chunk_step<4, MT, P>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
-            case 5: chunk_step<5, MT, P>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
-            case 6: chunk_step<6, MT, P>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
-            default: chunk_step<8, MT, P>(a, cr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
+        const __half *buf = sa + (st % N_STAGES) * SH + 8 * lane;
+        const uint32_t *wbuf = sw + (st % N_STAGES) * SW;
+#pragma unroll 1
+        for (int ci = 0; ci < SC; ci++) {
+            const int c = st * SC + ci;
+            if (c >= n_chunks)
+                break;
+            const __half *ac = buf + ci * FRAG_HALVES;
+            const uint32_t *wc = wbuf + ci * 8 * W_STRIDE;
+            switch (meta_bits(meta[c])) { /* one branch per chunk, the same in the whole warp */
+            case 2: chunk_step<2, MT, P>(a, gr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
+            case 3: chunk_step<3, MT, P>(a, gr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
+            case 4: chunk_step<4, MT, P>(a, gr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
+            case 5: chunk_step<5, MT, P>(a, gr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
+            case 6: chunk_step<6, MT, P>(a, gr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
+            default: chunk_step<8, MT, P>(a, gr, meta, c, n_chunks, ac, wc, col_base, g, t, part, acc); break;
             }
         }
     }
 
     /* C fragment: c0, c1 at (row g, cols 2t, 2t+1), c2, c3 at (row g + 8, same cols) */
+    const int row0 = tile0 * 16;
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int n = 0; n < 2; n++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = row0 + m * 16 + g + (i >= 2 ? 8 : 0), col = col_base + n * 8 + 2 * t + (i & 1);
+            for (int hf = 0; hf < 2; hf++) {
+                const int r = row0 + m * 16 + g + hf * 8, col = col_base + n * 8 + 2 * t;
+                const float v0 = acc[m][n][2 * hf], v1 = acc[m][n][2 * hf + 1];
                 if (r >= a.rows)
                     continue;
                 if (!a.direct) {
-                    a.out[((int64_t)blockIdx.z * a.rows + r) * a.q.n_pad + col] = acc[m][n][i];
-                } else if (col < a.n_out) {
-                    float v = acc[m][n][i] + (a.bias ? a.bias[col] : 0.0f);
-                    float *o = a.out + (int64_t)r * a.n_out + col;
-                    *o = a.accumulate ? *o + v : v;
+                    *(float2 *)(a.out + ((int64_t)blockIdx.z * a.rows + r) * a.q.n_pad + col) = make_float2(v0, v1);
+                    continue;
+                }
+                float *o = a.out + (int64_t)r * a.n_out + col;
+                for (int i = 0; i < 2 && col + i < a.n_out; i++) {
+                    const float v = (i ? v1 : v0) + (a.bias ? a.bias[col + i] : 0.0f);
+                    o[i] = a.accumulate ? o[i] + v : v;
                 }
             }
 }
@@ -353,19 +370,25 @@ __global__ void qmma_reduce_kernel(float *out, const float *partial, const float
     out[i] = accumulate ? out[i] + v : v;
 }
 
+/* Blocks of qmma_kernel<MT, P> an SM holds with smem bytes of shared memory (the attribute
+ * set once per kernel and size), 0 when the launch cannot be configured. */
 template <int MT, int P>
-static void launch_qmma(exl_cuda_backend *cb, dim3 grid, size_t smem, const qmma_args *a) {
+static int qmma_blocks_per_sm(size_t smem) {
     static size_t allowed = 48 * 1024; /* beyond it, the kernel must opt in */
     if (smem > allowed) {
         if (cudaFuncSetAttribute(qmma_kernel<MT, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-            cudaSuccess) {
-            exl_cuda_check_launch(cb, "quantized matmul (shared memory)");
-            return;
-        }
+            cudaSuccess)
+            return 0;
         allowed = smem;
     }
-    exl_cuda_launch(cb, qmma_kernel<MT, P>, grid, dim3(MMA_WARPS * 32), smem, *a);
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qmma_kernel<MT, P>, MMA_WARPS * 32, smem) == cudaSuccess
+               ? n
+               : 0;
 }
+
+typedef int (*qmma_occupancy_fn)(size_t);
+typedef void (*qmma_kernel_fn)(qmma_args);
 
 /* x [rows, in] (fp32) into the fragment order of qmma_args.xh: element i of a part is half
  * h of lane (g, t) of k step s of chunk c of tile m, which is row 16m + g (+ 8 for the odd
@@ -392,32 +415,44 @@ __global__ void qmma_gather_kernel(__half *dst, const float *x, const float *up,
 
 void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float *up, int act, const exl_linear *w,
                    int32_t rows, int accumulate, int parts) {
+    static const qmma_kernel_fn kernels[3][2] = {{qmma_kernel<1, 1>, qmma_kernel<1, 2>},
+                                                 {qmma_kernel<2, 1>, qmma_kernel<2, 2>},
+                                                 {qmma_kernel<4, 1>, qmma_kernel<4, 2>}};
+    static const qmma_occupancy_fn occupancy[3][2] = {{qmma_blocks_per_sm<1, 1>, qmma_blocks_per_sm<1, 2>},
+                                                      {qmma_blocks_per_sm<2, 1>, qmma_blocks_per_sm<2, 2>},
+                                                      {qmma_blocks_per_sm<4, 1>, qmma_blocks_per_sm<4, 2>}};
     const exl_qmatrix *q = &w->q;
     int64_t total = (int64_t)(rows + 15) / 16 * q->n_chunks * FRAG_HALVES; /* halves per part */
     if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)total * sizeof(__half),
                          "fp16 activations"))
         return;
+    const int mt = rows <= 16 ? 1 : rows <= 32 ? 2 : MAX_MT, mi = mt == 1 ? 0 : mt == 2 ? 1 : 2;
+    /* hi alone measured slower than hi + lo with one m16 tile (16 rows: q_proj 29.0 against
+     * 20.8 us, bench/RESULTS.md); cause not established */
+    parts = mt == 1 ? 2 : parts;
     __half *xh = (__half *)cb->scratch;
     exl_cuda_launch(cb, qmma_gather_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, xh, x, up, act,
                     q->slot_src, w->in, rows, total, q->n_chunks, parts);
     if (!exl_cuda_check_launch(cb, "quantized matmul (activations)"))
         return;
-    const int mt = rows <= 16 ? 1 : MAX_MT;
-    /* hi alone measured slower than hi + lo with one m16 tile (16 rows: q_proj 29.0 against
-     * 20.8 us, bench/RESULTS.md); cause not established */
-    parts = mt == 1 ? 2 : parts;
+    const int sc = stage_chunks(mt, parts);
+    const int per_sm = occupancy[mi][parts - 1](qmma_smem_bytes(mt, parts, q->n_chunks));
+    if (per_sm < 1) {
+        exl_cuda_check_launch(cb, "quantized matmul (shared memory)");
+        return;
+    }
+    /* split-K to fill one wave of the GPU, in whole stages, so only the last split has a short one */
     int32_t row_tiles = (rows + 16 * mt - 1) / (16 * mt), col_tiles = q->n_pad / MMA_COLS;
-    int32_t want = 4 * cb->n_sms, blocks = row_tiles * col_tiles;
-    int32_t splits = blocks >= want ? 1 : (want + blocks - 1) / blocks;
-    int32_t max_splits = (q->n_chunks + STAGE_CHUNKS - 1) / STAGE_CHUNKS;
+    int32_t want = per_sm * cb->n_sms, blocks = row_tiles * col_tiles;
+    int32_t splits = blocks >= want ? 1 : want / blocks;
+    int32_t max_splits = (q->n_chunks + sc - 1) / sc;
     splits = splits < max_splits ? splits : max_splits;
     qmma_args a;
     memset(&a, 0, sizeof a);
     a.q = *q, a.xh = xh, a.bias = w->bias, a.rows = rows, a.n_out = w->out;
-    /* whole stages per split, so only the last split has a short stage */
-    a.chunks_per_split = ((q->n_chunks + splits - 1) / splits + STAGE_CHUNKS - 1) / STAGE_CHUNKS * STAGE_CHUNKS;
+    a.chunks_per_split = ((q->n_chunks + splits - 1) / splits + sc - 1) / sc * sc;
     splits = (q->n_chunks + a.chunks_per_split - 1) / a.chunks_per_split;
-    a.direct = splits == 1, a.accumulate = accumulate, a.out = out, a.parts = parts;
+    a.direct = splits == 1, a.accumulate = accumulate, a.out = out;
     if (!a.direct) {
         size_t bytes = (size_t)splits * rows * q->n_pad * sizeof(float);
         if (!exl_cuda_ensure(cb, (void **)&cb->gemv_partial, &cb->gemv_partial_bytes, bytes, "matmul partial sums"))
@@ -425,15 +460,12 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
         a.out = cb->gemv_partial;
     }
     dim3 grid((unsigned)row_tiles, (unsigned)col_tiles, (unsigned)splits);
-    size_t smem = qmma_smem_bytes(mt, a.chunks_per_split);
-    if (mt == 1)
-        parts == 1 ? launch_qmma<1, 1>(cb, grid, smem, &a) : launch_qmma<1, 2>(cb, grid, smem, &a);
-    else
-        parts == 1 ? launch_qmma<MAX_MT, 1>(cb, grid, smem, &a) : launch_qmma<MAX_MT, 2>(cb, grid, smem, &a);
+    exl_cuda_launch(cb, kernels[mi][parts - 1], grid, dim3(MMA_WARPS * 32),
+                    qmma_smem_bytes(mt, parts, a.chunks_per_split), a);
     if (!exl_cuda_check_launch(cb, "quantized matmul (tensor cores)") || a.direct)
         return;
     int64_t n_sums = (int64_t)rows * w->out;
     exl_cuda_launch(cb, qmma_reduce_kernel, dim3((unsigned)((n_sums + 255) / 256)), dim3(256), 0, out,
-            cb->gemv_partial, w->bias, rows, w->out, q->n_pad, splits, accumulate);
+                    cb->gemv_partial, w->bias, rows, w->out, q->n_pad, splits, accumulate);
     exl_cuda_check_launch(cb, "quantized matmul (split sums)");
 }
