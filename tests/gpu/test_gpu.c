@@ -494,8 +494,11 @@ static void fused_case(const char *name, qgen *g, int n, int32_t rows, int mode,
     char full[128];
     snprintf(full, sizeof full, "%s rows=%d%s", name, rows, decode ? " decode" : "");
     /* prompt rows past the GEMV (4) keep the activations to ~22 bits; decode rows may round them
-     * to fp16 (exl_matmul_fused.decode), as the GEMV does */
-    report(full, worst, rows > 4 && !decode ? 1e-4 : 3e-3);
+     * to fp16 (exl_matmul_fused.decode), as the GEMV does, except up to 16 rows in cuda_qmma.cu
+     * (one m16 tile multiplies both parts; EXL_CUDA_DEQUANT_ROWS can send them elsewhere) */
+    const char *dq = getenv("EXL_CUDA_DEQUANT_ROWS");
+    int one_tile = rows <= 16 && !(dq && atoi(dq) > 0 && atoi(dq) <= rows);
+    report(full, worst, rows > 4 && (!decode || one_tile) ? 1e-4 : 3e-3);
     gpu->ops->free(gpu, (void *)f.x);
     if (f.up)
         gpu->ops->free(gpu, (void *)f.up);
@@ -512,15 +515,16 @@ static void test_fused(void) {
     qgen_gptq(&g[2], 512, 200, 4, 128, 1, 0, &rng);
     /* the GEMV, the tensor-core kernel, fp16 weights side by side in one GEMM, one GEMM per part */
     int32_t rl[6] = {1, 3, 13, 40, 200, 300};
+    /* decode rows first: nothing a same-shaped prompt call left in the scratch buffers may help them */
     for (int i = 0; i < 6; i++)
-        for (int decode = 0; decode < 2; decode++)
+        for (int decode = 1; decode >= 0; decode--)
             fused_case("matmul_fused norm + 3 linears (exl2, exl2, gptq)", g, 3, rl[i], 0, decode);
     for (int i = 0; i < 3; i++)
         qgen_free(&g[i]);
     int bits2[4] = {8, 4, 3, 2}, rows2[4] = {384, 320, 320, 352}; /* 1376 inputs: 43 chunks, two stages */
     qgen_exl2(&g[0], 1376, 96, 4, bits2, rows2, &rng);
     for (int i = 0; i < 6; i++)
-        for (int decode = 0; decode < 2; decode++)
+        for (int decode = 1; decode >= 0; decode--)
             fused_case("matmul_fused glu + residual (exl2 8/4/3/2)", g, 1, rl[i], 1, decode);
     qgen_free(&g[0]);
 
