@@ -67,6 +67,7 @@ typedef struct exl_model_desc {
     int32_t eos_token_ids[8];
     int32_t tied_embeddings;
     char backend[16];          /* "cpu" or "cuda" */
+    int32_t max_step_tokens;   /* tokens one forward step takes (512 on the CPU, 2048 on CUDA) */
     uint64_t decode_bytes;     /* weight bytes read per decoded token (all but the embedding table) */
     uint64_t file_bytes;       /* size of the weight files */
 } exl_model_desc;
@@ -169,8 +170,9 @@ typedef struct exl_generator exl_generator;
 typedef struct exl_generator_params {
     int32_t n_pages;          /* KV cache pages; default 64 */
     int32_t page_size;        /* token slots per page; default 256 */
-    int32_t max_batch_tokens; /* tokens per forward step, 1..512; default 512 */
-    int32_t max_jobs;         /* jobs running at once (others wait), 1..max_batch_tokens; default max_batch_tokens */
+    int32_t max_batch_tokens; /* tokens per forward step, 1..exl_model_desc.max_step_tokens; default 0: that
+                               * maximum (512 on the CPU, 2048 on CUDA) */
+    int32_t max_jobs;         /* jobs running at once (others wait), 1..max_batch_tokens; default 0: max_batch_tokens */
     int32_t prefix_cache;     /* reuse the cached K/V of identical prefixes; default 1 */
 } exl_generator_params;
 

@@ -107,7 +107,7 @@ typedef struct exl_matmul_fused {
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 3
+#define EXL_BACKEND_ABI 4
 
 typedef struct exl_backend exl_backend;
 
@@ -192,6 +192,7 @@ struct exl_backend {
     const exl_backend_ops *ops;
     const char *name;
     size_t kv_elem_bytes; /* bytes per cached K/V value */
+    int32_t step_rows;    /* tokens a forward step takes at most (its scratch buffers are sized for it) */
 };
 
 /* The CPU backend (always available). n_threads <= 0: one per core. */

@@ -16,7 +16,7 @@
 /* ---------------------------------------------------------------- defaults */
 
 exl_generator_params exl_generator_default_params(void) {
-    return (exl_generator_params){DEFAULT_PAGES, DEFAULT_PAGE_SIZE, EXL_MAX_ROWS, EXL_MAX_ROWS, 1};
+    return (exl_generator_params){DEFAULT_PAGES, DEFAULT_PAGE_SIZE, 0, 0, 1};
 }
 
 exl_sampling exl_sampling_default(void) {
@@ -96,6 +96,10 @@ exl_status exl_generator_init(exl_model *model, const exl_tokenizer *tok, const 
     if (!model || !tok)
         return exl_fail(EXL_ERR_ARG, "exl_generator_init: a model and a tokenizer are needed");
     exl_generator_params p = params ? *params : exl_generator_default_params();
+    if (p.max_batch_tokens == 0) /* the model's step size */
+        p.max_batch_tokens = exl_model_max_rows(model);
+    if (p.max_jobs == 0)
+        p.max_jobs = p.max_batch_tokens;
     EXL_TRY(check_params(&p, exl_model_max_rows(model)));
     exl_generator *g = exl_calloc(1, sizeof *g);
     if (!g)

@@ -8,7 +8,7 @@
 #include <string.h>
 
 
-int32_t exl_model_max_rows(const exl_model *m) { return EXL_MAX_ROWS; }
+int32_t exl_model_max_rows(const exl_model *m) { return m->be->step_rows; }
 
 
 static exl_status alloc_buf(exl_model *m, void **p, size_t bytes) {
@@ -16,12 +16,29 @@ static exl_status alloc_buf(exl_model *m, void **p, size_t bytes) {
     return *p ? EXL_OK : exl_fail_prefix(EXL_ERR_NOMEM, "forward buffers");
 }
 
-static exl_status ensure_scratch(exl_model *m, int32_t n_pages_total) {
+static exl_status alloc_host_rows(exl_host_rows **out, size_t R) {
+    exl_host_rows *h = exl_calloc(1, sizeof *h);
+    *out = h;
+    if (!h || !(h->ids = exl_malloc(R * sizeof(int32_t))) || !(h->pos = exl_malloc(R * sizeof(int32_t))) ||
+        !(h->slots = exl_malloc(R * sizeof(int32_t))) || !(h->logit_rows = exl_malloc(R * sizeof(int32_t))) ||
+        !(h->seqs = exl_malloc(R * sizeof(exl_attn_seq))))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    return EXL_OK;
+}
+
+void exl_host_rows_free(exl_host_rows *h) {
+    if (!h)
+        return;
+    exl_free(h->ids), exl_free(h->pos), exl_free(h->slots), exl_free(h->logit_rows), exl_free(h->seqs);
+    exl_free(h);
+}
+
+static exl_status ensure_scratch(exl_model *m, int32_t n_pages_total, int32_t n_logits) {
     exl_forward_scratch *s = &m->fs;
     const exl_hf_config *c = &m->cfg;
     exl_backend *be = m->be;
     if (!s->x) {
-        size_t R = EXL_MAX_ROWS, f = sizeof(float);
+        size_t R = (size_t)exl_model_max_rows(m), f = sizeof(float);
         size_t qw = (size_t)c->n_heads * c->head_dim, kvw = (size_t)c->n_kv_heads * c->head_dim;
         EXL_TRY(alloc_buf(m, (void **)&s->x, R * c->hidden_size * f));
         EXL_TRY(alloc_buf(m, (void **)&s->h, R * c->hidden_size * f));
@@ -32,16 +49,14 @@ static exl_status ensure_scratch(exl_model *m, int32_t n_pages_total) {
         EXL_TRY(alloc_buf(m, (void **)&s->gate, R * c->intermediate_size * f));
         EXL_TRY(alloc_buf(m, (void **)&s->up, R * c->intermediate_size * f));
         EXL_TRY(alloc_buf(m, (void **)&s->sel, R * c->hidden_size * f));
-        EXL_TRY(alloc_buf(m, (void **)&s->logits, R * c->vocab_size * f));
         EXL_TRY(alloc_buf(m, (void **)&s->ids, R * sizeof(int32_t)));
         EXL_TRY(alloc_buf(m, (void **)&s->pos, R * sizeof(int32_t)));
         EXL_TRY(alloc_buf(m, (void **)&s->slots, R * sizeof(int32_t)));
         EXL_TRY(alloc_buf(m, (void **)&s->logit_rows, R * sizeof(int32_t)));
         EXL_TRY(alloc_buf(m, (void **)&s->seqs, R * sizeof(exl_attn_seq)));
         EXL_TRY(alloc_buf(m, (void **)&s->inv_freq, (size_t)m->rot_dim / 2 * f));
-        if (!(s->host = exl_calloc(1, sizeof *s->host)))
-            return exl_fail(EXL_ERR_NOMEM, "out of memory");
-        s->max_rows = EXL_MAX_ROWS;
+        EXL_TRY(alloc_host_rows(&s->host, R));
+        s->max_rows = (int32_t)R;
         s->rope_seq_len = -1;
     }
     if (n_pages_total > s->max_pages) {
@@ -55,6 +70,16 @@ static exl_status ensure_scratch(exl_model *m, int32_t n_pages_total) {
         if (!(s->host_page_tables = exl_malloc((size_t)n * sizeof(int32_t))))
             return exl_fail(EXL_ERR_NOMEM, "out of memory");
         s->max_pages = n;
+    }
+    if (n_logits > s->max_logit_rows) { /* most steps want one row a sequence: grown, not sized for max_rows */
+        int32_t n = n_logits > 2 * s->max_logit_rows ? n_logits : 2 * s->max_logit_rows;
+        n = n < s->max_rows ? n : s->max_rows;
+        if (s->logits)
+            be->ops->free(be, s->logits);
+        s->logits = NULL;
+        s->max_logit_rows = 0;
+        EXL_TRY(alloc_buf(m, (void **)&s->logits, (size_t)n * c->vocab_size * sizeof(float)));
+        s->max_logit_rows = n;
     }
     return EXL_OK;
 }
@@ -94,8 +119,8 @@ static exl_status check_steps(const exl_model *m, const exl_kv_cache *cache, con
         *pages += st->n_pages;
         *n_logits += st->want_logits == 2 ? st->n_new : st->want_logits ? 1 : 0;
     }
-    if (*rows > EXL_MAX_ROWS)
-        return exl_fail(EXL_ERR_ARG, "forward: %d tokens in one step (at most %d)", *rows, EXL_MAX_ROWS);
+    if (*rows > exl_model_max_rows(m))
+        return exl_fail(EXL_ERR_ARG, "forward: %d tokens in one step (at most %d)", *rows, exl_model_max_rows(m));
     return EXL_OK;
 }
 
@@ -219,7 +244,7 @@ static exl_status forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl
                                     int32_t *n_logits) {
     int32_t rows, n_pages;
     EXL_TRY(check_steps(m, cache, steps, n_seqs, &rows, &n_pages, n_logits));
-    EXL_TRY(ensure_scratch(m, n_pages));
+    EXL_TRY(ensure_scratch(m, n_pages, *n_logits));
     exl_batch b;
     EXL_TRY(build_batch(m, cache, steps, n_seqs, rows, n_pages, &b));
     const exl_backend_ops *op = m->be->ops;

@@ -12,17 +12,18 @@ typedef struct exl_layer {
     exl_linear *gate, *up, *down;
 } exl_layer;
 
-#define EXL_MAX_ROWS 512 /* tokens per forward step; longer inputs are split by the caller */
-
-/* Host staging of a step's batch description. */
+/* Host staging of a step's batch description, max_rows entries each. */
 typedef struct exl_host_rows {
-    int32_t ids[EXL_MAX_ROWS], pos[EXL_MAX_ROWS], slots[EXL_MAX_ROWS], logit_rows[EXL_MAX_ROWS];
-    exl_attn_seq seqs[EXL_MAX_ROWS];
+    int32_t *ids, *pos, *slots, *logit_rows;
+    exl_attn_seq *seqs;
 } exl_host_rows;
 
-/* Buffers for one forward step of up to EXL_MAX_ROWS tokens, allocated once. */
+void exl_host_rows_free(exl_host_rows *h);
+
+/* Buffers for one forward step of up to max_rows tokens (the backend's step_rows), allocated
+ * once; the logits grow to the most rows a step has wanted them for. */
 typedef struct exl_forward_scratch {
-    int32_t max_rows, max_pages;
+    int32_t max_rows, max_pages, max_logit_rows;
     float *x, *h, *q, *k, *v, *attn, *gate, *up, *logits;
     float *sel; /* the rows logits are wanted for */
     int32_t *ids, *pos, *slots, *page_tables, *logit_rows;
@@ -90,6 +91,7 @@ int32_t exl_model_top_k_max(const exl_model *m);
  * without moving the whole vocabulary. */
 exl_status exl_model_forward_top_k(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                    int32_t k, int32_t *ids, float *vals);
+/* Tokens one step takes at most: the backend's step_rows (512 on the CPU, 2048 on CUDA). */
 int32_t exl_model_max_rows(const exl_model *m);
 
 /* Loading pieces (model_load.c, linear_load.c) */

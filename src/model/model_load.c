@@ -122,7 +122,7 @@ static void free_scratch(exl_model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
-    exl_free(s->host);
+    exl_host_rows_free(s->host);
     exl_free(s->host_page_tables);
     memset(s, 0, sizeof *s);
 }
@@ -170,6 +170,7 @@ void exl_model_describe(const exl_model *m, exl_model_desc *d) {
     memcpy(d->eos_token_ids, c->eos_token_ids, sizeof d->eos_token_ids);
     d->tied_embeddings = c->tie_embeddings;
     snprintf(d->backend, sizeof d->backend, "%s", m->be->name);
+    d->max_step_tokens = exl_model_max_rows(m);
     d->file_bytes = m->weights->total_bytes;
     /* decode reads every tensor once per token except the embedding rows it gathers;
      * a tied head reads the embedding table as its weight */

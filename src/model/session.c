@@ -4,6 +4,10 @@
 #include "base/alloc.h"
 #include "base/error.h"
 
+/* Tokens a step when every token's logits are wanted: the forward keeps chunk x vocab floats of
+ * logits (with a 128k vocabulary, 512 tokens are 256 MB) */
+#define ALL_LOGITS_CHUNK 512
+
 #define SESSION_PAGE_SIZE 256
 
 struct exl_session {
@@ -56,6 +60,8 @@ exl_status exl_session_eval(exl_session *s, const int32_t *ids, int32_t n, float
                         s->max_tokens);
     int32_t vocab = s->model->cfg.vocab_size;
     int32_t chunk = exl_model_max_rows(s->model);
+    if (logits && chunk > ALL_LOGITS_CHUNK)
+        chunk = ALL_LOGITS_CHUNK;
     for (int32_t done = 0; done < n; done += chunk) {
         int32_t m = n - done < chunk ? n - done : chunk;
         int last_chunk = done + m == n;

@@ -325,8 +325,23 @@ EXL_TEST(bad_arguments) {
     REQUIRE(m);
     exl_generator *g = NULL;
     exl_generator_params gp = exl_generator_default_params();
+    exl_model_desc d;
+    exl_model_describe(m, &d);
+    CHECK(d.max_step_tokens == 512); /* the CPU backend's step */
+    gp.max_batch_tokens = d.max_step_tokens + 1;
+    CHECK(exl_generator_init(m, tok, &gp, &g) == EXL_ERR_ARG && !g);
+    CHECK(strstr(exl_last_error(), "1..512") != NULL);
+    gp = exl_generator_default_params();
     gp.max_batch_tokens = 100000;
     CHECK(exl_generator_init(m, tok, &gp, &g) == EXL_ERR_ARG && !g);
+    gp = exl_generator_default_params();
+    gp.max_batch_tokens = 16, gp.max_jobs = 17;
+    CHECK(exl_generator_init(m, tok, &gp, &g) == EXL_ERR_ARG && !g);
+    gp = exl_generator_default_params(); /* 0, 0: the model's step size, as many jobs */
+    CHECK(gp.max_batch_tokens == 0 && gp.max_jobs == 0);
+    CHECK(exl_generator_init(m, tok, &gp, &g) == EXL_OK && g);
+    exl_generator_free(g);
+    g = NULL;
     gp = exl_generator_default_params();
     gp.n_pages = 0;
     CHECK(exl_generator_init(m, tok, &gp, &g) == EXL_ERR_ARG);

@@ -7,6 +7,10 @@
 #include "backend/cpu/qkernels.h"
 #include "base/threads.h"
 
+/* Tokens per forward step (exl_backend.step_rows): larger steps gain little on the CPU and
+ * would hold a decode waiting behind a long prompt piece for seconds */
+#define EXL_CPU_STEP_ROWS 512
+
 typedef struct exl_cpu_backend {
     exl_backend base;
     exl_pool *pool;

@@ -131,6 +131,7 @@ exl_status exl_backend_cpu_init(int n_threads, exl_backend **out) {
     be->base.ops = &cpu_ops;
     be->base.name = "cpu";
     be->base.kv_elem_bytes = sizeof(float);
+    be->base.step_rows = EXL_CPU_STEP_ROWS;
     *out = &be->base;
     return EXL_OK;
 }

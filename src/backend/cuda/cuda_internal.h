@@ -154,6 +154,10 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
  * rows (EXL_CUDA_DEQUANT_ROWS, default EXL_CUDA_DEQUANT_ROWS_DEFAULT); uses scratch, dequant
  * and gemm_parts */
 #define EXL_CUDA_DEQUANT_ROWS_DEFAULT 96
+/* Tokens per forward step (exl_backend.step_rows): a prompt of 2048 tokens in one step decodes
+ * each quantized matrix once for cuBLAS instead of four times (prefill 2048: 5596 -> 6938
+ * tok/s on H100 against 512-token steps, bench/RESULTS.md) */
+#define EXL_CUDA_STEP_ROWS 2048
 void exl_cuda_qgemm(exl_cuda_backend *cb, int n, float *const *out, const exl_linear *const *w, const float *x,
                     int32_t rows, int accumulate, int parts);
 /* Products of fp16 weights with the activations' two fp16 parts (cuda_matmul.cu). xh holds hi
