@@ -298,6 +298,13 @@ static void test_attention(void) {
     attention_case("attention prefill sliding window 10", 4, 2, 64, 10, pre, 2, 2e-3);
     attention_case("attention decode sliding window 10", 4, 2, 64, 10, dec3, 2, 2e-3);
     attention_case("attention prefill of prompts (fp32 keys) hd128", 4, 2, 128, 0, prompt, 2, 1e-4);
+    /* several 64-query tiles and key tiles, partial last tiles, earlier context from the cache */
+    seq_spec prompt300[1] = {{0, 300}}, big[2] = {{70, 150}, {0, 90}};
+    attention_case("attention prefill of a 300-token prompt (fp32 keys) hd128", 4, 2, 128, 0, prompt300, 1, 1e-4);
+    attention_case("attention prefill of a 300-token prompt (fp32 keys) hd64", 8, 2, 64, 0, prompt300, 1, 1e-4);
+    attention_case("attention prefill 150 + 90 rows GQA hd64", 8, 2, 64, 0, big, 2, 2e-3);
+    attention_case("attention prefill 150 + 90 rows hd256", 2, 1, 256, 0, big, 2, 2e-3);
+    attention_case("attention prefill 150 + 90 rows sliding window 50 hd128", 4, 2, 128, 50, big, 2, 2e-3);
 }
 
 /* ---- quantized matmul against the reference dequantization */

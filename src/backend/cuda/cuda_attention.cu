@@ -5,9 +5,11 @@
  * (one key per lane, 16-byte K loads), keep an online softmax, and accumulate V with one
  * output dimension per lane. Splits leave (max, sum, acc) partials that a second kernel
  * merges; for head_dim 64 and 128 a variant loads a warp's 32 K rows into registers and V
- * rows into shared memory at once (attn_decode_fast_kernel). Prefill: a block takes 16
- * queries of one head and stages 32 keys of K and V in shared memory at a time, shared by
- * its 4 warps (4 queries each). fp32 arithmetic. */
+ * rows into shared memory at once (attn_decode_fast_kernel). Prefill: for head_dim 64, 128
+ * and 256 a block takes 64 queries of one head and 32-64 keys at a time, each thread a 4 x 2-4
+ * tile of scores and 4 rows of the output (attn_prefill_tiled_kernel); other head dims, 16
+ * queries a block and 32 keys at a time, shared by its 4 warps (4 queries each). fp32
+ * arithmetic. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <math.h>
@@ -427,6 +429,206 @@ attn_prefill_kernel(float *out, const float *q, const float *k, const float *v, 
     }
 }
 
+/* The same for head_dim HD of 64, 128 or 256, tiled for arithmetic intensity: a block takes
+ * BQ = 64 queries of one head and BK keys at a time; thread (tq, tk) of 16 x 16 scores queries
+ * 4tq .. 4tq + 3 against keys tk KPT .. (one 4 x KPT tile, the query and key values read as
+ * vectors from transposed copies in shared memory), the 16 threads of a query row (a half
+ * warp) keep its online softmax, and the same thread accumulates the row's output dims
+ * 64 g + 4 tk .. + 3 from the probabilities and the V tile. fp32 throughout, keys and
+ * values sourced as in attn_prefill_kernel. */
+#define TQ 64 /* queries a tiled block takes */
+
+template <int HD, int BK>
+struct prefill_tile {
+    static constexpr int KPT = BK / 16; /* keys a thread scores */
+    static constexpr int DPT = HD / 16; /* output dims a thread accumulates */
+    static constexpr int VS = HD + 4;   /* V row stride (floats) */
+    static constexpr int PS = TQ + 4;   /* P row stride */
+    static constexpr size_t smem_floats = (size_t)HD * TQ + (size_t)HD * BK + (size_t)BK * VS + (size_t)BK * PS;
+};
+
+template <int HD, int BK>
+__global__ void __launch_bounds__(256)
+attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc,
+                          const __half *vc, const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
+    using T = prefill_tile<HD, BK>;
+    constexpr int KPT = T::KPT, DPT = T::DPT, VS = T::VS, PS = T::PS;
+    exl_pdl_start();
+    extern __shared__ float smem[];
+    float *qs = smem;          /* [HD][TQ], scaled */
+    float *kt = qs + HD * TQ;  /* [HD][BK] */
+    float *vt = kt + HD * BK;  /* [BK][VS] */
+    float *pt = vt + BK * VS;  /* [BK][PS] */
+    const int tq = threadIdx.x / 16, tk = threadIdx.x % 16;
+    const int head = blockIdx.y, kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * HD;
+    const exl_attn_seq seq = seqs[blockIdx.z];
+    const int qt0 = blockIdx.x * TQ;
+    if (qt0 >= seq.n_q)
+        return;
+    const int nq = min(TQ, seq.n_q - qt0);
+    const int32_t *pages = page_tables + seq.page_start;
+    const int past = seq.n_kv - seq.n_q;
+
+    for (int i = threadIdx.x; i < TQ * (HD / 4); i += 256) {
+        const int qi = i % TQ, c = i / TQ * 4;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (qi < nq)
+            x = *(const float4 *)(q + ((int64_t)(seq.q_start + qt0 + qi) * sh.n_heads + head) * HD + c);
+        qs[(c + 0) * TQ + qi] = x.x * sh.scale, qs[(c + 1) * TQ + qi] = x.y * sh.scale;
+        qs[(c + 2) * TQ + qi] = x.z * sh.scale, qs[(c + 3) * TQ + qi] = x.w * sh.scale;
+    }
+    const int last_max = past + qt0 + nq - 1;
+    int first_min = past + qt0;
+    first_min = sh.sliding_window > 0 && first_min - sh.sliding_window + 1 > 0 ? first_min - sh.sliding_window + 1 : 0;
+    first_min -= first_min % BK;
+
+    float m[4], l[4], acc[4][DPT];
+    int qlast[4], qfirst[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int qi = tq * 4 + i;
+        m[i] = -INFINITY, l[i] = 0.0f;
+        qlast[i] = qi < nq ? past + qt0 + qi : -1;
+        qfirst[i] = sh.sliding_window > 0 && qlast[i] - sh.sliding_window + 1 > 0 ? qlast[i] - sh.sliding_window + 1 : 0;
+#pragma unroll
+        for (int d = 0; d < DPT; d++)
+            acc[i][d] = 0.0f;
+    }
+    for (int t0 = first_min; t0 <= last_max; t0 += BK) {
+        __syncthreads(); /* the previous tile's K, V and P are no longer read */
+        for (int i = threadIdx.x; i < BK * (HD / 4); i += 256) {
+            const int j = i % BK, c = i / BK * 4, key = t0 + j;
+            float4 kf = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vf = kf;
+            if (key <= last_max && k && key >= past) { /* a row of this step */
+                const int64_t at = (int64_t)(seq.q_start + key - past) * kvw + (int64_t)kvh * HD + c;
+                kf = *(const float4 *)(k + at), vf = *(const float4 *)(v + at);
+            } else if (key <= last_max) {
+                const int64_t at = key_slot(pages, key, sh.page_size) * kvw + (int64_t)kvh * HD + c;
+                const float2 k01 = __half22float2(*(const __half2 *)(kc + at)),
+                             k23 = __half22float2(*(const __half2 *)(kc + at + 2));
+                const float2 v01 = __half22float2(*(const __half2 *)(vc + at)),
+                             v23 = __half22float2(*(const __half2 *)(vc + at + 2));
+                kf = make_float4(k01.x, k01.y, k23.x, k23.y), vf = make_float4(v01.x, v01.y, v23.x, v23.y);
+            }
+            kt[(c + 0) * BK + j] = kf.x, kt[(c + 1) * BK + j] = kf.y;
+            kt[(c + 2) * BK + j] = kf.z, kt[(c + 3) * BK + j] = kf.w;
+            *(float4 *)(vt + j * VS + c) = vf;
+        }
+        __syncthreads();
+        /* scores of the thread's 4 queries x KPT keys */
+        float sc[4][KPT];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < KPT; j++)
+                sc[i][j] = 0.0f;
+#pragma unroll 8
+        for (int d = 0; d < HD; d++) {
+            const float4 a = *(const float4 *)(qs + d * TQ + tq * 4);
+            float b[KPT];
+            if constexpr (KPT == 4) {
+                const float4 b4 = *(const float4 *)(kt + d * BK + tk * 4);
+                b[0] = b4.x, b[1] = b4.y, b[2] = b4.z, b[3] = b4.w;
+            } else {
+                const float2 b2 = *(const float2 *)(kt + d * BK + tk * 2);
+                b[0] = b2.x, b[1] = b2.y;
+            }
+            const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < KPT; j++)
+                    sc[i][j] += av[i] * b[j];
+        }
+        /* online softmax of each query row over the tile (its 16 threads are a half warp) */
+        float corr[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < KPT; j++) {
+                const int t = t0 + tk * KPT + j;
+                if (t < qfirst[i] || t > qlast[i])
+                    sc[i][j] = -INFINITY;
+                mx = fmaxf(mx, sc[i][j]);
+            }
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float nm = fmaxf(m[i], mx);
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < KPT; j++) {
+                sc[i][j] = nm == -INFINITY || sc[i][j] == -INFINITY ? 0.0f : __expf(sc[i][j] - nm);
+                sum += sc[i][j];
+            }
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1)
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            corr[i] = nm == -INFINITY ? 1.0f : __expf(m[i] - nm);
+            l[i] = l[i] * corr[i] + sum;
+            m[i] = nm;
+        }
+#pragma unroll
+        for (int j = 0; j < KPT; j++)
+            *(float4 *)(pt + (tk * KPT + j) * PS + tq * 4) = make_float4(sc[0][j], sc[1][j], sc[2][j], sc[3][j]);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int d = 0; d < DPT; d++)
+                acc[i][d] *= corr[i];
+        __syncthreads();
+        const int n_keys = min(BK, last_max - t0 + 1);
+#pragma unroll 4
+        for (int j = 0; j < n_keys; j++) {
+            const float4 pv = *(const float4 *)(pt + j * PS + tq * 4);
+            const float pa[4] = {pv.x, pv.y, pv.z, pv.w};
+#pragma unroll
+            for (int g = 0; g < DPT / 4; g++) {
+                const float4 vv = *(const float4 *)(vt + j * VS + g * 64 + tk * 4);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    acc[i][4 * g + 0] += pa[i] * vv.x;
+                    acc[i][4 * g + 1] += pa[i] * vv.y;
+                    acc[i][4 * g + 2] += pa[i] * vv.z;
+                    acc[i][4 * g + 3] += pa[i] * vv.w;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int qi = tq * 4 + i;
+        if (qi >= nq)
+            continue;
+        float *o = out + ((int64_t)(seq.q_start + qt0 + qi) * sh.n_heads + head) * HD;
+        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+#pragma unroll
+        for (int g = 0; g < DPT / 4; g++)
+            *(float4 *)(o + g * 64 + tk * 4) = make_float4(acc[i][4 * g] * inv, acc[i][4 * g + 1] * inv,
+                                                          acc[i][4 * g + 2] * inv, acc[i][4 * g + 3] * inv);
+    }
+}
+
+template <int HD, int BK>
+static void launch_prefill_tiled(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v,
+                                 const __half *kc, const __half *vc, const exl_batch *b, const exl_attn_shape *sh) {
+    const size_t smem = prefill_tile<HD, BK>::smem_floats * sizeof(float);
+    static size_t allowed = 48 * 1024;
+    if (smem > allowed) {
+        if (cudaFuncSetAttribute(attn_prefill_tiled_kernel<HD, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem) != cudaSuccess) {
+            exl_cuda_check_launch(cb, "attention shared memory");
+            return;
+        }
+        allowed = smem;
+    }
+    dim3 grid((unsigned)((b->max_q + TQ - 1) / TQ), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
+    exl_cuda_launch(cb, attn_prefill_tiled_kernel<HD, BK>, grid, dim3(256), smem, out, q, k, v, kc, vc, b->d_seqs,
+                    b->d_page_tables, *sh);
+    exl_cuda_check_launch(cb, "prefill attention");
+}
+
 /* ---- dispatch */
 
 void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
@@ -442,6 +644,15 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
         return;
     }
     const __half *kc = (const __half *)k_cache, *vc = (const __half *)v_cache;
+    if (b->max_q > EXL_CUDA_DECODE_MAX_Q && (sh->head_dim == 64 || sh->head_dim == 128 || sh->head_dim == 256)) {
+        if (sh->head_dim == 64)
+            launch_prefill_tiled<64, 64>(cb, out, q, k, v, kc, vc, b, sh);
+        else if (sh->head_dim == 128)
+            launch_prefill_tiled<128, 32>(cb, out, q, k, v, kc, vc, b, sh);
+        else
+            launch_prefill_tiled<256, 32>(cb, out, q, k, v, kc, vc, b, sh);
+        return;
+    }
     if (b->max_q > EXL_CUDA_DECODE_MAX_Q) {
         size_t smem = (size_t)Q_TILE * sh->head_dim * sizeof(float) + ATT_WARPS * 4 * KEY_BLOCK * sizeof(float) +
                       2 * KEY_BLOCK * (size_t)(sh->head_dim + 4) * sizeof(float);
