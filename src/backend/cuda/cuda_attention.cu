@@ -5,11 +5,12 @@
  * (one key per lane, 16-byte K loads), keep an online softmax, and accumulate V with one
  * output dimension per lane. Splits leave (max, sum, acc) partials that a second kernel
  * merges; for head_dim 64 and 128 a variant loads a warp's 32 K rows into registers and V
- * rows into shared memory at once (attn_decode_fast_kernel). Prefill: for head_dim 64, 128
- * and 256 a block takes 64 queries of one head and 32-64 keys at a time, each thread a 4 x 2-4
- * tile of scores and 4 rows of the output (attn_prefill_tiled_kernel); other head dims, 16
- * queries a block and 32 keys at a time, shared by its 4 warps (4 queries each). fp32
- * arithmetic. */
+ * rows into shared memory at once (attn_decode_fast_kernel). Prefill: for head_dim 64 and
+ * 128 on sm_80+, tensor cores with fp16 hi + lo operands (attn_prefill_tc_kernel, ~22 bits);
+ * else for head_dim 64, 128 and 256 a block takes 64 queries of one head and 32-64 keys at a
+ * time, each thread a 4 x 2-4 tile of scores and 4 rows of the output
+ * (attn_prefill_tiled_kernel); other head dims, 16 queries a block and 32 keys at a time,
+ * shared by its 4 warps (4 queries each). fp32 arithmetic outside the tensor cores. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <math.h>
@@ -610,6 +611,261 @@ attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const floa
     }
 }
 
+/* ---- prefill on tensor cores (sm_80+), head_dim 64 and 128: FlashAttention-2's shape with
+ * every operand as two fp16 parts, x = hi + lo, and the products hi·hi + hi·lo + lo·hi
+ * (fp32 accumulation), so scores and outputs keep ~22 bits as the fp32 kernels do. A block
+ * takes 64 queries of one head (16 rows a warp) and 64 keys at a time; Q, K and V tiles sit in
+ * shared memory as hi and lo (keys and values from the fp16 cache are exact in hi, lo = 0).
+ * Scores stay in mma accumulators; their softmax probabilities are split and fed back as the
+ * A operand of P·V. */
+#define TC_BQ 64
+#define TC_BK 64
+#define TC_WARPS 4
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __half *p) {
+#if __CUDA_ARCH__ >= 800
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#endif
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const __half *p) {
+#if __CUDA_ARCH__ >= 800
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#endif
+}
+
+/* x as hi and lo fp16 pairs (two consecutive values) */
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    const __half2 h = __floats2half2_rn(x0, x1);
+    const float2 b = __half22float2(h);
+    const __half2 l = __floats2half2_rn(x0 - b.x, x1 - b.y);
+    memcpy(&hi, &h, 4);
+    memcpy(&lo, &l, 4);
+}
+
+/* four fp32 values into a row of hi and a row of lo (8 bytes each) */
+__device__ __forceinline__ void store_split4(__half *hi, __half *lo, float4 v) {
+    uint2 h, l;
+    split2(v.x, v.y, h.x, l.x);
+    split2(v.z, v.w, h.y, l.y);
+    *(uint2 *)hi = h;
+    *(uint2 *)lo = l;
+}
+
+template <int HD>
+struct tc_tile {
+    static constexpr int RS = HD + 8; /* row stride in halves: 16-byte rows, ldmatrix without bank conflicts */
+    static constexpr size_t smem_bytes = (size_t)6 * 64 * RS * sizeof(__half); /* Q, K, V: hi and lo */
+};
+
+template <int HD>
+__global__ void __launch_bounds__(TC_WARPS * 32)
+attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc, const __half *vc,
+                       const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
+    constexpr int RS = tc_tile<HD>::RS, NT = TC_BK / 8, DT = HD / 8;
+    exl_pdl_start();
+    extern __shared__ __align__(16) __half tsm[];
+    __half *qh = tsm, *ql = qh + TC_BQ * RS, *kh = ql + TC_BQ * RS, *kl = kh + TC_BK * RS;
+    __half *vh = kl + TC_BK * RS, *vl = vh + TC_BK * RS;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    const int head = blockIdx.y, kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * HD;
+    const exl_attn_seq seq = seqs[blockIdx.z];
+    const int qt0 = blockIdx.x * TC_BQ;
+    if (qt0 >= seq.n_q)
+        return;
+    const int nq = min(TC_BQ, seq.n_q - qt0);
+    const int32_t *pages = page_tables + seq.page_start;
+    const int past = seq.n_kv - seq.n_q;
+
+    for (int i = threadIdx.x; i < TC_BQ * (HD / 4); i += TC_WARPS * 32) {
+        const int r = i / (HD / 4), c = i % (HD / 4) * 4;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < nq) {
+            x = *(const float4 *)(q + ((int64_t)(seq.q_start + qt0 + r) * sh.n_heads + head) * HD + c);
+            x.x *= sh.scale, x.y *= sh.scale, x.z *= sh.scale, x.w *= sh.scale;
+        }
+        store_split4(qh + r * RS + c, ql + r * RS + c, x);
+    }
+    const int last_max = past + qt0 + nq - 1;
+    int first_min = past + qt0;
+    first_min = sh.sliding_window > 0 && first_min - sh.sliding_window + 1 > 0 ? first_min - sh.sliding_window + 1 : 0;
+    first_min -= first_min % TC_BK;
+    /* this thread's two rows (g and g + 8 of the warp's 16) and their key ranges */
+    int rlast[2], rfirst[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int qi = warp * 16 + g + 8 * h;
+        rlast[h] = qi < nq ? past + qt0 + qi : -1;
+        rfirst[h] = sh.sliding_window > 0 && rlast[h] - sh.sliding_window + 1 > 0 ? rlast[h] - sh.sliding_window + 1 : 0;
+    }
+    const int warp_last = min(past + qt0 + warp * 16 + 15, last_max);
+    const int warp_first0 = past + qt0 + warp * 16;
+    const int warp_first = sh.sliding_window > 0 && warp_first0 - sh.sliding_window + 1 > 0
+                               ? warp_first0 - sh.sliding_window + 1
+                               : 0;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[DT][4];
+#pragma unroll
+    for (int n = 0; n < DT; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    /* ldmatrix lane roles: matrix mi = lane / 8, its row lane % 8 */
+    const int mi = lane / 8, mr = lane % 8;
+
+    for (int t0 = first_min; t0 <= last_max; t0 += TC_BK) {
+        __syncthreads(); /* the previous tile is no longer read (and Q is in, the first time) */
+        for (int i = threadIdx.x; i < TC_BK * (HD / 4); i += TC_WARPS * 32) {
+            const int j = i / (HD / 4), c = i % (HD / 4) * 4, key = t0 + j;
+            float4 kf = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vf = kf;
+            if (key <= last_max && k && key >= past) { /* a row of this step: fp32 */
+                const int64_t at = (int64_t)(seq.q_start + key - past) * kvw + (int64_t)kvh * HD + c;
+                kf = *(const float4 *)(k + at), vf = *(const float4 *)(v + at);
+            } else if (key <= last_max) { /* the fp16 cache: exact in hi */
+                const int64_t at = key_slot(pages, key, sh.page_size) * kvw + (int64_t)kvh * HD + c;
+                const float2 k01 = __half22float2(*(const __half2 *)(kc + at)),
+                             k23 = __half22float2(*(const __half2 *)(kc + at + 2));
+                const float2 v01 = __half22float2(*(const __half2 *)(vc + at)),
+                             v23 = __half22float2(*(const __half2 *)(vc + at + 2));
+                kf = make_float4(k01.x, k01.y, k23.x, k23.y), vf = make_float4(v01.x, v01.y, v23.x, v23.y);
+            }
+            store_split4(kh + j * RS + c, kl + j * RS + c, kf);
+            store_split4(vh + j * RS + c, vl + j * RS + c, vf);
+        }
+        __syncthreads();
+        if (t0 > warp_last || t0 + TC_BK <= warp_first)
+            continue; /* no key of this tile is seen by the warp's rows */
+        /* scores S = Q K^T of the warp's 16 rows and the tile's 64 keys */
+        float sc[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t ah[4], al[4];
+            const int qrow = warp * 16 + mr + (mi & 1) * 8, qcol = kk * 16 + (mi >> 1) * 8;
+            ldsm_x4(ah, qh + qrow * RS + qcol);
+            ldsm_x4(al, ql + qrow * RS + qcol);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t bh[4], bl[4];
+                const int krow = np * 16 + mr + (mi >> 1) * 8, kcol = kk * 16 + (mi & 1) * 8;
+                ldsm_x4(bh, kh + krow * RS + kcol);
+                ldsm_x4(bl, kl + krow * RS + kcol);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float(&c)[4] = sc[2 * np + h];
+                    mma_f16(c, ah, bh[2 * h], bh[2 * h + 1]);
+                    mma_f16(c, ah, bl[2 * h], bl[2 * h + 1]);
+                    mma_f16(c, al, bh[2 * h], bh[2 * h + 1]);
+                }
+            }
+        }
+        /* masks and the online softmax of rows g (h = 0) and g + 8 (h = 1) */
+        float corr[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = t0 + n * 8 + 2 * t + e;
+                    float &x = sc[n][2 * h + e];
+                    if (key < rfirst[h] || key > rlast[h])
+                        x = -INFINITY;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float nm = fmaxf(m[h], mx);
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float &x = sc[n][2 * h + e];
+                    x = nm == -INFINITY || x == -INFINITY ? 0.0f : __expf(x - nm);
+                    sum += x;
+                }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            corr[h] = nm == -INFINITY ? 1.0f : __expf(m[h] - nm);
+            l[h] = l[h] * corr[h] + sum;
+            m[h] = nm;
+        }
+#pragma unroll
+        for (int n = 0; n < DT; n++)
+            o[n][0] *= corr[0], o[n][1] *= corr[0], o[n][2] *= corr[1], o[n][3] *= corr[1];
+        /* O += P V, 16 keys a step: the score accumulators of n-tiles 2kk, 2kk + 1 are P's A fragment */
+#pragma unroll
+        for (int kk = 0; kk < TC_BK / 16; kk++) {
+            uint32_t ph[4], pl[4];
+            split2(sc[2 * kk][0], sc[2 * kk][1], ph[0], pl[0]);
+            split2(sc[2 * kk][2], sc[2 * kk][3], ph[1], pl[1]);
+            split2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], ph[2], pl[2]);
+            split2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], ph[3], pl[3]);
+#pragma unroll
+            for (int np = 0; np < DT / 2; np++) {
+                uint32_t bh[4], bl[4];
+                const int vrow = kk * 16 + mr + (mi & 1) * 8, vcol = np * 16 + (mi >> 1) * 8;
+                ldsm_x4_t(bh, vh + vrow * RS + vcol);
+                ldsm_x4_t(bl, vl + vrow * RS + vcol);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float(&c)[4] = o[2 * np + h];
+                    mma_f16(c, ph, bh[2 * h], bh[2 * h + 1]);
+                    mma_f16(c, ph, bl[2 * h], bl[2 * h + 1]);
+                    mma_f16(c, pl, bh[2 * h], bh[2 * h + 1]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int qi = warp * 16 + g + 8 * h;
+        if (qi >= nq)
+            continue;
+        float *orow = out + ((int64_t)(seq.q_start + qt0 + qi) * sh.n_heads + head) * HD;
+        const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+#pragma unroll
+        for (int n = 0; n < DT; n++)
+            *(float2 *)(orow + n * 8 + 2 * t) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+    }
+}
+
+template <int HD>
+static void launch_prefill_tc(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v,
+                              const __half *kc, const __half *vc, const exl_batch *b, const exl_attn_shape *sh) {
+    const size_t smem = tc_tile<HD>::smem_bytes;
+    static size_t allowed = 48 * 1024;
+    if (smem > allowed) {
+        if (cudaFuncSetAttribute(attn_prefill_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem) != cudaSuccess) {
+            exl_cuda_check_launch(cb, "attention shared memory");
+            return;
+        }
+        allowed = smem;
+    }
+    dim3 grid((unsigned)((b->max_q + TC_BQ - 1) / TC_BQ), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
+    exl_cuda_launch(cb, attn_prefill_tc_kernel<HD>, grid, dim3(TC_WARPS * 32), smem, out, q, k, v, kc, vc,
+                    b->d_seqs, b->d_page_tables, *sh);
+    exl_cuda_check_launch(cb, "prefill attention (tensor cores)");
+}
+
 template <int HD, int BK>
 static void launch_prefill_tiled(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v,
                                  const __half *kc, const __half *vc, const exl_batch *b, const exl_attn_shape *sh) {
@@ -645,7 +901,12 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
     }
     const __half *kc = (const __half *)k_cache, *vc = (const __half *)v_cache;
     if (b->max_q > EXL_CUDA_DECODE_MAX_Q && (sh->head_dim == 64 || sh->head_dim == 128 || sh->head_dim == 256)) {
-        if (sh->head_dim == 64)
+        const int tc = cb->sm_major >= 8 && !cb->prefill_attention_fp32;
+        if (sh->head_dim == 64 && tc)
+            launch_prefill_tc<64>(cb, out, q, k, v, kc, vc, b, sh);
+        else if (sh->head_dim == 128 && tc)
+            launch_prefill_tc<128>(cb, out, q, k, v, kc, vc, b, sh);
+        else if (sh->head_dim == 64)
             launch_prefill_tiled<64, 64>(cb, out, q, k, v, kc, vc, b, sh);
         else if (sh->head_dim == 128)
             launch_prefill_tiled<128, 32>(cb, out, q, k, v, kc, vc, b, sh);

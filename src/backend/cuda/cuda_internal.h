@@ -35,7 +35,10 @@ typedef struct exl_cuda_backend {
     exl_backend base;
     int device;
     int n_sms;
+    int sm_major;           /* compute capability, major */
     int pdl;                /* programmatic dependent launch (sm_90+): see exl_cuda_launch */
+    int prefill_attention_fp32; /* EXL_CUDA_PREFILL_ATTENTION=fp32: prompts' attention on CUDA cores
+                                 * (cuda_attention.cu), not on tensor cores */
     int32_t dequant_rows;   /* quantized matmuls of this many rows go through cuda_qgemm.cu */
     cudaStream_t stream;
     cublasHandle_t cublas;
