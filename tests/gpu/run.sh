@@ -29,6 +29,9 @@ test_rc=$?
 # fixtures' prompts are shorter than the default threshold)
 EXL_CUDA_DEQUANT_ROWS=1 timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/test_gpu_dequant.log" 2>&1
 dequant_rc=$?
+# and with prompts' attention on CUDA cores (the kernel used below sm_80 and for head_dim 256)
+EXL_CUDA_PREFILL_ATTENTION=fp32 timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/test_gpu_fp32_attention.log" 2>&1
+fp32att_rc=$?
 timeout 420 "$bin/gpu_bench" ${BENCH_ARGS:-} >"$out/bench.log" 2>"$out/bench_detail.log"
 bench_rc=$?
 # the same decode without CUDA graphs (every op launched singly), for comparison
@@ -42,9 +45,13 @@ echo "==== test_gpu with EXL_CUDA_DEQUANT_ROWS=1 (rc $dequant_rc)"
 grep -E "^(FAIL|SKIP)" "$out/test_gpu_dequant.log" | head -40
 grep -E "^ok .*logits" "$out/test_gpu_dequant.log"
 tail -1 "$out/test_gpu_dequant.log"
+echo "==== test_gpu with EXL_CUDA_PREFILL_ATTENTION=fp32 (rc $fp32att_rc)"
+grep -E "^(FAIL|SKIP)" "$out/test_gpu_fp32_attention.log" | head -40
+grep -E "^ok .*attention prefill" "$out/test_gpu_fp32_attention.log"
+tail -1 "$out/test_gpu_fp32_attention.log"
 echo "==== gpu_bench (rc $bench_rc)"
 cat "$out/bench_detail.log" | tail -30
 cat "$out/bench.log"
 echo "without CUDA graphs:"
 tail -1 "$out/bench_nographs.log"
-[ $test_rc -eq 0 ] && [ $dequant_rc -eq 0 ] && [ $bench_rc -eq 0 ]
+[ $test_rc -eq 0 ] && [ $dequant_rc -eq 0 ] && [ $fp32att_rc -eq 0 ] && [ $bench_rc -eq 0 ]
