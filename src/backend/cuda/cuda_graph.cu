@@ -11,9 +11,9 @@
  *   - on the first difference, capture starts, the matched prefix is re-issued from the
  *     tape, and the step continues as a capture (the graph is then updated in place when
  *     its shape allows, else instantiated again).
- * Steps with more rows than the decode paths take (prefill: cuBLAS, large scratch) run
- * directly, as does the rest of a step in which something cannot be captured (a scratch
- * buffer growing). EXL_CUDA_GRAPHS=0 turns graphs off. */
+ * Steps of more than EXL_CUDA_GRAPH_MAX_ROWS rows and prompt pieces (prefill: cuBLAS, large
+ * scratch) run directly, as does the rest of a step in which something cannot be captured (a
+ * scratch buffer growing). EXL_CUDA_GRAPHS=0 turns graphs off. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <stdlib.h>
@@ -250,20 +250,20 @@ void exl_cuda_embed(exl_backend *be, float *out, const exl_linear *table, const 
                     float scale) {
     exl_cuda_op o = new_op(OP_EMBED);
     o.p[0] = out, o.p[1] = table, o.p[2] = ids, o.i[0] = rows, o.f[0] = scale;
-    submit(exl_cuda(be), &o, rows <= EXL_CUDA_GEMV_MAX_ROWS);
+    submit(exl_cuda(be), &o, rows <= EXL_CUDA_GRAPH_MAX_ROWS);
 }
 
 void exl_cuda_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
                       float eps) {
     exl_cuda_op o = new_op(OP_RMSNORM);
     o.p[0] = out, o.p[1] = x, o.p[2] = w, o.i[0] = rows, o.i[1] = width, o.f[0] = eps;
-    submit(exl_cuda(be), &o, rows <= EXL_CUDA_GEMV_MAX_ROWS);
+    submit(exl_cuda(be), &o, rows <= EXL_CUDA_GRAPH_MAX_ROWS);
 }
 
 void exl_cuda_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
     exl_cuda_op o = new_op(OP_MATMUL);
     o.p[0] = out, o.p[1] = x, o.p[2] = w, o.i[0] = rows;
-    submit(exl_cuda(be), &o, rows <= EXL_CUDA_GEMV_MAX_ROWS);
+    submit(exl_cuda(be), &o, rows <= EXL_CUDA_GRAPH_MAX_ROWS);
 }
 
 void exl_cuda_rope(exl_backend *be, float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
@@ -271,7 +271,7 @@ void exl_cuda_rope(exl_backend *be, float *x, const int32_t *pos, int32_t rows, 
     exl_cuda_op o = new_op(OP_ROPE);
     o.p[0] = x, o.p[1] = pos, o.p[2] = inv_freq, o.i[0] = rows, o.i[1] = n_heads, o.i[2] = head_dim;
     o.i[3] = rot_dim, o.f[0] = attn_factor;
-    submit(exl_cuda(be), &o, rows <= EXL_CUDA_GEMV_MAX_ROWS);
+    submit(exl_cuda(be), &o, rows <= EXL_CUDA_GRAPH_MAX_ROWS);
 }
 
 /* the batch as the GPU ops read it */
@@ -290,7 +290,7 @@ void exl_cuda_kv_store(exl_backend *be, void *k_cache, void *v_cache, const floa
     exl_cuda_op o = new_op(OP_KV_STORE);
     o.p[0] = k_cache, o.p[1] = v_cache, o.p[2] = k, o.p[3] = v, o.i[0] = kv_width;
     o.b = device_batch(b);
-    submit(exl_cuda(be), &o, b->n_rows <= EXL_CUDA_GEMV_MAX_ROWS);
+    submit(exl_cuda(be), &o, b->n_rows <= EXL_CUDA_GRAPH_MAX_ROWS);
 }
 
 void exl_cuda_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
@@ -299,13 +299,13 @@ void exl_cuda_attention(exl_backend *be, float *out, const float *q, const float
     o.p[0] = out, o.p[1] = q, o.p[2] = k_cache, o.p[3] = v_cache, o.p[4] = k, o.p[5] = v;
     o.b = device_batch(b);
     o.sh = *shape;
-    submit(exl_cuda(be), &o, b->n_rows <= EXL_CUDA_GEMV_MAX_ROWS && b->max_q <= EXL_CUDA_DECODE_MAX_Q);
+    submit(exl_cuda(be), &o, b->n_rows <= EXL_CUDA_GRAPH_MAX_ROWS && b->max_q <= EXL_CUDA_DECODE_MAX_Q);
 }
 
 void exl_cuda_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act) {
     exl_cuda_op o = new_op(OP_GLU);
     o.p[0] = gate, o.p[1] = up, o.i[0] = rows, o.i[1] = width, o.i[2] = act;
-    submit(exl_cuda(be), &o, rows <= EXL_CUDA_GEMV_MAX_ROWS);
+    submit(exl_cuda(be), &o, rows <= EXL_CUDA_GRAPH_MAX_ROWS);
 }
 
 void exl_cuda_add(exl_backend *be, float *x, const float *y, int64_t n) {
@@ -318,7 +318,7 @@ void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int
                           int32_t width) {
     exl_cuda_op o = new_op(OP_GATHER_ROWS);
     o.p[0] = out, o.p[1] = x, o.p[2] = idx, o.i[0] = n, o.i[1] = width;
-    submit(exl_cuda(be), &o, n <= EXL_CUDA_GEMV_MAX_ROWS);
+    submit(exl_cuda(be), &o, n <= EXL_CUDA_GRAPH_MAX_ROWS);
 }
 
 void exl_cuda_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
@@ -332,7 +332,7 @@ void exl_cuda_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
     o.mf.accumulate = f->accumulate, o.mf.decode = f->decode;
     for (int i = 0; i < f->n && i < 3; i++)
         o.mf.out_features[i] = f->out_features[i], o.mf.w[i] = f->w[i], o.mf.out[i] = f->out[i];
-    submit(cb, &o, f->rows <= EXL_CUDA_GEMV_MAX_ROWS);
+    submit(cb, &o, f->rows <= EXL_CUDA_GRAPH_MAX_ROWS);
 }
 
 void exl_cuda_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
@@ -343,5 +343,5 @@ void exl_cuda_rope_kv_store(exl_backend *be, float *q, float *k, const float *v,
     o.i[0] = rot_dim, o.f[0] = attn_factor;
     o.b = device_batch(b);
     o.sh = *sh;
-    submit(exl_cuda(be), &o, b->n_rows <= EXL_CUDA_GEMV_MAX_ROWS);
+    submit(exl_cuda(be), &o, b->n_rows <= EXL_CUDA_GRAPH_MAX_ROWS);
 }

@@ -209,9 +209,10 @@ void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor);
 
-/* Largest row count the decode (GEMV / split-K attention) paths take; graphs are used only
- * for steps at or under it. */
-#define EXL_CUDA_GEMV_MAX_ROWS 8
+/* Largest row count of a step captured as a CUDA graph: decode steps of up to 64 sequences
+ * (captured 16-64-job generator steps ran 3-11% faster than launched one by one,
+ * bench/RESULTS.md); prompt pieces, which attention marks, run directly. */
+#define EXL_CUDA_GRAPH_MAX_ROWS 64
 /* Largest row count the quantized GEMV takes (one launch); more rows go to the tensor-core
  * kernel (cuda_qmma.cu), which reads the weights once for up to 32 rows (measured: 8 rows
  * of q_proj 29.8 us in the GEMV, 20.8 in cuda_qmma.cu; 4 rows 14.1 in the GEMV) */
