@@ -501,11 +501,8 @@ static void fused_case(const char *name, qgen *g, int n, int32_t rows, int mode,
     char full[128];
     snprintf(full, sizeof full, "%s rows=%d%s", name, rows, decode ? " decode" : "");
     /* prompt rows past the GEMV (4) keep the activations to ~22 bits; decode rows may round them
-     * to fp16 (exl_matmul_fused.decode), as the GEMV does, except up to 16 rows in cuda_qmma.cu
-     * (one m16 tile multiplies both parts; EXL_CUDA_DEQUANT_ROWS can send them elsewhere) */
-    const char *dq = getenv("EXL_CUDA_DEQUANT_ROWS");
-    int one_tile = rows <= 16 && !(dq && atoi(dq) > 0 && atoi(dq) <= rows);
-    report(full, worst, rows > 4 && (!decode || one_tile) ? 1e-4 : 3e-3);
+     * to fp16 (exl_matmul_fused.decode), as the GEMV does */
+    report(full, worst, rows > 4 && !decode ? 1e-4 : 3e-3);
     gpu->ops->free(gpu, (void *)f.x);
     if (f.up)
         gpu->ops->free(gpu, (void *)f.up);

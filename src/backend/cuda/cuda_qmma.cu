@@ -434,9 +434,6 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
                          "fp16 activations"))
         return;
     const int mt = rows <= 16 ? 1 : rows <= 32 ? 2 : MAX_MT, mi = mt == 1 ? 0 : mt == 2 ? 1 : 2;
-    /* hi alone measured slower than hi + lo with one m16 tile (16 rows: q_proj 29.0 against
-     * 20.8 us, bench/RESULTS.md); cause not established */
-    parts = mt == 1 ? 2 : parts;
     __half *xh = (__half *)cb->scratch;
     exl_cuda_launch(cb, qmma_gather_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, xh, x, up, act,
                     q->slot_src, w->in, rows, total, q->n_chunks, parts);
