@@ -863,6 +863,23 @@ static void top_k_case(int32_t rows, int32_t vocab, int32_t k, int coarse) {
     free(x), free(ids), free(vals), free(order);
 }
 
+/* Steps g until nothing is pending; the first per_job tokens of job ids[j] go to out[j * per_job ...].
+ * Returns the tokens collected, -1 if a step failed. */
+static int drain(exl_generator *g, const uint64_t *ids, int n_jobs, int per_job, int32_t *out) {
+    int n = 0, count[64] = {0};
+    while (exl_generator_pending(g) > 0) {
+        const exl_gen_event *ev;
+        int32_t ne;
+        if (exl_generator_step(g, &ev, &ne) != EXL_OK)
+            return -1;
+        for (int32_t e = 0; e < ne; e++)
+            for (int j = 0; j < n_jobs && j < 64; j++)
+                for (int32_t i = 0; ids[j] == ev[e].job && i < ev[e].n_ids && count[j] < per_job; i++, n++)
+                    out[j * per_job + count[j]++] = ev[e].ids[i];
+    }
+    return n;
+}
+
 /* The tokens of one job of 24 new tokens on the GPU, with or without log-probabilities. */
 static int generate(exl_model *m, exl_tokenizer *tok, const exl_sampling *sp, int logprobs, int32_t *out) {
     exl_generator_params gp = exl_generator_default_params();
@@ -874,20 +891,7 @@ static int generate(exl_model *m, exl_tokenizer *tok, const exl_sampling *sp, in
     jp.ids = prompt, jp.n_ids = 8, jp.max_new_tokens = 24, jp.ignore_eos = 1, jp.logprobs = logprobs;
     jp.sampling = *sp;
     uint64_t id;
-    int n = 0;
-    if (exl_generator_submit(g, &jp, &id) != EXL_OK)
-        n = -1;
-    while (n >= 0 && exl_generator_pending(g) > 0) {
-        const exl_gen_event *ev;
-        int32_t ne;
-        if (exl_generator_step(g, &ev, &ne) != EXL_OK) {
-            n = -1;
-            break;
-        }
-        for (int32_t e = 0; e < ne; e++)
-            for (int32_t i = 0; i < ev[e].n_ids && n < 24; i++)
-                out[n++] = ev[e].ids[i];
-    }
+    int n = exl_generator_submit(g, &jp, &id) == EXL_OK ? drain(g, &id, 1, 24, out) : -1;
     exl_generator_free(g);
     return n;
 }
@@ -942,10 +946,10 @@ static int generate_batch(const char *dir, const char *tok_dir, int n_jobs, int3
         return -1;
     }
     exl_generator *g;
-    int n = 0;
+    int n = -1;
     uint64_t ids[64];
-    int count[64] = {0};
     if (n_jobs <= 64 && exl_generator_init(m, tok, NULL, &g) == EXL_OK) {
+        n = 0;
         for (int j = 0; j < n_jobs && n >= 0; j++) {
             int32_t prompt[12];
             for (int i = 0; i < 12; i++)
@@ -956,21 +960,9 @@ static int generate_batch(const char *dir, const char *tok_dir, int n_jobs, int3
             if (exl_generator_submit(g, &jp, &ids[j]) != EXL_OK)
                 n = -1;
         }
-        while (n >= 0 && exl_generator_pending(g) > 0) {
-            const exl_gen_event *ev;
-            int32_t ne;
-            if (exl_generator_step(g, &ev, &ne) != EXL_OK) {
-                n = -1;
-                break;
-            }
-            for (int32_t e = 0; e < ne; e++)
-                for (int j = 0; j < n_jobs; j++)
-                    for (int32_t i = 0; ids[j] == ev[e].job && i < ev[e].n_ids && count[j] < 16; i++, n++)
-                        out[j * 16 + count[j]++] = ev[e].ids[i];
-        }
+        if (n == 0)
+            n = drain(g, ids, n_jobs, 16, out);
         exl_generator_free(g);
-    } else {
-        n = -1;
     }
     exl_tokenizer_free(tok);
     exl_model_free(m);

@@ -11,7 +11,7 @@
  * time, each thread a 4 x 2-4 tile of scores and 4 rows of the output
  * (attn_prefill_tiled_kernel); other head dims, 16 queries a block and 32 keys at a time,
  * shared by its 4 warps (4 queries each). fp32 arithmetic outside the tensor cores. */
-#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_mma.cuh"
 
 #include <math.h>
 
@@ -73,13 +73,46 @@ __device__ __forceinline__ float dot_q_k(const float *q, const __half *k, int hd
     return d;
 }
 
+/* The first key a query at position pos sees (sliding window). */
+__device__ __forceinline__ int window_first(int pos, int sliding_window) {
+    return sliding_window > 0 && pos - sliding_window + 1 > 0 ? pos - sliding_window + 1 : 0;
+}
+
 /* The keys [k0, k1) that split `split` of query row `row` attends to (causal, sliding window). */
 __device__ __forceinline__ void decode_keys(const exl_attn_seq &seq, int row, int split, int keys_per_split,
                                             int sliding_window, int *k0, int *k1) {
     const int last = seq.n_kv - seq.n_q + (row - seq.q_start);
-    const int first = sliding_window > 0 && last - sliding_window + 1 > 0 ? last - sliding_window + 1 : 0;
+    const int first = window_first(last, sliding_window);
     *k0 = first + split * keys_per_split;
     *k1 = min(last + 1, *k0 + keys_per_split);
+}
+
+/* The keys a prompt tile of nq queries from row qt0 of seq sees: [*first, *last], *first
+ * rounded down to a multiple of align. */
+__device__ __forceinline__ void prefill_keys(const exl_attn_seq &seq, int qt0, int nq, int sliding_window, int align,
+                                             int *first, int *last) {
+    const int past = seq.n_kv - seq.n_q;
+    *last = past + qt0 + nq - 1;
+    *first = window_first(past + qt0, sliding_window);
+    *first -= *first % align;
+}
+
+/* Dims c .. c + 3 of key `key` of seq (head kvh, row width kvw): a row of this step from the fp32
+ * k and v (as computed), earlier context from the fp16 cache, zeros past `last`. */
+__device__ __forceinline__ void load_kv4(const exl_attn_seq &seq, const int32_t *pages, int page_size, int key,
+                                         int last, const float *k, const float *v, const __half *kc, const __half *vc,
+                                         int64_t kv_off, int kvw, float4 *kf, float4 *vf) {
+    const int past = seq.n_kv - seq.n_q;
+    *kf = *vf = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (key <= last && k && key >= past) {
+        const int64_t at = (int64_t)(seq.q_start + key - past) * kvw + kv_off;
+        *kf = *(const float4 *)(k + at), *vf = *(const float4 *)(v + at);
+    } else if (key <= last) {
+        const int64_t at = key_slot(pages, key, page_size) * kvw + kv_off;
+        const float2 k01 = __half22float2(*(const __half2 *)(kc + at)), k23 = __half22float2(*(const __half2 *)(kc + at + 2));
+        const float2 v01 = __half22float2(*(const __half2 *)(vc + at)), v23 = __half22float2(*(const __half2 *)(vc + at + 2));
+        *kf = make_float4(k01.x, k01.y, k23.x, k23.y), *vf = make_float4(v01.x, v01.y, v23.x, v23.y);
+    }
 }
 
 /* Merge the block's warps' online-softmax states (max wm, sum wl, unnormalised acc rows of
@@ -337,11 +370,8 @@ attn_prefill_kernel(float *out, const float *q, const float *k, const float *v, 
         int qi = i / hd;
         qs[i] = qi < nq ? q[((int64_t)(seq.q_start + qt0 + qi) * sh.n_heads + head) * hd + i % hd] * sh.scale : 0.0f;
     }
-    /* key range of the tile */
-    const int last_max = past + qt0 + nq - 1;
-    int first_min = past + qt0;
-    first_min = sh.sliding_window > 0 && first_min - sh.sliding_window + 1 > 0 ? first_min - sh.sliding_window + 1 : 0;
-    first_min -= first_min % KEY_BLOCK;
+    int first_min, last_max; /* key range of the tile */
+    prefill_keys(seq, qt0, nq, sh.sliding_window, KEY_BLOCK, &first_min, &last_max);
 
     float m[4], l[4], acc[4][MAX_DPL];
     int qlast[4], qfirst[4];
@@ -351,7 +381,7 @@ attn_prefill_kernel(float *out, const float *q, const float *k, const float *v, 
         l[j] = 0.0f;
         int qi = warp * 4 + j;
         qlast[j] = qi < nq ? past + qt0 + qi : -1;
-        qfirst[j] = sh.sliding_window > 0 && qlast[j] - sh.sliding_window + 1 > 0 ? qlast[j] - sh.sliding_window + 1 : 0;
+        qfirst[j] = window_first(qlast[j], sh.sliding_window);
 #pragma unroll
         for (int i = 0; i < MAX_DPL; i++)
             acc[j][i] = 0.0f;
@@ -478,10 +508,8 @@ attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const floa
         qs[(c + 0) * TQ + qi] = x.x * sh.scale, qs[(c + 1) * TQ + qi] = x.y * sh.scale;
         qs[(c + 2) * TQ + qi] = x.z * sh.scale, qs[(c + 3) * TQ + qi] = x.w * sh.scale;
     }
-    const int last_max = past + qt0 + nq - 1;
-    int first_min = past + qt0;
-    first_min = sh.sliding_window > 0 && first_min - sh.sliding_window + 1 > 0 ? first_min - sh.sliding_window + 1 : 0;
-    first_min -= first_min % BK;
+    int first_min, last_max;
+    prefill_keys(seq, qt0, nq, sh.sliding_window, BK, &first_min, &last_max);
 
     float m[4], l[4], acc[4][DPT];
     int qlast[4], qfirst[4];
@@ -490,7 +518,7 @@ attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const floa
         const int qi = tq * 4 + i;
         m[i] = -INFINITY, l[i] = 0.0f;
         qlast[i] = qi < nq ? past + qt0 + qi : -1;
-        qfirst[i] = sh.sliding_window > 0 && qlast[i] - sh.sliding_window + 1 > 0 ? qlast[i] - sh.sliding_window + 1 : 0;
+        qfirst[i] = window_first(qlast[i], sh.sliding_window);
 #pragma unroll
         for (int d = 0; d < DPT; d++)
             acc[i][d] = 0.0f;
@@ -498,19 +526,9 @@ attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const floa
     for (int t0 = first_min; t0 <= last_max; t0 += BK) {
         __syncthreads(); /* the previous tile's K, V and P are no longer read */
         for (int i = threadIdx.x; i < BK * (HD / 4); i += 256) {
-            const int j = i % BK, c = i / BK * 4, key = t0 + j;
-            float4 kf = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vf = kf;
-            if (key <= last_max && k && key >= past) { /* a row of this step */
-                const int64_t at = (int64_t)(seq.q_start + key - past) * kvw + (int64_t)kvh * HD + c;
-                kf = *(const float4 *)(k + at), vf = *(const float4 *)(v + at);
-            } else if (key <= last_max) {
-                const int64_t at = key_slot(pages, key, sh.page_size) * kvw + (int64_t)kvh * HD + c;
-                const float2 k01 = __half22float2(*(const __half2 *)(kc + at)),
-                             k23 = __half22float2(*(const __half2 *)(kc + at + 2));
-                const float2 v01 = __half22float2(*(const __half2 *)(vc + at)),
-                             v23 = __half22float2(*(const __half2 *)(vc + at + 2));
-                kf = make_float4(k01.x, k01.y, k23.x, k23.y), vf = make_float4(v01.x, v01.y, v23.x, v23.y);
-            }
+            const int j = i % BK, c = i / BK * 4;
+            float4 kf, vf;
+            load_kv4(seq, pages, sh.page_size, t0 + j, last_max, k, v, kc, vc, (int64_t)kvh * HD + c, kvw, &kf, &vf);
             kt[(c + 0) * BK + j] = kf.x, kt[(c + 1) * BK + j] = kf.y;
             kt[(c + 2) * BK + j] = kf.z, kt[(c + 3) * BK + j] = kf.w;
             *(float4 *)(vt + j * VS + c) = vf;
@@ -622,33 +640,6 @@ attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const floa
 #define TC_BK 64
 #define TC_WARPS 4
 
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __half *p) {
-#if __CUDA_ARCH__ >= 800
-    unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-#endif
-}
-
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const __half *p) {
-#if __CUDA_ARCH__ >= 800
-    unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-#endif
-}
-
 /* x as hi and lo fp16 pairs (two consecutive values) */
 __device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_t &lo) {
     const __half2 h = __floats2half2_rn(x0, x1);
@@ -701,23 +692,18 @@ attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *
         }
         store_split4(qh + r * RS + c, ql + r * RS + c, x);
     }
-    const int last_max = past + qt0 + nq - 1;
-    int first_min = past + qt0;
-    first_min = sh.sliding_window > 0 && first_min - sh.sliding_window + 1 > 0 ? first_min - sh.sliding_window + 1 : 0;
-    first_min -= first_min % TC_BK;
+    int first_min, last_max;
+    prefill_keys(seq, qt0, nq, sh.sliding_window, TC_BK, &first_min, &last_max);
     /* this thread's two rows (g and g + 8 of the warp's 16) and their key ranges */
     int rlast[2], rfirst[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int qi = warp * 16 + g + 8 * h;
         rlast[h] = qi < nq ? past + qt0 + qi : -1;
-        rfirst[h] = sh.sliding_window > 0 && rlast[h] - sh.sliding_window + 1 > 0 ? rlast[h] - sh.sliding_window + 1 : 0;
+        rfirst[h] = window_first(rlast[h], sh.sliding_window);
     }
     const int warp_last = min(past + qt0 + warp * 16 + 15, last_max);
-    const int warp_first0 = past + qt0 + warp * 16;
-    const int warp_first = sh.sliding_window > 0 && warp_first0 - sh.sliding_window + 1 > 0
-                               ? warp_first0 - sh.sliding_window + 1
-                               : 0;
+    const int warp_first = window_first(past + qt0 + warp * 16, sh.sliding_window);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     float o[DT][4];
 #pragma unroll
@@ -729,19 +715,9 @@ attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *
     for (int t0 = first_min; t0 <= last_max; t0 += TC_BK) {
         __syncthreads(); /* the previous tile is no longer read (and Q is in, the first time) */
         for (int i = threadIdx.x; i < TC_BK * (HD / 4); i += TC_WARPS * 32) {
-            const int j = i / (HD / 4), c = i % (HD / 4) * 4, key = t0 + j;
-            float4 kf = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vf = kf;
-            if (key <= last_max && k && key >= past) { /* a row of this step: fp32 */
-                const int64_t at = (int64_t)(seq.q_start + key - past) * kvw + (int64_t)kvh * HD + c;
-                kf = *(const float4 *)(k + at), vf = *(const float4 *)(v + at);
-            } else if (key <= last_max) { /* the fp16 cache: exact in hi */
-                const int64_t at = key_slot(pages, key, sh.page_size) * kvw + (int64_t)kvh * HD + c;
-                const float2 k01 = __half22float2(*(const __half2 *)(kc + at)),
-                             k23 = __half22float2(*(const __half2 *)(kc + at + 2));
-                const float2 v01 = __half22float2(*(const __half2 *)(vc + at)),
-                             v23 = __half22float2(*(const __half2 *)(vc + at + 2));
-                kf = make_float4(k01.x, k01.y, k23.x, k23.y), vf = make_float4(v01.x, v01.y, v23.x, v23.y);
-            }
+            const int j = i / (HD / 4), c = i % (HD / 4) * 4;
+            float4 kf, vf; /* from the fp16 cache: exact in hi */
+            load_kv4(seq, pages, sh.page_size, t0 + j, last_max, k, v, kc, vc, (int64_t)kvh * HD + c, kvw, &kf, &vf);
             store_split4(kh + j * RS + c, kl + j * RS + c, kf);
             store_split4(vh + j * RS + c, vl + j * RS + c, vf);
         }
@@ -757,20 +733,20 @@ attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t ah[4], al[4];
             const int qrow = warp * 16 + mr + (mi & 1) * 8, qcol = kk * 16 + (mi >> 1) * 8;
-            ldsm_x4(ah, qh + qrow * RS + qcol);
-            ldsm_x4(al, ql + qrow * RS + qcol);
+            ldsm_x4<false>(ah, qh + qrow * RS + qcol);
+            ldsm_x4<false>(al, ql + qrow * RS + qcol);
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 uint32_t bh[4], bl[4];
                 const int krow = np * 16 + mr + (mi >> 1) * 8, kcol = kk * 16 + (mi & 1) * 8;
-                ldsm_x4(bh, kh + krow * RS + kcol);
-                ldsm_x4(bl, kl + krow * RS + kcol);
+                ldsm_x4<false>(bh, kh + krow * RS + kcol);
+                ldsm_x4<false>(bl, kl + krow * RS + kcol);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     float(&c)[4] = sc[2 * np + h];
-                    mma_f16(c, ah, bh[2 * h], bh[2 * h + 1]);
-                    mma_f16(c, ah, bl[2 * h], bl[2 * h + 1]);
-                    mma_f16(c, al, bh[2 * h], bh[2 * h + 1]);
+                    mma16816a(c, ah, bh[2 * h], bh[2 * h + 1]);
+                    mma16816a(c, ah, bl[2 * h], bl[2 * h + 1]);
+                    mma16816a(c, al, bh[2 * h], bh[2 * h + 1]);
                 }
             }
         }
@@ -822,14 +798,14 @@ attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *
             for (int np = 0; np < DT / 2; np++) {
                 uint32_t bh[4], bl[4];
                 const int vrow = kk * 16 + mr + (mi & 1) * 8, vcol = np * 16 + (mi >> 1) * 8;
-                ldsm_x4_t(bh, vh + vrow * RS + vcol);
-                ldsm_x4_t(bl, vl + vrow * RS + vcol);
+                ldsm_x4<true>(bh, vh + vrow * RS + vcol);
+                ldsm_x4<true>(bl, vl + vrow * RS + vcol);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     float(&c)[4] = o[2 * np + h];
-                    mma_f16(c, ph, bh[2 * h], bh[2 * h + 1]);
-                    mma_f16(c, ph, bl[2 * h], bl[2 * h + 1]);
-                    mma_f16(c, pl, bh[2 * h], bh[2 * h + 1]);
+                    mma16816a(c, ph, bh[2 * h], bh[2 * h + 1]);
+                    mma16816a(c, ph, bl[2 * h], bl[2 * h + 1]);
+                    mma16816a(c, pl, bh[2 * h], bh[2 * h + 1]);
                 }
             }
         }

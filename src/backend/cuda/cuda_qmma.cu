@@ -24,6 +24,7 @@
  * t = lane % 4) decodes pairs 4t .. 4t+3 of its column's chunk (for 4-bit codes, one word),
  * and k step s uses pairs 4t+2s and 4t+2s+1 as its B registers; the A registers are then
  * slots 8t+4s, 8t+4s+1 (a0: row g, a1: row g + 8) and 8t+4s+2, 8t+4s+3 (a2, a3). */
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_qdecode.cuh"
 
 #define MMA_WARPS 8
@@ -33,24 +34,6 @@
 #define FRAG_HALVES 512 /* one m16 tile of one chunk: 2 k steps x 32 lanes x 8 halves */
 #define MAX_WORDS 6                          /* code words a thread reads per column and chunk */
 #define W_STRIDE (MMA_COLS + 8)              /* words per staged word row; +8 spreads t over banks */
-
-/* c += a · b for one m16n8k16 tile (two m16n8k8 before sm_80). */
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(b0));
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a2), "r"(a3), "r"(b1));
-#endif
-}
 
 __device__ __forceinline__ uint32_t half2_bits(__half2 h) {
     uint32_t u;
