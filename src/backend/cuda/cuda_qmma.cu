@@ -423,9 +423,13 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
     if (!exl_cuda_check_launch(cb, "quantized matmul (activations)"))
         return;
     const int sc = stage_chunks(mt, parts);
-    const int per_sm = occupancy[mi][parts - 1](qmma_smem_bytes(mt, parts, q->n_chunks));
+    const size_t smem_max = qmma_smem_bytes(mt, parts, q->n_chunks);
+    const int per_sm = occupancy[mi][parts - 1](smem_max);
     if (per_sm < 1) {
-        exl_cuda_check_launch(cb, "quantized matmul (shared memory)");
+        if (exl_cuda_check_launch(cb, "quantized matmul (shared memory)"))
+            exl_cuda_set_sticky(cb, EXL_ERR_UNSUPPORTED,
+                                "quantized matmul: a block with %zu bytes of shared memory does not fit on this GPU",
+                                smem_max);
         return;
     }
     /* split-K to fill one wave of the GPU, in whole stages, so only the last split has a short one */
