@@ -8,7 +8,7 @@
 #include <string.h>
 
 
-int32_t exl_model_max_rows(const exl_model *m) { return m->be->step_rows; }
+int32_t exl_model_max_rows(const exl_model *m) { return m->fs.max_rows; }
 
 
 static exl_status alloc_buf(exl_model *m, void **p, size_t bytes) {
@@ -26,39 +26,71 @@ static exl_status alloc_host_rows(exl_host_rows **out, size_t R) {
     return EXL_OK;
 }
 
-void exl_host_rows_free(exl_host_rows *h) {
+static void host_rows_free(exl_host_rows *h) {
     if (!h)
         return;
     exl_free(h->ids), exl_free(h->pos), exl_free(h->slots), exl_free(h->logit_rows), exl_free(h->seqs);
     exl_free(h);
 }
 
+/* Steps fall back to half as many tokens while the forward buffers do not fit, down to this. */
+#define MIN_STEP_ROWS 64
+
+/* The buffers for steps of R tokens (the page tables and the logits grow on demand). */
+static exl_status alloc_rows(exl_model *m, size_t R) {
+    exl_forward_scratch *s = &m->fs;
+    const exl_hf_config *c = &m->cfg;
+    const size_t f = sizeof(float);
+    const size_t qw = (size_t)c->n_heads * c->head_dim, kvw = (size_t)c->n_kv_heads * c->head_dim;
+    EXL_TRY(alloc_buf(m, (void **)&s->x, R * c->hidden_size * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->h, R * c->hidden_size * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->q, R * qw * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->k, R * kvw * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->v, R * kvw * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->attn, R * qw * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->gate, R * c->intermediate_size * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->up, R * c->intermediate_size * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->sel, R * c->hidden_size * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->ids, R * sizeof(int32_t)));
+    EXL_TRY(alloc_buf(m, (void **)&s->pos, R * sizeof(int32_t)));
+    EXL_TRY(alloc_buf(m, (void **)&s->slots, R * sizeof(int32_t)));
+    EXL_TRY(alloc_buf(m, (void **)&s->logit_rows, R * sizeof(int32_t)));
+    EXL_TRY(alloc_buf(m, (void **)&s->seqs, R * sizeof(exl_attn_seq)));
+    EXL_TRY(alloc_buf(m, (void **)&s->inv_freq, (size_t)m->rot_dim / 2 * f));
+    EXL_TRY(alloc_host_rows(&s->host, R));
+    s->max_rows = (int32_t)R;
+    s->rope_seq_len = -1;
+    return EXL_OK;
+}
+
+exl_status exl_model_alloc_forward(exl_model *m) {
+    for (int32_t rows = m->be->step_rows;; rows /= 2) {
+        exl_status st = alloc_rows(m, (size_t)rows);
+        if (st == EXL_OK)
+            return EXL_OK;
+        exl_model_free_forward(m);
+        if (st != EXL_ERR_NOMEM || rows / 2 < MIN_STEP_ROWS)
+            return st;
+    }
+}
+
+void exl_model_free_forward(exl_model *m) {
+    exl_backend *be = m->be;
+    exl_forward_scratch *s = &m->fs;
+    void *bufs[] = {s->x,   s->h,      s->q,   s->k,   s->v,     s->attn,        s->gate,        s->up,   s->sel,
+                    s->logits, s->ids, s->pos, s->slots, s->page_tables, s->logit_rows, s->seqs, s->inv_freq};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i])
+            be->ops->free(be, bufs[i]);
+    host_rows_free(s->host);
+    exl_free(s->host_page_tables);
+    memset(s, 0, sizeof *s);
+}
+
 static exl_status ensure_scratch(exl_model *m, int32_t n_pages_total, int32_t n_logits) {
     exl_forward_scratch *s = &m->fs;
     const exl_hf_config *c = &m->cfg;
     exl_backend *be = m->be;
-    if (!s->x) {
-        size_t R = (size_t)exl_model_max_rows(m), f = sizeof(float);
-        size_t qw = (size_t)c->n_heads * c->head_dim, kvw = (size_t)c->n_kv_heads * c->head_dim;
-        EXL_TRY(alloc_buf(m, (void **)&s->x, R * c->hidden_size * f));
-        EXL_TRY(alloc_buf(m, (void **)&s->h, R * c->hidden_size * f));
-        EXL_TRY(alloc_buf(m, (void **)&s->q, R * qw * f));
-        EXL_TRY(alloc_buf(m, (void **)&s->k, R * kvw * f));
-        EXL_TRY(alloc_buf(m, (void **)&s->v, R * kvw * f));
-        EXL_TRY(alloc_buf(m, (void **)&s->attn, R * qw * f));
-        EXL_TRY(alloc_buf(m, (void **)&s->gate, R * c->intermediate_size * f));
-        EXL_TRY(alloc_buf(m, (void **)&s->up, R * c->intermediate_size * f));
-        EXL_TRY(alloc_buf(m, (void **)&s->sel, R * c->hidden_size * f));
-        EXL_TRY(alloc_buf(m, (void **)&s->ids, R * sizeof(int32_t)));
-        EXL_TRY(alloc_buf(m, (void **)&s->pos, R * sizeof(int32_t)));
-        EXL_TRY(alloc_buf(m, (void **)&s->slots, R * sizeof(int32_t)));
-        EXL_TRY(alloc_buf(m, (void **)&s->logit_rows, R * sizeof(int32_t)));
-        EXL_TRY(alloc_buf(m, (void **)&s->seqs, R * sizeof(exl_attn_seq)));
-        EXL_TRY(alloc_buf(m, (void **)&s->inv_freq, (size_t)m->rot_dim / 2 * f));
-        EXL_TRY(alloc_host_rows(&s->host, R));
-        s->max_rows = (int32_t)R;
-        s->rope_seq_len = -1;
-    }
     if (n_pages_total > s->max_pages) {
         int32_t n = n_pages_total > 2 * s->max_pages ? n_pages_total : 2 * s->max_pages;
         if (s->page_tables)

@@ -18,8 +18,6 @@ typedef struct exl_host_rows {
     exl_attn_seq *seqs;
 } exl_host_rows;
 
-void exl_host_rows_free(exl_host_rows *h);
-
 /* Buffers for one forward step of up to max_rows tokens (the backend's step_rows), allocated
  * once; the logits grow to the most rows a step has wanted them for. */
 typedef struct exl_forward_scratch {
@@ -91,8 +89,13 @@ int32_t exl_model_top_k_max(const exl_model *m);
  * without moving the whole vocabulary. */
 exl_status exl_model_forward_top_k(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                    int32_t k, int32_t *ids, float *vals);
-/* Tokens one step takes at most: the backend's step_rows (512 on the CPU, 2048 on CUDA). */
+/* Tokens one step takes at most: the backend's step_rows (512 on the CPU, 2048 on CUDA), or
+ * less where the forward buffers for that many did not fit. */
 int32_t exl_model_max_rows(const exl_model *m);
+/* The forward buffers (at load): for step_rows tokens, or half as many at a time while memory
+ * is short, down to 64. exl_model_free_forward frees them. */
+exl_status exl_model_alloc_forward(exl_model *m);
+void exl_model_free_forward(exl_model *m);
 
 /* Loading pieces (model_load.c, linear_load.c) */
 exl_status exl_model_load_linear(exl_model *m, const char *prefix, int64_t in, int64_t out, int has_bias,

@@ -106,6 +106,8 @@ exl_status exl_model_load(const char *dir, const exl_model_params *params, exl_m
         st = exl_fail(EXL_ERR_NOMEM, "out of memory");
     for (int i = 0; st == EXL_OK && i < m->cfg.n_layers; i++)
         st = load_layer(m, i);
+    if (st == EXL_OK)
+        st = exl_model_alloc_forward(m);
     if (st != EXL_OK) {
         exl_model_free(m);
         return st;
@@ -114,25 +116,12 @@ exl_status exl_model_load(const char *dir, const exl_model_params *params, exl_m
     return EXL_OK;
 }
 
-static void free_scratch(exl_model *m) {
-    exl_backend *be = m->be;
-    exl_forward_scratch *s = &m->fs;
-    void *bufs[] = {s->x,   s->h,   s->q,     s->k,           s->v,          s->attn,    s->gate, s->up,
-                    s->sel, s->logits, s->ids, s->pos, s->slots, s->page_tables, s->logit_rows, s->seqs, s->inv_freq};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i])
-            be->ops->free(be, bufs[i]);
-    exl_host_rows_free(s->host);
-    exl_free(s->host_page_tables);
-    memset(s, 0, sizeof *s);
-}
-
 void exl_model_free(exl_model *m) {
     if (!m)
         return;
     exl_backend *be = m->be;
     if (be) {
-        free_scratch(m);
+        exl_model_free_forward(m);
         for (int i = 0; m->layers && i < m->cfg.n_layers; i++) {
             exl_layer *l = &m->layers[i];
             be->ops->vector_free(be, l->attn_norm);

@@ -317,6 +317,74 @@ EXL_TEST(priority_runs_first) {
     exl_model_free(m);
 }
 
+/* ---------------------------------------------------------------- short memory */
+
+/* The greedy tokens of one job, 8 new tokens. */
+static int greedy8(exl_model *m, exl_tokenizer *tok, int32_t *out) {
+    exl_generator *g = gu_generator(m, tok, 4, 64, 0);
+    if (!g)
+        return -1;
+    static const int32_t prompt[] = {1, 43, 251, 263, 93};
+    exl_job_params p = exl_job_default_params();
+    p.ids = prompt, p.n_ids = 5, p.max_new_tokens = 8, p.ignore_eos = 1;
+    p.sampling.temperature = 0;
+    uint64_t id;
+    int n = exl_generator_submit(g, &p, &id) == EXL_OK ? 0 : -1;
+    while (n >= 0 && exl_generator_pending(g) > 0) {
+        const exl_gen_event *ev;
+        int32_t k;
+        if (exl_generator_step(g, &ev, &k) != EXL_OK) {
+            n = -1;
+            break;
+        }
+        for (int32_t e = 0; e < k; e++)
+            for (int32_t i = 0; i < ev[e].n_ids && n < 8; i++)
+                out[n++] = ev[e].ids[i];
+    }
+    exl_generator_free(g);
+    return n;
+}
+
+/* A model whose forward buffers for a full step do not fit loads with smaller steps (one
+ * allocation made to fail at every place in turn) and still gives the same tokens. */
+EXL_TEST(forward_buffers_fall_back_to_smaller_steps) {
+    exl_tokenizer *tok;
+    exl_model *ref = gu_load("tinystories-656k", &tok);
+    REQUIRE(ref);
+    int32_t want[8], got[8];
+    REQUIRE(greedy8(ref, tok, want) == 8);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", exl_test_shared("models/tinystories-656k"));
+    exl_model_params mp = exl_model_default_params();
+    mp.device = EXL_DEVICE_CPU;
+    int smaller = 0, failed = 0;
+    for (long n = 0; n < 2000 && smaller + failed < 2000; n++) {
+        exl_model *m = NULL;
+        exl_alloc_fail_after(n);
+        exl_status st = exl_model_load(dir, &mp, &m);
+        exl_alloc_fail_after(-1);
+        if (st != EXL_OK) {
+            CHECK_MSG(st == EXL_ERR_NOMEM && !m, "failing allocation %ld: status %d", n, (int)st);
+            failed++;
+            continue;
+        }
+        exl_model_desc d;
+        exl_model_describe(m, &d);
+        CHECK(d.max_step_tokens == 512 || d.max_step_tokens == 256);
+        if (d.max_step_tokens == 256) {
+            smaller++;
+            CHECK(greedy8(m, tok, got) == 8 && !memcmp(got, want, sizeof want));
+        }
+        exl_model_free(m);
+        if (d.max_step_tokens == 512 && smaller > 0)
+            break; /* past the forward buffers: the failure no longer lands in them */
+    }
+    CHECK(smaller > 0);
+    CHECK(failed > 0);
+    exl_tokenizer_free(tok);
+    exl_model_free(ref);
+}
+
 /* ---------------------------------------------------------------- bad arguments */
 
 EXL_TEST(bad_arguments) {
