@@ -207,6 +207,7 @@ static exl_model *build_model(const char *kind, int32_t n_layers, model_info *mi
     }
     /* EXL2 quantizes the head (6 bits here); GPTQ checkpoints keep it fp16 */
     linear(m, mi, !strcmp(kind, "exl2") ? "exl2" : "fp16", 1, H, V, &m->head);
+    EK(exl_model_alloc_forward(m));
     return m;
 }
 
