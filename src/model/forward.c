@@ -5,6 +5,7 @@
 #include "base/error.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 
@@ -87,33 +88,37 @@ void exl_model_free_forward(exl_model *m) {
     memset(s, 0, sizeof *s);
 }
 
+/* *buf (backend memory of *have elements of elem bytes) for at least need elements: doubled, at
+ * most cap */
+static exl_status grow(exl_model *m, void **buf, int32_t *have, int32_t need, int32_t cap, size_t elem) {
+    if (need <= *have)
+        return EXL_OK;
+    int32_t n = need > 2 * *have ? need : 2 * *have;
+    n = n < cap ? n : cap;
+    if (*buf)
+        m->be->ops->free(m->be, *buf);
+    *buf = NULL;
+    *have = 0;
+    EXL_TRY(alloc_buf(m, buf, (size_t)n * elem));
+    *have = n;
+    return EXL_OK;
+}
+
+/* The page tables (and their host staging) for n_pages_total pages, the logits for n_logits
+ * rows: most steps want one row a sequence, so they grow rather than being sized for max_rows. */
 static exl_status ensure_scratch(exl_model *m, int32_t n_pages_total, int32_t n_logits) {
     exl_forward_scratch *s = &m->fs;
-    const exl_hf_config *c = &m->cfg;
-    exl_backend *be = m->be;
     if (n_pages_total > s->max_pages) {
-        int32_t n = n_pages_total > 2 * s->max_pages ? n_pages_total : 2 * s->max_pages;
-        if (s->page_tables)
-            be->ops->free(be, s->page_tables);
         exl_free(s->host_page_tables);
-        s->page_tables = NULL;
-        s->max_pages = 0;
-        EXL_TRY(alloc_buf(m, (void **)&s->page_tables, (size_t)n * sizeof(int32_t)));
-        if (!(s->host_page_tables = exl_malloc((size_t)n * sizeof(int32_t))))
+        s->host_page_tables = NULL;
+        EXL_TRY(grow(m, (void **)&s->page_tables, &s->max_pages, n_pages_total, INT32_MAX, sizeof(int32_t)));
+        if (!(s->host_page_tables = exl_malloc((size_t)s->max_pages * sizeof(int32_t)))) {
+            s->max_pages = 0;
             return exl_fail(EXL_ERR_NOMEM, "out of memory");
-        s->max_pages = n;
+        }
     }
-    if (n_logits > s->max_logit_rows) { /* most steps want one row a sequence: grown, not sized for max_rows */
-        int32_t n = n_logits > 2 * s->max_logit_rows ? n_logits : 2 * s->max_logit_rows;
-        n = n < s->max_rows ? n : s->max_rows;
-        if (s->logits)
-            be->ops->free(be, s->logits);
-        s->logits = NULL;
-        s->max_logit_rows = 0;
-        EXL_TRY(alloc_buf(m, (void **)&s->logits, (size_t)n * c->vocab_size * sizeof(float)));
-        s->max_logit_rows = n;
-    }
-    return EXL_OK;
+    return grow(m, (void **)&s->logits, &s->max_logit_rows, n_logits, s->max_rows,
+                (size_t)m->cfg.vocab_size * sizeof(float));
 }
 
 static exl_status update_rope(exl_model *m, int32_t seq_len) {

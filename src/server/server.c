@@ -61,7 +61,7 @@ static char *base_name(const char *dir) {
 /* Enough pages for max_jobs sequences of ctx tokens each, so no job waits for memory
  * that a full house could not give it. */
 static exl_status start_engine(exl_server *srv) {
-    exl_generator_params gp = exl_generator_default_params(); /* checks max_jobs against the step size */
+    exl_generator_params gp = exl_generator_default_params(); /* exl_generator_init checks max_jobs */
     gp.max_jobs = srv->params.max_jobs;
     if (srv->ctx < gp.page_size)
         gp.page_size = srv->ctx;

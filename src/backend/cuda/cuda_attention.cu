@@ -87,30 +87,47 @@ __device__ __forceinline__ void decode_keys(const exl_attn_seq &seq, int row, in
     *k1 = min(last + 1, *k0 + keys_per_split);
 }
 
-/* The keys a prompt tile of nq queries from row qt0 of seq sees: [*first, *last], *first
- * rounded down to a multiple of align. */
-__device__ __forceinline__ void prefill_keys(const exl_attn_seq &seq, int qt0, int nq, int sliding_window, int align,
-                                             int *first, int *last) {
-    const int past = seq.n_kv - seq.n_q;
-    *last = past + qt0 + nq - 1;
-    *first = window_first(past + qt0, sliding_window);
-    *first -= *first % align;
+/* Where a prompt block works: head blockIdx.y (KV head kvh, KV row width kvw) of sequence
+ * blockIdx.z, its queries qt0 .. qt0 + nq - 1 (of bq a block), and the keys they see,
+ * [first, last], first rounded down to a multiple of align. */
+typedef struct prefill_block {
+    exl_attn_seq seq;
+    const int32_t *pages;
+    int head, kvh, kvw, qt0, nq, past, first, last;
+} prefill_block;
+
+/* 0 when the block's tile starts past its sequence's queries (the block has nothing to do) */
+__device__ __forceinline__ int prefill_place(const exl_attn_seq *seqs, const int32_t *page_tables,
+                                             const exl_attn_shape &sh, int bq, int align, prefill_block *p) {
+    p->seq = seqs[blockIdx.z];
+    p->qt0 = blockIdx.x * bq;
+    if (p->qt0 >= p->seq.n_q)
+        return 0;
+    p->head = blockIdx.y, p->kvh = p->head / (sh.n_heads / sh.n_kv_heads), p->kvw = sh.n_kv_heads * sh.head_dim;
+    p->nq = min(bq, p->seq.n_q - p->qt0);
+    p->pages = page_tables + p->seq.page_start;
+    p->past = p->seq.n_kv - p->seq.n_q;
+    p->last = p->past + p->qt0 + p->nq - 1;
+    p->first = window_first(p->past + p->qt0, sh.sliding_window);
+    p->first -= p->first % align;
+    return 1;
 }
 
-/* Dims c .. c + 3 of key `key` of seq (head kvh, row width kvw): a row of this step from the fp32
- * k and v (as computed), earlier context from the fp16 cache, zeros past `last`. */
-__device__ __forceinline__ void load_kv4(const exl_attn_seq &seq, const int32_t *pages, int page_size, int key,
-                                         int last, const float *k, const float *v, const __half *kc, const __half *vc,
-                                         int64_t kv_off, int kvw, float4 *kf, float4 *vf) {
-    const int past = seq.n_kv - seq.n_q;
+/* Dims c .. c + 3 of key `key` of p's KV head (head_dim hd): a row of this step from the fp32
+ * k and v (as computed), earlier context from the fp16 cache, zeros past p.last. */
+__device__ __forceinline__ void load_kv4(const prefill_block &p, int page_size, int hd, int key, int c, const float *k,
+                                         const float *v, const __half *kc, const __half *vc, float4 *kf, float4 *vf) {
+    const int64_t kv_off = (int64_t)p.kvh * hd + c;
     *kf = *vf = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (key <= last && k && key >= past) {
-        const int64_t at = (int64_t)(seq.q_start + key - past) * kvw + kv_off;
+    if (key <= p.last && k && key >= p.past) {
+        const int64_t at = (int64_t)(p.seq.q_start + key - p.past) * p.kvw + kv_off;
         *kf = *(const float4 *)(k + at), *vf = *(const float4 *)(v + at);
-    } else if (key <= last) {
-        const int64_t at = key_slot(pages, key, page_size) * kvw + kv_off;
-        const float2 k01 = __half22float2(*(const __half2 *)(kc + at)), k23 = __half22float2(*(const __half2 *)(kc + at + 2));
-        const float2 v01 = __half22float2(*(const __half2 *)(vc + at)), v23 = __half22float2(*(const __half2 *)(vc + at + 2));
+    } else if (key <= p.last) {
+        const int64_t at = key_slot(p.pages, key, page_size) * p.kvw + kv_off;
+        const float2 k01 = __half22float2(*(const __half2 *)(kc + at)),
+                     k23 = __half22float2(*(const __half2 *)(kc + at + 2));
+        const float2 v01 = __half22float2(*(const __half2 *)(vc + at)),
+                     v23 = __half22float2(*(const __half2 *)(vc + at + 2));
         *kf = make_float4(k01.x, k01.y, k23.x, k23.y), *vf = make_float4(v01.x, v01.y, v23.x, v23.y);
     }
 }
@@ -357,21 +374,15 @@ attn_prefill_kernel(float *out, const float *q, const float *k, const float *v, 
     float *vt = kt + KEY_BLOCK * ks;
     __shared__ int64_t slots[KEY_BLOCK];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int head = blockIdx.y, kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * hd;
-    const exl_attn_seq seq = seqs[blockIdx.z];
-    const int qt0 = blockIdx.x * Q_TILE;
-    if (qt0 >= seq.n_q)
+    prefill_block P;
+    if (!prefill_place(seqs, page_tables, sh, Q_TILE, KEY_BLOCK, &P))
         return;
-    const int nq = min(Q_TILE, seq.n_q - qt0);
-    const int32_t *pages = page_tables + seq.page_start;
-    const int past = seq.n_kv - seq.n_q;
 
     for (int i = threadIdx.x; i < Q_TILE * hd; i += blockDim.x) {
         int qi = i / hd;
-        qs[i] = qi < nq ? q[((int64_t)(seq.q_start + qt0 + qi) * sh.n_heads + head) * hd + i % hd] * sh.scale : 0.0f;
+        const int64_t row = P.seq.q_start + P.qt0 + qi;
+        qs[i] = qi < P.nq ? q[(row * sh.n_heads + P.head) * hd + i % hd] * sh.scale : 0.0f;
     }
-    int first_min, last_max; /* key range of the tile */
-    prefill_keys(seq, qt0, nq, sh.sliding_window, KEY_BLOCK, &first_min, &last_max);
 
     float m[4], l[4], acc[4][MAX_DPL];
     int qlast[4], qfirst[4];
@@ -380,30 +391,30 @@ attn_prefill_kernel(float *out, const float *q, const float *k, const float *v, 
         m[j] = -INFINITY;
         l[j] = 0.0f;
         int qi = warp * 4 + j;
-        qlast[j] = qi < nq ? past + qt0 + qi : -1;
+        qlast[j] = qi < P.nq ? P.past + P.qt0 + qi : -1;
         qfirst[j] = window_first(qlast[j], sh.sliding_window);
 #pragma unroll
         for (int i = 0; i < MAX_DPL; i++)
             acc[j][i] = 0.0f;
     }
     float *pw = ps + warp * 4 * KEY_BLOCK;
-    for (int t0 = first_min; t0 <= last_max; t0 += KEY_BLOCK) {
+    for (int t0 = P.first; t0 <= P.last; t0 += KEY_BLOCK) {
         __syncthreads(); /* previous block's K/V no longer in use */
         if (threadIdx.x < KEY_BLOCK) {
             int t = t0 + threadIdx.x;
-            slots[threadIdx.x] = t <= last_max ? key_slot(pages, t, sh.page_size) : -1;
+            slots[threadIdx.x] = t <= P.last ? key_slot(P.pages, t, sh.page_size) : -1;
         }
         __syncthreads();
         for (int i = threadIdx.x; i < KEY_BLOCK * (hd / 8); i += blockDim.x) {
             const int j = i / (hd / 8), c = (i % (hd / 8)) * 8, key = t0 + j;
             float kf[8] = {0, 0, 0, 0, 0, 0, 0, 0}, vf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (slots[j] >= 0 && k && key >= past) { /* a row of this step */
-                const int64_t at = (int64_t)(seq.q_start + key - past) * kvw + (int64_t)kvh * hd + c;
+            if (slots[j] >= 0 && k && key >= P.past) { /* a row of this step */
+                const int64_t at = (int64_t)(P.seq.q_start + key - P.past) * P.kvw + (int64_t)P.kvh * hd + c;
                 *(float4 *)kf = *(const float4 *)(k + at), *(float4 *)(kf + 4) = *(const float4 *)(k + at + 4);
                 *(float4 *)vf = *(const float4 *)(v + at), *(float4 *)(vf + 4) = *(const float4 *)(v + at + 4);
             } else if (slots[j] >= 0) {
-                uint4 kz = *(const uint4 *)(kc + slots[j] * kvw + (int64_t)kvh * hd + c);
-                uint4 vz = *(const uint4 *)(vc + slots[j] * kvw + (int64_t)kvh * hd + c);
+                uint4 kz = *(const uint4 *)(kc + slots[j] * P.kvw + (int64_t)P.kvh * hd + c);
+                uint4 vz = *(const uint4 *)(vc + slots[j] * P.kvw + (int64_t)P.kvh * hd + c);
                 __half kh[8], vh[8];
                 memcpy(kh, &kz, 16);
                 memcpy(vh, &vz, 16);
@@ -450,9 +461,9 @@ attn_prefill_kernel(float *out, const float *q, const float *k, const float *v, 
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         int qi = warp * 4 + j;
-        if (qi >= nq)
+        if (qi >= P.nq)
             continue;
-        float *o = out + ((int64_t)(seq.q_start + qt0 + qi) * sh.n_heads + head) * hd;
+        float *o = out + ((int64_t)(P.seq.q_start + P.qt0 + qi) * sh.n_heads + P.head) * hd;
 #pragma unroll
         for (int i = 0; i < MAX_DPL; i++)
             if (lane + 32 * i < hd)
@@ -491,25 +502,18 @@ attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const floa
     float *vt = kt + HD * BK;  /* [BK][VS] */
     float *pt = vt + BK * VS;  /* [BK][PS] */
     const int tq = threadIdx.x / 16, tk = threadIdx.x % 16;
-    const int head = blockIdx.y, kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * HD;
-    const exl_attn_seq seq = seqs[blockIdx.z];
-    const int qt0 = blockIdx.x * TQ;
-    if (qt0 >= seq.n_q)
+    prefill_block P;
+    if (!prefill_place(seqs, page_tables, sh, TQ, BK, &P))
         return;
-    const int nq = min(TQ, seq.n_q - qt0);
-    const int32_t *pages = page_tables + seq.page_start;
-    const int past = seq.n_kv - seq.n_q;
 
     for (int i = threadIdx.x; i < TQ * (HD / 4); i += 256) {
         const int qi = i % TQ, c = i / TQ * 4;
         float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (qi < nq)
-            x = *(const float4 *)(q + ((int64_t)(seq.q_start + qt0 + qi) * sh.n_heads + head) * HD + c);
+        if (qi < P.nq)
+            x = *(const float4 *)(q + ((int64_t)(P.seq.q_start + P.qt0 + qi) * sh.n_heads + P.head) * HD + c);
         qs[(c + 0) * TQ + qi] = x.x * sh.scale, qs[(c + 1) * TQ + qi] = x.y * sh.scale;
         qs[(c + 2) * TQ + qi] = x.z * sh.scale, qs[(c + 3) * TQ + qi] = x.w * sh.scale;
     }
-    int first_min, last_max;
-    prefill_keys(seq, qt0, nq, sh.sliding_window, BK, &first_min, &last_max);
 
     float m[4], l[4], acc[4][DPT];
     int qlast[4], qfirst[4];
@@ -517,18 +521,18 @@ attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const floa
     for (int i = 0; i < 4; i++) {
         const int qi = tq * 4 + i;
         m[i] = -INFINITY, l[i] = 0.0f;
-        qlast[i] = qi < nq ? past + qt0 + qi : -1;
+        qlast[i] = qi < P.nq ? P.past + P.qt0 + qi : -1;
         qfirst[i] = window_first(qlast[i], sh.sliding_window);
 #pragma unroll
         for (int d = 0; d < DPT; d++)
             acc[i][d] = 0.0f;
     }
-    for (int t0 = first_min; t0 <= last_max; t0 += BK) {
+    for (int t0 = P.first; t0 <= P.last; t0 += BK) {
         __syncthreads(); /* the previous tile's K, V and P are no longer read */
         for (int i = threadIdx.x; i < BK * (HD / 4); i += 256) {
             const int j = i % BK, c = i / BK * 4;
             float4 kf, vf;
-            load_kv4(seq, pages, sh.page_size, t0 + j, last_max, k, v, kc, vc, (int64_t)kvh * HD + c, kvw, &kf, &vf);
+            load_kv4(P, sh.page_size, HD, t0 + j, c, k, v, kc, vc, &kf, &vf);
             kt[(c + 0) * BK + j] = kf.x, kt[(c + 1) * BK + j] = kf.y;
             kt[(c + 2) * BK + j] = kf.z, kt[(c + 3) * BK + j] = kf.w;
             *(float4 *)(vt + j * VS + c) = vf;
@@ -597,7 +601,7 @@ attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const floa
             for (int d = 0; d < DPT; d++)
                 acc[i][d] *= corr[i];
         __syncthreads();
-        const int n_keys = min(BK, last_max - t0 + 1);
+        const int n_keys = min(BK, P.last - t0 + 1);
 #pragma unroll 4
         for (int j = 0; j < n_keys; j++) {
             const float4 pv = *(const float4 *)(pt + j * PS + tq * 4);
@@ -618,9 +622,9 @@ attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const floa
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int qi = tq * 4 + i;
-        if (qi >= nq)
+        if (qi >= P.nq)
             continue;
-        float *o = out + ((int64_t)(seq.q_start + qt0 + qi) * sh.n_heads + head) * HD;
+        float *o = out + ((int64_t)(P.seq.q_start + P.qt0 + qi) * sh.n_heads + P.head) * HD;
         const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
 #pragma unroll
         for (int g = 0; g < DPT / 4; g++)
@@ -674,36 +678,29 @@ attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *
     __half *qh = tsm, *ql = qh + TC_BQ * RS, *kh = ql + TC_BQ * RS, *kl = kh + TC_BK * RS;
     __half *vh = kl + TC_BK * RS, *vl = vh + TC_BK * RS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-    const int head = blockIdx.y, kvh = head / (sh.n_heads / sh.n_kv_heads), kvw = sh.n_kv_heads * HD;
-    const exl_attn_seq seq = seqs[blockIdx.z];
-    const int qt0 = blockIdx.x * TC_BQ;
-    if (qt0 >= seq.n_q)
+    prefill_block P;
+    if (!prefill_place(seqs, page_tables, sh, TC_BQ, TC_BK, &P))
         return;
-    const int nq = min(TC_BQ, seq.n_q - qt0);
-    const int32_t *pages = page_tables + seq.page_start;
-    const int past = seq.n_kv - seq.n_q;
 
     for (int i = threadIdx.x; i < TC_BQ * (HD / 4); i += TC_WARPS * 32) {
         const int r = i / (HD / 4), c = i % (HD / 4) * 4;
         float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < nq) {
-            x = *(const float4 *)(q + ((int64_t)(seq.q_start + qt0 + r) * sh.n_heads + head) * HD + c);
+        if (r < P.nq) {
+            x = *(const float4 *)(q + ((int64_t)(P.seq.q_start + P.qt0 + r) * sh.n_heads + P.head) * HD + c);
             x.x *= sh.scale, x.y *= sh.scale, x.z *= sh.scale, x.w *= sh.scale;
         }
         store_split4(qh + r * RS + c, ql + r * RS + c, x);
     }
-    int first_min, last_max;
-    prefill_keys(seq, qt0, nq, sh.sliding_window, TC_BK, &first_min, &last_max);
     /* this thread's two rows (g and g + 8 of the warp's 16) and their key ranges */
     int rlast[2], rfirst[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int qi = warp * 16 + g + 8 * h;
-        rlast[h] = qi < nq ? past + qt0 + qi : -1;
+        rlast[h] = qi < P.nq ? P.past + P.qt0 + qi : -1;
         rfirst[h] = window_first(rlast[h], sh.sliding_window);
     }
-    const int warp_last = min(past + qt0 + warp * 16 + 15, last_max);
-    const int warp_first = window_first(past + qt0 + warp * 16, sh.sliding_window);
+    const int warp_last = min(P.past + P.qt0 + warp * 16 + 15, P.last);
+    const int warp_first = window_first(P.past + P.qt0 + warp * 16, sh.sliding_window);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     float o[DT][4];
 #pragma unroll
@@ -712,12 +709,12 @@ attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *
     /* ldmatrix lane roles: matrix mi = lane / 8, its row lane % 8 */
     const int mi = lane / 8, mr = lane % 8;
 
-    for (int t0 = first_min; t0 <= last_max; t0 += TC_BK) {
+    for (int t0 = P.first; t0 <= P.last; t0 += TC_BK) {
         __syncthreads(); /* the previous tile is no longer read (and Q is in, the first time) */
         for (int i = threadIdx.x; i < TC_BK * (HD / 4); i += TC_WARPS * 32) {
             const int j = i / (HD / 4), c = i % (HD / 4) * 4;
             float4 kf, vf; /* from the fp16 cache: exact in hi */
-            load_kv4(seq, pages, sh.page_size, t0 + j, last_max, k, v, kc, vc, (int64_t)kvh * HD + c, kvw, &kf, &vf);
+            load_kv4(P, sh.page_size, HD, t0 + j, c, k, v, kc, vc, &kf, &vf);
             store_split4(kh + j * RS + c, kl + j * RS + c, kf);
             store_split4(vh + j * RS + c, vl + j * RS + c, vf);
         }
@@ -813,9 +810,9 @@ attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int qi = warp * 16 + g + 8 * h;
-        if (qi >= nq)
+        if (qi >= P.nq)
             continue;
-        float *orow = out + ((int64_t)(seq.q_start + qt0 + qi) * sh.n_heads + head) * HD;
+        float *orow = out + ((int64_t)(P.seq.q_start + P.qt0 + qi) * sh.n_heads + P.head) * HD;
         const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
 #pragma unroll
         for (int n = 0; n < DT; n++)

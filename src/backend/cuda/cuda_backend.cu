@@ -304,7 +304,8 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
     cb->device = 0;
     cb->n_sms = prop.multiProcessorCount;
     cb->sm_major = prop.major;
-    cb->prefill_attention_fp32 = getenv("EXL_CUDA_PREFILL_ATTENTION") && !strcmp(getenv("EXL_CUDA_PREFILL_ATTENTION"), "fp32");
+    const char *pa = getenv("EXL_CUDA_PREFILL_ATTENTION");
+    cb->prefill_attention_fp32 = pa && !strcmp(pa, "fp32");
     cb->pdl = prop.major >= 9 && !(getenv("EXL_CUDA_PDL") && !strcmp(getenv("EXL_CUDA_PDL"), "0"));
     const char *graphs = getenv("EXL_CUDA_GRAPHS"), *dq = getenv("EXL_CUDA_DEQUANT_ROWS");
     cb->graphs_off = graphs && !strcmp(graphs, "0");
