@@ -105,17 +105,29 @@ exl_status exl_cuda_malloc(void **p, size_t bytes, const char *what);
 
 /* A quantized matrix (EXL2 or GPTQ) repacked for this backend:
  * rows are grouped in chunks of 32 ("slots"), each chunk one bit width and one scale group;
- * codes of a chunk are a little-endian bit stream down each column (word stride n_pad), the
- * values in the pair order of exl_cuda_slot_of(); the activations are gathered into slot order
- * through slot_src (-1 = padding, read as 0). W[slot, n] = (code - zero) * scale[group, n]. */
+ * codes of a chunk are a little-endian bit stream down each column (exl_qw_col: where a
+ * column's words lie), the values in the pair order of exl_cuda_slot_of(); the activations
+ * are gathered into slot order through slot_src (-1 = padding, read as 0).
+ * W[slot, n] = (code - zero) * scale[group, n]. */
 typedef struct exl_qmatrix {
     int32_t n_chunks, n_pad, n_groups, word_rows;
-    uint32_t *qw;        /* [word_rows, n_pad] */
+    uint32_t *qw;        /* [n_pad / EXL_QW_TILE][word_rows][EXL_QW_TILE]: column tiles one after another */
     int4 *chunks;        /* [n_chunks]: word row, bits, group, 0 */
     __half *scales;      /* [n_groups, n_pad] */
     __half *zeros;       /* [n_groups, n_pad] (GPTQ) or NULL (EXL2: zero = 2^(bits-1)) */
     int32_t *slot_src;   /* [n_chunks * 32] */
 } exl_qmatrix;
+
+/* Columns of a tile of qw. The words of a tile lie together, row after row, so that a kernel
+ * reading a tile's columns over a range of chunks streams one contiguous piece of memory. */
+#define EXL_QW_TILE 256
+
+#ifdef __CUDACC__
+/* word row 0 of column col; word row w is EXL_QW_TILE words further per row */
+__device__ __forceinline__ const uint32_t *exl_qw_col(const exl_qmatrix &q, int col) {
+    return q.qw + (int64_t)(col / EXL_QW_TILE) * q.word_rows * EXL_QW_TILE + col % EXL_QW_TILE;
+}
+#endif
 
 struct exl_linear {
     exl_linear_kind kind;
@@ -146,6 +158,8 @@ size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_
 /* The fused quantized GEMV (cuda_qgemv.cu): 1 if it takes f (few rows, quantized weights
  * of one input width), which exl_cuda_qgemv_fused then launches. */
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f);
+/* at backend creation: the kernels' launch attributes (not allowed inside a graph capture) */
+void exl_cuda_qgemv_init(const exl_cuda_backend *cb);
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
 /* out[rows, out] (+)= xin · w + b on tensor cores for a quantized w (cuda_qmma.cu); xin is x,
  * or exl_cuda_activate(x, act) * up when up is not NULL (fp32 [rows, in]), multiplied as fp16

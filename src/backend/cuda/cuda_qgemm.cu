@@ -41,7 +41,7 @@ __device__ __forceinline__ void dequant_chunk(const exl_qmatrix &q, int4 meta, i
     uint32_t w[DQ_COLS_T][B];
 #pragma unroll
     for (int i = 0; i < B; i++) {
-        uint4 v = __ldg((const uint4 *)(q.qw + (int64_t)(meta.x + i) * q.n_pad + col0));
+        uint4 v = __ldg((const uint4 *)(exl_qw_col(q, col0) + (int64_t)(meta.x + i) * EXL_QW_TILE));
         w[0][i] = v.x, w[1][i] = v.y, w[2][i] = v.z, w[3][i] = v.w;
     }
     const int64_t g0 = (int64_t)meta.z * q.n_pad + col0;

@@ -4,24 +4,33 @@
  * can be added to the output (the residual).
  *
  * Grid: x = column tiles of 256 (64 threads x 4 columns, 16-byte loads) of all the matrices
- * one after another, y = a split of the input chunks. A block first asks L2 for its
- * weights, then gathers its chunks' activations (slot order, fp16 pairs); its 4 warp pairs
+ * one after another, y = a split of the input chunks; at most BLOCKS_PER_SM blocks an SM.
+ * A block first asks L2 for the weights of its first chunks (a tile's words lie together:
+ * exl_qw_col), then gathers its chunks' activations (slot order, fp16 pairs); its 4 warp pairs
  * take every 4th chunk of the block's range and the block sums them in shared memory; with
  * a split, the last block of a column tile to arrive (counter per tile, reset by it) adds
  * the partial sums in split order, so the result does not depend on timing. Products are
  * summed in fp16 over 8 rows at most, then in fp32, and scaled per chunk in fp32.
- * Launched with programmatic dependent launch: the L2 requests for the weights, and the
+ * Launched with programmatic dependent launch: the L2 requests for those weights, and the
  * activation rows and norm weights of a thread's first pairs, are made before
  * griddepcontrol.wait, while the previous kernel is still running; after it those pairs'
  * values are loaded together with the RMS pass, one memory round trip instead of three.
  * The last block reads the partial sums eight at a time. */
 #include "backend/cuda/cuda_qdecode.cuh"
 
-#define COL_TILE 256
+#include <stdlib.h>
+
+#define COL_TILE EXL_QW_TILE
 #define GEMV_THREADS 256
 #define SUBS (GEMV_THREADS / 64)
 #define MAX_MATS 3
 #define ROWS_PER_LAUNCH EXL_CUDA_QGEMV_MAX_ROWS
+/* chunks of each warp pair asked of L2 before griddepcontrol.wait: enough to cover the wait,
+ * while asking for all of a block's weights at once (up to 258 KiB for the 6-bit head) fills
+ * the memory queues ahead of the loads that are needed first (see bench/RESULTS.md) */
+#define PREFETCH_CHUNKS 2
+/* blocks an SM holds at most (occupancy_floor): 3 measured faster than 2 or 4 */
+#define BLOCKS_PER_SM 3
 
 typedef struct gemv_mat {
     exl_qmatrix q;
@@ -94,13 +103,13 @@ __device__ __forceinline__ float input_at(const gemv_args &a, int r, int s, cons
 /* ---- GEMV */
 
 template <int R, int B>
-__device__ __forceinline__ void gemv_chunk(const uint32_t *qw, int64_t n_pad, int col0, int4 meta,
+__device__ __forceinline__ void gemv_chunk(const uint32_t *wcol, int64_t n_pad, int col0, int4 meta,
                                            const __half *scales, const __half *zeros, const __half2 *xs,
                                            int xs_stride, float (&acc)[R][4]) {
     uint4 wv[B];
 #pragma unroll
     for (int i = 0; i < B; i++)
-        wv[i] = __ldg((const uint4 *)(qw + (int64_t)(meta.x + i) * n_pad + col0));
+        wv[i] = __ldg((const uint4 *)(wcol + (int64_t)(meta.x + i) * EXL_QW_TILE));
     const int64_t g0 = (int64_t)meta.z * n_pad + col0;
     uint2 sraw = __ldg((const uint2 *)(scales + g0));
     __half sc[4];
@@ -155,11 +164,12 @@ __global__ void __launch_bounds__(GEMV_THREADS) qgemv_kernel(const __grid_consta
     const int xs_stride = cpb * 16;
     const int col0 = ((int)blockIdx.x - (mi ? a.m[mi - 1].tile_end : 0)) * COL_TILE + quad * 4;
 
-    /* start this thread's weights on their way to L2, while the previous kernel finishes */
-    for (int lc = sub; lc < n_loc; lc += SUBS) {
+    /* start the first chunks' weights on their way to L2, while the previous kernel finishes */
+    const uint32_t *wcol = exl_qw_col(q, col0);
+    for (int lc = sub; lc < n_loc && lc < PREFETCH_CHUNKS * SUBS; lc += SUBS) {
         int4 meta = __ldg(q.chunks + c0 + lc);
         for (int i = 0; i < meta.y; i++)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(q.qw + (int64_t)(meta.x + i) * q.n_pad + col0));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(wcol + (int64_t)(meta.x + i) * EXL_QW_TILE));
     }
     /* this thread's first activation pairs: their rows and norm weights before the wait,
      * their values right after it, in flight together with the RMS pass's loads */
@@ -217,12 +227,12 @@ __global__ void __launch_bounds__(GEMV_THREADS) qgemv_kernel(const __grid_consta
         int4 meta = __ldg(q.chunks + c0 + lc);
         const __half2 *xc = xs + lc * 16;
         switch (meta.y) {
-        case 2: gemv_chunk<R, 2>(q.qw, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
-        case 3: gemv_chunk<R, 3>(q.qw, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
-        case 4: gemv_chunk<R, 4>(q.qw, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
-        case 5: gemv_chunk<R, 5>(q.qw, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
-        case 6: gemv_chunk<R, 6>(q.qw, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
-        default: gemv_chunk<R, 8>(q.qw, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
+        case 2: gemv_chunk<R, 2>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
+        case 3: gemv_chunk<R, 3>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
+        case 4: gemv_chunk<R, 4>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
+        case 5: gemv_chunk<R, 5>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
+        case 6: gemv_chunk<R, 6>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
+        default: gemv_chunk<R, 8>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
         }
     }
 #pragma unroll
@@ -282,11 +292,43 @@ __global__ void __launch_bounds__(GEMV_THREADS) qgemv_kernel(const __grid_consta
 
 /* ---- launch */
 
+/* Shared memory a block of qgemv_kernel<R> asks for at least, so that an SM holds no more than
+ * BLOCKS_PER_SM of them: with more, the extra weight requests in flight slow every load down
+ * (bench/RESULTS.md). 0 where the registers already keep the count down. */
+template <int R>
+static size_t occupancy_floor(const exl_cuda_backend *cb) {
+    static int done;
+    static size_t floor_bytes;
+    if (done)
+        return floor_bytes;
+    done = 1;
+    int cap = BLOCKS_PER_SM, n = 0, sm_smem = 0, reserved = 0;
+    const char *e = getenv("EXL_CUDA_GEMV_BLOCKS_PER_SM");
+    if (e)
+        cap = atoi(e);
+    cudaFuncAttributes fa;
+    if (cap < 1 || cudaFuncGetAttributes(&fa, qgemv_kernel<R>) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemv_kernel<R>, GEMV_THREADS, 0) != cudaSuccess ||
+        n <= cap || cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->device) ||
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, cb->device)) {
+        cudaGetLastError();
+        return 0;
+    }
+    size_t want = (size_t)(sm_smem / (cap + 1) - reserved - (int)fa.sharedSizeBytes + 128) / 128 * 128;
+    if (want > 48 * 1024 &&
+        cudaFuncSetAttribute(qgemv_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)want) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    floor_bytes = want;
+    return want;
+}
+
 template <int R>
 static void launch(exl_cuda_backend *cb, const gemv_args *a, int split) {
     dim3 grid((unsigned)a->m[a->n_mats - 1].tile_end, (unsigned)split);
-    size_t smem = (size_t)R * a->chunks_per_block * 16 * sizeof(__half2);
-    exl_cuda_launch(cb, qgemv_kernel<R>, grid, dim3(GEMV_THREADS), smem, *a);
+    size_t smem = (size_t)R * a->chunks_per_block * 16 * sizeof(__half2), floor = occupancy_floor<R>(cb);
+    exl_cuda_launch(cb, qgemv_kernel<R>, grid, dim3(GEMV_THREADS), smem > floor ? smem : floor, *a);
     exl_cuda_check_launch(cb, "quantized GEMV");
 }
 
@@ -330,6 +372,13 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
     a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
     *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
     return 1;
+}
+
+void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
+    occupancy_floor<1>(cb);
+    occupancy_floor<2>(cb);
+    occupancy_floor<3>(cb);
+    occupancy_floor<4>(cb);
 }
 
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f) {

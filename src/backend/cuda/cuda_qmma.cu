@@ -249,14 +249,14 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, 2) qmma_kernel(const __grid_co
     __syncthreads();
     /* activation copy i of a stage: vector v = threadIdx.x + 256 i of [part][m][chunk][64] */
     const __half *x_src = a.xh + ((int64_t)tile0 * a.q.n_chunks + c_begin) * FRAG_HALVES + threadIdx.x % 64 * 8;
-    const uint32_t *w_src = a.q.qw + col0 + 4 * lane; /* a warp copies word row `warp` of each chunk */
+    const uint32_t *w_src = exl_qw_col(a.q, col0 + 4 * lane); /* a warp copies word row `warp` of each chunk */
     auto copy_words = [&](int s) {
         uint32_t *dst = sw + (s % N_STAGES) * SW + warp * W_STRIDE + 4 * lane;
 #pragma unroll
         for (int ci = 0; ci < SC; ci++) {
             const int c = s * SC + ci;
             if (c < n_chunks && warp < meta_bits(meta[c]))
-                copy16(dst + ci * 8 * W_STRIDE, w_src + (uint32_t)(meta[c].x + warp) * (uint32_t)a.q.n_pad);
+                copy16(dst + ci * 8 * W_STRIDE, w_src + (uint32_t)(meta[c].x + warp) * (uint32_t)EXL_QW_TILE);
         }
     };
     auto copy_acts = [&](int s) {

@@ -16,7 +16,6 @@
 #include <string.h>
 
 #define CHUNK 32
-#define COL_TILE 256
 
 int exl_cuda_slot_of(int bits, int row) {
     if (bits == 3 || bits == 5 || bits == 6) /* pairs (p, p + 16) */
@@ -51,11 +50,16 @@ typedef struct {
 typedef struct {
     int64_t n, n_pad;
     stream_src src;
-    int64_t n_chunks, word_rows;
+    int64_t n_chunks, word_rows, total_word_rows;
     uint32_t *qw;
     int4 *chunks;
     int32_t *slot_src;
 } packer;
+
+/* where word row w of column n goes (the tiled layout of exl_qmatrix.qw) */
+static inline uint32_t *word_at(const packer *pk, int64_t w, int64_t n) {
+    return pk->qw + (n / EXL_QW_TILE) * pk->total_word_rows * EXL_QW_TILE + w * EXL_QW_TILE + n % EXL_QW_TILE;
+}
 
 static void pack_segment(packer *pk, const segment *sg) {
     int b = sg->bits;
@@ -70,12 +74,11 @@ static void pack_segment(packer *pk, const segment *sg) {
             if (t < n_valid && sg->src_bit[r0 + t] != sg->src_bit[r0] + (int64_t)t * b)
                 contiguous = 0;
         }
-        uint32_t *dst = pk->qw + wr * pk->n_pad;
         if (contiguous) {
             int64_t sw = sg->src_bit[r0] >> 5;
             for (int w = 0; w < b; w++)
                 for (int64_t n = 0; n < pk->n; n++)
-                    dst[w * pk->n_pad + n] = pk->src.words[(sw + w) * pk->src.stride + n];
+                    *word_at(pk, wr + w, n) = pk->src.words[(sw + w) * pk->src.stride + n];
             continue;
         }
         for (int64_t n = 0; n < pk->n; n++) {
@@ -86,7 +89,7 @@ static void pack_segment(packer *pk, const segment *sg) {
                 acc |= code << have;
                 have += b;
                 if (have >= 32) {
-                    dst[w++ * pk->n_pad + n] = (uint32_t)acc;
+                    *word_at(pk, wr + w++, n) = (uint32_t)acc;
                     acc >>= 32;
                     have -= 32;
                 }
@@ -260,7 +263,7 @@ static exl_status upload(void **dst, const void *src, size_t bytes, const char *
 exl_status exl_cuda_qmatrix_init(exl_cuda_backend *cb, const exl_linear_src *src, exl_qmatrix *q) {
     memset(q, 0, sizeof *q);
     const char *name = src->name ? src->name : "linear";
-    int64_t N = src->out_features, n_pad = round_up(N, COL_TILE);
+    int64_t N = src->out_features, n_pad = round_up(N, EXL_QW_TILE);
     layout l;
     memset(&l, 0, sizeof l);
     stream_src ss;
@@ -274,6 +277,7 @@ exl_status exl_cuda_qmatrix_init(exl_cuda_backend *cb, const exl_linear_src *src
     memset(&pk, 0, sizeof pk);
     pk.n = N;
     pk.n_pad = n_pad;
+    pk.total_word_rows = l.total_word_rows;
     pk.src = ss;
     pk.qw = (uint32_t *)calloc((size_t)(l.total_word_rows * n_pad), sizeof(uint32_t));
     pk.chunks = (int4 *)malloc((size_t)l.total_chunks * sizeof(int4));
