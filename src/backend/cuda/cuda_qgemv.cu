@@ -147,7 +147,7 @@ __device__ __forceinline__ void gemv_chunk(const uint32_t *wcol, int64_t n_pad, 
 }
 
 template <int R>
-__global__ void __launch_bounds__(GEMV_THREADS) qgemv_kernel(const __grid_constant__ gemv_args a) {
+__global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(const __grid_constant__ gemv_args a) {
     extern __shared__ __half2 xs[]; /* [R][chunks_per_block * 16] */
     __shared__ float red[SUBS][R][COL_TILE];
     __shared__ float inv[R], red_rms[GEMV_THREADS / 32];
