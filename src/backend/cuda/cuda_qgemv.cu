@@ -14,8 +14,9 @@
  * Launched with programmatic dependent launch: the L2 requests for those weights, and the
  * activation rows and norm weights of a thread's first pairs, are made before
  * griddepcontrol.wait, while the previous kernel is still running; after it those pairs'
- * values are loaded together with the RMS pass, one memory round trip instead of three.
- * The last block reads the partial sums eight at a time. */
+ * values are loaded together with the RMS pass, one memory round trip instead of three (one
+ * normed row is kept whole in shared memory by that pass and gathered from there). The last
+ * block reads the partial sums eight at a time. */
 #include "backend/cuda/cuda_qdecode.cuh"
 
 #include <stdlib.h>
@@ -31,6 +32,11 @@
 #define PREFETCH_CHUNKS 2
 /* blocks an SM holds at most (occupancy_floor): 3 measured faster than 2 or 4 */
 #define BLOCKS_PER_SM 3
+#define ACTS_SMEM_MAX 24576 /* bytes of gathered fp16 activations a block holds at most */
+#define STAGE_MAX_IN 8192   /* inputs of the largest normed row a one-row block keeps whole */
+
+/* the largest row a one-row launch keeps in shared memory (0: none, the opt-in failed) */
+static int stage_max_in;
 
 typedef struct gemv_mat {
     exl_qmatrix q;
@@ -49,12 +55,14 @@ typedef struct gemv_args {
     int32_t chunks_per_block;
     float *partial;     /* [split][R][tiles * COL_TILE] */
     unsigned *counters; /* [tiles] */
+    int32_t stage;      /* one normed row: keep it in shared memory after the activations (in floats) */
 } gemv_args;
 
 /* ---- the input transform */
 
+/* 1 / RMS of each row; with stage (one row, a.in % 4 == 0) the row is also kept there */
 template <int R>
-__device__ void row_inv_rms(const gemv_args &a, float *inv, float *red) {
+__device__ void row_inv_rms(const gemv_args &a, float *inv, float *red, float *stage) {
     for (int r = 0; r < R; r++) {
         const float *xr = a.x + (int64_t)r * a.in;
         float ss = 0.0f;
@@ -63,6 +71,8 @@ __device__ void row_inv_rms(const gemv_args &a, float *inv, float *red) {
             for (int i = threadIdx.x; i < a.in / 4; i += GEMV_THREADS) {
                 float4 v = __ldg((const float4 *)xr + i);
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                if (stage)
+                    ((float4 *)stage)[i] = v;
             }
         } else {
 #pragma unroll 4
@@ -189,14 +199,22 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         }
     }
     exl_pdl_start();
+    /* one normed row: the RMS pass's coalesced loads keep the row in shared memory and the
+     * gather reads it there, instead of one scattered global load per input */
+    float *stage = R == 1 && a.stage ? (float *)(xs + R * xs_stride) : nullptr;
     float2 xv[PRE][R];
+    if (!stage)
 #pragma unroll
-    for (int j = 0; j < PRE; j++)
+        for (int j = 0; j < PRE; j++)
 #pragma unroll
-        for (int r = 0; r < R; r++)
-            xv[j][r] = make_float2(input_raw(a, r, sp[j].x), input_raw(a, r, sp[j].y));
+            for (int r = 0; r < R; r++)
+                xv[j][r] = make_float2(input_raw(a, r, sp[j].x), input_raw(a, r, sp[j].y));
     if (a.norm)
-        row_inv_rms<R>(a, inv, red_rms);
+        row_inv_rms<R>(a, inv, red_rms, stage);
+    if (stage)
+#pragma unroll
+        for (int j = 0; j < PRE; j++)
+            xv[j][0] = make_float2(sp[j].x >= 0 ? stage[sp[j].x] : 0.0f, sp[j].y >= 0 ? stage[sp[j].y] : 0.0f);
 #pragma unroll
     for (int j = 0; j < PRE; j++) {
         const int i = tid + j * GEMV_THREADS;
@@ -211,6 +229,11 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
     }
     for (int i = tid + PRE * GEMV_THREADS; i < n_loc * 16; i += GEMV_THREADS) {
         int2 sp = __ldg((const int2 *)(q.slot_src + c0 * CHUNK) + i);
+        if (stage) {
+            xs[i] = __floats2half2_rn(sp.x >= 0 ? a.norm[sp.x] * (stage[sp.x] * inv[0]) : 0.0f,
+                                      sp.y >= 0 ? a.norm[sp.y] * (stage[sp.y] * inv[0]) : 0.0f);
+            continue;
+        }
 #pragma unroll
         for (int r = 0; r < R; r++)
             xs[r * xs_stride + i] = __floats2half2_rn(input_at<R>(a, r, sp.x, inv), input_at<R>(a, r, sp.y, inv));
@@ -327,7 +350,8 @@ static size_t occupancy_floor(const exl_cuda_backend *cb) {
 template <int R>
 static void launch(exl_cuda_backend *cb, const gemv_args *a, int split) {
     dim3 grid((unsigned)a->m[a->n_mats - 1].tile_end, (unsigned)split);
-    size_t smem = (size_t)R * a->chunks_per_block * 16 * sizeof(__half2), floor = occupancy_floor<R>(cb);
+    size_t smem = (size_t)R * a->chunks_per_block * 16 * sizeof(__half2) + (a->stage ? a->in * sizeof(float) : 0);
+    size_t floor = occupancy_floor<R>(cb);
     exl_cuda_launch(cb, qgemv_kernel<R>, grid, dim3(GEMV_THREADS), smem > floor ? smem : floor, *a);
     exl_cuda_check_launch(cb, "quantized GEMV");
 }
@@ -361,13 +385,14 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
     a->eps = f->eps;
     a->act = f->act;
     a->in = f->w[0]->in;
+    a->stage = f->rows == 1 && f->norm && a->in % 4 == 0 && a->in <= stage_max_in;
     a->accumulate = f->accumulate;
     /* about 3 blocks per SM, at least 2 chunks per warp pair, activations under 24 KiB and
      * with the static reduction buffer (R KiB x 4) under 46 KiB */
     int R = f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
     int s = 3 * cb->n_sms / tiles, max_split = (chunks + 2 * SUBS - 1) / (2 * SUBS);
     s = s > max_split ? max_split : s < 1 ? 1 : s;
-    int smem = 47104 - 4096 * R < 24576 ? 47104 - 4096 * R : 24576;
+    int smem = 47104 - 4096 * R < ACTS_SMEM_MAX ? 47104 - 4096 * R : ACTS_SMEM_MAX;
     int cpb = (chunks + s - 1) / s, max_cpb = smem / (R * 64);
     a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
     *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
@@ -375,7 +400,11 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
 }
 
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
-    occupancy_floor<1>(cb);
+    const size_t floor = occupancy_floor<1>(cb), want = ACTS_SMEM_MAX + STAGE_MAX_IN * sizeof(float);
+    if (cudaFuncSetAttribute(qgemv_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(want > floor ? want : floor)) == cudaSuccess)
+        stage_max_in = STAGE_MAX_IN;
+    cudaGetLastError();
     occupancy_floor<2>(cb);
     occupancy_floor<3>(cb);
     occupancy_floor<4>(cb);
