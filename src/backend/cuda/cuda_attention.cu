@@ -653,6 +653,15 @@ __device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_
     memcpy(&lo, &l, 4);
 }
 
+/* c += a·b for operands split in hi and lo parts: hi·hi + hi·lo + lo·hi (lo·lo is below fp32);
+ * b is n-tile h of a pair loaded by one ldsm_x4 */
+__device__ __forceinline__ void mma_split(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                          const uint32_t (&bh)[4], const uint32_t (&bl)[4], int h) {
+    mma16816a(c, ah, bh[2 * h], bh[2 * h + 1]);
+    mma16816a(c, ah, bl[2 * h], bl[2 * h + 1]);
+    mma16816a(c, al, bh[2 * h], bh[2 * h + 1]);
+}
+
 /* four fp32 values into a row of hi and a row of lo (8 bytes each) */
 __device__ __forceinline__ void store_split4(__half *hi, __half *lo, float4 v) {
     uint2 h, l;
@@ -739,12 +748,8 @@ attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *
                 ldsm_x4<false>(bh, kh + krow * RS + kcol);
                 ldsm_x4<false>(bl, kl + krow * RS + kcol);
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float(&c)[4] = sc[2 * np + h];
-                    mma16816a(c, ah, bh[2 * h], bh[2 * h + 1]);
-                    mma16816a(c, ah, bl[2 * h], bl[2 * h + 1]);
-                    mma16816a(c, al, bh[2 * h], bh[2 * h + 1]);
-                }
+                for (int h = 0; h < 2; h++)
+                    mma_split(sc[2 * np + h], ah, al, bh, bl, h);
             }
         }
         /* masks and the online softmax of rows g (h = 0) and g + 8 (h = 1) */
@@ -798,12 +803,8 @@ attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *
                 ldsm_x4<true>(bh, vh + vrow * RS + vcol);
                 ldsm_x4<true>(bl, vl + vrow * RS + vcol);
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float(&c)[4] = o[2 * np + h];
-                    mma16816a(c, ph, bh[2 * h], bh[2 * h + 1]);
-                    mma16816a(c, ph, bl[2 * h], bl[2 * h + 1]);
-                    mma16816a(c, pl, bh[2 * h], bh[2 * h + 1]);
-                }
+                for (int h = 0; h < 2; h++)
+                    mma_split(o[2 * np + h], ph, pl, bh, bl, h);
             }
         }
     }
