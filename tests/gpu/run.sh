@@ -29,8 +29,9 @@ test_rc=$?
 # fixtures' prompts are shorter than the default threshold)
 EXL_CUDA_DEQUANT_ROWS=1 timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/test_gpu_dequant.log" 2>&1
 dequant_rc=$?
-# and with prompts' attention on CUDA cores (the kernel used below sm_80 and for head_dim 256)
-EXL_CUDA_PREFILL_ATTENTION=fp32 timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/test_gpu_fp32_attention.log" 2>&1
+# and with prompts' attention on CUDA cores (the kernel used below sm_80 and for head_dim 256),
+# and the decode GEMV's split sums added in a fixed order
+EXL_CUDA_PREFILL_ATTENTION=fp32 EXL_CUDA_DETERMINISTIC=1 timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/test_gpu_fp32_attention.log" 2>&1
 fp32att_rc=$?
 timeout 420 "$bin/gpu_bench" ${BENCH_ARGS:-} >"$out/bench.log" 2>"$out/bench_detail.log"
 bench_rc=$?
@@ -45,7 +46,7 @@ echo "==== test_gpu with EXL_CUDA_DEQUANT_ROWS=1 (rc $dequant_rc)"
 grep -E "^(FAIL|SKIP)" "$out/test_gpu_dequant.log" | head -40
 grep -E "^ok .*logits" "$out/test_gpu_dequant.log"
 tail -1 "$out/test_gpu_dequant.log"
-echo "==== test_gpu with EXL_CUDA_PREFILL_ATTENTION=fp32 (rc $fp32att_rc)"
+echo "==== test_gpu with EXL_CUDA_PREFILL_ATTENTION=fp32 EXL_CUDA_DETERMINISTIC=1 (rc $fp32att_rc)"
 grep -E "^(FAIL|SKIP)" "$out/test_gpu_fp32_attention.log" | head -40
 grep -E "^ok .*attention prefill" "$out/test_gpu_fp32_attention.log"
 tail -1 "$out/test_gpu_fp32_attention.log"

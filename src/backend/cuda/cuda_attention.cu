@@ -162,25 +162,32 @@ __device__ void merge_warps(float *out, float *partial, const float *wm, const f
 /* ---- decode */
 
 /* Where a decode block works: its query row and head (blockIdx.x), their KV head, its split's
- * keys [k0, k1) (blockIdx.y) and the sequence's page table; the query, scaled, goes to qs. */
+ * keys [k0, k1) (blockIdx.y), the first key this step wrote (fresh: the ones before it are
+ * in the cache since earlier steps) and the sequence's page table. Reads only the batch's
+ * tables, so it may run before exl_pdl_wait(). */
 typedef struct decode_block {
-    int row, head, kvh, k0, k1;
+    int row, head, kvh, k0, k1, fresh;
     const int32_t *pages;
 } decode_block;
 
-__device__ __forceinline__ decode_block decode_setup(const float *q, float *qs, const exl_attn_seq *seqs, int n_seqs,
-                                                     const int32_t *page_tables, const exl_attn_shape &sh, int hd,
-                                                     int keys_per_split) {
+__device__ __forceinline__ decode_block decode_place(const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables,
+                                                     const exl_attn_shape &sh, int keys_per_split) {
     decode_block d;
     d.row = blockIdx.x / sh.n_heads, d.head = blockIdx.x % sh.n_heads;
     d.kvh = d.head / (sh.n_heads / sh.n_kv_heads);
     const exl_attn_seq seq = seqs[find_seq(seqs, n_seqs, d.row)];
     decode_keys(seq, d.row, blockIdx.y, keys_per_split, sh.sliding_window, &d.k0, &d.k1);
+    d.fresh = seq.n_kv - seq.n_q;
     d.pages = page_tables + seq.page_start;
+    return d;
+}
+
+/* d's query, scaled, into qs (after exl_pdl_wait: the query is this step's) */
+__device__ __forceinline__ void load_query(const float *q, float *qs, const decode_block &d, const exl_attn_shape &sh,
+                                           int hd) {
     for (int i = threadIdx.x; i < hd; i += blockDim.x)
         qs[i] = q[((int64_t)d.row * sh.n_heads + d.head) * hd + i] * sh.scale;
     __syncthreads();
-    return d;
 }
 
 __global__ void __launch_bounds__(ATT_WARPS * 32)
@@ -192,7 +199,8 @@ attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc,
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     __shared__ float wacc[ATT_WARPS][MAX_HEAD_DIM];
     const int hd = sh.head_dim, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const decode_block d = decode_setup(q, qs, seqs, n_seqs, page_tables, sh, hd, keys_per_split);
+    const decode_block d = decode_place(seqs, n_seqs, page_tables, sh, keys_per_split);
+    load_query(q, qs, d, sh, hd);
     const int row = d.row, head = d.head, split = blockIdx.y, kvh = d.kvh, kvw = sh.n_kv_heads * hd;
     const int k0 = d.k0, k1 = d.k1;
     const int32_t *pages = d.pages;
@@ -239,13 +247,34 @@ attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc,
 
 /* The same for head_dim HD (64 or 128), built for latency at short contexts: a lane loads
  * its key's whole K row into registers and its V row into shared memory (cp.async) in one
- * go, so a warp's 32 keys cost one memory round trip instead of one per key. */
+ * go, so a warp's 32 keys cost one memory round trip instead of one per key. The keys of
+ * a warp's first block that earlier steps wrote are fetched before exl_pdl_wait(), while
+ * the kernels before it still run; after it, only the query and this step's keys. */
+template <int HD>
+__device__ __forceinline__ void fetch_key(const __half *kc, const __half *vc, int64_t slot, int kvw, int kvh,
+                                          uint4 (&kr)[HD / 8], __half *vrow) {
+    const uint4 *ks = (const uint4 *)(kc + slot * kvw + (int64_t)kvh * HD);
+    const __half *vs = vc + slot * kvw + (int64_t)kvh * HD;
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) {
+#if __CUDA_ARCH__ >= 800
+        unsigned dst = (unsigned)__cvta_generic_to_shared(vrow + 8 * i);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(vs + 8 * i));
+#else
+        *(uint4 *)(vrow + 8 * i) = *(const uint4 *)(vs + 8 * i);
+#endif
+    }
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+        kr[i] = ks[i];
+}
+
 template <int HD>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
                         const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
                         int keys_per_split) {
-    exl_pdl_start();
+    exl_pdl_trigger();
     constexpr int VS = HD + 8; /* V row stride in halves (16-byte pad) */
     constexpr int PPL = HD / 64; /* half2 output pairs per lane */
     __shared__ __align__(16) __half vt[ATT_WARPS][KEY_BLOCK][VS];
@@ -253,36 +282,30 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     __shared__ float wacc[ATT_WARPS][HD];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const decode_block d = decode_setup(q, qs, seqs, n_seqs, page_tables, sh, HD, keys_per_split);
+    const decode_block d = decode_place(seqs, n_seqs, page_tables, sh, keys_per_split);
     const int row = d.row, head = d.head, split = blockIdx.y, kvh = d.kvh, kvw = sh.n_kv_heads * HD;
     const int k0 = d.k0, k1 = d.k1;
     const int32_t *pages = d.pages;
+
+    uint4 kr[HD / 8];
+    int t0 = k0 + warp * KEY_BLOCK;
+    int64_t slot = t0 + lane < k1 ? key_slot(pages, t0 + lane, sh.page_size) : 0;
+    if (t0 + lane < min(k1, d.fresh))
+        fetch_key<HD>(kc, vc, slot, kvw, kvh, kr, &vt[warp][lane][0]);
+    exl_pdl_wait();
+    load_query(q, qs, d, sh, HD);
 
     float m = -INFINITY, l = 0.0f;
     float2 acc[PPL];
 #pragma unroll
     for (int i = 0; i < PPL; i++)
         acc[i] = make_float2(0.0f, 0.0f);
-    for (int t0 = k0 + warp * KEY_BLOCK; t0 < k1; t0 += ATT_WARPS * KEY_BLOCK) {
+    for (int first = 1; t0 < k1; t0 += ATT_WARPS * KEY_BLOCK, first = 0) {
         const int t = t0 + lane;
-        uint4 kr[HD / 8];
-        if (t < k1) {
-            const int64_t slot = key_slot(pages, t, sh.page_size);
-            const uint4 *ks = (const uint4 *)(kc + slot * kvw + (int64_t)kvh * HD);
-            const __half *vs = vc + slot * kvw + (int64_t)kvh * HD;
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++) {
-#if __CUDA_ARCH__ >= 800
-                unsigned d = (unsigned)__cvta_generic_to_shared(&vt[warp][lane][8 * i]);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(vs + 8 * i));
-#else
-                *(uint4 *)&vt[warp][lane][8 * i] = *(const uint4 *)(vs + 8 * i);
-#endif
-            }
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++)
-                kr[i] = ks[i];
-        }
+        if (!first && t < k1)
+            slot = key_slot(pages, t, sh.page_size);
+        if (t < k1 && (!first || t >= d.fresh))
+            fetch_key<HD>(kc, vc, slot, kvw, kvh, kr, &vt[warp][lane][0]);
 #if __CUDA_ARCH__ >= 800
         asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;");
 #endif

@@ -309,6 +309,8 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
     cb->pdl = prop.major >= 9 && !(getenv("EXL_CUDA_PDL") && !strcmp(getenv("EXL_CUDA_PDL"), "0"));
     const char *graphs = getenv("EXL_CUDA_GRAPHS"), *dq = getenv("EXL_CUDA_DEQUANT_ROWS");
     cb->graphs_off = graphs && !strcmp(graphs, "0");
+    const char *det = getenv("EXL_CUDA_DETERMINISTIC");
+    cb->deterministic = det && strcmp(det, "0") != 0;
     cb->dequant_rows = dq && atoi(dq) > 0 ? atoi(dq) : EXL_CUDA_DEQUANT_ROWS_DEFAULT;
     e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {

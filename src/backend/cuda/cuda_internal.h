@@ -37,6 +37,7 @@ typedef struct exl_cuda_backend {
     int n_sms;
     int sm_major;           /* compute capability, major */
     int pdl;                /* programmatic dependent launch (sm_90+): see exl_cuda_launch */
+    int deterministic;      /* EXL_CUDA_DETERMINISTIC=1: split-K sums added in a fixed order (cuda_qgemv.cu) */
     int prefill_attention_fp32; /* EXL_CUDA_PREFILL_ATTENTION=fp32: prompts' attention on CUDA cores
                                  * (cuda_attention.cu), not on tensor cores */
     int32_t dequant_rows;   /* quantized matmuls of this many rows go through cuda_qgemm.cu */

@@ -7,9 +7,11 @@
  * one after another, y = a split of the input chunks; at most BLOCKS_PER_SM blocks an SM.
  * A block first asks L2 for the weights of its first chunks (a tile's words lie together:
  * exl_qw_col), then gathers its chunks' activations (slot order, fp16 pairs); its 4 warp pairs
- * take every 4th chunk of the block's range and the block sums them in shared memory; with
- * a split, the last block of a column tile to arrive (counter per tile, reset by it) adds
- * the partial sums in split order, so the result does not depend on timing. Products are
+ * take every 4th chunk of the block's range and the block sums them in shared memory. With
+ * a split, a result added to the output (the residual) takes each block's sum by an atomic
+ * add (fp32; the order of the adds varies from run to run in the last bits); otherwise, or
+ * with EXL_CUDA_DETERMINISTIC=1, the last block of a column tile to arrive (counter per
+ * tile, reset by it) adds the partial sums in split order. Products are
  * summed in fp16 over 8 rows at most, then in fp32, and scaled per chunk in fp32.
  * Launched with programmatic dependent launch: the L2 requests for those weights, and the
  * activation rows and norm weights of a thread's first pairs, are made before
@@ -56,6 +58,7 @@ typedef struct gemv_args {
     float *partial;     /* [split][R][tiles * COL_TILE] */
     unsigned *counters; /* [tiles] */
     int32_t stage;      /* one normed row: keep it in shared memory after the activations (in floats) */
+    int32_t atomic_add; /* a split's blocks add their sums to the output atomically (accumulate only) */
 } gemv_args;
 
 /* ---- the input transform */
@@ -275,6 +278,15 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         for (int s = 0; s < SUBS; s++)
             sum[r] += red[s][r][tid];
     }
+    if (a.atomic_add) {
+        /* no partial sums, fence or counter: the adds are done in L2, after the block is gone */
+        if (tcol < M.n_out)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                atomicAdd(M.out + (int64_t)r * M.n_out + tcol,
+                          sum[r] + (M.bias && blockIdx.y == 0 ? M.bias[tcol] : 0.0f));
+        return;
+    }
     if (gridDim.y > 1) {
         const int64_t width = (int64_t)gridDim.x * COL_TILE;
 #pragma unroll
@@ -396,6 +408,7 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
     int cpb = (chunks + s - 1) / s, max_cpb = smem / (R * 64);
     a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
     *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
+    a->atomic_add = *split > 1 && f->accumulate && !cb->deterministic;
     return 1;
 }
 
@@ -424,7 +437,7 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
         return;
     }
     int32_t tiles = a.m[a.n_mats - 1].tile_end;
-    if (split > 1) {
+    if (split > 1 && !a.atomic_add) {
         int R = f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
         if (!exl_cuda_ensure(cb, (void **)&cb->gemv_partial, &cb->gemv_partial_bytes,
                              (size_t)split * R * tiles * COL_TILE * sizeof(float), "GEMV partial sums"))
