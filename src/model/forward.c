@@ -17,23 +17,6 @@ static exl_status alloc_buf(exl_model *m, void **p, size_t bytes) {
     return *p ? EXL_OK : exl_fail_prefix(EXL_ERR_NOMEM, "forward buffers");
 }
 
-static exl_status alloc_host_rows(exl_host_rows **out, size_t R) {
-    exl_host_rows *h = exl_calloc(1, sizeof *h);
-    *out = h;
-    if (!h || !(h->ids = exl_malloc(R * sizeof(int32_t))) || !(h->pos = exl_malloc(R * sizeof(int32_t))) ||
-        !(h->slots = exl_malloc(R * sizeof(int32_t))) || !(h->logit_rows = exl_malloc(R * sizeof(int32_t))) ||
-        !(h->seqs = exl_malloc(R * sizeof(exl_attn_seq))))
-        return exl_fail(EXL_ERR_NOMEM, "out of memory");
-    return EXL_OK;
-}
-
-static void host_rows_free(exl_host_rows *h) {
-    if (!h)
-        return;
-    exl_free(h->ids), exl_free(h->pos), exl_free(h->slots), exl_free(h->logit_rows), exl_free(h->seqs);
-    exl_free(h);
-}
-
 /* Steps fall back to half as many tokens while the forward buffers do not fit, down to this. */
 #define MIN_STEP_ROWS 64
 
@@ -52,13 +35,7 @@ static exl_status alloc_rows(exl_model *m, size_t R) {
     EXL_TRY(alloc_buf(m, (void **)&s->gate, R * c->intermediate_size * f));
     EXL_TRY(alloc_buf(m, (void **)&s->up, R * c->intermediate_size * f));
     EXL_TRY(alloc_buf(m, (void **)&s->sel, R * c->hidden_size * f));
-    EXL_TRY(alloc_buf(m, (void **)&s->ids, R * sizeof(int32_t)));
-    EXL_TRY(alloc_buf(m, (void **)&s->pos, R * sizeof(int32_t)));
-    EXL_TRY(alloc_buf(m, (void **)&s->slots, R * sizeof(int32_t)));
-    EXL_TRY(alloc_buf(m, (void **)&s->logit_rows, R * sizeof(int32_t)));
-    EXL_TRY(alloc_buf(m, (void **)&s->seqs, R * sizeof(exl_attn_seq)));
     EXL_TRY(alloc_buf(m, (void **)&s->inv_freq, (size_t)m->rot_dim / 2 * f));
-    EXL_TRY(alloc_host_rows(&s->host, R));
     s->max_rows = (int32_t)R;
     s->rope_seq_len = -1;
     return EXL_OK;
@@ -78,13 +55,12 @@ exl_status exl_model_alloc_forward(exl_model *m) {
 void exl_model_free_forward(exl_model *m) {
     exl_backend *be = m->be;
     exl_forward_scratch *s = &m->fs;
-    void *bufs[] = {s->x,   s->h,      s->q,   s->k,   s->v,     s->attn,        s->gate,        s->up,   s->sel,
-                    s->logits, s->ids, s->pos, s->slots, s->page_tables, s->logit_rows, s->seqs, s->inv_freq};
+    void *bufs[] = {s->x,  s->h,  s->q,   s->k,      s->v,     s->attn,
+                    s->gate, s->up, s->sel, s->logits, s->table, s->inv_freq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
-    host_rows_free(s->host);
-    exl_free(s->host_page_tables);
+    exl_free(s->host_table);
     memset(s, 0, sizeof *s);
 }
 
@@ -104,21 +80,26 @@ static exl_status grow(exl_model *m, void **buf, int32_t *have, int32_t need, in
     return EXL_OK;
 }
 
-/* The page tables (and their host staging) for n_pages_total pages, the logits for n_logits
- * rows: most steps want one row a sequence, so they grow rather than being sized for max_rows. */
-static exl_status ensure_scratch(exl_model *m, int32_t n_pages_total, int32_t n_logits) {
+/* The step tables for `ints` int32s (and their host copy), the logits for n_logits rows: most
+ * steps want one row a sequence, so they grow rather than being sized for max_rows. */
+static exl_status ensure_scratch(exl_model *m, int32_t ints, int32_t n_logits) {
     exl_forward_scratch *s = &m->fs;
-    if (n_pages_total > s->max_pages) {
-        exl_free(s->host_page_tables);
-        s->host_page_tables = NULL;
-        EXL_TRY(grow(m, (void **)&s->page_tables, &s->max_pages, n_pages_total, INT32_MAX, sizeof(int32_t)));
-        if (!(s->host_page_tables = exl_malloc((size_t)s->max_pages * sizeof(int32_t)))) {
-            s->max_pages = 0;
+    if (ints > s->table_cap) {
+        exl_free(s->host_table);
+        s->host_table = NULL;
+        EXL_TRY(grow(m, (void **)&s->table, &s->table_cap, ints, INT32_MAX, sizeof(int32_t)));
+        if (!(s->host_table = exl_malloc((size_t)s->table_cap * sizeof(int32_t)))) {
+            s->table_cap = 0;
             return exl_fail(EXL_ERR_NOMEM, "out of memory");
         }
     }
     return grow(m, (void **)&s->logits, &s->max_logit_rows, n_logits, s->max_rows,
                 (size_t)m->cfg.vocab_size * sizeof(float));
+}
+
+/* int32s of a step's tables (build_batch) */
+static int32_t table_ints(int32_t rows, int32_t n_seqs, int32_t n_pages) {
+    return 4 * rows + n_seqs * (int32_t)(sizeof(exl_attn_seq) / sizeof(int32_t)) + n_pages;
 }
 
 static exl_status update_rope(exl_model *m, int32_t seq_len) {
@@ -163,11 +144,16 @@ static exl_status check_steps(const exl_model *m, const exl_kv_cache *cache, con
 
 static exl_status build_batch(exl_model *m, const exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                               int32_t rows, int32_t n_pages, exl_batch *b) {
+    _Static_assert(sizeof(exl_attn_seq) % sizeof(int32_t) == 0, "exl_attn_seq is int32s");
     exl_forward_scratch *s = &m->fs;
-    exl_host_rows *h = s->host;
-    exl_attn_seq *seqs = h->seqs;
-    int32_t *page_tables = s->host_page_tables;
-    exl_backend *be = m->be;
+    /* where each table goes, the same in table and host_table */
+    int32_t *h = s->host_table;
+    const size_t at_pos = (size_t)rows, at_slots = 2 * (size_t)rows, at_logit_rows = 3 * (size_t)rows,
+                 at_seqs = 4 * (size_t)rows,
+                 at_pages = at_seqs + (size_t)n_seqs * sizeof(exl_attn_seq) / sizeof(int32_t);
+    int32_t *ids = h, *pos = h + at_pos, *slots = h + at_slots, *logit_rows = h + at_logit_rows;
+    exl_attn_seq *seqs = (exl_attn_seq *)(h + at_seqs);
+    int32_t *page_tables = h + at_pages;
     int32_t row = 0, page = 0, lr = 0, max_q = 0, max_kv = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
         const exl_seq_step *st = &steps[i];
@@ -175,30 +161,29 @@ static exl_status build_batch(exl_model *m, const exl_kv_cache *cache, const exl
         memcpy(page_tables + page, st->pages, (size_t)st->n_pages * sizeof(int32_t));
         for (int32_t t = 0; t < st->n_new; t++) {
             int32_t p = st->n_past + t;
-            h->ids[row + t] = st->ids[t];
-            h->pos[row + t] = p;
-            h->slots[row + t] = st->pages[p / cache->page_size] * cache->page_size + p % cache->page_size;
+            ids[row + t] = st->ids[t];
+            pos[row + t] = p;
+            slots[row + t] = st->pages[p / cache->page_size] * cache->page_size + p % cache->page_size;
             if (st->want_logits == 2 || (st->want_logits == 1 && t == st->n_new - 1))
-                h->logit_rows[lr++] = row + t;
+                logit_rows[lr++] = row + t;
         }
         row += st->n_new;
         page += st->n_pages;
         max_q = st->n_new > max_q ? st->n_new : max_q;
         max_kv = seqs[i].n_kv > max_kv ? seqs[i].n_kv : max_kv;
     }
-    EXL_TRY(be->ops->upload(be, s->ids, h->ids, (size_t)rows * sizeof(int32_t)));
-    EXL_TRY(be->ops->upload(be, s->pos, h->pos, (size_t)rows * sizeof(int32_t)));
-    EXL_TRY(be->ops->upload(be, s->slots, h->slots, (size_t)rows * sizeof(int32_t)));
-    EXL_TRY(be->ops->upload(be, s->logit_rows, h->logit_rows, (size_t)lr * sizeof(int32_t)));
-    EXL_TRY(be->ops->upload(be, s->seqs, seqs, (size_t)n_seqs * sizeof(exl_attn_seq)));
-    EXL_TRY(be->ops->upload(be, s->page_tables, page_tables, (size_t)n_pages * sizeof(int32_t)));
+    /* one copy for all of them: each copy costs the GPU a few microseconds between steps */
+    EXL_TRY(m->be->ops->upload(m->be, s->table, h, (size_t)table_ints(rows, n_seqs, n_pages) * sizeof(int32_t)));
+    s->ids = s->table, s->pos = s->table + at_pos, s->slots = s->table + at_slots;
+    s->logit_rows = s->table + at_logit_rows, s->seqs = (exl_attn_seq *)(s->table + at_seqs);
+    s->page_tables = s->table + at_pages;
     *b = (exl_batch){.n_rows = rows,
                      .n_seqs = n_seqs,
                      .max_q = max_q,
                      .max_kv = max_kv,
                      .seqs = seqs,
-                     .pos = h->pos,
-                     .slots = h->slots,
+                     .pos = pos,
+                     .slots = slots,
                      .d_seqs = s->seqs,
                      .d_ids = s->ids,
                      .d_pos = s->pos,
@@ -281,7 +266,7 @@ static exl_status forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl
                                     int32_t *n_logits) {
     int32_t rows, n_pages;
     EXL_TRY(check_steps(m, cache, steps, n_seqs, &rows, &n_pages, n_logits));
-    EXL_TRY(ensure_scratch(m, n_pages, *n_logits));
+    EXL_TRY(ensure_scratch(m, table_ints(rows, n_seqs, n_pages), *n_logits));
     exl_batch b;
     EXL_TRY(build_batch(m, cache, steps, n_seqs, rows, n_pages, &b));
     const exl_backend_ops *op = m->be->ops;

@@ -13,24 +13,23 @@ typedef struct exl_layer {
 } exl_layer;
 
 /* Host staging of a step's batch description, max_rows entries each. */
-typedef struct exl_host_rows {
-    int32_t *ids, *pos, *slots, *logit_rows;
-    exl_attn_seq *seqs;
-} exl_host_rows;
-
 /* Buffers for one forward step of up to max_rows tokens (the backend's step_rows), allocated
  * once; the logits grow to the most rows a step has wanted them for. */
 typedef struct exl_forward_scratch {
-    int32_t max_rows, max_pages, max_logit_rows;
+    int32_t max_rows, max_logit_rows;
     float *x, *h, *q, *k, *v, *attn, *gate, *up, *logits;
     float *sel; /* the rows logits are wanted for */
+    /* A step's tables, built on the host and uploaded in one copy (build_batch): ids, pos,
+     * slots and logit_rows of its rows, then its sequences and their page tables, one after
+     * another in table (backend memory) and host_table, table_cap int32s each. The pointers
+     * below point into table, where this step put them. */
+    int32_t *table, *host_table;
+    int32_t table_cap;
     int32_t *ids, *pos, *slots, *page_tables, *logit_rows;
     exl_attn_seq *seqs;
     float *inv_freq;
     float rope_attn_factor;
     int32_t rope_seq_len; /* sequence length inv_freq was computed for (dynamic rope) */
-    exl_host_rows *host;
-    int32_t *host_page_tables;
 } exl_forward_scratch;
 
 /* What one linear layer was loaded from (kept for `exl info`); src.name is NULL. */
