@@ -5,7 +5,8 @@
  * (one key per lane, 16-byte K loads), keep an online softmax, and accumulate V with one
  * output dimension per lane. Splits leave (max, sum, acc) partials that a second kernel
  * merges; for head_dim 64 and 128 a variant loads a warp's 32 K rows into registers and V
- * rows into shared memory at once (attn_decode_fast_kernel). Prefill: for head_dim 64 and
+ * rows into shared memory at once (attn_decode_fast_kernel), and up to 256 keys take one
+ * split of 8 warps with no merge. Prefill: for head_dim 64 and
  * 128 on sm_80+, tensor cores with fp16 hi + lo operands (attn_prefill_tc_kernel, ~22 bits);
  * else for head_dim 64, 128 and 256 a block takes 64 queries of one head and 32-64 keys at a
  * time, each thread a 4 x 2-4 tile of scores and 4 rows of the output
@@ -18,6 +19,13 @@
 #define MAX_HEAD_DIM 256
 #define MAX_DPL (MAX_HEAD_DIM / 32) /* output dimensions per lane */
 #define ATT_WARPS 4
+/* the fast decode kernel's V row stride in halves, and its shared memory for W warps */
+#define FAST_VS(hd) ((hd) + 8)
+#define FAST_SMEM(hd, w) ((size_t)(w) * KEY_BLOCK * FAST_VS(hd) * sizeof(__half))
+/* contexts of up to SHORT_WARPS * KEY_BLOCK keys: one split of SHORT_WARPS warps, a key block each
+ * (no combine), where the GPU gives a block their shared memory (exl_cuda_attention_init) */
+#define SHORT_WARPS 8
+static int short_kernels_ok;
 #define Q_TILE 16
 #define KEY_BLOCK 32
 
@@ -137,16 +145,17 @@ __device__ __forceinline__ void load_kv4(const prefill_block &p, int page_size, 
  * split's partial (max, sum, acc) for attn_combine_kernel. After a __syncthreads. */
 __device__ void merge_warps(float *out, float *partial, const float *wm, const float *wl, const float *wacc, int ws,
                             int hd, int64_t rh, int split) {
+    const int n_warps = blockDim.x / 32;
     float bm = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++)
+    for (int w = 0; w < n_warps; w++)
         bm = fmaxf(bm, wm[w]);
     float bl = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++)
+    for (int w = 0; w < n_warps; w++)
         bl += wm[w] == -INFINITY ? 0.0f : wl[w] * __expf(wm[w] - bm);
     float *pp = partial + (rh * gridDim.y + split) * (hd + 2);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++)
+        for (int w = 0; w < n_warps; w++)
             a += wm[w] == -INFINITY ? 0.0f : wacc[w * ws + d] * __expf(wm[w] - bm);
         if (gridDim.y == 1)
             out[rh * hd + d] = bl > 0.0f ? a / bl : 0.0f;
@@ -269,18 +278,19 @@ __device__ __forceinline__ void fetch_key(const __half *kc, const __half *vc, in
         kr[i] = ks[i];
 }
 
-template <int HD>
-__global__ void __launch_bounds__(ATT_WARPS * 32)
+template <int HD, int W>
+__global__ void __launch_bounds__(W * 32)
 attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
                         const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
                         int keys_per_split) {
     exl_pdl_trigger();
-    constexpr int VS = HD + 8; /* V row stride in halves (16-byte pad) */
+    constexpr int VS = FAST_VS(HD); /* V row stride in halves (16-byte pad) */
     constexpr int PPL = HD / 64; /* half2 output pairs per lane */
-    __shared__ __align__(16) __half vt[ATT_WARPS][KEY_BLOCK][VS];
+    extern __shared__ __align__(16) __half vt_dyn[]; /* [W][KEY_BLOCK][VS]: past 48 KiB for W = 8 */
+    __half(*vt)[KEY_BLOCK][VS] = (__half(*)[KEY_BLOCK][VS])vt_dyn;
     __shared__ __align__(16) float qs[HD];
-    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
-    __shared__ float wacc[ATT_WARPS][HD];
+    __shared__ float wm[W], wl[W];
+    __shared__ float wacc[W][HD];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const decode_block d = decode_place(seqs, n_seqs, page_tables, sh, keys_per_split);
     const int row = d.row, head = d.head, split = blockIdx.y, kvh = d.kvh, kvw = sh.n_kv_heads * HD;
@@ -300,7 +310,7 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
 #pragma unroll
     for (int i = 0; i < PPL; i++)
         acc[i] = make_float2(0.0f, 0.0f);
-    for (int first = 1; t0 < k1; t0 += ATT_WARPS * KEY_BLOCK, first = 0) {
+    for (int first = 1; t0 < k1; t0 += W * KEY_BLOCK, first = 0) {
         const int t = t0 + lane;
         if (!first && t < k1)
             slot = key_slot(pages, t, sh.page_size);
@@ -945,13 +955,29 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
                                        (size_t)items * splits * (sh->head_dim + 2) * sizeof(float),
                                        "attention partials"))
         return;
+    /* short contexts: one split of SHORT_WARPS warps, a block of keys each (all of them fetched
+     * before the wait), writing the output itself: no combine kernel (+3% at context 128) */
+    const int short_ctx = (sh->head_dim == 128 || sh->head_dim == 64) && max_kv <= SHORT_WARPS * KEY_BLOCK &&
+                          short_kernels_ok;
+    if (short_ctx)
+        splits = 1, kps = max_kv;
     dim3 grid((unsigned)items, (unsigned)splits);
-    if (sh->head_dim == 128)
-        exl_cuda_launch(cb, attn_decode_fast_kernel<128>, grid, dim3(ATT_WARPS * 32), 0, out,
-                cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
+    if (short_ctx && sh->head_dim == 128)
+        exl_cuda_launch(cb, attn_decode_fast_kernel<128, SHORT_WARPS>, grid, dim3(SHORT_WARPS * 32),
+                FAST_SMEM(128, SHORT_WARPS), out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs,
+                b->d_page_tables, *sh, kps);
+    else if (short_ctx)
+        exl_cuda_launch(cb, attn_decode_fast_kernel<64, SHORT_WARPS>, grid, dim3(SHORT_WARPS * 32),
+                FAST_SMEM(64, SHORT_WARPS), out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs,
+                b->d_page_tables, *sh, kps);
+    else if (sh->head_dim == 128)
+        exl_cuda_launch(cb, attn_decode_fast_kernel<128, ATT_WARPS>, grid, dim3(ATT_WARPS * 32),
+                FAST_SMEM(128, ATT_WARPS), out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs,
+                b->d_page_tables, *sh, kps);
     else if (sh->head_dim == 64)
-        exl_cuda_launch(cb, attn_decode_fast_kernel<64>, grid, dim3(ATT_WARPS * 32), 0, out, cb->attn_partial,
-                q, kc, vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
+        exl_cuda_launch(cb, attn_decode_fast_kernel<64, ATT_WARPS>, grid, dim3(ATT_WARPS * 32),
+                FAST_SMEM(64, ATT_WARPS), out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs,
+                b->d_page_tables, *sh, kps);
     else
         exl_cuda_launch(cb, attn_decode_kernel, grid, dim3(ATT_WARPS * 32), 0, out, cb->attn_partial, q, kc,
                 vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
@@ -961,4 +987,16 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
                 sh->head_dim, splits);
         exl_cuda_check_launch(cb, "attention combine");
     }
+}
+
+void exl_cuda_attention_init(const exl_cuda_backend *cb) {
+    (void)cb;
+    /* the short-context decode kernels hold more than the default 48 KiB of shared memory
+     * (68 KiB for head_dim 128: not on sm_75, whose blocks have 64 KiB at most) */
+    short_kernels_ok =
+        cudaFuncSetAttribute(attn_decode_fast_kernel<128, SHORT_WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)FAST_SMEM(128, SHORT_WARPS)) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_decode_fast_kernel<64, SHORT_WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)FAST_SMEM(64, SHORT_WARPS)) == cudaSuccess;
+    cudaGetLastError();
 }

@@ -161,6 +161,8 @@ size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f);
 /* at backend creation: the kernels' launch attributes (not allowed inside a graph capture) */
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb);
+/* the decode attention kernels' attributes (cuda_attention.cu), set once: not allowed while a graph is captured */
+void exl_cuda_attention_init(const exl_cuda_backend *cb);
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
 /* out[rows, out] (+)= xin · w + b on tensor cores for a quantized w (cuda_qmma.cu); xin is x,
  * or exl_cuda_activate(x, act) * up when up is not NULL (fp32 [rows, in]), multiplied as fp16
