@@ -368,6 +368,9 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
     merge_warps(out, partial, wm, wl, &wacc[0][0], HD, HD, (int64_t)row * sh.n_heads + head, split);
 }
 
+typedef void (*decode_fast_fn)(float *, float *, const float *, const __half *, const __half *,
+                               const exl_attn_seq *, int, const int32_t *, exl_attn_shape, int);
+
 __global__ void attn_combine_kernel(float *out, const float *partial, int hd, int n_splits) {
     exl_pdl_start();
     const int64_t rh = blockIdx.x;
@@ -937,50 +940,40 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
         return;
     }
     int64_t items = (int64_t)b->n_rows * sh->n_heads;
-    int splits = (int)((4 * cb->n_sms + items - 1) / items);
     /* sized for max_kv rounded up to the bucket: splits past the keys exit at once, and the
      * launch stays the same for the next tokens (graph replay) */
     int32_t max_kv = (b->max_kv + EXL_CUDA_KV_BUCKET - 1) / EXL_CUDA_KV_BUCKET * EXL_CUDA_KV_BUCKET;
-    int max_splits = (max_kv + 63) / 64;
-    if (splits > max_splits)
-        splits = max_splits;
-    if (splits > 64)
-        splits = 64;
-    if (splits < 1)
-        splits = 1;
-    int kps = (max_kv + splits - 1) / splits;
-    kps = (kps + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
-    splits = (max_kv + kps - 1) / kps;
+    const int fast = sh->head_dim == 128 || sh->head_dim == 64;
+    /* short contexts: one split of SHORT_WARPS warps, a block of keys each (all of them fetched
+     * before the wait), writing the output itself: no combine kernel (+3% at context 128) */
+    const int short_ctx = fast && short_kernels_ok && max_kv <= SHORT_WARPS * KEY_BLOCK;
+    int splits = 1, kps = max_kv;
+    if (!short_ctx) {
+        splits = (int)((4 * cb->n_sms + items - 1) / items);
+        const int max_splits = (max_kv + 63) / 64;
+        splits = splits > max_splits ? max_splits : splits;
+        splits = splits > 64 ? 64 : splits < 1 ? 1 : splits;
+        kps = (max_kv + splits - 1) / splits;
+        kps = (kps + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+        splits = (max_kv + kps - 1) / kps;
+    }
     if (splits > 1 && !exl_cuda_ensure(cb, (void **)&cb->attn_partial, &cb->attn_partial_bytes,
                                        (size_t)items * splits * (sh->head_dim + 2) * sizeof(float),
                                        "attention partials"))
         return;
-    /* short contexts: one split of SHORT_WARPS warps, a block of keys each (all of them fetched
-     * before the wait), writing the output itself: no combine kernel (+3% at context 128) */
-    const int short_ctx = (sh->head_dim == 128 || sh->head_dim == 64) && max_kv <= SHORT_WARPS * KEY_BLOCK &&
-                          short_kernels_ok;
-    if (short_ctx)
-        splits = 1, kps = max_kv;
-    dim3 grid((unsigned)items, (unsigned)splits);
-    if (short_ctx && sh->head_dim == 128)
-        exl_cuda_launch(cb, attn_decode_fast_kernel<128, SHORT_WARPS>, grid, dim3(SHORT_WARPS * 32),
-                FAST_SMEM(128, SHORT_WARPS), out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs,
-                b->d_page_tables, *sh, kps);
-    else if (short_ctx)
-        exl_cuda_launch(cb, attn_decode_fast_kernel<64, SHORT_WARPS>, grid, dim3(SHORT_WARPS * 32),
-                FAST_SMEM(64, SHORT_WARPS), out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs,
-                b->d_page_tables, *sh, kps);
-    else if (sh->head_dim == 128)
-        exl_cuda_launch(cb, attn_decode_fast_kernel<128, ATT_WARPS>, grid, dim3(ATT_WARPS * 32),
-                FAST_SMEM(128, ATT_WARPS), out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs,
-                b->d_page_tables, *sh, kps);
-    else if (sh->head_dim == 64)
-        exl_cuda_launch(cb, attn_decode_fast_kernel<64, ATT_WARPS>, grid, dim3(ATT_WARPS * 32),
-                FAST_SMEM(64, ATT_WARPS), out, cb->attn_partial, q, kc, vc, b->d_seqs, b->n_seqs,
-                b->d_page_tables, *sh, kps);
-    else
+    const dim3 grid((unsigned)items, (unsigned)splits);
+    if (fast) {
+        const int w = short_ctx ? SHORT_WARPS : ATT_WARPS;
+        decode_fast_fn k = sh->head_dim == 128 ? (short_ctx ? attn_decode_fast_kernel<128, SHORT_WARPS>
+                                                            : attn_decode_fast_kernel<128, ATT_WARPS>)
+                                               : (short_ctx ? attn_decode_fast_kernel<64, SHORT_WARPS>
+                                                            : attn_decode_fast_kernel<64, ATT_WARPS>);
+        exl_cuda_launch(cb, k, grid, dim3(w * 32), FAST_SMEM(sh->head_dim, w), out, cb->attn_partial, q, kc, vc,
+                b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
+    } else {
         exl_cuda_launch(cb, attn_decode_kernel, grid, dim3(ATT_WARPS * 32), 0, out, cb->attn_partial, q, kc,
                 vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
+    }
     exl_cuda_check_launch(cb, "decode attention");
     if (splits > 1) {
         exl_cuda_launch(cb, attn_combine_kernel, dim3((unsigned)items), dim3(128), 0, out, cb->attn_partial,

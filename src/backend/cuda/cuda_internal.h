@@ -161,8 +161,6 @@ size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f);
 /* at backend creation: the kernels' launch attributes (not allowed inside a graph capture) */
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb);
-/* the decode attention kernels' attributes (cuda_attention.cu), set once: not allowed while a graph is captured */
-void exl_cuda_attention_init(const exl_cuda_backend *cb);
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
 /* out[rows, out] (+)= xin · w + b on tensor cores for a quantized w (cuda_qmma.cu); xin is x,
  * or exl_cuda_activate(x, act) * up when up is not NULL (fp32 [rows, in]), multiplied as fp16
@@ -215,6 +213,8 @@ void exl_cuda_run_rope(exl_backend *be, float *x, const int32_t *pos, int32_t ro
                        int32_t head_dim, int32_t rot_dim, const float *inv_freq, float attn_factor);
 void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                            const exl_batch *b, int32_t kv_width);
+/* at backend creation: the decode attention kernels' attributes (not allowed inside a graph capture) */
+void exl_cuda_attention_init(const exl_cuda_backend *cb);
 void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
                             const void *k_cache, const void *v_cache, const exl_batch *b,
                             const exl_attn_shape *shape);
