@@ -1007,6 +1007,9 @@ int main(int argc, char **argv) {
     test_decode(shared, "rand-llama");
     test_decode(shared, "rand-qwen2-exl2-4.0bpw-h6");
     test_decode(shared, "rand-llama-gptq-4bit-g32-actorder-asym");
+    test_decode(shared, "rand-llama-exl2-5.0bpw-h8");
+    test_decode(shared, "rand-gemma-exl2-4.0bpw-h6");
+    test_decode(shared, "rand-llama-gptq-4bit-g64-sym");
     test_host_gemm();
     test_quantize_device(shared);
     test_head_sampling(shared);
