@@ -2,7 +2,8 @@
  * (cuda_internal.h) into fp16 pairs, shared by the GEMV and the dequantize kernels.
  *
  * A chunk of b-bit codes is b words. Codes become fp16 pairs with one mask-and-or per pair
- * ((code | 0x6400) is 1024 + code); the zero is subtracted exactly ((1024 + q) - (1024 + z)).
+ * ((code | 0x6400) is 1024 + code); the zero is subtracted exactly ((1024 + q) - (1024 + z);
+ * for 4-bit codes in the high nibble of a byte, (1024 + 16 q) / 16 - 64 - z in one hfma2).
  * Pair p holds slots 2p and 2p + 1 (the slot order of exl_cuda_slot_of). */
 #ifndef EXL_CUDA_QDECODE_CUH
 #define EXL_CUDA_QDECODE_CUH
@@ -27,7 +28,19 @@ __device__ __forceinline__ uint32_t extract(const uint32_t (&w)[B], int bit) {
 /* Calls f(pair, (q - z) as half2) for the 16 pairs of a chunk; pair p covers slots 2p, 2p+1. */
 template <int B, typename F>
 __device__ __forceinline__ void decode_chunk(const uint32_t (&w)[B], __half2 zz, F &&f) {
-    if constexpr (B == 2 || B == 4 || B == 8) {
+    if constexpr (B == 4) {
+        /* the codes at bits 4..7 (and 20..23) of a byte pair are taken in place: (1024 + 16 q) / 16
+         * + (960 - (1024 + z)) = q - z, exact, in one hfma2; one shift serves two pairs */
+        const __half2 c = __hsub2(__float2half2_rn(960.0f), zz), s = __float2half2_rn(0.0625f);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const uint32_t lo = w[u], hi = w[u] >> 8;
+            f(4 * u, __hsub2(u32_as_half2((lo & 0x000f000fu) | 0x64006400u), zz));
+            f(4 * u + 1, __hfma2(u32_as_half2((lo & 0x00f000f0u) | 0x64006400u), s, c));
+            f(4 * u + 2, __hsub2(u32_as_half2((hi & 0x000f000fu) | 0x64006400u), zz));
+            f(4 * u + 3, __hfma2(u32_as_half2((hi & 0x00f000f0u) | 0x64006400u), s, c));
+        }
+    } else if constexpr (B == 2 || B == 8) {
         constexpr int V = 32 / B;
         constexpr uint32_t M = (1u << B) - 1, MM = M | (M << 16);
 #pragma unroll
