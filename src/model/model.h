@@ -12,7 +12,6 @@ typedef struct exl_layer {
     exl_linear *gate, *up, *down;
 } exl_layer;
 
-/* Host staging of a step's batch description, max_rows entries each. */
 /* Buffers for one forward step of up to max_rows tokens (the backend's step_rows), allocated
  * once; the logits grow to the most rows a step has wanted them for. */
 typedef struct exl_forward_scratch {

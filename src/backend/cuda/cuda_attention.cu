@@ -982,8 +982,7 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
     }
 }
 
-void exl_cuda_attention_init(const exl_cuda_backend *cb) {
-    (void)cb;
+void exl_cuda_attention_init(void) {
     /* the short-context decode kernels hold more than the default 48 KiB of shared memory
      * (68 KiB for head_dim 128: not on sm_75, whose blocks have 64 KiB at most) */
     short_kernels_ok =

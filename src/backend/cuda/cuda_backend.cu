@@ -330,7 +330,7 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
     cb->base.kv_elem_bytes = sizeof(__half);
     cb->base.step_rows = EXL_CUDA_STEP_ROWS;
     exl_cuda_qgemv_init(cb);
-    exl_cuda_attention_init(cb);
+    exl_cuda_attention_init();
     *out = &cb->base;
     return EXL_OK;
 }

@@ -214,7 +214,7 @@ void exl_cuda_run_rope(exl_backend *be, float *x, const int32_t *pos, int32_t ro
 void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                            const exl_batch *b, int32_t kv_width);
 /* at backend creation: the decode attention kernels' attributes (not allowed inside a graph capture) */
-void exl_cuda_attention_init(const exl_cuda_backend *cb);
+void exl_cuda_attention_init(void);
 void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
                             const void *k_cache, const void *v_cache, const exl_batch *b,
                             const exl_attn_shape *shape);
