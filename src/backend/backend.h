@@ -101,13 +101,20 @@ typedef struct exl_matmul_fused {
                              * xin's precision (prompts, compared with reference logits) */
     const exl_linear *w[3]; /* all with the same in_features */
     float *out[3];          /* [rows, out_features of w[i]]; never x or up */
+    /* Split sums without a merge: clear[i] (n_clear[i] floats, never x, up or an out) hold
+     * nothing needed any more; the op may set them to zero once the ops before it are done.
+     * out_zero: each out[i] was a clear of an earlier op of this step and nothing wrote it
+     * since, so where that op did zero it the backend may add the result onto it. */
+    float *clear[3];
+    int64_t n_clear[3];
+    int32_t out_zero;
 } exl_matmul_fused;
 
 /* ---- the op table */
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 4
+#define EXL_BACKEND_ABI 5
 
 typedef struct exl_backend exl_backend;
 

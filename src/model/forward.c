@@ -235,7 +235,12 @@ static void rope_kv_store(exl_model *m, exl_kv_cache *cache, int li, const exl_b
     op->kv_store(be, cache->k[li], cache->v[li], s->k, s->v, b, sh->n_kv_heads * sh->head_dim);
 }
 
-static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int li, const exl_batch *b) {
+/* One decoder layer. In decode steps each op that adds into the residual also clears the
+ * buffers a later op will fill (exl_matmul_fused.clear): o_proj the MLP's gate and up, down_proj
+ * the next layer's q, k and v, or the last one the logits (n_logits rows), so that a backend
+ * may add split sums onto them instead of merging. */
+static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int li, const exl_batch *b,
+                      int32_t n_logits) {
     exl_forward_scratch *s = &m->fs;
     const exl_hf_config *c = &m->cfg;
     int32_t rows = b->n_rows, hid = c->hidden_size, ffn = c->intermediate_size;
@@ -245,20 +250,31 @@ static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int
     exl_attn_shape shape = {c->n_heads, c->n_kv_heads, c->head_dim, cache->page_size, c->sliding_window,
                             1.0f / sqrtf((float)c->head_dim)};
 
-    matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 3, .in_features = hid, .out_features = {qw, kvw, kvw}, .x = s->x, .norm = l->attn_norm, .eps = eps,
-                                        .decode = decode, .w = {l->q, l->k, l->v}, .out = {s->q, s->k, s->v}});
+    matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 3, .in_features = hid, .out_features = {qw, kvw, kvw},
+                                        .x = s->x, .norm = l->attn_norm, .eps = eps, .decode = decode,
+                                        .w = {l->q, l->k, l->v}, .out = {s->q, s->k, s->v},
+                                        .out_zero = decode && li > 0});
     rope_kv_store(m, cache, li, b, &shape);
     m->be->ops->attention(m->be, s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], b, &shape);
-    matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 1, .in_features = qw, .out_features = {hid}, .x = s->attn,
-                                        .accumulate = 1, .decode = decode, .w = {l->o},
-                                        .out = {s->x}});
+    exl_matmul_fused o = {.rows = rows, .n = 1, .in_features = qw, .out_features = {hid}, .x = s->attn,
+                          .accumulate = 1, .decode = decode, .w = {l->o}, .out = {s->x}};
+    if (decode)
+        o.clear[0] = s->gate, o.clear[1] = s->up, o.n_clear[0] = o.n_clear[1] = (int64_t)rows * ffn;
+    matmul_fused(m, &o);
 
     matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 2, .in_features = hid, .out_features = {ffn, ffn},
-                                        .x = s->x, .norm = l->mlp_norm, .eps = eps,
-                                        .decode = decode, .w = {l->gate, l->up}, .out = {s->gate, s->up}});
-    matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 1, .in_features = ffn, .out_features = {hid}, .x = s->gate,
-                                        .up = s->up, .act = (int32_t)c->act,
-                                        .accumulate = 1, .decode = decode, .w = {l->down}, .out = {s->x}});
+                                        .x = s->x, .norm = l->mlp_norm, .eps = eps, .decode = decode,
+                                        .w = {l->gate, l->up}, .out = {s->gate, s->up}, .out_zero = decode});
+    exl_matmul_fused down = {.rows = rows, .n = 1, .in_features = ffn, .out_features = {hid}, .x = s->gate,
+                             .up = s->up, .act = (int32_t)c->act, .accumulate = 1, .decode = decode,
+                             .w = {l->down}, .out = {s->x}};
+    if (decode && li + 1 < c->n_layers) {
+        down.clear[0] = s->q, down.clear[1] = s->k, down.clear[2] = s->v;
+        down.n_clear[0] = (int64_t)rows * qw, down.n_clear[1] = down.n_clear[2] = (int64_t)rows * kvw;
+    } else if (decode && n_logits > 0) {
+        down.clear[0] = s->logits, down.n_clear[0] = (int64_t)n_logits * c->vocab_size;
+    }
+    matmul_fused(m, &down);
 }
 
 /* The layers and the head; the logits of the rows that want them are left in m->fs.logits. */
@@ -273,14 +289,15 @@ static exl_status forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl
     exl_forward_scratch *s = &m->fs;
     op->embed(m->be, s->x, m->embed, b.d_ids, rows, m->embed_scale);
     for (int i = 0; i < m->cfg.n_layers; i++)
-        run_layer(m, &m->layers[i], cache, i, &b);
+        run_layer(m, &m->layers[i], cache, i, &b, *n_logits);
     if (*n_logits > 0) {
         op->gather_rows(m->be, s->sel, s->x, s->logit_rows, *n_logits, m->cfg.hidden_size);
         matmul_fused(m, &(exl_matmul_fused){.rows = *n_logits, .n = 1, .in_features = m->cfg.hidden_size,
                                             .out_features = {m->cfg.vocab_size}, .x = s->sel,
                                             .norm = m->final_norm,
                                             .eps = (float)m->cfg.rms_eps, .decode = b.max_q == 1,
-                                            .w = {m->head}, .out = {s->logits}});
+                                            .w = {m->head}, .out = {s->logits},
+                                            .out_zero = b.max_q == 1 && m->cfg.n_layers > 0});
     }
     return EXL_OK;
 }

@@ -31,6 +31,8 @@ exl_status exl_cuda_fail(exl_status st, const char *fmt, ...) __attribute__((for
             return exl_try_st_;              \
     } while (0)
 
+#define EXL_CUDA_ZEROED_MAX 8
+
 typedef struct exl_cuda_backend {
     exl_backend base;
     int device;
@@ -52,6 +54,10 @@ typedef struct exl_cuda_backend {
     size_t gemv_partial_bytes;
     unsigned *gemv_counters; /* per column tile arrival counters (self-resetting) */
     size_t gemv_counter_count;
+    struct {                /* buffers a GEMV launch zeroed for a later one's atomic split sums */
+        float *p;           /* (exl_matmul_fused.clear / out_zero; NULL: free entry) */
+        int64_t n;
+    } zeroed[EXL_CUDA_ZEROED_MAX];
     float *attn_partial;    /* split-K partials of decode attention */
     size_t attn_partial_bytes;
     __half *dequant;        /* quantized weights decoded to fp16 hi and lo for cuBLAS (cuda_qgemm.cu) */
@@ -162,6 +168,8 @@ int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f);
 /* at backend creation: the kernels' launch attributes (not allowed inside a graph capture) */
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb);
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
+/* f's clears were not done (a path other than the GEMV took f): no later out_zero may rely on them */
+void exl_cuda_zeroed_forget(exl_cuda_backend *cb, const exl_matmul_fused *f);
 /* out[rows, out] (+)= xin · w + b on tensor cores for a quantized w (cuda_qmma.cu); xin is x,
  * or exl_cuda_activate(x, act) * up when up is not NULL (fp32 [rows, in]), multiplied as fp16
  * hi + lo (parts 2) or hi alone (parts 1); uses scratch */

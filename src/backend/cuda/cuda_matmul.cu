@@ -199,6 +199,7 @@ void exl_cuda_run_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
         exl_cuda_qgemv_fused(cb, f);
         return;
     }
+    exl_cuda_zeroed_forget(cb, f); /* only the GEMV clears (and adds onto cleared outputs) */
     const float *xin = f->x, *up = NULL; /* up: the GLU left to cuda_qmma.cu's activation gather */
     const int xparts = f->decode ? 1 : 2, quantized = all_quantized(f), qgemm = qgemm_takes(cb, f);
     if (f->norm) {

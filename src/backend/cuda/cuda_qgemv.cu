@@ -8,11 +8,13 @@
  * A block first asks L2 for the weights of its first chunks (a tile's words lie together:
  * exl_qw_col), then gathers its chunks' activations (slot order, fp16 pairs); its 4 warp pairs
  * take every 4th chunk of the block's range and the block sums them in shared memory. With
- * a split, a result added to the output (the residual) takes each block's sum by an atomic
- * add (fp32; the order of the adds varies from run to run in the last bits); otherwise, or
- * with EXL_CUDA_DETERMINISTIC=1, the last block of a column tile to arrive (counter per
- * tile, reset by it) adds the partial sums in split order. Products are
- * summed in fp16 over 8 rows at most, then in fp32, and scaled per chunk in fp32.
+ * a split, a result added to the output (the residual), or written to outputs that an
+ * earlier launch zeroed for it (exl_matmul_fused.clear / out_zero: q/k/v and gate/up in
+ * decode steps, cleared by the launch that adds into the residual before them), takes each
+ * block's sum by an atomic add (fp32; the order of the adds varies from run to run in the
+ * last bits); otherwise, or with EXL_CUDA_DETERMINISTIC=1, the last block of a column tile to
+ * arrive (counter per tile, reset by it) adds the partial sums in split order. Products are
+ * summed in fp16 over 16 rows (8 for 2-4 rows) at most, then in fp32, and scaled per chunk in fp32.
  * Launched with programmatic dependent launch: the L2 requests for those weights, and the
  * activation rows and norm weights of a thread's first pairs, are made before
  * griddepcontrol.wait, while the previous kernel is still running; after it those pairs'
@@ -28,17 +30,17 @@
 #define SUBS (GEMV_THREADS / 64)
 #define MAX_MATS 3
 #define ROWS_PER_LAUNCH EXL_CUDA_QGEMV_MAX_ROWS
+/* pairs of products summed in fp16 before fp32 for one row: 8 (16 rows) measured 1.3% faster
+ * than 4, which more rows keep (registers) */
+#define FP16_PAIRS 8
 /* chunks of each warp pair asked of L2 before griddepcontrol.wait: enough to cover the wait,
  * while asking for all of a block's weights at once (up to 258 KiB for the 6-bit head) fills
  * the memory queues ahead of the loads that are needed first (see bench/RESULTS.md) */
 #define PREFETCH_CHUNKS 2
-/* blocks an SM holds at most (occupancy_floor): 3 measured faster than 2 or 4 */
+/* blocks an SM holds at most (plan_smem): 3 measured faster than 2 or 4 */
 #define BLOCKS_PER_SM 3
 #define ACTS_SMEM_MAX 24576 /* bytes of gathered fp16 activations a block holds at most */
 #define STAGE_MAX_IN 8192   /* inputs of the largest normed row a one-row block keeps whole */
-
-/* the largest row a one-row launch keeps in shared memory (0: none, the opt-in failed) */
-static int stage_max_in;
 
 typedef struct gemv_mat {
     exl_qmatrix q;
@@ -58,7 +60,10 @@ typedef struct gemv_args {
     float *partial;     /* [split][R][tiles * COL_TILE] */
     unsigned *counters; /* [tiles] */
     int32_t stage;      /* one normed row: keep it in shared memory after the activations (in floats) */
-    int32_t atomic_add; /* a split's blocks add their sums to the output atomically (accumulate only) */
+    int32_t atomic_add; /* a split's blocks add their sums to the output atomically (accumulated, or
+                         * onto outputs an earlier launch zeroed) */
+    float *clear[3];    /* zeroed by this launch for a later one (exl_matmul_fused.clear) */
+    int64_t n_clear[3];
 } gemv_args;
 
 /* ---- the input transform */
@@ -134,6 +139,7 @@ __device__ __forceinline__ void gemv_chunk(const uint32_t *wcol, int64_t n_pad, 
         for (int i = 0; i < B; i++)
             w[i] = c == 0 ? wv[i].x : c == 1 ? wv[i].y : c == 2 ? wv[i].z : wv[i].w;
         __half2 zz = zero_pair(zeros, g0 + c, B);
+        constexpr int pairs = R == 1 ? FP16_PAIRS : 4;
         float part[R];
         __half2 h[R];
 #pragma unroll
@@ -145,7 +151,7 @@ __device__ __forceinline__ void gemv_chunk(const uint32_t *wcol, int64_t n_pad, 
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 h[r] = __hfma2(q, xs[r * xs_stride + p], h[r]);
-                if ((p & 3) == 3) {
+                if ((p & (pairs - 1)) == pairs - 1) {
                     float2 f = __half22float2(h[r]);
                     part[r] += f.x + f.y;
                     h[r] = __float2half2_rn(0.0f);
@@ -261,6 +267,15 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         default: gemv_chunk<R, 8>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
         }
     }
+    /* the buffers zeroed for a later launch's atomic adds: the ops before this one are done */
+    {
+        const int64_t stride = (int64_t)gridDim.x * gridDim.y * GEMV_THREADS;
+        const int64_t me = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * GEMV_THREADS + tid;
+#pragma unroll
+        for (int b = 0; b < 3; b++)
+            for (int64_t i = me; i < a.n_clear[b]; i += stride)
+                a.clear[b][i] = 0.0f;
+    }
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -327,54 +342,102 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
 
 /* ---- launch */
 
-/* Shared memory a block of qgemv_kernel<R> asks for at least, so that an SM holds no more than
- * BLOCKS_PER_SM of them: with more, the extra weight requests in flight slow every load down
- * (bench/RESULTS.md). 0 where the registers already keep the count down. */
+/* Per rows: the dynamic shared memory a block asks for at least, so that an SM holds no more
+ * blocks than BLOCKS_PER_SM (one row) or 2 (more rows; with more, the extra weight requests in
+ * flight slow every load down, bench/RESULTS.md), and the most it may ask for and still fit
+ * that many. */
+typedef struct smem_plan {
+    size_t floor, cap;
+} smem_plan;
+static smem_plan smem_plans[ROWS_PER_LAUNCH + 1];
+
 template <int R>
-static size_t occupancy_floor(const exl_cuda_backend *cb) {
-    static int done;
-    static size_t floor_bytes;
-    if (done)
-        return floor_bytes;
-    done = 1;
-    int cap = BLOCKS_PER_SM, n = 0, sm_smem = 0, reserved = 0;
+static void plan_smem(const exl_cuda_backend *cb) {
+    smem_plan *sp = &smem_plans[R];
+    *sp = (smem_plan){0, 48 * 1024};
+    int blocks = R == 1 ? BLOCKS_PER_SM : 2, n = 0, sm_smem = 0, reserved = 0;
     const char *e = getenv("EXL_CUDA_GEMV_BLOCKS_PER_SM");
-    if (e)
-        cap = atoi(e);
+    if (e && R == 1)
+        blocks = atoi(e);
     cudaFuncAttributes fa;
-    if (cap < 1 || cudaFuncGetAttributes(&fa, qgemv_kernel<R>) != cudaSuccess ||
+    if (blocks < 1 || cudaFuncGetAttributes(&fa, qgemv_kernel<R>) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemv_kernel<R>, GEMV_THREADS, 0) != cudaSuccess ||
-        n <= cap || cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->device) ||
-        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, cb->device)) {
+        cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, cb->device) != cudaSuccess ||
+        (size_t)sm_smem / (blocks + 1) < reserved + fa.sharedSizeBytes + 128) {
         cudaGetLastError();
-        return 0;
+        return;
     }
-    size_t want = (size_t)(sm_smem / (cap + 1) - reserved - (int)fa.sharedSizeBytes + 128) / 128 * 128;
-    if (want > 48 * 1024 &&
-        cudaFuncSetAttribute(qgemv_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)want) != cudaSuccess) {
+    size_t cap = ((size_t)sm_smem / blocks - reserved - fa.sharedSizeBytes) / 128 * 128;
+    size_t floor = n > blocks ? ((size_t)sm_smem / (blocks + 1) - reserved - fa.sharedSizeBytes + 128) / 128 * 128 : 0;
+    if (cap > 48 * 1024 &&
+        cudaFuncSetAttribute(qgemv_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cap) != cudaSuccess) {
         cudaGetLastError();
-        return 0;
+        return;
     }
-    floor_bytes = want;
-    return want;
+    *sp = (smem_plan){floor, cap};
 }
 
 template <int R>
-static void launch(exl_cuda_backend *cb, const gemv_args *a, int split) {
+static void launch(exl_cuda_backend *cb, gemv_args *a, int split) {
     dim3 grid((unsigned)a->m[a->n_mats - 1].tile_end, (unsigned)split);
+    const smem_plan *sp = &smem_plans[R];
     size_t smem = (size_t)R * a->chunks_per_block * 16 * sizeof(__half2) + (a->stage ? a->in * sizeof(float) : 0);
-    size_t floor = occupancy_floor<R>(cb);
-    exl_cuda_launch(cb, qgemv_kernel<R>, grid, dim3(GEMV_THREADS), smem > floor ? smem : floor, *a);
+    exl_cuda_launch(cb, qgemv_kernel<R>, grid, dim3(GEMV_THREADS), smem > sp->floor ? smem : sp->floor, *a);
     exl_cuda_check_launch(cb, "quantized GEMV");
 }
 
-static void launch_rows(exl_cuda_backend *cb, const gemv_args *a, int split, int rows) {
+static void launch_rows(exl_cuda_backend *cb, gemv_args *a, int split, int rows) {
     switch (rows) {
     case 1: launch<1>(cb, a, split); break;
     case 2: launch<2>(cb, a, split); break;
     case 3: launch<3>(cb, a, split); break;
     default: launch<4>(cb, a, split); break;
     }
+}
+
+/* ---- buffers zeroed for a later launch (exl_matmul_fused.clear, out_zero) */
+
+static int zeroed_find(const exl_cuda_backend *cb, const float *p) {
+    for (int i = 0; i < EXL_CUDA_ZEROED_MAX; i++)
+        if (cb->zeroed[i].p == p)
+            return i;
+    return -1;
+}
+
+static void zeroed_drop(exl_cuda_backend *cb, const float *p) {
+    int i = zeroed_find(cb, p);
+    if (i >= 0)
+        cb->zeroed[i].p = NULL;
+}
+
+static void zeroed_add(exl_cuda_backend *cb, float *p, int64_t n) {
+    int i = zeroed_find(cb, p);
+    if (i < 0)
+        i = zeroed_find(cb, NULL);
+    if (i < 0)
+        i = 0; /* full: forget the first one */
+    cb->zeroed[i].p = p, cb->zeroed[i].n = n;
+}
+
+/* 1 if f may add its split sums onto its outputs: they were zeroed for it (out_zero) */
+static int outputs_zeroed(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
+    if (!f->out_zero || f->accumulate)
+        return 0;
+    for (int i = 0; i < f->n; i++) {
+        int z = zeroed_find(cb, f->out[i]);
+        if (z < 0 || cb->zeroed[z].n < (int64_t)f->rows * f->w[i]->out)
+            return 0;
+    }
+    return 1;
+}
+
+void exl_cuda_zeroed_forget(exl_cuda_backend *cb, const exl_matmul_fused *f) {
+    for (int i = 0; i < 3; i++)
+        if (f->n_clear[i] > 0)
+            zeroed_drop(cb, f->clear[i]);
+    for (int i = 0; i < f->n && i < 3; i++)
+        zeroed_drop(cb, f->out[i]);
 }
 
 /* The launch arguments for f (less the per-row-group pointers) and its split; 0 if the
@@ -397,7 +460,6 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
     a->eps = f->eps;
     a->act = f->act;
     a->in = f->w[0]->in;
-    a->stage = f->rows == 1 && f->norm && a->in % 4 == 0 && a->in <= stage_max_in;
     a->accumulate = f->accumulate;
     /* about 3 blocks per SM, at least 2 chunks per warp pair, activations under 24 KiB and
      * with the static reduction buffer (R KiB x 4) under 46 KiB */
@@ -408,19 +470,17 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
     int cpb = (chunks + s - 1) / s, max_cpb = smem / (R * 64);
     a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
     *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
-    a->atomic_add = *split > 1 && f->accumulate && !cb->deterministic;
+    a->stage = f->rows == 1 && f->norm && a->in % 4 == 0 && a->in <= STAGE_MAX_IN &&
+               (size_t)a->chunks_per_block * 16 * sizeof(__half2) + a->in * sizeof(float) <= smem_plans[1].cap;
+    a->atomic_add = *split > 1 && (f->accumulate || outputs_zeroed(cb, f)) && !cb->deterministic;
     return 1;
 }
 
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
-    const size_t floor = occupancy_floor<1>(cb), want = ACTS_SMEM_MAX + STAGE_MAX_IN * sizeof(float);
-    if (cudaFuncSetAttribute(qgemv_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)(want > floor ? want : floor)) == cudaSuccess)
-        stage_max_in = STAGE_MAX_IN;
-    cudaGetLastError();
-    occupancy_floor<2>(cb);
-    occupancy_floor<3>(cb);
-    occupancy_floor<4>(cb);
+    plan_smem<1>(cb);
+    plan_smem<2>(cb);
+    plan_smem<3>(cb);
+    plan_smem<4>(cb);
 }
 
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
@@ -456,6 +516,14 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
         a.partial = cb->gemv_partial;
         a.counters = cb->gemv_counters;
     }
+    /* the outputs are written now; the clears are done by the first launch (not with
+     * EXL_CUDA_DETERMINISTIC=1, whose merges never add onto them) */
+    exl_cuda_zeroed_forget(cb, f);
+    for (int i = 0; i < 3 && !cb->deterministic; i++)
+        if (f->n_clear[i] > 0) {
+            a.clear[i] = f->clear[i], a.n_clear[i] = f->n_clear[i];
+            zeroed_add(cb, f->clear[i], f->n_clear[i]);
+        }
     /* ROWS_PER_LAUNCH rows per launch (the weights are read once per launch) */
     for (int32_t r = 0; r < f->rows; r += ROWS_PER_LAUNCH) {
         gemv_args part = a;
@@ -463,6 +531,9 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
         part.up = f->up ? f->up + (int64_t)r * a.in : NULL;
         for (int i = 0; i < f->n; i++)
             part.m[i].out = f->out[i] + (int64_t)r * f->w[i]->out;
+        if (r > 0)
+            for (int i = 0; i < 3; i++)
+                part.clear[i] = NULL, part.n_clear[i] = 0;
         launch_rows(cb, &part, split, f->rows - r < ROWS_PER_LAUNCH ? f->rows - r : ROWS_PER_LAUNCH);
     }
 }
