@@ -14,7 +14,7 @@
  * block's sum by an atomic add (fp32; the order of the adds varies from run to run in the
  * last bits); otherwise, or with EXL_CUDA_DETERMINISTIC=1, the last block of a column tile to
  * arrive (counter per tile, reset by it) adds the partial sums in split order. Products are
- * summed in fp16 over 16 rows (8 for 2-4 rows) at most, then in fp32, and scaled per chunk in fp32.
+ * summed in fp16 over 8 rows at most, then in fp32, and scaled per chunk in fp32.
  * Launched with programmatic dependent launch: the L2 requests for those weights, and the
  * activation rows and norm weights of a thread's first pairs, are made before
  * griddepcontrol.wait, while the previous kernel is still running; after it those pairs'
@@ -30,9 +30,6 @@
 #define SUBS (GEMV_THREADS / 64)
 #define MAX_MATS 3
 #define ROWS_PER_LAUNCH EXL_CUDA_QGEMV_MAX_ROWS
-/* pairs of products summed in fp16 before fp32 for one row: 8 (16 rows) measured 1.3% faster
- * than 4, which more rows keep (registers) */
-#define FP16_PAIRS 8
 /* chunks of each warp pair asked of L2 before griddepcontrol.wait: enough to cover the wait,
  * while asking for all of a block's weights at once (up to 258 KiB for the 6-bit head) fills
  * the memory queues ahead of the loads that are needed first (see bench/RESULTS.md) */
@@ -139,7 +136,6 @@ __device__ __forceinline__ void gemv_chunk(const uint32_t *wcol, int64_t n_pad, 
         for (int i = 0; i < B; i++)
             w[i] = c == 0 ? wv[i].x : c == 1 ? wv[i].y : c == 2 ? wv[i].z : wv[i].w;
         __half2 zz = zero_pair(zeros, g0 + c, B);
-        constexpr int pairs = R == 1 ? FP16_PAIRS : 4;
         float part[R];
         __half2 h[R];
 #pragma unroll
@@ -151,7 +147,7 @@ __device__ __forceinline__ void gemv_chunk(const uint32_t *wcol, int64_t n_pad, 
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 h[r] = __hfma2(q, xs[r * xs_stride + p], h[r]);
-                if ((p & (pairs - 1)) == pairs - 1) {
+                if ((p & 3) == 3) {
                     float2 f = __half22float2(h[r]);
                     part[r] += f.x + f.y;
                     h[r] = __float2half2_rn(0.0f);
