@@ -1,8 +1,8 @@
 /* cuda_qdecode.cuh - decoding the codes of one 32-row chunk of one column of an exl_qmatrix
  * (cuda_internal.h) into fp16 pairs, shared by the GEMV and the dequantize kernels.
  *
- * A chunk of b-bit codes is b words. Codes become fp16 pairs with one mask-and-or per pair
- * ((code | 0x6400) is 1024 + code); the zero is subtracted exactly ((1024 + q) - (1024 + z);
+ * A chunk of b-bit codes is b words. Codes become fp16 pairs with one mask-and-or (a single
+ * lop3) per pair ((code | 0x6400) is 1024 + code); the zero is subtracted exactly ((1024 + q) - (1024 + z);
  * for 4-bit codes in the high nibble of a byte, (1024 + 16 q) / 16 - 64 - z in one hfma2).
  * Pair p holds slots 2p and 2p + 1 (the slot order of exl_cuda_slot_of). */
 #ifndef EXL_CUDA_QDECODE_CUH
@@ -16,6 +16,22 @@ __device__ __forceinline__ __half2 u32_as_half2(uint32_t u) {
     __half2 h;
     memcpy(&h, &u, 4);
     return h;
+}
+
+/* (w & mask) | magic in one instruction: written as C, the mask and the or are two (a LOP3
+ * takes one immediate), so the magic number comes in a register */
+template <uint32_t MASK>
+__device__ __forceinline__ uint32_t and_or(uint32_t w, uint32_t magic) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "n"(MASK), "r"(magic));
+    return r;
+}
+
+/* 0x64006400 (fp16 1024 in both halves) in a register, for and_or */
+__device__ __forceinline__ uint32_t magic_1024(void) {
+    uint32_t m;
+    asm("mov.b32 %0, 0x64006400;" : "=r"(m));
+    return m;
 }
 
 template <int B>
@@ -32,22 +48,24 @@ __device__ __forceinline__ void decode_chunk(const uint32_t (&w)[B], __half2 zz,
         /* the codes at bits 4..7 (and 20..23) of a byte pair are taken in place: (1024 + 16 q) / 16
          * + (960 - (1024 + z)) = q - z, exact, in one hfma2; one shift serves two pairs */
         const __half2 c = __hsub2(__float2half2_rn(960.0f), zz), s = __float2half2_rn(0.0625f);
+        const uint32_t m = magic_1024();
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const uint32_t lo = w[u], hi = w[u] >> 8;
-            f(4 * u, __hsub2(u32_as_half2((lo & 0x000f000fu) | 0x64006400u), zz));
-            f(4 * u + 1, __hfma2(u32_as_half2((lo & 0x00f000f0u) | 0x64006400u), s, c));
-            f(4 * u + 2, __hsub2(u32_as_half2((hi & 0x000f000fu) | 0x64006400u), zz));
-            f(4 * u + 3, __hfma2(u32_as_half2((hi & 0x00f000f0u) | 0x64006400u), s, c));
+            f(4 * u, __hsub2(u32_as_half2(and_or<0x000f000fu>(lo, m)), zz));
+            f(4 * u + 1, __hfma2(u32_as_half2(and_or<0x00f000f0u>(lo, m)), s, c));
+            f(4 * u + 2, __hsub2(u32_as_half2(and_or<0x000f000fu>(hi, m)), zz));
+            f(4 * u + 3, __hfma2(u32_as_half2(and_or<0x00f000f0u>(hi, m)), s, c));
         }
     } else if constexpr (B == 2 || B == 8) {
         constexpr int V = 32 / B;
         constexpr uint32_t M = (1u << B) - 1, MM = M | (M << 16);
+        const uint32_t m = magic_1024();
 #pragma unroll
         for (int u = 0; u < B; u++)
 #pragma unroll
             for (int i = 0; i < V / 2; i++)
-                f(u * V / 2 + i, __hsub2(u32_as_half2(((w[u] >> (i * B)) & MM) | 0x64006400u), zz));
+                f(u * V / 2 + i, __hsub2(u32_as_half2(and_or<MM>(w[u] >> (i * B), m)), zz));
     } else {
 #pragma unroll
         for (int p = 0; p < 16; p++) {
