@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "model/model.h"
 #include "quant_gen.h"
 #include "ref_util.h"
 
@@ -647,6 +648,69 @@ static void test_decode(const char *shared, const char *model) {
     free(out);
 }
 
+/* Sequence b decoded as three sequences in the same steps, each one token behind the one before
+ * (steps of 1-3 rows: the multi-row GEMV, its split sums added onto outputs zeroed for them),
+ * every row against the reference logits at its position. */
+static void test_decode_rows(const char *shared, const char *model) {
+    char dir[1024], ref[1024], name[160];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
+    snprintf(ref, sizeof ref, "%s/reference/%s.logits.safetensors", shared, model);
+    exl_st_file *rf;
+    exl_model *m;
+    exl_kv_cache *cache;
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    if (exl_st_open(ref, &rf) != EXL_OK || exl_model_load(dir, &p, &m) != EXL_OK) {
+        printf("FAIL decode rows %s: %s\n", model, exl_last_error());
+        n_fail++;
+        return;
+    }
+    enum { SEQS = 3 };
+    const exl_st_tensor *ids = exl_st_find(rf, "ids_b"), *lg = exl_st_find(rf, "logits_b"),
+                        *pos = exl_st_find(rf, "pos_b");
+    exl_model_desc d;
+    exl_model_describe(m, &d);
+    int32_t n = (int32_t)ids->shape[0], rows = (int32_t)lg->shape[0], mism = 0, pages[SEQS], page_size = 256;
+    require(n <= page_size && exl_kv_cache_init(m, SEQS, page_size, &cache) == EXL_OK, "kv cache");
+    float *out = malloc((size_t)SEQS * n * d.vocab_size * sizeof *out),
+          *step_out = malloc((size_t)SEQS * d.vocab_size * sizeof *step_out);
+    for (int t = 0; t < n + SEQS - 1; t++) {
+        exl_seq_step st[SEQS];
+        int active[SEQS], na = 0;
+        for (int sq = 0; sq < SEQS; sq++) {
+            int at = t - sq;
+            if (at < 0 || at >= n)
+                continue;
+            pages[sq] = sq;
+            st[na] = (exl_seq_step){(const int32_t *)ids->data + at, 1, at, &pages[sq], 1, 1};
+            active[na++] = sq;
+        }
+        require(exl_model_forward(m, cache, st, na, step_out) == EXL_OK, "decode rows forward");
+        for (int i = 0; i < na; i++)
+            memcpy(out + ((int64_t)active[i] * n + t - active[i]) * d.vocab_size, step_out + (int64_t)i * d.vocab_size,
+                   (size_t)d.vocab_size * sizeof *out);
+    }
+    double worst = 0;
+    for (int sq = 0; sq < SEQS; sq++)
+        for (int32_t r = 0; r < rows; r++) {
+            int32_t at = pos ? ((const int32_t *)pos->data)[r] : r;
+            const float *want = (const float *)lg->data + (int64_t)r * d.vocab_size,
+                        *got = out + ((int64_t)sq * n + at) * d.vocab_size;
+            double e = ref_rel_err(got, want, d.vocab_size);
+            worst = e > worst ? e : worst;
+            mism += ref_argmax(got, d.vocab_size) != ref_argmax(want, d.vocab_size);
+        }
+    snprintf(name, sizeof name, "decode %d sequences a step %s (%d pos each)", SEQS, model, rows);
+    report(name, worst, 5e-3);
+    snprintf(name, sizeof name, "decode %d sequences argmax mismatches %s", SEQS, model);
+    report(name, mism, 0);
+    exl_kv_cache_free(m, cache);
+    exl_model_free(m);
+    exl_st_close(rf);
+    free(out);
+    free(step_out);
+}
+
 /* ---- host_gemm (the quantizer's fp32 products on host memory) */
 
 typedef struct {
@@ -1010,6 +1074,8 @@ int main(int argc, char **argv) {
     test_decode(shared, "rand-llama-exl2-5.0bpw-h8");
     test_decode(shared, "rand-gemma-exl2-4.0bpw-h6");
     test_decode(shared, "rand-llama-gptq-4bit-g64-sym");
+    test_decode_rows(shared, "rand-llama-exl2-5.0bpw-h8");
+    test_decode_rows(shared, "rand-llama-gptq-4bit-g64-sym");
     test_host_gemm();
     test_quantize_device(shared);
     test_head_sampling(shared);
