@@ -34,10 +34,13 @@
  * while asking for all of a block's weights at once (up to 258 KiB for the 6-bit head) fills
  * the memory queues ahead of the loads that are needed first (see bench/RESULTS.md) */
 #define PREFETCH_CHUNKS 2
-/* blocks an SM holds at most (plan_smem): 3 measured faster than 2 or 4 */
+/* blocks an SM holds at most (occupancy_floor): 3 measured faster than 2 or 4 */
 #define BLOCKS_PER_SM 3
 #define ACTS_SMEM_MAX 24576 /* bytes of gathered fp16 activations a block holds at most */
 #define STAGE_MAX_IN 8192   /* inputs of the largest normed row a one-row block keeps whole */
+
+/* the largest row a one-row launch keeps in shared memory (0: none, the opt-in failed) */
+static int stage_max_in;
 
 typedef struct gemv_mat {
     exl_qmatrix q;
@@ -338,52 +341,48 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
 
 /* ---- launch */
 
-/* Per rows: the dynamic shared memory a block asks for at least, so that an SM holds no more
- * blocks than BLOCKS_PER_SM (one row) or 2 (more rows; with more, the extra weight requests in
- * flight slow every load down, bench/RESULTS.md), and the most it may ask for and still fit
- * that many. */
-typedef struct smem_plan {
-    size_t floor, cap;
-} smem_plan;
-static smem_plan smem_plans[ROWS_PER_LAUNCH + 1];
-
+/* Shared memory a block of qgemv_kernel<R> asks for at least, so that an SM holds no more than
+ * BLOCKS_PER_SM of them: with more, the extra weight requests in flight slow every load down
+ * (bench/RESULTS.md). 0 where the registers already keep the count down. */
 template <int R>
-static void plan_smem(const exl_cuda_backend *cb) {
-    smem_plan *sp = &smem_plans[R];
-    *sp = (smem_plan){0, 48 * 1024};
-    int blocks = R == 1 ? BLOCKS_PER_SM : 2, n = 0, sm_smem = 0, reserved = 0;
+static size_t occupancy_floor(const exl_cuda_backend *cb) {
+    static int done;
+    static size_t floor_bytes;
+    if (done)
+        return floor_bytes;
+    done = 1;
+    int cap = BLOCKS_PER_SM, n = 0, sm_smem = 0, reserved = 0;
     const char *e = getenv("EXL_CUDA_GEMV_BLOCKS_PER_SM");
-    if (e && R == 1)
-        blocks = atoi(e);
+    if (e)
+        cap = atoi(e);
     cudaFuncAttributes fa;
-    if (blocks < 1 || cudaFuncGetAttributes(&fa, qgemv_kernel<R>) != cudaSuccess ||
+    if (cap < 1 || cudaFuncGetAttributes(&fa, qgemv_kernel<R>) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemv_kernel<R>, GEMV_THREADS, 0) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, cb->device) != cudaSuccess ||
-        (size_t)sm_smem / (blocks + 1) < reserved + fa.sharedSizeBytes + 128) {
+        n <= cap || cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->device) ||
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, cb->device)) {
         cudaGetLastError();
-        return;
+        return 0;
     }
-    size_t cap = ((size_t)sm_smem / blocks - reserved - fa.sharedSizeBytes) / 128 * 128;
-    size_t floor = n > blocks ? ((size_t)sm_smem / (blocks + 1) - reserved - fa.sharedSizeBytes + 128) / 128 * 128 : 0;
-    if (cap > 48 * 1024 &&
-        cudaFuncSetAttribute(qgemv_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cap) != cudaSuccess) {
+    size_t want = (size_t)(sm_smem / (cap + 1) - reserved - (int)fa.sharedSizeBytes + 128) / 128 * 128;
+    if (want > 48 * 1024 &&
+        cudaFuncSetAttribute(qgemv_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)want) != cudaSuccess) {
         cudaGetLastError();
-        return;
+        return 0;
     }
-    *sp = (smem_plan){floor, cap};
+    floor_bytes = want;
+    return want;
 }
 
 template <int R>
-static void launch(exl_cuda_backend *cb, gemv_args *a, int split) {
+static void launch(exl_cuda_backend *cb, const gemv_args *a, int split) {
     dim3 grid((unsigned)a->m[a->n_mats - 1].tile_end, (unsigned)split);
-    const smem_plan *sp = &smem_plans[R];
     size_t smem = (size_t)R * a->chunks_per_block * 16 * sizeof(__half2) + (a->stage ? a->in * sizeof(float) : 0);
-    exl_cuda_launch(cb, qgemv_kernel<R>, grid, dim3(GEMV_THREADS), smem > sp->floor ? smem : sp->floor, *a);
+    size_t floor = occupancy_floor<R>(cb);
+    exl_cuda_launch(cb, qgemv_kernel<R>, grid, dim3(GEMV_THREADS), smem > floor ? smem : floor, *a);
     exl_cuda_check_launch(cb, "quantized GEMV");
 }
 
-static void launch_rows(exl_cuda_backend *cb, gemv_args *a, int split, int rows) {
+static void launch_rows(exl_cuda_backend *cb, const gemv_args *a, int split, int rows) {
     switch (rows) {
     case 1: launch<1>(cb, a, split); break;
     case 2: launch<2>(cb, a, split); break;
@@ -456,6 +455,7 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
     a->eps = f->eps;
     a->act = f->act;
     a->in = f->w[0]->in;
+    a->stage = f->rows == 1 && f->norm && a->in % 4 == 0 && a->in <= stage_max_in;
     a->accumulate = f->accumulate;
     /* about 3 blocks per SM, at least 2 chunks per warp pair, activations under 24 KiB and
      * with the static reduction buffer (R KiB x 4) under 46 KiB */
@@ -466,17 +466,19 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
     int cpb = (chunks + s - 1) / s, max_cpb = smem / (R * 64);
     a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
     *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
-    a->stage = f->rows == 1 && f->norm && a->in % 4 == 0 && a->in <= STAGE_MAX_IN &&
-               (size_t)a->chunks_per_block * 16 * sizeof(__half2) + a->in * sizeof(float) <= smem_plans[1].cap;
     a->atomic_add = *split > 1 && (f->accumulate || outputs_zeroed(cb, f)) && !cb->deterministic;
     return 1;
 }
 
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
-    plan_smem<1>(cb);
-    plan_smem<2>(cb);
-    plan_smem<3>(cb);
-    plan_smem<4>(cb);
+    const size_t floor = occupancy_floor<1>(cb), want = ACTS_SMEM_MAX + STAGE_MAX_IN * sizeof(float);
+    if (cudaFuncSetAttribute(qgemv_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(want > floor ? want : floor)) == cudaSuccess)
+        stage_max_in = STAGE_MAX_IN;
+    cudaGetLastError();
+    occupancy_floor<2>(cb);
+    occupancy_floor<3>(cb);
+    occupancy_floor<4>(cb);
 }
 
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
