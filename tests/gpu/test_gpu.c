@@ -603,26 +603,50 @@ static void test_models(const char *shared) {
     }
 }
 
+/* A fixture's reference logits and the model on the GPU; 0 (with a FAIL) if either fails to open. */
+static int open_decode_fixture(const char *shared, const char *model, exl_st_file **rf, exl_model **m) {
+    char dir[1024], ref[1024];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
+    snprintf(ref, sizeof ref, "%s/reference/%s.logits.safetensors", shared, model);
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    *rf = NULL;
+    if (exl_st_open(ref, rf) != EXL_OK || exl_model_load(dir, &p, m) != EXL_OK) {
+        printf("FAIL decode %s: %s\n", model, exl_last_error());
+        n_fail++;
+        if (*rf)
+            exl_st_close(*rf);
+        return 0;
+    }
+    return 1;
+}
+
+/* The worst relative error (into *worst) and the argmax mismatches (added to *mism) of out
+ * ([position][vocab], sequence b decoded) at the reference's stored positions. */
+static void score_decode(const exl_st_file *rf, const float *out, int32_t vocab, double *worst, int *mism) {
+    const exl_st_tensor *lg = exl_st_find(rf, "logits_b"), *pos = exl_st_find(rf, "pos_b");
+    for (int32_t r = 0; r < (int32_t)lg->shape[0]; r++) {
+        int32_t at = pos ? ((const int32_t *)pos->data)[r] : r;
+        const float *want = (const float *)lg->data + (int64_t)r * vocab, *got = out + (int64_t)at * vocab;
+        double e = ref_rel_err(got, want, vocab);
+        *worst = e > *worst ? e : *worst;
+        *mism += ref_argmax(got, vocab) != ref_argmax(want, vocab);
+    }
+}
+
 /* Sequence b one token at a time (the decode path, CUDA graphs replayed from the second
  * token on) against the reference logits. */
 static void test_decode(const char *shared, const char *model) {
-    char dir[1024], ref[1024], name[160];
-    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
-    snprintf(ref, sizeof ref, "%s/reference/%s.logits.safetensors", shared, model);
+    char name[160];
     exl_st_file *rf;
     exl_model *m;
-    exl_model_params p = exl_model_default_params();
-    p.device = EXL_DEVICE_CUDA;
-    if (exl_st_open(ref, &rf) != EXL_OK || exl_model_load(dir, &p, &m) != EXL_OK) {
-        printf("FAIL decode %s: %s\n", model, exl_last_error());
-        n_fail++;
+    if (!open_decode_fixture(shared, model, &rf, &m))
         return;
-    }
-    const exl_st_tensor *ids = exl_st_find(rf, "ids_b"), *lg = exl_st_find(rf, "logits_b"),
-                        *pos = exl_st_find(rf, "pos_b");
+    const exl_st_tensor *ids = exl_st_find(rf, "ids_b");
     exl_model_desc d;
     exl_model_describe(m, &d);
-    int32_t n = (int32_t)ids->shape[0], rows = (int32_t)lg->shape[0], mism = 0;
+    int32_t n = (int32_t)ids->shape[0], rows = (int32_t)exl_st_find(rf, "logits_b")->shape[0];
+    int mism = 0;
     float *out = malloc((size_t)n * d.vocab_size * sizeof *out);
     exl_session *s;
     require(exl_session_init(m, n, &s) == EXL_OK, "session");
@@ -631,13 +655,7 @@ static void test_decode(const char *shared, const char *model) {
                     EXL_OK,
                 "decode eval");
     double worst = 0;
-    for (int32_t r = 0; r < rows; r++) {
-        int32_t at = pos ? ((const int32_t *)pos->data)[r] : r;
-        const float *want = (const float *)lg->data + (int64_t)r * d.vocab_size;
-        double e = ref_rel_err(out + (int64_t)at * d.vocab_size, want, d.vocab_size);
-        worst = e > worst ? e : worst;
-        mism += ref_argmax(out + (int64_t)at * d.vocab_size, d.vocab_size) != ref_argmax(want, d.vocab_size);
-    }
+    score_decode(rf, out, d.vocab_size, &worst, &mism);
     snprintf(name, sizeof name, "decode token by token %s (%d pos)", model, rows);
     report(name, worst, 5e-3);
     snprintf(name, sizeof name, "decode argmax mismatches %s", model);
@@ -652,25 +670,19 @@ static void test_decode(const char *shared, const char *model) {
  * (steps of 1-3 rows: the multi-row GEMV, its split sums added onto outputs zeroed for them),
  * every row against the reference logits at its position. */
 static void test_decode_rows(const char *shared, const char *model) {
-    char dir[1024], ref[1024], name[160];
-    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
-    snprintf(ref, sizeof ref, "%s/reference/%s.logits.safetensors", shared, model);
+    char name[160];
     exl_st_file *rf;
     exl_model *m;
     exl_kv_cache *cache;
-    exl_model_params p = exl_model_default_params();
-    p.device = EXL_DEVICE_CUDA;
-    if (exl_st_open(ref, &rf) != EXL_OK || exl_model_load(dir, &p, &m) != EXL_OK) {
-        printf("FAIL decode rows %s: %s\n", model, exl_last_error());
-        n_fail++;
+    if (!open_decode_fixture(shared, model, &rf, &m))
         return;
-    }
     enum { SEQS = 3 };
-    const exl_st_tensor *ids = exl_st_find(rf, "ids_b"), *lg = exl_st_find(rf, "logits_b"),
-                        *pos = exl_st_find(rf, "pos_b");
+    const exl_st_tensor *ids = exl_st_find(rf, "ids_b");
     exl_model_desc d;
     exl_model_describe(m, &d);
-    int32_t n = (int32_t)ids->shape[0], rows = (int32_t)lg->shape[0], mism = 0, pages[SEQS], page_size = 256;
+    int32_t n = (int32_t)ids->shape[0], rows = (int32_t)exl_st_find(rf, "logits_b")->shape[0], pages[SEQS],
+            page_size = 256;
+    int mism = 0;
     require(n <= page_size && exl_kv_cache_init(m, SEQS, page_size, &cache) == EXL_OK, "kv cache");
     float *out = malloc((size_t)SEQS * n * d.vocab_size * sizeof *out),
           *step_out = malloc((size_t)SEQS * d.vocab_size * sizeof *step_out);
@@ -692,14 +704,7 @@ static void test_decode_rows(const char *shared, const char *model) {
     }
     double worst = 0;
     for (int sq = 0; sq < SEQS; sq++)
-        for (int32_t r = 0; r < rows; r++) {
-            int32_t at = pos ? ((const int32_t *)pos->data)[r] : r;
-            const float *want = (const float *)lg->data + (int64_t)r * d.vocab_size,
-                        *got = out + ((int64_t)sq * n + at) * d.vocab_size;
-            double e = ref_rel_err(got, want, d.vocab_size);
-            worst = e > worst ? e : worst;
-            mism += ref_argmax(got, d.vocab_size) != ref_argmax(want, d.vocab_size);
-        }
+        score_decode(rf, out + (int64_t)sq * n * d.vocab_size, d.vocab_size, &worst, &mism);
     snprintf(name, sizeof name, "decode %d sequences a step %s (%d pos each)", SEQS, model, rows);
     report(name, worst, 5e-3);
     snprintf(name, sizeof name, "decode %d sequences argmax mismatches %s", SEQS, model);
