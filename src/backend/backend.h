@@ -114,7 +114,7 @@ typedef struct exl_matmul_fused {
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 5
+#define EXL_BACKEND_ABI 6
 
 typedef struct exl_backend exl_backend;
 
@@ -172,6 +172,10 @@ typedef struct exl_backend_ops {
     void (*rope_kv_store)(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                           const exl_batch *b, const exl_attn_shape *shape, int32_t rot_dim, const float *inv_freq,
                           float attn_factor);
+    /* rope_kv_store, then attention into out (same arguments as those two) */
+    void (*rope_attention)(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
+                           void *v_cache, const exl_batch *b, const exl_attn_shape *shape, int32_t rot_dim,
+                           const float *inv_freq, float attn_factor);
 
     /* Optional, for host-side work such as the quantizer; NULL where the backend has no faster
      * way than the host (the CPU backend leaves it NULL). On HOST pointers, fp32, row-major as

@@ -254,8 +254,13 @@ static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int
                                         .x = s->x, .norm = l->attn_norm, .eps = eps, .decode = decode,
                                         .w = {l->q, l->k, l->v}, .out = {s->q, s->k, s->v},
                                         .out_zero = decode && li > 0});
-    rope_kv_store(m, cache, li, b, &shape);
-    m->be->ops->attention(m->be, s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], b, &shape);
+    if (m->be->ops->rope_attention) {
+        m->be->ops->rope_attention(m->be, s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], b, &shape,
+                                   m->rot_dim, s->inv_freq, s->rope_attn_factor);
+    } else {
+        rope_kv_store(m, cache, li, b, &shape);
+        m->be->ops->attention(m->be, s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], b, &shape);
+    }
     exl_matmul_fused o = {.rows = rows, .n = 1, .in_features = qw, .out_features = {hid}, .x = s->attn,
                           .accumulate = 1, .decode = decode, .w = {l->o}, .out = {s->x}};
     if (decode)

@@ -568,6 +568,94 @@ static void test_fused(void) {
         gpu->ops->free(gpu, bufs[i]);
 }
 
+/* rope_attention (decode steps: one new token a sequence) against rope_kv_store then attention:
+ * n_seqs sequences, each n_past tokens in the cache already and one new; both outputs and
+ * both caches after the step */
+static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32_t hd, int32_t rot,
+                                const int32_t *n_past, int n_seqs) {
+    const int32_t page = 16, kvw = nkv * hd, rows = n_seqs;
+    int32_t pages = 0, max_kv = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        pages += (n_past[s] + 1 + page - 1) / page;
+        max_kv = n_past[s] + 1 > max_kv ? n_past[s] + 1 : max_kv;
+    }
+    exl_attn_seq *seqs = malloc(n_seqs * sizeof *seqs);
+    int32_t *table = malloc(pages * 4), *pos = malloc(rows * 4), *slots = malloc(rows * 4);
+    for (int i = 0; i < pages; i++)
+        table[i] = pages - 1 - i; /* pages in reverse */
+    for (int s = 0, pg = 0; s < n_seqs; s++) {
+        seqs[s] = (exl_attn_seq){s, 1, n_past[s] + 1, pg};
+        pos[s] = n_past[s];
+        slots[s] = table[pg + n_past[s] / page] * page + n_past[s] % page;
+        pg += (n_past[s] + 1 + page - 1) / page;
+    }
+    float inv[128];
+    for (int i = 0; i < rot / 2; i++)
+        inv[i] = 1.0f / powf(10000.0f, 2.0f * i / rot);
+    size_t cache_elems = (size_t)pages * page * kvw;
+    uint16_t *past = malloc(cache_elems * 2);
+    for (size_t i = 0; i < cache_elems; i++)
+        past[i] = exl_f32_to_f16(qg_uniform(&rng) * 2 - 1);
+    float *q = rnd(rows * nh * hd, -1, 1), *k = rnd(rows * kvw, -1, 1), *v = rnd(rows * kvw, -1, 1);
+    exl_attn_seq *sd = put(gpu, seqs, n_seqs * sizeof *seqs);
+    int32_t *pd = put(gpu, pos, rows * 4), *sl = put(gpu, slots, rows * 4), *td = put(gpu, table, pages * 4);
+    float *fd = put(gpu, inv, sizeof inv);
+    exl_batch b = {rows, n_seqs, 1, max_kv, seqs, pos, slots, sd, NULL, pd, sl, td};
+    exl_attn_shape sh = {nh, nkv, hd, page, 0, 1.0f / sqrtf((float)hd)};
+    float *out[2];
+    uint16_t *kc_h[2], *vc_h[2];
+    for (int fused = 0; fused < 2; fused++) {
+        float *qd = put(gpu, q, rows * nh * hd * 4), *kd = put(gpu, k, rows * kvw * 4), *vd = put(gpu, v, rows * kvw * 4);
+        void *kc = put(gpu, past, cache_elems * 2), *vc = put(gpu, past, cache_elems * 2);
+        float *od = gpu->ops->alloc(gpu, (size_t)rows * nh * hd * 4);
+        if (fused) {
+            gpu->ops->rope_attention(gpu, od, qd, kd, vd, kc, vc, &b, &sh, rot, fd, 1.1f);
+        } else {
+            gpu->ops->rope_kv_store(gpu, qd, kd, vd, kc, vc, &b, &sh, rot, fd, 1.1f);
+            gpu->ops->attention(gpu, od, qd, kd, vd, kc, vc, &b, &sh);
+        }
+        out[fused] = get(gpu, od, rows * nh * hd);
+        kc_h[fused] = malloc(cache_elems * 2), vc_h[fused] = malloc(cache_elems * 2);
+        require(gpu->ops->download(gpu, kc_h[fused], kc, cache_elems * 2) == EXL_OK &&
+                    gpu->ops->download(gpu, vc_h[fused], vc, cache_elems * 2) == EXL_OK,
+                "download cache");
+        void *bufs[] = {qd, kd, vd, kc, vc, od};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            gpu->ops->free(gpu, bufs[i]);
+    }
+    /* the same rope arithmetic in both; only where the compiler fuses it differently may a cached
+     * key differ by an fp16 rounding step (~1e-3) and the output by its effect (< 2e-4) */
+    float *c[4];
+    for (int i = 0; i < 4; i++) {
+        const uint16_t *src = i == 0 ? kc_h[0] : i == 1 ? kc_h[1] : i == 2 ? vc_h[0] : vc_h[1];
+        c[i] = malloc(cache_elems * 4);
+        for (size_t j = 0; j < cache_elems; j++)
+            c[i][j] = exl_f16_to_f32(src[j]);
+    }
+    double ek = ref_rel_err(c[1], c[0], (int64_t)cache_elems), ev = ref_rel_err(c[3], c[2], (int64_t)cache_elems);
+    char full[160];
+    snprintf(full, sizeof full, "%s: cache", name);
+    report(full, ek > ev ? ek : ev, 1e-3);
+    snprintf(full, sizeof full, "%s: output", name);
+    report(full, ref_rel_err(out[1], out[0], rows * nh * hd), 2e-4);
+    for (int i = 0; i < 4; i++)
+        free(c[i]);
+    for (int i = 0; i < 2; i++)
+        free(out[i]), free(kc_h[i]), free(vc_h[i]);
+    void *bufs[] = {sd, pd, sl, td, fd};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        gpu->ops->free(gpu, bufs[i]);
+    free(seqs), free(table), free(pos), free(slots), free(past), free(q), free(k), free(v);
+}
+
+static void test_rope_attention(void) {
+    int32_t short3[3] = {0, 37, 200}, mid[2] = {300, 5}, longc[1] = {2047};
+    rope_attention_case("rope_attention == rope_kv_store, attention (GQA hd64, partial rotary)", 8, 2, 64, 32, short3, 3);
+    rope_attention_case("rope_attention == rope_kv_store, attention (hd128, ctx 300, splits)", 4, 4, 128, 128, mid, 2);
+    rope_attention_case("rope_attention == rope_kv_store, attention (GQA hd128, ctx 2048)", 8, 1, 128, 128, longc, 1);
+    rope_attention_case("rope_attention == rope_kv_store, attention (hd256: unfused inside)", 2, 1, 256, 256, short3, 3);
+}
+
 /* ---- whole models against the reference logits */
 
 static void test_models(const char *shared) {
@@ -1072,6 +1160,7 @@ int main(int argc, char **argv) {
     test_attention();
     test_quant(shared);
     test_fused();
+    test_rope_attention();
     test_models(shared);
     test_decode(shared, "rand-llama");
     test_decode(shared, "rand-qwen2-exl2-4.0bpw-h6");

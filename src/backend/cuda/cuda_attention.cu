@@ -278,11 +278,32 @@ __device__ __forceinline__ void fetch_key(const __half *kc, const __half *vc, in
         kr[i] = ks[i];
 }
 
-template <int HD, int W>
+/* With ROPE (decode_rope: one new token a sequence), the block also does rope_kv_store's work
+ * for its row: it rotates its query and its KV head's new key as loaded, takes that key and
+ * value from the fp32 k and v instead of the cache, and the first block of each (row, KV
+ * head) writes them to their cache slot for later steps; no other block reads that slot in
+ * this step. */
+typedef struct decode_rope {
+    const float *k, *v;     /* this step's keys (before rope) and values, [rows, kv width] */
+    const float *inv_freq;  /* half of them */
+    float attn_factor;
+    int half;               /* rot_dim / 2 */
+} decode_rope;
+
+/* element i of head_dim hd of x (fp32) after rope with cos / sin tables cs / sn of `half` */
+__device__ __forceinline__ float rope_at(const float *x, int i, int half, const float *cs, const float *sn) {
+    if (i < half)
+        return x[i] * cs[i] - x[i + half] * sn[i];
+    if (i < 2 * half)
+        return x[i] * cs[i - half] + x[i - half] * sn[i - half];
+    return x[i];
+}
+
+template <int HD, int W, bool ROPE>
 __global__ void __launch_bounds__(W * 32)
 attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
                         const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
-                        int keys_per_split) {
+                        int keys_per_split, decode_rope rp) {
     exl_pdl_trigger();
     constexpr int VS = FAST_VS(HD); /* V row stride in halves (16-byte pad) */
     constexpr int PPL = HD / 64; /* half2 output pairs per lane */
@@ -302,8 +323,36 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
     int64_t slot = t0 + lane < k1 ? key_slot(pages, t0 + lane, sh.page_size) : 0;
     if (t0 + lane < min(k1, d.fresh))
         fetch_key<HD>(kc, vc, slot, kvw, kvh, kr, &vt[warp][lane][0]);
+    __shared__ float rcs[ROPE ? HD / 2 : 1], rsn[ROPE ? HD / 2 : 1];
+    __shared__ __align__(16) __half fk[ROPE ? HD : 8], fv[ROPE ? HD : 8];
+    if constexpr (ROPE) /* the position of the row's query and new key is d.fresh */
+        for (int i = threadIdx.x; i < rp.half; i += W * 32) {
+            float sv, cv;
+            sincosf((float)d.fresh * __ldg(rp.inv_freq + i), &sv, &cv);
+            rcs[i] = cv * rp.attn_factor;
+            rsn[i] = sv * rp.attn_factor;
+        }
     exl_pdl_wait();
-    load_query(q, qs, d, sh, HD);
+    if constexpr (ROPE) {
+        __syncthreads();
+        const float *qr = q + ((int64_t)row * sh.n_heads + head) * HD;
+        const float *kr32 = rp.k + (int64_t)row * kvw + (int64_t)kvh * HD, *vr32 = rp.v + (int64_t)row * kvw + (int64_t)kvh * HD;
+        for (int i = threadIdx.x; i < HD; i += W * 32) {
+            qs[i] = rope_at(qr, i, rp.half, rcs, rsn) * sh.scale;
+            fk[i] = __float2half_rn(rope_at(kr32, i, rp.half, rcs, rsn));
+            fv[i] = __float2half_rn(vr32[i]);
+        }
+        __syncthreads();
+        if (split == 0 && head % (sh.n_heads / sh.n_kv_heads) == 0) {
+            const int64_t at = key_slot(pages, d.fresh, sh.page_size) * kvw + (int64_t)kvh * HD;
+            for (int i = threadIdx.x; i < HD; i += W * 32) {
+                ((__half *)kc)[at + i] = fk[i];
+                ((__half *)vc)[at + i] = fv[i];
+            }
+        }
+    } else {
+        load_query(q, qs, d, sh, HD);
+    }
 
     float m = -INFINITY, l = 0.0f;
     float2 acc[PPL];
@@ -314,8 +363,15 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
         const int t = t0 + lane;
         if (!first && t < k1)
             slot = key_slot(pages, t, sh.page_size);
-        if (t < k1 && (!first || t >= d.fresh))
+        if (ROPE && t < k1 && t == d.fresh) { /* this step's key and value, as rotated above */
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                kr[i] = ((const uint4 *)fk)[i];
+                ((uint4 *)&vt[warp][lane][0])[i] = ((const uint4 *)fv)[i];
+            }
+        } else if (t < k1 && (!first || t >= d.fresh)) {
             fetch_key<HD>(kc, vc, slot, kvw, kvh, kr, &vt[warp][lane][0]);
+        }
 #if __CUDA_ARCH__ >= 800
         asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;");
 #endif
@@ -369,7 +425,7 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
 }
 
 typedef void (*decode_fast_fn)(float *, float *, const float *, const __half *, const __half *,
-                               const exl_attn_seq *, int, const int32_t *, exl_attn_shape, int);
+                               const exl_attn_seq *, int, const int32_t *, exl_attn_shape, int, decode_rope);
 
 __global__ void attn_combine_kernel(float *out, const float *partial, int hd, int n_splits) {
     exl_pdl_start();
@@ -897,6 +953,9 @@ static void launch_prefill_tiled(exl_cuda_backend *cb, float *out, const float *
 
 /* ---- dispatch */
 
+static void launch_decode(exl_cuda_backend *cb, float *out, const float *q, const __half *kc, const __half *vc,
+                          const exl_batch *b, const exl_attn_shape *sh, const decode_rope *rp);
+
 void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
                             const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *sh) {
     exl_cuda_backend *cb = exl_cuda(be);
@@ -939,6 +998,12 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
         exl_cuda_check_launch(cb, "prefill attention");
         return;
     }
+    launch_decode(cb, out, q, kc, vc, b, sh, NULL);
+}
+
+/* decode attention, with rope_kv_store's work for the row done by each block (rp) or not */
+static void launch_decode(exl_cuda_backend *cb, float *out, const float *q, const __half *kc, const __half *vc,
+                          const exl_batch *b, const exl_attn_shape *sh, const decode_rope *rp) {
     int64_t items = (int64_t)b->n_rows * sh->n_heads;
     /* sized for max_kv rounded up to the bucket: splits past the keys exit at once, and the
      * launch stays the same for the next tokens (graph replay) */
@@ -964,12 +1029,19 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
     const dim3 grid((unsigned)items, (unsigned)splits);
     if (fast) {
         const int w = short_ctx ? SHORT_WARPS : ATT_WARPS;
-        decode_fast_fn k = sh->head_dim == 128 ? (short_ctx ? attn_decode_fast_kernel<128, SHORT_WARPS>
-                                                            : attn_decode_fast_kernel<128, ATT_WARPS>)
-                                               : (short_ctx ? attn_decode_fast_kernel<64, SHORT_WARPS>
-                                                            : attn_decode_fast_kernel<64, ATT_WARPS>);
+        decode_fast_fn k;
+        if (rp)
+            k = sh->head_dim == 128 ? (short_ctx ? attn_decode_fast_kernel<128, SHORT_WARPS, true>
+                                                 : attn_decode_fast_kernel<128, ATT_WARPS, true>)
+                                    : (short_ctx ? attn_decode_fast_kernel<64, SHORT_WARPS, true>
+                                                 : attn_decode_fast_kernel<64, ATT_WARPS, true>);
+        else
+            k = sh->head_dim == 128 ? (short_ctx ? attn_decode_fast_kernel<128, SHORT_WARPS, false>
+                                                 : attn_decode_fast_kernel<128, ATT_WARPS, false>)
+                                    : (short_ctx ? attn_decode_fast_kernel<64, SHORT_WARPS, false>
+                                                 : attn_decode_fast_kernel<64, ATT_WARPS, false>);
         exl_cuda_launch(cb, k, grid, dim3(w * 32), FAST_SMEM(sh->head_dim, w), out, cb->attn_partial, q, kc, vc,
-                b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
+                b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps, rp ? *rp : decode_rope{});
     } else {
         exl_cuda_launch(cb, attn_decode_kernel, grid, dim3(ATT_WARPS * 32), 0, out, cb->attn_partial, q, kc,
                 vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
@@ -982,13 +1054,32 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
     }
 }
 
+void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
+                                 void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
+                                 const float *inv_freq, float attn_factor) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    /* one new token a sequence, a head_dim of the fast decode kernel: one launch */
+    if (b->n_rows >= 1 && b->max_q == 1 && (sh->head_dim == 64 || sh->head_dim == 128) && rot_dim >= 2 &&
+        rot_dim <= sh->head_dim && sh->n_kv_heads >= 1 && sh->n_heads % sh->n_kv_heads == 0) {
+        const decode_rope rp = {k, v, inv_freq, attn_factor, rot_dim / 2};
+        launch_decode(cb, out, q, (const __half *)k_cache, (const __half *)v_cache, b, sh, &rp);
+        return;
+    }
+    exl_cuda_run_rope_kv_store(be, q, k, v, k_cache, v_cache, b, sh, rot_dim, inv_freq, attn_factor);
+    exl_cuda_run_attention(be, out, q, k, v, k_cache, v_cache, b, sh);
+}
+
 void exl_cuda_attention_init(void) {
     /* the short-context decode kernels hold more than the default 48 KiB of shared memory
      * (68 KiB for head_dim 128: not on sm_75, whose blocks have 64 KiB at most) */
     short_kernels_ok =
-        cudaFuncSetAttribute(attn_decode_fast_kernel<128, SHORT_WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)FAST_SMEM(128, SHORT_WARPS)) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_decode_fast_kernel<64, SHORT_WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)FAST_SMEM(64, SHORT_WARPS)) == cudaSuccess;
+        cudaFuncSetAttribute(attn_decode_fast_kernel<128, SHORT_WARPS, false>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FAST_SMEM(128, SHORT_WARPS)) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_decode_fast_kernel<64, SHORT_WARPS, false>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FAST_SMEM(64, SHORT_WARPS)) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_decode_fast_kernel<128, SHORT_WARPS, true>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FAST_SMEM(128, SHORT_WARPS)) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_decode_fast_kernel<64, SHORT_WARPS, true>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FAST_SMEM(64, SHORT_WARPS)) == cudaSuccess;
     cudaGetLastError();
 }

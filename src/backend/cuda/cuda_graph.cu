@@ -33,6 +33,7 @@ enum {
     OP_GATHER_ROWS,
     OP_MATMUL_FUSED,
     OP_ROPE_KV_STORE,
+    OP_ROPE_ATTENTION,
 };
 
 /* One recorded call; compared byte for byte, so always built from a zeroed struct. */
@@ -41,7 +42,7 @@ typedef struct exl_cuda_op {
     int32_t i[5];
     int64_t n;
     float f[2];
-    const void *p[6];
+    const void *p[7];
     exl_batch b;        /* device pointers and sizes only (host pointers cleared) */
     exl_attn_shape sh;
     exl_matmul_fused mf;
@@ -83,6 +84,11 @@ static void run(exl_cuda_backend *cb, const exl_cuda_op *o) {
     case OP_ROPE_KV_STORE:
         exl_cuda_run_rope_kv_store(be, (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2], (void *)o->p[3],
                                    (void *)o->p[4], &o->b, &o->sh, o->i[0], (const float *)o->p[5], o->f[0]);
+        break;
+    case OP_ROPE_ATTENTION:
+        exl_cuda_run_rope_attention(be, (float *)o->p[6], (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2],
+                                    (void *)o->p[3], (void *)o->p[4], &o->b, &o->sh, o->i[0], (const float *)o->p[5],
+                                    o->f[0]);
         break;
     }
 }
@@ -346,4 +352,15 @@ void exl_cuda_rope_kv_store(exl_backend *be, float *q, float *k, const float *v,
     o.b = device_batch(b);
     o.sh = *sh;
     submit(exl_cuda(be), &o, b->n_rows <= EXL_CUDA_GRAPH_MAX_ROWS);
+}
+
+void exl_cuda_rope_attention(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
+                             void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
+                             const float *inv_freq, float attn_factor) {
+    exl_cuda_op o = new_op(OP_ROPE_ATTENTION);
+    o.p[0] = q, o.p[1] = k, o.p[2] = v, o.p[3] = k_cache, o.p[4] = v_cache, o.p[5] = inv_freq, o.p[6] = out;
+    o.i[0] = rot_dim, o.f[0] = attn_factor;
+    o.b = device_batch(b);
+    o.sh = *sh;
+    submit(exl_cuda(be), &o, b->n_rows <= EXL_CUDA_GRAPH_MAX_ROWS && b->max_q <= EXL_CUDA_DECODE_MAX_Q);
 }

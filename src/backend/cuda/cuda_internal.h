@@ -233,6 +233,10 @@ void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor);
+/* rope_kv_store, then attention: one launch for decode steps of one new token a sequence */
+void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
+                                 void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
+                                 const float *inv_freq, float attn_factor);
 
 /* Largest row count of a step captured as a CUDA graph: decode steps of up to 64 sequences
  * (captured 16-64-job generator steps ran 3-11% faster than launched one by one,
@@ -267,6 +271,9 @@ void exl_cuda_matmul_fused(exl_backend *be, const exl_matmul_fused *f);
 void exl_cuda_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                             const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                             float attn_factor);
+void exl_cuda_rope_attention(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
+                             void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
+                             const float *inv_freq, float attn_factor);
 exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows,
                           int32_t vocab, int32_t k);
 
