@@ -6,7 +6,8 @@
  * output dimension per lane. Splits leave (max, sum, acc) partials that a second kernel
  * merges; for head_dim 64 and 128 a variant loads a warp's 32 K rows into registers and V
  * rows into shared memory at once (attn_decode_fast_kernel), and up to 256 keys take one
- * split of 8 warps with no merge. Prefill: for head_dim 64 and
+ * split of 8 warps with no merge; in steps of one new token a sequence it also does the rope
+ * and KV-cache store of that token (exl_cuda_run_rope_attention). Prefill: for head_dim 64 and
  * 128 on sm_80+, tensor cores with fp16 hi + lo operands (attn_prefill_tc_kernel, ~22 bits);
  * else for head_dim 64, 128 and 256 a block takes 64 queries of one head and 32-64 keys at a
  * time, each thread a 4 x 2-4 tile of scores and 4 rows of the output
