@@ -108,13 +108,17 @@ typedef struct exl_matmul_fused {
     float *clear[3];
     int64_t n_clear[3];
     int32_t out_zero;
+    /* feeds (optional): out[0] and out[1] are read only as x and up of the next matmul_fused, a GLU
+     * of the same rows over this linear; the backend may lay them out in an order of its own that
+     * it then reads there */
+    const exl_linear *feeds;
 } exl_matmul_fused;
 
 /* ---- the op table */
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 6
+#define EXL_BACKEND_ABI 7
 
 typedef struct exl_backend exl_backend;
 

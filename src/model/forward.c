@@ -269,7 +269,8 @@ static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int
 
     matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 2, .in_features = hid, .out_features = {ffn, ffn},
                                         .x = s->x, .norm = l->mlp_norm, .eps = eps, .decode = decode,
-                                        .w = {l->gate, l->up}, .out = {s->gate, s->up}, .out_zero = decode});
+                                        .w = {l->gate, l->up}, .out = {s->gate, s->up}, .out_zero = decode,
+                                        .feeds = l->down});
     exl_matmul_fused down = {.rows = rows, .n = 1, .in_features = ffn, .out_features = {hid}, .x = s->gate,
                              .up = s->up, .act = (int32_t)c->act, .accumulate = 1, .decode = decode,
                              .w = {l->down}, .out = {s->x}};

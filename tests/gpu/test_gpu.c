@@ -568,6 +568,85 @@ static void test_fused(void) {
         gpu->ops->free(gpu, bufs[i]);
 }
 
+/* A GLU chain as the forward pass issues it: gate and up (with feeds = down, which lets the
+ * backend store them in down's slot order) then down with up, against a host reference. */
+static void glu_chain_case(qgen *gu, qgen *dn, int32_t rows) {
+    const int64_t K = gu[0].src.in_features, F = gu[0].src.out_features, N = dn->src.out_features;
+    float *x = rnd(rows * K, -1, 1), *base = rnd(rows * N, -1, 1), *nw = rnd(K, 0.5f, 1.5f);
+    uint16_t *nw16 = malloc(K * 2);
+    for (int64_t k = 0; k < K; k++)
+        nw16[k] = exl_f32_to_f16(nw[k]), nw[k] = exl_f16_to_f32(nw16[k]);
+    exl_dense_src vs = {EXL_DTYPE_F16, nw16};
+    exl_vector *vg;
+    exl_linear *lg[3];
+    require(gpu->ops->vector_init(gpu, &vs, K, 0.0f, &vg) == EXL_OK, "vector gpu");
+    require(gpu->ops->linear_init(gpu, &gu[0].src, &lg[0]) == EXL_OK &&
+                gpu->ops->linear_init(gpu, &gu[1].src, &lg[1]) == EXL_OK &&
+                gpu->ops->linear_init(gpu, &dn->src, &lg[2]) == EXL_OK,
+            "linear gpu");
+    float *wg = qref_dequant(&gu[0].src), *wu = qref_dequant(&gu[1].src), *wd = qref_dequant(&dn->src);
+    float *want = malloc(rows * N * 4), *h = malloc(F * 8), *xn = malloc(K * 8);
+    for (int32_t r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int64_t k = 0; k < K; k++)
+            ss += (double)x[r * K + k] * x[r * K + k];
+        for (int64_t k = 0; k < K; k++)
+            ((double *)xn)[k] = nw[k] * x[r * K + k] / sqrt(ss / K + 1e-5);
+        for (int64_t f = 0; f < F; f++) {
+            double g = 0, u = 0;
+            for (int64_t k = 0; k < K; k++)
+                g += ((double *)xn)[k] * wg[k * F + f], u += ((double *)xn)[k] * wu[k * F + f];
+            ((double *)h)[f] = g / (1.0 + exp(-g)) * u;
+        }
+        for (int64_t n = 0; n < N; n++) {
+            double a = base[r * N + n];
+            for (int64_t f = 0; f < F; f++)
+                a += ((double *)h)[f] * wd[f * N + n];
+            want[r * N + n] = (float)a;
+        }
+    }
+    float *xd = put(gpu, x, rows * K * 4), *od = put(gpu, base, rows * N * 4);
+    float *gd = gpu->ops->alloc(gpu, (size_t)rows * F * 4), *ud = gpu->ops->alloc(gpu, (size_t)rows * F * 4);
+    exl_matmul_fused fu = {.rows = rows, .n = 2, .in_features = (int32_t)K, .out_features = {(int32_t)F, (int32_t)F},
+                           .x = xd, .norm = vg, .eps = 1e-5f, .decode = 1, .w = {lg[0], lg[1]}, .out = {gd, ud},
+                           .feeds = lg[2]};
+    exl_matmul_fused fd = {.rows = rows, .n = 1, .in_features = (int32_t)F, .out_features = {(int32_t)N}, .x = gd,
+                           .up = ud, .act = 0, .accumulate = 1, .decode = 1, .w = {lg[2]}, .out = {od}};
+    gpu->ops->matmul_fused(gpu, &fu);
+    gpu->ops->matmul_fused(gpu, &fd);
+    float *got = get(gpu, od, rows * N);
+    char name[96];
+    snprintf(name, sizeof name, "matmul_fused gate/up feeding down (GLU) rows=%d decode", rows);
+    report(name, ref_rel_err(got, want, rows * N), 3e-3);
+    void *bufs[] = {xd, od, gd, ud};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        gpu->ops->free(gpu, bufs[i]);
+    for (int i = 0; i < 3; i++)
+        gpu->ops->linear_free(gpu, lg[i]);
+    gpu->ops->vector_free(gpu, vg);
+    free(x), free(base), free(nw), free(nw16), free(wg), free(wu), free(wd), free(want), free(h), free(xn), free(got);
+}
+
+static void test_glu_chain(void) {
+    qgen gu[2], dn;
+    int bits[2] = {5, 4}, rows[2] = {128, 384}, dbits[2] = {4, 3}, drows[2] = {256, 128};
+    qgen_exl2(&gu[0], 512, 384, 2, bits, rows, &rng);
+    qgen_exl2(&gu[1], 512, 384, 2, bits, rows, &rng);
+    qgen_exl2(&dn, 384, 160, 2, dbits, drows, &rng);
+    for (int32_t r = 1; r <= 3; r += 2)
+        glu_chain_case(gu, &dn, r);
+    for (int i = 0; i < 2; i++)
+        qgen_free(&gu[i]);
+    qgen_free(&dn);
+    qgen_gptq(&gu[0], 256, 256, 4, 64, 1, 0, &rng);
+    qgen_gptq(&gu[1], 256, 256, 4, 64, 1, 0, &rng);
+    qgen_gptq(&dn, 256, 96, 4, 64, 1, 0, &rng);
+    glu_chain_case(gu, &dn, 1);
+    for (int i = 0; i < 2; i++)
+        qgen_free(&gu[i]);
+    qgen_free(&dn);
+}
+
 /* rope_attention (decode steps: one new token a sequence) against rope_kv_store then attention:
  * n_seqs sequences, each n_past tokens in the cache already and one new; both outputs and
  * both caches after the step */
@@ -1161,6 +1240,7 @@ int main(int argc, char **argv) {
     test_quant(shared);
     test_fused();
     test_rope_attention();
+    test_glu_chain();
     test_models(shared);
     test_decode(shared, "rand-llama");
     test_decode(shared, "rand-qwen2-exl2-4.0bpw-h6");

@@ -335,7 +335,7 @@ void exl_cuda_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
     exl_cuda_op o = new_op(OP_MATMUL_FUSED);
     o.mf.rows = f->rows, o.mf.n = f->n, o.mf.in_features = f->in_features;
     o.mf.x = f->x, o.mf.norm = f->norm, o.mf.eps = f->eps, o.mf.up = f->up, o.mf.act = f->act;
-    o.mf.accumulate = f->accumulate, o.mf.decode = f->decode, o.mf.out_zero = f->out_zero;
+    o.mf.accumulate = f->accumulate, o.mf.decode = f->decode, o.mf.out_zero = f->out_zero, o.mf.feeds = f->feeds;
     for (int i = 0; i < f->n && i < 3; i++)
         o.mf.out_features[i] = f->out_features[i], o.mf.w[i] = f->w[i], o.mf.out[i] = f->out[i];
     for (int i = 0; i < 3; i++)

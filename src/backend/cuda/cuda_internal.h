@@ -58,6 +58,10 @@ typedef struct exl_cuda_backend {
         float *p;           /* (exl_matmul_fused.clear / out_zero; NULL: free entry) */
         int64_t n;
     } zeroed[EXL_CUDA_ZEROED_MAX];
+    struct {                /* a GEMV stored x and up of a GLU over w in w's slot order (exl_matmul_fused.feeds) */
+        const float *x, *up;
+        const exl_linear *w;
+    } glu_link;
     float *attn_partial;    /* split-K partials of decode attention */
     size_t attn_partial_bytes;
     __half *dequant;        /* quantized weights decoded to fp16 hi and lo for cuBLAS (cuda_qgemm.cu) */
@@ -123,6 +127,8 @@ typedef struct exl_qmatrix {
     __half *scales;      /* [n_groups, n_pad] */
     __half *zeros;       /* [n_groups, n_pad] (GPTQ) or NULL (EXL2: zero = 2^(bits-1)) */
     int32_t *slot_src;   /* [n_chunks * 32] */
+    int32_t *slot_of;    /* [in]: the slot of each input row, where the slots are exactly the rows
+                          * (in % 32 == 0), else NULL: a GLU producer may store in that order */
 } exl_qmatrix;
 
 /* Columns of a tile of qw. The words of a tile lie together, row after row, so that a kernel

@@ -64,6 +64,8 @@ typedef struct gemv_args {
                          * onto outputs an earlier launch zeroed) */
     float *clear[3];    /* zeroed by this launch for a later one (exl_matmul_fused.clear) */
     int64_t n_clear[3];
+    const int32_t *out_map; /* output column c goes to out_map[c] (a GLU's inputs in its slot order) */
+    int32_t x_slots;    /* x and up are in the slot order of the (one) matrix: slot s reads row s */
 } gemv_args;
 
 /* ---- the input transform */
@@ -200,7 +202,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         sp[j] = make_int2(-1, -1);
         nw[j] = make_float2(1.0f, 1.0f);
         if (i < n_loc * 16) {
-            sp[j] = __ldg((const int2 *)(q.slot_src + c0 * CHUNK) + i);
+            sp[j] = a.x_slots ? make_int2(c0 * CHUNK + 2 * i, c0 * CHUNK + 2 * i + 1)
+                              : __ldg((const int2 *)(q.slot_src + c0 * CHUNK) + i);
             if (a.norm)
                 nw[j] = make_float2(sp[j].x >= 0 ? __ldg(a.norm + sp[j].x) : 0.0f,
                                     sp[j].y >= 0 ? __ldg(a.norm + sp[j].y) : 0.0f);
@@ -236,7 +239,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
             }
     }
     for (int i = tid + PRE * GEMV_THREADS; i < n_loc * 16; i += GEMV_THREADS) {
-        int2 sp = __ldg((const int2 *)(q.slot_src + c0 * CHUNK) + i);
+        int2 sp = a.x_slots ? make_int2(c0 * CHUNK + 2 * i, c0 * CHUNK + 2 * i + 1)
+                            : __ldg((const int2 *)(q.slot_src + c0 * CHUNK) + i);
         if (stage) {
             xs[i] = __floats2half2_rn(sp.x >= 0 ? a.norm[sp.x] * (stage[sp.x] * inv[0]) : 0.0f,
                                       sp.y >= 0 ? a.norm[sp.y] * (stage[sp.y] * inv[0]) : 0.0f);
@@ -292,12 +296,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         for (int s = 0; s < SUBS; s++)
             sum[r] += red[s][r][tid];
     }
+    const int ocol = tcol < M.n_out && a.out_map ? __ldg(a.out_map + tcol) : tcol; /* where column tcol goes */
     if (a.atomic_add) {
         /* no partial sums, fence or counter: the adds are done in L2, after the block is gone */
         if (tcol < M.n_out)
 #pragma unroll
             for (int r = 0; r < R; r++)
-                atomicAdd(M.out + (int64_t)r * M.n_out + tcol,
+                atomicAdd(M.out + (int64_t)r * M.n_out + ocol,
                           sum[r] + (M.bias && blockIdx.y == 0 ? M.bias[tcol] : 0.0f));
         return;
     }
@@ -334,7 +339,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
     if (tcol < M.n_out)
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float *dst = M.out + (int64_t)r * M.n_out + tcol;
+            float *dst = M.out + (int64_t)r * M.n_out + ocol;
             *dst = (a.accumulate ? *dst : 0.0f) + sum[r] + (M.bias ? M.bias[tcol] : 0.0f);
         }
 }
@@ -467,6 +472,12 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
     a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
     *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
     a->atomic_add = *split > 1 && (f->accumulate || outputs_zeroed(cb, f)) && !cb->deterministic;
+    /* a GLU's gate and up stored in the slot order of the matrix they feed, which this kernel takes
+     * too (same rows, quantized), so that its gather reads consecutive rows (exl_matmul_fused.feeds) */
+    const exl_linear *d = f->feeds;
+    if (d && f->n == 2 && d->kind != EXL_LINEAR_DENSE && d->q.slot_of && f->w[0]->out == d->in && f->w[1]->out == d->in)
+        a->out_map = d->q.slot_of;
+    a->x_slots = f->up && f->n == 1 && cb->glu_link.w == f->w[0] && cb->glu_link.x == f->x && cb->glu_link.up == f->up;
     return 1;
 }
 
@@ -522,6 +533,10 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
             a.clear[i] = f->clear[i], a.n_clear[i] = f->n_clear[i];
             zeroed_add(cb, f->clear[i], f->n_clear[i]);
         }
+    if (a.out_map)
+        cb->glu_link.x = f->out[0], cb->glu_link.up = f->out[1], cb->glu_link.w = f->feeds;
+    else if (a.x_slots)
+        memset(&cb->glu_link, 0, sizeof cb->glu_link);
     /* ROWS_PER_LAUNCH rows per launch (the weights are read once per launch) */
     for (int32_t r = 0; r < f->rows; r += ROWS_PER_LAUNCH) {
         gemv_args part = a;

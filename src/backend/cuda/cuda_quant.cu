@@ -260,6 +260,25 @@ static exl_status upload(void **dst, const void *src, size_t bytes, const char *
     return EXL_OK;
 }
 
+/* slot_of (exl_qmatrix) from slot_src, when the K slots hold each input row once (else none) */
+static exl_status upload_slot_of(int32_t **dst, const int32_t *slot_src, int64_t K, const char *what) {
+    int32_t *inv = (int32_t *)malloc((size_t)K * sizeof(int32_t));
+    if (!inv)
+        return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory repacking %s", what);
+    for (int64_t r = 0; r < K; r++)
+        inv[r] = -1;
+    int ok = 1;
+    for (int64_t s = 0; s < K && ok; s++) {
+        const int32_t r = slot_src[s];
+        ok = r >= 0 && r < K && inv[r] < 0;
+        if (ok)
+            inv[r] = (int32_t)s;
+    }
+    exl_status st = ok ? upload((void **)dst, inv, (size_t)K * sizeof(int32_t), what) : EXL_OK;
+    free(inv);
+    return st;
+}
+
 exl_status exl_cuda_qmatrix_init(exl_cuda_backend *cb, const exl_linear_src *src, exl_qmatrix *q) {
     memset(q, 0, sizeof *q);
     const char *name = src->name ? src->name : "linear";
@@ -296,6 +315,8 @@ exl_status exl_cuda_qmatrix_init(exl_cuda_backend *cb, const exl_linear_src *src
             st = upload((void **)&q->chunks, pk.chunks, (size_t)pk.n_chunks * sizeof(int4), name);
         if (st == EXL_OK)
             st = upload((void **)&q->slot_src, pk.slot_src, (size_t)pk.n_chunks * CHUNK * sizeof(int32_t), name);
+        if (st == EXL_OK && pk.n_chunks * CHUNK == src->in_features)
+            st = upload_slot_of(&q->slot_of, pk.slot_src, src->in_features, name);
         if (st == EXL_OK)
             st = upload((void **)&q->scales, l.scales, (size_t)l.n_groups * n_pad * sizeof(uint16_t), name);
         if (st == EXL_OK && l.zeros)
@@ -311,6 +332,7 @@ exl_status exl_cuda_qmatrix_init(exl_cuda_backend *cb, const exl_linear_src *src
 }
 
 void exl_cuda_qmatrix_free(exl_qmatrix *q) {
+    cudaFree(q->slot_of);
     cudaFree(q->qw);
     cudaFree(q->chunks);
     cudaFree(q->scales);
