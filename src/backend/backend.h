@@ -118,7 +118,7 @@ typedef struct exl_matmul_fused {
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 7
+#define EXL_BACKEND_ABI 8
 
 typedef struct exl_backend exl_backend;
 
@@ -176,10 +176,12 @@ typedef struct exl_backend_ops {
     void (*rope_kv_store)(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                           const exl_batch *b, const exl_attn_shape *shape, int32_t rot_dim, const float *inv_freq,
                           float attn_factor);
-    /* rope_kv_store, then attention into out (same arguments as those two) */
+    /* rope_kv_store, then attention into out (same arguments as those two); feeds (optional): out
+     * is read only as x of the next matmul_fused, over this linear and of the same rows, and may
+     * be laid out in an order of the backend's own that it reads there */
     void (*rope_attention)(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
                            void *v_cache, const exl_batch *b, const exl_attn_shape *shape, int32_t rot_dim,
-                           const float *inv_freq, float attn_factor);
+                           const float *inv_freq, float attn_factor, const exl_linear *feeds);
 
     /* Optional, for host-side work such as the quantizer; NULL where the backend has no faster
      * way than the host (the CPU backend leaves it NULL). On HOST pointers, fp32, row-major as

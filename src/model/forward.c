@@ -256,7 +256,7 @@ static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int
                                         .out_zero = decode && li > 0});
     if (m->be->ops->rope_attention) {
         m->be->ops->rope_attention(m->be, s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], b, &shape,
-                                   m->rot_dim, s->inv_freq, s->rope_attn_factor);
+                                   m->rot_dim, s->inv_freq, s->rope_attn_factor, l->o);
     } else {
         rope_kv_store(m, cache, li, b, &shape);
         m->be->ops->attention(m->be, s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], b, &shape);

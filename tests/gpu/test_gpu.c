@@ -651,7 +651,7 @@ static void test_glu_chain(void) {
  * n_seqs sequences, each n_past tokens in the cache already and one new; both outputs and
  * both caches after the step */
 static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32_t hd, int32_t rot,
-                                const int32_t *n_past, int n_seqs) {
+                                const int32_t *n_past, int n_seqs, int with_o) {
     const int32_t page = 16, kvw = nkv * hd, rows = n_seqs;
     int32_t pages = 0, max_kv = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -681,6 +681,16 @@ static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32
     float *fd = put(gpu, inv, sizeof inv);
     exl_batch b = {rows, n_seqs, 1, max_kv, seqs, pos, slots, sd, NULL, pd, sl, td};
     exl_attn_shape sh = {nh, nkv, hd, page, 0, 1.0f / sqrtf((float)hd)};
+    /* with_o: o_proj after it (rope_attention's feeds, which may lay the output out for it) */
+    const int32_t on = 96;
+    qgen og;
+    exl_linear *ol = NULL;
+    float *obase = rnd(rows * on, -1, 1), *o_out[2];
+    if (with_o) {
+        int bits[2] = {4, 5}, grows[2] = {nh * hd / 2, nh * hd / 2};
+        qgen_exl2(&og, nh * hd, on, 2, bits, grows, &rng);
+        require(gpu->ops->linear_init(gpu, &og.src, &ol) == EXL_OK, "linear gpu");
+    }
     float *out[2];
     uint16_t *kc_h[2], *vc_h[2];
     for (int fused = 0; fused < 2; fused++) {
@@ -688,12 +698,20 @@ static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32
         void *kc = put(gpu, past, cache_elems * 2), *vc = put(gpu, past, cache_elems * 2);
         float *od = gpu->ops->alloc(gpu, (size_t)rows * nh * hd * 4);
         if (fused) {
-            gpu->ops->rope_attention(gpu, od, qd, kd, vd, kc, vc, &b, &sh, rot, fd, 1.1f);
+            gpu->ops->rope_attention(gpu, od, qd, kd, vd, kc, vc, &b, &sh, rot, fd, 1.1f, ol);
         } else {
             gpu->ops->rope_kv_store(gpu, qd, kd, vd, kc, vc, &b, &sh, rot, fd, 1.1f);
             gpu->ops->attention(gpu, od, qd, kd, vd, kc, vc, &b, &sh);
         }
-        out[fused] = get(gpu, od, rows * nh * hd);
+        out[fused] = with_o ? NULL : get(gpu, od, rows * nh * hd); /* with o_proj: in its order */
+        if (with_o) {
+            float *ob = put(gpu, obase, rows * on * 4);
+            gpu->ops->matmul_fused(gpu, &(exl_matmul_fused){.rows = rows, .n = 1, .in_features = nh * hd,
+                                                           .out_features = {on}, .x = od, .accumulate = 1,
+                                                           .decode = 1, .w = {ol}, .out = {ob}});
+            o_out[fused] = get(gpu, ob, rows * on);
+            gpu->ops->free(gpu, ob);
+        }
         kc_h[fused] = malloc(cache_elems * 2), vc_h[fused] = malloc(cache_elems * 2);
         require(gpu->ops->download(gpu, kc_h[fused], kc, cache_elems * 2) == EXL_OK &&
                     gpu->ops->download(gpu, vc_h[fused], vc, cache_elems * 2) == EXL_OK,
@@ -715,8 +733,17 @@ static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32
     char full[160];
     snprintf(full, sizeof full, "%s: cache", name);
     report(full, ek > ev ? ek : ev, 1e-3);
-    snprintf(full, sizeof full, "%s: output", name);
-    report(full, ref_rel_err(out[1], out[0], rows * nh * hd), 2e-4);
+    if (with_o) {
+        snprintf(full, sizeof full, "%s: o_proj after it", name);
+        report(full, ref_rel_err(o_out[1], o_out[0], rows * on), 2e-4);
+        free(o_out[0]), free(o_out[1]);
+        gpu->ops->linear_free(gpu, ol);
+        qgen_free(&og);
+    } else {
+        snprintf(full, sizeof full, "%s: output", name);
+        report(full, ref_rel_err(out[1], out[0], rows * nh * hd), 2e-4);
+    }
+    free(obase);
     for (int i = 0; i < 4; i++)
         free(c[i]);
     for (int i = 0; i < 2; i++)
@@ -729,10 +756,12 @@ static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32
 
 static void test_rope_attention(void) {
     int32_t short3[3] = {0, 37, 200}, mid[2] = {300, 5}, longc[1] = {2047};
-    rope_attention_case("rope_attention == rope_kv_store, attention (GQA hd64, partial rotary)", 8, 2, 64, 32, short3, 3);
-    rope_attention_case("rope_attention == rope_kv_store, attention (hd128, ctx 300, splits)", 4, 4, 128, 128, mid, 2);
-    rope_attention_case("rope_attention == rope_kv_store, attention (GQA hd128, ctx 2048)", 8, 1, 128, 128, longc, 1);
-    rope_attention_case("rope_attention == rope_kv_store, attention (hd256: unfused inside)", 2, 1, 256, 256, short3, 3);
+    rope_attention_case("rope_attention == rope_kv_store, attention (GQA hd64, partial rotary)", 8, 2, 64, 32, short3, 3, 0);
+    rope_attention_case("rope_attention == rope_kv_store, attention (hd128, ctx 300, splits)", 4, 4, 128, 128, mid, 2, 0);
+    rope_attention_case("rope_attention == rope_kv_store, attention (GQA hd128, ctx 2048)", 8, 1, 128, 128, longc, 1, 0);
+    rope_attention_case("rope_attention == rope_kv_store, attention (hd256: unfused inside)", 2, 1, 256, 256, short3, 3, 0);
+    rope_attention_case("rope_attention feeding o_proj (GQA hd64, 3 rows)", 8, 2, 64, 32, short3, 3, 1);
+    rope_attention_case("rope_attention feeding o_proj (hd128, ctx 300, splits)", 4, 4, 128, 128, mid, 2, 1);
 }
 
 /* ---- whole models against the reference logits */

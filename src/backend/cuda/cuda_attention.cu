@@ -141,11 +141,22 @@ __device__ __forceinline__ void load_kv4(const prefill_block &p, int page_size, 
     }
 }
 
+/* Where the output element at i (of rows of width n_heads * head_dim) goes: in place, or at
+ * map[i % width] of its row (the slot order of the matmul it feeds, exl_qmatrix.slot_of). */
+typedef struct out_order {
+    const int32_t *map;
+    int width;
+} out_order;
+
+__device__ __forceinline__ int64_t out_at(const out_order &oo, int64_t i) {
+    return oo.map ? i - i % oo.width + __ldg(oo.map + i % oo.width) : i;
+}
+
 /* Merge the block's warps' online-softmax states (max wm, sum wl, unnormalised acc rows of
  * wacc with stride ws) for (row, head) rh: the output itself with one split, else the
  * split's partial (max, sum, acc) for attn_combine_kernel. After a __syncthreads. */
 __device__ void merge_warps(float *out, float *partial, const float *wm, const float *wl, const float *wacc, int ws,
-                            int hd, int64_t rh, int split) {
+                            int hd, int64_t rh, int split, out_order oo) {
     const int n_warps = blockDim.x / 32;
     float bm = -INFINITY;
     for (int w = 0; w < n_warps; w++)
@@ -159,7 +170,7 @@ __device__ void merge_warps(float *out, float *partial, const float *wm, const f
         for (int w = 0; w < n_warps; w++)
             a += wm[w] == -INFINITY ? 0.0f : wacc[w * ws + d] * __expf(wm[w] - bm);
         if (gridDim.y == 1)
-            out[rh * hd + d] = bl > 0.0f ? a / bl : 0.0f;
+            out[out_at(oo, rh * hd + d)] = bl > 0.0f ? a / bl : 0.0f;
         else
             pp[2 + d] = a;
     }
@@ -252,7 +263,8 @@ attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc,
         if (lane + 32 * i < hd)
             wacc[warp][lane + 32 * i] = acc[i];
     __syncthreads();
-    merge_warps(out, partial, wm, wl, &wacc[0][0], MAX_HEAD_DIM, hd, (int64_t)row * sh.n_heads + head, split);
+    merge_warps(out, partial, wm, wl, &wacc[0][0], MAX_HEAD_DIM, hd, (int64_t)row * sh.n_heads + head, split,
+                out_order{});
 }
 
 /* The same for head_dim HD (64 or 128), built for latency at short contexts: a lane loads
@@ -289,6 +301,7 @@ typedef struct decode_rope {
     const float *inv_freq;  /* half of them */
     float attn_factor;
     int half;               /* rot_dim / 2 */
+    out_order oo;
 } decode_rope;
 
 /* element i of head_dim hd of x (fp32) after rope with cos / sin tables cs / sn of `half` */
@@ -422,13 +435,13 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
         wacc[warp][2 * (lane + 32 * i) + 1] = acc[i].y;
     }
     __syncthreads();
-    merge_warps(out, partial, wm, wl, &wacc[0][0], HD, HD, (int64_t)row * sh.n_heads + head, split);
+    merge_warps(out, partial, wm, wl, &wacc[0][0], HD, HD, (int64_t)row * sh.n_heads + head, split, rp.oo);
 }
 
 typedef void (*decode_fast_fn)(float *, float *, const float *, const __half *, const __half *,
                                const exl_attn_seq *, int, const int32_t *, exl_attn_shape, int, decode_rope);
 
-__global__ void attn_combine_kernel(float *out, const float *partial, int hd, int n_splits) {
+__global__ void attn_combine_kernel(float *out, const float *partial, int hd, int n_splits, out_order oo) {
     exl_pdl_start();
     const int64_t rh = blockIdx.x;
     const float *pp = partial + rh * n_splits * (hd + 2);
@@ -446,7 +459,7 @@ __global__ void attn_combine_kernel(float *out, const float *partial, int hd, in
             float ms = pp[s * (hd + 2)];
             a += ms == -INFINITY ? 0.0f : pp[s * (hd + 2) + 2 + d] * __expf(ms - m);
         }
-        out[rh * hd + d] = l > 0.0f ? a / l : 0.0f;
+        out[out_at(oo, rh * hd + d)] = l > 0.0f ? a / l : 0.0f;
     }
 }
 
@@ -1050,19 +1063,27 @@ static void launch_decode(exl_cuda_backend *cb, float *out, const float *q, cons
     exl_cuda_check_launch(cb, "decode attention");
     if (splits > 1) {
         exl_cuda_launch(cb, attn_combine_kernel, dim3((unsigned)items), dim3(128), 0, out, cb->attn_partial,
-                sh->head_dim, splits);
+                sh->head_dim, splits, rp ? rp->oo : out_order{});
         exl_cuda_check_launch(cb, "attention combine");
     }
 }
 
 void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
                                  void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
-                                 const float *inv_freq, float attn_factor) {
+                                 const float *inv_freq, float attn_factor, const exl_linear *feeds) {
     exl_cuda_backend *cb = exl_cuda(be);
+    memset(&cb->slot_link, 0, sizeof cb->slot_link);
     /* one new token a sequence, a head_dim of the fast decode kernel: one launch */
     if (b->n_rows >= 1 && b->max_q == 1 && (sh->head_dim == 64 || sh->head_dim == 128) && rot_dim >= 2 &&
         rot_dim <= sh->head_dim && sh->n_kv_heads >= 1 && sh->n_heads % sh->n_kv_heads == 0) {
-        const decode_rope rp = {k, v, inv_freq, attn_factor, rot_dim / 2};
+        decode_rope rp = {k, v, inv_freq, attn_factor, rot_dim / 2, {NULL, 0}};
+        /* the output in the slot order of the matmul it feeds, where that one takes it (the GEMV) */
+        const int width = sh->n_heads * sh->head_dim;
+        if (feeds && feeds->kind != EXL_LINEAR_DENSE && feeds->q.slot_of && feeds->in == width &&
+            b->n_rows <= EXL_CUDA_QGEMV_MAX_ROWS) {
+            rp.oo = out_order{feeds->q.slot_of, width};
+            cb->slot_link.x = out, cb->slot_link.up = NULL, cb->slot_link.w = feeds;
+        }
         launch_decode(cb, out, q, (const __half *)k_cache, (const __half *)v_cache, b, sh, &rp);
         return;
     }

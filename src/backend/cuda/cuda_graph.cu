@@ -42,7 +42,7 @@ typedef struct exl_cuda_op {
     int32_t i[5];
     int64_t n;
     float f[2];
-    const void *p[7];
+    const void *p[8];
     exl_batch b;        /* device pointers and sizes only (host pointers cleared) */
     exl_attn_shape sh;
     exl_matmul_fused mf;
@@ -88,7 +88,7 @@ static void run(exl_cuda_backend *cb, const exl_cuda_op *o) {
     case OP_ROPE_ATTENTION:
         exl_cuda_run_rope_attention(be, (float *)o->p[6], (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2],
                                     (void *)o->p[3], (void *)o->p[4], &o->b, &o->sh, o->i[0], (const float *)o->p[5],
-                                    o->f[0]);
+                                    o->f[0], (const exl_linear *)o->p[7]);
         break;
     }
 }
@@ -356,9 +356,10 @@ void exl_cuda_rope_kv_store(exl_backend *be, float *q, float *k, const float *v,
 
 void exl_cuda_rope_attention(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
                              void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
-                             const float *inv_freq, float attn_factor) {
+                             const float *inv_freq, float attn_factor, const exl_linear *feeds) {
     exl_cuda_op o = new_op(OP_ROPE_ATTENTION);
     o.p[0] = q, o.p[1] = k, o.p[2] = v, o.p[3] = k_cache, o.p[4] = v_cache, o.p[5] = inv_freq, o.p[6] = out;
+    o.p[7] = feeds;
     o.i[0] = rot_dim, o.f[0] = attn_factor;
     o.b = device_batch(b);
     o.sh = *sh;

@@ -58,10 +58,10 @@ typedef struct exl_cuda_backend {
         float *p;           /* (exl_matmul_fused.clear / out_zero; NULL: free entry) */
         int64_t n;
     } zeroed[EXL_CUDA_ZEROED_MAX];
-    struct {                /* a GEMV stored x and up of a GLU over w in w's slot order (exl_matmul_fused.feeds) */
-        const float *x, *up;
+    struct {                /* the last op stored x (and up of a GLU) for a matmul over w in w's slot order */
+        const float *x, *up; /* (exl_matmul_fused.feeds, rope_attention's feeds) */
         const exl_linear *w;
-    } glu_link;
+    } slot_link;
     float *attn_partial;    /* split-K partials of decode attention */
     size_t attn_partial_bytes;
     __half *dequant;        /* quantized weights decoded to fp16 hi and lo for cuBLAS (cuda_qgemm.cu) */
@@ -242,7 +242,7 @@ void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float
 /* rope_kv_store, then attention: one launch for decode steps of one new token a sequence */
 void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
                                  void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
-                                 const float *inv_freq, float attn_factor);
+                                 const float *inv_freq, float attn_factor, const exl_linear *feeds);
 
 /* Largest row count of a step captured as a CUDA graph: decode steps of up to 64 sequences
  * (captured 16-64-job generator steps ran 3-11% faster than launched one by one,
@@ -279,7 +279,7 @@ void exl_cuda_rope_kv_store(exl_backend *be, float *q, float *k, const float *v,
                             float attn_factor);
 void exl_cuda_rope_attention(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
                              void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
-                             const float *inv_freq, float attn_factor);
+                             const float *inv_freq, float attn_factor, const exl_linear *feeds);
 exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows,
                           int32_t vocab, int32_t k);
 

@@ -195,15 +195,15 @@ void exl_cuda_run_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (f->rows < 1)
         return;
+    const int linked = f->n == 1 && cb->slot_link.w == f->w[0] && cb->slot_link.x == f->x && cb->slot_link.up == f->up;
     if (f->feeds) /* a GLU producer: its outputs are in the usual order unless the GEMV says otherwise */
-        memset(&cb->glu_link, 0, sizeof cb->glu_link);
+        memset(&cb->slot_link, 0, sizeof cb->slot_link);
     if (exl_cuda_qgemv_takes(cb, f)) {
         exl_cuda_qgemv_fused(cb, f);
         return;
     }
-    if (f->up && cb->glu_link.w == f->w[0] && cb->glu_link.x == f->x && cb->glu_link.up == f->up) {
-        /* the producer took the GEMV, so this GLU of the same rows should have too */
-        exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: GLU inputs in slot order reached a matmul other than the GEMV");
+    if (linked) { /* its producer checked that the GEMV would take this one (same rows) */
+        exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: inputs in slot order reached a matmul other than the GEMV");
         return;
     }
     exl_cuda_zeroed_forget(cb, f); /* only the GEMV clears (and adds onto cleared outputs) */

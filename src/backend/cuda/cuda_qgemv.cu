@@ -65,7 +65,7 @@ typedef struct gemv_args {
     float *clear[3];    /* zeroed by this launch for a later one (exl_matmul_fused.clear) */
     int64_t n_clear[3];
     const int32_t *out_map; /* output column c goes to out_map[c] (a GLU's inputs in its slot order) */
-    int32_t x_slots;    /* x and up are in the slot order of the (one) matrix: slot s reads row s */
+    int32_t x_slots;    /* x (and up) are in the slot order of the (one) matrix: slot s reads row s */
 } gemv_args;
 
 /* ---- the input transform */
@@ -477,7 +477,8 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
     const exl_linear *d = f->feeds;
     if (d && f->n == 2 && d->kind != EXL_LINEAR_DENSE && d->q.slot_of && f->w[0]->out == d->in && f->w[1]->out == d->in)
         a->out_map = d->q.slot_of;
-    a->x_slots = f->up && f->n == 1 && cb->glu_link.w == f->w[0] && cb->glu_link.x == f->x && cb->glu_link.up == f->up;
+    a->x_slots = f->n == 1 && !f->norm && cb->slot_link.w == f->w[0] && cb->slot_link.x == f->x &&
+                 cb->slot_link.up == f->up;
     return 1;
 }
 
@@ -534,9 +535,9 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
             zeroed_add(cb, f->clear[i], f->n_clear[i]);
         }
     if (a.out_map)
-        cb->glu_link.x = f->out[0], cb->glu_link.up = f->out[1], cb->glu_link.w = f->feeds;
+        cb->slot_link.x = f->out[0], cb->slot_link.up = f->out[1], cb->slot_link.w = f->feeds;
     else if (a.x_slots)
-        memset(&cb->glu_link, 0, sizeof cb->glu_link);
+        memset(&cb->slot_link, 0, sizeof cb->slot_link);
     /* ROWS_PER_LAUNCH rows per launch (the weights are read once per launch) */
     for (int32_t r = 0; r < f->rows; r += ROWS_PER_LAUNCH) {
         gemv_args part = a;
