@@ -1073,9 +1073,12 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
                                  const float *inv_freq, float attn_factor, const exl_linear *feeds) {
     exl_cuda_backend *cb = exl_cuda(be);
     memset(&cb->slot_link, 0, sizeof cb->slot_link);
-    /* one new token a sequence, a head_dim of the fast decode kernel: one launch */
+    /* one new token a sequence, a head_dim of the fast decode kernel, and blocks for at most about
+     * one wave (past that the rope kernel's one pass costs less than each block's own: 64 rows of
+     * a 7B model lost 2.6% fused, bench/RESULTS.md): one launch */
     if (b->n_rows >= 1 && b->max_q == 1 && (sh->head_dim == 64 || sh->head_dim == 128) && rot_dim >= 2 &&
-        rot_dim <= sh->head_dim && sh->n_kv_heads >= 1 && sh->n_heads % sh->n_kv_heads == 0) {
+        rot_dim <= sh->head_dim && sh->n_kv_heads >= 1 && sh->n_heads % sh->n_kv_heads == 0 &&
+        (int64_t)b->n_rows * sh->n_heads <= 4 * (int64_t)cb->n_sms) {
         decode_rope rp = {k, v, inv_freq, attn_factor, rot_dim / 2, {NULL, 0}};
         /* the output in the slot order of the matmul it feeds, where that one takes it (the GEMV) */
         const int width = sh->n_heads * sh->head_dim;
