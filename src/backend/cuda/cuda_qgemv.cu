@@ -20,7 +20,9 @@
  * griddepcontrol.wait, while the previous kernel is still running; after it those pairs'
  * values are loaded together with the RMS pass, one memory round trip instead of three (one
  * normed row is kept whole in shared memory by that pass and gathered from there). The last
- * block reads the partial sums eight at a time. */
+ * block reads the partial sums eight at a time. A decode GLU's gate and up are stored in the
+ * slot order of the matrix they feed (exl_qmatrix.slot_of), as is the decode attention's output
+ * for o_proj; that matrix's launch then reads consecutive rows (gemv_args.out_map, x_slots). */
 #include "backend/cuda/cuda_qdecode.cuh"
 
 #include <stdlib.h>
