@@ -1072,7 +1072,7 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
                                  void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
                                  const float *inv_freq, float attn_factor, const exl_linear *feeds) {
     exl_cuda_backend *cb = exl_cuda(be);
-    memset(&cb->slot_link, 0, sizeof cb->slot_link);
+    exl_cuda_slot_link(cb, NULL, NULL, NULL);
     /* one new token a sequence, a head_dim of the fast decode kernel, and blocks for at most about
      * one wave (past that the rope kernel's one pass costs less than each block's own: 64 rows of
      * a 7B model lost 2.6% fused, bench/RESULTS.md): one launch */
@@ -1082,10 +1082,10 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
         decode_rope rp = {k, v, inv_freq, attn_factor, rot_dim / 2, {NULL, 0}};
         /* the output in the slot order of the matmul it feeds, where that one takes it (the GEMV) */
         const int width = sh->n_heads * sh->head_dim;
-        if (feeds && feeds->kind != EXL_LINEAR_DENSE && feeds->q.slot_of && feeds->in == width &&
-            b->n_rows <= EXL_CUDA_QGEMV_MAX_ROWS) {
-            rp.oo = out_order{feeds->q.slot_of, width};
-            cb->slot_link.x = out, cb->slot_link.up = NULL, cb->slot_link.w = feeds;
+        const int32_t *order = exl_cuda_slot_order(feeds, b->n_rows, width);
+        if (order) {
+            rp.oo = out_order{order, width};
+            exl_cuda_slot_link(cb, out, NULL, feeds);
         }
         launch_decode(cb, out, q, (const __half *)k_cache, (const __half *)v_cache, b, sh, &rp);
         return;

@@ -174,6 +174,13 @@ int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f);
 /* at backend creation: the kernels' launch attributes (not allowed inside a graph capture) */
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb);
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
+/* The slot-order link (exl_cuda_backend.slot_link): the order in which a producer may store the
+ * input of a later matmul of rows over w with in_features width, so that the GEMV that takes it
+ * reads consecutive rows (w's slot_of), or NULL; whether f reads inputs stored that way; and
+ * setting (x, up, w) or clearing (w NULL) the link. */
+const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t width);
+int exl_cuda_slot_linked(const exl_cuda_backend *cb, const exl_matmul_fused *f);
+void exl_cuda_slot_link(exl_cuda_backend *cb, const float *x, const float *up, const exl_linear *w);
 /* f's clears were not done (a path other than the GEMV took f): no later out_zero may rely on them */
 void exl_cuda_zeroed_forget(exl_cuda_backend *cb, const exl_matmul_fused *f);
 /* out[rows, out] (+)= xin · w + b on tensor cores for a quantized w (cuda_qmma.cu); xin is x,

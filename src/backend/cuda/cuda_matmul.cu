@@ -195,9 +195,9 @@ void exl_cuda_run_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (f->rows < 1)
         return;
-    const int linked = f->n == 1 && cb->slot_link.w == f->w[0] && cb->slot_link.x == f->x && cb->slot_link.up == f->up;
+    const int linked = exl_cuda_slot_linked(cb, f);
     if (f->feeds) /* a GLU producer: its outputs are in the usual order unless the GEMV says otherwise */
-        memset(&cb->slot_link, 0, sizeof cb->slot_link);
+        exl_cuda_slot_link(cb, NULL, NULL, NULL);
     if (exl_cuda_qgemv_takes(cb, f)) {
         exl_cuda_qgemv_fused(cb, f);
         return;

@@ -442,6 +442,24 @@ void exl_cuda_zeroed_forget(exl_cuda_backend *cb, const exl_matmul_fused *f) {
         zeroed_drop(cb, f->out[i]);
 }
 
+/* ---- the slot-order link (cuda_internal.h) */
+
+const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t width) {
+    /* the GEMV takes a quantized matmul of up to its rows (plan) */
+    if (!w || w->kind == EXL_LINEAR_DENSE || w->in != width || rows < 1 || rows > EXL_CUDA_QGEMV_MAX_ROWS)
+        return NULL;
+    return w->q.slot_of;
+}
+
+int exl_cuda_slot_linked(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
+    const int n = f->n == 1 && !f->norm && cb->slot_link.w == f->w[0];
+    return n && cb->slot_link.x == f->x && cb->slot_link.up == f->up;
+}
+
+void exl_cuda_slot_link(exl_cuda_backend *cb, const float *x, const float *up, const exl_linear *w) {
+    cb->slot_link.x = x, cb->slot_link.up = up, cb->slot_link.w = w;
+}
+
 /* The launch arguments for f (less the per-row-group pointers) and its split; 0 if the
  * kernel does not take f. */
 static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args *a, int *split) {
@@ -476,11 +494,9 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
     a->atomic_add = *split > 1 && (f->accumulate || outputs_zeroed(cb, f)) && !cb->deterministic;
     /* a GLU's gate and up stored in the slot order of the matrix they feed, which this kernel takes
      * too (same rows, quantized), so that its gather reads consecutive rows (exl_matmul_fused.feeds) */
-    const exl_linear *d = f->feeds;
-    if (d && f->n == 2 && d->kind != EXL_LINEAR_DENSE && d->q.slot_of && f->w[0]->out == d->in && f->w[1]->out == d->in)
-        a->out_map = d->q.slot_of;
-    a->x_slots = f->n == 1 && !f->norm && cb->slot_link.w == f->w[0] && cb->slot_link.x == f->x &&
-                 cb->slot_link.up == f->up;
+    if (f->feeds && f->n == 2 && f->w[0]->out == f->w[1]->out)
+        a->out_map = exl_cuda_slot_order(f->feeds, f->rows, f->w[0]->out);
+    a->x_slots = exl_cuda_slot_linked(cb, f);
     return 1;
 }
 
@@ -537,9 +553,9 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
             zeroed_add(cb, f->clear[i], f->n_clear[i]);
         }
     if (a.out_map)
-        cb->slot_link.x = f->out[0], cb->slot_link.up = f->out[1], cb->slot_link.w = f->feeds;
+        exl_cuda_slot_link(cb, f->out[0], f->out[1], f->feeds);
     else if (a.x_slots)
-        memset(&cb->slot_link, 0, sizeof cb->slot_link);
+        exl_cuda_slot_link(cb, NULL, NULL, NULL);
     /* ROWS_PER_LAUNCH rows per launch (the weights are read once per launch) */
     for (int32_t r = 0; r < f->rows; r += ROWS_PER_LAUNCH) {
         gemv_args part = a;
