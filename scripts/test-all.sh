@@ -6,6 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 shared=${EXL_SHARED:-$(cd .. && pwd)/shared}
+if [ ! -d "$shared/models" ]; then
+    echo "test-all.sh: the shared fixtures are not at $shared (no models/ there): clone the project beside" \
+        "../shared, or set EXL_SHARED=/path/to/shared" >&2
+    exit 1
+fi
 
 echo "== release build"
 # CI builds one CUDA architecture (when the toolkit is present) to catch compile errors
