@@ -441,6 +441,14 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
 typedef void (*decode_fast_fn)(float *, float *, const float *, const __half *, const __half *,
                                const exl_attn_seq *, int, const int32_t *, exl_attn_shape, int, decode_rope);
 
+/* the fast decode kernel for head_dim hd (64 or 128): one split of SHORT_WARPS, or ATT_WARPS a split */
+template <bool ROPE>
+static decode_fast_fn fast_kernel(int hd, bool short_ctx) {
+    if (hd == 128)
+        return short_ctx ? attn_decode_fast_kernel<128, SHORT_WARPS, ROPE> : attn_decode_fast_kernel<128, ATT_WARPS, ROPE>;
+    return short_ctx ? attn_decode_fast_kernel<64, SHORT_WARPS, ROPE> : attn_decode_fast_kernel<64, ATT_WARPS, ROPE>;
+}
+
 __global__ void attn_combine_kernel(float *out, const float *partial, int hd, int n_splits, out_order oo) {
     exl_pdl_start();
     const int64_t rh = blockIdx.x;
@@ -1043,17 +1051,7 @@ static void launch_decode(exl_cuda_backend *cb, float *out, const float *q, cons
     const dim3 grid((unsigned)items, (unsigned)splits);
     if (fast) {
         const int w = short_ctx ? SHORT_WARPS : ATT_WARPS;
-        decode_fast_fn k;
-        if (rp)
-            k = sh->head_dim == 128 ? (short_ctx ? attn_decode_fast_kernel<128, SHORT_WARPS, true>
-                                                 : attn_decode_fast_kernel<128, ATT_WARPS, true>)
-                                    : (short_ctx ? attn_decode_fast_kernel<64, SHORT_WARPS, true>
-                                                 : attn_decode_fast_kernel<64, ATT_WARPS, true>);
-        else
-            k = sh->head_dim == 128 ? (short_ctx ? attn_decode_fast_kernel<128, SHORT_WARPS, false>
-                                                 : attn_decode_fast_kernel<128, ATT_WARPS, false>)
-                                    : (short_ctx ? attn_decode_fast_kernel<64, SHORT_WARPS, false>
-                                                 : attn_decode_fast_kernel<64, ATT_WARPS, false>);
+        const decode_fast_fn k = rp ? fast_kernel<true>(sh->head_dim, short_ctx) : fast_kernel<false>(sh->head_dim, short_ctx);
         exl_cuda_launch(cb, k, grid, dim3(w * 32), FAST_SMEM(sh->head_dim, w), out, cb->attn_partial, q, kc, vc,
                 b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps, rp ? *rp : decode_rope{});
     } else {
@@ -1097,14 +1095,12 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
 void exl_cuda_attention_init(void) {
     /* the short-context decode kernels hold more than the default 48 KiB of shared memory
      * (68 KiB for head_dim 128: not on sm_75, whose blocks have 64 KiB at most) */
-    short_kernels_ok =
-        cudaFuncSetAttribute(attn_decode_fast_kernel<128, SHORT_WARPS, false>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FAST_SMEM(128, SHORT_WARPS)) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_decode_fast_kernel<64, SHORT_WARPS, false>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FAST_SMEM(64, SHORT_WARPS)) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_decode_fast_kernel<128, SHORT_WARPS, true>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FAST_SMEM(128, SHORT_WARPS)) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_decode_fast_kernel<64, SHORT_WARPS, true>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FAST_SMEM(64, SHORT_WARPS)) == cudaSuccess;
+    short_kernels_ok = 1;
+    for (int hd = 64; hd <= 128; hd += 64)
+        short_kernels_ok = short_kernels_ok &&
+                           cudaFuncSetAttribute(fast_kernel<false>(hd, true), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)FAST_SMEM(hd, SHORT_WARPS)) == cudaSuccess &&
+                           cudaFuncSetAttribute(fast_kernel<true>(hd, true), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)FAST_SMEM(hd, SHORT_WARPS)) == cudaSuccess;
     cudaGetLastError();
 }

@@ -106,6 +106,13 @@ __device__ void row_inv_rms(const gemv_args &a, float *inv, float *red, float *s
     }
 }
 
+/* the inputs of pair i of the chunks from c0 on: consecutive rows where x is already in slot
+ * order (x_slots), else the matrix's slot_src (-1: padding) */
+__device__ __forceinline__ int2 slot_pair(const gemv_args &a, const exl_qmatrix &q, int c0, int i) {
+    return a.x_slots ? make_int2(c0 * CHUNK + 2 * i, c0 * CHUNK + 2 * i + 1)
+                     : __ldg((const int2 *)(q.slot_src + c0 * CHUNK) + i);
+}
+
 /* x, or the GLU of x and up, at input s (0 for padding) */
 __device__ __forceinline__ float input_raw(const gemv_args &a, int r, int s) {
     if (s < 0)
@@ -204,8 +211,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         sp[j] = make_int2(-1, -1);
         nw[j] = make_float2(1.0f, 1.0f);
         if (i < n_loc * 16) {
-            sp[j] = a.x_slots ? make_int2(c0 * CHUNK + 2 * i, c0 * CHUNK + 2 * i + 1)
-                              : __ldg((const int2 *)(q.slot_src + c0 * CHUNK) + i);
+            sp[j] = slot_pair(a, q, c0, i);
             if (a.norm)
                 nw[j] = make_float2(sp[j].x >= 0 ? __ldg(a.norm + sp[j].x) : 0.0f,
                                     sp[j].y >= 0 ? __ldg(a.norm + sp[j].y) : 0.0f);
@@ -241,8 +247,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
             }
     }
     for (int i = tid + PRE * GEMV_THREADS; i < n_loc * 16; i += GEMV_THREADS) {
-        int2 sp = a.x_slots ? make_int2(c0 * CHUNK + 2 * i, c0 * CHUNK + 2 * i + 1)
-                            : __ldg((const int2 *)(q.slot_src + c0 * CHUNK) + i);
+        int2 sp = slot_pair(a, q, c0, i);
         if (stage) {
             xs[i] = __floats2half2_rn(sp.x >= 0 ? a.norm[sp.x] * (stage[sp.x] * inv[0]) : 0.0f,
                                       sp.y >= 0 ? a.norm[sp.y] * (stage[sp.y] * inv[0]) : 0.0f);
