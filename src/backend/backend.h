@@ -118,7 +118,7 @@ typedef struct exl_matmul_fused {
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 8
+#define EXL_BACKEND_ABI 9
 
 typedef struct exl_backend exl_backend;
 
@@ -199,7 +199,20 @@ typedef struct exl_backend_ops {
      * only the head of the distribution: the logits stay where they are. NULL on the CPU. */
     exl_status (*top_k)(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows, int32_t vocab,
                         int32_t k);
+    /* Optional (NULL on the CPU, where the model picks greedy tokens on the host): decode that
+     * runs ahead of the host. argmax is a step op: for each of rows (1 .. EXL_ARGMAX_ROWS) rows of
+     * logits [rows, vocab], the lowest index of the row's largest value above -inf (-1 where
+     * there is none) goes to ids[r] (backend memory; 0 in place of -1), so that the next step may
+     * read it as its token before the host has seen it, and is kept for argmax_wait. Returns the
+     * call's ticket (>= 0), or -1 with a message. argmax_wait launches what is pending, waits
+     * until the argmax of that ticket is done (not for work queued after it) and copies its rows
+     * results (-1 kept) to HOST ids; only the last EXL_ARGMAX_KEEP tickets can be waited on. */
+    int64_t (*argmax)(exl_backend *be, int32_t *ids, const float *logits, int32_t rows, int32_t vocab);
+    exl_status (*argmax_wait)(exl_backend *be, int64_t ticket, int32_t *ids, int32_t rows);
 } exl_backend_ops;
+
+#define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */
+#define EXL_ARGMAX_KEEP 8  /* argmax results kept for argmax_wait */
 
 #define EXL_TOP_K_MAX 64 /* the largest k of top_k */
 /* below this many multiply-adds, host_gemm's copies cost more than the host's own work */

@@ -108,6 +108,7 @@ exl_status exl_generator_init(exl_model *model, const exl_tokenizer *tok, const 
     g->tok = tok;
     g->params = p;
     g->vocab = model->cfg.vocab_size;
+    exl_gen_ahead_init(g);
     pthread_mutex_init(&g->mu, NULL);
     exl_status st = exl_page_pool_init(&g->pool, p.n_pages, p.page_size);
     if (st == EXL_OK)
@@ -144,6 +145,7 @@ static void free_jobs(exl_job_list *l) {
 void exl_generator_free(exl_generator *g) {
     if (!g)
         return;
+    exl_gen_ahead_drop(g);
     free_jobs(&g->inbox);
     free_jobs(&g->waiting);
     free_jobs(&g->running);

@@ -73,6 +73,20 @@ typedef struct exl_job_list {
     int32_t n, cap;
 } exl_job_list;
 
+/* Greedy decode ahead of the host (ahead.c): the next step queued on the device, feeding the
+ * tokens its argmax picks, before the host has seen them. */
+typedef struct exl_gen_ahead {
+    int enabled;    /* EXL_DECODE_AHEAD: 0 off, 1 on; default on where the backend has an argmax op */
+    int64_t ticket; /* of the queued step's argmax; -1: none queued */
+    int32_t n;      /* its sequences, one per row of the step before, in order */
+    uint64_t job[EXL_ARGMAX_ROWS];
+    int32_t pos[EXL_ARGMAX_ROWS], page[EXL_ARGMAX_ROWS];
+    int32_t tok[EXL_ARGMAX_ROWS]; /* the token each feeds, once the step before's are back */
+    exl_seq_step steps[EXL_ARGMAX_ROWS];
+    int32_t ids[EXL_ARGMAX_ROWS]; /* the current greedy step's tokens */
+    int64_t kept, dropped;        /* queued steps that were the next plan, and that were not */
+} exl_gen_ahead;
+
 struct exl_generator {
     exl_model *model;
     const exl_tokenizer *tok;
@@ -106,6 +120,7 @@ struct exl_generator {
     exl_job **event_jobs;  /* the job of each event */
     int32_t n_events, cap_events;
     exl_sampler_scratch scratch;
+    exl_gen_ahead ahead;
 };
 
 /* ---- job lists (job.c) */
@@ -126,6 +141,23 @@ void exl_job_release_pages(exl_generator *g, exl_job *j);
 /* Cut the sequence back to n tokens (n >= n_prompt), copying a shared page it would
  * write into. */
 exl_status exl_job_truncate(exl_generator *g, exl_job *j, int32_t n);
+
+/* ---- greedy decode ahead of the host (ahead.c) */
+void exl_gen_ahead_init(exl_generator *g);
+/* Whether job j's token at position pos is the plain argmax of its logits. */
+int exl_gen_greedy_at(const exl_generator *g, const exl_job *j, int32_t pos);
+/* Whether the planned step's tokens are all plain argmaxes (1 .. EXL_ARGMAX_ROWS of them). */
+int exl_gen_greedy_step(const exl_generator *g);
+/* After planning: the ticket of the queued step when it is exactly the planned one, else -1
+ * (a queued step that is not is waited for and dropped: its cache writes are harmless). */
+int64_t exl_gen_ahead_take(exl_generator *g);
+/* Once the planned greedy step is queued: queue the next one behind it when every job of this
+ * step will go on decoding greedily alone, within the pages it holds. */
+void exl_gen_ahead_queue(exl_generator *g);
+/* The current step's tokens are back in ahead.ids: they are what the queued step feeds. */
+void exl_gen_ahead_fed(exl_generator *g);
+/* Wait for a queued step and forget it (before the cache or its pages go). */
+void exl_gen_ahead_drop(exl_generator *g);
 
 /* ---- text (job_text.c) */
 /* Prime the job's detokenizer with the end of its prompt (for spacing). */

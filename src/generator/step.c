@@ -251,32 +251,50 @@ static exl_status run_step(exl_generator *g) {
         if (g->running.v[i]->cancel_seen)
             EXL_TRY(exl_gen_finish(g, g->running.v[i], EXL_FINISH_CANCELLED, NULL));
     EXL_TRY(exl_sched_plan(g));
+    int64_t ticket = exl_gen_ahead_take(g); /* >= 0: the planned step was queued in the last one */
     if (!g->n_step)
         return EXL_OK;
     double t0 = now_seconds();
-    int32_t head = step_head_size(g); /* > 0: only the head of each row comes back */
-    exl_status st = head ? exl_model_forward_top_k(g->model, g->cache, g->steps, g->n_step, head, g->head_ids,
-                                                   g->head_vals)
-                         : exl_model_forward(g->model, g->cache, g->steps, g->n_step, g->logits);
+    int greedy = ticket >= 0 || exl_gen_greedy_step(g); /* the device picks the tokens */
+    int32_t head = greedy ? 0 : step_head_size(g);       /* > 0: only the head of each row comes back */
+    exl_status st;
+    if (greedy) {
+        int32_t rows = 0;
+        for (int32_t s = 0; s < g->n_step; s++)
+            rows += g->steps[s].want_logits != 0;
+        st = ticket >= 0 ? EXL_OK : exl_model_forward_argmax(g->model, g->cache, g->steps, g->n_step, &ticket);
+        if (st == EXL_OK) {
+            exl_gen_ahead_queue(g);
+            st = exl_model_argmax_wait(g->model, ticket, g->ahead.ids, rows);
+        }
+    } else {
+        st = head ? exl_model_forward_top_k(g->model, g->cache, g->steps, g->n_step, head, g->head_ids, g->head_vals)
+                  : exl_model_forward(g->model, g->cache, g->steps, g->n_step, g->logits);
+    }
     double t1 = now_seconds();
     g->stats.seconds_forward += t1 - t0;
     if (st != EXL_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", exl_last_error());
+        exl_gen_ahead_drop(g);
         for (int32_t s = 0; s < g->n_step; s++)
             exl_gen_finish(g, g->step_jobs[s], EXL_FINISH_ERROR, msg);
         return exl_fail(st, "%s", msg);
     }
+    if (greedy)
+        exl_gen_ahead_fed(g);
     g->stats.steps++;
     exl_sched_commit(g);
     int32_t row = 0;
+    const float no_val = 0;
     for (int32_t s = 0; s < g->n_step; s++) {
         exl_job *j = g->step_jobs[s];
         if (!g->steps[s].want_logits)
             continue;
         size_t at = (size_t)row * (head ? head : g->vocab);
-        exl_status js = head ? sample_job(g, j, NULL, g->head_ids + at, g->head_vals + at)
-                             : sample_job(g, j, g->logits + at, NULL, NULL);
+        exl_status js = greedy ? sample_job(g, j, NULL, g->ahead.ids + row, &no_val)
+                        : head ? sample_job(g, j, NULL, g->head_ids + at, g->head_vals + at)
+                               : sample_job(g, j, g->logits + at, NULL, NULL);
         row++;
         if (js != EXL_OK && j->state != EXL_JOB_DONE) /* never leave a job without its next token */
             exl_gen_finish(g, j, EXL_FINISH_ERROR, exl_last_error());

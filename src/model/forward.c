@@ -61,6 +61,7 @@ void exl_model_free_forward(exl_model *m) {
         if (bufs[i])
             be->ops->free(be, bufs[i]);
     exl_free(s->host_table);
+    exl_model_free_ahead(m);
     memset(s, 0, sizeof *s);
 }
 
@@ -115,6 +116,26 @@ static exl_status update_rope(exl_model *m, int32_t seq_len) {
     return m->be->ops->upload(m->be, s->inv_freq, inv_freq, (size_t)m->rot_dim / 2 * sizeof(float));
 }
 
+/* Where a step's token ids are: from the host (in steps), or fed from the last argmax step. */
+enum { FED_NONE, FED_DEVICE, FED_HOST };
+
+/* A fed step: all its sequences or none, one token each, one per row of the argmax step. */
+static exl_status check_fed(const exl_model *m, const exl_seq_step *steps, int32_t n_seqs, int *fed) {
+    int any = n_seqs > 0 && !steps[0].ids;
+    *fed = !any ? FED_NONE : m->be->ops->argmax ? FED_DEVICE : FED_HOST;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        if ((steps[i].ids == NULL) != any)
+            return exl_fail(EXL_ERR_ARG, "forward: sequences %d and 0 differ in where their tokens come from", i);
+        if (*fed && steps[i].n_new != 1)
+            return exl_fail(EXL_ERR_ARG, "forward: sequence %d takes its token from the device but has %d new", i,
+                            steps[i].n_new);
+    }
+    if (*fed && n_seqs != m->fs.fed_rows)
+        return exl_fail(EXL_ERR_ARG, "forward: %d sequences take device tokens, the step before chose %d", n_seqs,
+                        m->fs.fed_rows);
+    return EXL_OK;
+}
+
 static exl_status check_steps(const exl_model *m, const exl_kv_cache *cache, const exl_seq_step *steps,
                               int32_t n_seqs, int32_t *rows, int32_t *pages, int32_t *n_logits) {
     *rows = *pages = *n_logits = 0;
@@ -129,7 +150,7 @@ static exl_status check_steps(const exl_model *m, const exl_kv_cache *cache, con
         for (int32_t p = 0; p < st->n_pages; p++)
             if (st->pages[p] < 0 || st->pages[p] >= cache->n_pages)
                 return exl_fail(EXL_ERR_ARG, "forward: sequence %d uses page %d outside the cache", i, st->pages[p]);
-        for (int32_t t = 0; t < st->n_new; t++)
+        for (int32_t t = 0; st->ids && t < st->n_new; t++)
             if (st->ids[t] < 0 || st->ids[t] >= m->cfg.vocab_size)
                 return exl_fail(EXL_ERR_ARG, "token id %d is outside the vocabulary (0..%d)", st->ids[t],
                                 m->cfg.vocab_size - 1);
@@ -142,8 +163,10 @@ static exl_status check_steps(const exl_model *m, const exl_kv_cache *cache, con
     return EXL_OK;
 }
 
+/* fed: the token ids come from the last argmax step (left in table by the backend's op, or
+ * picked on the host) */
 static exl_status build_batch(exl_model *m, const exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
-                              int32_t rows, int32_t n_pages, exl_batch *b) {
+                              int32_t rows, int32_t n_pages, int fed, exl_batch *b) {
     _Static_assert(sizeof(exl_attn_seq) % sizeof(int32_t) == 0, "exl_attn_seq is int32s");
     exl_forward_scratch *s = &m->fs;
     /* where each table goes, the same in table and host_table */
@@ -161,7 +184,7 @@ static exl_status build_batch(exl_model *m, const exl_kv_cache *cache, const exl
         memcpy(page_tables + page, st->pages, (size_t)st->n_pages * sizeof(int32_t));
         for (int32_t t = 0; t < st->n_new; t++) {
             int32_t p = st->n_past + t;
-            ids[row + t] = st->ids[t];
+            ids[row + t] = st->ids ? st->ids[t] : 0;
             pos[row + t] = p;
             slots[row + t] = st->pages[p / cache->page_size] * cache->page_size + p % cache->page_size;
             if (st->want_logits == 2 || (st->want_logits == 1 && t == st->n_new - 1))
@@ -172,8 +195,13 @@ static exl_status build_batch(exl_model *m, const exl_kv_cache *cache, const exl
         max_q = st->n_new > max_q ? st->n_new : max_q;
         max_kv = seqs[i].n_kv > max_kv ? seqs[i].n_kv : max_kv;
     }
-    /* one copy for all of them: each copy costs the GPU a few microseconds between steps */
-    EXL_TRY(m->be->ops->upload(m->be, s->table, h, (size_t)table_ints(rows, n_seqs, n_pages) * sizeof(int32_t)));
+    /* one copy for all of them: each copy costs the GPU a few microseconds between steps; fed
+     * ids the device chose stay where its argmax put them */
+    size_t skip = fed == FED_DEVICE ? (size_t)rows : 0;
+    if (fed == FED_HOST)
+        memcpy(ids, s->host_fed, (size_t)rows * sizeof(int32_t));
+    EXL_TRY(m->be->ops->upload(m->be, s->table + skip, h + skip,
+                               ((size_t)table_ints(rows, n_seqs, n_pages) - skip) * sizeof(int32_t)));
     s->ids = s->table, s->pos = s->table + at_pos, s->slots = s->table + at_slots;
     s->logit_rows = s->table + at_logit_rows, s->seqs = (exl_attn_seq *)(s->table + at_seqs);
     s->page_tables = s->table + at_pages;
@@ -283,14 +311,25 @@ static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int
     matmul_fused(m, &down);
 }
 
-/* The layers and the head; the logits of the rows that want them are left in m->fs.logits. */
-static exl_status forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
-                                    int32_t *n_logits) {
+exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                       int ahead, int32_t *n_logits) {
     int32_t rows, n_pages;
+    int fed;
+    EXL_TRY(check_fed(m, steps, n_seqs, &fed));
     EXL_TRY(check_steps(m, cache, steps, n_seqs, &rows, &n_pages, n_logits));
-    EXL_TRY(ensure_scratch(m, table_ints(rows, n_seqs, n_pages), *n_logits));
+    int32_t ints = table_ints(rows, n_seqs, n_pages);
+    int32_t next = table_ints(*n_logits, *n_logits, n_pages + *n_logits); /* a row each, a page more */
+    if (ahead && next > ints)
+        ints = next;
+    if (fed == FED_DEVICE && ints > m->fs.table_cap) {
+        /* the table moves: take the fed ids along through the host (a wait, once per doubling) */
+        EXL_TRY(m->be->ops->download(m->be, m->fs.host_fed, m->fs.table, (size_t)rows * sizeof(int32_t)));
+        fed = FED_HOST;
+    }
+    EXL_TRY(ensure_scratch(m, ints, *n_logits));
     exl_batch b;
-    EXL_TRY(build_batch(m, cache, steps, n_seqs, rows, n_pages, &b));
+    m->fs.fed_rows = 0; /* this step's table replaces them */
+    EXL_TRY(build_batch(m, cache, steps, n_seqs, rows, n_pages, fed, &b));
     const exl_backend_ops *op = m->be->ops;
     exl_forward_scratch *s = &m->fs;
     op->embed(m->be, s->x, m->embed, b.d_ids, rows, m->embed_scale);
@@ -311,7 +350,7 @@ static exl_status forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl
 exl_status exl_model_forward(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                              float *logits) {
     int32_t n_logits;
-    EXL_TRY(forward_to_logits(m, cache, steps, n_seqs, &n_logits));
+    EXL_TRY(exl_model_forward_to_logits(m, cache, steps, n_seqs, 0, &n_logits));
     const exl_backend_ops *op = m->be->ops;
     if (n_logits > 0)
         EXL_TRY(op->download(m->be, logits, m->fs.logits, (size_t)n_logits * m->cfg.vocab_size * sizeof(float)));
@@ -330,7 +369,7 @@ exl_status exl_model_forward_top_k(exl_model *m, exl_kv_cache *cache, const exl_
         return exl_fail(EXL_ERR_ARG, "exl_model_forward_top_k: k = %d, the backend takes 1 .. %d", k,
                         exl_model_top_k_max(m));
     int32_t n_logits;
-    EXL_TRY(forward_to_logits(m, cache, steps, n_seqs, &n_logits));
+    EXL_TRY(exl_model_forward_to_logits(m, cache, steps, n_seqs, 0, &n_logits));
     if (n_logits > 0)
         EXL_TRY(m->be->ops->top_k(m->be, ids, vals, m->fs.logits, n_logits, m->cfg.vocab_size, k));
     return m->be->ops->synchronize(m->be);

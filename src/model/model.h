@@ -29,6 +29,16 @@ typedef struct exl_forward_scratch {
     float *inv_freq;
     float rope_attn_factor;
     int32_t rope_seq_len; /* sequence length inv_freq was computed for (dynamic rope) */
+    /* greedy decode ahead of the host (forward_ahead.c): the rows whose tokens the last
+     * exl_model_forward_argmax chose for the next step (0: none), which are at the start of table
+     * where the backend has an argmax op, else in host_fed; and, without that op, the results
+     * picked on the host, host_logits their logits */
+    int32_t fed_rows;
+    int32_t host_fed[EXL_ARGMAX_ROWS];
+    int32_t host_argmax[EXL_ARGMAX_KEEP][EXL_ARGMAX_ROWS];
+    int32_t host_argmax_rows[EXL_ARGMAX_KEEP];
+    int64_t host_argmax_issued;
+    float *host_logits; /* [EXL_ARGMAX_ROWS, vocab] */
 } exl_forward_scratch;
 
 /* What one linear layer was loaded from (kept for `exl info`); src.name is NULL. */
@@ -66,7 +76,8 @@ exl_status exl_kv_cache_copy_page(exl_model *m, exl_kv_cache *c, int32_t src, in
 
 /* One sequence's part of a forward step, as the caller (session, generator) sees it. */
 typedef struct exl_seq_step {
-    const int32_t *ids;   /* n_new host token ids */
+    const int32_t *ids;   /* n_new host token ids; NULL: the token exl_model_forward_argmax chose in
+                           * the step before for this sequence's row (see there) */
     int32_t n_new;
     int32_t n_past;       /* tokens already in the cache */
     const int32_t *pages; /* host page table covering n_past + n_new tokens */
@@ -87,6 +98,21 @@ int32_t exl_model_top_k_max(const exl_model *m);
  * without moving the whole vocabulary. */
 exl_status exl_model_forward_top_k(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                    int32_t k, int32_t *ids, float *vals);
+/* Greedy decode that runs ahead of the host. As exl_model_forward, but it only queues the step:
+ * each row that wants logits gets the lowest id of its largest logit (-1 where every logit is
+ * -inf or NaN), fetched by exl_model_argmax_wait(*ticket) (n: those rows, at most
+ * EXL_ARGMAX_ROWS). The next step may feed these tokens without the host having seen them: every
+ * sequence of it with ids NULL and n_new 1, one per row of this step in order, its pages growing
+ * by at most one each. Queue that step before waiting for this one's tokens and the device never
+ * idles between steps. Results of the last EXL_ARGMAX_KEEP steps can be waited for. */
+exl_status exl_model_forward_argmax(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                    int64_t *ticket);
+exl_status exl_model_argmax_wait(exl_model *m, int64_t ticket, int32_t *ids, int32_t n);
+/* The layers and the head for a step (forward.c); the logits of the rows that want them are left
+ * in m->fs.logits. ahead: keep room in the step tables for a next step fed from this one. */
+exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                       int ahead, int32_t *n_logits);
+void exl_model_free_ahead(exl_model *m);
 /* Tokens one step takes at most: the backend's step_rows (512 on the CPU, 2048 on CUDA), or
  * less where the forward buffers for that many did not fit. */
 int32_t exl_model_max_rows(const exl_model *m);

@@ -34,6 +34,7 @@ enum {
     OP_MATMUL_FUSED,
     OP_ROPE_KV_STORE,
     OP_ROPE_ATTENTION,
+    OP_ARGMAX,
 };
 
 /* One recorded call; compared byte for byte, so always built from a zeroed struct. */
@@ -89,6 +90,9 @@ static void run(exl_cuda_backend *cb, const exl_cuda_op *o) {
         exl_cuda_run_rope_attention(be, (float *)o->p[6], (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2],
                                     (void *)o->p[3], (void *)o->p[4], &o->b, &o->sh, o->i[0], (const float *)o->p[5],
                                     o->f[0], (const exl_linear *)o->p[7]);
+        break;
+    case OP_ARGMAX:
+        exl_cuda_run_argmax(be, (int32_t *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1]);
         break;
     }
 }
@@ -200,6 +204,7 @@ void exl_cuda_graph_finish(exl_cuda_backend *cb) {
     default: break;
     }
     cb->graph_state = GRAPH_IDLE;
+    exl_cuda_argmax_mark(cb);
 }
 
 void exl_cuda_graph_free(exl_cuda_backend *cb) {
@@ -364,4 +369,19 @@ void exl_cuda_rope_attention(exl_backend *be, float *out, float *q, float *k, co
     o.b = device_batch(b);
     o.sh = *sh;
     submit(exl_cuda(be), &o, b->n_rows <= EXL_CUDA_GRAPH_MAX_ROWS && b->max_q <= EXL_CUDA_DECODE_MAX_Q);
+}
+
+int64_t exl_cuda_argmax(exl_backend *be, int32_t *ids, const float *logits, int32_t rows, int32_t vocab) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (rows < 1 || rows > EXL_ARGMAX_ROWS || vocab < 1) {
+        exl_cuda_fail(EXL_ERR_ARG, "argmax: %d rows of %d (1 .. %d rows)", rows, vocab, EXL_ARGMAX_ROWS);
+        return -1;
+    }
+    if (!exl_cuda_argmax_ready(cb))
+        return -1;
+    exl_cuda_op o = new_op(OP_ARGMAX);
+    o.p[0] = ids, o.p[1] = logits, o.i[0] = rows, o.i[1] = vocab;
+    submit(cb, &o, 1);
+    cb->argmax_rows[cb->argmax_issued % EXL_ARGMAX_KEEP] = rows;
+    return cb->argmax_issued++;
 }

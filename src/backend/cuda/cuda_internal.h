@@ -72,6 +72,12 @@ typedef struct exl_cuda_backend {
     size_t fused_scratch_bytes;
     void *top_k_buf;        /* top_k results: ids, then values */
     size_t top_k_bytes;
+    /* greedy tokens for decode ahead of the host (cuda_argmax.cu) */
+    int32_t *argmax_ring;   /* page-locked, mapped: [EXL_ARGMAX_KEEP][EXL_ARGMAX_ROWS] results */
+    unsigned *argmax_state; /* device: argmax launches so far, blocks done in the current one */
+    cudaEvent_t argmax_done[EXL_ARGMAX_KEEP]; /* recorded after the launch holding each ticket */
+    int32_t argmax_rows[EXL_ARGMAX_KEEP];
+    int64_t argmax_issued, argmax_marked; /* tickets handed out; of those, with their event recorded */
     /* decode-step graphs (cuda_graph.cu) */
     int graph_state;        /* idle, matching, capturing, bypass */
     int graphs_off;         /* EXL_CUDA_GRAPHS=0, or after a graph API failure */
@@ -289,6 +295,18 @@ void exl_cuda_rope_attention(exl_backend *be, float *out, float *q, float *k, co
                              const float *inv_freq, float attn_factor, const exl_linear *feeds);
 exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows,
                           int32_t vocab, int32_t k);
+int64_t exl_cuda_argmax(exl_backend *be, int32_t *ids, const float *logits, int32_t rows, int32_t vocab);
+exl_status exl_cuda_argmax_wait(exl_backend *be, int64_t ticket, int32_t *ids, int32_t rows);
+
+/* ---- argmax (cuda_argmax.cu) */
+
+/* The ring and state the argmax op writes, allocated once (outside any capture); 0 on failure
+ * (message set). */
+int exl_cuda_argmax_ready(exl_cuda_backend *cb);
+void exl_cuda_run_argmax(exl_backend *be, int32_t *ids, const float *logits, int32_t rows, int32_t vocab);
+/* after a launch at a synchronisation point: record the events of the tickets issued since */
+void exl_cuda_argmax_mark(exl_cuda_backend *cb);
+void exl_cuda_argmax_free(exl_cuda_backend *cb);
 
 /* ---- graphs (cuda_graph.cu) */
 
