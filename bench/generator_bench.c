@@ -3,7 +3,8 @@
  * usage: generator_bench MODEL_DIR PROMPT_TOKENS NEW_TOKENS REPEATS N [N ...]
  * Prints one Markdown table row per N, the fastest of REPEATS runs: jobs, wall seconds,
  * generated tokens/s, tokens/s through the model (prompt + generated), forward steps, and the
- * seconds spent in the forward pass and in sampling (the rest is setup and scheduling). */
+ * seconds spent in the forward pass and in sampling (the rest is setup and scheduling).
+ * Jobs sample at temperature 0.8, top-k 40, top-p 0.95; EXL_BENCH_TEMPERATURE=0 makes them greedy. */
 #include "exl.h"
 
 #include <stdio.h>
@@ -50,7 +51,8 @@ static int run(exl_model *model, exl_tokenizer *tok, int vocab, int prompt_len, 
         p.n_ids = prompt_len;
         p.max_new_tokens = new_tokens;
         p.ignore_eos = 1;
-        p.sampling.temperature = 0.8f;
+        const char *temp = getenv("EXL_BENCH_TEMPERATURE");
+        p.sampling.temperature = temp ? (float)atof(temp) : 0.8f;
         p.sampling.top_k = 40;
         p.sampling.top_p = 0.95f;
         p.sampling.seed = (uint64_t)j;
