@@ -1287,9 +1287,12 @@ static void test_fed_chain(const char *shared, const char *model) {
     exl_model_free(m);
 }
 
-/* Decode steps of many rows replayed as CUDA graphs give the tokens of the same steps launched
- * one kernel at a time: n_jobs greedy jobs of distinct prompts, 16 new tokens each, on a
- * quantized fixture (9+ rows: the tensor-core matmul) with graphs, then with EXL_CUDA_GRAPHS=0. */
+/* n_jobs greedy jobs of distinct prompts, up to 16 new tokens each (some end a token or two
+ * early), through the generator on a quantized model; the first 16 tokens of job j go to
+ * out[16 j ...]. Returns the tokens collected, -1 on failure. Run twice with a switch off, it shows
+ * that decode steps of many rows replayed as CUDA graphs (9+ rows: the tensor-core matmul) give
+ * the tokens of the same steps launched one kernel at a time, and decode ahead those of steps
+ * taken one by one. */
 static int generate_batch(const char *dir, const char *tok_dir, int n_jobs, int32_t *out) {
     exl_model_params p = exl_model_default_params();
     p.device = EXL_DEVICE_CUDA;
@@ -1325,48 +1328,23 @@ static int generate_batch(const char *dir, const char *tok_dir, int n_jobs, int3
     return n;
 }
 
-static void test_graph_batches(const char *shared) {
+/* n_jobs greedy jobs (generate_batch, on the quantized fixture) by default and with env set to 0:
+ * the same tokens ("<n_jobs> greedy jobs: <what>") */
+static void same_tokens_with_env_off(const char *shared, int n_jobs, const char *env, const char *what) {
     char dir[1024], tok_dir[1024]; /* the quantized fixture's tokenizer is rand-llama's (the kit carries that one) */
     snprintf(dir, sizeof dir, "%s/models/rand-llama-exl2-3.0bpw-h6", shared);
     snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
-    const int jobs[2] = {12, 40};
-    for (int c = 0; c < 2; c++) {
-        int32_t *a = calloc((size_t)jobs[c] * 16, sizeof *a), *b = calloc((size_t)jobs[c] * 16, sizeof *b);
-        int na = generate_batch(dir, tok_dir, jobs[c], a);
-        setenv("EXL_CUDA_GRAPHS", "0", 1);
-        int nb = generate_batch(dir, tok_dir, jobs[c], b);
-        unsetenv("EXL_CUDA_GRAPHS");
-        char name[96];
-        snprintf(name, sizeof name, "%d greedy jobs: graph replay == launches one by one", jobs[c]);
-        if (na < jobs[c] * 14 || nb != na)
-            printf("     (%d and %d tokens of %d: %s)\n", na, nb, jobs[c] * 16, exl_last_error());
-        report(name, na >= jobs[c] * 14 && nb == na ? (double)memcmp(a, b, (size_t)jobs[c] * 16 * sizeof *a) != 0 : 1.0,
-               0);
-        free(a), free(b);
-    }
-}
-
-/* The generator's greedy jobs with decode ahead (the default on CUDA) and without it
- * (EXL_DECODE_AHEAD=0): the same tokens, for 1 job and for 12 that end at different steps. */
-static void test_decode_ahead(const char *shared) {
-    char dir[1024], tok_dir[1024];
-    snprintf(dir, sizeof dir, "%s/models/rand-llama-exl2-3.0bpw-h6", shared);
-    snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
-    const int jobs[2] = {1, 12};
-    for (int c = 0; c < 2; c++) {
-        int32_t *a = calloc((size_t)jobs[c] * 16, sizeof *a), *b = calloc((size_t)jobs[c] * 16, sizeof *b);
-        int na = generate_batch(dir, tok_dir, jobs[c], a);
-        setenv("EXL_DECODE_AHEAD", "0", 1);
-        int nb = generate_batch(dir, tok_dir, jobs[c], b);
-        unsetenv("EXL_DECODE_AHEAD");
-        char name[96];
-        snprintf(name, sizeof name, "%d greedy jobs: decode ahead == step by step", jobs[c]);
-        if (na < jobs[c] * 14 || nb != na)
-            printf("     (%d and %d tokens of %d: %s)\n", na, nb, jobs[c] * 16, exl_last_error());
-        report(name, na >= jobs[c] * 14 && nb == na ? (double)memcmp(a, b, (size_t)jobs[c] * 16 * sizeof *a) != 0 : 1.0,
-               0);
-        free(a), free(b);
-    }
+    int32_t *a = calloc((size_t)n_jobs * 16, sizeof *a), *b = calloc((size_t)n_jobs * 16, sizeof *b);
+    int na = generate_batch(dir, tok_dir, n_jobs, a);
+    setenv(env, "0", 1);
+    int nb = generate_batch(dir, tok_dir, n_jobs, b);
+    unsetenv(env);
+    char name[96];
+    snprintf(name, sizeof name, "%d greedy jobs: %s", n_jobs, what);
+    if (na < n_jobs * 14 || nb != na)
+        printf("     (%d and %d tokens of %d: %s)\n", na, nb, n_jobs * 16, exl_last_error());
+    report(name, na >= n_jobs * 14 && nb == na ? (double)memcmp(a, b, (size_t)n_jobs * 16 * sizeof *a) != 0 : 1.0, 0);
+    free(a), free(b);
 }
 
 int main(int argc, char **argv) {
@@ -1397,13 +1375,16 @@ int main(int argc, char **argv) {
     test_host_gemm();
     test_quantize_device(shared);
     test_head_sampling(shared);
-    test_graph_batches(shared);
+    same_tokens_with_env_off(shared, 12, "EXL_CUDA_GRAPHS", "graph replay == launches one by one");
+    same_tokens_with_env_off(shared, 40, "EXL_CUDA_GRAPHS", "graph replay == launches one by one");
     argmax_case(1, 32000, 0, 1);
     argmax_case(3, 32000, 1, 1);
     argmax_case(64, 2048, 1, 11);
     test_fed_chain(shared, "rand-llama-exl2-3.0bpw-h6");
     test_fed_chain(shared, "rand-llama");
-    test_decode_ahead(shared);
+    /* decode ahead is the default on CUDA (EXL_DECODE_AHEAD=0: step by step) */
+    same_tokens_with_env_off(shared, 1, "EXL_DECODE_AHEAD", "decode ahead == step by step");
+    same_tokens_with_env_off(shared, 12, "EXL_DECODE_AHEAD", "decode ahead == step by step");
     gpu->ops->destroy(gpu);
     cpu->ops->destroy(cpu);
     printf("test_gpu: %d passed, %d failed\n", n_ok, n_fail);
