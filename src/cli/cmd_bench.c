@@ -19,7 +19,47 @@ static void help(void) {
            "Time a prefill of PROMPT_TOKENS (default 128) random tokens and then N (default 64)\n"
            "single-token decode steps. Decode reads every weight once per token, so its bound is\n"
            "memory bandwidth / weight bytes per token; on the CPU the read bandwidth is measured\n"
-           "in the same run and the fraction reached is printed.\n");
+           "in the same run and the fraction reached is printed. On the GPU, N greedy tokens are\n"
+           "also generated after the prompt as `exl run --temperature 0` does (each token chosen on\n"
+           "the GPU, the next step queued before the host reads it), when DIR has a tokenizer.\n");
+}
+
+/* Tokens/s of greedy generation after the prompt (its prefill not counted): one generator job,
+ * as `exl run --temperature 0` runs it. */
+static exl_status greedy_speed(exl_model *m, const char *dir, const int32_t *ids, long prompt, long gen,
+                               double *tps) {
+    exl_tokenizer *tok;
+    exl_status st = exl_tokenizer_load(dir, &tok);
+    if (st != EXL_OK)
+        return st;
+    exl_generator_params gp = exl_generator_default_params();
+    gp.n_pages = (int32_t)((prompt + gen) / gp.page_size + 2);
+    exl_generator *g;
+    st = exl_generator_init(m, tok, &gp, &g);
+    if (st != EXL_OK) {
+        exl_tokenizer_free(tok);
+        return st;
+    }
+    exl_job_params jp = exl_job_default_params();
+    jp.ids = ids, jp.n_ids = (int32_t)prompt, jp.max_new_tokens = (int32_t)gen, jp.ignore_eos = 1;
+    jp.sampling.temperature = 0;
+    uint64_t job;
+    st = exl_generator_submit(g, &jp, &job);
+    long got = 0, first = 0;
+    double t0 = 0;
+    while (st == EXL_OK && exl_generator_pending(g) > 0) {
+        const exl_gen_event *ev;
+        int32_t n;
+        st = exl_generator_step(g, &ev, &n);
+        for (int32_t e = 0; st == EXL_OK && e < n; e++)
+            got += ev[e].n_ids;
+        if (!t0 && got > 0) /* the prompt is in: time the rest */
+            t0 = now(), first = got;
+    }
+    *tps = got > first ? (got - first) / (now() - t0) : 0;
+    exl_generator_free(g);
+    exl_tokenizer_free(tok);
+    return st;
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -93,6 +133,13 @@ int cmd_bench(int argc, char **argv) {
     printf("prefill:  %ld tokens in %.3f s = %.1f tokens/s\n", prompt, t1 - t0, prefill);
     printf("decode:   %ld tokens in %.3f s = %.2f tokens/s (context %ld..%ld)\n", gen, t2 - t1, decode, prompt,
            prompt + gen);
+    if (strcmp(d.backend, "cpu") != 0 && gen > 1) {
+        double g;
+        if (greedy_speed(m, dir, ids, prompt, gen, &g) == EXL_OK)
+            printf("greedy:   %.2f tokens/s generating (context %ld..%ld)\n", g, prompt, prompt + gen);
+        else
+            printf("greedy:   not measured: %s\n", exl_last_error());
+    }
     if (!strcmp(d.backend, "cpu")) {
         long cores = p.n_threads > 0 ? p.n_threads : sysconf(_SC_NPROCESSORS_ONLN);
         double bw = exl_cli_read_bandwidth((int)cores, (size_t)1 << 30);
