@@ -154,9 +154,10 @@ __device__ __forceinline__ int64_t out_at(const out_order &oo, int64_t i) {
 
 /* Merge the block's warps' online-softmax states (max wm, sum wl, unnormalised acc rows of
  * wacc with stride ws) for (row, head) rh: the output itself with one split, else the
- * split's partial (max, sum, acc) for attn_combine_kernel. After a __syncthreads. */
+ * split's partial (max, sum, acc) for attn_combine_kernel. After a __syncthreads. first_at
+ * (>= 0): out_at of this thread's first element, found earlier. */
 __device__ void merge_warps(float *out, float *partial, const float *wm, const float *wl, const float *wacc, int ws,
-                            int hd, int64_t rh, int split, out_order oo) {
+                            int hd, int64_t rh, int split, out_order oo, int64_t first_at = -1) {
     const int n_warps = blockDim.x / 32;
     float bm = -INFINITY;
     for (int w = 0; w < n_warps; w++)
@@ -169,10 +170,12 @@ __device__ void merge_warps(float *out, float *partial, const float *wm, const f
         float a = 0.0f;
         for (int w = 0; w < n_warps; w++)
             a += wm[w] == -INFINITY ? 0.0f : wacc[w * ws + d] * __expf(wm[w] - bm);
-        if (gridDim.y == 1)
-            out[out_at(oo, rh * hd + d)] = bl > 0.0f ? a / bl : 0.0f;
-        else
+        if (gridDim.y == 1) {
+            const int64_t at = d == (int)threadIdx.x && first_at >= 0 ? first_at : out_at(oo, rh * hd + d);
+            out[at] = bl > 0.0f ? a / bl : 0.0f;
+        } else {
             pp[2 + d] = a;
+        }
     }
     if (gridDim.y > 1 && threadIdx.x == 0) {
         pp[0] = bm;
@@ -331,6 +334,9 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
     const int row = d.row, head = d.head, split = blockIdx.y, kvh = d.kvh, kvw = sh.n_kv_heads * HD;
     const int k0 = d.k0, k1 = d.k1;
     const int32_t *pages = d.pages;
+    /* where this thread's output element goes (o_proj's slot order: a table read, so before the wait) */
+    const int64_t first_at =
+        threadIdx.x < HD ? out_at(rp.oo, ((int64_t)row * sh.n_heads + head) * HD + threadIdx.x) : -1;
 
     uint4 kr[HD / 8];
     int t0 = k0 + warp * KEY_BLOCK;
@@ -435,7 +441,7 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
         wacc[warp][2 * (lane + 32 * i) + 1] = acc[i].y;
     }
     __syncthreads();
-    merge_warps(out, partial, wm, wl, &wacc[0][0], HD, HD, (int64_t)row * sh.n_heads + head, split, rp.oo);
+    merge_warps(out, partial, wm, wl, &wacc[0][0], HD, HD, (int64_t)row * sh.n_heads + head, split, rp.oo, first_at);
 }
 
 typedef void (*decode_fast_fn)(float *, float *, const float *, const __half *, const __half *,

@@ -193,6 +193,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
     const int xs_stride = cpb * 16;
     const int col0 = ((int)blockIdx.x - (mi ? a.m[mi - 1].tile_end : 0)) * COL_TILE + quad * 4;
 
+    /* the column this thread sums at the end, and where it goes (a table read, done before the wait) */
+    const int tcol = ((int)blockIdx.x - (mi ? a.m[mi - 1].tile_end : 0)) * COL_TILE + tid;
+    const int ocol = tcol < M.n_out && a.out_map ? __ldg(a.out_map + tcol) : tcol;
     /* start the first chunks' weights on their way to L2, while the previous kernel finishes */
     const uint32_t *wcol = exl_qw_col(q, col0);
     for (int lc = sub; lc < n_loc && lc < PREFETCH_CHUNKS * SUBS; lc += SUBS) {
@@ -293,7 +296,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
             red[sub][r][quad * 4 + c] = acc[r][c];
     __syncthreads();
 
-    const int tcol = ((int)blockIdx.x - (mi ? a.m[mi - 1].tile_end : 0)) * COL_TILE + tid;
     const int gcol = blockIdx.x * COL_TILE + tid; /* column in the partial sums */
     float sum[R];
 #pragma unroll
@@ -303,7 +305,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         for (int s = 0; s < SUBS; s++)
             sum[r] += red[s][r][tid];
     }
-    const int ocol = tcol < M.n_out && a.out_map ? __ldg(a.out_map + tcol) : tcol; /* where column tcol goes */
     if (a.atomic_add) {
         /* no partial sums, fence or counter: the adds are done in L2, after the block is gone */
         if (tcol < M.n_out)
