@@ -10,8 +10,6 @@
  * job had not committed, in a page the job already held, and later steps run after it. */
 #include "generator/generator.h"
 
-#include "base/error.h"
-
 #include <stdlib.h>
 #include <string.h>
 

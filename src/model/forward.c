@@ -156,7 +156,7 @@ static exl_status check_steps(const exl_model *m, const exl_kv_cache *cache, con
                                 m->cfg.vocab_size - 1);
         *rows += st->n_new;
         *pages += st->n_pages;
-        *n_logits += st->want_logits == 2 ? st->n_new : st->want_logits ? 1 : 0;
+        *n_logits += exl_seq_step_logit_rows(st);
     }
     if (*rows > exl_model_max_rows(m))
         return exl_fail(EXL_ERR_ARG, "forward: %d tokens in one step (at most %d)", *rows, exl_model_max_rows(m));

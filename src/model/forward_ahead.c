@@ -26,8 +26,13 @@ static int32_t host_argmax(const float *x, int32_t n) {
 static exl_status argmax_on_host(exl_model *m, int32_t n, int64_t *ticket) {
     exl_forward_scratch *s = &m->fs;
     int32_t vocab = m->cfg.vocab_size;
-    if (!s->host_logits && !(s->host_logits = exl_malloc((size_t)EXL_ARGMAX_ROWS * vocab * sizeof(float))))
-        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    if (n > s->host_logit_rows) {
+        float *p = exl_realloc(s->host_logits, (size_t)n * vocab * sizeof(float));
+        if (!p)
+            return exl_fail(EXL_ERR_NOMEM, "out of memory");
+        s->host_logits = p;
+        s->host_logit_rows = n;
+    }
     EXL_TRY(m->be->ops->download(m->be, s->host_logits, s->logits, (size_t)n * vocab * sizeof(float)));
     *ticket = s->host_argmax_issued++;
     int32_t slot = (int32_t)(*ticket % EXL_ARGMAX_KEEP);
@@ -45,7 +50,7 @@ exl_status exl_model_forward_argmax(exl_model *m, exl_kv_cache *cache, const exl
     *ticket = -1;
     int32_t n;
     for (int32_t i = 0, rows = 0; i < n_seqs; i++)
-        if ((rows += steps[i].want_logits == 2 ? steps[i].n_new : steps[i].want_logits ? 1 : 0) > EXL_ARGMAX_ROWS)
+        if ((rows += exl_seq_step_logit_rows(&steps[i])) > EXL_ARGMAX_ROWS)
             return exl_fail(EXL_ERR_ARG, "forward_argmax: more than %d rows want a token", EXL_ARGMAX_ROWS);
     EXL_TRY(exl_model_forward_to_logits(m, cache, steps, n_seqs, 1, &n));
     if (n < 1)
@@ -79,4 +84,5 @@ exl_status exl_model_argmax_wait(exl_model *m, int64_t ticket, int32_t *ids, int
 void exl_model_free_ahead(exl_model *m) {
     exl_free(m->fs.host_logits);
     m->fs.host_logits = NULL;
+    m->fs.host_logit_rows = 0;
 }

@@ -38,7 +38,8 @@ typedef struct exl_forward_scratch {
     int32_t host_argmax[EXL_ARGMAX_KEEP][EXL_ARGMAX_ROWS];
     int32_t host_argmax_rows[EXL_ARGMAX_KEEP];
     int64_t host_argmax_issued;
-    float *host_logits; /* [EXL_ARGMAX_ROWS, vocab] */
+    float *host_logits; /* [host_logit_rows, vocab] */
+    int32_t host_logit_rows;
 } exl_forward_scratch;
 
 /* What one linear layer was loaded from (kept for `exl info`); src.name is NULL. */
@@ -84,6 +85,11 @@ typedef struct exl_seq_step {
     int32_t n_pages;
     int want_logits;      /* 0: none, 1: last new token only, 2: every new token */
 } exl_seq_step;
+
+/* The rows of logits a sequence's step asks for. */
+static inline int32_t exl_seq_step_logit_rows(const exl_seq_step *st) {
+    return st->want_logits == 2 ? st->n_new : st->want_logits ? 1 : 0;
+}
 
 /* Run one step over several sequences. Logits of the requested rows are written to
  * host memory `logits` in order (sequence by sequence), vocab floats each. The total
