@@ -183,6 +183,44 @@ __device__ void merge_warps(float *out, float *partial, const float *wm, const f
     }
 }
 
+/* merge_warps for W warps and head_dim HD known at compile time, without the per-thread loops
+ * over the warps' states: lane w of every warp holds warp w's weight (its max and sum reduced by
+ * shuffles), which each output element then takes by a shuffle. */
+template <int W, int HD>
+__device__ __forceinline__ void merge_warps_fixed(float *out, float *partial, const float *wm, const float *wl,
+                                                  const float (*wacc)[HD], int64_t rh, int split, out_order oo,
+                                                  int64_t first_at) {
+    const int lane = threadIdx.x % 32;
+    const float m = lane < W ? wm[lane] : -INFINITY;
+    float bm = m;
+#pragma unroll
+    for (int o = W / 2; o > 0; o >>= 1)
+        bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
+    const float e = m == -INFINITY ? 0.0f : __expf(m - bm);
+    float bl = lane < W ? wl[lane] * e : 0.0f;
+#pragma unroll
+    for (int o = W / 2; o > 0; o >>= 1)
+        bl += __shfl_xor_sync(0xffffffffu, bl, o);
+    /* lanes 0 .. W - 1 now agree on bm and bl: a single split normalises here */
+    const float f = gridDim.y > 1 ? e : bl > 0.0f ? e / bl : 0.0f;
+    for (int d = threadIdx.x; d < HD; d += W * 32) {
+        float a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; w++)
+            a += wacc[w][d] * __shfl_sync(0xffffffffu, f, w);
+        if (gridDim.y == 1) {
+            out[d == (int)threadIdx.x && first_at >= 0 ? first_at : out_at(oo, rh * HD + d)] = a;
+        } else {
+            float *pp = partial + (rh * gridDim.y + split) * (HD + 2);
+            pp[2 + d] = a;
+            if (d == 0) { /* lane 0 */
+                pp[0] = bm;
+                pp[1] = bl;
+            }
+        }
+    }
+}
+
 /* ---- decode */
 
 /* Where a decode block works: its query row and head (blockIdx.x), their KV head, its split's
@@ -441,7 +479,7 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
         wacc[warp][2 * (lane + 32 * i) + 1] = acc[i].y;
     }
     __syncthreads();
-    merge_warps(out, partial, wm, wl, &wacc[0][0], HD, HD, (int64_t)row * sh.n_heads + head, split, rp.oo, first_at);
+    merge_warps_fixed<W, HD>(out, partial, wm, wl, wacc, (int64_t)row * sh.n_heads + head, split, rp.oo, first_at);
 }
 
 typedef void (*decode_fast_fn)(float *, float *, const float *, const __half *, const __half *,
