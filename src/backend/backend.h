@@ -112,13 +112,22 @@ typedef struct exl_matmul_fused {
      * of the same rows over this linear; the backend may lay them out in an order of its own that
      * it then reads there */
     const exl_linear *feeds;
+    /* kv (optional, decode steps; k_cache NULL: none): the cache rows the attention after this
+     * matmul reads, keys 0 .. n_kv - 1 of each of the step's sequences (device tables, rows of
+     * width halves at their pages' slots); a backend may start loading them while it multiplies */
+    struct {
+        const void *k_cache, *v_cache;
+        const exl_attn_seq *seqs;
+        const int32_t *page_tables;
+        int32_t n_seqs, page_size, width;
+    } kv;
 } exl_matmul_fused;
 
 /* ---- the op table */
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 9
+#define EXL_BACKEND_ABI 10
 
 typedef struct exl_backend exl_backend;
 

@@ -278,10 +278,19 @@ static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int
     exl_attn_shape shape = {c->n_heads, c->n_kv_heads, c->head_dim, cache->page_size, c->sliding_window,
                             1.0f / sqrtf((float)c->head_dim)};
 
-    matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 3, .in_features = hid, .out_features = {qw, kvw, kvw},
-                                        .x = s->x, .norm = l->attn_norm, .eps = eps, .decode = decode,
-                                        .w = {l->q, l->k, l->v}, .out = {s->q, s->k, s->v},
-                                        .out_zero = decode && li > 0});
+    exl_matmul_fused qkv = {.rows = rows, .n = 3, .in_features = hid, .out_features = {qw, kvw, kvw},
+                            .x = s->x, .norm = l->attn_norm, .eps = eps, .decode = decode,
+                            .w = {l->q, l->k, l->v}, .out = {s->q, s->k, s->v}, .out_zero = decode && li > 0};
+    if (decode) { /* the cache rows the attention reads next, for the backend to start loading */
+        qkv.kv.k_cache = cache->k[li];
+        qkv.kv.v_cache = cache->v[li];
+        qkv.kv.seqs = b->d_seqs;
+        qkv.kv.page_tables = b->d_page_tables;
+        qkv.kv.n_seqs = b->n_seqs;
+        qkv.kv.page_size = cache->page_size;
+        qkv.kv.width = kvw;
+    }
+    matmul_fused(m, &qkv);
     if (m->be->ops->rope_attention) {
         m->be->ops->rope_attention(m->be, s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], b, &shape,
                                    m->rot_dim, s->inv_freq, s->rope_attn_factor, l->o);

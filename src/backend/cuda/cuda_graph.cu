@@ -345,6 +345,11 @@ void exl_cuda_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
         o.mf.out_features[i] = f->out_features[i], o.mf.w[i] = f->w[i], o.mf.out[i] = f->out[i];
     for (int i = 0; i < 3; i++)
         o.mf.clear[i] = f->n_clear[i] > 0 ? f->clear[i] : NULL, o.mf.n_clear[i] = o.mf.clear[i] ? f->n_clear[i] : 0;
+    if (f->kv.k_cache) { /* field by field: the record is compared byte for byte */
+        o.mf.kv.k_cache = f->kv.k_cache, o.mf.kv.v_cache = f->kv.v_cache, o.mf.kv.seqs = f->kv.seqs;
+        o.mf.kv.page_tables = f->kv.page_tables, o.mf.kv.n_seqs = f->kv.n_seqs;
+        o.mf.kv.page_size = f->kv.page_size, o.mf.kv.width = f->kv.width;
+    }
     submit(cb, &o, f->rows <= EXL_CUDA_GRAPH_MAX_ROWS);
 }
 

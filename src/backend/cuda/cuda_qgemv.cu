@@ -22,7 +22,9 @@
  * normed row is kept whole in shared memory by that pass and gathered from there). The last
  * block reads the partial sums eight at a time. A decode GLU's gate and up are stored in the
  * slot order of the matrix they feed (exl_qmatrix.slot_of), as is the decode attention's output
- * for o_proj; that matrix's launch then reads consecutive rows (gemv_args.out_map, x_slots). */
+ * for o_proj; that matrix's launch then reads consecutive rows (gemv_args.out_map, x_slots).
+ * The q/k/v launch of a decode step also asks L2 for the short sequences' KV cache rows that the
+ * attention after it reads (exl_matmul_fused.kv, kv_prefetch). */
 #include "backend/cuda/cuda_qdecode.cuh"
 
 #include <stdlib.h>
@@ -68,6 +70,10 @@ typedef struct gemv_args {
     int64_t n_clear[3];
     const int32_t *out_map; /* output column c goes to out_map[c] (a GLU's inputs in its slot order) */
     int32_t x_slots;    /* x (and up) are in the slot order of the (one) matrix: slot s reads row s */
+    const __half *kv_k, *kv_v; /* exl_matmul_fused.kv, where this launch asks L2 for those rows */
+    const exl_attn_seq *kv_seqs;
+    const int32_t *kv_pages;
+    int32_t kv_n_seqs, kv_page_size, kv_width;
 } gemv_args;
 
 /* ---- the input transform */
@@ -127,6 +133,40 @@ __device__ __forceinline__ float input_at(const gemv_args &a, int r, int s, cons
     if (a.norm && s >= 0)
         return a.norm[s] * (a.x[(int64_t)r * a.in + s] * inv[r]);
     return input_raw(a, r, s);
+}
+
+/* ---- the KV cache rows of the attention after this launch (exl_matmul_fused.kv) */
+
+/* Sequences with at most this many keys have them asked of L2 by the q/k/v launch: the decode
+ * attention's blocks fetch their keys only once they are placed, late in that launch, when its
+ * weight stream holds the memory (+0.7% at 128-200 keys, bench/RESULTS.md); 2048 keys (33 MB a
+ * layer for a 7B model) crowd its weights out of L2 instead (-6.6%). */
+#define KV_PREFETCH_MAX_KEYS 256
+
+/* this block's share of each (sequence, page) run of K and V rows: one bulk L2 prefetch each
+ * (thread 0, before griddepcontrol.wait: the tables and the earlier steps' rows are final) */
+__device__ void kv_prefetch(const gemv_args &a) {
+#if __CUDA_ARCH__ >= 900
+    const int64_t nb = (int64_t)gridDim.x * gridDim.y, b = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
+    const int64_t row_bytes = (int64_t)a.kv_width * sizeof(__half);
+    for (int s = 0; s < a.kv_n_seqs; s++) {
+        const exl_attn_seq sq = a.kv_seqs[s];
+        if (sq.n_kv > KV_PREFETCH_MAX_KEYS)
+            continue;
+        for (int t0 = 0; t0 < sq.n_kv; t0 += a.kv_page_size) {
+            const int64_t slot0 = (int64_t)a.kv_pages[sq.page_start + t0 / a.kv_page_size] * a.kv_page_size;
+            const int64_t bytes = min(a.kv_page_size, sq.n_kv - t0) * row_bytes;
+            const int64_t share = ((bytes + nb - 1) / nb + 127) / 128 * 128, off = b * share;
+            if (off >= bytes)
+                continue;
+            const unsigned n = (unsigned)min(share, bytes - off);
+            const char *k = (const char *)(a.kv_k + slot0 * a.kv_width) + off;
+            const char *v = (const char *)(a.kv_v + slot0 * a.kv_width) + off;
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k), "r"(n) : "memory");
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v), "r"(n) : "memory");
+        }
+    }
+#endif
 }
 
 /* ---- GEMV */
@@ -220,6 +260,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
                                     sp[j].y >= 0 ? __ldg(a.norm + sp[j].y) : 0.0f);
         }
     }
+    if (a.kv_k && tid == 0)
+        kv_prefetch(a);
     exl_pdl_start();
     /* one normed row: the RMS pass's coalesced loads keep the row in shared memory and the
      * gather reads it there, instead of one scattered global load per input */
@@ -558,6 +600,13 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
             a.clear[i] = f->clear[i], a.n_clear[i] = f->n_clear[i];
             zeroed_add(cb, f->clear[i], f->n_clear[i]);
         }
+    /* the attention's cache rows: one launch, a few sequences, rows of whole 16-byte pieces */
+    if (f->kv.k_cache && f->rows <= ROWS_PER_LAUNCH && f->kv.n_seqs <= ROWS_PER_LAUNCH && f->kv.width % 8 == 0 &&
+        f->kv.page_size > 0) {
+        a.kv_k = (const __half *)f->kv.k_cache, a.kv_v = (const __half *)f->kv.v_cache;
+        a.kv_seqs = f->kv.seqs, a.kv_pages = f->kv.page_tables;
+        a.kv_n_seqs = f->kv.n_seqs, a.kv_page_size = f->kv.page_size, a.kv_width = f->kv.width;
+    }
     if (a.out_map)
         exl_cuda_slot_link(cb, f->out[0], f->out[1], f->feeds);
     else if (a.x_slots)
