@@ -139,12 +139,14 @@ __device__ __forceinline__ float input_at(const gemv_args &a, int r, int s, cons
 
 /* Sequences with at most this many keys have them asked of L2 by the q/k/v launch: the decode
  * attention's blocks fetch their keys only once they are placed, late in that launch, when its
- * weight stream holds the memory (+0.7% at 128-200 keys, bench/RESULTS.md); 2048 keys (33 MB a
- * layer for a 7B model) crowd its weights out of L2 instead (-6.6%). */
+ * weight stream holds the memory; each block asks for its share as its chunk loop ends, so that
+ * the rows come while the launch's last blocks leave the memory idle (+1.2% at 128-200 keys,
+ * bench/RESULTS.md); 2048 keys (33 MB a layer for a 7B model) asked for at the launch's start
+ * crowded its weights out of L2 (-6.6%). */
 #define KV_PREFETCH_MAX_KEYS 256
 
 /* this block's share of each (sequence, page) run of K and V rows: one bulk L2 prefetch each
- * (thread 0, before griddepcontrol.wait: the tables and the earlier steps' rows are final) */
+ * (thread 0, after griddepcontrol.wait; the rows it asks for are earlier steps', final) */
 __device__ void kv_prefetch(const gemv_args &a) {
 #if __CUDA_ARCH__ >= 900
     const int64_t nb = (int64_t)gridDim.x * gridDim.y, b = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
@@ -260,8 +262,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
                                     sp[j].y >= 0 ? __ldg(a.norm + sp[j].y) : 0.0f);
         }
     }
-    if (a.kv_k && tid == 0)
-        kv_prefetch(a);
     exl_pdl_start();
     /* one normed row: the RMS pass's coalesced loads keep the row in shared memory and the
      * gather reads it there, instead of one scattered global load per input */
@@ -322,6 +322,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         default: gemv_chunk<R, 8>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
         }
     }
+    if (a.kv_k && tid == 0)
+        kv_prefetch(a);
     /* the buffers zeroed for a later launch's atomic adds: the ops before this one are done */
     {
         const int64_t stride = (int64_t)gridDim.x * gridDim.y * GEMV_THREADS;
