@@ -154,10 +154,9 @@ __device__ __forceinline__ int64_t out_at(const out_order &oo, int64_t i) {
 
 /* Merge the block's warps' online-softmax states (max wm, sum wl, unnormalised acc rows of
  * wacc with stride ws) for (row, head) rh: the output itself with one split, else the
- * split's partial (max, sum, acc) for attn_combine_kernel. After a __syncthreads. first_at
- * (>= 0): out_at of this thread's first element, found earlier. */
+ * split's partial (max, sum, acc) for attn_combine_kernel. After a __syncthreads. */
 __device__ void merge_warps(float *out, float *partial, const float *wm, const float *wl, const float *wacc, int ws,
-                            int hd, int64_t rh, int split, out_order oo, int64_t first_at = -1) {
+                            int hd, int64_t rh, int split) {
     const int n_warps = blockDim.x / 32;
     float bm = -INFINITY;
     for (int w = 0; w < n_warps; w++)
@@ -170,12 +169,10 @@ __device__ void merge_warps(float *out, float *partial, const float *wm, const f
         float a = 0.0f;
         for (int w = 0; w < n_warps; w++)
             a += wm[w] == -INFINITY ? 0.0f : wacc[w * ws + d] * __expf(wm[w] - bm);
-        if (gridDim.y == 1) {
-            const int64_t at = d == (int)threadIdx.x && first_at >= 0 ? first_at : out_at(oo, rh * hd + d);
-            out[at] = bl > 0.0f ? a / bl : 0.0f;
-        } else {
+        if (gridDim.y == 1)
+            out[rh * hd + d] = bl > 0.0f ? a / bl : 0.0f;
+        else
             pp[2 + d] = a;
-        }
     }
     if (gridDim.y > 1 && threadIdx.x == 0) {
         pp[0] = bm;
@@ -304,8 +301,7 @@ attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc,
         if (lane + 32 * i < hd)
             wacc[warp][lane + 32 * i] = acc[i];
     __syncthreads();
-    merge_warps(out, partial, wm, wl, &wacc[0][0], MAX_HEAD_DIM, hd, (int64_t)row * sh.n_heads + head, split,
-                out_order{});
+    merge_warps(out, partial, wm, wl, &wacc[0][0], MAX_HEAD_DIM, hd, (int64_t)row * sh.n_heads + head, split);
 }
 
 /* The same for head_dim HD (64 or 128), built for latency at short contexts: a lane loads
