@@ -6,6 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 shared=${EXL_SHARED:-$(cd .. && pwd)/shared}
+# a clone of a local checkout elsewhere (git clone /path/to/exl /tmp/x): the fixtures beside the original
+origin=$(git config --get remote.origin.url 2>/dev/null || true)
+if [ -z "${EXL_SHARED:-}" ] && [ ! -d "$shared/models" ] && [ -d "$origin/../shared/models" ]; then
+    shared=$(cd "$origin/../shared" && pwd)
+fi
 if [ ! -d "$shared/models" ]; then
     echo "test-all.sh: the shared fixtures are not at $shared (no models/ there): clone the project beside" \
         "../shared, or set EXL_SHARED=/path/to/shared" >&2
