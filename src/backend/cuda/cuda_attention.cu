@@ -341,13 +341,17 @@ typedef struct decode_rope {
     out_order oo;
 } decode_rope;
 
-/* element i of head_dim hd of x (fp32) after rope with cos / sin tables cs / sn of `half` */
-__device__ __forceinline__ float rope_at(const float *x, int i, int half, const float *cs, const float *sn) {
+/* element i (of head_dim) after rope (rotate-half over 2 half, cos / sin tables cs / sn of `half`),
+ * from x[i] = xi and its partner x[rope_partner(i)] = xp */
+__device__ __forceinline__ int rope_partner(int i, int half) {
+    return i < half ? i + half : i < 2 * half ? i - half : i;
+}
+__device__ __forceinline__ float rope_of(float xi, float xp, int i, int half, const float *cs, const float *sn) {
     if (i < half)
-        return x[i] * cs[i] - x[i + half] * sn[i];
+        return xi * cs[i] - xp * sn[i];
     if (i < 2 * half)
-        return x[i] * cs[i - half] + x[i - half] * sn[i - half];
-    return x[i];
+        return xi * cs[i - half] + xp * sn[i - half];
+    return xi;
 }
 
 template <int HD, int W, bool ROPE>
@@ -392,9 +396,12 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
         const float *qr = q + ((int64_t)row * sh.n_heads + head) * HD;
         const float *kr32 = rp.k + (int64_t)row * kvw + (int64_t)kvh * HD, *vr32 = rp.v + (int64_t)row * kvw + (int64_t)kvh * HD;
         for (int i = threadIdx.x; i < HD; i += W * 32) {
-            qs[i] = rope_at(qr, i, rp.half, rcs, rsn) * sh.scale;
-            fk[i] = __float2half_rn(rope_at(kr32, i, rp.half, rcs, rsn));
-            fv[i] = __float2half_rn(vr32[i]);
+            /* the five loads issued together (rope_at's branches had made them three round trips) */
+            const int o = rope_partner(i, rp.half);
+            const float qi = qr[i], qo = qr[o], ki = kr32[i], ko = kr32[o], vi = vr32[i];
+            qs[i] = rope_of(qi, qo, i, rp.half, rcs, rsn) * sh.scale;
+            fk[i] = __float2half_rn(rope_of(ki, ko, i, rp.half, rcs, rsn));
+            fv[i] = __float2half_rn(vi);
         }
         __syncthreads();
         if (split == 0 && head % (sh.n_heads / sh.n_kv_heads) == 0) {
