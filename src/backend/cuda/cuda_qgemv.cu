@@ -313,14 +313,22 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
     for (int lc = sub; lc < n_loc; lc += SUBS) {
         int4 meta = __ldg(q.chunks + c0 + lc);
         const __half2 *xc = xs + lc * 16;
-        switch (meta.y) {
-        case 2: gemv_chunk<R, 2>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
-        case 3: gemv_chunk<R, 3>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
-        case 4: gemv_chunk<R, 4>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
-        case 5: gemv_chunk<R, 5>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
-        case 6: gemv_chunk<R, 6>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
-        default: gemv_chunk<R, 8>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc); break;
-        }
+        /* direct branches on the width, the commonest first: a switch here became a jump table,
+         * whose indirect branch (BRX) each chunk paid for (bench/RESULTS.md) */
+        const int bits = meta.y;
+        if (bits == 4)
+            gemv_chunk<R, 4>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc);
+        else if (bits < 4) {
+            if (bits == 3)
+                gemv_chunk<R, 3>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc);
+            else
+                gemv_chunk<R, 2>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc);
+        } else if (bits == 5)
+            gemv_chunk<R, 5>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc);
+        else if (bits == 6)
+            gemv_chunk<R, 6>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc);
+        else
+            gemv_chunk<R, 8>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc);
     }
     if (a.kv_k && tid == 0)
         kv_prefetch(a);
