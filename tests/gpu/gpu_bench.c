@@ -4,7 +4,9 @@
  * same run. The weights are generated in memory (EXL2 / GPTQ in their file layouts) and
  * the model is driven through the real forward pass (exl_model_forward).
  *
- * usage: gpu_bench [fp16|exl2|gptq|exl2-8b ...] [--layers N] [--profile]   (default: exl2 gptq fp16 exl2-8b)
+ * usage: gpu_bench [fp16|exl2|gptq|exl2-8b ...] [--layers N] [--bits B] [--profile]
+ *        (default: exl2 gptq fp16 exl2-8b)
+ * --bits: the EXL2 layers' code width, 2-8 (default 4; the head is 6 bits).
  * --profile: only a 128-token prompt and 3 decode steps of the first kind (for ncu). */
 #include "model/model.h"
 
@@ -36,6 +38,7 @@
     } while (0)
 
 static uint64_t rng = 0x1234567887654321ull;
+static int exl2_bits = 4; /* --bits */
 
 static double now(void) {
     struct timespec t;
@@ -132,7 +135,7 @@ static void linear(exl_model *m, model_info *mi, const char *kind, int head, int
         mi->file_bytes += K * N * 2.0;
         mi->device_bytes += K * N * 2.0;
     } else if (!strcmp(kind, "exl2")) {
-        int bits = head ? 6 : 4, n_groups = (int)(K / 128);
+        int bits = head ? 6 : exl2_bits, n_groups = (int)(K / 128);
         int b[256], r[256];
         for (int i = 0; i < n_groups; i++)
             b[i] = bits, r[i] = 128;
@@ -327,10 +330,16 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc)
             n_layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--bits") && i + 1 < argc)
+            exl2_bits = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile"))
             profile = 1;
         else if (n_kinds < 8)
             kinds[n_kinds++] = argv[i];
+    }
+    if (exl2_bits < 2 || exl2_bits > 8 || exl2_bits == 7) {
+        fprintf(stderr, "gpu_bench: --bits must be 2, 3, 4, 5, 6 or 8\n");
+        return 2;
     }
     if (!n_kinds)
         kinds[0] = "exl2", kinds[1] = "gptq", kinds[2] = "fp16", kinds[3] = "exl2-8b", n_kinds = 4;

@@ -310,25 +310,30 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
 #pragma unroll
         for (int c = 0; c < 4; c++)
             acc[r][c] = 0.0f;
+    /* in registers: left as q's fields, each chunk re-read them from the parameter bank
+     * (indexed by the matrix) before it could address its weights */
+    const int64_t n_pad = q.n_pad;
+    const __half *scales = q.scales, *zeros = q.zeros;
     for (int lc = sub; lc < n_loc; lc += SUBS) {
         int4 meta = __ldg(q.chunks + c0 + lc);
         const __half2 *xc = xs + lc * 16;
-        /* direct branches on the width, the commonest first: a switch here became a jump table,
-         * whose indirect branch (BRX) each chunk paid for (bench/RESULTS.md) */
+        /* direct branches on the width: a switch here became a jump table, whose indirect
+         * branch (BRX) each chunk paid for; the commonest width (4 bits: EXL2 near 4 bpw, GPTQ)
+         * last, which places its code right after these tests, not after all the others'
+         * (+1% decode; bench/RESULTS.md) */
         const int bits = meta.y;
-        if (bits == 4)
-            gemv_chunk<R, 4>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc);
-        else if (bits < 4) {
-            if (bits == 3)
-                gemv_chunk<R, 3>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc);
-            else
-                gemv_chunk<R, 2>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc);
-        } else if (bits == 5)
-            gemv_chunk<R, 5>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc);
+        if (bits == 8)
+            gemv_chunk<R, 8>(wcol, n_pad, col0, meta, scales, zeros, xc, xs_stride, acc);
         else if (bits == 6)
-            gemv_chunk<R, 6>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc);
+            gemv_chunk<R, 6>(wcol, n_pad, col0, meta, scales, zeros, xc, xs_stride, acc);
+        else if (bits == 5)
+            gemv_chunk<R, 5>(wcol, n_pad, col0, meta, scales, zeros, xc, xs_stride, acc);
+        else if (bits == 3)
+            gemv_chunk<R, 3>(wcol, n_pad, col0, meta, scales, zeros, xc, xs_stride, acc);
+        else if (bits == 2)
+            gemv_chunk<R, 2>(wcol, n_pad, col0, meta, scales, zeros, xc, xs_stride, acc);
         else
-            gemv_chunk<R, 8>(wcol, q.n_pad, col0, meta, q.scales, q.zeros, xc, xs_stride, acc);
+            gemv_chunk<R, 4>(wcol, n_pad, col0, meta, scales, zeros, xc, xs_stride, acc);
     }
     if (a.kv_k && tid == 0)
         kv_prefetch(a);
