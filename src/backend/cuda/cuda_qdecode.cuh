@@ -41,6 +41,17 @@ __device__ __forceinline__ uint32_t extract(const uint32_t (&w)[B], int bit) {
     return v & ((1u << B) - 1);
 }
 
+/* pair 15 of a 3- or 5-bit chunk: bit 15 (low code) and bit 31 (high code) of word k are bit k
+ * of its codes; or'ed into `magic` */
+template <int B, int N>
+__device__ __forceinline__ uint32_t spare_pair(const uint32_t (&w)[N], uint32_t magic) {
+    uint32_t v = magic;
+#pragma unroll
+    for (int k = 0; k < B; k++)
+        v |= (w[k] >> (15 - k)) & (0x00010001u << k);
+    return v;
+}
+
 /* Calls f(pair, (q - z) as half2) for the 16 pairs of a chunk; pair p covers slots 2p, 2p+1. */
 template <int B, typename F>
 __device__ __forceinline__ void decode_chunk(const uint32_t (&w)[B], __half2 zz, F &&f) {
@@ -57,15 +68,20 @@ __device__ __forceinline__ void decode_chunk(const uint32_t (&w)[B], __half2 zz,
             f(4 * u + 2, __hsub2(u32_as_half2(and_or<0x000f000fu>(hi, m)), zz));
             f(4 * u + 3, __hfma2(u32_as_half2(and_or<0x00f000f0u>(hi, m)), s, c));
         }
-    } else if constexpr (B == 2 || B == 8) {
-        constexpr int V = 32 / B;
+    } else if constexpr (B != 6) {
+        /* 2, 3, 5 and 8 bits: a pair's codes at the same place in the two halves of a word
+         * (16 / B codes a half); at 3 and 5 bits pair 15 is the top bit of each half of the B
+         * words (bit k of its codes in word k): one shift and one lop3 a pair */
+        constexpr int K = 16 / B;
         constexpr uint32_t M = (1u << B) - 1, MM = M | (M << 16);
         const uint32_t m = magic_1024();
 #pragma unroll
         for (int u = 0; u < B; u++)
 #pragma unroll
-            for (int i = 0; i < V / 2; i++)
-                f(u * V / 2 + i, __hsub2(u32_as_half2(and_or<MM>(w[u] >> (i * B), m)), zz));
+            for (int i = 0; i < K; i++)
+                f(u * K + i, __hsub2(u32_as_half2(and_or<MM>(w[u] >> (i * B), m)), zz));
+        if constexpr (B * K < 16)
+            f(15, __hsub2(u32_as_half2(spare_pair<B>(w, m)), zz));
     } else {
 #pragma unroll
         for (int p = 0; p < 16; p++) {

@@ -22,10 +22,13 @@
 template <int B>
 __device__ __forceinline__ __half2 pair_at(const uint32_t (&w)[B], int p, __half2 zz) {
     uint32_t v;
-    if constexpr (B == 2 || B == 4 || B == 8) {
+    if constexpr (B != 6) {
         constexpr int half = 16 / B; /* pairs per word */
         constexpr uint32_t M = (1u << B) - 1;
-        v = (w[p / half] >> ((p % half) * B)) & (M | (M << 16));
+        if (p < B * half)
+            v = (w[p / half] >> ((p % half) * B)) & (M | (M << 16));
+        else
+            v = spare_pair<B>(w, 0u);
     } else {
         v = extract<B>(w, p * B) | (extract<B>(w, (p + 16) * B) << 16);
     }

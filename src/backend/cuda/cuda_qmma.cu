@@ -93,7 +93,18 @@ __device__ __forceinline__ void decode_quarter(const uint32_t (&w)[MAX_WORDS], i
             v = and_or(w[0] >> (2 * ((t & 1) * 4 + j)), 0x00030003u, 0x64006400u);
         else if constexpr (B == 8)
             v = and_or(w[j / 2] >> (8 * (j & 1)), 0x00ff00ffu, 0x64006400u);
-        else
+        else if constexpr (B == 3 || B == 5) {
+            /* pair p in word p / (16 / B); pair 15 (t = 3, j = 3) from the words' top bits */
+            constexpr int K = 16 / B;
+            const int p = 4 * t + j, u = p / K;
+            uint32_t x = w[0];
+#pragma unroll
+            for (int k = 1; k < B; k++)
+                x = select_u32(u == k, w[k], x);
+            v = and_or(x >> ((p % K) * B), ((1u << B) - 1) * 0x00010001u, 0x64006400u);
+            if (j == 3)
+                v = select_u32(t == 3, spare_pair<B>(w, 0x64006400u), v);
+        } else
             v = (bits_at<B>(w, (4 * t + j) * B) | (bits_at<B>(w, (4 * t + j + 16) * B) << 16)) | 0x64006400u;
         pr[j] = half2_bits(__hsub2(u32_as_half2(v), zz));
     }

@@ -61,6 +61,22 @@ static inline uint32_t *word_at(const packer *pk, int64_t w, int64_t n) {
     return pk->qw + (n / EXL_QW_TILE) * pk->total_word_rows * EXL_QW_TILE + w * EXL_QW_TILE + n % EXL_QW_TILE;
 }
 
+/* 3 and 5 bits are not kept as the file's bit stream: a pair's two codes lie at the same place
+ * in the two halves of a word (16 / b codes a half: pairs 0-14), and pair 15's codes are the
+ * top bit of each half of the b words (bit k in word k), so a pair decodes in one shift and
+ * one lop3 (decode_chunk, cuda_qdecode.cuh) */
+static int halves_layout(int b) { return b == 3 || b == 5; }
+
+static void place_in_halves(uint32_t *wd, int b, int slot, uint32_t code) {
+    int p = slot / 2, h = (slot % 2) * 16, k = 16 / b;
+    if (p < b * k) {
+        wd[p / k] |= code << (h + (p % k) * b);
+        return;
+    }
+    for (int i = 0; i < b; i++)
+        wd[i] |= ((code >> i) & 1u) << (h + 15);
+}
+
 static void pack_segment(packer *pk, const segment *sg) {
     int b = sg->bits;
     for (int64_t r0 = 0; r0 < sg->n_rows; r0 += CHUNK) {
@@ -68,7 +84,7 @@ static void pack_segment(packer *pk, const segment *sg) {
         int n_valid = sg->n_rows - r0 < CHUNK ? (int)(sg->n_rows - r0) : CHUNK;
         pk->chunks[c] = make_int4((int)wr, b, sg->group, 0);
         pk->word_rows += b;
-        int contiguous = n_valid == CHUNK && (sg->src_bit[r0] & 31) == 0;
+        int contiguous = n_valid == CHUNK && (sg->src_bit[r0] & 31) == 0 && !halves_layout(b);
         for (int t = 0; t < CHUNK; t++) {
             pk->slot_src[c * CHUNK + exl_cuda_slot_of(b, t)] = t < n_valid ? sg->src_row[r0 + t] : -1;
             if (t < n_valid && sg->src_bit[r0 + t] != sg->src_bit[r0] + (int64_t)t * b)
@@ -79,6 +95,16 @@ static void pack_segment(packer *pk, const segment *sg) {
             for (int w = 0; w < b; w++)
                 for (int64_t n = 0; n < pk->n; n++)
                     *word_at(pk, wr + w, n) = pk->src.words[(sw + w) * pk->src.stride + n];
+            continue;
+        }
+        if (halves_layout(b)) {
+            for (int64_t n = 0; n < pk->n; n++) {
+                uint32_t wd[5] = {0};
+                for (int t = 0; t < n_valid; t++)
+                    place_in_halves(wd, b, exl_cuda_slot_of(b, t), read_code(&pk->src, sg->src_bit[r0 + t], b, n));
+                for (int w = 0; w < b; w++)
+                    *word_at(pk, wr + w, n) = wd[w];
+            }
             continue;
         }
         for (int64_t n = 0; n < pk->n; n++) {
