@@ -77,6 +77,28 @@ static void place_in_halves(uint32_t *wd, int b, int slot, uint32_t code) {
         wd[i] |= ((code >> i) & 1u) << (h + 15);
 }
 
+/* len (< 32) bits from bit pos of the stream s (one word past it readable) */
+static inline uint32_t stream_bits(const uint32_t *s, int pos, int len) {
+    uint64_t v = ((uint64_t)s[(pos >> 5) + 1] << 32 | s[pos >> 5]) >> (pos & 31);
+    return (uint32_t)v & ((1u << len) - 1);
+}
+
+/* place_in_halves for a whole chunk whose B words per column are the file's stream from col
+ * (row t at bit t B, slot_of's pairs (t, t + 16)): word u's halves are stream bits 15u.. and
+ * 16B + 15u.. (15 each), its bits 15 and 31 bit u of rows 15 and 31. B a constant: ~9x faster
+ * than code by code, which a 3-bit 7B model's load would feel (~15 s) */
+template <int B>
+static void halves_from_stream(packer *pk, const uint32_t *col, int64_t wr) {
+    for (int64_t n = 0; n < pk->n; n++) {
+        uint32_t st[B + 1] = {0};
+        for (int w = 0; w < B; w++)
+            st[w] = col[w * pk->src.stride + n];
+        for (int u = 0; u < B; u++)
+            *word_at(pk, wr + u, n) = stream_bits(st, 15 * u, 15) | stream_bits(st, 16 * B + 15 * u, 15) << 16 |
+                                      stream_bits(st, 15 * B + u, 1) << 15 | stream_bits(st, 31 * B + u, 1) << 31;
+    }
+}
+
 static void pack_segment(packer *pk, const segment *sg) {
     int b = sg->bits;
     for (int64_t r0 = 0; r0 < sg->n_rows; r0 += CHUNK) {
@@ -84,11 +106,19 @@ static void pack_segment(packer *pk, const segment *sg) {
         int n_valid = sg->n_rows - r0 < CHUNK ? (int)(sg->n_rows - r0) : CHUNK;
         pk->chunks[c] = make_int4((int)wr, b, sg->group, 0);
         pk->word_rows += b;
-        int contiguous = n_valid == CHUNK && (sg->src_bit[r0] & 31) == 0 && !halves_layout(b);
+        int contiguous = n_valid == CHUNK && (sg->src_bit[r0] & 31) == 0;
         for (int t = 0; t < CHUNK; t++) {
             pk->slot_src[c * CHUNK + exl_cuda_slot_of(b, t)] = t < n_valid ? sg->src_row[r0 + t] : -1;
             if (t < n_valid && sg->src_bit[r0 + t] != sg->src_bit[r0] + (int64_t)t * b)
                 contiguous = 0;
+        }
+        if (contiguous && halves_layout(b)) {
+            const uint32_t *col = pk->src.words + (sg->src_bit[r0] >> 5) * pk->src.stride;
+            if (b == 3)
+                halves_from_stream<3>(pk, col, wr);
+            else
+                halves_from_stream<5>(pk, col, wr);
+            continue;
         }
         if (contiguous) {
             int64_t sw = sg->src_bit[r0] >> 5;
