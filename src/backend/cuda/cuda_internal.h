@@ -124,7 +124,7 @@ exl_status exl_cuda_malloc(void **p, size_t bytes, const char *what);
  * rows are grouped in chunks of 32 ("slots"), each chunk one bit width and one scale group;
  * codes of a chunk are a little-endian bit stream down each column (exl_qw_col: where a
  * column's words lie), except at 3 and 5 bits (a pair's codes in the two halves of a word,
- * cuda_quant.cu place_in_halves), the values in the pair order of exl_cuda_slot_of(); the activations
+ * cuda_halves.h), the values in the pair order of exl_cuda_slot_of(); the activations
  * are gathered into slot order through slot_src (-1 = padding, read as 0).
  * W[slot, n] = (code - zero) * scale[group, n]. */
 typedef struct exl_qmatrix {

@@ -5,9 +5,11 @@
  * input rows; they differ in where a row's code lies, its group, and its zero. Here every
  * group becomes chunks of 32 rows (padded rows read activation 0). A full chunk whose 32
  * codes are contiguous and word-aligned in the source is copied word for word (the
- * common case: EXL2, GPTQ without act-order); anything else (act-order, ragged groups)
- * is re-encoded code by code. Act-order GPTQ rows are sorted by group, so the activation
+ * common case: EXL2, GPTQ without act-order), or at 3 and 5 bits moved word by word into the
+ * halves layout (cuda_halves.h); anything else (act-order, ragged groups) is re-encoded code
+ * by code. Act-order GPTQ rows are sorted by group, so the activation
  * gather does the permutation and each group is contiguous. */
+#include "backend/cuda/cuda_halves.h"
 #include "backend/cuda/cuda_internal.h"
 
 #include "base/half.h"
@@ -61,41 +63,16 @@ static inline uint32_t *word_at(const packer *pk, int64_t w, int64_t n) {
     return pk->qw + (n / EXL_QW_TILE) * pk->total_word_rows * EXL_QW_TILE + w * EXL_QW_TILE + n % EXL_QW_TILE;
 }
 
-/* 3 and 5 bits are not kept as the file's bit stream: a pair's two codes lie at the same place
- * in the two halves of a word (16 / b codes a half: pairs 0-14), and pair 15's codes are the
- * top bit of each half of the b words (bit k in word k), so a pair decodes in one shift and
- * one lop3 (decode_chunk, cuda_qdecode.cuh) */
-static int halves_layout(int b) { return b == 3 || b == 5; }
-
-static void place_in_halves(uint32_t *wd, int b, int slot, uint32_t code) {
-    int p = slot / 2, h = (slot % 2) * 16, k = 16 / b;
-    if (p < b * k) {
-        wd[p / k] |= code << (h + (p % k) * b);
-        return;
-    }
-    for (int i = 0; i < b; i++)
-        wd[i] |= ((code >> i) & 1u) << (h + 15);
-}
-
-/* len (< 32) bits from bit pos of the stream s (one word past it readable) */
-static inline uint32_t stream_bits(const uint32_t *s, int pos, int len) {
-    uint64_t v = ((uint64_t)s[(pos >> 5) + 1] << 32 | s[pos >> 5]) >> (pos & 31);
-    return (uint32_t)v & ((1u << len) - 1);
-}
-
-/* place_in_halves for a whole chunk whose B words per column are the file's stream from col
- * (row t at bit t B, slot_of's pairs (t, t + 16)): word u's halves are stream bits 15u.. and
- * 16B + 15u.. (15 each), its bits 15 and 31 bit u of rows 15 and 31. B a constant: ~9x faster
- * than code by code, which a 3-bit 7B model's load would feel (~15 s) */
-template <int B>
-static void halves_from_stream(packer *pk, const uint32_t *col, int64_t wr) {
+/* a whole 3- or 5-bit chunk that is the file's contiguous stream from col, into the halves
+ * layout (cuda_halves.h); called with a literal b */
+static inline __attribute__((always_inline)) void halves_chunk(packer *pk, const uint32_t *col, int64_t wr, int b) {
     for (int64_t n = 0; n < pk->n; n++) {
-        uint32_t st[B + 1] = {0};
-        for (int w = 0; w < B; w++)
+        uint32_t st[6] = {0}, wd[5];
+        for (int w = 0; w < b; w++)
             st[w] = col[w * pk->src.stride + n];
-        for (int u = 0; u < B; u++)
-            *word_at(pk, wr + u, n) = stream_bits(st, 15 * u, 15) | stream_bits(st, 16 * B + 15 * u, 15) << 16 |
-                                      stream_bits(st, 15 * B + u, 1) << 15 | stream_bits(st, 31 * B + u, 1) << 31;
+        exl_halves_from_stream(b, st, wd);
+        for (int w = 0; w < b; w++)
+            *word_at(pk, wr + w, n) = wd[w];
     }
 }
 
@@ -112,12 +89,12 @@ static void pack_segment(packer *pk, const segment *sg) {
             if (t < n_valid && sg->src_bit[r0 + t] != sg->src_bit[r0] + (int64_t)t * b)
                 contiguous = 0;
         }
-        if (contiguous && halves_layout(b)) {
+        if (contiguous && exl_halves_layout(b)) {
             const uint32_t *col = pk->src.words + (sg->src_bit[r0] >> 5) * pk->src.stride;
             if (b == 3)
-                halves_from_stream<3>(pk, col, wr);
+                halves_chunk(pk, col, wr, 3);
             else
-                halves_from_stream<5>(pk, col, wr);
+                halves_chunk(pk, col, wr, 5);
             continue;
         }
         if (contiguous) {
@@ -127,11 +104,11 @@ static void pack_segment(packer *pk, const segment *sg) {
                     *word_at(pk, wr + w, n) = pk->src.words[(sw + w) * pk->src.stride + n];
             continue;
         }
-        if (halves_layout(b)) {
+        if (exl_halves_layout(b)) {
             for (int64_t n = 0; n < pk->n; n++) {
                 uint32_t wd[5] = {0};
                 for (int t = 0; t < n_valid; t++)
-                    place_in_halves(wd, b, exl_cuda_slot_of(b, t), read_code(&pk->src, sg->src_bit[r0 + t], b, n));
+                    exl_halves_place(wd, b, exl_cuda_slot_of(b, t), read_code(&pk->src, sg->src_bit[r0 + t], b, n));
                 for (int w = 0; w < b; w++)
                     *word_at(pk, wr + w, n) = wd[w];
             }
