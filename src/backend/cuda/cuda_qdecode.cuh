@@ -52,14 +52,30 @@ __device__ __forceinline__ uint32_t spare_pair(const uint32_t (&w)[N], uint32_t 
     return v;
 }
 
+/* Pair p's two codes (slots 2p, 2p + 1) in the low and high halves, or'ed into `magic`. 2, 3, 5
+ * and 8 bits: the codes lie at the same place in the two halves of a word (16 / B codes a half);
+ * at 3 and 5 bits pair 15 is the top bit of each half of the B words (spare_pair): one shift and
+ * one lop3 a pair. 6 bits: the file's stream, pairs (p, p + 16). */
+template <int B>
+__device__ __forceinline__ uint32_t pair_codes(const uint32_t (&w)[B], int p, uint32_t magic) {
+    if constexpr (B == 6) {
+        return extract<B>(w, p * B) | (extract<B>(w, (p + 16) * B) << 16) | magic;
+    } else {
+        constexpr int K = 16 / B;
+        constexpr uint32_t M = (1u << B) - 1, MM = M | (M << 16);
+        return p < B * K ? and_or<MM>(w[p / K] >> ((p % K) * B), magic) : spare_pair<B>(w, magic);
+    }
+}
+
 /* Calls f(pair, (q - z) as half2) for the 16 pairs of a chunk; pair p covers slots 2p, 2p+1. */
 template <int B, typename F>
 __device__ __forceinline__ void decode_chunk(const uint32_t (&w)[B], __half2 zz, F &&f) {
+    /* the 1024s in a register for and_or's lop3 (6 bits ors it as an immediate) */
+    const uint32_t m = B == 6 ? 0x64006400u : magic_1024();
     if constexpr (B == 4) {
         /* the codes at bits 4..7 (and 20..23) of a byte pair are taken in place: (1024 + 16 q) / 16
          * + (960 - (1024 + z)) = q - z, exact, in one hfma2; one shift serves two pairs */
         const __half2 c = __hsub2(__float2half2_rn(960.0f), zz), s = __float2half2_rn(0.0625f);
-        const uint32_t m = magic_1024();
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const uint32_t lo = w[u], hi = w[u] >> 8;
@@ -68,26 +84,10 @@ __device__ __forceinline__ void decode_chunk(const uint32_t (&w)[B], __half2 zz,
             f(4 * u + 2, __hsub2(u32_as_half2(and_or<0x000f000fu>(hi, m)), zz));
             f(4 * u + 3, __hfma2(u32_as_half2(and_or<0x00f000f0u>(hi, m)), s, c));
         }
-    } else if constexpr (B != 6) {
-        /* 2, 3, 5 and 8 bits: a pair's codes at the same place in the two halves of a word
-         * (16 / B codes a half); at 3 and 5 bits pair 15 is the top bit of each half of the B
-         * words (bit k of its codes in word k): one shift and one lop3 a pair */
-        constexpr int K = 16 / B;
-        constexpr uint32_t M = (1u << B) - 1, MM = M | (M << 16);
-        const uint32_t m = magic_1024();
-#pragma unroll
-        for (int u = 0; u < B; u++)
-#pragma unroll
-            for (int i = 0; i < K; i++)
-                f(u * K + i, __hsub2(u32_as_half2(and_or<MM>(w[u] >> (i * B), m)), zz));
-        if constexpr (B * K < 16)
-            f(15, __hsub2(u32_as_half2(spare_pair<B>(w, m)), zz));
     } else {
 #pragma unroll
-        for (int p = 0; p < 16; p++) {
-            uint32_t a = extract<B>(w, p * B), b = extract<B>(w, (p + 16) * B);
-            f(p, __hsub2(u32_as_half2(a | (b << 16) | 0x64006400u), zz));
-        }
+        for (int p = 0; p < 16; p++)
+            f(p, __hsub2(u32_as_half2(pair_codes<B>(w, p, m)), zz));
     }
 }
 

@@ -21,18 +21,7 @@
  * decode_chunk, cuda_qdecode.cuh), exact */
 template <int B>
 __device__ __forceinline__ __half2 pair_at(const uint32_t (&w)[B], int p, __half2 zz) {
-    uint32_t v;
-    if constexpr (B != 6) {
-        constexpr int half = 16 / B; /* pairs per word */
-        constexpr uint32_t M = (1u << B) - 1;
-        if (p < B * half)
-            v = (w[p / half] >> ((p % half) * B)) & (M | (M << 16));
-        else
-            v = spare_pair<B>(w, 0u);
-    } else {
-        v = extract<B>(w, p * B) | (extract<B>(w, (p + 16) * B) << 16);
-    }
-    return __hsub2(u32_as_half2(v | 0x64006400u), zz);
+    return __hsub2(u32_as_half2(pair_codes<B>(w, p, 0x64006400u)), zz);
 }
 
 /* One chunk of DQ_COLS_T columns into hi and, at lo_at further, lo: w = scale · (q - z) is
