@@ -19,7 +19,7 @@ int exl_str_append(exl_str *s, const char *data, size_t n);
 int exl_str_puts(exl_str *s, const char *cstr);
 int exl_str_putc(exl_str *s, char c);
 int exl_str_printf(exl_str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int exl_str_vprintf(exl_str *s, const char *fmt, va_list ap);
+int exl_str_vprintf(exl_str *s, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 void exl_str_clear(exl_str *s);
 void exl_str_free(exl_str *s);
 /* Hand over the buffer (never NULL on success; "" for an empty string). */

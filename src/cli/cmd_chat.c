@@ -53,6 +53,7 @@ typedef struct chat {
     int32_t ctx, max_reply;
     char *system;
     exl_chat_message *msgs; /* msgs[0] is the system prompt when there is one */
+    char **texts;           /* the messages' contents, owned here */
     int32_t n_msgs, cap_msgs;
     int tty;
 } chat;
@@ -61,8 +62,9 @@ static void forget(chat *c, int32_t from, int32_t count) {
     if (!count)
         return;
     for (int32_t i = from; i < from + count; i++)
-        free((char *)c->msgs[i].content);
+        free(c->texts[i]);
     memmove(c->msgs + from, c->msgs + from + count, (size_t)(c->n_msgs - from - count) * sizeof *c->msgs);
+    memmove(c->texts + from, c->texts + from + count, (size_t)(c->n_msgs - from - count) * sizeof *c->texts);
     c->n_msgs -= count;
 }
 
@@ -77,14 +79,18 @@ static int add_message(chat *c, const char *role, const char *text, size_t len) 
     if (c->n_msgs == c->cap_msgs) {
         int32_t cap = c->cap_msgs ? 2 * c->cap_msgs : 16;
         exl_chat_message *m = realloc(c->msgs, (size_t)cap * sizeof *m);
-        if (!m)
+        if (m)
+            c->msgs = m;
+        char **t = m ? realloc(c->texts, (size_t)cap * sizeof *t) : NULL;
+        if (!t)
             return -1;
-        c->msgs = m;
+        c->texts = t;
         c->cap_msgs = cap;
     }
     char *s = strndup(text, len);
     if (!s)
         return -1;
+    c->texts[c->n_msgs] = s;
     c->msgs[c->n_msgs++] = (exl_chat_message){role, s};
     return 0;
 }
@@ -342,6 +348,7 @@ int cmd_chat(int argc, char **argv) {
     }
     forget(&c, 0, c.n_msgs);
     free(c.msgs);
+    free(c.texts);
     free(c.system);
     exl_generator_free(c.gen);
     exl_tokenizer_free(c.tok);

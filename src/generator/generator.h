@@ -29,6 +29,7 @@ typedef struct exl_job {
 
     /* settings (copied from exl_job_params) */
     exl_sampling sampling;
+    exl_logit_bias *logit_bias; /* the job's own copy, which sampling.logit_bias points to */
     int32_t max_new, min_new;
     int32_t *stop_ids, n_stop_ids;
     int ignore_eos;

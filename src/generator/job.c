@@ -160,11 +160,10 @@ static exl_status alloc_job(exl_generator *g, const exl_job_params *p, const int
     if (p->n_stop_ids)
         j->stop_ids = exl_malloc((size_t)p->n_stop_ids * sizeof *j->stop_ids);
     if (p->sampling.n_logit_bias)
-        j->sampling.logit_bias =
-            exl_malloc((size_t)p->sampling.n_logit_bias * sizeof *j->sampling.logit_bias);
+        j->logit_bias = exl_malloc((size_t)p->sampling.n_logit_bias * sizeof *j->logit_bias);
     if (!j->tokens || !j->pages || !j->chain || !j->mu_hist || !j->lp || !j->text_end ||
         (p->top_logprobs && !j->top) || (p->n_stop_ids && !j->stop_ids) ||
-        (p->sampling.n_logit_bias && !j->sampling.logit_bias) ||
+        (p->sampling.n_logit_bias && !j->logit_bias) ||
         copy_strings(&j->stop, p->stop_strings, p->n_stop_strings) ||
         copy_strings(&j->banned, p->banned_strings, p->n_banned_strings))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
@@ -172,8 +171,8 @@ static exl_status alloc_job(exl_generator *g, const exl_job_params *p, const int
     if (p->n_stop_ids)
         memcpy(j->stop_ids, p->stop_ids, (size_t)p->n_stop_ids * sizeof *j->stop_ids);
     if (p->sampling.n_logit_bias)
-        memcpy((exl_logit_bias *)j->sampling.logit_bias, p->sampling.logit_bias,
-               (size_t)p->sampling.n_logit_bias * sizeof *j->sampling.logit_bias);
+        memcpy(j->logit_bias, p->sampling.logit_bias, (size_t)p->sampling.n_logit_bias * sizeof *j->logit_bias);
+    j->sampling.logit_bias = j->logit_bias;
     return EXL_OK;
 }
 
@@ -239,7 +238,7 @@ void exl_job_free(exl_job *j) {
     exl_free(j->top);
     exl_free(j->text_end);
     exl_free(j->stop_ids);
-    exl_free((void *)j->sampling.logit_bias);
+    exl_free(j->logit_bias);
     exl_free(j->ban_pos);
     exl_free(j->ban_id);
     free_strings(&j->stop);

@@ -236,7 +236,7 @@ static void matmul_fused(exl_model *m, const exl_matmul_fused *f) {
         op->rmsnorm(be, s->h, f->x, f->norm, f->rows, in, f->eps);
         xin = s->h;
     } else if (f->up) { /* in place: x is the forward's own gate buffer */
-        op->glu(be, (float *)f->x, f->up, f->rows, in, f->act);
+        op->glu(be, s->gate, f->up, f->rows, in, f->act); /* f->x is s->gate */
     }
     for (int32_t i = 0; i < f->n; i++) {
         if (f->accumulate) {

@@ -66,11 +66,13 @@ static void progress(qz *q, const char *stage, int32_t done, int32_t total) {
         q->p->progress(q->p->progress_user, stage, done, total);
 }
 
-static char *work_path(const qz *q, const char *fmt, int a) {
-    char name[128], *path;
-    snprintf(name, sizeof name, fmt, a);
-    path = exl_path_join(q->work, name);
-    return path;
+static char *work_path(const qz *q, const char *name) { return exl_path_join(q->work, name); }
+
+/* the work file of layer l's quantized tensors */
+static char *layer_path(const qz *q, int l) {
+    char name[64];
+    snprintf(name, sizeof name, "layer_%05d.safetensors", l);
+    return work_path(q, name);
 }
 
 static double sq_dist(const float *a, const float *b, int64_t n) {
@@ -393,7 +395,7 @@ static exl_status quant_layer(qz *q, acts *a, int32_t l) {
     snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
     if (st == EXL_OK)
         st = exl_qz_part_copy(&part, q->w, name);
-    char *path = work_path(q, "layer_%05d.safetensors", l);
+    char *path = layer_path(q, l);
     if (st == EXL_OK)
         st = path ? exl_qz_part_write(&part, path) : exl_fail(EXL_ERR_NOMEM, "out of memory");
     exl_free(path);
@@ -430,7 +432,7 @@ static exl_status write_head(qz *q, acts *a) {
     } else if (st == EXL_OK && has_head) {
         st = exl_qz_part_copy(&part, q->w, "lm_head.weight");
     }
-    char *path = work_path(q, "head.safetensors", 0);
+    char *path = work_path(q, "head.safetensors");
     if (st == EXL_OK)
         st = path ? exl_qz_part_write(&part, path) : exl_fail(EXL_ERR_NOMEM, "out of memory");
     exl_free(path);
@@ -441,7 +443,7 @@ static exl_status write_head(qz *q, acts *a) {
 /* ---- state of a run (resumable) */
 
 static exl_status save_state(qz *q, int pass, int32_t next) {
-    char *xs = work_path(q, "states.bin", 0), *sj = work_path(q, "state.json", 0), tmp[4200];
+    char *xs = work_path(q, "states.bin"), *sj = work_path(q, "state.json"), tmp[4200];
     exl_status st = xs && sj ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
     if (st == EXL_OK) {
         snprintf(tmp, sizeof tmp, "%s.tmp", xs);
@@ -466,7 +468,7 @@ static exl_status save_state(qz *q, int pass, int32_t next) {
 
 /* 1 with *pass, *next and q->x when OUT_DIR holds a run with the same parameters. */
 static exl_status load_state(qz *q, int *found, int *pass, int32_t *next) {
-    char *sj = work_path(q, "state.json", 0), *xs = work_path(q, "states.bin", 0);
+    char *sj = work_path(q, "state.json"), *xs = work_path(q, "states.bin");
     *found = 0;
     cJSON *j = NULL;
     exl_status st = sj && xs ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
@@ -510,7 +512,7 @@ static int dir_is_empty(const char *path) {
 static exl_status remove_work(qz *q, int32_t n_layers) {
     for (int32_t l = -4; l < n_layers; l++) {
         static const char *const extra[] = {"states.bin", "state.json", "measurement.json", "head.safetensors"};
-        char *path = l < 0 ? work_path(q, extra[l + 4], 0) : work_path(q, "layer_%05d.safetensors", l);
+        char *path = l < 0 ? work_path(q, extra[l + 4]) : layer_path(q, l);
         if (path)
             unlink(path);
         exl_free(path);
@@ -630,7 +632,7 @@ static exl_status finish(qz *q) {
     char **parts = exl_calloc((size_t)L + 1, sizeof *parts);
     exl_status st = parts ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
     for (int32_t l = 0; l <= L && st == EXL_OK; l++)
-        if (!(parts[l] = l < L ? work_path(q, "layer_%05d.safetensors", l) : work_path(q, "head.safetensors", 0)))
+        if (!(parts[l] = l < L ? layer_path(q, l) : work_path(q, "head.safetensors")))
             st = exl_fail(EXL_ERR_NOMEM, "out of memory");
     char *out = exl_path_join(p->out_dir, p->format == EXL_QUANT_EXL2 ? "output.safetensors" : "model.safetensors");
     progress(q, "writing", 0, 1);
@@ -713,7 +715,7 @@ static exl_status run(qz *q) {
         next = 0;
         EXL_TRY(save_state(q, pass, next));
     }
-    char *mpath = work_path(q, "measurement.json", 0);
+    char *mpath = work_path(q, "measurement.json");
     if (!mpath)
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     const char *msrc = p->measurement ? p->measurement : mpath;

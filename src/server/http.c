@@ -160,7 +160,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
 }
 
-static void on_mhd_error(void *cls, const char *fmt, va_list ap) {
+/* libmicrohttpd's own printf-style messages */
+__attribute__((format(printf, 2, 0))) static void on_mhd_error(void *cls, const char *fmt, va_list ap) {
     exl_server *srv = cls;
     char line[512];
     vsnprintf(line, sizeof line, fmt, ap);

@@ -8,8 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 
-static int vfail(exl_oai_error *err, int status, const char *type, const char *param, const char *code,
-                 const char *fmt, va_list ap) {
+__attribute__((format(printf, 6, 0))) static int vfail(exl_oai_error *err, int status, const char *type,
+                                                       const char *param, const char *code, const char *fmt,
+                                                       va_list ap) {
     err->status = status;
     err->type = type;
     err->param = param;

@@ -413,7 +413,8 @@ static exl_status f_join(exl_jctx *c, const exl_jnode *at, exl_jv self, const ex
     const exl_jv *sep = exl_jargs_get(a, 0, "d"), *attr = exl_jargs_get(a, 1, "attribute");
     exl_jv items, empty = exl_jv_none();
     if (attr) {
-        exl_jargs ma = {1, (exl_jv *)attr, (char *const[]){"attribute"}};
+        exl_jv attr_arg = *attr;
+        exl_jargs ma = {1, &attr_arg, (char *const[]){"attribute"}};
         EXL_TRY(transform(c, at, self, &ma, 0, &items));
     } else {
         items = exl_jv_ref(self);

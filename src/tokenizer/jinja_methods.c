@@ -472,7 +472,11 @@ exl_status exl_jinja_global(exl_jctx *c, const exl_jnode *at, const char *name, 
         time_t now = time(NULL);
         struct tm tm;
         char buf[256];
+/* the template's own format string, as Python's strftime takes it */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
         size_t n = localtime_r(&now, &tm) ? strftime(buf, sizeof buf, fmt->u.s->data, &tm) : 0;
+#pragma GCC diagnostic pop
         return new_str(c, at, buf, n, out);
     }
     *found = 0;

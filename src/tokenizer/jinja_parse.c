@@ -314,18 +314,18 @@ static exl_jnode *parse_primary(parser *p) {
                 }
                 return e;
             }
-            exl_jnode *n = node(p, EXL_JN_TUPLE, pos);
-            if (!n || add(p, n, e)) {
-                if (!n)
+            exl_jnode *tuple = node(p, EXL_JN_TUPLE, pos);
+            if (!tuple || add(p, tuple, e)) {
+                if (!tuple)
                     exl_jnode_free(e);
-                exl_jnode_free(n);
+                exl_jnode_free(tuple);
                 return NULL;
             }
-            return parse_seq(p, n, ")");
+            return parse_seq(p, tuple, ")");
         }
         if (accept_op(p, "[")) {
-            exl_jnode *n = node(p, EXL_JN_LIST, pos);
-            return n ? parse_seq(p, n, "]") : NULL;
+            exl_jnode *list = node(p, EXL_JN_LIST, pos);
+            return list ? parse_seq(p, list, "]") : NULL;
         }
         if (accept_op(p, "{"))
             return parse_dict(p, pos);

@@ -1,4 +1,5 @@
 /* fuzz_config.c - libFuzzer target: config.json parsing on arbitrary bytes. */
+#include "fuzz.h"
 #include "io/hf_config.h"
 #include "io/json_file.h"
 #include "model/model.h"

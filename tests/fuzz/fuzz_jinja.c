@@ -1,6 +1,7 @@
 /* fuzz_jinja.c - libFuzzer target for the Jinja-subset interpreter: parse the input as a
  * template and render it with a small fixed chat context under tight limits, so every
  * input finishes quickly; any crash, leak or sanitizer report is a bug. */
+#include "fuzz.h"
 #include "tokenizer/jinja.h"
 
 #include "base/alloc.h"

@@ -6,6 +6,7 @@
  * tensors. The tensors go into an in-memory weight set as layer "l". Loading must fail
  * cleanly or accept a layer that then dequantizes and runs through the CPU kernels of
  * every ISA without touching memory outside its tensors (ASan). */
+#include "fuzz.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,9 @@
 #include "io/weights.h"
 #include "quant/quant.h"
 
+/* the tensors' bytes, owned here (exl_st_tensor's data is const: it points into mappings) */
+static uint8_t *owned[16];
+
 typedef struct {
     const uint8_t *p;
     size_t n, i;
@@ -21,17 +25,17 @@ typedef struct {
 
 static uint8_t next(src_bytes *s) { return s->n ? s->p[s->i++ % s->n] : 0; }
 
-static exl_st_tensor *add(exl_st_tensor *ts, int *n, const char *name, exl_dtype dt, int nd, int64_t d0,
+static exl_st_tensor *add(exl_st_tensor *ts, int *n, char *name, exl_dtype dt, int nd, int64_t d0,
                           int64_t d1, src_bytes *in) {
     exl_st_tensor *t = &ts[(*n)++];
     memset(t, 0, sizeof *t);
-    t->name = (char *)name;
+    t->name = name;
     t->dtype = dt;
     t->n_dims = nd;
     t->shape[0] = d0;
     t->shape[1] = d1;
     t->nbytes = (uint64_t)(d0 * (nd > 1 ? d1 : 1)) * exl_dtype_size(dt);
-    uint8_t *d = malloc(t->nbytes ? t->nbytes : 1);
+    uint8_t *d = owned[*n - 1] = malloc(t->nbytes ? t->nbytes : 1);
     for (uint64_t i = 0; i < t->nbytes; i++)
         d[i] = next(in);
     t->data = d;
@@ -100,10 +104,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         add(ts, &n, "l.q_groups", EXL_DTYPE_I16, 1, 2 * G + (consistent & 8 ? 0 : data[6] % 2), 0, &in);
         if (consistent & 2)
-            memcpy((void *)ts[0].data, groups, (size_t)(2 * G) * 2);
+            memcpy(owned[0], groups, (size_t)(2 * G) * 2);
         exl_st_tensor *inv = add(ts, &n, "l.q_invperm", EXL_DTYPE_I32, 1, K, 0, &in);
         if (consistent & 4) {
-            int32_t *p = (int32_t *)inv->data;
+            int32_t *p = (int32_t *)(void *)owned[inv - ts];
             for (int64_t k = 0; k < K; k++)
                 p[k] = (int32_t)k;
             for (int64_t k = K - 1; k > 0; k--) {
@@ -132,7 +136,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             exl_st_tensor *gi = add(ts, &n, "l.g_idx", EXL_DTYPE_I32, 1, K, 0, &in);
             if (consistent & 4)
                 for (int64_t k = 0; k < K; k++)
-                    ((int32_t *)gi->data)[k] = (int32_t)((uint32_t)((int32_t *)gi->data)[k] % (uint32_t)G);
+                    ((int32_t *)(void *)owned[gi - ts])[k] =
+                        (int32_t)((uint32_t)((int32_t *)(void *)owned[gi - ts])[k] % (uint32_t)G);
         }
         int64_t wrows = K * bits / 32 + (consistent & 8 ? 0 : data[7] % 2);
         add(ts, &n, "l.qweight", EXL_DTYPE_I32, 2, wrows > 0 ? wrows : 1, N, &in);
@@ -145,6 +150,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (st == EXL_OK)
         run_layer(&src);
     for (int i = 0; i < n; i++)
-        free((void *)ts[i].data);
+        free(owned[i]);
     return 0;
 }

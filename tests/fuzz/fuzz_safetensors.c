@@ -1,4 +1,5 @@
 /* fuzz_safetensors.c - libFuzzer target: the safetensors header parser on arbitrary bytes. */
+#include "fuzz.h"
 #include "io/safetensors.h"
 
 #include <stddef.h>

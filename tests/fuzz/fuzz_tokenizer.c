@@ -1,6 +1,7 @@
 /* fuzz_tokenizer.c - libFuzzer target: the input (up to its first NUL byte) is written
  * as tokenizer.json, loaded, and the rest of the input (or a fixed sample) is encoded,
  * decoded and stream-decoded. Loading must fail cleanly or give a working tokenizer. */
+#include "fuzz.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "quant_gen.h"
 #include "ref_util.h"
+#include "test.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -467,11 +468,12 @@ static void fused_case(const char *name, qgen *g, int n, int32_t rows, int mode,
         }
     }
     exl_matmul_fused f = {.rows = rows, .n = n, .in_features = (int32_t)K, .eps = 1e-5f, .act = 0, .decode = decode};
-    f.x = put(gpu, x, rows * K * 4);
+    float *dx = put(gpu, x, rows * K * 4), *dup = NULL;
+    f.x = dx;
     if (mode == 0)
         f.norm = vg;
     else
-        f.up = put(gpu, up, rows * K * 4), f.accumulate = 1;
+        f.up = dup = put(gpu, up, rows * K * 4), f.accumulate = 1;
     for (int i = 0; i < n; i++) {
         N[i] = g[i].src.out_features;
         require(gpu->ops->linear_init(gpu, &g[i].src, &lg[i]) == EXL_OK, "linear gpu");
@@ -504,9 +506,9 @@ static void fused_case(const char *name, qgen *g, int n, int32_t rows, int mode,
     /* prompt rows past the GEMV (4) keep the activations to ~22 bits; decode rows may round them
      * to fp16 (exl_matmul_fused.decode), as the GEMV does */
     report(full, worst, rows > 4 && !decode ? 1e-4 : 3e-3);
-    gpu->ops->free(gpu, (void *)f.x);
-    if (f.up)
-        gpu->ops->free(gpu, (void *)f.up);
+    gpu->ops->free(gpu, dx);
+    if (dup)
+        gpu->ops->free(gpu, dup);
     gpu->ops->vector_free(gpu, vg);
     free(x), free(up), free(nw), free(nw16), free(xin);
 }

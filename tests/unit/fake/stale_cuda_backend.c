@@ -5,6 +5,9 @@
 
 typedef void (*error_sink)(int st, const char *msg);
 
+void exl_backend_cuda_set_error_sink(error_sink sink);
+int exl_backend_cuda_create(void **out);
+
 void exl_backend_cuda_set_error_sink(error_sink sink) { (void)sink; }
 
 int exl_backend_cuda_create(void **out) {
