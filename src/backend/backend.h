@@ -2,56 +2,15 @@
  *
  * The forward pass is written once against these ops. Activations are fp32 arrays in
  * backend memory ("device pointers"; plain host pointers on the CPU). Weights are
- * described by exl_linear_src (pointers into the mapped files) and turned into a
- * backend-owned exl_linear, which may repack them once. */
+ * described by exl_linear_src (format/linear_src.h: pointers into the mapped files) and
+ * turned into a backend-owned exl_linear, which may repack them once. */
 #ifndef EXL_BACKEND_H
 #define EXL_BACKEND_H
 
 #include "exl.h"
-#include "io/dtype.h"
+#include "format/linear_src.h"
 
 #include <stdint.h>
-
-/* ---- weights as they lie in the files */
-
-typedef enum exl_linear_kind { EXL_LINEAR_DENSE, EXL_LINEAR_EXL2, EXL_LINEAR_GPTQ } exl_linear_kind;
-
-/* An unquantized matrix in Hugging Face layout: [out_features, in_features] row-major. */
-typedef struct exl_dense_src {
-    exl_dtype dtype; /* F32, F16 or BF16 */
-    const void *data;
-} exl_dense_src;
-
-/* EXL2 tensors (see docs: formats). Validated by quant/ before reaching a backend. */
-typedef struct exl_exl2_src {
-    const int32_t *q_weight;     /* [q_rows, n_padded] */
-    const int32_t *q_invperm;    /* [in] */
-    const int32_t *q_scale;      /* [n_groups, n_padded / 8] */
-    const uint16_t *q_scale_max; /* fp16 [n_groups] */
-    const int16_t *q_groups;     /* [2 * n_groups]: (bits, first q row) */
-    int32_t q_rows, n_padded, n_groups;
-} exl_exl2_src;
-
-/* GPTQ tensors, validated by quant/. */
-typedef struct exl_gptq_src {
-    const int32_t *qweight;  /* [in * bits / 32, out] */
-    const int32_t *qzeros;   /* [n_groups, out * bits / 32] */
-    const uint16_t *scales;  /* fp16 [n_groups, out] */
-    const int32_t *g_idx;    /* [in] or NULL (row k in group k / group_size) */
-    int32_t bits, group_size, n_groups;
-    int32_t zero_offset;     /* 1 for gptq v1 checkpoints, 0 for v2 */
-} exl_gptq_src;
-
-typedef struct exl_linear_src {
-    exl_linear_kind kind;
-    int64_t in_features, out_features;
-    exl_dense_src dense;
-    exl_exl2_src exl2;
-    exl_gptq_src gptq;
-    exl_dtype bias_dtype;
-    const void *bias; /* [out_features] or NULL */
-    const char *name; /* for messages */
-} exl_linear_src;
 
 typedef struct exl_linear exl_linear; /* backend-owned, opaque */
 typedef struct exl_vector exl_vector; /* backend-owned fp32 vector (norm weights) */

@@ -1,6 +1,6 @@
 /* layer_run.h - one decoder layer on the host, in fp32, on a batch of hidden states.
  *
- * The quantizer (quant/) runs the model layer by layer over its calibration rows and
+ * The quantizer (convert/) runs the model layer by layer over its calibration rows and
  * needs the inputs of every linear, and the outputs of a block computed with trial
  * weights. The forward pass (forward.c) runs whole steps over a paged KV cache on a
  * backend with the model's own weights; this file is the small host-side counterpart:

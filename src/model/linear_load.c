@@ -2,12 +2,12 @@
  *
  * The format is detected per layer by tensor name: <prefix>.q_weight is EXL2,
  * <prefix>.qweight is GPTQ, <prefix>.weight is unquantized; one model may mix them.
- * The quantized layouts are parsed and validated by quant/. */
+ * The quantized layouts are parsed and validated by format/. */
 #include "model/model.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include <stdio.h>
 

@@ -4,7 +4,7 @@
 
 #include "base/error.h"
 #include "base/str.h"
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include <string.h>
 

@@ -32,8 +32,8 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
-#include "quant/quant.h"
-#include "quant/qz.h"
+#include "format/quant.h"
+#include "convert/qz.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -1004,7 +1004,7 @@ static int check_exl2_linear(ctx *c, const char *name, const char *src, int64_t 
 }
 
 /* Whether a measurement.json recipe of a linear ({bits, bits_prop, group_size}) lays out
- * exactly the groups written (exl's layout rule, quant/qz.h: exl_exl2_layout). */
+ * exactly the groups written (exl's layout rule, convert/qz.h: exl_exl2_layout). */
 static int recipe_is_layout(const cJSON *lin, int64_t K, const exl2_lin *w) {
     const cJSON *bits = cJSON_GetObjectItemCaseSensitive(lin, "bits");
     const cJSON *prop = cJSON_GetObjectItemCaseSensitive(lin, "bits_prop");

@@ -1,7 +1,7 @@
 /* writer.c - the quantizer's output: safetensors parts (one per finished layer, so a
  * killed run keeps its work), their merge into the model's one weights file, config.json
  * with quantization_config, and the model's other files copied as they are. */
-#include "quant/qz.h"
+#include "convert/qz.h"
 
 #include "base/alloc.h"
 #include "base/error.h"

@@ -3,7 +3,7 @@
  * Everything a kernel later trusts is checked here: the group table adds up to exactly
  * in_features rows and ends at the last q_weight row, every width is one EXL2 writes,
  * every group holds a whole number of codes, and q_invperm is a permutation. */
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -18,24 +18,21 @@ exl_status exl_exl2_check(const exl_linear_src *src) {
     int64_t K = src->in_features, rows = 0;
     if (e->n_groups < 1)
         return exl_fail(EXL_ERR_FORMAT, "%s: EXL2 layer has no groups", name);
-    for (int32_t g = 0; g < e->n_groups; g++) {
-        int bits = e->q_groups[2 * g];
-        int32_t start = e->q_groups[2 * g + 1];
-        int32_t end = g + 1 < e->n_groups ? e->q_groups[2 * g + 3] : e->q_rows;
-        if (!exl2_bits_ok(bits))
+    for (exl_exl2_group g = EXL_EXL2_WALK; exl_exl2_next_group(e, &g);) {
+        if (!exl2_bits_ok(g.bits))
             return exl_fail(EXL_ERR_UNSUPPORTED, "%s.q_groups: group %d has %d-bit codes (EXL2 uses 2, 3, 4, 5, 6, 8)",
-                            name, g, bits);
-        if (g == 0 && start != 0)
-            return exl_fail(EXL_ERR_FORMAT, "%s.q_groups: the first group starts at q_weight row %d, not 0", name,
-                            start);
-        if (end <= start || end > e->q_rows)
+                            name, g.index, g.bits);
+        if (g.index == 0 && g.q_row != 0)
+            return exl_fail(EXL_ERR_FORMAT, "%s.q_groups: the first group starts at q_weight row %lld, not 0", name,
+                            (long long)g.q_row);
+        if (g.q_end <= g.q_row || g.q_end > e->q_rows)
             return exl_fail(EXL_ERR_FORMAT,
-                            "%s.q_groups: group %d spans q_weight rows %d..%d (q_weight has %d rows)", name, g,
-                            start, end, e->q_rows);
-        if ((int64_t)(end - start) * 32 % bits)
-            return exl_fail(EXL_ERR_FORMAT, "%s.q_groups: group %d has %d words of %d-bit codes, not whole codes",
-                            name, g, end - start, bits);
-        rows += (int64_t)(end - start) * 32 / bits;
+                            "%s.q_groups: group %d spans q_weight rows %lld..%lld (q_weight has %d rows)", name,
+                            g.index, (long long)g.q_row, (long long)g.q_end, e->q_rows);
+        if ((g.q_end - g.q_row) * 32 % g.bits)
+            return exl_fail(EXL_ERR_FORMAT, "%s.q_groups: group %d has %lld words of %d-bit codes, not whole codes",
+                            name, g.index, (long long)(g.q_end - g.q_row), g.bits);
+        rows += g.n_rows;
     }
     if (rows != K)
         return exl_fail(EXL_ERR_FORMAT, "%s.q_groups: groups hold %lld rows but the layer has %lld input features",

@@ -1,5 +1,5 @@
-/* quant_stats.c - storage bits and the mix of code widths of one linear layer (`exl info`). */
-#include "quant/quant.h"
+/* stats.c - storage bits and the mix of code widths of one linear layer (`exl info`). */
+#include "format/quant.h"
 
 #include <string.h>
 
@@ -11,13 +11,9 @@ void exl_linear_stats(const exl_linear_src *src, exl_quant_stats *out) {
     case EXL_LINEAR_EXL2: {
         const exl_exl2_src *e = &src->exl2;
         double bits = 0;
-        for (int32_t g = 0; g < e->n_groups; g++) {
-            int b = e->q_groups[2 * g];
-            int64_t start = e->q_groups[2 * g + 1];
-            int64_t end = g + 1 < e->n_groups ? e->q_groups[2 * g + 3] : e->q_rows;
-            int64_t rows = (end - start) * 32 / b;
-            out->rows_by_bits[b] += rows;
-            bits += (double)rows * b * N + 16 + 32 + 4.0 * N;
+        for (exl_exl2_group g = EXL_EXL2_WALK; exl_exl2_next_group(e, &g);) {
+            out->rows_by_bits[g.bits] += g.n_rows;
+            bits += (double)g.n_rows * g.bits * N + 16 + 32 + 4.0 * N;
         }
         out->bits = bits + 32.0 * K;
         break;

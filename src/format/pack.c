@@ -1,8 +1,8 @@
-/* quant_pack.c - write known codes in the EXL2 and GPTQ layouts (tests, random models).
+/* pack.c - write known codes in the EXL2 and GPTQ layouts (tests, random models).
  *
- * The inverse of quant_dequant.c's reading: codes go into the column bit streams
- * described in quant.h, scales and zeros into their own packed rows. */
-#include "quant/quant.h"
+ * The inverse of dequant.c's reading: codes go into the column bit streams
+ * described in format/qstream.h, scales and zeros into their own packed rows. */
+#include "format/quant.h"
 
 #include <string.h>
 

@@ -10,12 +10,12 @@
  * from its rows with every earlier error already spread into them. Work over rows and
  * columns is split across the pool; the update of the rows after a block, a product
  * W[rest] -= U[block, rest]ᵀ·E, goes to the accelerator when there is one (see qz.h). */
-#include "quant/qz.h"
+#include "convert/qz.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/half.h"
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include <math.h>
 #include <stdlib.h>

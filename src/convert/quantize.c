@@ -16,7 +16,7 @@
  * Resuming: OUT_DIR/.exl-quant holds state.json (parameters, pass, next layer), the
  * hidden states after the last finished layer, the partial measurement and one
  * safetensors part per finished layer; the last step merges the parts and removes it. */
-#include "quant/qz.h"
+#include "convert/qz.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -24,7 +24,7 @@
 #include "io/hf_config.h"
 #include "io/json_file.h"
 #include "model/layer_run.h"
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include <dirent.h>
 #include <errno.h>

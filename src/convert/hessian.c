@@ -1,5 +1,5 @@
 /* hessian.c - H = 2/n · XᵀX of the inputs a linear layer saw during calibration. */
-#include "quant/qz.h"
+#include "convert/qz.h"
 
 #include "backend/cpu/kernels.h"
 #include "base/alloc.h"

@@ -7,7 +7,7 @@
  * error, usually a late MLP, while an early block's error is carried and amplified by every
  * block after it, which its own measure does not see. On rand-llama (tools/quant_kl) the
  * mean KL is 0.18 against 0.22 at 3 bpw and 0.010 against 0.011 at 5 bpw. */
-#include "quant/qz.h"
+#include "convert/qz.h"
 
 #include "base/alloc.h"
 #include "base/error.h"

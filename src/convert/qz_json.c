@@ -2,7 +2,7 @@
  * [{accuracy, total_bits, q_proj: {group_size: {"4": 128}, bits: [4], bits_prop: [1],
  * scale_bits: 4}, ...}, ...], ...}, "last_module_idx": n}. Files written by ExLlamaV2 read
  * back too (bit counts are recomputed with exl's rule). */
-#include "quant/qz.h"
+#include "convert/qz.h"
 
 #include "base/alloc.h"
 #include "base/error.h"

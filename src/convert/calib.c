@@ -8,7 +8,7 @@
  * embeddings of its common tokens, and Hessians that never saw the others let GPTQ push the
  * rounding error into exactly the directions those tokens use. The random ids come from a
  * fixed seed, so runs repeat. */
-#include "quant/qz.h"
+#include "convert/qz.h"
 
 #include "base/alloc.h"
 #include "base/error.h"

@@ -5,11 +5,11 @@
  * bits; each width but the last takes ceil(prop·K / gs) whole groups, the last the rest,
  * which is how ExLlamaV2's own files are laid out (e.g. 5/4 bits at 0.1/0.9 with groups
  * of 64 over 256 rows: one 5-bit group, three 4-bit groups). */
-#include "quant/qz.h"
+#include "convert/qz.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include <math.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  * tensors is an error, never a misread. group_size -1 (one group) is stored in
  * exl_gptq_src as group_size = in_features, so "row k is in group k / group_size" holds
  * for every source without g_idx. */
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include "base/error.h"
 

@@ -1,11 +1,12 @@
-/* quant_dequant.c - reference dequantization of EXL2, GPTQ and dense sources to fp32.
+/* dequant.c - reference dequantization of EXL2, GPTQ and dense sources to fp32.
  *
  * Written for clarity, one weight at a time, straight from docs/formats.md: the tests
  * hold the fused CPU kernels and the packers against it. */
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/half.h"
 
 static exl_status exl2_dequant(const exl_linear_src *src, float *w) {
     const exl_exl2_src *e = &src->exl2;
@@ -16,19 +17,13 @@ static exl_status exl2_dequant(const exl_linear_src *src, float *w) {
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     for (int64_t k = 0; k < K; k++)
         row_of[e->q_invperm[k]] = (int32_t)k;
-    int64_t r = 0;
-    for (int32_t g = 0; g < e->n_groups; g++) {
-        int b = e->q_groups[2 * g];
-        int64_t start = e->q_groups[2 * g + 1];
-        int64_t end = g + 1 < e->n_groups ? e->q_groups[2 * g + 3] : e->q_rows;
-        int64_t rows = (end - start) * 32 / b;
-        const int32_t *words = e->q_weight + start * Np;
-        for (int64_t j = 0; j < rows; j++, r++) {
-            float *out = w + (int64_t)row_of[r] * N;
+    for (exl_exl2_group g = EXL_EXL2_WALK; exl_exl2_next_group(e, &g);) {
+        const int32_t *words = e->q_weight + g.q_row * Np;
+        for (int64_t j = 0; j < g.n_rows; j++) {
+            float *out = w + (int64_t)row_of[g.row + j] * N;
             for (int64_t n = 0; n < N; n++) {
-                float scale = exl_exl2_scale(e->q_scale_max[g], exl_exl2_scale_code(e, g, n));
-                int32_t q = (int32_t)exl_qstream_get(words + n, Np, j * b, b);
-                out[n] = (float)(q - (1 << (b - 1))) * scale;
+                int32_t q = (int32_t)exl_qstream_get(words + n, Np, j * g.bits, g.bits);
+                out[n] = (float)(q - (1 << (g.bits - 1))) * exl_exl2_column_scale(e, g.index, n);
             }
         }
     }

@@ -4,7 +4,7 @@
  * A block's candidates are every level applied to all its linears, and the same with
  * its most sensitive linear (v_proj in attention, down_proj in the MLP) one or two levels
  * higher. The driver (quantize.c) measures each candidate's output error. */
-#include "quant/qz.h"
+#include "convert/qz.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
