@@ -1,6 +1,6 @@
 /* jinja_tests.c - the `is` tests: defined, none, string, number, mapping, iterable,
  * equalto, divisibleby, ... */
-#include "tokenizer/jinja_eval.h"
+#include "jinja/jinja_eval.h"
 
 #include <string.h>
 

@@ -3,8 +3,8 @@
 #ifndef EXL_TOKENIZER_JINJA_AST_H
 #define EXL_TOKENIZER_JINJA_AST_H
 
-#include "tokenizer/jinja.h"
-#include "tokenizer/jinja_value.h"
+#include "jinja/jinja.h"
+#include "jinja/jinja_value.h"
 
 /* Parse-time bounds: nesting of expressions and of blocks. */
 #define EXL_JINJA_MAX_DEPTH 128

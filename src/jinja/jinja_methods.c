@@ -1,7 +1,7 @@
 /* jinja_methods.c - Python methods that templates call on values (str.strip,
  * str.split, str.format with {} / {0} / {name} fields, dict.items, dict.get, loop.cycle,
  * ...) and the global functions (range, namespace, dict, raise_exception, strftime_now). */
-#include "tokenizer/jinja_eval.h"
+#include "jinja/jinja_eval.h"
 
 #include "base/alloc.h"
 #include "base/error.h"

@@ -4,7 +4,7 @@
  * Scoping follows Jinja: `for` bodies get a fresh frame per iteration (sets inside do
  * not leak out or into the next iteration), `if` does not open a scope, a macro sees its
  * own frame and the top-level one, and namespaces are the way to carry state out. */
-#include "tokenizer/jinja_eval.h"
+#include "jinja/jinja_eval.h"
 
 #include "base/alloc.h"
 #include "base/error.h"

@@ -1,7 +1,7 @@
 /* jinja_text.c - UTF-8 strings seen as Python str: lengths and indexes in code points,
  * case mapping (utf8proc), whitespace and strip. Invalid bytes count as one character
  * each and are copied unchanged. */
-#include "tokenizer/jinja_eval.h"
+#include "jinja/jinja_eval.h"
 
 #include <string.h>
 #include <utf8proc.h>

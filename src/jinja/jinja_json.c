@@ -1,7 +1,7 @@
 /* jinja_json.c - values from cJSON, and `tojson` as Python's
  * json.dumps(v, ensure_ascii=False, indent=..., sort_keys=...) writes them:
  * ", " and ": " separators without indent, "," and ": " with it. */
-#include "tokenizer/jinja_eval.h"
+#include "jinja/jinja_eval.h"
 
 #include "base/alloc.h"
 

@@ -1,7 +1,7 @@
 /* jinja_filters.c - the `|` filters: text (trim, upper, title, replace, indent, ...),
  * conversion (string, int, float, list, tojson), sequences (length, first, join, map,
  * selectattr, sort, unique, ...) and default. Unknown filters are errors. */
-#include "tokenizer/jinja_eval.h"
+#include "jinja/jinja_eval.h"
 
 #include "base/alloc.h"
 

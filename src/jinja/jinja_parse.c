@@ -3,7 +3,7 @@
  *   x if c else y  <  or  <  and  <  not  <  comparisons, in, not in  <  + -  <  ~
  *   <  * / // %  <  **  <  unary - +  <  filters |f, tests `is`  <  . [] ()
  * Nesting of blocks and expressions is bounded (EXL_JINJA_MAX_DEPTH). */
-#include "tokenizer/jinja_ast.h"
+#include "jinja/jinja_ast.h"
 
 #include "base/alloc.h"
 #include "base/error.h"

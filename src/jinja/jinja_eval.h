@@ -4,7 +4,7 @@
 #define EXL_TOKENIZER_JINJA_EVAL_H
 
 #include "base/error.h"
-#include "tokenizer/jinja_ast.h"
+#include "jinja/jinja_ast.h"
 
 #include <cjson/cJSON.h>
 

@@ -7,7 +7,7 @@
  *   {% {#         (lstrip_blocks) drop spaces and tabs between a line start and the tag
  *   {%+ +%}       turn lstrip_blocks / trim_blocks off for that side of the tag
  * Inside a tag, end markers count only outside brackets, and strings may hold them. */
-#include "tokenizer/jinja_ast.h"
+#include "jinja/jinja_ast.h"
 
 #include "base/alloc.h"
 #include "base/error.h"

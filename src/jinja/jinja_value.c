@@ -1,6 +1,6 @@
 /* jinja_value.c - template values: allocation, reference counts, containers,
  * truthiness, equality, ordering and Python-style str()/repr(). */
-#include "tokenizer/jinja_value.h"
+#include "jinja/jinja_value.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
