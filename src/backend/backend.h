@@ -151,13 +151,12 @@ typedef struct exl_backend_ops {
                            void *v_cache, const exl_batch *b, const exl_attn_shape *shape, int32_t rot_dim,
                            const float *inv_freq, float attn_factor, const exl_linear *feeds);
 
-    /* Optional, for host-side work such as the quantizer; NULL where the backend has no faster
-     * way than the host (the CPU backend leaves it NULL). On HOST pointers, fp32, row-major as
-     * cblas_sgemm: C = alpha·op(A)·op(B) + beta·C with op(A) [M, K] (A is [M, lda], or with
-     * trans_a [K, lda]), op(B) [K, N] (B is [K, ldb], or with trans_b [N, ldb]), C [M, ldc].
-     * The backend stages the data through its own memory, computes in strict fp32 (no reduced
-     * precision: results match the CPU up to fp32 rounding) and returns when C is written.
-     * With beta 0, C is not read. */
+    /* For host-side work such as the quantizer (every backend has it: the CPU computes it with its
+     * kernels and threads). On HOST pointers, fp32, row-major as cblas_sgemm: C = alpha·op(A)·op(B)
+     * + beta·C with op(A) [M, K] (A is [M, lda], or with trans_a [K, lda]), op(B) [K, N] (B is
+     * [K, ldb], or with trans_b [N, ldb]), C [M, ldc]. A device backend stages the data through its
+     * own memory; every backend computes in strict fp32 (no reduced precision: results agree up to
+     * fp32 rounding) and returns when C is written. With beta 0, C is not read. */
     exl_status (*host_gemm)(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                             const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                             int64_t ldc);
@@ -183,8 +182,6 @@ typedef struct exl_backend_ops {
 #define EXL_ARGMAX_KEEP 8  /* argmax results kept for argmax_wait */
 
 #define EXL_TOP_K_MAX 64 /* the largest k of top_k */
-/* below this many multiply-adds, host_gemm's copies cost more than the host's own work */
-#define EXL_HOST_GEMM_MIN_WORK ((int64_t)1 << 22)
 
 struct exl_backend {
     const exl_backend_ops *ops;

@@ -9,7 +9,7 @@
  * for the rows after it in one pass when the block is done. So a group's scales are fixed
  * from its rows with every earlier error already spread into them. Work over rows and
  * columns is split across the pool; the update of the rows after a block, a product
- * W[rest] -= U[block, rest]ᵀ·E, goes to the accelerator when there is one (see qz.h). */
+ * W[rest] -= U[block, rest]ᵀ·E, is the backend's host_gemm (see qz.h). */
 #include "convert/qz.h"
 
 #include "base/alloc.h"
@@ -56,7 +56,7 @@ void exl_qz_hinv_free(exl_qz_hinv *h) {
  * products by gemm, split across the pool by rows. A is padded with the identity to Kp, a
  * multiple of 8 (gemm's tile).
  *
- * The products stay in double on the CPU, not on an accelerator's fp32 host_gemm: simulated
+ * The products stay in double on the CPU, not on the backend's fp32 host_gemm: simulated
  * in fp32 they moved U by about 1e-7 (relative, twice its own float rounding) and left the
  * codes unchanged, but every step would send the trailing matrix over the bus and back, and
  * the O(K²·NB) panel work stays on the CPU anyway, so little time would be saved. */
@@ -502,37 +502,10 @@ static void quant_block(const qstate *qs, float *Wp, const float *U, float *E, i
     }
 }
 
-typedef struct upd_ctx {
-    float *W;
-    const float *U, *E;
-    int64_t K, N, i1, i2;
-} upd_ctx;
-
-static void upd_task(void *ctx, int index, int count) {
-    const upd_ctx *c = ctx;
-    long j0, j1;
-    exl_split_range((long)(c->K - c->i2), index, count, 1, &j0, &j1);
-    for (int64_t j = c->i2 + j0; j < c->i2 + j1; j++) {
-        float *wj = c->W + j * c->N;
-        for (int64_t i = c->i1; i < c->i2; i++) {
-            float u = c->U[i * c->K + j];
-            const float *e = c->E + (i - c->i1) * c->N;
-            for (int64_t n = 0; n < c->N; n++)
-                wj[n] -= u * e[n];
-        }
-    }
-}
-
-/* W[i2 .. K) -= U[i1 .. i2, i2 .. K)ᵀ · E: on the accelerator when it pays, else split across the pool. */
+/* W[i2 .. K) -= U[i1 .. i2, i2 .. K)ᵀ · E */
 static exl_status update_rest(float *W, const float *U, const float *E, int64_t K, int64_t N, int64_t i1, int64_t i2,
-                              exl_pool *pool, exl_backend *accel) {
-    int64_t work = (K - i2) * (i2 - i1) * N;
-    if (accel && work >= EXL_HOST_GEMM_MIN_WORK)
-        return accel->ops->host_gemm(accel, 1, 0, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, 1.0f,
-                                     W + i2 * N, N);
-    upd_ctx c = {W, U, E, K, N, i1, i2};
-    exl_pool_run_work(pool, upd_task, &c, work);
-    return EXL_OK;
+                              exl_backend *be) {
+    return be->ops->host_gemm(be, 1, 0, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, 1.0f, W + i2 * N, N);
 }
 
 /* ---- driver */
@@ -563,7 +536,7 @@ static exl_status alloc_result(exl_qz_result *r, int64_t K, int64_t N, int32_t G
 
 /* Quantize the permuted rows Wp group by group (see the top of the file). */
 static exl_status gptq_rows(float *Wp, const exl_qz_hinv *h, qstate *qs, const exl_qz_layout *layout, exl_pool *pool,
-                            exl_backend *accel, exl_qz_result *out) {
+                            exl_backend *be, exl_qz_result *out) {
     int64_t K = h->K, N = qs->N, r0 = 0;
     float *E = exl_malloc((size_t)(BLOCK * N) * sizeof(float));
     exl_status st = E ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
@@ -577,7 +550,7 @@ static exl_status gptq_rows(float *Wp, const exl_qz_hinv *h, qstate *qs, const e
         for (int64_t i1 = r0; st == EXL_OK && i1 < r1; i1 += BLOCK) {
             int64_t i2 = i1 + BLOCK < r1 ? i1 + BLOCK : r1;
             quant_block(qs, Wp, h->U, E, K, i1, i2, out->codes);
-            st = update_rest(Wp, h->U, E, K, N, i1, i2, pool, accel);
+            st = update_rest(Wp, h->U, E, K, N, i1, i2, be);
         }
         r0 = r1;
     }
@@ -586,7 +559,7 @@ static exl_status gptq_rows(float *Wp, const exl_qz_hinv *h, qstate *qs, const e
 }
 
 exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, exl_qz_scheme scheme,
-                             const exl_qz_layout *layout, exl_pool *pool, exl_backend *accel, exl_qz_result *out) {
+                             const exl_qz_layout *layout, exl_pool *pool, exl_backend *be, exl_qz_result *out) {
     int64_t K = h->K, rows = 0;
     for (int32_t g = 0; g < layout->n_groups; g++)
         rows += layout->rows[g];
@@ -600,7 +573,7 @@ exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, ex
         for (int64_t r = 0; r < K; r++)
             memcpy(Wp + r * N, W + (int64_t)h->perm[r] * N, (size_t)N * sizeof(float));
         qstate qs = {scheme, N, 0, sc, sc + N};
-        st = gptq_rows(Wp, h, &qs, layout, pool, accel, out);
+        st = gptq_rows(Wp, h, &qs, layout, pool, be, out);
     }
     for (int64_t r = 0; st == EXL_OK && r < K; r++)
         memcpy(out->Wq + (int64_t)h->perm[r] * N, Wp + r * N, (size_t)N * sizeof(float));

@@ -10,8 +10,8 @@
  * before it (o_proj after q/k/v, down after gate/up). Only one layer's weights, Hessians
  * and activations are held at a time.
  *
- * The big products (layer matmuls, Hessians, GPTQ updates) run on the GPU when the device
- * parameter gets one (a backend with host_gemm, see backend.h), in fp32 as on the CPU.
+ * The big products (layer matmuls, Hessians, GPTQ updates) are the backend's host_gemm: the
+ * GPU's when the device parameter gets one, else the CPU's, in fp32 either way.
  *
  * Resuming: OUT_DIR/.exl-quant holds state.json (parameters, pass, next layer), the
  * hidden states after the last finished layer, the partial measurement and one
@@ -45,7 +45,7 @@ typedef struct qz {
     exl_hf_config cfg;
     exl_weights *w;
     exl_pool *pool;
-    exl_backend *accel;    /* the GPU's host_gemm, or NULL: everything on the CPU */
+    exl_backend *be;       /* the device parameter's backend: its host_gemm does the big products */
     exl_lrun lr;
     char *work;            /* OUT_DIR/.exl-quant */
     char sig[1024];        /* the parameters a resumed run must match */
@@ -144,7 +144,7 @@ static exl_status hinv_of(qz *q, const float *x, int64_t K, exl_qz_hinv *hi) {
     exl_status st = EXL_OK;
     if (q->p->format == EXL_QUANT_GPTQ && q->p->rtn)
         exl_hessian_identity(&h);
-    else if ((st = exl_hessian_add(&h, x, q->T, q->pool, q->accel)) == EXL_OK)
+    else if ((st = exl_hessian_add(&h, x, q->T, q->be)) == EXL_OK)
         exl_hessian_finish(&h);
     if (st == EXL_OK)
         st = exl_gptq_prepare(&h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
@@ -157,7 +157,7 @@ static exl_status hinv_of(qz *q, const float *x, int64_t K, exl_qz_hinv *hi) {
 static exl_status quant_exl2(qz *q, const exl_qz_opt *o, const float *W, const exl_qz_hinv *h, int64_t N,
                              exl_qz_result *r, exl_qz_layout *l) {
     EXL_TRY(exl_exl2_layout(o, h->K, l));
-    exl_status st = exl_gptq_quantize(W, h, N, EXL_QZ_EXL2, l, q->pool, q->accel, r);
+    exl_status st = exl_gptq_quantize(W, h, N, EXL_QZ_EXL2, l, q->pool, q->be, r);
     if (st != EXL_OK)
         exl_qz_layout_free(l);
     return st;
@@ -206,7 +206,7 @@ static exl_status emit_linear(qz *q, exl_qz_part *part, const char *name, const 
             l.bits[g] = q->p->bits;
             l.rows[g] = (int32_t)(K - (int64_t)g * gs < gs ? K - (int64_t)g * gs : gs);
         }
-        st = exl_gptq_quantize(W, h, N, q->p->sym ? EXL_QZ_GPTQ_SYM : EXL_QZ_GPTQ_ASYM, &l, q->pool, q->accel, &r);
+        st = exl_gptq_quantize(W, h, N, q->p->sym ? EXL_QZ_GPTQ_SYM : EXL_QZ_GPTQ_ASYM, &l, q->pool, q->be, &r);
         if (st != EXL_OK) {
             exl_qz_layout_free(&l);
             return st;
@@ -522,20 +522,6 @@ static exl_status remove_work(qz *q, int32_t n_layers) {
 
 /* ---- setup and the passes */
 
-/* The GPU for the big products when the device parameter gets one (AUTO without a GPU:
- * the CPU, silently; CUDA without one: the error). */
-static exl_status accel_init(qz *q) {
-    exl_backend *be;
-    if (q->p->device == EXL_DEVICE_CPU)
-        return EXL_OK;
-    EXL_TRY(exl_backend_init(q->p->device, 1, &be));
-    if (be->ops->host_gemm)
-        q->accel = be;
-    else
-        be->ops->destroy(be);
-    return EXL_OK;
-}
-
 static exl_status setup(qz *q) {
     const exl_quantize_params *p = q->p;
     if (!p->in_dir || !p->out_dir)
@@ -586,10 +572,12 @@ static exl_status setup(qz *q) {
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     EXL_TRY(exl_weights_open(p->in_dir, &q->w));
     EXL_TRY(exl_pool_init(p->n_threads, &q->pool));
-    EXL_TRY(accel_init(q));
-    exl_str_printf(&q->report, "device: %s\n", q->accel ? q->accel->name : "cpu");
+    /* the GPU when the device parameter gets one (AUTO without a GPU: the CPU, silently; CUDA
+     * without one: the error) */
+    EXL_TRY(exl_backend_init(p->device, p->n_threads, &q->be));
+    exl_str_printf(&q->report, "device: %s\n", q->be->name);
     EXL_TRY(exl_lrun_init(&q->lr, &q->cfg, q->pool, p->rows, p->length));
-    q->lr.accel = q->accel;
+    q->lr.be = q->be;
     if (!(q->x = exl_malloc((size_t)(q->T * q->H) * sizeof(float))))
         return exl_fail(EXL_ERR_NOMEM, "out of memory for %lld hidden states", (long long)q->T);
     if (!(q->meas.b = exl_calloc((size_t)c->n_layers * 2, sizeof *q->meas.b)))
@@ -817,8 +805,8 @@ exl_status exl_quantize(const exl_quantize_params *params, char **report) {
     exl_lrun_free(&q.lr);
     if (q.pool)
         exl_pool_free(q.pool);
-    if (q.accel)
-        q.accel->ops->destroy(q.accel);
+    if (q.be)
+        q.be->ops->destroy(q.be);
     if (q.w)
         exl_weights_close(q.w);
     exl_free(q.work);

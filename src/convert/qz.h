@@ -14,9 +14,8 @@
  *   quantize.c    the driver: layer by layer, resumable, writing OUT_DIR
  *
  * Weights are W[k, n] (in x out) fp32 while being quantized. The big products (the Hessian's
- * XᵀX, GPTQ's update of the rows after a block) go to `accel`, a backend's host_gemm, when the
- * caller has one (NULL: the CPU code) and they hold at least EXL_HOST_GEMM_MIN_WORK
- * multiply-adds; below that the copies cost more than the CPU's work. */
+ * XᵀX, GPTQ's update of the rows after a block) are the backend's host_gemm (the CPU's or the
+ * GPU's, in fp32 either way). */
 #ifndef EXL_QUANT_QZ_H
 #define EXL_QUANT_QZ_H
 
@@ -38,7 +37,7 @@ typedef struct exl_hessian {
 } exl_hessian;
 
 exl_status exl_hessian_init(exl_hessian *h, int64_t K);
-exl_status exl_hessian_add(exl_hessian *h, const float *x, int64_t rows, exl_pool *pool, exl_backend *accel);
+exl_status exl_hessian_add(exl_hessian *h, const float *x, int64_t rows, exl_backend *be);
 void exl_hessian_finish(exl_hessian *h);
 /* The identity (round to nearest through the same code path). */
 void exl_hessian_identity(exl_hessian *h);
@@ -92,7 +91,7 @@ exl_status exl_gptq_prepare(const exl_hessian *H, int act_order, exl_pool *pool,
 void exl_qz_hinv_free(exl_qz_hinv *h);
 /* Quantize W [K, N] (not modified) with the groups of layout taken in h's row order. */
 exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, exl_qz_scheme scheme,
-                             const exl_qz_layout *layout, exl_pool *pool, exl_backend *accel, exl_qz_result *out);
+                             const exl_qz_layout *layout, exl_pool *pool, exl_backend *be, exl_qz_result *out);
 void exl_qz_result_free(exl_qz_result *r);
 
 /* ---- EXL2 recipes */

@@ -68,85 +68,14 @@ void exl_lrun_rmsnorm(const exl_lrun *r, float *out, const float *x, const float
     }
 }
 
-/* ---- matmul (big ones on the accelerator when there is one, see layer_run.h): the CPU's
- * dot kernels (the backend's, SIMD where the CPU has it) over tiles of rows split across
- * the pool; the columns pass one block at a time, gathered from W in chunks of input
- * features, while the tile's rows stay in cache. */
-
-#define MM_TILE 32 /* rows per tile */
-#define MM_KC 512  /* input features gathered per column at a time */
-
-typedef struct mm_ctx {
-    float *out;
-    const float *x, *W, *bias;
-    int64_t rows, K, N;
-    const exl_cpu_kernels *k;
-} mm_ctx;
-
-/* acc[i * EXL_CPU_NC + j] = x[i, 0 .. kc) · w[j] for i < nr. */
-static void mm_kernel(const exl_cpu_kernels *k, const float *x, int64_t ldx, int nr, const float *const *w, int64_t kc,
-                      float *acc) {
-    if (k->block_f32) {
-        k->block_f32(x, ldx, nr, w, kc, acc);
-        return;
-    }
-    float col[EXL_CPU_MAX_NR];
-    for (int j = 0; j < EXL_CPU_NC; j++) {
-        k->dot_f32(x, ldx, nr, w[j], kc, col);
-        for (int i = 0; i < nr; i++)
-            acc[i * EXL_CPU_NC + j] = col[i];
-    }
-}
-
-/* Columns n .. n + EXL_CPU_NC (fewer at the end) of rows r0 .. r1 (at most MM_TILE). */
-static void mm_cols(const mm_ctx *c, int64_t r0, int64_t r1, int64_t n) {
-    int64_t K = c->K, N = c->N;
-    int nc = N - n < EXL_CPU_NC ? (int)(N - n) : EXL_CPU_NC;
-    float wbuf[EXL_CPU_NC][MM_KC], sum[MM_TILE * EXL_CPU_NC] = {0}, acc[EXL_CPU_MAX_NR * EXL_CPU_NC];
-    const float *w[EXL_CPU_NC];
-    for (int j = 0; j < EXL_CPU_NC; j++)
-        w[j] = wbuf[j];
-    for (int64_t k0 = 0; k0 < K; k0 += MM_KC) {
-        int64_t kc = K - k0 < MM_KC ? K - k0 : MM_KC;
-        for (int64_t k = 0; k < kc; k++)
-            for (int j = 0; j < EXL_CPU_NC; j++) /* a last partial block repeats its last column */
-                wbuf[j][k] = c->W[(k0 + k) * N + n + (j < nc ? j : nc - 1)];
-        for (int64_t r = r0; r < r1; r += EXL_CPU_MAX_NR) {
-            int nr = r1 - r < EXL_CPU_MAX_NR ? (int)(r1 - r) : EXL_CPU_MAX_NR;
-            mm_kernel(c->k, c->x + r * K + k0, K, nr, w, kc, acc);
-            for (int i = 0; i < nr * EXL_CPU_NC; i++)
-                sum[(r - r0) * EXL_CPU_NC + i] += acc[i];
-        }
-    }
-    for (int64_t r = r0; r < r1; r++)
-        for (int j = 0; j < nc; j++)
-            c->out[r * N + n + j] = sum[(r - r0) * EXL_CPU_NC + j] + (c->bias ? c->bias[n + j] : 0.0f);
-}
-
-static void mm_task(void *ctx, int index, int count) {
-    const mm_ctx *c = ctx;
-    long t0, t1;
-    exl_split_range((long)c->rows, index, count, MM_TILE, &t0, &t1);
-    for (int64_t tile = t0; tile < t1; tile += MM_TILE)
-        for (int64_t n = 0; n < c->N; n += EXL_CPU_NC)
-            mm_cols(c, tile, tile + MM_TILE < t1 ? tile + MM_TILE : t1, n);
-}
-
-static exl_status matmul_accel(const exl_lrun *r, float *out, const float *x, const float *W, const float *bias,
-                               int64_t rows, int64_t K, int64_t N) {
-    EXL_TRY(r->accel->ops->host_gemm(r->accel, 0, 0, rows, N, K, 1.0f, x, K, W, N, 0.0f, out, N));
-    for (int64_t t = 0; bias && t < rows; t++)
-        for (int64_t n = 0; n < N; n++)
-            out[t * N + n] += bias[n];
-    return EXL_OK;
-}
+/* ---- matmul: the backend's host_gemm, then the bias */
 
 exl_status exl_lrun_matmul(const exl_lrun *r, float *out, const float *x, const float *W, const float *bias,
                            int64_t rows, int64_t K, int64_t N) {
-    if (r->accel && rows * K * N >= EXL_HOST_GEMM_MIN_WORK)
-        return matmul_accel(r, out, x, W, bias, rows, K, N);
-    mm_ctx c = {out, x, W, bias, rows, K, N, exl_cpu_kernels_best()};
-    exl_pool_run_work(r->pool, mm_task, &c, rows * K * N);
+    EXL_TRY(r->be->ops->host_gemm(r->be, 0, 0, rows, N, K, 1.0f, x, K, W, N, 0.0f, out, N));
+    for (int64_t t = 0; bias && t < rows; t++)
+        for (int64_t n = 0; n < N; n++)
+            out[t * N + n] += bias[n];
     return EXL_OK;
 }
 

@@ -8,8 +8,7 @@
  * of seq_len tokens each (positions 0..seq_len-1), so T = n_seqs * seq_len rows.
  * Work is split over an exl_pool. The composition (norm, q/k/v, attention, o, residual,
  * norm, gate/up, act, down, residual) is left to the caller so it can capture any input.
- * With `accel` set (a backend with host_gemm), matmuls of at least EXL_HOST_GEMM_MIN_WORK
- * multiply-adds run there; the rest, and everything when it is NULL, on the CPU. */
+ * Matmuls are the backend's host_gemm (`be`, set after init). */
 #ifndef EXL_MODEL_LAYER_RUN_H
 #define EXL_MODEL_LAYER_RUN_H
 
@@ -27,7 +26,7 @@ typedef struct exl_lrun {
     int32_t rot_dim;
     float *cos, *sin; /* [seq_len, rot_dim / 2], attention factor applied */
     float *scores;    /* per-thread attention scratch, seq_len * (head_dim + 4) floats each */
-    exl_backend *accel; /* host_gemm for the big matmuls, or NULL (the CPU); set after init, not owned */
+    exl_backend *be;  /* its host_gemm does the matmuls; set after init, not owned */
 } exl_lrun;
 
 exl_status exl_lrun_init(exl_lrun *r, const exl_hf_config *cfg, exl_pool *pool, int32_t n_seqs, int32_t seq_len);
@@ -36,7 +35,7 @@ static inline int64_t exl_lrun_rows(const exl_lrun *r) { return (int64_t)r->n_se
 
 /* out[t] = x[t] * w / rms(x[t]); w already includes Gemma's +1 (see exl_lrun_load_norm). */
 void exl_lrun_rmsnorm(const exl_lrun *r, float *out, const float *x, const float *w, int64_t rows);
-/* out[rows, N] = x[rows, K] · W[K, N] (+ bias[N] when not NULL). Fails only on the accelerator. */
+/* out[rows, N] = x[rows, K] · W[K, N] (+ bias[N] when not NULL). */
 exl_status exl_lrun_matmul(const exl_lrun *r, float *out, const float *x, const float *W, const float *bias,
                            int64_t rows, int64_t K, int64_t N);
 /* RoPE on q [T, heads*hd] and k [T, kv_heads*hd] in place, then causal (GQA, sliding window)

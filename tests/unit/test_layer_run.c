@@ -30,9 +30,12 @@ static void check_model(const char *name) {
     REQUIRE(ids && want);
     int32_t T = (int32_t)ids->shape[0];
     exl_pool *pool;
+    exl_backend *be;
     REQUIRE_OK(exl_pool_init(0, &pool));
+    REQUIRE_OK(exl_backend_cpu_init(0, &be));
     exl_lrun r;
     REQUIRE_OK(exl_lrun_init(&r, &cfg, pool, 1, T));
+    r.be = be;
     int64_t H = cfg.hidden_size, F = cfg.intermediate_size, hd = cfg.head_dim;
     int64_t QW = cfg.n_heads * hd, KW = cfg.n_kv_heads * hd;
     float *x = calloc((size_t)(T * H), 4), *h = calloc((size_t)(T * H), 4), *q = calloc((size_t)(T * QW), 4);
@@ -99,6 +102,7 @@ static void check_model(const char *name) {
         free(bufs[i]);
     exl_lrun_free(&r);
     exl_pool_free(pool);
+    be->ops->destroy(be);
     exl_st_close(ref);
     exl_weights_close(w);
 }

@@ -2014,11 +2014,13 @@ EXL_TEST(gptq_factor_inverts_the_damped_hessian) {
         x[i] = (u + (i % K ? 0.5f * x[i - i % K] : 0.0f)) * (float)(1 + i % K % 7);
     }
     exl_pool *pool;
+    exl_backend *be;
     exl_hessian h;
     exl_qz_hinv hi = {0};
     REQUIRE_OK(exl_pool_init(QT_THREADS, &pool));
+    REQUIRE_OK(exl_backend_cpu_init(QT_THREADS, &be));
     REQUIRE_OK(exl_hessian_init(&h, K));
-    REQUIRE_OK(exl_hessian_add(&h, x, ROWS, pool, NULL));
+    REQUIRE_OK(exl_hessian_add(&h, x, ROWS, be));
     exl_hessian_finish(&h);
     REQUIRE_OK(exl_gptq_prepare(&h, 1, pool, &hi));
     double mean = 0, err = 0;
@@ -2048,6 +2050,7 @@ EXL_TEST(gptq_factor_inverts_the_damped_hessian) {
     exl_qz_hinv_free(&hi);
     exl_hessian_free(&h);
     exl_pool_free(pool);
+    be->ops->destroy(be);
     free(x);
     free(A);
     free(G);
