@@ -192,6 +192,9 @@ struct exl_backend {
 
 /* The CPU backend (always available). n_threads <= 0: one per core. */
 exl_status exl_backend_cpu_init(int n_threads, exl_backend **out);
+/* The CPU backend's worker threads, for host-side work beside it (the quantizer's), so that two pools do not
+ * compete for the cores; NULL for any other backend. */
+struct exl_pool *exl_backend_cpu_pool(exl_backend *be);
 /* The backend for a device request: CUDA when asked for (error if unusable) or when
  * AUTO finds a usable GPU, else the CPU. */
 exl_status exl_backend_init(exl_device device, int n_threads, exl_backend **out);

@@ -1,17 +1,18 @@
 /* quantize.c - exl_quantize: Hugging Face model -> EXL2 or GPTQ, layer by layer.
  *
- * The calibration rows' hidden states go through the model one decoder layer at a time
- * (model/layer_run.h). EXL2 first measures (unless given a measurement.json): every
- * candidate recipe of each block (self_attn, mlp) is quantized with GPTQ and the relative
- * error of the hidden states after the block recorded, on the unquantized model's states
- * (see measure_block); the optimizer then picks one recipe per block within the budget.
- * The quantizing pass runs each layer on the states of the already-quantized layers before
- * it, and inside a layer each linear sees the outputs of the already-quantized linears
- * before it (o_proj after q/k/v, down after gate/up). Only one layer's weights, Hessians
- * and activations are held at a time.
+ * The calibration rows' hidden states go through the model one decoder layer at a time, in the model's own
+ * forward pass (calib_run.c, model.h's exl_model_layer_forward), a hook adding each linear's inputs to its
+ * Hessian. EXL2 first measures (unless given a measurement.json): every candidate recipe of each block
+ * (self_attn, mlp) is quantized with GPTQ, the block run alone with the candidate's dequantized weights, and the
+ * relative error of the hidden states after it recorded, on the unquantized model's states (see measure_block);
+ * the optimizer then picks one recipe per block within the budget. The quantizing pass runs each layer on the
+ * states of the already-quantized layers before it, and inside a layer each linear sees the outputs of the
+ * already-quantized linears before it (o_proj after q/k/v, down after gate/up). Only one layer's fp32 weights
+ * and Hessians are held at a time. What a tensor is called and how a layer computes are the model's (model/);
+ * the output holds the quantized linears and every other tensor of the input as it is.
  *
- * The big products (layer matmuls, Hessians, GPTQ updates) are the backend's host_gemm: the
- * GPU's when the device parameter gets one, else the CPU's, in fp32 either way.
+ * Everything runs on the device parameter's backend: the forward passes, and the big products (Hessians, GPTQ
+ * updates) as its host_gemm, in fp32 on the GPU as on the CPU.
  *
  * Resuming: OUT_DIR/.exl-quant holds state.json (parameters, pass, next layer), the
  * hidden states after the last finished layer, the partial measurement and one
@@ -20,11 +21,12 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/half.h"
 #include "base/str.h"
+#include "format/quant.h"
 #include "io/hf_config.h"
 #include "io/json_file.h"
-#include "model/layer_run.h"
-#include "format/quant.h"
+#include "model/model.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -35,25 +37,28 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* The linears of a decoder layer, in the order the blocks use them: attention q, k, v, o; MLP gate, up, down. */
 enum { LIN_Q, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN, N_LIN };
-static const char *const lin_names[N_LIN] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                             "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                             "mlp.down_proj"};
 
 typedef struct qz {
     const exl_quantize_params *p;
     exl_hf_config cfg;
-    exl_weights *w;
-    exl_pool *pool;
-    exl_backend *be;       /* the device parameter's backend: its host_gemm does the big products */
-    exl_lrun lr;
+    exl_model *m;          /* the input model on the device parameter's backend */
+    exl_backend *be;       /* m's: forward passes, host_gemm */
+    exl_pool *pool;        /* the CPU backend's, or own_pool */
+    exl_pool *own_pool;
+    exl_qz_runner run;
     char *work;            /* OUT_DIR/.exl-quant */
     char sig[1024];        /* the parameters a resumed run must match */
     int64_t T, H, qw, kvw, F;
     int64_t K[N_LIN], N[N_LIN];
     exl_qz_block_desc desc[2];
     float *x;              /* [T, H] hidden states */
-    float *W[N_LIN], *bias[N_LIN], *norm[2];
+    float *ref, *y;        /* [T, H] after a block: with the unquantized weights, with a candidate's */
+    /* the layer being quantized: each linear's tensor prefix, source, fp32 weights W[K, N] and bias */
+    const char *prefix[N_LIN];
+    exl_linear_src src[N_LIN];
+    float *W[N_LIN], *bias[N_LIN];
     exl_qz_measurement meas;
     int32_t *choice;       /* recipe per block */
     exl_str report;
@@ -84,72 +89,83 @@ static double sq_dist(const float *a, const float *b, int64_t n) {
     return e;
 }
 
+/* Round to nearest: no calibration, no forward passes, identity Hessians. */
+static int rtn(const qz *q) { return q->p->format == EXL_QUANT_GPTQ && q->p->rtn; }
+
+/* Layer l's linears (the model's) in LIN_ order. */
+static void layer_linears(const qz *q, int32_t l, exl_linear **w) {
+    const exl_layer *ml = &q->m->layers[l];
+    exl_linear *all[N_LIN] = {ml->q, ml->k, ml->v, ml->o, ml->gate, ml->up, ml->down};
+    memcpy(w, all, sizeof all);
+}
+
+/* Layer l with block k (0 attention, 1 MLP) alone, its linears w (LIN_ order). */
+static exl_layer block_layer(const qz *q, int32_t l, int k, exl_linear *const *w) {
+    const exl_layer *ml = &q->m->layers[l];
+    exl_layer b = {0};
+    if (k == 0) {
+        b.attn_norm = ml->attn_norm;
+        b.q = w[LIN_Q], b.k = w[LIN_K], b.v = w[LIN_V], b.o = w[LIN_O];
+    } else {
+        b.mlp_norm = ml->mlp_norm;
+        b.gate = w[LIN_GATE], b.up = w[LIN_UP], b.down = w[LIN_DOWN];
+    }
+    return b;
+}
+
 static void free_layer(qz *q) {
     for (int i = 0; i < N_LIN; i++) {
         exl_free(q->W[i]);
         exl_free(q->bias[i]);
         q->W[i] = q->bias[i] = NULL;
     }
-    exl_free(q->norm[0]);
-    exl_free(q->norm[1]);
-    q->norm[0] = q->norm[1] = NULL;
+}
+
+/* A linear's weights W[K, N] and bias (or NULL) in fp32. */
+static exl_status load_linear(const exl_linear_src *src, float **W, float **bias) {
+    int64_t K = src->in_features, N = src->out_features;
+    if (!(*W = exl_malloc((size_t)(K * N) * sizeof(float))))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory for a %lld x %lld linear", (long long)K, (long long)N);
+    EXL_TRY(exl_linear_dequant(src, *W));
+    if (!src->bias)
+        return EXL_OK;
+    if (!(*bias = exl_malloc((size_t)N * sizeof(float))))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int64_t n = 0; n < N; n++)
+        switch (src->bias_dtype) {
+        case EXL_DTYPE_F16: (*bias)[n] = exl_f16_to_f32(((const uint16_t *)src->bias)[n]); break;
+        case EXL_DTYPE_BF16: (*bias)[n] = exl_bf16_to_f32(((const uint16_t *)src->bias)[n]); break;
+        default: (*bias)[n] = ((const float *)src->bias)[n]; break;
+        }
+    return EXL_OK;
 }
 
 static exl_status load_layer(qz *q, int32_t l) {
-    char name[256];
+    exl_linear *w[N_LIN];
+    layer_linears(q, l, w);
     for (int i = 0; i < N_LIN; i++) {
-        snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, lin_names[i]);
-        EXL_TRY(exl_lrun_load_linear(q->w, name, q->K[i], q->N[i], &q->W[i]));
-        int has_bias = (i <= LIN_V && q->cfg.qkv_bias) || (i == LIN_O && q->cfg.o_bias) || (i >= LIN_GATE && q->cfg.mlp_bias);
-        snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, lin_names[i]);
-        if (has_bias)
-            EXL_TRY(exl_lrun_load_vector(q->w, name, q->N[i], 0.0f, &q->bias[i]));
+        EXL_TRY(exl_model_linear_source(q->m, w[i], &q->prefix[i], &q->src[i]));
+        EXL_TRY(load_linear(&q->src[i], &q->W[i], &q->bias[i]));
     }
-    snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
-    EXL_TRY(exl_lrun_load_norm(&q->lr, q->w, name, &q->norm[0]));
-    snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
-    return exl_lrun_load_norm(&q->lr, q->w, name, &q->norm[1]);
-}
-
-/* ---- block computations on [T, ...] activations */
-
-typedef struct acts {
-    float *h, *qa, *ka, *va, *attn, *y, *gate, *up, *ref;
-} acts;
-
-static exl_status attn_core(qz *q, acts *a, float *const *W) {
-    EXL_TRY(exl_lrun_matmul(&q->lr, a->qa, a->h, W[LIN_Q], q->bias[LIN_Q], q->T, q->H, q->qw));
-    EXL_TRY(exl_lrun_matmul(&q->lr, a->ka, a->h, W[LIN_K], q->bias[LIN_K], q->T, q->H, q->kvw));
-    EXL_TRY(exl_lrun_matmul(&q->lr, a->va, a->h, W[LIN_V], q->bias[LIN_V], q->T, q->H, q->kvw));
-    exl_lrun_attention(&q->lr, a->attn, a->qa, a->ka, a->va);
     return EXL_OK;
 }
 
-static exl_status mlp_core(qz *q, acts *a, float *const *W) {
-    EXL_TRY(exl_lrun_matmul(&q->lr, a->gate, a->h, W[LIN_GATE], q->bias[LIN_GATE], q->T, q->H, q->F));
-    EXL_TRY(exl_lrun_matmul(&q->lr, a->up, a->h, W[LIN_UP], q->bias[LIN_UP], q->T, q->H, q->F));
-    exl_lrun_glu(&q->lr, a->gate, a->up, q->T * q->F);
-    return EXL_OK;
+/* The GPTQ factor of a Hessian (EXL2 always in act-order); rounding to nearest takes the identity. */
+static exl_status hinv_of(qz *q, exl_hessian *h, exl_qz_hinv *hi) {
+    if (rtn(q))
+        exl_hessian_identity(h);
+    else
+        exl_hessian_finish(h);
+    return exl_gptq_prepare(h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
 }
 
-/* The block's core (attention or MLP, k = 0 or 1) with weights W. */
-static exl_status block_core(qz *q, acts *a, float *const *W, int k) {
-    return k ? mlp_core(q, a, W) : attn_core(q, a, W);
-}
-
-/* The GPTQ factor of the Hessian of inputs x [T, K] (EXL2 always in act-order). */
-static exl_status hinv_of(qz *q, const float *x, int64_t K, exl_qz_hinv *hi) {
-    exl_hessian h;
-    EXL_TRY(exl_hessian_init(&h, K));
-    exl_status st = EXL_OK;
-    if (q->p->format == EXL_QUANT_GPTQ && q->p->rtn)
-        exl_hessian_identity(&h);
-    else if ((st = exl_hessian_add(&h, x, q->T, q->be)) == EXL_OK)
-        exl_hessian_finish(&h);
-    if (st == EXL_OK)
-        st = exl_gptq_prepare(&h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
-    exl_hessian_free(&h);
-    return st;
+/* Run layer l's block (its linears w) over the hidden states x into x_out (NULL: none), adding the inputs of want[0]
+ * and want[1] (either NULL) to h[0] and h[1]. */
+static exl_status run_block(qz *q, int32_t l, int k, exl_linear *const *w, const float *x, float *x_out,
+                            const exl_linear *const *want, exl_hessian *const *h) {
+    exl_layer b = block_layer(q, l, k, w);
+    exl_qz_capture cap = {&q->run, {want ? want[0] : NULL, want ? want[1] : NULL}, {h ? h[0] : NULL, h ? h[1] : NULL}};
+    return exl_qz_run_layer(&q->run, &b, l, x, x_out, want ? exl_qz_capture_inputs : NULL, &cap);
 }
 
 /* ---- quantizing one linear */
@@ -269,25 +285,32 @@ static exl_status emit_linear(qz *q, exl_qz_part *part, const char *name, const 
 
 /* ---- the measuring pass (EXL2) */
 
+/* A linear's candidate weights, kept while the next candidate asks for the same recipe. */
 typedef struct wcache {
     exl_qz_opt opt;
     float *Wq;
+    exl_qz_trial t;
 } wcache;
 
-static exl_status cached_quant(qz *q, wcache *c, const exl_qz_opt *o, const float *W, const exl_qz_hinv *h, int64_t N) {
-    if (c->Wq && !memcmp(&c->opt, o, sizeof *o))
-        return EXL_OK;
+static void wcache_free(qz *q, wcache *c) {
+    exl_qz_trial_free(q->be, &c->t);
     exl_free(c->Wq);
     c->Wq = NULL;
+}
+
+static exl_status cached_quant(qz *q, wcache *c, const exl_qz_opt *o, int i, const exl_qz_hinv *h) {
+    if (c->Wq && !memcmp(&c->opt, o, sizeof *o))
+        return EXL_OK;
+    wcache_free(q, c);
     exl_qz_result r;
     exl_qz_layout l;
-    EXL_TRY(quant_exl2(q, o, W, h, N, &r, &l));
+    EXL_TRY(quant_exl2(q, o, q->W[i], h, q->N[i], &r, &l));
     c->opt = *o;
     c->Wq = r.Wq;
     r.Wq = NULL;
     exl_qz_result_free(&r);
     exl_qz_layout_free(&l);
-    return EXL_OK;
+    return exl_qz_trial_init(q->be, c->Wq, &q->src[i], &c->t);
 }
 
 /* Measure the candidates of block k (0 attention, 1 MLP) of layer l; x advances past it.
@@ -295,106 +318,110 @@ static exl_status cached_quant(qz *q, wcache *c, const exl_qz_opt *o, const floa
  * residual included (ExLlamaV2's measure): the same output error counts for more where the
  * residual stream is still small, early in the model, where it also has the most layers
  * left to grow through. */
-static exl_status measure_block(qz *q, acts *a, int32_t l, int k) {
-    int first = k ? LIN_GATE : LIN_Q, n = k ? 3 : 4;
-    exl_qz_hinv h_in = {0}, h_mid = {0};
-    wcache c[4] = {{{0}, NULL}};
+static exl_status measure_block(qz *q, int32_t l, int k) {
+    int first = k ? LIN_GATE : LIN_Q, n = k ? 3 : 4, last = first + n - 1;
+    exl_hessian h_in = {0}, h_mid = {0};
+    exl_qz_hinv hi_in = {0}, hi_mid = {0};
+    wcache c[4] = {0};
+    exl_linear *own[N_LIN], *w[N_LIN];
+    layer_linears(q, l, own);
+    memcpy(w, own, sizeof w);
     exl_qz_block_meas *bm = &q->meas.b[2 * l + k];
     snprintf(bm->name, sizeof bm->name, "model.layers.%d.%s", l, q->desc[k].suffix);
-    exl_lrun_rmsnorm(&q->lr, a->h, q->x, q->norm[k], q->T);
-    float *mid = k ? a->gate : a->attn;
-    int64_t Kmid = k ? q->F : q->qw;
-    exl_status st = hinv_of(q, a->h, q->H, &h_in);
+    /* the unquantized block: the states after it, its Hessians */
+    exl_status st = exl_hessian_init(&h_in, q->K[first]);
     if (st == EXL_OK)
-        st = block_core(q, a, q->W, k);
+        st = exl_hessian_init(&h_mid, q->K[last]);
+    const exl_linear *want[2] = {own[first], own[last]};
+    exl_hessian *h[2] = {&h_in, &h_mid};
     if (st == EXL_OK)
-        st = hinv_of(q, mid, Kmid, &h_mid);
+        st = run_block(q, l, k, own, q->x, q->ref, want, h);
+    if (st == EXL_OK)
+        st = hinv_of(q, &h_in, &hi_in);
+    if (st == EXL_OK)
+        st = hinv_of(q, &h_mid, &hi_mid);
+    exl_hessian_free(&h_in);
+    exl_hessian_free(&h_mid);
     double norm = 0; /* of the hidden states after the block */
+    for (int64_t i = 0; st == EXL_OK && i < q->T * q->H; i++)
+        norm += (double)q->ref[i] * q->ref[i];
     if (st == EXL_OK)
-        st = exl_lrun_matmul(&q->lr, a->ref, mid, q->W[first + n - 1], q->bias[first + n - 1], q->T, Kmid, q->H);
-    if (st == EXL_OK) {
-        for (int64_t i = 0; i < q->T * q->H; i++) {
-            q->x[i] += a->ref[i];
-            norm += (double)q->x[i] * q->x[i];
-        }
         st = exl_qz_candidates(&q->desc[k], &bm->r, &bm->n);
-    }
     for (int32_t r = 0; st == EXL_OK && r < bm->n; r++) {
-        float *Wq[N_LIN] = {0};
         for (int i = 0; st == EXL_OK && i < n; i++) {
-            st = cached_quant(q, &c[i], &bm->r[r].opt[i], q->W[first + i], i == n - 1 ? &h_mid : &h_in,
-                              q->N[first + i]);
-            Wq[first + i] = c[i].Wq;
+            st = cached_quant(q, &c[i], &bm->r[r].opt[i], first + i, first + i == last ? &hi_mid : &hi_in);
+            w[first + i] = c[i].t.w;
         }
         if (st == EXL_OK)
-            st = block_core(q, a, Wq, k);
-        if (st == EXL_OK)
-            st = exl_lrun_matmul(&q->lr, a->y, mid, Wq[first + n - 1], q->bias[first + n - 1], q->T, Kmid, q->H);
+            st = run_block(q, l, k, w, q->x, q->y, NULL, NULL);
         if (st != EXL_OK)
             break;
-        double err = norm > 0 ? sqrt(sq_dist(a->y, a->ref, q->T * q->H) / norm) : 0;
+        double err = norm > 0 ? sqrt(sq_dist(q->y, q->ref, q->T * q->H) / norm) : 0;
         bm->r[r].accuracy = err < 1 ? 1 - err : 0;
     }
     for (int i = 0; i < 4; i++)
-        exl_free(c[i].Wq);
-    exl_qz_hinv_free(&h_in);
-    exl_qz_hinv_free(&h_mid);
-    if (st == EXL_OK)
+        wcache_free(q, &c[i]);
+    exl_qz_hinv_free(&hi_in);
+    exl_qz_hinv_free(&hi_mid);
+    if (st == EXL_OK) {
+        float *t = q->x; /* the states after the block become the next block's input */
+        q->x = q->ref;
+        q->ref = t;
         q->meas.n_blocks = 2 * l + k + 1;
+    }
     return st;
 }
 
 /* ---- the quantizing pass */
 
-static exl_status quant_block(qz *q, acts *a, exl_qz_part *part, int32_t l, int k) {
-    int first = k ? LIN_GATE : LIN_Q, n = k ? 3 : 4;
-    exl_qz_hinv h = {0};
+/* Quantize block k of layer l into the part: the linears before the last from the block's input, the last from
+ * its input with those quantized; x advances past the block with all of them quantized. */
+static exl_status quant_block(qz *q, exl_qz_part *part, int32_t l, int k) {
+    int first = k ? LIN_GATE : LIN_Q, n = k ? 3 : 4, last = first + n - 1;
+    exl_hessian h = {0};
+    exl_qz_hinv hi = {0};
     float *Wq[N_LIN] = {0};
-    char name[256];
-    exl_lrun_rmsnorm(&q->lr, a->h, q->x, q->norm[k], q->T);
-    float *mid = k ? a->gate : a->attn;
-    int64_t Kmid = k ? q->F : q->qw;
+    exl_qz_trial t[N_LIN] = {{0}};
+    exl_linear *w[N_LIN];
+    layer_linears(q, l, w);
     const exl_qz_recipe *rc = q->choice ? &q->meas.b[2 * l + k].r[q->choice[2 * l + k]] : NULL;
-    exl_status st = hinv_of(q, a->h, q->H, &h);
-    for (int i = 0; st == EXL_OK && i < n - 1; i++) {
-        snprintf(name, sizeof name, "model.layers.%d.%s", l, lin_names[first + i]);
-        st = emit_linear(q, part, name, q->W[first + i], q->bias[first + i], &h, q->N[first + i],
-                         rc ? &rc->opt[i] : NULL, &Wq[first + i]);
+    exl_status st = EXL_OK;
+    for (int i = first; st == EXL_OK && i <= last; i++) {
+        if (i == first || i == last) { /* the Hessian of the inputs of the linears from i on */
+            const exl_linear *want[2] = {w[i], NULL};
+            exl_hessian *hs[2] = {&h, NULL};
+            st = exl_hessian_init(&h, q->K[i]);
+            if (st == EXL_OK && !rtn(q))
+                st = run_block(q, l, k, w, q->x, NULL, want, hs);
+            exl_qz_hinv_free(&hi);
+            if (st == EXL_OK)
+                st = hinv_of(q, &h, &hi);
+            exl_hessian_free(&h);
+        }
+        if (st == EXL_OK)
+            st = emit_linear(q, part, q->prefix[i], q->W[i], q->bias[i], &hi, q->N[i], rc ? &rc->opt[i - first] : NULL,
+                             &Wq[i]);
+        if (st == EXL_OK && !rtn(q))
+            st = exl_qz_trial_init(q->be, Wq[i], &q->src[i], &t[i]);
+        if (st == EXL_OK && !rtn(q))
+            w[i] = t[i].w;
     }
-    exl_qz_hinv_free(&h);
-    if (st == EXL_OK)
-        st = block_core(q, a, Wq, k);
-    if (st == EXL_OK)
-        st = hinv_of(q, mid, Kmid, &h);
-    if (st == EXL_OK) {
-        int i = n - 1;
-        snprintf(name, sizeof name, "model.layers.%d.%s", l, lin_names[first + i]);
-        st = emit_linear(q, part, name, q->W[first + i], q->bias[first + i], &h, q->N[first + i],
-                         rc ? &rc->opt[i] : NULL, &Wq[first + i]);
-    }
-    exl_qz_hinv_free(&h);
-    if (st == EXL_OK)
-        st = exl_lrun_matmul(&q->lr, a->y, mid, Wq[first + n - 1], q->bias[first + n - 1], q->T, Kmid, q->H);
-    for (int64_t i = 0; st == EXL_OK && i < q->T * q->H; i++)
-        q->x[i] += a->y[i];
-    for (int i = 0; i < N_LIN; i++)
+    exl_qz_hinv_free(&hi);
+    if (st == EXL_OK && !rtn(q))
+        st = run_block(q, l, k, w, q->x, q->x, NULL, NULL);
+    for (int i = 0; i < N_LIN; i++) {
+        exl_qz_trial_free(q->be, &t[i]);
         exl_free(Wq[i]);
+    }
     return st;
 }
 
-static exl_status quant_layer(qz *q, acts *a, int32_t l) {
+static exl_status quant_layer(qz *q, int32_t l) {
     exl_qz_part part;
     EXL_TRY(exl_qz_part_init(&part));
-    char name[256];
-    exl_status st = quant_block(q, a, &part, l, 0);
+    exl_status st = quant_block(q, &part, l, 0);
     if (st == EXL_OK)
-        st = quant_block(q, a, &part, l, 1);
-    snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
-    if (st == EXL_OK)
-        st = exl_qz_part_copy(&part, q->w, name);
-    snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
-    if (st == EXL_OK)
-        st = exl_qz_part_copy(&part, q->w, name);
+        st = quant_block(q, &part, l, 1);
     char *path = layer_path(q, l);
     if (st == EXL_OK)
         st = path ? exl_qz_part_write(&part, path) : exl_fail(EXL_ERR_NOMEM, "out of memory");
@@ -403,34 +430,54 @@ static exl_status quant_layer(qz *q, acts *a, int32_t l) {
     return st;
 }
 
-/* Embeddings, final norm and the head (EXL2: quantized lm_head even when tied). */
-static exl_status write_head(qz *q, acts *a) {
+/* A tensor of the input that a quantized linear replaces: the weight or bias of a decoder layer's linear, or of the
+ * head when EXL2 quantizes it. */
+static int replaced(const qz *q, const exl_st_tensor *t) {
+    for (int32_t i = 0; i < q->m->n_linears; i++) {
+        const exl_linear_record *r = &q->m->linears[i];
+        if (r->w == q->m->head && q->p->format != EXL_QUANT_EXL2)
+            continue;
+        if (t->data == r->src.dense.data || (r->src.bias && t->data == r->src.bias))
+            return 1;
+    }
+    return 0;
+}
+
+/* Every tensor no quantized linear replaces (embeddings, norms, an unquantized head), and the head quantized
+ * (EXL2: even when tied to the embeddings). */
+static exl_status write_head(qz *q) {
     exl_qz_part part;
     EXL_TRY(exl_qz_part_init(&part));
-    exl_status st = exl_qz_part_copy(&part, q->w, "model.embed_tokens.weight");
-    if (st == EXL_OK)
-        st = exl_qz_part_copy(&part, q->w, "model.norm.weight");
-    int has_head = exl_weights_find(q->w, "lm_head.weight") != NULL;
+    exl_status st = EXL_OK;
+    const exl_weights *wt = q->m->weights;
+    for (int f = 0; f < wt->n_files && st == EXL_OK; f++)
+        for (int i = 0; i < wt->files[f]->n_tensors && st == EXL_OK; i++)
+            if (!replaced(q, &wt->files[f]->tensors[i]))
+                st = exl_qz_part_copy(&part, wt, wt->files[f]->tensors[i].name);
     if (st == EXL_OK && q->p->format == EXL_QUANT_EXL2) {
-        float *norm = NULL, *W = NULL, *Wq = NULL;
-        exl_qz_hinv h = {0};
-        st = exl_lrun_load_norm(&q->lr, q->w, "model.norm.weight", &norm);
-        if (st == EXL_OK) {
-            exl_lrun_rmsnorm(&q->lr, a->h, q->x, norm, q->T);
-            st = hinv_of(q, a->h, q->H, &h);
-        }
+        const char *prefix;
+        exl_linear_src src;
+        float *W = NULL, *bias = NULL, *Wq = NULL;
+        exl_hessian h = {0};
+        exl_qz_hinv hi = {0};
+        st = exl_model_linear_source(q->m, q->m->head, &prefix, &src);
         if (st == EXL_OK)
-            st = exl_lrun_load_linear(q->w, has_head ? "lm_head.weight" : "model.embed_tokens.weight", q->H,
-                                      q->cfg.vocab_size, &W);
+            st = load_linear(&src, &W, &bias);
+        if (st == EXL_OK)
+            st = exl_hessian_init(&h, q->H);
+        exl_qz_capture cap = {&q->run, {q->m->head, NULL}, {&h, NULL}};
+        if (st == EXL_OK)
+            st = exl_qz_run_head(&q->run, q->x, exl_qz_capture_inputs, &cap);
+        if (st == EXL_OK)
+            st = hinv_of(q, &h, &hi);
         exl_qz_opt o = {1, {q->p->head_bits}, {1}, {32}};
         if (st == EXL_OK)
-            st = emit_linear(q, &part, "lm_head", W, NULL, &h, q->cfg.vocab_size, &o, &Wq);
-        exl_qz_hinv_free(&h);
-        exl_free(norm);
+            st = emit_linear(q, &part, prefix, W, NULL, &hi, q->cfg.vocab_size, &o, &Wq);
+        exl_hessian_free(&h);
+        exl_qz_hinv_free(&hi);
         exl_free(W);
+        exl_free(bias);
         exl_free(Wq);
-    } else if (st == EXL_OK && has_head) {
-        st = exl_qz_part_copy(&part, q->w, "lm_head.weight");
     }
     char *path = work_path(q, "head.safetensors");
     if (st == EXL_OK)
@@ -545,13 +592,15 @@ static exl_status setup(qz *q) {
     int64_t K[N_LIN] = {q->H, q->H, q->H, q->qw, q->H, q->H, q->F}, N[N_LIN] = {q->qw, q->kvw, q->kvw, q->H, q->F, q->F, q->H};
     memcpy(q->K, K, sizeof K);
     memcpy(q->N, N, sizeof N);
-    for (int i = 0; i < N_LIN; i++)
-        if (p->format == EXL_QUANT_EXL2 ? K[i] % 32 : (K[i] % 32 || N[i] * p->bits % 32))
-            return exl_fail(EXL_ERR_UNSUPPORTED, "%s: %s has %lld x %lld features; the packed layout needs multiples of 32",
-                            p->in_dir, lin_names[i], (long long)K[i], (long long)N[i]);
+    /* the blocks as measurement.json names them (ExLlamaV2's module keys) */
     q->desc[0] = (exl_qz_block_desc){"self_attn", 4, {"q_proj", "k_proj", "v_proj", "o_proj"},
                                      {K[0], K[1], K[2], K[3]}, {N[0], N[1], N[2], N[3]}};
     q->desc[1] = (exl_qz_block_desc){"mlp", 3, {"gate_proj", "up_proj", "down_proj"}, {K[4], K[5], K[6]}, {N[4], N[5], N[6]}};
+    for (int i = 0; i < N_LIN; i++)
+        if (p->format == EXL_QUANT_EXL2 ? K[i] % 32 : (K[i] % 32 || N[i] * p->bits % 32))
+            return exl_fail(EXL_ERR_UNSUPPORTED, "%s: %s has %lld x %lld features; the packed layout needs multiples of 32",
+                            p->in_dir, i < 4 ? q->desc[0].names[i] : q->desc[1].names[i - 4], (long long)K[i],
+                            (long long)N[i]);
     exl_str sig = EXL_STR_INIT;
     char *in_abs = realpath(p->in_dir, NULL); /* a run is resumed only on the model it started on */
     exl_str_printf(&sig, "model=%s layers=%d hidden=%d vocab=%d ", in_abs ? in_abs : p->in_dir, q->cfg.n_layers,
@@ -570,48 +619,38 @@ static exl_status setup(qz *q) {
     exl_str_free(&sig);
     if (!(q->work = exl_path_join(p->out_dir, ".exl-quant")))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
-    EXL_TRY(exl_weights_open(p->in_dir, &q->w));
-    EXL_TRY(exl_pool_init(p->n_threads, &q->pool));
-    /* the GPU when the device parameter gets one (AUTO without a GPU: the CPU, silently; CUDA
+    /* on the GPU when the device parameter gets one (AUTO without a GPU: the CPU, silently; CUDA
      * without one: the error) */
-    EXL_TRY(exl_backend_init(p->device, p->n_threads, &q->be));
+    exl_model_params mp = {p->device, p->n_threads};
+    EXL_TRY(exl_model_load(p->in_dir, &mp, &q->m));
+    q->be = q->m->be;
+    /* GPTQ's own parallel work: on the CPU backend's threads where the model runs on the CPU */
+    if (!(q->pool = exl_backend_cpu_pool(q->be))) {
+        EXL_TRY(exl_pool_init(p->n_threads, &q->own_pool));
+        q->pool = q->own_pool;
+    }
     exl_str_printf(&q->report, "device: %s\n", q->be->name);
-    EXL_TRY(exl_lrun_init(&q->lr, &q->cfg, q->pool, p->rows, p->length));
-    q->lr.be = q->be;
-    if (!(q->x = exl_malloc((size_t)(q->T * q->H) * sizeof(float))))
+    EXL_TRY(exl_qz_runner_init(&q->run, q->m, p->rows, p->length));
+    size_t states = (size_t)(q->T * q->H) * sizeof(float);
+    if (!(q->x = exl_malloc(states)) || !(q->ref = exl_malloc(states)) || !(q->y = exl_malloc(states)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory for %lld hidden states", (long long)q->T);
     if (!(q->meas.b = exl_calloc((size_t)c->n_layers * 2, sizeof *q->meas.b)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     return EXL_OK;
 }
 
+/* x = the calibration rows' embeddings (zeros when rounding to nearest). */
 static exl_status embed_rows(qz *q) {
     int32_t *ids = NULL;
-    if (q->p->format == EXL_QUANT_GPTQ && q->p->rtn) {
+    if (rtn(q)) {
         memset(q->x, 0, (size_t)(q->T * q->H) * sizeof(float));
         return EXL_OK;
     }
     EXL_TRY(exl_qz_calibration(q->p->in_dir, q->p->calibration, q->p->n_calibration, q->p->rows, q->p->length,
                                q->cfg.vocab_size, &ids));
-    exl_status st = exl_lrun_embed(&q->lr, q->w, ids, q->x);
+    exl_status st = exl_qz_run_embed(&q->run, ids, q->x);
     exl_free(ids);
     return st;
-}
-
-static exl_status acts_init(qz *q, acts *a) {
-    int64_t T = q->T, m = q->H > q->F ? q->H : q->F;
-    float **b[] = {&a->h, &a->qa, &a->ka, &a->va, &a->attn, &a->y, &a->gate, &a->up, &a->ref};
-    int64_t w[] = {q->H, q->qw, q->kvw, q->kvw, q->qw, q->H, m, m, q->H};
-    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
-        if (!(*b[i] = exl_malloc((size_t)(T * w[i]) * sizeof(float))))
-            return exl_fail(EXL_ERR_NOMEM, "out of memory for activations");
-    return EXL_OK;
-}
-
-static void acts_free(acts *a) {
-    float *b[] = {a->h, a->qa, a->ka, a->va, a->attn, a->y, a->gate, a->up, a->ref};
-    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
-        exl_free(b[i]);
 }
 
 static exl_status finish(qz *q) {
@@ -721,16 +760,13 @@ static exl_status run(qz *q) {
         if (st == EXL_OK)
             memset(q->meas.b + q->meas.n_blocks, 0, (size_t)(2 * L - q->meas.n_blocks) * sizeof *q->meas.b);
     }
-    acts a = {0};
-    if (st == EXL_OK)
-        st = acts_init(q, &a);
     for (int32_t l = next; st == EXL_OK && pass == 0 && l < L; l++) {
         progress(q, "measuring", l, L);
         st = load_layer(q, l);
         if (st == EXL_OK)
-            st = measure_block(q, &a, l, 0);
+            st = measure_block(q, l, 0);
         if (st == EXL_OK)
-            st = measure_block(q, &a, l, 1);
+            st = measure_block(q, l, 1);
         free_layer(q);
         if (st == EXL_OK)
             st = exl_qz_measurement_save(&q->meas, l, mpath);
@@ -766,18 +802,17 @@ static exl_status run(qz *q) {
         progress(q, "quantizing", l, L);
         st = load_layer(q, l);
         if (st == EXL_OK)
-            st = quant_layer(q, &a, l);
+            st = quant_layer(q, l);
         free_layer(q);
         if (st == EXL_OK)
             st = save_state(q, 1, l + 1);
     }
     if (st == EXL_OK) {
         progress(q, "quantizing", L, L);
-        st = write_head(q, &a);
+        st = write_head(q);
     }
     if (st == EXL_OK)
         st = finish(q);
-    acts_free(&a);
     exl_free(mpath);
     return st;
 }
@@ -802,13 +837,12 @@ exl_status exl_quantize(const exl_quantize_params *params, char **report) {
     exl_free(q.choice);
     exl_qz_measurement_free(&q.meas);
     exl_free(q.x);
-    exl_lrun_free(&q.lr);
-    if (q.pool)
-        exl_pool_free(q.pool);
-    if (q.be)
-        q.be->ops->destroy(q.be);
-    if (q.w)
-        exl_weights_close(q.w);
+    exl_free(q.ref);
+    exl_free(q.y);
+    exl_qz_runner_free(&q.run);
+    exl_model_free(q.m);
+    if (q.own_pool)
+        exl_pool_free(q.own_pool);
     exl_free(q.work);
     return st;
 }

@@ -11,6 +11,8 @@
  *   optimize.c    one recipe per block within the bits budget
  *   qz_json.c     measurement.json read / write, config.json quantization_config
  *   calib.c       calibration text (and a few rows of random tokens) -> rows of token ids
+ *   calib_run.c   the calibration rows through the model's own layers, a hook on their linears
+ *   trial_linear.c  backend linears from the weights being tried
  *   quantize.c    the driver: layer by layer, resumable, writing OUT_DIR
  *
  * Weights are W[k, n] (in x out) fp32 while being quantized. The big products (the Hessian's
@@ -23,6 +25,7 @@
 #include "base/threads.h"
 #include "exl.h"
 #include "io/weights.h"
+#include "model/model.h"
 
 #include <stdint.h>
 
@@ -168,6 +171,51 @@ exl_status exl_qz_optimize(const exl_qz_measurement *m, double budget_bits, int3
  * of random ids below vocab (see calib.c). */
 exl_status exl_qz_calibration(const char *model_dir, const char *const *files, int32_t n_files, int32_t rows,
                               int32_t length, int32_t vocab, int32_t **ids);
+
+/* ---- the calibration rows through the model (calib_run.c) */
+
+/* n_seqs sequences of length tokens, whose hidden states [n_seqs * length, hidden] stay on the host. */
+typedef struct exl_qz_runner {
+    exl_model *m;
+    exl_kv_cache *cache;
+    int32_t n_seqs, length;
+    int32_t seqs_per_step; /* whole sequences a step takes, or 1 */
+    int32_t piece;         /* tokens of a sequence a step takes */
+    int32_t pages_per_seq;
+    int32_t *pages;        /* [seqs_per_step][pages_per_seq] */
+    exl_seq_step *steps;   /* [seqs_per_step] */
+    float *buf;            /* [step rows, widest linear input]: a hook's rows on the host */
+    int32_t *zeros;        /* [piece] the token ids of a layer's steps */
+} exl_qz_runner;
+
+exl_status exl_qz_runner_init(exl_qz_runner *r, exl_model *m, int32_t n_seqs, int32_t length);
+void exl_qz_runner_free(exl_qz_runner *r);
+/* x = the embeddings of ids [n_seqs, length]. */
+exl_status exl_qz_run_embed(exl_qz_runner *r, const int32_t *ids, float *x);
+/* x_out = decoder layer li with weights `layer` (model.h: exl_model_layer_forward; a block may be left out) over
+ * x_in; x_out may be x_in, or NULL where only the hook's inputs are wanted. */
+exl_status exl_qz_run_layer(exl_qz_runner *r, const exl_layer *layer, int32_t li, const float *x_in, float *x_out,
+                            exl_linear_hook hook, void *user);
+/* The head's input (the final norm of x) to the hook. */
+exl_status exl_qz_run_head(exl_qz_runner *r, const float *x, exl_linear_hook hook, void *user);
+
+/* An exl_linear_hook that adds the inputs of w[i] to Hessian h[i] (unused entries NULL). */
+typedef struct exl_qz_capture {
+    exl_qz_runner *r;
+    const exl_linear *w[2];
+    exl_hessian *h[2];
+} exl_qz_capture;
+exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w, const float *x, int32_t rows);
+
+/* ---- trial linears (trial_linear.c) */
+
+/* A backend linear of weights W [K, N] (fp32, in x out) with like's shape and bias. */
+typedef struct exl_qz_trial {
+    float *wt;     /* W in the Hugging Face layout [N, K], which w may read */
+    exl_linear *w;
+} exl_qz_trial;
+exl_status exl_qz_trial_init(exl_backend *be, const float *W, const exl_linear_src *like, exl_qz_trial *out);
+void exl_qz_trial_free(exl_backend *be, exl_qz_trial *t);
 
 /* ---- output (writer.c) */
 

@@ -1,4 +1,5 @@
 /* forward.c - the transformer forward pass, written once against the backend op table. */
+#include "model/forward_internal.h"
 #include "model/model.h"
 
 #include "base/alloc.h"
@@ -221,14 +222,15 @@ static exl_status build_batch(exl_model *m, const exl_kv_cache *cache, const exl
 }
 
 /* out[i] (+)= xin · W[i] as described for exl_matmul_fused: the backend's fused op, or the
- * unfused ops through the scratch buffer h (which must not be x, up or an output). */
-static void matmul_fused(exl_model *m, const exl_matmul_fused *f) {
+ * unfused ops through the scratch buffer h (which must not be x, up or an output), always with a
+ * hook (which sees each xin before its matmul). */
+static exl_status matmul_fused(exl_model *m, const exl_matmul_fused *f, const exl_layer_hook *hook) {
     const exl_backend_ops *op = m->be->ops;
     exl_backend *be = m->be;
     exl_forward_scratch *s = &m->fs;
-    if (op->matmul_fused) {
+    if (op->matmul_fused && !hook) {
         op->matmul_fused(be, f);
-        return;
+        return EXL_OK;
     }
     const float *xin = f->x;
     int32_t in = f->in_features;
@@ -239,6 +241,8 @@ static void matmul_fused(exl_model *m, const exl_matmul_fused *f) {
         op->glu(be, s->gate, f->up, f->rows, in, f->act); /* f->x is s->gate */
     }
     for (int32_t i = 0; i < f->n; i++) {
+        if (hook && hook->fn)
+            EXL_TRY(hook->fn(hook->user, hook->layer, f->w[i], xin, f->rows));
         if (f->accumulate) {
             op->matmul(be, s->h, xin, f->w[i], f->rows);
             op->add(be, f->out[i], s->h, (int64_t)f->rows * f->out_features[i]);
@@ -246,6 +250,7 @@ static void matmul_fused(exl_model *m, const exl_matmul_fused *f) {
             op->matmul(be, f->out[i], xin, f->w[i], f->rows);
         }
     }
+    return EXL_OK;
 }
 
 static void rope_kv_store(exl_model *m, exl_kv_cache *cache, int li, const exl_batch *b, const exl_attn_shape *sh) {
@@ -263,23 +268,19 @@ static void rope_kv_store(exl_model *m, exl_kv_cache *cache, int li, const exl_b
     op->kv_store(be, cache->k[li], cache->v[li], s->k, s->v, b, sh->n_kv_heads * sh->head_dim);
 }
 
-/* One decoder layer. In decode steps each op that adds into the residual also clears the
- * buffers a later op will fill (exl_matmul_fused.clear): o_proj the MLP's gate and up, down_proj
- * the next layer's q, k and v, or the last one the logits (n_logits rows), so that a backend
- * may add split sums onto them instead of merging. */
-static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int li, const exl_batch *b,
-                      int32_t n_logits) {
+/* The attention block of layer li: x += o(attention(rope(q, k), v)) of the normed x. */
+static exl_status attention_block(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int li, const exl_batch *b,
+                                  const exl_layer_hook *hook) {
     exl_forward_scratch *s = &m->fs;
     const exl_hf_config *c = &m->cfg;
     int32_t rows = b->n_rows, hid = c->hidden_size, ffn = c->intermediate_size;
     int32_t qw = c->n_heads * c->head_dim, kvw = c->n_kv_heads * c->head_dim;
-    float eps = (float)c->rms_eps;
     int32_t decode = b->max_q == 1; /* see exl_matmul_fused.decode */
     exl_attn_shape shape = {c->n_heads, c->n_kv_heads, c->head_dim, cache->page_size, c->sliding_window,
                             1.0f / sqrtf((float)c->head_dim)};
 
     exl_matmul_fused qkv = {.rows = rows, .n = 3, .in_features = hid, .out_features = {qw, kvw, kvw},
-                            .x = s->x, .norm = l->attn_norm, .eps = eps, .decode = decode,
+                            .x = s->x, .norm = l->attn_norm, .eps = (float)c->rms_eps, .decode = decode,
                             .w = {l->q, l->k, l->v}, .out = {s->q, s->k, s->v}, .out_zero = decode && li > 0};
     if (decode) { /* the cache rows the attention reads next, for the backend to start loading */
         qkv.kv.k_cache = cache->k[li];
@@ -290,8 +291,8 @@ static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int
         qkv.kv.page_size = cache->page_size;
         qkv.kv.width = kvw;
     }
-    matmul_fused(m, &qkv);
-    if (m->be->ops->rope_attention) {
+    EXL_TRY(matmul_fused(m, &qkv, hook));
+    if (m->be->ops->rope_attention && !hook) {
         m->be->ops->rope_attention(m->be, s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], b, &shape,
                                    m->rot_dim, s->inv_freq, s->rope_attn_factor, l->o);
     } else {
@@ -302,12 +303,23 @@ static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int
                           .accumulate = 1, .decode = decode, .w = {l->o}, .out = {s->x}};
     if (decode)
         o.clear[0] = s->gate, o.clear[1] = s->up, o.n_clear[0] = o.n_clear[1] = (int64_t)rows * ffn;
-    matmul_fused(m, &o);
+    return matmul_fused(m, &o, hook);
+}
 
-    matmul_fused(m, &(exl_matmul_fused){.rows = rows, .n = 2, .in_features = hid, .out_features = {ffn, ffn},
-                                        .x = s->x, .norm = l->mlp_norm, .eps = eps, .decode = decode,
-                                        .w = {l->gate, l->up}, .out = {s->gate, s->up}, .out_zero = decode,
-                                        .feeds = l->down});
+/* The MLP block of layer li: x += down(act(gate) * up) of the normed x. */
+static exl_status mlp_block(exl_model *m, const exl_layer *l, int li, const exl_batch *b, int32_t n_logits,
+                            const exl_layer_hook *hook) {
+    exl_forward_scratch *s = &m->fs;
+    const exl_hf_config *c = &m->cfg;
+    int32_t rows = b->n_rows, hid = c->hidden_size, ffn = c->intermediate_size;
+    int32_t qw = c->n_heads * c->head_dim, kvw = c->n_kv_heads * c->head_dim;
+    int32_t decode = b->max_q == 1;
+    EXL_TRY(matmul_fused(m,
+                         &(exl_matmul_fused){.rows = rows, .n = 2, .in_features = hid, .out_features = {ffn, ffn},
+                                             .x = s->x, .norm = l->mlp_norm, .eps = (float)c->rms_eps,
+                                             .decode = decode, .w = {l->gate, l->up}, .out = {s->gate, s->up},
+                                             .out_zero = decode, .feeds = l->down},
+                         hook));
     exl_matmul_fused down = {.rows = rows, .n = 1, .in_features = ffn, .out_features = {hid}, .x = s->gate,
                              .up = s->up, .act = (int32_t)c->act, .accumulate = 1, .decode = decode,
                              .w = {l->down}, .out = {s->x}};
@@ -317,11 +329,22 @@ static void run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int
     } else if (decode && n_logits > 0) {
         down.clear[0] = s->logits, down.n_clear[0] = (int64_t)n_logits * c->vocab_size;
     }
-    matmul_fused(m, &down);
+    return matmul_fused(m, &down, hook);
 }
 
-exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
-                                       int ahead, int32_t *n_logits) {
+/* One decoder layer. In decode steps each op that adds into the residual also clears the
+ * buffers a later op will fill (exl_matmul_fused.clear): o_proj the MLP's gate and up, down_proj
+ * the next layer's q, k and v, or the last one the logits (n_logits rows), so that a backend
+ * may add split sums onto them instead of merging. */
+exl_status exl_model_run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int li, const exl_batch *b,
+                               int32_t n_logits, const exl_layer_hook *hook) {
+    if (l->q)
+        EXL_TRY(attention_block(m, l, cache, li, b, hook));
+    return l->gate ? mlp_block(m, l, li, b, n_logits, hook) : EXL_OK;
+}
+
+exl_status exl_model_step_batch(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs, int ahead,
+                                exl_batch *b, int32_t *n_logits) {
     int32_t rows, n_pages;
     int fed;
     EXL_TRY(check_fed(m, steps, n_seqs, &fed));
@@ -336,22 +359,28 @@ exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const 
         fed = FED_HOST;
     }
     EXL_TRY(ensure_scratch(m, ints, *n_logits));
-    exl_batch b;
     m->fs.fed_rows = 0; /* this step's table replaces them */
-    EXL_TRY(build_batch(m, cache, steps, n_seqs, rows, n_pages, fed, &b));
+    return build_batch(m, cache, steps, n_seqs, rows, n_pages, fed, b);
+}
+
+exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                       int ahead, int32_t *n_logits) {
+    exl_batch b;
+    EXL_TRY(exl_model_step_batch(m, cache, steps, n_seqs, ahead, &b, n_logits));
     const exl_backend_ops *op = m->be->ops;
     exl_forward_scratch *s = &m->fs;
-    op->embed(m->be, s->x, m->embed, b.d_ids, rows, m->embed_scale);
+    op->embed(m->be, s->x, m->embed, b.d_ids, b.n_rows, m->embed_scale);
     for (int i = 0; i < m->cfg.n_layers; i++)
-        run_layer(m, &m->layers[i], cache, i, &b, *n_logits);
+        EXL_TRY(exl_model_run_layer(m, &m->layers[i], cache, i, &b, *n_logits, NULL));
     if (*n_logits > 0) {
         op->gather_rows(m->be, s->sel, s->x, s->logit_rows, *n_logits, m->cfg.hidden_size);
-        matmul_fused(m, &(exl_matmul_fused){.rows = *n_logits, .n = 1, .in_features = m->cfg.hidden_size,
-                                            .out_features = {m->cfg.vocab_size}, .x = s->sel,
-                                            .norm = m->final_norm,
-                                            .eps = (float)m->cfg.rms_eps, .decode = b.max_q == 1,
-                                            .w = {m->head}, .out = {s->logits},
-                                            .out_zero = b.max_q == 1 && m->cfg.n_layers > 0});
+        EXL_TRY(matmul_fused(m,
+                             &(exl_matmul_fused){.rows = *n_logits, .n = 1, .in_features = m->cfg.hidden_size,
+                                                 .out_features = {m->cfg.vocab_size}, .x = s->sel,
+                                                 .norm = m->final_norm, .eps = (float)m->cfg.rms_eps,
+                                                 .decode = b.max_q == 1, .w = {m->head}, .out = {s->logits},
+                                                 .out_zero = b.max_q == 1 && m->cfg.n_layers > 0},
+                             NULL));
     }
     return EXL_OK;
 }

@@ -42,10 +42,11 @@ typedef struct exl_forward_scratch {
     int32_t host_logit_rows;
 } exl_forward_scratch;
 
-/* What one linear layer was loaded from (kept for `exl info`); src.name is NULL. */
+/* What one linear layer was loaded from (kept for `exl info` and the quantizer); src.name is NULL. */
 typedef struct exl_linear_record {
     char name[96];
     exl_linear_src src;
+    const exl_linear *w; /* the backend's linear made from it */
 } exl_linear_record;
 
 struct exl_model {
@@ -126,6 +127,29 @@ int32_t exl_model_max_rows(const exl_model *m);
  * is short, down to 64. exl_model_free_forward frees them. */
 exl_status exl_model_alloc_forward(exl_model *m);
 void exl_model_free_forward(exl_model *m);
+
+/* ---- one decoder layer at a time (forward_layer.c), for the quantizer */
+
+/* Called with each linear's input rows (backend memory, fp32 [rows, in]) before its matmul, when set; a forward with
+ * a hook runs op by op, without backend fusions. */
+typedef exl_status (*exl_linear_hook)(void *user, int32_t layer, const exl_linear *w, const float *x, int32_t rows);
+/* The embeddings of a step's tokens (steps as exl_model_forward's) into m->fs.x [rows, hidden], rows in step order:
+ * the first layer's input. */
+exl_status exl_model_embed_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs);
+/* Run decoder layer `li` with weights `layer` (the model's own or candidates) over the hidden states of a step
+ * (as exl_model_forward's steps: tokens through the paged cache); x in/out [rows, hidden] in m->fs.x. A block whose
+ * first linear is NULL (q: attention, gate: MLP) is left out, so one block can be run alone. The steps' token ids
+ * are checked but not read (any in the vocabulary do). Always op by op, hook or not: a layer run alone takes no part
+ * in the split sums between layers. */
+exl_status exl_model_layer_forward(exl_model *m, const exl_layer *layer, int32_t li, exl_kv_cache *cache,
+                                   const exl_seq_step *steps, int32_t n_seqs, exl_linear_hook hook, void *user);
+/* The head's input, the final norm of rows [rows, hidden] of m->fs.x, to the hook (as layer n_layers, linear
+ * m->head); the head itself is not run. */
+exl_status exl_model_head_input(exl_model *m, int32_t rows, exl_linear_hook hook, void *user);
+/* The tensors linear w of the model was loaded from: *prefix names them (<prefix>.weight, <prefix>.bias, ...; valid
+ * while the model is) and *src describes them; a tied head is "lm_head" over the embedding table. EXL_ERR_ARG for a
+ * linear the model does not hold. */
+exl_status exl_model_linear_source(const exl_model *m, const exl_linear *w, const char **prefix, exl_linear_src *src);
 
 /* Loading pieces (model_load.c, linear_load.c) */
 exl_status exl_model_load_linear(exl_model *m, const char *prefix, int64_t in, int64_t out, int has_bias,

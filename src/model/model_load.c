@@ -44,18 +44,35 @@ static exl_status load_layer(exl_model *m, int i) {
     return EXL_OK;
 }
 
-static exl_status load_embedding(exl_model *m) {
+/* The embedding table as a dense [vocab, hidden] linear. */
+static exl_status embedding_source(const exl_model *m, exl_linear_src *src) {
     const exl_hf_config *c = &m->cfg;
     const exl_st_tensor *t;
     int64_t shape[2] = {c->vocab_size, c->hidden_size};
     EXL_TRY(exl_weights_get(m->weights, "model.embed_tokens.weight", EXL_DTYPES_FLOAT, 2, shape, &t));
-    exl_linear_src src = {0};
-    src.kind = EXL_LINEAR_DENSE;
-    src.in_features = c->hidden_size;
-    src.out_features = c->vocab_size;
-    src.dense.dtype = t->dtype;
-    src.dense.data = t->data;
-    src.name = "model.embed_tokens";
+    *src = (exl_linear_src){.kind = EXL_LINEAR_DENSE, .in_features = c->hidden_size, .out_features = c->vocab_size,
+                            .dense = {t->dtype, t->data}, .name = "model.embed_tokens"};
+    return EXL_OK;
+}
+
+exl_status exl_model_linear_source(const exl_model *m, const exl_linear *w, const char **prefix, exl_linear_src *src) {
+    for (int32_t i = 0; i < m->n_linears; i++)
+        if (m->linears[i].w == w) {
+            *prefix = m->linears[i].name;
+            *src = m->linears[i].src;
+            return EXL_OK;
+        }
+    if (w != m->embed && w != m->head)
+        return exl_fail(EXL_ERR_ARG, "exl_model_linear_source: not a linear of this model");
+    EXL_TRY(embedding_source(m, src));
+    *prefix = w == m->head ? "lm_head" : src->name;
+    return EXL_OK;
+}
+
+static exl_status load_embedding(exl_model *m) {
+    const exl_hf_config *c = &m->cfg;
+    exl_linear_src src;
+    EXL_TRY(embedding_source(m, &src));
     EXL_TRY(m->be->ops->linear_init(m->be, &src, &m->embed));
     /* Gemma multiplies embeddings by sqrt(hidden) rounded to the activation dtype. */
     m->embed_scale = c->arch == EXL_ARCH_GEMMA ? sqrtf((float)c->hidden_size) : 1.0f;

@@ -118,6 +118,8 @@ static const exl_backend_ops cpu_ops = {
     .host_gemm = exl_cpu_host_gemm,
 };
 
+exl_pool *exl_backend_cpu_pool(exl_backend *be) { return be->ops == &cpu_ops ? exl_cpu(be)->pool : NULL; }
+
 exl_status exl_backend_cpu_init(int n_threads, exl_backend **out) {
     exl_cpu_backend *be = exl_calloc(1, sizeof *be);
     if (!be)
