@@ -26,6 +26,8 @@ typedef struct exl_forward_scratch {
     int32_t table_cap;
     int32_t *ids, *pos, *slots, *page_tables, *logit_rows;
     exl_attn_seq *seqs;
+    exl_batch batch; /* this step's (exl_model_begin_step) */
+    exl_graph graph; /* this step's nodes */
     float *inv_freq;
     float rope_attn_factor;
     int32_t rope_seq_len; /* sequence length inv_freq was computed for (dynamic rope) */
@@ -118,6 +120,27 @@ exl_status exl_model_argmax_wait(exl_model *m, int64_t ticket, int32_t *ids, int
  * in m->fs.logits. ahead: keep room in the step tables for a next step fed from this one. */
 exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                        int ahead, int32_t *n_logits);
+
+/* ---- a step as a graph (forward.c; backend/graph.h). A step's graph is built as:
+ *   exl_model_begin_step: check the steps, upload their tables (m->fs.batch), empty m->fs.graph for them;
+ *   nodes added: the embedding, exl_model_layer_graph for each layer, the head (exl_model_forward_to_logits),
+ *   or any part of that (exl_model_layer_forward: one layer);
+ *   exl_model_run_graph. */
+exl_status exl_model_begin_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                int ahead, int32_t *n_logits);
+/* Append decoder layer li, with weights l (the model's own or others of the same shapes) and the cache's layer
+ * li, over the hidden states in m->fs.x of g's batch, to g. */
+exl_status exl_model_layer_graph(exl_model *m, const exl_layer *l, int32_t li, const exl_kv_cache *cache,
+                                 exl_graph *g);
+/* Run g: with a hook, node by node through the generic executor (no backend fusions), calling it before each
+ * matmul; without, through the backend's graph_run where it has one. */
+exl_status exl_model_run_graph(exl_model *m, const exl_graph *g, exl_linear_hook hook, void *user);
+/* Run decoder layer li with weights `layer` (the model's own or candidates) over the hidden states of a step (as
+ * exl_model_forward's steps: tokens through the paged cache, the ids not read); x in/out [rows, hidden] in
+ * m->fs.x. With a hook (called with each linear's input rows before its matmul) it runs op by op, without
+ * backend fusions (forward_layer.c). */
+exl_status exl_model_layer_forward(exl_model *m, const exl_layer *layer, int32_t li, exl_kv_cache *cache,
+                                   const exl_seq_step *steps, int32_t n_seqs, exl_linear_hook hook, void *user);
 void exl_model_free_ahead(exl_model *m);
 /* Tokens one step takes at most: the backend's step_rows (512 on the CPU, 2048 on CUDA), or
  * less where the forward buffers for that many did not fit. */
