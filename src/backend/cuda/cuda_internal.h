@@ -73,7 +73,7 @@ typedef struct exl_cuda_backend {
     int64_t argmax_issued, argmax_marked; /* tickets handed out; of those, with their event recorded */
     /* steps (cuda_graph.cu): graph_run compiles a step's graph into a plan; the plan of the last decode
      * step is kept with its CUDA graph, which is replayed while the steps' graphs stay the same */
-    int step_state;         /* idle, replay, capture, direct */
+    int step_state;         /* idle, replay (a cached step matched), capture */
     int graphs_off;         /* EXL_CUDA_GRAPHS=0, or after a graph API failure */
     exl_cuda_plan *cached;  /* the step the CUDA graph exec holds */
     exl_cuda_plan *direct;  /* steps run launch by launch (prompts) */
