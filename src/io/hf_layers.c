@@ -116,8 +116,9 @@ static exl_status parse_expert_count(const exl_jctx *c, const cJSON *o, exl_hf_c
     if (b >= 0)
         cfg->moe.n_experts = b;
     if (cfg->moe.n_experts < 1)
-        return exl_fail(EXL_ERR_FORMAT, "%s: a %s model needs experts (\"%snum_experts\" is %d)", c->file,
-                        exl_arch_name(cfg->arch), c->section, cfg->moe.n_experts);
+        return exl_fail(EXL_ERR_FORMAT, "%s: a %s model needs experts (\"%s%s\" is %d)", c->file,
+                        exl_arch_name(cfg->arch), c->section,
+                        cfg->arch == EXL_ARCH_MIXTRAL ? "num_local_experts" : "num_experts", cfg->moe.n_experts);
     return EXL_OK;
 }
 
@@ -132,10 +133,10 @@ static exl_status qwen_moe_layers(const exl_jctx *c, const cJSON *o, exl_hf_conf
         return exl_fail(EXL_ERR_FORMAT, "%s: field \"%smlp_only_layers\" must be a list of layer indices", c->file,
                         c->section);
     for (const cJSON *e = only ? only->child : NULL; e; e = e->next) {
-        if (!cJSON_IsNumber(e) || e->valuedouble != (int32_t)e->valuedouble || e->valuedouble < 0 ||
-            e->valuedouble >= cfg->n_layers)
-            return exl_fail(EXL_ERR_FORMAT, "%s: field \"%smlp_only_layers\" holds %s, not a layer index below %d",
-                            c->file, c->section, cJSON_IsNumber(e) ? "a number" : "a non-number", cfg->n_layers);
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < cfg->n_layers) ||
+            e->valuedouble != (int32_t)e->valuedouble)
+            return exl_fail(EXL_ERR_FORMAT, "%s: field \"%smlp_only_layers\" must list layer indices below %d", c->file,
+                            c->section, cfg->n_layers);
         cfg->layers[(int32_t)e->valuedouble].moe = 0;
     }
     return EXL_OK;
