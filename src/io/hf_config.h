@@ -18,7 +18,6 @@ typedef enum exl_arch {
     EXL_ARCH_MIXTRAL,
     EXL_ARCH_QWEN3_MOE,
     EXL_ARCH_QWEN2_MOE,
-    EXL_ARCH_COUNT
 } exl_arch;
 
 typedef enum exl_rope_type {

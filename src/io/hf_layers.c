@@ -11,7 +11,7 @@ static int qwen_family(exl_arch a) {
 }
 
 /* The window the sliding layers use: sliding_window (null: none; absent: the architecture's default), switched
- * off by use_sliding_window (Qwen models default to off). */
+ * off by use_sliding_window (Qwen models, off by default; Mistral's as older configs have it). */
 static exl_status parse_window(const exl_jctx *c, const cJSON *o, exl_hf_config *cfg, int32_t *window) {
     int gemma = cfg->arch == EXL_ARCH_GEMMA2 || cfg->arch == EXL_ARCH_GEMMA3;
     *window = cfg->arch == EXL_ARCH_MISTRAL || gemma || qwen_family(cfg->arch) ? 4096 : 0;
@@ -19,7 +19,8 @@ static exl_status parse_window(const exl_jctx *c, const cJSON *o, exl_hf_config 
         *window = 0;
     EXL_TRY(exl_jget_int(c, o, "sliding_window", 0, 0, 1 << 30, window));
     int use = !qwen_family(cfg->arch);
-    EXL_TRY(exl_jget_bool(c, o, "use_sliding_window", &use));
+    if (qwen_family(cfg->arch) || cfg->arch == EXL_ARCH_MISTRAL)
+        EXL_TRY(exl_jget_bool(c, o, "use_sliding_window", &use));
     if (!use)
         *window = 0;
     if (cfg->arch == EXL_ARCH_GEMMA3) {

@@ -88,8 +88,8 @@ static exl_status parse_one(const exl_jctx *c, const cJSON *s, const rope_top *t
     if (r->type == EXL_ROPE_DEFAULT)
         return EXL_OK;
     EXL_TRY(exl_jget_int(c, s, "original_max_position_embeddings", 0, 1, 1 << 30, &r->original_max_pos));
-    if (top->original_max_pos && r->type != EXL_ROPE_DYNAMIC && r->type != EXL_ROPE_LINEAR)
-        r->original_max_pos = top->original_max_pos; /* Phi-3 keeps it outside and transformers prefers that one */
+    if (top->original_max_pos) /* Phi-3 keeps it outside rope_scaling, and transformers prefers that one */
+        r->original_max_pos = top->original_max_pos;
     if (!r->original_max_pos && (r->type == EXL_ROPE_LLAMA3 || r->type == EXL_ROPE_LONGROPE))
         r->original_max_pos = cfg->max_pos;
     EXL_TRY(exl_jget_num(c, s, "attention_factor", 1e-6, 1e6, &r->attention_factor));

@@ -153,6 +153,9 @@ exl_status exl_model_load_norm(exl_model *m, const char *name, int64_t n, exl_ve
 /* Layer i's tensors, named "<text_prefix>layers.<i>.*" ("model." for causal LMs). */
 exl_status exl_model_load_layer(exl_model *m, const char *text_prefix, int32_t i);
 void exl_model_free_layer(exl_model *m, exl_layer *l);
+/* What the forward pass cannot run yet of a config ("qwen3 models", "longrope rotary embeddings", ...), written to
+ * gap; empty when it runs it. */
+void exl_model_forward_gap(const exl_hf_config *c, char *gap, size_t size);
 
 /* RoPE frequencies for a sequence length (dynamic scaling depends on it). */
 void exl_rope_frequencies(const exl_hf_config *cfg, int32_t rot_dim, int32_t seq_len, float *inv_freq,

@@ -81,10 +81,9 @@ static exl_status check_config(const exl_model *m) {
     return EXL_OK;
 }
 
-/* What forward.c cannot run yet, written to gap (empty when it runs the model). It runs Llama-style layers (Llama,
- * Mistral, Qwen2, Gemma) with one window for all layers and a rope whose frequencies depend on the sequence length
- * at most as dynamic scaling does. */
-static void forward_gap(const exl_hf_config *c, char *gap, size_t size) {
+/* forward.c (and quant/'s layer runner) run Llama-style layers (Llama, Mistral, Qwen2, Gemma) with one window for
+ * all layers and a rope whose frequencies depend on the sequence length at most as dynamic scaling does. */
+void exl_model_forward_gap(const exl_hf_config *c, char *gap, size_t size) {
     static const exl_arch runs[] = {EXL_ARCH_LLAMA, EXL_ARCH_MISTRAL, EXL_ARCH_QWEN2, EXL_ARCH_GEMMA};
     int known = 0;
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
@@ -114,7 +113,7 @@ static exl_status load_weights(exl_model *m, const exl_model_params *p) {
     if (p->load_only)
         return EXL_OK;
     char gap[96];
-    forward_gap(&m->cfg, gap, sizeof gap);
+    exl_model_forward_gap(&m->cfg, gap, sizeof gap);
     if (gap[0])
         return exl_fail(EXL_ERR_UNSUPPORTED,
                         "%s: exl reads this %s model but cannot run it yet (no forward pass for %s); `exl info` "

@@ -154,7 +154,9 @@ static int layout_lines(exl_str *s, const exl_hf_config *c) {
     bad |= exl_str_putc(s, '\n');
     bad |= window_lines(s, c);
     bad |= rope_line(s, "rope:", &c->rope);
-    if (memcmp(&c->rope, &c->rope_sliding, sizeof c->rope) && c->sliding_window)
+    const exl_rope_config *r = &c->rope, *rs = &c->rope_sliding;
+    if (c->sliding_window && (r->type != rs->type || r->theta != rs->theta || r->factor != rs->factor ||
+                              r->partial_rotary_factor != rs->partial_rotary_factor))
         bad |= rope_line(s, "rope sliding:", &c->rope_sliding);
     bad |= exl_str_printf(s, "norms:        RMSNorm%s%s%s\n", c->norm_plus_one ? " (1 + w)" : "",
                           c->qk_norm ? ", q/k norms per head" : "",
