@@ -36,8 +36,9 @@ static exl_status parse_type(const exl_jctx *c, const cJSON *s, const exl_hf_con
         if (!strcmp(type, type_names[i])) {
             *out = (exl_rope_type)i;
             if (cfg->arch == EXL_ARCH_PHI3 && *out != EXL_ROPE_DEFAULT && *out != EXL_ROPE_LONGROPE)
-                return exl_fail(EXL_ERR_UNSUPPORTED, "%s: field \"%srope_type\" = '%s': Phi-3 takes default or longrope",
-                                c->file, c->section, type);
+                return exl_fail(EXL_ERR_UNSUPPORTED,
+                                "%s: field \"%srope_type\" = '%s': Phi-3 takes default or longrope", c->file,
+                                c->section, type);
             return EXL_OK;
         }
     }

@@ -281,7 +281,8 @@ EXL_TEST(stale_index_uses_the_directory_files) {
     REQUIRE_OK(load(src, 0, &orig));
     float *lo = logits_of(orig, 12), *ls = logits_of(stale, 12);
     REQUIRE(lo && ls);
-    CHECK_MSG(!memcmp(lo, ls, 12 * (size_t)orig->cfg.vocab_size * sizeof(float)), "stale-index copy computes otherwise");
+    CHECK_MSG(!memcmp(lo, ls, 12 * (size_t)orig->cfg.vocab_size * sizeof(float)),
+              "stale-index copy computes otherwise");
     free(lo);
     free(ls);
     exl_model_free(orig);
