@@ -16,9 +16,14 @@
  *   add          x += y                                                   n floats
  *   gather_rows  out[i] = x[idx[i]]                                       x [x_rows, width], out [n, width]
  *
+ * The model builds a step's graph from parts that stand alone (model.h: the embedding, each decoder layer's 14
+ * nodes by exl_model_layer_graph, the head), so a graph may be one layer as well as a whole step.
+ *
  * Contract. Running a graph means running its nodes one after another through the op table's primitive ops:
- * exl_graph_exec (graph_exec.c), the generic executor, does exactly that, and a backend without a graph_run op
- * (the CPU) gets it. A backend with graph_run may compile the graph instead, knowing from the graph alone:
+ * exl_graph_exec (graph_exec.c), the generic executor, does exactly that (an accumulating matmul through the
+ * graph's tmp buffer, then add), and a backend without a graph_run op (the CPU) gets it; with a hook it calls it
+ * before each matmul with that node's input (the quantizer's capture). A backend with graph_run may compile the
+ * graph instead, knowing from the graph alone:
  *   - what each node reads and writes (exl_node_access), so which buffer a later node reads next or overwrites;
  *   - which buffers matter after the graph (outputs); every other activation buffer may hold anything
  *     afterwards (the KV cache always keeps what kv_store wrote).
