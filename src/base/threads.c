@@ -1,4 +1,9 @@
-/* threads.c - fork-join pool: a waiting thread (worker or caller) spins briefly, then sleeps on a futex. */
+/* threads.c - fork-join pool: every thread, the caller too, claims the job's indices until none is left; a waiting
+ * thread polls briefly, then sleeps on a futex.
+ *
+ * Claiming (not a fixed index per thread) means nobody waits for a worker that has not started: when other programs
+ * keep the cores busy and a worker is descheduled or still waking up, the caller runs its share. The caller waits only
+ * for shares that are running, and gives its core away when that takes long. */
 #include "threads.h"
 
 #include "alloc.h"
@@ -14,24 +19,19 @@
 
 /* How long a waiting thread polls before it sleeps: long enough to cover the gap between the fork-joins of one
  * forward step, short enough that a thread whose partner was preempted hands the core back quickly. */
-#define SPIN_NS 50000
+#define SPIN_NS 100000
 /* Polls between two looks at the clock. */
 #define SPINS_PER_CLOCK_READ 64
-
-typedef struct worker_arg {
-    struct exl_pool *pool;
-    int index;
-} worker_arg;
 
 struct exl_pool {
     int n;
     pthread_t *threads;
-    worker_arg *args;
     exl_task_fn fn;
     void *ctx;
     atomic_uint generation; /* bumped by the caller once per job; workers wait for it to change */
-    atomic_uint finished;   /* bumped by the last worker to finish a job; the caller waits for it to change */
-    atomic_int pending;     /* workers still running the current job */
+    atomic_uint finished;   /* bumped by a worker that finishes a job's last index; the caller waits for it */
+    atomic_int next_index;  /* the next index to claim; n and beyond: none left */
+    atomic_int remaining;   /* indices not finished yet */
     atomic_int workers_asleep;
     atomic_int caller_asleep;
     atomic_int quit;
@@ -88,16 +88,28 @@ static void announce_change(atomic_uint *word, atomic_int *asleep) {
         futex_wake_all(word);
 }
 
+/* Runs the current job's indices this thread can claim; returns 1 if it finished the job's last one. A claim reads
+ * next_index as the caller reset it (a release sequence), so fn and ctx of that job are visible; a claim that finds
+ * none left touches nothing, so a worker that wakes late (even during the next job's setup) is harmless. */
+static int run_claimed(exl_pool *pool) {
+    int last = 0;
+    for (;;) {
+        int i = atomic_fetch_add_explicit(&pool->next_index, 1, memory_order_acquire);
+        if (i >= pool->n)
+            return last;
+        pool->fn(pool->ctx, i, pool->n);
+        last = atomic_fetch_sub_explicit(&pool->remaining, 1, memory_order_acq_rel) == 1;
+    }
+}
+
 static void *worker_main(void *p) {
-    worker_arg *a = p;
-    exl_pool *pool = a->pool;
+    exl_pool *pool = p;
     unsigned seen = 0; /* the generation at creation: a late-starting worker must not miss job 1 */
     for (;;) {
         seen = wait_for_change(&pool->generation, seen, &pool->workers_asleep);
         if (atomic_load(&pool->quit))
             return NULL;
-        pool->fn(pool->ctx, a->index, pool->n);
-        if (atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel) == 1)
+        if (run_claimed(pool))
             announce_change(&pool->finished, &pool->caller_asleep);
     }
 }
@@ -111,19 +123,15 @@ exl_status exl_pool_init(int n_threads, exl_pool **out) {
     if (!pool)
         return exl_fail(EXL_ERR_NOMEM, "thread pool: out of memory");
     pool->n = n_threads;
+    atomic_init(&pool->next_index, n_threads); /* nothing to claim before the first job */
     if (n_threads > 1) {
         pool->threads = exl_calloc((size_t)n_threads, sizeof *pool->threads);
-        worker_arg *args = exl_calloc((size_t)n_threads, sizeof *args);
-        if (!pool->threads || !args) {
-            exl_free(args);
+        if (!pool->threads) {
             exl_pool_free(pool);
             return exl_fail(EXL_ERR_NOMEM, "thread pool: out of memory");
         }
-        pool->args = args;
         for (int i = 1; i < n_threads; i++) {
-            args[i].pool = pool;
-            args[i].index = i;
-            if (pthread_create(&pool->threads[i], NULL, worker_main, &args[i]) != 0) {
+            if (pthread_create(&pool->threads[i], NULL, worker_main, pool) != 0) {
                 pool->n = i;
                 break;
             }
@@ -141,7 +149,6 @@ void exl_pool_free(exl_pool *pool) {
         announce_change(&pool->generation, &pool->workers_asleep);
         for (int i = 1; i < pool->n; i++)
             pthread_join(pool->threads[i], NULL);
-        exl_free(pool->args);
         exl_free(pool->threads);
     }
     exl_free(pool);
@@ -157,10 +164,11 @@ void exl_pool_run(exl_pool *pool, exl_task_fn fn, void *ctx) {
     pool->fn = fn;
     pool->ctx = ctx;
     unsigned finished = atomic_load_explicit(&pool->finished, memory_order_relaxed);
-    atomic_store_explicit(&pool->pending, pool->n - 1, memory_order_relaxed);
+    atomic_store_explicit(&pool->remaining, pool->n, memory_order_relaxed);
+    atomic_store_explicit(&pool->next_index, 0, memory_order_release); /* claims may start now */
     announce_change(&pool->generation, &pool->workers_asleep);
-    fn(ctx, 0, pool->n);
-    wait_for_change(&pool->finished, finished, &pool->caller_asleep);
+    if (!run_claimed(pool))
+        wait_for_change(&pool->finished, finished, &pool->caller_asleep);
 }
 
 #define MIN_PARALLEL_WORK (1 << 16)

@@ -12,7 +12,7 @@
 typedef struct {
     atomic_int runs[MAX_POOL];
     atomic_int bad_index;
-    long worker_sleep_ns; /* how long each worker's share takes (asleep), 0 for none */
+    long slow_share_ns; /* how long each share but index 0 takes (asleep), 0 for none */
 } tally;
 
 static void sleep_ns(long ns) {
@@ -34,13 +34,13 @@ static void tally_task(void *ctx, int index, int count) {
         return;
     }
     atomic_fetch_add(&t->runs[index], 1);
-    if (index > 0 && t->worker_sleep_ns > 0)
-        sleep_ns(t->worker_sleep_ns);
+    if (index > 0 && t->slow_share_ns > 0)
+        sleep_ns(t->slow_share_ns);
 }
 
 static void check_tally(tally *t, int n, int rounds) {
     for (int i = 0; i < n; i++)
-        CHECK_MSG(atomic_load(&t->runs[i]) == rounds, "thread %d ran %d of %d times", i, atomic_load(&t->runs[i]),
+        CHECK_MSG(atomic_load(&t->runs[i]) == rounds, "index %d ran %d of %d times", i, atomic_load(&t->runs[i]),
                   rounds);
     CHECK(atomic_load(&t->bad_index) == 0);
 }
@@ -54,11 +54,11 @@ static void *hog_main(void *unused) {
     return NULL;
 }
 
-/* One busy thread per core, and fork-joins whose workers are late (their share sleeps 5 ms, as a worker does that
+/* One busy thread per core, and fork-joins whose shares but index 0 are slow (they sleep 5 ms, as a worker does that
  * lost its core to a busy neighbour): the caller must sleep while it waits rather than spin, or it burns the core
- * its late worker needs. A caller that spins until the last worker is done used a share of the ~100 ms wait
- * (tens of ms); one that polls for at most a few tens of microseconds before sleeping uses about a millisecond. */
-EXL_TEST(caller_waiting_for_late_workers_gives_its_core_away) {
+ * the late share needs. A caller that spins until the last worker is done used a share of the ~100 ms wait
+ * (tens of ms); one that polls for at most 100 microseconds before sleeping uses about 2 ms. */
+EXL_TEST(caller_waiting_for_late_shares_gives_its_core_away) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int n_hogs = cores > 0 && cores < MAX_POOL ? (int)cores : MAX_POOL;
     pthread_t hogs[MAX_POOL];
@@ -69,7 +69,7 @@ EXL_TEST(caller_waiting_for_late_workers_gives_its_core_away) {
 
     exl_pool *pool = NULL;
     exl_status st = exl_pool_init(n_hogs, &pool);
-    static tally t = {.worker_sleep_ns = 5000000};
+    static tally t = {.slow_share_ns = 5000000};
     const int rounds = 20;
     double cpu_begin = clock_seconds(CLOCK_THREAD_CPUTIME_ID), wall_begin = clock_seconds(CLOCK_MONOTONIC);
     for (int r = 0; st == EXL_OK && r < rounds; r++)
@@ -86,7 +86,7 @@ EXL_TEST(caller_waiting_for_late_workers_gives_its_core_away) {
     printf("    %d fork-joins of %d threads beside %d busy threads: %.1f ms, the caller used %.2f ms of CPU\n", rounds,
            n, started, wall * 1e3, cpu * 1e3);
     check_tally(&t, n, rounds);
-    CHECK_MSG(cpu < 0.010, "the caller used %.1f ms of CPU waiting for its workers: it spins", cpu * 1e3);
+    CHECK_MSG(cpu < 0.010, "the caller used %.1f ms of CPU waiting for the slow shares: it spins", cpu * 1e3);
 }
 
 /* Idle workers must sleep too: a pool between jobs costs (almost) nothing. */
