@@ -7,7 +7,7 @@
 
 #include "base/alloc.h"
 #include "base/str.h"
-#include "tokenizer/tokenizer.h"
+#include "base/utf8.h"
 
 #include <math.h>
 #include <stdlib.h>
