@@ -154,6 +154,24 @@ typedef struct exl_chat_message {
 exl_status exl_chat_apply(const exl_tokenizer *tok, const exl_chat_message *messages, int32_t n_messages,
                           int add_generation_prompt, const char *tools_json, char **text);
 
+/* A conversation as a prompt: the one way exl turns messages into token ids (exl chat and the
+ * server both use it). The text of exl_chat_apply is tokenized as written (no post-processor:
+ * templates write their own BOS), then the tokenizer's BOS is put first when it has one and the
+ * template did not write it. A model without a chat template gets the ChatML fallback, whose end
+ * marker "<|im_end|>" must then end the reply: it is returned as stop_string, and as stop_id too
+ * when it is one token of the vocabulary (a special token never shows in the text, so only the id
+ * can stop on it). With a template both are unset: the model's eos ids end the reply. */
+typedef struct exl_chat_prompt {
+    int32_t *ids;            /* the prompt; free the whole struct with exl_chat_prompt_free */
+    int32_t n_ids;
+    const char *stop_string; /* a static string, or NULL */
+    int32_t stop_id;         /* -1 when none */
+} exl_chat_prompt;
+
+exl_status exl_chat_encode(const exl_tokenizer *tok, const exl_chat_message *messages, int32_t n_messages,
+                           int add_generation_prompt, const char *tools_json, exl_chat_prompt *out);
+void exl_chat_prompt_free(exl_chat_prompt *prompt);
+
 /* ---------------------------------------------------------------- generator */
 
 /* A generator runs many jobs (a prompt plus sampling settings and stop conditions)

@@ -1,5 +1,5 @@
 /* cmd_chat.c - `exl chat`: an interactive chat in the terminal. Each turn renders the
- * whole conversation with the model's chat template (exl_chat_apply) and streams the
+ * whole conversation as a prompt (exl_chat_encode: the model's chat template) and streams the
  * reply; the generator's prefix cache makes re-reading the history cheap. Reads lines
  * from stdin, so it works on a pipe as well (then without the "> " prompt). Ctrl-C
  * stops a reply; the oldest turns are dropped when the history outgrows the context. */
@@ -14,8 +14,6 @@
 #include <unistd.h>
 
 #define DEFAULT_CTX_CAP 4096
-/* the end marker of ChatML, the fallback template; harmless as a stop string elsewhere */
-#define CHATML_END "<|im_end|>"
 
 static volatile sig_atomic_t interrupted;
 
@@ -95,45 +93,30 @@ static int add_message(chat *c, const char *role, const char *text, size_t len) 
     return 0;
 }
 
-/* The conversation as prompt ids, dropping the oldest turns until it leaves room for
- * a reply of at least a quarter of the window. EXL_ERR_ARG: the last message alone is too long. */
-static exl_status render(chat *c, int32_t **ids, int32_t *n) {
+/* The conversation as a prompt (exl_chat_encode), dropping the oldest turns until it leaves
+ * room for a reply of at least a quarter of the window. *too_long: the last message alone is. */
+static exl_status render(chat *c, exl_chat_prompt *p, int *too_long) {
     int32_t first = c->n_msgs && !strcmp(c->msgs[0].role, "system");
     for (;;) {
-        char *text;
-        exl_status st = exl_chat_apply(c->tok, c->msgs, c->n_msgs, 1, NULL, &text);
+        exl_status st = exl_chat_encode(c->tok, c->msgs, c->n_msgs, 1, NULL, p);
         if (st != EXL_OK)
             return st;
-        int32_t *enc, n_enc;
-        st = exl_tokenizer_encode(c->tok, text, strlen(text), 0, &enc, &n_enc);
-        exl_string_free(text);
-        if (st != EXL_OK)
-            return st;
-        int32_t bos = exl_tokenizer_bos_id(c->tok), add = bos >= 0 && (n_enc == 0 || enc[0] != bos);
-        if (n_enc + add + c->ctx / 4 <= c->ctx || c->n_msgs - first <= 1) {
-            *ids = malloc((size_t)(n_enc + add + 1) * sizeof **ids);
-            if (*ids) {
-                if (add)
-                    (*ids)[0] = bos;
-                memcpy(*ids + add, enc, (size_t)n_enc * sizeof **ids);
-            }
-            *n = n_enc + add;
-            exl_ids_free(enc);
-            if (!*ids)
-                return EXL_ERR_NOMEM;
-            return *n < c->ctx ? EXL_OK : EXL_ERR_ARG;
+        if (p->n_ids + c->ctx / 4 <= c->ctx || c->n_msgs - first <= 1) {
+            *too_long = p->n_ids >= c->ctx;
+            return EXL_OK;
         }
-        exl_ids_free(enc);
+        exl_chat_prompt_free(p);
         forget(c, first, c->n_msgs - first >= 3 ? 2 : 1); /* the oldest user + assistant turn */
     }
 }
 
 /* Generate and stream one reply; it joins the history. */
 static exl_status reply(chat *c) {
-    int32_t *ids = NULL, n = 0;
-    exl_status st = render(c, &ids, &n);
-    if (st == EXL_ERR_ARG) {
-        free(ids);
+    exl_chat_prompt p;
+    int too_long = 0;
+    exl_status st = render(c, &p, &too_long);
+    if (st == EXL_OK && too_long) {
+        exl_chat_prompt_free(&p);
         fprintf(stderr, "exl chat: that message is too long for the %d-token window\n", (int)c->ctx);
         forget(c, c->n_msgs - 1, 1);
         return EXL_OK;
@@ -141,12 +124,16 @@ static exl_status reply(chat *c) {
     if (st != EXL_OK)
         return st;
     exl_job_params jp = c->jp;
-    jp.ids = ids;
-    jp.n_ids = n;
-    jp.max_new_tokens = c->ctx - n < c->max_reply ? c->ctx - n : c->max_reply;
+    jp.ids = p.ids;
+    jp.n_ids = p.n_ids;
+    jp.max_new_tokens = c->ctx - p.n_ids < c->max_reply ? c->ctx - p.n_ids : c->max_reply;
+    jp.stop_strings = &p.stop_string;
+    jp.n_stop_strings = p.stop_string != NULL;
+    jp.stop_ids = &p.stop_id;
+    jp.n_stop_ids = p.stop_id >= 0;
     uint64_t job;
     st = exl_generator_submit(c->gen, &jp, &job);
-    free(ids);
+    exl_chat_prompt_free(&p);
     char *text = NULL;
     size_t len = 0;
     int cancelled = 0;
@@ -315,9 +302,6 @@ int cmd_chat(int argc, char **argv) {
         s->temperature = 0;
     if (!have_seed)
         s->seed = (uint64_t)time(NULL);
-    static const char *const stop[] = {CHATML_END};
-    c.jp.stop_strings = stop;
-    c.jp.n_stop_strings = 1;
 
     exl_status st = exl_model_load(dir, &mp, &c.model);
     if (st == EXL_OK)

@@ -4,7 +4,6 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "tokenizer/tokenizer.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -85,7 +84,6 @@ static exl_status load(exl_server *srv) {
                                      : DEFAULT_CTX_CAP;
     if (srv->ctx < 2)
         return exl_fail(EXL_ERR_ARG, "server: ctx must be at least 2 tokens");
-    srv->has_template = exl_tokenizer_chat_template(srv->tok) != NULL;
     return start_engine(srv);
 }
 

@@ -19,7 +19,6 @@ struct exl_server {
     struct MHD_Daemon *mhd;
     int32_t vocab;
     int32_t ctx;
-    int has_template;         /* else the ChatML fallback */
     int32_t port;
     long long started;        /* unix seconds: the model's "created" */
     atomic_int stopping;      /* waiting requests give up */
