@@ -13,6 +13,16 @@
 extern "C" {
 #endif
 
+/* ---------------------------------------------------------------- version */
+
+#define EXL_VERSION_MAJOR 0
+#define EXL_VERSION_MINOR 2
+#define EXL_VERSION_PATCH 0
+#define EXL_VERSION_JOIN_(a, b, c) #a "." #b "." #c
+#define EXL_VERSION_JOIN(a, b, c) EXL_VERSION_JOIN_(a, b, c)
+/* "0.2.0" */
+#define EXL_VERSION_STRING EXL_VERSION_JOIN(EXL_VERSION_MAJOR, EXL_VERSION_MINOR, EXL_VERSION_PATCH)
+
 /* ---------------------------------------------------------------- status */
 
 typedef enum exl_status {
@@ -230,6 +240,9 @@ typedef struct exl_sampling {
     uint64_t seed;            /* seeds the job's random stream (0 is a seed like any other) */
 } exl_sampling;
 
+/* The one set of sampling defaults: exl run, exl chat and the server (for the fields a request
+ * leaves out) all start from it. Temperature 1 with every filter and penalty off: the model's own
+ * distribution, as OpenAI's API and transformers' generate() default to; seed 0. */
 exl_sampling exl_sampling_default(void);
 
 typedef struct exl_job_params {

@@ -4,13 +4,13 @@
  * from stdin, so it works on a pipe as well (then without the "> " prompt). Ctrl-C
  * stops a reply; the oldest turns are dropped when the history outgrows the context. */
 #include "cli.h"
+#include "options.h"
 
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define DEFAULT_CTX_CAP 4096
@@ -19,27 +19,14 @@ static volatile sig_atomic_t interrupted;
 
 static void on_sigint(int sig) { interrupted = 1; }
 
-static void help(void) {
-    printf("usage: exl chat -m DIR [options]\n\n"
-           "Chat with the model: type a message, the reply streams back. Commands:\n"
-           "  /reset        forget the conversation (the system prompt stays)\n"
-           "  /system TEXT  set the system prompt (and reset)\n"
-           "  /help         this list\n"
-           "  /exit         quit (so does end of input)\n"
-           "Ctrl-C stops a reply. Lines come from stdin, which need not be a terminal.\n\n"
-           "options:\n"
-           "  --system TEXT        system prompt\n"
-           "  -n N                 longest reply in tokens (default 512)\n"
-           "  --ctx N              conversation window in tokens (default: the model's, at most 4096)\n"
-           "  --greedy             always take the most likely token\n"
-           "  --temperature T      (default 0.7)\n"
-           "  --top-k K            (default 40; 0 = off)\n"
-           "  --top-p P            (default 0.95; 1 = off)\n"
-           "  --min-p P            (default 0.05; 0 = off)\n"
-           "  --repeat-penalty R   (default 1 = off)\n"
-           "  --seed S             random seed (default: from the clock)\n"
-           "  --device cpu|cuda|auto, -t THREADS\n");
-}
+static const char ABOUT[] =
+    "Chat with the model: type a message, the reply streams back. Commands:\n"
+    "  /reset        forget the conversation (the system prompt stays)\n"
+    "  /system TEXT  set the system prompt (and reset)\n"
+    "  /help         this list\n"
+    "  /exit         quit (so does end of input)\n"
+    "Ctrl-C stops a reply. Lines come from stdin, which need not be a terminal. The prompt is the\n"
+    "conversation in the model's chat template (else ChatML), as the server's chat completions make it.";
 
 /* ---------------------------------------------------------------- the conversation */
 
@@ -228,82 +215,28 @@ static exl_status loop(chat *c) {
     return st;
 }
 
-static int parse_float(const char *s, float *out) {
-    char *end;
-    *out = strtof(s, &end);
-    return !*s || *end;
-}
-
 int cmd_chat(int argc, char **argv) {
     chat c = {.max_reply = 512, .tty = isatty(0)};
-    const char *dir = NULL, *system = NULL;
-    int greedy = 0, have_seed = 0;
-    long x;
-    exl_model_params mp = exl_model_default_params();
+    cli_model_args model;
+    cli_sampling_args sampling;
+    const char *system = NULL;
+    const cli_option options[] = {
+        {NULL, "--system", CLI_STRING, &system, "TEXT", .help = "system prompt"},
+        {"-n", NULL, CLI_INT, &c.max_reply, "N", .help = "longest reply in tokens", .lo = 1, .hi = 1 << 24},
+        {NULL, "--ctx", CLI_INT, &c.ctx, "N", .help = "conversation window in tokens", .lo = 8, .hi = 1 << 24,
+         .default_text = "the model's, at most 4096"},
+    };
+    const cli_command cmd = {"chat", "-m DIR [options]", ABOUT, NULL,
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
+                              cli_sampling_group(&sampling)}};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc != CLI_GO_ON)
+        return rc;
+    const char *dir = model.dir;
     c.jp = exl_job_default_params();
-    exl_sampling *s = &c.jp.sampling;
-    s->temperature = 0.7f;
-    s->top_k = 40;
-    s->top_p = 0.95f;
-    s->min_p = 0.05f;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            help();
-            return 0;
-        } else if (!strcmp(a, "--greedy")) {
-            greedy = 1;
-        } else if (!v) {
-            return cli_usage_error("chat", "unknown option or missing value '%s'", a);
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            dir = argv[++i];
-        } else if (!strcmp(a, "--system")) {
-            system = argv[++i];
-        } else if (!strcmp(a, "-n")) {
-            if (cli_parse_int(argv[++i], 1, 1 << 24, &x))
-                return cli_usage_error("chat", "bad token count '%s'", v);
-            c.max_reply = (int32_t)x;
-        } else if (!strcmp(a, "--ctx")) {
-            if (cli_parse_int(argv[++i], 8, 1 << 24, &x))
-                return cli_usage_error("chat", "bad --ctx '%s'", v);
-            c.ctx = (int32_t)x;
-        } else if (!strcmp(a, "--top-k")) {
-            if (cli_parse_int(argv[++i], 0, 1 << 24, &x))
-                return cli_usage_error("chat", "bad --top-k '%s'", v);
-            s->top_k = (int32_t)x;
-        } else if (!strcmp(a, "--seed")) {
-            s->seed = strtoull(argv[++i], &end, 10);
-            if (*end || !*v)
-                return cli_usage_error("chat", "bad --seed '%s'", v);
-            have_seed = 1;
-        } else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") ||
-                   !strcmp(a, "--repeat-penalty")) {
-            float *f = !strcmp(a, "--temperature") ? &s->temperature
-                       : !strcmp(a, "--top-p")     ? &s->top_p
-                       : !strcmp(a, "--min-p")     ? &s->min_p
-                                                   : &s->repetition_penalty;
-            if (parse_float(argv[++i], f))
-                return cli_usage_error("chat", "bad %s '%s'", a, v);
-        } else if (!strcmp(a, "--device")) {
-            if (cli_parse_device(argv[++i], &mp.device))
-                return cli_usage_error("chat", "unknown device '%s'", v);
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (cli_parse_int(argv[++i], 1, 1024, &x))
-                return cli_usage_error("chat", "bad thread count '%s'", v);
-            mp.n_threads = (int32_t)x;
-        } else {
-            return cli_usage_error("chat", "unknown option '%s'", a);
-        }
-    }
-    if (!dir)
-        return cli_usage_error("chat", "need -m DIR");
-    if (greedy)
-        s->temperature = 0;
-    if (!have_seed)
-        s->seed = (uint64_t)time(NULL);
+    c.jp.sampling = cli_sampling_get(&sampling);
 
-    exl_status st = exl_model_load(dir, &mp, &c.model);
+    exl_status st = exl_model_load(dir, &model.params, &c.model);
     if (st == EXL_OK)
         st = exl_tokenizer_load(dir, &c.tok);
     if (st == EXL_OK) {
