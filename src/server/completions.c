@@ -9,7 +9,7 @@
  * A client that leaves (its socket reads end-of-file, or a write fails) has its jobs
  * cancelled, which releases their cache pages; so does one that half-closes its end
  * after sending the request (nothing tells the two apart). */
-#include "server/http.h"
+#include "server/routes.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
