@@ -90,9 +90,14 @@ typedef struct exl_model_desc {
 
 void exl_model_describe(const exl_model *model, exl_model_desc *out);
 
-/* A human-readable report (architecture, sizes, dtypes per tensor group, parameter
- * count, memory needed). The string is owned by the caller; free with exl_string_free. */
+/* A human-readable report (architecture, sizes, dtypes per tensor group, every linear layer's
+ * format and bits per weight, parameter count, memory needed). The string is owned by the
+ * caller; free with exl_string_free. */
 exl_status exl_model_report(const exl_model *model, char **out);
+/* The same report with the linear layers grouped by kind (self_attn.q_proj, mlp.down_proj, lm_head,
+ * ...) instead of one line each: per kind the count, formats, shape, bits-per-weight range, code
+ * widths and size. */
+exl_status exl_model_report_grouped(const exl_model *model, char **out);
 void exl_string_free(char *s);
 
 /* ---------------------------------------------------------------- sessions */
