@@ -20,7 +20,8 @@ void cli_list_free(cli_list *list) {
 
 static int takes_value(const cli_option *o) { return o->kind != CLI_FLAG; }
 
-/* The option arg names; *inline_value: what follows '=' in --name=value, else NULL. */
+/* The option that arg names (*index: its place across the groups); *inline_value: what follows
+ * '=' in --name=value, else NULL. */
 static const cli_option *find(const cli_command *cmd, const char *arg, const char **inline_value, int *index) {
     const char *eq = strncmp(arg, "--", 2) ? NULL : strchr(arg, '=');
     size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
