@@ -118,7 +118,7 @@ static void group_add(linear_group *g, const exl_linear_src *src, const exl_quan
     g->count++;
 }
 
-static int group_line(exl_str *s, const linear_group *g) {
+static int group_line(exl_str *s, const linear_group *g, int kind_width) {
     char formats[32] = "", shape[32], bpw[32], codes[16], size[32];
     for (int32_t f = 0; f < g->n_formats; f++)
         snprintf(formats + strlen(formats), sizeof formats - strlen(formats), "%s%s", f ? "+" : "", g->formats[f]);
@@ -141,8 +141,8 @@ static int group_line(exl_str *s, const linear_group *g) {
         snprintf(size, sizeof size, "%.2f MiB", bytes / 1048576);
     else
         snprintf(size, sizeof size, "%.1f KiB", bytes / 1024);
-    return exl_str_printf(s, "  %-26s %5d  %-10s %s %-12s %-6s %s\n", g->kind, (int)g->count, formats, shape, bpw,
-                          codes, size);
+    return exl_str_printf(s, "  %-*s %5d  %-10s %s %-12s %-6s %s\n", kind_width, g->kind, (int)g->count, formats,
+                          shape, bpw, codes, size);
 }
 
 /* One line per kind of linear layer: count, formats, shape, bits per weight (range), code widths, size. */
@@ -163,11 +163,14 @@ static int group_report(const exl_model *m, exl_str *s) {
         exl_linear_stats(&m->linears[i].src, &st);
         group_add(&groups[g], &m->linears[i].src, &st);
     }
-    int bad = exl_str_puts(s, "linear layers by kind (exl info --verbose: one line each):\n");
-    bad |= exl_str_printf(s, "  %-26s %5s  %-10s %6s x %-6s %-12s %-6s %s\n", "kind", "count", "format", "in", "out",
-                          "bits/weight", "codes", "size");
+    int width = 16;
     for (int32_t g = 0; g < n; g++)
-        bad |= group_line(s, &groups[g]);
+        width = (int)strlen(groups[g].kind) > width ? (int)strlen(groups[g].kind) : width;
+    int bad = exl_str_puts(s, "linear layers by kind (exl info --verbose: one line each):\n");
+    bad |= exl_str_printf(s, "  %-*s %5s  %-10s %6s x %-6s %-12s %-6s %s\n", width, "kind", "count", "format", "in",
+                          "out", "bits/weight", "codes", "size");
+    for (int32_t g = 0; g < n; g++)
+        bad |= group_line(s, &groups[g], width);
     exl_free(groups);
     return bad;
 }

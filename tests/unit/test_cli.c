@@ -54,21 +54,37 @@ EXL_TEST(info_describes_model) {
     CHECK_MSG(strstr(text, "parameters:") && strstr(text, "memory:"), "info output: %s", text);
 }
 
+/* The line of text that starts with "  <key> ", its runs of spaces made one ("" if none). */
+static const char *line_of(const char *text, const char *key, char *out, size_t cap) {
+    char start[128];
+    snprintf(start, sizeof start, "\n  %s ", key);
+    const char *p = strstr(text, start);
+    size_t n = 0;
+    for (p = p ? p + 3 : ""; *p && *p != '\n' && n + 1 < cap; p++)
+        if (*p != ' ' || (n && out[n - 1] != ' '))
+            out[n++] = *p;
+    out[n] = 0;
+    return out;
+}
+
 /* `exl info` groups the linear layers by kind; --verbose lists each (exl_model_report's form). */
 EXL_TEST(info_groups_linear_layers) {
-    char cmd[4096], grouped[16384], verbose[16384];
+    char cmd[4096], grouped[16384], verbose[16384], line[256];
     const char *model = exl_test_shared("models/rand-llama-exl2-3.0bpw-h6");
     snprintf(cmd, sizeof cmd, "%s info -m %s 2>&1", EXL_CLI_PATH, model);
     REQUIRE(run(cmd, grouped, sizeof grouped) == 0);
     snprintf(cmd, sizeof cmd, "%s info -m %s --verbose 2>&1", EXL_CLI_PATH, model);
     REQUIRE(run(cmd, verbose, sizeof verbose) == 0);
-    /* the two layers' q_proj are 4.440 and 2.440 bpw (codes 4-5 and 2-3); both down_proj 3.423 */
-    CHECK_MSG(strstr(grouped, "  self_attn.q_proj               2  EXL2          256 x 256    2.44-4.44    2-5    "
-                              "55.0 KiB\n") &&
-                  strstr(grouped, "  mlp.down_proj                  2  EXL2          768 x 256    3.423        3-5"),
-              "%s", grouped);
-    CHECK_MSG(strstr(grouped, "  lm_head                        1  EXL2          256 x 2048   7.047        6-8"),
-              "%s", grouped);
+    /* kind, count, format, shape, bits per weight (the two layers' q_proj: 4.440 and 2.440), code widths, size */
+    const char *want[] = {"self_attn.q_proj 2 EXL2 256 x 256 2.44-4.44 2-5 55.0 KiB",
+                          "mlp.down_proj 2 EXL2 768 x 256 3.423 3-5 164.3 KiB",
+                          "lm_head 1 EXL2 256 x 2048 7.047 6-8 451.0 KiB"};
+    for (int i = 0; i < 3; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "%.*s", (int)strcspn(want[i], " "), want[i]);
+        CHECK_MSG(!strcmp(line_of(grouped, key, line, sizeof line), want[i]), "want '%s', got '%s' in:\n%s", want[i],
+                  line, grouped);
+    }
     CHECK_MSG(!strstr(grouped, "model.layers.") && strstr(verbose, "model.layers.1.mlp.down_proj "), "%s", grouped);
     const char *summary = "bits/weight:  2.991 decoder layers, 7.047 head, 4.005 all linear layers\n";
     CHECK(strstr(grouped, summary) && strstr(verbose, summary));
