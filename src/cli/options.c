@@ -295,16 +295,23 @@ int cli_parse(const cli_command *cmd, int argc, char **argv) {
 cli_group cli_model_group(cli_model_args *a, int parts) {
     a->dir = NULL;
     a->params = exl_model_default_params();
+    const cli_option dir[] = {
+        {"-m", "--model", CLI_STRING, &a->dir, "DIR", .required = 1,
+         .help = "the model directory (config.json, *.safetensors, tokenizer)"},
+    };
+    const cli_option device[] = {
+        {NULL, "--device", CLI_DEVICE, &a->params.device, "cpu|cuda|auto",
+         .help = "auto takes the GPU when one is usable, else the CPU;\ncuda insists on the GPU"},
+        {"-t", "--threads", CLI_INT, &a->params.n_threads, "N", .lo = 1, .hi = 1024, .help = "CPU worker threads",
+         .default_text = "one per core"},
+    };
+    _Static_assert(sizeof dir + sizeof device == sizeof a->options, "cli_model_args.options holds the group");
     int n = 0;
     if (parts & CLI_MODEL_DIR)
-        a->options[n++] = (cli_option){"-m", "--model", CLI_STRING, &a->dir, "DIR", .required = 1,
-                                       .help = "the model directory (config.json, *.safetensors, tokenizer)"};
+        a->options[n++] = dir[0];
     if (parts & CLI_MODEL_DEVICE) {
-        a->options[n++] = (cli_option){NULL, "--device", CLI_DEVICE, &a->params.device, "cpu|cuda|auto",
-                                       .help = "auto takes the GPU when one is usable, else the CPU;\n"
-                                               "cuda insists on the GPU"};
-        a->options[n++] = (cli_option){"-t", "--threads", CLI_INT, &a->params.n_threads, "N", .lo = 1, .hi = 1024,
-                                       .help = "CPU worker threads", .default_text = "one per core"};
+        memcpy(a->options + n, device, sizeof device);
+        n += (int)(sizeof device / sizeof device[0]);
     }
     return (cli_group){"model options", a->options, n};
 }

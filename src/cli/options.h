@@ -28,8 +28,8 @@ typedef struct cli_list {
 void cli_list_free(cli_list *list);
 
 typedef struct cli_option {
-    const char *short_name;   /* "-m", or NULL */
-    const char *long_name;    /* "--model", or NULL */
+    const char *short_name; /* "-m", or NULL */
+    const char *long_name;  /* "--model", or NULL */
     cli_kind kind;
     void *target;
     const char *value;        /* the value's name in help and messages ("DIR"); CLI_CHOICE: "exl2|gptq" */
