@@ -5,6 +5,9 @@
 #   cli -> server -> generator -> convert -> model -> (backend/cpu, backend/cuda) -> backend -> format -> io -> base
 #   tokenizer -> jinja -> base
 #
+# model/ and the folders above it never include a particular backend (backend/cpu, backend/cuda): they reach it
+# through the op table (docs/architecture.md).
+#
 # A folder is the directory of a file under src/ (backend/cpu is a folder of its own, apart from backend); an
 # include names the folder of its path ("backend/cpu/kernels.h": backend/cpu). Includes without a folder
 # ("exl.h", a file beside the includer) are not checked. A folder may include its own headers and those of the
@@ -25,10 +28,10 @@ declare -A allowed=(
     [backend/cuda]="backend format io base"
     [model]="backend format io base"
     [convert]="model backend format io base"
-    [generator]="model backend format io base"
+    [generator]="convert model backend format io base tokenizer jinja"
     [jinja]="base"
     [tokenizer]="jinja io base"
-    [server]="generator model backend format io base tokenizer jinja"
+    [server]="generator convert model backend format io base tokenizer jinja"
     [cli]="server generator convert model backend format io base tokenizer jinja"
 )
 

@@ -1,92 +1,26 @@
 /* backend.h - the op table every compute backend (CPU, CUDA) implements.
  *
- * The forward pass is written once against these ops. Activations are fp32 arrays in
+ * The forward pass is written once, as a graph of these primitive ops per step (graph.h), which
+ * a backend runs through graph_run or the generic executor. Activations are fp32 arrays in
  * backend memory ("device pointers"; plain host pointers on the CPU). Weights are
  * described by exl_linear_src (format/linear_src.h: pointers into the mapped files) and
  * turned into a backend-owned exl_linear, which may repack them once. */
 #ifndef EXL_BACKEND_H
 #define EXL_BACKEND_H
 
+#include "backend/graph.h"
 #include "exl.h"
 #include "format/linear_src.h"
 
 #include <stdint.h>
 
-typedef struct exl_linear exl_linear; /* backend-owned, opaque */
-typedef struct exl_vector exl_vector; /* backend-owned fp32 vector (norm weights) */
-
-/* ---- one forward batch: several sequences, their new tokens concatenated row-wise */
-
-typedef struct exl_attn_seq {
-    int32_t q_start;    /* first row of this sequence in the batch */
-    int32_t n_q;        /* new tokens */
-    int32_t n_kv;       /* tokens in the cache after this step (the new ones included) */
-    int32_t page_start; /* first entry of this sequence's page table in page_tables */
-} exl_attn_seq;
-
-typedef struct exl_batch {
-    int32_t n_rows, n_seqs;
-    int32_t max_q, max_kv;
-    /* host copies */
-    const exl_attn_seq *seqs;
-    const int32_t *pos;          /* [n_rows] position of each row */
-    const int32_t *slots;        /* [n_rows] cache slot (page * page_size + offset) of each row */
-    /* backend copies (identical pointers on the CPU) */
-    const exl_attn_seq *d_seqs;
-    const int32_t *d_ids, *d_pos, *d_slots, *d_page_tables;
-} exl_batch;
-
-typedef struct exl_attn_shape {
-    int32_t n_heads, n_kv_heads, head_dim;
-    int32_t page_size;
-    int32_t sliding_window; /* 0 = none */
-    float scale;
-} exl_attn_shape;
-
-/* A matmul with its neighbours in the decoder layer fused (see matmul_fused below):
- *   xin = norm ? rmsnorm(x) * norm : up ? act(x) * up : x        (act as in glu)
- *   out[i] = xin · W[i] + b[i], or out[i] += ... when accumulate (not with norm), for i < n */
-typedef struct exl_matmul_fused {
-    int32_t rows, n;
-    int32_t in_features, out_features[3]; /* of the linears, for the unfused path */
-    const float *x;         /* [rows, in] */
-    const exl_vector *norm; /* or NULL */
-    float eps;
-    const float *up;        /* [rows, in], or NULL */
-    int32_t act;
-    int32_t accumulate;
-    int32_t decode;         /* 1: the rows are tokens of decode steps, whose xin the backend may
-                             * round to fp16 (as the CUDA GEMV does for any few rows); 0: keep
-                             * xin's precision (prompts, compared with reference logits) */
-    const exl_linear *w[3]; /* all with the same in_features */
-    float *out[3];          /* [rows, out_features of w[i]]; never x or up */
-    /* Split sums without a merge: clear[i] (n_clear[i] floats, never x, up or an out) hold
-     * nothing needed any more; the op may set them to zero once the ops before it are done.
-     * out_zero: each out[i] was a clear of an earlier op of this step and nothing wrote it
-     * since, so where that op did zero it the backend may add the result onto it. */
-    float *clear[3];
-    int64_t n_clear[3];
-    int32_t out_zero;
-    /* feeds (optional): out[0] and out[1] are read only as x and up of the next matmul_fused, a GLU
-     * of the same rows over this linear; the backend may lay them out in an order of its own that
-     * it then reads there */
-    const exl_linear *feeds;
-    /* kv (optional, decode steps; k_cache NULL: none): the cache rows the attention after this
-     * matmul reads, keys 0 .. n_kv - 1 of each of the step's sequences (device tables, rows of
-     * width halves at their pages' slots); a backend may start loading them while it multiplies */
-    struct {
-        const void *k_cache, *v_cache;
-        const exl_attn_seq *seqs;
-        const int32_t *page_tables;
-        int32_t n_seqs, page_size, width;
-    } kv;
-} exl_matmul_fused;
+/* exl_linear (backend-owned weights), exl_vector, the step's batch and graph: graph.h */
 
 /* ---- the op table */
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 10
+#define EXL_BACKEND_ABI 11
 
 typedef struct exl_backend exl_backend;
 
@@ -136,20 +70,10 @@ typedef struct exl_backend_ops {
     void (*gather_rows)(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
                         int32_t width);
 
-    /* Fused ops, optional: a backend leaves them NULL and the forward pass composes the ops
-     * above (same results up to rounding). */
-    void (*matmul_fused)(exl_backend *be, const exl_matmul_fused *f);
-    /* rope (as above) on q [rows, n_heads, head_dim] and k [rows, n_kv_heads, head_dim] in place,
-     * then kv_store of k and v */
-    void (*rope_kv_store)(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
-                          const exl_batch *b, const exl_attn_shape *shape, int32_t rot_dim, const float *inv_freq,
-                          float attn_factor);
-    /* rope_kv_store, then attention into out (same arguments as those two); feeds (optional): out
-     * is read only as x of the next matmul_fused, over this linear and of the same rows, and may
-     * be laid out in an order of the backend's own that it reads there */
-    void (*rope_attention)(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
-                           void *v_cache, const exl_batch *b, const exl_attn_shape *shape, int32_t rot_dim,
-                           const float *inv_freq, float attn_factor, const exl_linear *feeds);
+    /* Optional: run a step's graph (graph.h), compiled as the backend sees fit; NULL: the generic executor
+     * (exl_graph_exec) runs it through the ops above. Failures of the ops themselves surface as the ops'
+     * do (the next synchronize or download); an error returned here is one of the graph itself. */
+    exl_status (*graph_run)(exl_backend *be, const exl_graph *g);
 
     /* For host-side work such as the quantizer (every backend has it: the CPU computes it with its
      * kernels and threads). On HOST pointers, fp32, row-major as cblas_sgemm: C = alpha·op(A)·op(B)

@@ -67,7 +67,8 @@ static exl_status each_step(exl_qz_runner *r, const int32_t *ids, step_fn fn, vo
             int32_t n = r->length - off < r->piece ? r->length - off : r->piece;
             for (int32_t i = 0; i < ns; i++)
                 r->steps[i] = (exl_seq_step){.ids = ids ? ids + (int64_t)(s0 + i) * r->length + off : r->zeros,
-                                             .n_new = n, .n_past = off,
+                                             .n_new = n,
+                                             .n_past = off,
                                              .pages = r->pages + (int64_t)i * r->pages_per_seq,
                                              .n_pages = r->pages_per_seq};
             /* several sequences a step only when each is whole: their rows follow each other */
@@ -94,9 +95,7 @@ static exl_status embed_step(exl_qz_runner *r, void *ctx, int32_t n_seqs, int64_
     return download_rows(r, ctx, row0, rows);
 }
 
-exl_status exl_qz_run_embed(exl_qz_runner *r, const int32_t *ids, float *x) {
-    return each_step(r, ids, embed_step, x);
-}
+exl_status exl_qz_run_embed(exl_qz_runner *r, const int32_t *ids, float *x) { return each_step(r, ids, embed_step, x); }
 
 typedef struct layer_ctx {
     const exl_layer *layer;
@@ -120,14 +119,21 @@ exl_status exl_qz_run_layer(exl_qz_runner *r, const exl_layer *layer, int32_t li
     return each_step(r, NULL, layer_step, &c);
 }
 
+typedef struct head_ctx {
+    const float *x;
+    exl_linear_hook hook;
+    void *user;
+} head_ctx;
+
+static exl_status head_step(exl_qz_runner *r, void *ctx, int32_t n_seqs, int64_t row0, int32_t rows) {
+    const head_ctx *c = ctx;
+    EXL_TRY(upload_rows(r, c->x, row0, rows));
+    return exl_model_head_input(r->m, r->cache, r->steps, n_seqs, c->hook, c->user);
+}
+
 exl_status exl_qz_run_head(exl_qz_runner *r, const float *x, exl_linear_hook hook, void *user) {
-    int64_t T = (int64_t)r->n_seqs * r->length, max_rows = exl_model_max_rows(r->m);
-    for (int64_t row0 = 0; row0 < T; row0 += max_rows) {
-        int32_t rows = (int32_t)(T - row0 < max_rows ? T - row0 : max_rows);
-        EXL_TRY(upload_rows(r, x, row0, rows));
-        EXL_TRY(exl_model_head_input(r->m, rows, hook, user));
-    }
-    return EXL_OK;
+    head_ctx c = {x, hook, user};
+    return each_step(r, NULL, head_step, &c);
 }
 
 exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w, const float *x, int32_t rows) {

@@ -577,6 +577,12 @@ static exl_status setup(qz *q) {
     if (q->cfg.quant.present)
         return exl_fail(EXL_ERR_UNSUPPORTED, "%s is already quantized (%s); give an unquantized model", p->in_dir,
                         q->cfg.quant.method);
+    char gap[96];
+    exl_model_forward_gap(&q->cfg, gap, sizeof gap);
+    if (gap[0])
+        return exl_fail(EXL_ERR_UNSUPPORTED,
+                        "%s: a %s model: quantizing needs its forward pass, which exl lacks for %s", p->in_dir,
+                        q->cfg.model_type, gap);
     if (p->format == EXL_QUANT_EXL2 && (p->head_bits < 2 || p->head_bits > 8 || p->head_bits == 7))
         return exl_fail(EXL_ERR_ARG, "head bits must be 2-6 or 8 (got %d)", p->head_bits);
     if (p->format == EXL_QUANT_GPTQ && p->bits != 2 && p->bits != 3 && p->bits != 4 && p->bits != 8)
@@ -621,7 +627,9 @@ static exl_status setup(qz *q) {
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     /* on the GPU when the device parameter gets one (AUTO without a GPU: the CPU, silently; CUDA
      * without one: the error) */
-    exl_model_params mp = {p->device, p->n_threads};
+    exl_model_params mp = exl_model_default_params();
+    mp.device = p->device;
+    mp.n_threads = p->n_threads;
     EXL_TRY(exl_model_load(p->in_dir, &mp, &q->m));
     q->be = q->m->be;
     /* GPTQ's own parallel work: on the CPU backend's threads where the model runs on the CPU */

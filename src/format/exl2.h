@@ -25,7 +25,8 @@ typedef struct exl_exl2_group {
 } exl_exl2_group;
 
 /* The start of a walk: for (exl_exl2_group g = EXL_EXL2_WALK; exl_exl2_next_group(e, &g);) */
-#define EXL_EXL2_WALK {-1, 0, 0, 0, 0, 0}
+#define EXL_EXL2_WALK \
+    { -1, 0, 0, 0, 0, 0 }
 
 /* Advance *g to the next group; 0 after the last. */
 static inline int exl_exl2_next_group(const exl_exl2_src *e, exl_exl2_group *g) {

@@ -30,12 +30,12 @@ typedef struct exl_exl2_src {
 
 /* GPTQ tensors, validated by format/ (exl_gptq_check). */
 typedef struct exl_gptq_src {
-    const int32_t *qweight;  /* [in * bits / 32, out] */
-    const int32_t *qzeros;   /* [n_groups, out * bits / 32] */
-    const uint16_t *scales;  /* fp16 [n_groups, out] */
-    const int32_t *g_idx;    /* [in] or NULL (row k in group k / group_size) */
+    const int32_t *qweight; /* [in * bits / 32, out] */
+    const int32_t *qzeros;  /* [n_groups, out * bits / 32] */
+    const uint16_t *scales; /* fp16 [n_groups, out] */
+    const int32_t *g_idx;   /* [in] or NULL (row k in group k / group_size) */
     int32_t bits, group_size, n_groups;
-    int32_t zero_offset;     /* 1 for gptq v1 checkpoints, 0 for v2 */
+    int32_t zero_offset; /* 1 for gptq v1 checkpoints, 0 for v2 */
 } exl_gptq_src;
 
 typedef struct exl_linear_src {

@@ -1,5 +1,5 @@
-/* forward.c - the transformer forward pass, written once against the backend op table. */
-#include "model/forward_internal.h"
+/* forward.c - the transformer forward pass: each step's tables, and its graph of generic ops (backend/graph.h),
+ * which the backend runs. */
 #include "model/model.h"
 
 #include "base/alloc.h"
@@ -62,6 +62,7 @@ void exl_model_free_forward(exl_model *m) {
         if (bufs[i])
             be->ops->free(be, bufs[i]);
     exl_free(s->host_table);
+    exl_graph_free(&s->graph);
     exl_model_free_ahead(m);
     memset(s, 0, sizeof *s);
 }
@@ -221,130 +222,10 @@ static exl_status build_batch(exl_model *m, const exl_kv_cache *cache, const exl
     return update_rope(m, max_kv);
 }
 
-/* out[i] (+)= xin · W[i] as described for exl_matmul_fused: the backend's fused op, or the
- * unfused ops through the scratch buffer h (which must not be x, up or an output), always with a
- * hook (which sees each xin before its matmul). */
-static exl_status matmul_fused(exl_model *m, const exl_matmul_fused *f, const exl_layer_hook *hook) {
-    const exl_backend_ops *op = m->be->ops;
-    exl_backend *be = m->be;
-    exl_forward_scratch *s = &m->fs;
-    if (op->matmul_fused && !hook) {
-        op->matmul_fused(be, f);
-        return EXL_OK;
-    }
-    const float *xin = f->x;
-    int32_t in = f->in_features;
-    if (f->norm) {
-        op->rmsnorm(be, s->h, f->x, f->norm, f->rows, in, f->eps);
-        xin = s->h;
-    } else if (f->up) { /* in place: x is the forward's own gate buffer */
-        op->glu(be, s->gate, f->up, f->rows, in, f->act); /* f->x is s->gate */
-    }
-    for (int32_t i = 0; i < f->n; i++) {
-        if (hook && hook->fn)
-            EXL_TRY(hook->fn(hook->user, hook->layer, f->w[i], xin, f->rows));
-        if (f->accumulate) {
-            op->matmul(be, s->h, xin, f->w[i], f->rows);
-            op->add(be, f->out[i], s->h, (int64_t)f->rows * f->out_features[i]);
-        } else {
-            op->matmul(be, f->out[i], xin, f->w[i], f->rows);
-        }
-    }
-    return EXL_OK;
-}
+/* ---- the step's graph (backend/graph.h) */
 
-static void rope_kv_store(exl_model *m, exl_kv_cache *cache, int li, const exl_batch *b, const exl_attn_shape *sh) {
-    const exl_backend_ops *op = m->be->ops;
-    exl_backend *be = m->be;
-    exl_forward_scratch *s = &m->fs;
-    if (op->rope_kv_store) {
-        op->rope_kv_store(be, s->q, s->k, s->v, cache->k[li], cache->v[li], b, sh, m->rot_dim, s->inv_freq,
-                          s->rope_attn_factor);
-        return;
-    }
-    int32_t rows = b->n_rows;
-    op->rope(be, s->q, b->d_pos, rows, sh->n_heads, sh->head_dim, m->rot_dim, s->inv_freq, s->rope_attn_factor);
-    op->rope(be, s->k, b->d_pos, rows, sh->n_kv_heads, sh->head_dim, m->rot_dim, s->inv_freq, s->rope_attn_factor);
-    op->kv_store(be, cache->k[li], cache->v[li], s->k, s->v, b, sh->n_kv_heads * sh->head_dim);
-}
-
-/* The attention block of layer li: x += o(attention(rope(q, k), v)) of the normed x. */
-static exl_status attention_block(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int li, const exl_batch *b,
-                                  const exl_layer_hook *hook) {
-    exl_forward_scratch *s = &m->fs;
-    const exl_hf_config *c = &m->cfg;
-    int32_t rows = b->n_rows, hid = c->hidden_size, ffn = c->intermediate_size;
-    int32_t qw = c->n_heads * c->head_dim, kvw = c->n_kv_heads * c->head_dim;
-    int32_t decode = b->max_q == 1; /* see exl_matmul_fused.decode */
-    exl_attn_shape shape = {c->n_heads, c->n_kv_heads, c->head_dim, cache->page_size, c->sliding_window,
-                            1.0f / sqrtf((float)c->head_dim)};
-
-    exl_matmul_fused qkv = {.rows = rows, .n = 3, .in_features = hid, .out_features = {qw, kvw, kvw},
-                            .x = s->x, .norm = l->attn_norm, .eps = (float)c->rms_eps, .decode = decode,
-                            .w = {l->q, l->k, l->v}, .out = {s->q, s->k, s->v}, .out_zero = decode && li > 0};
-    if (decode) { /* the cache rows the attention reads next, for the backend to start loading */
-        qkv.kv.k_cache = cache->k[li];
-        qkv.kv.v_cache = cache->v[li];
-        qkv.kv.seqs = b->d_seqs;
-        qkv.kv.page_tables = b->d_page_tables;
-        qkv.kv.n_seqs = b->n_seqs;
-        qkv.kv.page_size = cache->page_size;
-        qkv.kv.width = kvw;
-    }
-    EXL_TRY(matmul_fused(m, &qkv, hook));
-    if (m->be->ops->rope_attention && !hook) {
-        m->be->ops->rope_attention(m->be, s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], b, &shape,
-                                   m->rot_dim, s->inv_freq, s->rope_attn_factor, l->o);
-    } else {
-        rope_kv_store(m, cache, li, b, &shape);
-        m->be->ops->attention(m->be, s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], b, &shape);
-    }
-    exl_matmul_fused o = {.rows = rows, .n = 1, .in_features = qw, .out_features = {hid}, .x = s->attn,
-                          .accumulate = 1, .decode = decode, .w = {l->o}, .out = {s->x}};
-    if (decode)
-        o.clear[0] = s->gate, o.clear[1] = s->up, o.n_clear[0] = o.n_clear[1] = (int64_t)rows * ffn;
-    return matmul_fused(m, &o, hook);
-}
-
-/* The MLP block of layer li: x += down(act(gate) * up) of the normed x. */
-static exl_status mlp_block(exl_model *m, const exl_layer *l, int li, const exl_batch *b, int32_t n_logits,
-                            const exl_layer_hook *hook) {
-    exl_forward_scratch *s = &m->fs;
-    const exl_hf_config *c = &m->cfg;
-    int32_t rows = b->n_rows, hid = c->hidden_size, ffn = c->intermediate_size;
-    int32_t qw = c->n_heads * c->head_dim, kvw = c->n_kv_heads * c->head_dim;
-    int32_t decode = b->max_q == 1;
-    EXL_TRY(matmul_fused(m,
-                         &(exl_matmul_fused){.rows = rows, .n = 2, .in_features = hid, .out_features = {ffn, ffn},
-                                             .x = s->x, .norm = l->mlp_norm, .eps = (float)c->rms_eps,
-                                             .decode = decode, .w = {l->gate, l->up}, .out = {s->gate, s->up},
-                                             .out_zero = decode, .feeds = l->down},
-                         hook));
-    exl_matmul_fused down = {.rows = rows, .n = 1, .in_features = ffn, .out_features = {hid}, .x = s->gate,
-                             .up = s->up, .act = (int32_t)c->act, .accumulate = 1, .decode = decode,
-                             .w = {l->down}, .out = {s->x}};
-    if (decode && li + 1 < c->n_layers) {
-        down.clear[0] = s->q, down.clear[1] = s->k, down.clear[2] = s->v;
-        down.n_clear[0] = (int64_t)rows * qw, down.n_clear[1] = down.n_clear[2] = (int64_t)rows * kvw;
-    } else if (decode && n_logits > 0) {
-        down.clear[0] = s->logits, down.n_clear[0] = (int64_t)n_logits * c->vocab_size;
-    }
-    return matmul_fused(m, &down, hook);
-}
-
-/* One decoder layer. In decode steps each op that adds into the residual also clears the
- * buffers a later op will fill (exl_matmul_fused.clear): o_proj the MLP's gate and up, down_proj
- * the next layer's q, k and v, or the last one the logits (n_logits rows), so that a backend
- * may add split sums onto them instead of merging. */
-exl_status exl_model_run_layer(exl_model *m, const exl_layer *l, exl_kv_cache *cache, int li, const exl_batch *b,
-                               int32_t n_logits, const exl_layer_hook *hook) {
-    if (l->q)
-        EXL_TRY(attention_block(m, l, cache, li, b, hook));
-    return l->gate ? mlp_block(m, l, li, b, n_logits, hook) : EXL_OK;
-}
-
-exl_status exl_model_step_batch(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs, int ahead,
-                                exl_batch *b, int32_t *n_logits) {
+exl_status exl_model_begin_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                int ahead, int32_t *n_logits) {
     int32_t rows, n_pages;
     int fed;
     EXL_TRY(check_fed(m, steps, n_seqs, &fed));
@@ -359,30 +240,97 @@ exl_status exl_model_step_batch(exl_model *m, exl_kv_cache *cache, const exl_seq
         fed = FED_HOST;
     }
     EXL_TRY(ensure_scratch(m, ints, *n_logits));
-    m->fs.fed_rows = 0; /* this step's table replaces them */
-    return build_batch(m, cache, steps, n_seqs, rows, n_pages, fed, b);
+    exl_forward_scratch *s = &m->fs;
+    s->fed_rows = 0; /* this step's table replaces them */
+    EXL_TRY(build_batch(m, cache, steps, n_seqs, rows, n_pages, fed, &s->batch));
+    exl_graph_reset(&s->graph, &s->batch);
+    s->graph.tmp = s->h; /* free while o_proj and down_proj run, the residual adds */
+    s->graph.tmp_floats = (int64_t)s->max_rows * m->cfg.hidden_size;
+    return EXL_OK;
+}
+
+static exl_status add_nodes(exl_graph *g, const exl_node *nodes, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        EXL_TRY(exl_graph_add(g, &nodes[i]));
+    return EXL_OK;
+}
+
+exl_status exl_model_layer_graph(exl_model *m, const exl_layer *l, int32_t li, const exl_kv_cache *cache,
+                                 exl_graph *g) {
+    exl_forward_scratch *s = &m->fs;
+    const exl_hf_config *c = &m->cfg;
+    const exl_batch *b = g->batch;
+    int32_t rows = b->n_rows, hid = c->hidden_size, ffn = c->intermediate_size;
+    int32_t qw = c->n_heads * c->head_dim, kvw = c->n_kv_heads * c->head_dim;
+    float eps = (float)c->rms_eps;
+    exl_attn_shape shape = {c->n_heads, c->n_kv_heads, c->head_dim, cache->page_size, c->sliding_window,
+                            1.0f / sqrtf((float)c->head_dim)};
+    const exl_node attn[] = {
+        {.op = EXL_OP_RMSNORM, .tag = {li, EXL_PART_ATTN_NORM}, .rmsnorm = {s->h, s->x, l->attn_norm, rows, hid, eps}},
+        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_Q}, .matmul = {s->q, s->h, l->q, rows, hid, qw, 0}},
+        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_K}, .matmul = {s->k, s->h, l->k, rows, hid, kvw, 0}},
+        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_V}, .matmul = {s->v, s->h, l->v, rows, hid, kvw, 0}},
+        {.op = EXL_OP_ROPE,
+         .tag = {li, EXL_PART_ROPE_Q},
+         .rope = {s->q, b->d_pos, s->inv_freq, rows, c->n_heads, c->head_dim, m->rot_dim, s->rope_attn_factor}},
+        {.op = EXL_OP_ROPE,
+         .tag = {li, EXL_PART_ROPE_K},
+         .rope = {s->k, b->d_pos, s->inv_freq, rows, c->n_kv_heads, c->head_dim, m->rot_dim, s->rope_attn_factor}},
+        {.op = EXL_OP_KV_STORE,
+         .tag = {li, EXL_PART_KV_STORE},
+         .kv_store = {cache->k[li], cache->v[li], s->k, s->v, kvw}},
+        {.op = EXL_OP_ATTENTION,
+         .tag = {li, EXL_PART_ATTENTION},
+         .attention = {s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], shape}},
+        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_O}, .matmul = {s->x, s->attn, l->o, rows, qw, hid, 1}},
+    };
+    const exl_node mlp[] = {
+        {.op = EXL_OP_RMSNORM, .tag = {li, EXL_PART_MLP_NORM}, .rmsnorm = {s->h, s->x, l->mlp_norm, rows, hid, eps}},
+        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_GATE}, .matmul = {s->gate, s->h, l->gate, rows, hid, ffn, 0}},
+        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_UP}, .matmul = {s->up, s->h, l->up, rows, hid, ffn, 0}},
+        {.op = EXL_OP_GLU, .tag = {li, EXL_PART_GLU}, .glu = {s->gate, s->up, rows, ffn, (int32_t)c->act}},
+        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_DOWN}, .matmul = {s->x, s->gate, l->down, rows, ffn, hid, 1}},
+    };
+    if (l->q) /* a block whose first linear is NULL is left out (exl_model_layer_forward) */
+        EXL_TRY(add_nodes(g, attn, sizeof attn / sizeof attn[0]));
+    return l->gate ? add_nodes(g, mlp, sizeof mlp / sizeof mlp[0]) : EXL_OK;
+}
+
+exl_status exl_model_run_graph(exl_model *m, const exl_graph *g, exl_linear_hook hook, void *user) {
+    if (!hook && m->be->ops->graph_run)
+        return m->be->ops->graph_run(m->be, g);
+    return exl_graph_exec(m->be, g, hook, user);
 }
 
 exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                        int ahead, int32_t *n_logits) {
-    exl_batch b;
-    EXL_TRY(exl_model_step_batch(m, cache, steps, n_seqs, ahead, &b, n_logits));
-    const exl_backend_ops *op = m->be->ops;
+    EXL_TRY(exl_model_begin_step(m, cache, steps, n_seqs, ahead, n_logits));
     exl_forward_scratch *s = &m->fs;
-    op->embed(m->be, s->x, m->embed, b.d_ids, b.n_rows, m->embed_scale);
-    for (int i = 0; i < m->cfg.n_layers; i++)
-        EXL_TRY(exl_model_run_layer(m, &m->layers[i], cache, i, &b, *n_logits, NULL));
-    if (*n_logits > 0) {
-        op->gather_rows(m->be, s->sel, s->x, s->logit_rows, *n_logits, m->cfg.hidden_size);
-        EXL_TRY(matmul_fused(m,
-                             &(exl_matmul_fused){.rows = *n_logits, .n = 1, .in_features = m->cfg.hidden_size,
-                                                 .out_features = {m->cfg.vocab_size}, .x = s->sel,
-                                                 .norm = m->final_norm, .eps = (float)m->cfg.rms_eps,
-                                                 .decode = b.max_q == 1, .w = {m->head}, .out = {s->logits},
-                                                 .out_zero = b.max_q == 1 && m->cfg.n_layers > 0},
-                             NULL));
+    const exl_hf_config *c = &m->cfg;
+    exl_graph *g = &s->graph;
+    int32_t rows = s->batch.n_rows, hid = c->hidden_size, n = *n_logits;
+    const exl_node embed = {.op = EXL_OP_EMBED,
+                            .tag = {-1, EXL_PART_EMBED},
+                            .embed = {s->x, m->embed, s->batch.d_ids, rows, hid, m->embed_scale}};
+    EXL_TRY(exl_graph_add(g, &embed));
+    for (int32_t i = 0; i < c->n_layers; i++)
+        EXL_TRY(exl_model_layer_graph(m, &m->layers[i], i, cache, g));
+    if (n > 0) {
+        const exl_node head[] = {
+            {.op = EXL_OP_GATHER_ROWS,
+             .tag = {-1, EXL_PART_LOGIT_ROWS},
+             .gather_rows = {s->sel, s->x, s->logit_rows, n, hid, rows}},
+            {.op = EXL_OP_RMSNORM,
+             .tag = {-1, EXL_PART_FINAL_NORM},
+             .rmsnorm = {s->h, s->sel, m->final_norm, n, hid, (float)c->rms_eps}},
+            {.op = EXL_OP_MATMUL,
+             .tag = {-1, EXL_PART_HEAD},
+             .matmul = {s->logits, s->h, m->head, n, hid, c->vocab_size, 0}},
+        };
+        EXL_TRY(add_nodes(g, head, sizeof head / sizeof head[0]));
+        EXL_TRY(exl_graph_output(g, s->logits, (int64_t)n * c->vocab_size));
     }
-    return EXL_OK;
+    return exl_model_run_graph(m, g, NULL, NULL);
 }
 
 exl_status exl_model_forward(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,

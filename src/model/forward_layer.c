@@ -1,33 +1,45 @@
-/* forward_layer.c - the forward pass one decoder layer at a time (model.h), for the quantizer: the real layer
- * (forward.c's) over a step's hidden states, with the model's weights or candidates, a hook on its linears' inputs. */
-#include "model/forward_internal.h"
+/* forward_layer.c - parts of a step run on their own, for the quantizer: one decoder layer over a step's hidden
+ * states (optionally with a hook on each linear's input), the step's embeddings, its rows' head input. */
 #include "model/model.h"
 
 #include "base/error.h"
 
-exl_status exl_model_embed_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs) {
-    exl_batch b;
-    int32_t n_logits;
-    EXL_TRY(exl_model_step_batch(m, cache, steps, n_seqs, 0, &b, &n_logits));
-    m->be->ops->embed(m->be, m->fs.x, m->embed, b.d_ids, b.n_rows, m->embed_scale);
-    return EXL_OK;
-}
-
 exl_status exl_model_layer_forward(exl_model *m, const exl_layer *layer, int32_t li, exl_kv_cache *cache,
                                    const exl_seq_step *steps, int32_t n_seqs, exl_linear_hook hook, void *user) {
-    exl_batch b;
-    int32_t n_logits;
     if (li < 0 || li >= m->cfg.n_layers)
-        return exl_fail(EXL_ERR_ARG, "exl_model_layer_forward: layer %d of %d", li, m->cfg.n_layers);
-    EXL_TRY(exl_model_step_batch(m, cache, steps, n_seqs, 0, &b, &n_logits));
-    exl_layer_hook h = {hook, user, li};
-    return exl_model_run_layer(m, layer, cache, li, &b, 0, &h);
+        return exl_fail(EXL_ERR_ARG, "layer_forward: layer %d of %d", li, m->cfg.n_layers);
+    int32_t n_logits;
+    EXL_TRY(exl_model_begin_step(m, cache, steps, n_seqs, 0, &n_logits));
+    exl_graph *g = &m->fs.graph;
+    EXL_TRY(exl_model_layer_graph(m, layer, li, cache, g));
+    EXL_TRY(exl_graph_output(g, m->fs.x, (int64_t)m->fs.batch.n_rows * m->cfg.hidden_size));
+    return exl_model_run_graph(m, g, hook, user);
 }
 
-exl_status exl_model_head_input(exl_model *m, int32_t rows, exl_linear_hook hook, void *user) {
-    if (rows < 0 || rows > exl_model_max_rows(m))
-        return exl_fail(EXL_ERR_ARG, "exl_model_head_input: %d rows (at most %d)", rows, exl_model_max_rows(m));
+exl_status exl_model_embed_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs) {
+    int32_t n_logits;
+    EXL_TRY(exl_model_begin_step(m, cache, steps, n_seqs, 0, &n_logits));
     exl_forward_scratch *s = &m->fs;
-    m->be->ops->rmsnorm(m->be, s->h, s->x, m->final_norm, rows, m->cfg.hidden_size, (float)m->cfg.rms_eps);
+    int32_t rows = s->batch.n_rows, hid = m->cfg.hidden_size;
+    const exl_node embed = {.op = EXL_OP_EMBED,
+                            .tag = {-1, EXL_PART_EMBED},
+                            .embed = {s->x, m->embed, s->batch.d_ids, rows, hid, m->embed_scale}};
+    EXL_TRY(exl_graph_add(&s->graph, &embed));
+    EXL_TRY(exl_graph_output(&s->graph, s->x, (int64_t)rows * hid));
+    return exl_model_run_graph(m, &s->graph, NULL, NULL);
+}
+
+exl_status exl_model_head_input(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                exl_linear_hook hook, void *user) {
+    int32_t n_logits;
+    EXL_TRY(exl_model_begin_step(m, cache, steps, n_seqs, 0, &n_logits));
+    exl_forward_scratch *s = &m->fs;
+    int32_t rows = s->batch.n_rows, hid = m->cfg.hidden_size;
+    const exl_node norm = {.op = EXL_OP_RMSNORM,
+                           .tag = {-1, EXL_PART_FINAL_NORM},
+                           .rmsnorm = {s->h, s->x, m->final_norm, rows, hid, (float)m->cfg.rms_eps}};
+    EXL_TRY(exl_graph_add(&s->graph, &norm));
+    EXL_TRY(exl_graph_output(&s->graph, s->h, (int64_t)rows * hid));
+    EXL_TRY(exl_model_run_graph(m, &s->graph, NULL, NULL));
     return hook(user, m->cfg.n_layers, m->head, s->h, rows);
 }

@@ -6,10 +6,28 @@
 #include "io/hf_config.h"
 #include "io/weights.h"
 
-typedef struct exl_layer {
-    exl_vector *attn_norm, *mlp_norm;
-    exl_linear *q, *k, *v, *o;
+/* One expert of a mixture-of-experts block (or its shared expert): a gated MLP. */
+typedef struct exl_expert {
     exl_linear *gate, *up, *down;
+} exl_expert;
+
+/* A decoder layer's weights; which of them are there follows cfg (NULL otherwise). */
+typedef struct exl_layer {
+    exl_vector *attn_norm; /* input_layernorm */
+    exl_vector *mlp_norm;  /* the norm before the MLP: post_attention_layernorm, Gemma 2/3's pre_feedforward */
+    exl_linear *q, *k, *v, *o;
+    exl_linear *qkv;       /* cfg.fused_qkv (Phi-3): one linear giving q, then k, then v (q, k, v are NULL) */
+    exl_vector *q_norm, *k_norm; /* cfg.qk_norm: RMSNorm weights of head_dim, applied to each head */
+    exl_vector *post_attn_norm;  /* cfg.sandwich_norms: on the attention output before the residual add */
+    exl_vector *post_mlp_norm;   /* cfg.sandwich_norms: on the MLP output before the residual add */
+    /* dense MLP (a layer that is not MoE) */
+    exl_linear *gate, *up, *down;
+    exl_linear *gate_up;   /* cfg.fused_gate_up (Phi-3): gate rows, then up rows (gate, up are NULL) */
+    /* mixture of experts (cfg.layers[i].moe) */
+    exl_linear *router;    /* hidden -> n_experts logits */
+    exl_expert *experts;   /* cfg.moe.n_experts of them */
+    exl_expert shared;     /* Qwen2-MoE: the shared expert every token runs (cfg.moe.shared_ffn) */
+    exl_linear *shared_gate; /* Qwen2-MoE: hidden -> 1, the sigmoid weight of the shared expert's output */
 } exl_layer;
 
 /* Buffers for one forward step of up to max_rows tokens (the backend's step_rows), allocated
@@ -26,6 +44,8 @@ typedef struct exl_forward_scratch {
     int32_t table_cap;
     int32_t *ids, *pos, *slots, *page_tables, *logit_rows;
     exl_attn_seq *seqs;
+    exl_batch batch; /* this step's (exl_model_begin_step) */
+    exl_graph graph; /* this step's nodes */
     float *inv_freq;
     float rope_attn_factor;
     int32_t rope_seq_len; /* sequence length inv_freq was computed for (dynamic rope) */
@@ -119,6 +139,28 @@ exl_status exl_model_argmax_wait(exl_model *m, int64_t ticket, int32_t *ids, int
  * in m->fs.logits. ahead: keep room in the step tables for a next step fed from this one. */
 exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                        int ahead, int32_t *n_logits);
+
+/* ---- a step as a graph (forward.c; backend/graph.h). A step's graph is built as:
+ *   exl_model_begin_step: check the steps, upload their tables (m->fs.batch), empty m->fs.graph for them;
+ *   nodes added: the embedding, exl_model_layer_graph for each layer, the head (exl_model_forward_to_logits),
+ *   or any part of that (exl_model_layer_forward: one layer);
+ *   exl_model_run_graph. */
+exl_status exl_model_begin_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                int ahead, int32_t *n_logits);
+/* Append decoder layer li, with weights l (the model's own or others of the same shapes; a block whose first linear,
+ * q or gate, is NULL left out) and the cache's layer li, over the hidden states in m->fs.x of g's batch, to g. */
+exl_status exl_model_layer_graph(exl_model *m, const exl_layer *l, int32_t li, const exl_kv_cache *cache,
+                                 exl_graph *g);
+/* Run g: with a hook, node by node through the generic executor (no backend fusions), calling it before each
+ * matmul; without, through the backend's graph_run where it has one. */
+exl_status exl_model_run_graph(exl_model *m, const exl_graph *g, exl_linear_hook hook, void *user);
+/* Run decoder layer li with weights `layer` (the model's own or candidates) over the hidden states of a step (as
+ * exl_model_forward's steps: tokens through the paged cache, the ids not read); x in/out [rows, hidden] in
+ * m->fs.x. A block whose first linear is NULL (q: attention, gate: MLP) is left out, so one block can run alone.
+ * With a hook (called with each linear's input rows before its matmul) it runs op by op, without backend fusions
+ * (forward_layer.c). */
+exl_status exl_model_layer_forward(exl_model *m, const exl_layer *layer, int32_t li, exl_kv_cache *cache,
+                                   const exl_seq_step *steps, int32_t n_seqs, exl_linear_hook hook, void *user);
 void exl_model_free_ahead(exl_model *m);
 /* Tokens one step takes at most: the backend's step_rows (512 on the CPU, 2048 on CUDA), or
  * less where the forward buffers for that many did not fit. */
@@ -128,32 +170,32 @@ int32_t exl_model_max_rows(const exl_model *m);
 exl_status exl_model_alloc_forward(exl_model *m);
 void exl_model_free_forward(exl_model *m);
 
-/* ---- one decoder layer at a time (forward_layer.c), for the quantizer */
+/* ---- the quantizer's view (forward_layer.c, model_load.c): a step's embeddings, its rows' head input, and where
+ * each linear came from; decoder layers one at a time are exl_model_layer_forward's (above) */
 
-/* Called with each linear's input rows (backend memory, fp32 [rows, in]) before its matmul, when set; a forward with
- * a hook runs op by op, without backend fusions. */
-typedef exl_status (*exl_linear_hook)(void *user, int32_t layer, const exl_linear *w, const float *x, int32_t rows);
 /* The embeddings of a step's tokens (steps as exl_model_forward's) into m->fs.x [rows, hidden], rows in step order:
  * the first layer's input. */
 exl_status exl_model_embed_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs);
-/* Run decoder layer `li` with weights `layer` (the model's own or candidates) over the hidden states of a step
- * (as exl_model_forward's steps: tokens through the paged cache); x in/out [rows, hidden] in m->fs.x. A block whose
- * first linear is NULL (q: attention, gate: MLP) is left out, so one block can be run alone. The steps' token ids
- * are checked but not read (any in the vocabulary do). Always op by op, hook or not: a layer run alone takes no part
- * in the split sums between layers. */
-exl_status exl_model_layer_forward(exl_model *m, const exl_layer *layer, int32_t li, exl_kv_cache *cache,
-                                   const exl_seq_step *steps, int32_t n_seqs, exl_linear_hook hook, void *user);
-/* The head's input, the final norm of rows [rows, hidden] of m->fs.x, to the hook (as layer n_layers, linear
- * m->head); the head itself is not run. */
-exl_status exl_model_head_input(exl_model *m, int32_t rows, exl_linear_hook hook, void *user);
+/* The head's input, the final norm of the step's rows of m->fs.x, to the hook (as layer n_layers, linear m->head);
+ * the head itself is not run. Steps as exl_model_layer_forward's (the ids not read). */
+exl_status exl_model_head_input(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                exl_linear_hook hook, void *user);
 /* The tensors linear w of the model was loaded from: *prefix names them (<prefix>.weight, <prefix>.bias, ...; valid
  * while the model is) and *src describes them; a tied head is "lm_head" over the embedding table. EXL_ERR_ARG for a
  * linear the model does not hold. */
 exl_status exl_model_linear_source(const exl_model *m, const exl_linear *w, const char **prefix, exl_linear_src *src);
 
-/* Loading pieces (model_load.c, linear_load.c) */
+/* Loading pieces (model_load.c, layer_load.c, linear_load.c) */
 exl_status exl_model_load_linear(exl_model *m, const char *prefix, int64_t in, int64_t out, int has_bias,
                                  exl_linear **w);
+/* A norm's weights of n values (Gemma's (1 + w) applied). */
+exl_status exl_model_load_norm(exl_model *m, const char *name, int64_t n, exl_vector **out);
+/* Layer i's tensors, named "<text_prefix>layers.<i>.*" ("model." for causal LMs). */
+exl_status exl_model_load_layer(exl_model *m, const char *text_prefix, int32_t i);
+void exl_model_free_layer(exl_model *m, exl_layer *l);
+/* What the forward pass cannot run yet of a config ("qwen3 models", "longrope rotary embeddings", ...), written to
+ * gap; empty when it runs it. */
+void exl_model_forward_gap(const exl_hf_config *c, char *gap, size_t size);
 
 /* RoPE frequencies for a sequence length (dynamic scaling depends on it). */
 void exl_rope_frequencies(const exl_hf_config *cfg, int32_t rot_dim, int32_t seq_len, float *inv_freq,

@@ -286,38 +286,33 @@ static double prefill_speed(exl_model *m, exl_kv_cache *cache, int32_t *pages, i
     return best;
 }
 
-/* one matmul of `rows` rows: the plain op (prompt rows, activations kept to ~22 bits) or, with
- * decode, matmul_fused marked as decode rows (activations may be rounded to fp16) */
-static void one_matmul(exl_backend *be, float *y, const float *x, const exl_linear *w, int64_t K, int64_t N,
-                       int32_t rows, int decode) {
-    if (!decode) {
-        be->ops->matmul(be, y, x, w, rows);
-        return;
-    }
-    exl_matmul_fused f = {.rows = rows, .n = 1, .in_features = (int32_t)K, .out_features = {(int32_t)N}, .x = x,
-                          .decode = 1, .w = {w}, .out = {y}};
-    be->ops->matmul_fused(be, &f);
-}
-
-/* time one matmul op of `rows` rows alone, 200 back to back (one row: in one graph), for the
- * efficiency of each shape */
+/* time one matmul of `rows` rows alone, 200 back to back in one graph (up to 64 rows its first run is captured
+ * into a CUDA graph, which the timed run replays), for the efficiency of each shape; decode: the rows are decode
+ * tokens (a batch of max_q 1), whose activations may be rounded to fp16, else prompt rows (kept to ~22 bits) */
 static double matmul_us(exl_model *m, const exl_linear *w, int64_t K, int64_t N, int32_t rows, int decode) {
+    enum { REPS = 200 };
     exl_backend *be = m->be;
     float *x = be->ops->alloc(be, rows * K * 4), *y = be->ops->alloc(be, rows * N * 4);
     float *hx = malloc(rows * K * 4);
     for (int64_t i = 0; i < rows * K; i++)
         hx[i] = qg_uniform(&rng) - 0.5f;
     EK(be->ops->upload(be, x, hx, rows * K * 4));
-    /* the first round is captured into a CUDA graph, the timed one replays it */
-    const int reps = 200;
-    for (int i = 0; i < reps; i++)
-        one_matmul(be, y, x, w, K, N, rows, decode);
+    exl_batch b = {.n_rows = rows, .n_seqs = rows, .max_q = 1};
+    exl_graph g = {0};
+    exl_graph_reset(&g, decode ? &b : NULL);
+    const exl_node n = {.op = EXL_OP_MATMUL,
+                        .tag = {-1, EXL_PART_OTHER},
+                        .matmul = {y, x, w, rows, (int32_t)K, (int32_t)N, 0}};
+    for (int i = 0; i < REPS; i++)
+        EK(exl_graph_add(&g, &n));
+    EK(exl_graph_output(&g, y, rows * N));
+    EK(be->ops->graph_run(be, &g));
     EK(be->ops->synchronize(be));
     double t0 = now();
-    for (int i = 0; i < reps; i++)
-        one_matmul(be, y, x, w, K, N, rows, decode);
+    EK(be->ops->graph_run(be, &g));
     EK(be->ops->synchronize(be));
-    double us = (now() - t0) / reps * 1e6;
+    double us = (now() - t0) / REPS * 1e6;
+    exl_graph_free(&g);
     be->ops->free(be, x), be->ops->free(be, y);
     free(hx);
     return us;

@@ -441,9 +441,16 @@ static void test_quant(const char *shared) {
     fixture_gptq(shared, "rand-llama-gptq-4bit-g64-sym", "model.layers.1.self_attn.o_proj", 64);
 }
 
-/* ---- fused ops: matmul_fused against a host reference, rope_kv_store against the
- * unfused GPU ops */
+/* ---- graphs: graph_run (compiled into the backend's fused kernels) against a host reference or the generic
+ * executor */
 
+static void add_node(exl_graph *g, exl_node n) { require(exl_graph_add(g, &n) == EXL_OK, "graph add"); }
+
+/* a batch of rows decode tokens (max_q 1: their matmul inputs may be rounded to fp16), for graphs of matmuls */
+static exl_batch decode_batch(int32_t rows) { return (exl_batch){.n_rows = rows, .n_seqs = rows, .max_q = 1}; }
+
+/* mode 0: rmsnorm, then n matmuls of its output (one launch with the norm); mode 1: glu, then a matmul of its
+ * output adding to the result (one launch with the GLU and the residual) */
 static void fused_case(const char *name, qgen *g, int n, int32_t rows, int mode, int decode) {
     int64_t K = g[0].src.in_features;
     exl_linear *lg[3];
@@ -467,13 +474,17 @@ static void fused_case(const char *name, qgen *g, int n, int32_t rows, int mode,
             xin[r * K + k] = mode == 0 ? (float)(nw[k] * v * inv) : (float)(v / (1.0 + exp(-v)) * up[r * K + k]);
         }
     }
-    exl_matmul_fused f = {.rows = rows, .n = n, .in_features = (int32_t)K, .eps = 1e-5f, .act = 0, .decode = decode};
-    float *dx = put(gpu, x, rows * K * 4), *dup = NULL;
-    f.x = dx;
-    if (mode == 0)
-        f.norm = vg;
-    else
-        f.up = dup = put(gpu, up, rows * K * 4), f.accumulate = 1;
+    exl_batch b = decode_batch(rows);
+    exl_graph gr = {0};
+    exl_graph_reset(&gr, decode ? &b : NULL);
+    float *dx = put(gpu, x, rows * K * 4), *dup = NULL, *dh = NULL;
+    if (mode == 0) {
+        dh = gpu->ops->alloc(gpu, (size_t)rows * K * 4);
+        add_node(&gr, (exl_node){.op = EXL_OP_RMSNORM, .rmsnorm = {dh, dx, vg, rows, (int32_t)K, 1e-5f}});
+    } else {
+        dup = put(gpu, up, rows * K * 4);
+        add_node(&gr, (exl_node){.op = EXL_OP_GLU, .glu = {dx, dup, rows, (int32_t)K, 0}});
+    }
     for (int i = 0; i < n; i++) {
         N[i] = g[i].src.out_features;
         require(gpu->ops->linear_init(gpu, &g[i].src, &lg[i]) == EXL_OK, "linear gpu");
@@ -489,9 +500,11 @@ static void fused_case(const char *name, qgen *g, int n, int32_t rows, int mode,
             }
         og[i] = put(gpu, base, rows * N[i] * 4);
         free(base);
-        f.w[i] = lg[i], f.out[i] = og[i], f.out_features[i] = (int32_t)N[i];
+        add_node(&gr, (exl_node){.op = EXL_OP_MATMUL,
+                                 .matmul = {og[i], mode == 0 ? dh : dx, lg[i], rows, (int32_t)K, (int32_t)N[i], mode}});
+        require(exl_graph_output(&gr, og[i], rows * N[i]) == EXL_OK, "graph output");
     }
-    gpu->ops->matmul_fused(gpu, &f);
+    require(gpu->ops->graph_run(gpu, &gr) == EXL_OK, "graph_run");
     double worst = 0;
     for (int i = 0; i < n; i++) {
         float *got = get(gpu, og[i], rows * N[i]);
@@ -503,12 +516,15 @@ static void fused_case(const char *name, qgen *g, int n, int32_t rows, int mode,
     }
     char full[128];
     snprintf(full, sizeof full, "%s rows=%d%s", name, rows, decode ? " decode" : "");
-    /* prompt rows past the GEMV (4) keep the activations to ~22 bits; decode rows may round them
-     * to fp16 (exl_matmul_fused.decode), as the GEMV does */
+    /* prompt rows past the GEMV (4) keep the activations to ~22 bits; decode rows may round them to fp16, as the
+     * GEMV does */
     report(full, worst, rows > 4 && !decode ? 1e-4 : 3e-3);
+    exl_graph_free(&gr);
     gpu->ops->free(gpu, dx);
     if (dup)
         gpu->ops->free(gpu, dup);
+    if (dh)
+        gpu->ops->free(gpu, dh);
     gpu->ops->vector_free(gpu, vg);
     free(x), free(up), free(nw), free(nw16), free(xin);
 }
@@ -525,17 +541,17 @@ static void test_fused(void) {
     /* decode rows first: nothing a same-shaped prompt call left in the scratch buffers may help them */
     for (int i = 0; i < 6; i++)
         for (int decode = 1; decode >= 0; decode--)
-            fused_case("matmul_fused norm + 3 linears (exl2, exl2, gptq)", g, 3, rl[i], 0, decode);
+            fused_case("graph rmsnorm + 3 matmuls (exl2, exl2, gptq)", g, 3, rl[i], 0, decode);
     for (int i = 0; i < 3; i++)
         qgen_free(&g[i]);
     int bits2[4] = {8, 4, 3, 2}, rows2[4] = {384, 320, 320, 352}; /* 1376 inputs: 43 chunks, two stages */
     qgen_exl2(&g[0], 1376, 96, 4, bits2, rows2, &rng);
     for (int i = 0; i < 6; i++)
         for (int decode = 1; decode >= 0; decode--)
-            fused_case("matmul_fused glu + residual (exl2 8/4/3/2)", g, 1, rl[i], 1, decode);
+            fused_case("graph glu + accumulating matmul (exl2 8/4/3/2)", g, 1, rl[i], 1, decode);
     qgen_free(&g[0]);
 
-    /* rope + KV store (partial rotary, GQA) against rope, rope, kv_store */
+    /* rope, rope, kv_store in a graph (one launch) against the ops one by one (partial rotary, GQA) */
     int32_t nr = 3, nh = 4, nkv = 2, hd = 64, rot = 32, page = 16, kvw = nkv * hd;
     int32_t pos[3] = {5, 17, 40}, slots[3] = {21, 2, 40};
     float inv[16];
@@ -553,25 +569,31 @@ static void test_fused(void) {
     int32_t *pg = put(gpu, pos, sizeof pos), *sg = put(gpu, slots, sizeof slots);
     float *fg = put(gpu, inv, sizeof inv);
     exl_batch b = {.n_rows = nr, .n_seqs = 1, .max_q = nr, .max_kv = 41, .d_pos = pg, .d_slots = sg};
-    exl_attn_shape sh = {nh, nkv, hd, page, 0, 0.125f};
     gpu->ops->rope(gpu, q1, pg, nr, nh, hd, rot, fg, 1.1f);
     gpu->ops->rope(gpu, k1, pg, nr, nkv, hd, rot, fg, 1.1f);
     gpu->ops->kv_store(gpu, kc1, vc1, k1, vg, &b, kvw);
-    gpu->ops->rope_kv_store(gpu, q2, k2, vg, kc2, vc2, &b, &sh, rot, fg, 1.1f);
+    exl_graph gr = {0};
+    exl_graph_reset(&gr, &b);
+    add_node(&gr, (exl_node){.op = EXL_OP_ROPE, .rope = {q2, pg, fg, nr, nh, hd, rot, 1.1f}});
+    add_node(&gr, (exl_node){.op = EXL_OP_ROPE, .rope = {k2, pg, fg, nr, nkv, hd, rot, 1.1f}});
+    add_node(&gr, (exl_node){.op = EXL_OP_KV_STORE, .kv_store = {kc2, vc2, k2, vg, kvw}});
+    require(exl_graph_output(&gr, q2, nr * nh * hd) == EXL_OK, "graph output");
+    require(gpu->ops->graph_run(gpu, &gr) == EXL_OK, "graph_run");
+    exl_graph_free(&gr);
     uint16_t *a1 = malloc(cache_bytes), *a2 = malloc(cache_bytes), *b1 = malloc(cache_bytes), *b2 = malloc(cache_bytes);
     gpu->ops->download(gpu, a1, kc1, cache_bytes), gpu->ops->download(gpu, a2, kc2, cache_bytes);
     gpu->ops->download(gpu, b1, vc1, cache_bytes), gpu->ops->download(gpu, b2, vc2, cache_bytes);
     float *qa = get(gpu, q1, nr * nh * hd), *qb = get(gpu, q2, nr * nh * hd);
     double diff = memcmp(a1, a2, cache_bytes) || memcmp(b1, b2, cache_bytes) ? 1 : ref_rel_err(qb, qa, nr * nh * hd);
-    report("rope_kv_store == rope, rope, kv_store", diff, 0);
+    report("graph rope, rope, kv_store == the ops", diff, 0);
     free(q), free(k), free(v), free(zero), free(a1), free(a2), free(b1), free(b2), free(qa), free(qb);
     void *bufs[] = {q1, q2, k1, k2, vg, kc1, kc2, vc1, vc2, pg, sg, fg};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         gpu->ops->free(gpu, bufs[i]);
 }
 
-/* A GLU chain as the forward pass issues it: gate and up (with feeds = down, which lets the
- * backend store them in down's slot order) then down with up, against a host reference. */
+/* The MLP as the forward pass builds it: rmsnorm, gate and up, glu, down adding to the residual, against a host
+ * reference: in decode steps gate and up stored in down's slot order by their GEMV, read so by down's. */
 static void glu_chain_case(qgen *gu, qgen *dn, int32_t rows) {
     const int64_t K = gu[0].src.in_features, F = gu[0].src.out_features, N = dn->src.out_features;
     float *x = rnd(rows * K, -1, 1), *base = rnd(rows * N, -1, 1), *nw = rnd(K, 0.5f, 1.5f);
@@ -609,18 +631,24 @@ static void glu_chain_case(qgen *gu, qgen *dn, int32_t rows) {
     }
     float *xd = put(gpu, x, rows * K * 4), *od = put(gpu, base, rows * N * 4);
     float *gd = gpu->ops->alloc(gpu, (size_t)rows * F * 4), *ud = gpu->ops->alloc(gpu, (size_t)rows * F * 4);
-    exl_matmul_fused fu = {.rows = rows, .n = 2, .in_features = (int32_t)K, .out_features = {(int32_t)F, (int32_t)F},
-                           .x = xd, .norm = vg, .eps = 1e-5f, .decode = 1, .w = {lg[0], lg[1]}, .out = {gd, ud},
-                           .feeds = lg[2]};
-    exl_matmul_fused fd = {.rows = rows, .n = 1, .in_features = (int32_t)F, .out_features = {(int32_t)N}, .x = gd,
-                           .up = ud, .act = 0, .accumulate = 1, .decode = 1, .w = {lg[2]}, .out = {od}};
-    gpu->ops->matmul_fused(gpu, &fu);
-    gpu->ops->matmul_fused(gpu, &fd);
+    float *hd = gpu->ops->alloc(gpu, (size_t)rows * K * 4);
+    const int32_t k = (int32_t)K, f = (int32_t)F, n = (int32_t)N;
+    exl_batch b = decode_batch(rows);
+    exl_graph gr = {0};
+    exl_graph_reset(&gr, &b);
+    add_node(&gr, (exl_node){.op = EXL_OP_RMSNORM, .rmsnorm = {hd, xd, vg, rows, k, 1e-5f}});
+    add_node(&gr, (exl_node){.op = EXL_OP_MATMUL, .matmul = {gd, hd, lg[0], rows, k, f, 0}});
+    add_node(&gr, (exl_node){.op = EXL_OP_MATMUL, .matmul = {ud, hd, lg[1], rows, k, f, 0}});
+    add_node(&gr, (exl_node){.op = EXL_OP_GLU, .glu = {gd, ud, rows, f, 0}});
+    add_node(&gr, (exl_node){.op = EXL_OP_MATMUL, .matmul = {od, gd, lg[2], rows, f, n, 1}});
+    require(exl_graph_output(&gr, od, rows * N) == EXL_OK, "graph output");
+    require(gpu->ops->graph_run(gpu, &gr) == EXL_OK, "graph_run");
+    exl_graph_free(&gr);
     float *got = get(gpu, od, rows * N);
     char name[96];
-    snprintf(name, sizeof name, "matmul_fused gate/up feeding down (GLU) rows=%d decode", rows);
+    snprintf(name, sizeof name, "graph MLP (gate/up in down's slot order) rows=%d decode", rows);
     report(name, ref_rel_err(got, want, rows * N), 3e-3);
-    void *bufs[] = {xd, od, gd, ud};
+    void *bufs[] = {xd, od, gd, ud, hd};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         gpu->ops->free(gpu, bufs[i]);
     for (int i = 0; i < 3; i++)
@@ -649,9 +677,10 @@ static void test_glu_chain(void) {
     qgen_free(&dn);
 }
 
-/* rope_attention (decode steps: one new token a sequence) against rope_kv_store then attention:
- * n_seqs sequences, each n_past tokens in the cache already and one new; both outputs and
- * both caches after the step */
+/* rope, rope, kv_store, attention (with_o: and o_proj adding to a residual) in a decode step (one new token a
+ * sequence) through graph_run (one launch where the kernel takes it, its output in o_proj's slot order) against the
+ * generic executor on the GPU: n_seqs sequences, each n_past tokens in the cache already and one new; both
+ * outputs and both caches after the step */
 static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32_t hd, int32_t rot,
                                 const int32_t *n_past, int n_seqs, int with_o) {
     const int32_t page = 16, kvw = nkv * hd, rows = n_seqs;
@@ -683,7 +712,6 @@ static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32
     float *fd = put(gpu, inv, sizeof inv);
     exl_batch b = {rows, n_seqs, 1, max_kv, seqs, pos, slots, sd, NULL, pd, sl, td};
     exl_attn_shape sh = {nh, nkv, hd, page, 0, 1.0f / sqrtf((float)hd)};
-    /* with_o: o_proj after it (rope_attention's feeds, which may lay the output out for it) */
     const int32_t on = 96;
     qgen og;
     exl_linear *ol = NULL;
@@ -698,27 +726,28 @@ static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32
     for (int fused = 0; fused < 2; fused++) {
         float *qd = put(gpu, q, rows * nh * hd * 4), *kd = put(gpu, k, rows * kvw * 4), *vd = put(gpu, v, rows * kvw * 4);
         void *kc = put(gpu, past, cache_elems * 2), *vc = put(gpu, past, cache_elems * 2);
-        float *od = gpu->ops->alloc(gpu, (size_t)rows * nh * hd * 4);
-        if (fused) {
-            gpu->ops->rope_attention(gpu, od, qd, kd, vd, kc, vc, &b, &sh, rot, fd, 1.1f, ol);
-        } else {
-            gpu->ops->rope_kv_store(gpu, qd, kd, vd, kc, vc, &b, &sh, rot, fd, 1.1f);
-            gpu->ops->attention(gpu, od, qd, kd, vd, kc, vc, &b, &sh);
-        }
+        float *od = gpu->ops->alloc(gpu, (size_t)rows * nh * hd * 4), *ob = put(gpu, obase, rows * on * 4);
+        float *tmp = gpu->ops->alloc(gpu, (size_t)rows * on * 4);
+        exl_graph gr = {0};
+        exl_graph_reset(&gr, &b);
+        gr.tmp = tmp, gr.tmp_floats = rows * on;
+        add_node(&gr, (exl_node){.op = EXL_OP_ROPE, .rope = {qd, pd, fd, rows, nh, hd, rot, 1.1f}});
+        add_node(&gr, (exl_node){.op = EXL_OP_ROPE, .rope = {kd, pd, fd, rows, nkv, hd, rot, 1.1f}});
+        add_node(&gr, (exl_node){.op = EXL_OP_KV_STORE, .kv_store = {kc, vc, kd, vd, kvw}});
+        add_node(&gr, (exl_node){.op = EXL_OP_ATTENTION, .attention = {od, qd, kd, vd, kc, vc, sh}});
+        if (with_o)
+            add_node(&gr, (exl_node){.op = EXL_OP_MATMUL, .matmul = {ob, od, ol, rows, nh * hd, on, 1}});
+        require(exl_graph_output(&gr, with_o ? ob : od, with_o ? rows * on : rows * nh * hd) == EXL_OK,
+                "graph output");
+        require((fused ? gpu->ops->graph_run(gpu, &gr) : exl_graph_exec(gpu, &gr, NULL, NULL)) == EXL_OK, "graph");
+        exl_graph_free(&gr);
         out[fused] = with_o ? NULL : get(gpu, od, rows * nh * hd); /* with o_proj: in its order */
-        if (with_o) {
-            float *ob = put(gpu, obase, rows * on * 4);
-            gpu->ops->matmul_fused(gpu, &(exl_matmul_fused){.rows = rows, .n = 1, .in_features = nh * hd,
-                                                           .out_features = {on}, .x = od, .accumulate = 1,
-                                                           .decode = 1, .w = {ol}, .out = {ob}});
-            o_out[fused] = get(gpu, ob, rows * on);
-            gpu->ops->free(gpu, ob);
-        }
+        o_out[fused] = with_o ? get(gpu, ob, rows * on) : NULL;
         kc_h[fused] = malloc(cache_elems * 2), vc_h[fused] = malloc(cache_elems * 2);
         require(gpu->ops->download(gpu, kc_h[fused], kc, cache_elems * 2) == EXL_OK &&
                     gpu->ops->download(gpu, vc_h[fused], vc, cache_elems * 2) == EXL_OK,
                 "download cache");
-        void *bufs[] = {qd, kd, vd, kc, vc, od};
+        void *bufs[] = {qd, kd, vd, kc, vc, od, ob, tmp};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             gpu->ops->free(gpu, bufs[i]);
     }
@@ -738,13 +767,13 @@ static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32
     if (with_o) {
         snprintf(full, sizeof full, "%s: o_proj after it", name);
         report(full, ref_rel_err(o_out[1], o_out[0], rows * on), 2e-4);
-        free(o_out[0]), free(o_out[1]);
         gpu->ops->linear_free(gpu, ol);
         qgen_free(&og);
     } else {
         snprintf(full, sizeof full, "%s: output", name);
         report(full, ref_rel_err(out[1], out[0], rows * nh * hd), 2e-4);
     }
+    free(o_out[0]), free(o_out[1]);
     free(obase);
     for (int i = 0; i < 4; i++)
         free(c[i]);
@@ -758,12 +787,95 @@ static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32
 
 static void test_rope_attention(void) {
     int32_t short3[3] = {0, 37, 200}, mid[2] = {300, 5}, longc[1] = {2047};
-    rope_attention_case("rope_attention == rope_kv_store, attention (GQA hd64, partial rotary)", 8, 2, 64, 32, short3, 3, 0);
-    rope_attention_case("rope_attention == rope_kv_store, attention (hd128, ctx 300, splits)", 4, 4, 128, 128, mid, 2, 0);
-    rope_attention_case("rope_attention == rope_kv_store, attention (GQA hd128, ctx 2048)", 8, 1, 128, 128, longc, 1, 0);
-    rope_attention_case("rope_attention == rope_kv_store, attention (hd256: unfused inside)", 2, 1, 256, 256, short3, 3, 0);
-    rope_attention_case("rope_attention feeding o_proj (GQA hd64, 3 rows)", 8, 2, 64, 32, short3, 3, 1);
-    rope_attention_case("rope_attention feeding o_proj (hd128, ctx 300, splits)", 4, 4, 128, 128, mid, 2, 1);
+    rope_attention_case("graph rope .. attention == executor (GQA hd64, partial rotary)", 8, 2, 64, 32, short3, 3, 0);
+    rope_attention_case("graph rope .. attention == executor (hd128, ctx 300, splits)", 4, 4, 128, 128, mid, 2, 0);
+    rope_attention_case("graph rope .. attention == executor (GQA hd128, ctx 2048)", 8, 1, 128, 128, longc, 1, 0);
+    rope_attention_case("graph rope .. attention == executor (hd256: unfused inside)", 2, 1, 256, 256, short3, 3, 0);
+    rope_attention_case("graph attention, o_proj == executor (GQA hd64, 3 rows)", 8, 2, 64, 32, short3, 3, 1);
+    rope_attention_case("graph attention, o_proj == executor (hd128, ctx 300, splits)", 4, 4, 128, 128, mid, 2, 1);
+}
+
+/* ---- one decoder layer as a graph (exl_model_layer_forward): graph_run on the GPU (compiled, fused, decode steps
+ * replayed) against the generic executor on the CPU and on the GPU */
+
+static exl_status count_linear(void *user, int32_t layer, const exl_linear *w, const float *x, int32_t rows) {
+    ++*(int *)user;
+    return EXL_OK;
+}
+
+enum { LAYER_SEQS = 3, LAYER_RUNS = 3 };
+
+/* the layer over random hidden states x (rows of hid) for steps on each of the runs' models (0: the GPU's graph_run,
+ * 1: the GPU's executor, 2: the CPU's), their hidden states after it into got[run] */
+static void layer_step(exl_model **m, exl_kv_cache **cache, int32_t li, const exl_seq_step *st, int32_t n_seqs,
+                       int32_t rows, int32_t hid, float **got, int *hooked) {
+    float *x = rnd((int64_t)rows * hid, -2, 2);
+    for (int r = 0; r < LAYER_RUNS; r++) {
+        exl_backend *be = m[r]->be;
+        require(be->ops->upload(be, m[r]->fs.x, x, (size_t)rows * hid * 4) == EXL_OK, "upload x");
+        require(exl_model_layer_forward(m[r], &m[r]->layers[li], li, cache[r], st, n_seqs,
+                                        r == 0 ? NULL : count_linear, hooked) == EXL_OK,
+                "layer forward");
+        got[r] = get(be, m[r]->fs.x, (int64_t)rows * hid);
+    }
+    free(x);
+}
+
+static void layer_graph_case(const char *shared, const char *model, int32_t li) {
+    char dir[1024], name[256];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
+    exl_model *m[LAYER_RUNS];
+    exl_kv_cache *cache[LAYER_RUNS];
+    for (int r = 0; r < LAYER_RUNS; r++) {
+        exl_model_params p = exl_model_default_params();
+        p.device = r < 2 ? EXL_DEVICE_CUDA : EXL_DEVICE_CPU;
+        require(exl_model_load(dir, &p, &m[r]) == EXL_OK, "load model");
+        require(exl_kv_cache_init(m[r], LAYER_SEQS, 256, &cache[r]) == EXL_OK, "kv cache");
+    }
+    const int32_t hid = m[0]->cfg.hidden_size, prompt[LAYER_SEQS] = {5, 9, 1};
+    int32_t pages[LAYER_SEQS] = {2, 0, 1}, ids[16] = {0}, past[LAYER_SEQS] = {0};
+    double worst[2] = {0, 0};
+    int hooked = 0, hooks_want = 0;
+    /* a prompt step of the three sequences, then decode steps of all three (the first one captured, the others
+     * replayed), then of the second alone */
+    for (int step = 0; step < 7; step++) {
+        exl_seq_step st[LAYER_SEQS];
+        int32_t n = 0, rows = 0;
+        for (int sq = 0; sq < LAYER_SEQS; sq++) {
+            if (step >= 5 && sq != 1)
+                continue;
+            int32_t n_new = step == 0 ? prompt[sq] : 1;
+            st[n++] = (exl_seq_step){ids, n_new, past[sq], &pages[sq], 1, 0};
+            past[sq] += n_new;
+            rows += n_new;
+        }
+        float *got[LAYER_RUNS];
+        layer_step(m, cache, li, st, n, rows, hid, got, &hooked);
+        hooks_want += 2 * 7; /* the executor's two runs, 7 linears each */
+        for (int r = 0; r < 2; r++) {
+            double e = ref_rel_err(got[r == 0 ? 0 : 1], got[r == 0 ? 2 : 0], (int64_t)rows * hid);
+            worst[r] = e > worst[r] ? e : worst[r];
+        }
+        for (int r = 0; r < LAYER_RUNS; r++)
+            free(got[r]);
+    }
+    snprintf(name, sizeof name, "layer %d graph: GPU graph_run == CPU executor %s", li, model);
+    report(name, worst[0], 5e-3);
+    snprintf(name, sizeof name, "layer %d graph: GPU graph_run == GPU executor %s", li, model);
+    report(name, worst[1], 5e-3);
+    snprintf(name, sizeof name, "layer %d graph: hook calls %s (of %d)", li, model, hooks_want);
+    report(name, hooked == hooks_want ? 0 : 1, 0);
+    for (int r = 0; r < LAYER_RUNS; r++) {
+        exl_kv_cache_free(m[r], cache[r]);
+        exl_model_free(m[r]);
+    }
+}
+
+static void test_layer_graphs(const char *shared) {
+    layer_graph_case(shared, "rand-llama-exl2-5.0bpw-h8", 1);
+    layer_graph_case(shared, "rand-llama-gptq-4bit-g64-sym", 0);
+    layer_graph_case(shared, "rand-qwen2-exl2-4.0bpw-h6", 1);
+    layer_graph_case(shared, "rand-llama", 1);
 }
 
 /* ---- whole models against the reference logits */
@@ -1365,6 +1477,7 @@ int main(int argc, char **argv) {
     test_fused();
     test_rope_attention();
     test_glu_chain();
+    test_layer_graphs(shared);
     test_models(shared);
     test_decode(shared, "rand-llama");
     test_decode(shared, "rand-qwen2-exl2-4.0bpw-h6");

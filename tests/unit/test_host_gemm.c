@@ -16,7 +16,7 @@ typedef struct {
     int ta, tb;
     int64_t M, N, K, pad; /* pad: extra columns of every operand's leading dimension */
     float alpha, beta;
-    int xtx;              /* B is A (the Hessian's XᵀX) */
+    int xtx; /* B is A (the Hessian's XᵀX) */
 } gemm_case;
 
 static uint32_t g_seed = 12345;

@@ -89,7 +89,7 @@ static void check_model(const char *name) {
     REQUIRE_OK(exl_model_embed_step(m, cache, &st, 1));
     REQUIRE(run_layers(m, cache, &st, &c));
     memcpy(x_one, m->fs.x, (size_t)(T * H) * sizeof(float));
-    REQUIRE_OK(exl_model_head_input(m, T, record, &c));
+    REQUIRE_OK(exl_model_head_input(m, cache, &st, 1, record, &c));
     REQUIRE(c.n == 7 * m->cfg.n_layers + 1);
     for (int32_t l = 0; l < m->cfg.n_layers; l++) {
         const exl_layer *ly = &m->layers[l];
@@ -110,7 +110,8 @@ static void check_model(const char *name) {
     memcpy(mine, logits, (size_t)(T * V) * sizeof(float));
     m->be->ops->free(m->be, logits);
     CHECK_MSG(!memcmp(mine, whole, (size_t)(T * V) * sizeof(float)),
-              "%s: layer by layer differs from the whole forward (rel err %.3e)", name, ref_rel_err(mine, whole, T * V));
+              "%s: layer by layer differs from the whole forward (rel err %.3e)", name,
+              ref_rel_err(mine, whole, T * V));
     double worst = 0;
     for (int32_t t = 0; t < T; t++) {
         double e = ref_rel_err(mine + (int64_t)t * V, (const float *)want->data + (int64_t)t * V, V);

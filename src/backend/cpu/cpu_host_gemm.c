@@ -115,8 +115,20 @@ exl_status exl_cpu_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t 
                              int64_t ldc) {
     if (M < 0 || N < 0 || K < 0)
         return exl_fail(EXL_ERR_ARG, "host_gemm: shape %lld x %lld x %lld", (long long)M, (long long)N, (long long)K);
-    gemm_job j = {.k = exl_cpu(be)->k, .trans_a = trans_a, .trans_b = trans_b, .M = M, .N = N, .K = K,
-                  .alpha = alpha, .beta = beta, .A = A, .B = B, .lda = lda, .ldb = ldb, .C = C, .ldc = ldc};
+    gemm_job j = {.k = exl_cpu(be)->k,
+                  .trans_a = trans_a,
+                  .trans_b = trans_b,
+                  .M = M,
+                  .N = N,
+                  .K = K,
+                  .alpha = alpha,
+                  .beta = beta,
+                  .A = A,
+                  .B = B,
+                  .lda = lda,
+                  .ldb = ldb,
+                  .C = C,
+                  .ldc = ldc};
     if (M == 0 || N == 0)
         return EXL_OK;
     if (K == 0) {

@@ -1113,26 +1113,27 @@ static void launch_decode(exl_cuda_backend *cb, float *out, const float *q, cons
     }
 }
 
+int exl_cuda_rope_attention_fuses(const exl_cuda_backend *cb, const exl_batch *b, const exl_attn_shape *sh,
+                                  int32_t rot_dim) {
+    /* one new token a sequence, a head_dim of the fast decode kernel, and blocks for at most about one wave (past
+     * that the rope kernel's one pass costs less than each block's own: 64 rows of a 7B model lost 2.6% fused,
+     * bench/RESULTS.md) */
+    return b->n_rows >= 1 && b->max_q == 1 && (sh->head_dim == 64 || sh->head_dim == 128) && rot_dim >= 2 &&
+           rot_dim <= sh->head_dim && sh->n_kv_heads >= 1 && sh->n_heads % sh->n_kv_heads == 0 &&
+           (int64_t)b->n_rows * sh->n_heads <= 4 * (int64_t)cb->n_sms;
+}
+
 void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
                                  void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
-                                 const float *inv_freq, float attn_factor, const exl_linear *feeds) {
+                                 const float *inv_freq, float attn_factor, const int32_t *out_order) {
     exl_cuda_backend *cb = exl_cuda(be);
-    exl_cuda_slot_link(cb, NULL, NULL, NULL);
-    /* one new token a sequence, a head_dim of the fast decode kernel, and blocks for at most about
-     * one wave (past that the rope kernel's one pass costs less than each block's own: 64 rows of
-     * a 7B model lost 2.6% fused, bench/RESULTS.md): one launch */
-    if (b->n_rows >= 1 && b->max_q == 1 && (sh->head_dim == 64 || sh->head_dim == 128) && rot_dim >= 2 &&
-        rot_dim <= sh->head_dim && sh->n_kv_heads >= 1 && sh->n_heads % sh->n_kv_heads == 0 &&
-        (int64_t)b->n_rows * sh->n_heads <= 4 * (int64_t)cb->n_sms) {
-        decode_rope rp = {k, v, inv_freq, attn_factor, rot_dim / 2, {NULL, 0}};
-        /* the output in the slot order of the matmul it feeds, where that one takes it (the GEMV) */
-        const int width = sh->n_heads * sh->head_dim;
-        const int32_t *order = exl_cuda_slot_order(feeds, b->n_rows, width);
-        if (order) {
-            rp.oo = out_order{order, width};
-            exl_cuda_slot_link(cb, out, NULL, feeds);
-        }
+    if (exl_cuda_rope_attention_fuses(cb, b, sh, rot_dim)) {
+        decode_rope rp = {k, v, inv_freq, attn_factor, rot_dim / 2, {out_order, sh->n_heads * sh->head_dim}};
         launch_decode(cb, out, q, (const __half *)k_cache, (const __half *)v_cache, b, sh, &rp);
+        return;
+    }
+    if (out_order) { /* the plan gives an order only where the one launch takes the step */
+        exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: an attention output order without the fused kernel");
         return;
     }
     exl_cuda_run_rope_kv_store(be, q, k, v, k_cache, v_cache, b, sh, rot_dim, inv_freq, attn_factor);

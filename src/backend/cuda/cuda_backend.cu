@@ -276,12 +276,11 @@ static void cu_vector_free(exl_backend *be, exl_vector *v) {
 }
 
 static const exl_backend_ops cuda_ops = {
-    cu_destroy,     cu_alloc,       cu_free,         cu_upload,        cu_download,
-    cu_synchronize, cu_linear_init, cu_linear_free,  cu_vector_init,   cu_vector_free,
-    exl_cuda_embed, exl_cuda_rmsnorm, exl_cuda_matmul, exl_cuda_rope,  exl_cuda_kv_store,
-    exl_cuda_attention, exl_cuda_glu, exl_cuda_add,  exl_cuda_gather_rows, exl_cuda_matmul_fused,
-    exl_cuda_rope_kv_store, exl_cuda_rope_attention, exl_cuda_host_gemm, exl_cuda_top_k,
-    exl_cuda_argmax, exl_cuda_argmax_wait,
+    cu_destroy,          cu_alloc,           cu_free,          cu_upload,        cu_download,
+    cu_synchronize,      cu_linear_init,     cu_linear_free,   cu_vector_init,   cu_vector_free,
+    exl_cuda_embed,      exl_cuda_rmsnorm,   exl_cuda_matmul,  exl_cuda_rope,    exl_cuda_kv_store,
+    exl_cuda_attention,  exl_cuda_glu,       exl_cuda_add,     exl_cuda_gather_rows,
+    exl_cuda_graph_run,  exl_cuda_host_gemm, exl_cuda_top_k,   exl_cuda_argmax,  exl_cuda_argmax_wait,
 };
 
 /* ---- creation */

@@ -31,7 +31,8 @@ exl_status exl_cuda_fail(exl_status st, const char *fmt, ...) __attribute__((for
             return exl_try_st_;              \
     } while (0)
 
-#define EXL_CUDA_ZEROED_MAX 8
+/* the plan of a step's graph, and its CUDA graph (cuda_plan.cu, cuda_graph.cu) */
+typedef struct exl_cuda_plan exl_cuda_plan;
 
 typedef struct exl_cuda_backend {
     exl_backend base;
@@ -54,21 +55,13 @@ typedef struct exl_cuda_backend {
     size_t gemv_partial_bytes;
     unsigned *gemv_counters; /* per column tile arrival counters (self-resetting) */
     size_t gemv_counter_count;
-    struct {                /* buffers a GEMV launch zeroed for a later one's atomic split sums */
-        float *p;           /* (exl_matmul_fused.clear / out_zero; NULL: free entry) */
-        int64_t n;
-    } zeroed[EXL_CUDA_ZEROED_MAX];
-    struct {                /* the last op stored x (and up of a GLU) for a matmul over w in w's slot order */
-        const float *x, *up; /* (exl_matmul_fused.feeds, rope_attention's feeds) */
-        const exl_linear *w;
-    } slot_link;
     float *attn_partial;    /* split-K partials of decode attention */
     size_t attn_partial_bytes;
     __half *dequant;        /* quantized weights decoded to fp16 hi and lo for cuBLAS (cuda_qgemm.cu) */
     size_t dequant_bytes;
     float *gemm_parts;      /* the stacked products of both activation parts (exl_cuda_gemm_parts) */
     size_t gemm_parts_bytes;
-    float *fused_scratch;   /* the unfused path of matmul_fused: normed input, products */
+    float *fused_scratch;   /* the unfused path of a fused matmul: normed input, products */
     size_t fused_scratch_bytes;
     void *top_k_buf;        /* top_k results: ids, then values */
     size_t top_k_bytes;
@@ -78,11 +71,19 @@ typedef struct exl_cuda_backend {
     cudaEvent_t argmax_done[EXL_ARGMAX_KEEP]; /* recorded after the launch holding each ticket */
     int32_t argmax_rows[EXL_ARGMAX_KEEP];
     int64_t argmax_issued, argmax_marked; /* tickets handed out; of those, with their event recorded */
-    /* decode-step graphs (cuda_graph.cu) */
-    int graph_state;        /* idle, matching, capturing, bypass */
+    /* steps (cuda_graph.cu): graph_run compiles a step's graph into a plan; the plan of the last decode
+     * step is kept with its CUDA graph, which is replayed while the steps' graphs stay the same */
+    int step_state;         /* idle, replay (a cached step matched), capture */
     int graphs_off;         /* EXL_CUDA_GRAPHS=0, or after a graph API failure */
-    struct exl_cuda_op *tape; /* the ops of the cached graph, in order */
-    int32_t tape_len, tape_cap, match_pos;
+    exl_cuda_plan *cached;  /* the step the CUDA graph exec holds */
+    exl_cuda_plan *direct;  /* steps run launch by launch (prompts) */
+    int cached_valid;       /* exec holds cached's launches, then the tail's argmax if set */
+    struct {
+        int32_t *ids;
+        const float *logits;
+        int32_t rows, vocab;
+        int set, seen;      /* seen: the step in flight has called it as the cached one did */
+    } tail;
     cudaGraphExec_t exec;
     /* host_gemm staging (cuda_host_gemm.cu) */
     float *host_gemm_buf;
@@ -168,28 +169,63 @@ int exl_cuda_slot_of(int bits, int row);
 exl_status exl_cuda_qmatrix_init(exl_cuda_backend *cb, const exl_linear_src *src, exl_qmatrix *q);
 void exl_cuda_qmatrix_free(exl_qmatrix *q);
 
-/* ---- ops: the op-table entries (cuda_graph.cu) record each call and hand it to these
- * launchers, directly or inside a CUDA graph capture */
+/* ---- launchers: what a step's plan (cuda_plan.cu) and the op table's entries (cuda_graph.cu) run, directly or
+ * inside a CUDA graph capture */
+
+/* A matmul with its neighbours in the decoder layer fused, the compiled form of a run of graph nodes
+ * (cuda_plan.cu):
+ *   xin = norm ? rmsnorm(x) * norm : up ? act(x) * up : x        (act as in glu)
+ *   out[i] = xin · W[i] + b[i], or out[i] += ... when accumulate (not with norm), for i < n */
+typedef struct exl_cuda_fused_mm {
+    int32_t rows, n;
+    int32_t in_features, out_features[3]; /* of the linears, for the unfused path */
+    const float *x;         /* [rows, in] */
+    const exl_vector *norm; /* or NULL */
+    float eps;
+    const float *up;        /* [rows, in], or NULL */
+    int32_t act;
+    int32_t accumulate;
+    int32_t decode;         /* 1: the rows are tokens of decode steps, whose xin may be rounded to fp16 (as
+                             * the GEMV does for any few rows); 0: keep xin's precision (prompts, compared with
+                             * reference logits) */
+    const exl_linear *w[3]; /* all with the same in_features */
+    float *out[3];          /* [rows, out_features of w[i]]; never x or up */
+    /* Split sums without a merge (the GEMV only; the plan sets them where the GEMV takes both launches):
+     * clear[i] (n_clear[i] floats) is set to zero by this launch once the ops before it are done, for a later
+     * one whose outputs they are; out_zeroed: an earlier launch zeroed each out[i] for this one, which may add
+     * its split sums onto them. */
+    float *clear[3];
+    int64_t n_clear[3];
+    int32_t out_zeroed;
+    /* Slot order (exl_qmatrix.slot_of; the GEMV only): out_map: output column c goes to out_map[c] (gate and
+     * up stored in the order of the matrix they feed, which reads them with x_slots); x_slots: x (and up)
+     * are in w[0]'s slot order, as a producer stored them. */
+    const int32_t *out_map;
+    int32_t x_slots;
+    /* kv (decode steps; k_cache NULL: none): the cache rows the attention after this launch reads, keys 0 ..
+     * n_kv - 1 of each of the step's sequences (device tables, rows of width halves at their pages' slots),
+     * which the GEMV asks L2 for while it multiplies */
+    struct {
+        const void *k_cache, *v_cache;
+        const exl_attn_seq *seqs;
+        const int32_t *page_tables;
+        int32_t n_seqs, page_size, width;
+    } kv;
+} exl_cuda_fused_mm;
 
 void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
-/* matmul_fused; the unfused path needs fused_scratch_need() floats of fused_scratch */
-void exl_cuda_run_matmul_fused(exl_backend *be, const exl_matmul_fused *f);
-size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_fused *f);
+/* a fused matmul; the unfused path needs fused_scratch_need() floats of fused_scratch */
+void exl_cuda_run_matmul_fused(exl_backend *be, const exl_cuda_fused_mm *f);
+size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f);
 /* The fused quantized GEMV (cuda_qgemv.cu): 1 if it takes f (few rows, quantized weights
  * of one input width), which exl_cuda_qgemv_fused then launches. */
-int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f);
+int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f);
 /* at backend creation: the kernels' launch attributes (not allowed inside a graph capture) */
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb);
-void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f);
-/* The slot-order link (exl_cuda_backend.slot_link): the order in which a producer may store the
- * input of a later matmul of rows over w with in_features width, so that the GEMV that takes it
- * reads consecutive rows (w's slot_of), or NULL; whether f reads inputs stored that way; and
- * setting (x, up, w) or clearing (w NULL) the link. */
+void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f);
+/* The order in which a producer may store the input of a later matmul of rows over w with in_features width,
+ * so that the GEMV that takes it reads consecutive rows (w's slot_of), or NULL. */
 const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t width);
-int exl_cuda_slot_linked(const exl_cuda_backend *cb, const exl_matmul_fused *f);
-void exl_cuda_slot_link(exl_cuda_backend *cb, const float *x, const float *up, const exl_linear *w);
-/* f's clears were not done (a path other than the GEMV took f): no later out_zero may rely on them */
-void exl_cuda_zeroed_forget(exl_cuda_backend *cb, const exl_matmul_fused *f);
 /* out[rows, out] (+)= xin · w + b on tensor cores for a quantized w (cuda_qmma.cu); xin is x,
  * or exl_cuda_activate(x, act) * up when up is not NULL (fp32 [rows, in]), multiplied as fp16
  * hi + lo (parts 2) or hi alone (parts 1); uses scratch */
@@ -253,10 +289,14 @@ void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor);
-/* rope_kv_store, then attention: one launch for decode steps of one new token a sequence */
+/* rope_kv_store, then attention: one launch (which leaves q and k as they were) where
+ * exl_cuda_rope_attention_fuses, for decode steps of one new token a sequence, with the output stored in
+ * out_order (exl_cuda_slot_order of the matmul it feeds) when that is not NULL; else the two launches */
+int exl_cuda_rope_attention_fuses(const exl_cuda_backend *cb, const exl_batch *b, const exl_attn_shape *sh,
+                                  int32_t rot_dim);
 void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
                                  void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
-                                 const float *inv_freq, float attn_factor, const exl_linear *feeds);
+                                 const float *inv_freq, float attn_factor, const int32_t *out_order);
 
 /* Largest row count of a step captured as a CUDA graph: decode steps of up to 64 sequences
  * (captured 16-64-job generator steps ran 3-11% faster than launched one by one,
@@ -271,7 +311,7 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
  * be replayed for the next tokens */
 #define EXL_CUDA_KV_BUCKET 256
 
-/* the op table's entries (cuda_graph.cu) */
+/* the op table's entries (cuda_graph.cu): each ends the step in flight (exl_cuda_graph_finish), then launches */
 void exl_cuda_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
                     float scale);
 void exl_cuda_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
@@ -287,13 +327,7 @@ void exl_cuda_glu(exl_backend *be, float *gate, const float *up, int32_t rows, i
 void exl_cuda_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
                           int32_t width);
-void exl_cuda_matmul_fused(exl_backend *be, const exl_matmul_fused *f);
-void exl_cuda_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
-                            const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
-                            float attn_factor);
-void exl_cuda_rope_attention(exl_backend *be, float *out, float *q, float *k, const float *v, void *k_cache,
-                             void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
-                             const float *inv_freq, float attn_factor, const exl_linear *feeds);
+exl_status exl_cuda_graph_run(exl_backend *be, const exl_graph *g);
 exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows,
                           int32_t vocab, int32_t k);
 int64_t exl_cuda_argmax(exl_backend *be, int32_t *ids, const float *logits, int32_t rows, int32_t vocab);
@@ -309,7 +343,43 @@ void exl_cuda_run_argmax(exl_backend *be, int32_t *ids, const float *logits, int
 void exl_cuda_argmax_mark(exl_cuda_backend *cb);
 void exl_cuda_argmax_free(exl_cuda_backend *cb);
 
-/* ---- graphs (cuda_graph.cu) */
+/* ---- a step's plan (cuda_plan.cu): the launches that run a graph, with this backend's fusions */
+
+typedef enum exl_cuda_item_kind {
+    EXL_CUDA_RUN_NODE,           /* one node as it is */
+    EXL_CUDA_RUN_MATMUL,         /* matmuls with their norm, GLU or residual add: mm */
+    EXL_CUDA_RUN_ROPE_KV_STORE,  /* rope q, rope k, kv_store */
+    EXL_CUDA_RUN_ROPE_ATTENTION, /* rope q, rope k, kv_store, attention; out_order as in exl_cuda_run_rope_attention */
+} exl_cuda_item_kind;
+
+typedef struct exl_cuda_plan_item {
+    exl_cuda_item_kind kind;
+    int32_t node, n_nodes; /* the plan's nodes it runs */
+    exl_cuda_fused_mm mm;
+    const int32_t *out_order;
+} exl_cuda_plan_item;
+
+struct exl_cuda_plan {
+    exl_node *nodes;  /* the graph's, each copied field by field into zeroed memory (compared as bytes) */
+    int32_t n_nodes, cap_nodes;
+    exl_batch batch;  /* the graph's, device side only, max_kv rounded up to EXL_CUDA_KV_BUCKET */
+    int32_t has_batch;
+    exl_cuda_plan_item *launches;
+    int32_t n_launches, cap_launches;
+    int32_t graphable; /* a decode-sized step, which may be captured into a CUDA graph */
+};
+
+/* the device side of a batch as the launches read it: host pointers cleared, max_kv rounded up to
+ * EXL_CUDA_KV_BUCKET (so that a captured step can be replayed for the next tokens) */
+exl_batch exl_cuda_device_batch(const exl_batch *b);
+/* Compile g into p (its earlier contents replaced); a failure (out of host memory) leaves p empty. */
+exl_status exl_cuda_plan_compile(exl_cuda_backend *cb, const exl_graph *g, exl_cuda_plan *p);
+/* 1 if p was compiled from a graph equal to g (the same nodes, the same batch on the device side) */
+int exl_cuda_plan_matches(const exl_cuda_plan *p, const exl_graph *g);
+void exl_cuda_plan_run(exl_cuda_backend *cb, const exl_cuda_plan *p);
+void exl_cuda_plan_free(exl_cuda_plan *p);
+
+/* ---- steps and their CUDA graphs (cuda_graph.cu) */
 
 /* End the step at a synchronisation point: launch what was captured or matched. */
 void exl_cuda_graph_finish(exl_cuda_backend *cb);

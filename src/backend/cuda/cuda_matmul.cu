@@ -1,4 +1,4 @@
-/* cuda_matmul.cu - out = x·W + b on the GPU, alone or fused (matmul_fused).
+/* cuda_matmul.cu - out = x·W + b on the GPU, alone or fused (exl_cuda_fused_mm).
  *
  * Few rows (decode): a GEMV that streams the weights once (dense fp16, one row: one warp per
  * output, 16-byte loads; quantized, up to 4 rows: cuda_qgemv.cu, which also fuses
@@ -149,7 +149,7 @@ static void matmul_rows(exl_cuda_backend *cb, float *out, const float *x, const 
                         int xparts) {
     if (rows < 1)
         return;
-    exl_matmul_fused f;
+    exl_cuda_fused_mm f;
     memset(&f, 0, sizeof f);
     f.rows = rows, f.n = 1, f.x = x, f.w[0] = w, f.out[0] = out;
     if (exl_cuda_qgemv_takes(cb, &f))
@@ -164,12 +164,12 @@ void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_
     matmul_rows(exl_cuda(be), out, x, w, rows, 2);
 }
 
-/* ---- matmul_fused: the fused GEMV, or the ops one by one through fused_scratch
+/* ---- fused matmuls: the fused GEMV, or the ops one by one through fused_scratch
  * ([rows, in] normed input, then [rows, out] products to add) */
 
 /* 1 if f's matrices are all quantized of one input width: cuda_qmma.cu or cuda_qgemm.cu add to
  * the outputs themselves */
-static int all_quantized(const exl_matmul_fused *f) {
+static int all_quantized(const exl_cuda_fused_mm *f) {
     for (int i = 0; i < f->n; i++)
         if (f->w[i]->kind == EXL_LINEAR_DENSE || f->w[i]->in != f->w[0]->in)
             return 0;
@@ -177,11 +177,11 @@ static int all_quantized(const exl_matmul_fused *f) {
 }
 
 /* 1 if f's matrices go through cuda_qgemm.cu together (quantized, many rows) */
-static int qgemm_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
+static int qgemm_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     return f->rows >= cb->dequant_rows && all_quantized(f);
 }
 
-size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
+size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     if (exl_cuda_qgemv_takes(cb, f))
         return 0;
     size_t n = f->norm ? (size_t)f->rows * f->in_features : 0;
@@ -191,22 +191,19 @@ size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_matmul_
     return n;
 }
 
-void exl_cuda_run_matmul_fused(exl_backend *be, const exl_matmul_fused *f) {
+void exl_cuda_run_matmul_fused(exl_backend *be, const exl_cuda_fused_mm *f) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (f->rows < 1)
         return;
-    const int linked = exl_cuda_slot_linked(cb, f);
-    if (f->feeds) /* a GLU producer: its outputs are in the usual order unless the GEMV says otherwise */
-        exl_cuda_slot_link(cb, NULL, NULL, NULL);
     if (exl_cuda_qgemv_takes(cb, f)) {
         exl_cuda_qgemv_fused(cb, f);
         return;
     }
-    if (linked) { /* its producer checked that the GEMV would take this one (same rows) */
-        exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: inputs in slot order reached a matmul other than the GEMV");
+    if (f->x_slots || f->out_map || f->out_zeroed || f->n_clear[0] || f->n_clear[1] || f->n_clear[2]) {
+        /* the plan gives these only to matmuls the GEMV takes */
+        exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: a GEMV's slot order or zeroing reached another matmul");
         return;
     }
-    exl_cuda_zeroed_forget(cb, f); /* only the GEMV clears (and adds onto cleared outputs) */
     const float *xin = f->x, *up = NULL; /* up: the GLU left to cuda_qmma.cu's activation gather */
     const int xparts = f->decode ? 1 : 2, quantized = all_quantized(f), qgemm = qgemm_takes(cb, f);
     if (f->norm) {

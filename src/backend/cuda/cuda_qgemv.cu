@@ -9,7 +9,7 @@
  * exl_qw_col), then gathers its chunks' activations (slot order, fp16 pairs); its 4 warp pairs
  * take every 4th chunk of the block's range and the block sums them in shared memory. With
  * a split, a result added to the output (the residual), or written to outputs that an
- * earlier launch zeroed for it (exl_matmul_fused.clear / out_zero: q/k/v and gate/up in
+ * earlier launch zeroed for it (exl_cuda_fused_mm.clear / out_zeroed: q/k/v and gate/up in
  * decode steps, cleared by the launch that adds into the residual before them), takes each
  * block's sum by an atomic add (fp32; the order of the adds varies from run to run in the
  * last bits); otherwise, or with EXL_CUDA_DETERMINISTIC=1, the last block of a column tile to
@@ -24,7 +24,7 @@
  * slot order of the matrix they feed (exl_qmatrix.slot_of), as is the decode attention's output
  * for o_proj; that matrix's launch then reads consecutive rows (gemv_args.out_map, x_slots).
  * The q/k/v launch of a decode step also asks L2 for the short sequences' KV cache rows that the
- * attention after it reads (exl_matmul_fused.kv, kv_prefetch). */
+ * attention after it reads (exl_cuda_fused_mm.kv, kv_prefetch). */
 #include "backend/cuda/cuda_qdecode.cuh"
 
 #include <stdlib.h>
@@ -66,11 +66,11 @@ typedef struct gemv_args {
     int32_t stage;      /* one normed row: keep it in shared memory after the activations (in floats) */
     int32_t atomic_add; /* a split's blocks add their sums to the output atomically (accumulated, or
                          * onto outputs an earlier launch zeroed) */
-    float *clear[3];    /* zeroed by this launch for a later one (exl_matmul_fused.clear) */
+    float *clear[3];    /* zeroed by this launch for a later one (exl_cuda_fused_mm.clear) */
     int64_t n_clear[3];
     const int32_t *out_map; /* output column c goes to out_map[c] (a GLU's inputs in its slot order) */
     int32_t x_slots;    /* x (and up) are in the slot order of the (one) matrix: slot s reads row s */
-    const __half *kv_k, *kv_v; /* exl_matmul_fused.kv, where this launch asks L2 for those rows */
+    const __half *kv_k, *kv_v; /* exl_cuda_fused_mm.kv, where this launch asks L2 for those rows */
     const exl_attn_seq *kv_seqs;
     const int32_t *kv_pages;
     int32_t kv_n_seqs, kv_page_size, kv_width;
@@ -135,7 +135,7 @@ __device__ __forceinline__ float input_at(const gemv_args &a, int r, int s, cons
     return input_raw(a, r, s);
 }
 
-/* ---- the KV cache rows of the attention after this launch (exl_matmul_fused.kv) */
+/* ---- the KV cache rows of the attention after this launch (exl_cuda_fused_mm.kv) */
 
 /* Sequences with at most this many keys have them asked of L2 by the q/k/v launch: the decode
  * attention's blocks fetch their keys only once they are placed, late in that launch, when its
@@ -461,51 +461,7 @@ static void launch_rows(exl_cuda_backend *cb, const gemv_args *a, int split, int
     }
 }
 
-/* ---- buffers zeroed for a later launch (exl_matmul_fused.clear, out_zero) */
-
-static int zeroed_find(const exl_cuda_backend *cb, const float *p) {
-    for (int i = 0; i < EXL_CUDA_ZEROED_MAX; i++)
-        if (cb->zeroed[i].p == p)
-            return i;
-    return -1;
-}
-
-static void zeroed_drop(exl_cuda_backend *cb, const float *p) {
-    int i = zeroed_find(cb, p);
-    if (i >= 0)
-        cb->zeroed[i].p = NULL;
-}
-
-static void zeroed_add(exl_cuda_backend *cb, float *p, int64_t n) {
-    int i = zeroed_find(cb, p);
-    if (i < 0)
-        i = zeroed_find(cb, NULL);
-    if (i < 0)
-        i = 0; /* full: forget the first one */
-    cb->zeroed[i].p = p, cb->zeroed[i].n = n;
-}
-
-/* 1 if f may add its split sums onto its outputs: they were zeroed for it (out_zero) */
-static int outputs_zeroed(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
-    if (!f->out_zero || f->accumulate)
-        return 0;
-    for (int i = 0; i < f->n; i++) {
-        int z = zeroed_find(cb, f->out[i]);
-        if (z < 0 || cb->zeroed[z].n < (int64_t)f->rows * f->w[i]->out)
-            return 0;
-    }
-    return 1;
-}
-
-void exl_cuda_zeroed_forget(exl_cuda_backend *cb, const exl_matmul_fused *f) {
-    for (int i = 0; i < 3; i++)
-        if (f->n_clear[i] > 0)
-            zeroed_drop(cb, f->clear[i]);
-    for (int i = 0; i < f->n && i < 3; i++)
-        zeroed_drop(cb, f->out[i]);
-}
-
-/* ---- the slot-order link (cuda_internal.h) */
+/* ---- slot order (cuda_internal.h) */
 
 const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t width) {
     /* the GEMV takes a quantized matmul of up to its rows (plan) */
@@ -514,18 +470,9 @@ const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t wi
     return w->q.slot_of;
 }
 
-int exl_cuda_slot_linked(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
-    const int n = f->n == 1 && !f->norm && cb->slot_link.w == f->w[0];
-    return n && cb->slot_link.x == f->x && cb->slot_link.up == f->up;
-}
-
-void exl_cuda_slot_link(exl_cuda_backend *cb, const float *x, const float *up, const exl_linear *w) {
-    cb->slot_link.x = x, cb->slot_link.up = up, cb->slot_link.w = w;
-}
-
 /* The launch arguments for f (less the per-row-group pointers) and its split; 0 if the
  * kernel does not take f. */
-static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args *a, int *split) {
+static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_args *a, int *split) {
     if (f->rows < 1 || f->rows > EXL_CUDA_QGEMV_MAX_ROWS || f->n < 1 || f->n > MAX_MATS)
         return 0;
     memset(a, 0, sizeof *a);
@@ -554,12 +501,9 @@ static int plan(const exl_cuda_backend *cb, const exl_matmul_fused *f, gemv_args
     int cpb = (chunks + s - 1) / s, max_cpb = smem / (R * 64);
     a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
     *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
-    a->atomic_add = *split > 1 && (f->accumulate || outputs_zeroed(cb, f)) && !cb->deterministic;
-    /* a GLU's gate and up stored in the slot order of the matrix they feed, which this kernel takes
-     * too (same rows, quantized), so that its gather reads consecutive rows (exl_matmul_fused.feeds) */
-    if (f->feeds && f->n == 2 && f->w[0]->out == f->w[1]->out)
-        a->out_map = exl_cuda_slot_order(f->feeds, f->rows, f->w[0]->out);
-    a->x_slots = exl_cuda_slot_linked(cb, f);
+    a->atomic_add = *split > 1 && (f->accumulate || f->out_zeroed) && !cb->deterministic;
+    a->out_map = f->out_map;
+    a->x_slots = f->x_slots;
     return 1;
 }
 
@@ -574,13 +518,13 @@ void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
     occupancy_floor<4>(cb);
 }
 
-int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_matmul_fused *f) {
+int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     gemv_args a;
     int split;
     return plan(cb, f, &a, &split);
 }
 
-void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
+void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     gemv_args a;
     int split;
     if (!plan(cb, f, &a, &split)) {
@@ -607,14 +551,11 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
         a.partial = cb->gemv_partial;
         a.counters = cb->gemv_counters;
     }
-    /* the outputs are written now; the clears are done by the first launch (not with
-     * EXL_CUDA_DETERMINISTIC=1, whose merges never add onto them) */
-    exl_cuda_zeroed_forget(cb, f);
+    /* the clears are done by the first launch (not with EXL_CUDA_DETERMINISTIC=1, whose merges never add onto
+     * them) */
     for (int i = 0; i < 3 && !cb->deterministic; i++)
-        if (f->n_clear[i] > 0) {
+        if (f->n_clear[i] > 0)
             a.clear[i] = f->clear[i], a.n_clear[i] = f->n_clear[i];
-            zeroed_add(cb, f->clear[i], f->n_clear[i]);
-        }
     /* the attention's cache rows: one launch, a few sequences, rows of whole 16-byte pieces */
     if (f->kv.k_cache && f->rows <= ROWS_PER_LAUNCH && f->kv.n_seqs <= ROWS_PER_LAUNCH && f->kv.width % 8 == 0 &&
         f->kv.page_size > 0) {
@@ -622,10 +563,6 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_matmul_fused *f) {
         a.kv_seqs = f->kv.seqs, a.kv_pages = f->kv.page_tables;
         a.kv_n_seqs = f->kv.n_seqs, a.kv_page_size = f->kv.page_size, a.kv_width = f->kv.width;
     }
-    if (a.out_map)
-        exl_cuda_slot_link(cb, f->out[0], f->out[1], f->feeds);
-    else if (a.x_slots)
-        exl_cuda_slot_link(cb, NULL, NULL, NULL);
     /* ROWS_PER_LAUNCH rows per launch (the weights are read once per launch) */
     for (int32_t r = 0; r < f->rows; r += ROWS_PER_LAUNCH) {
         gemv_args part = a;

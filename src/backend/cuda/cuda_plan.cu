@@ -1,0 +1,548 @@
+/* cuda_plan.cu - a step's graph (graph.h) compiled into this backend's launches.
+ *
+ * Runs of nodes the model builds become one launch each where a fused kernel exists:
+ *   rmsnorm into h, then 1-3 matmuls of h (h dead after them)     -> a fused matmul with the norm
+ *   glu of g and u, then a matmul of g (g dead after it)           -> a fused matmul with the GLU
+ *   1-3 matmuls of one input; a matmul that accumulates            -> a fused matmul (residual add: accumulate)
+ *   rope q, rope k, kv_store, then attention over them             -> rope_attention (q and k dead after it where
+ *                                                                     the one-launch kernel takes it, which leaves
+ *                                                                     them unrotated); without attention rope_kv_store
+ * A buffer is dead after a node when it is no graph output and the next node to touch it overwrites it whole
+ * without reading it (or none does). Then, over the launches, what the kernels can do with what the graph says:
+ *   - slot order: a GEMV computing gate and up that only the next launch reads, a GEMV of the GLU and down_proj,
+ *     stores them in down_proj's slot order, which that one then reads as consecutive rows; the same for the
+ *     one-launch decode attention and the o_proj GEMV after it;
+ *   - split sums without a merge (decode steps): a GEMV whose outputs the GEMV before it can zero (no launch in
+ *     between touches them) has them zeroed there and adds its split sums onto them with atomics;
+ *   - KV L2 prefetch (decode steps): the GEMV before an attention asks L2 for the cache rows it will read.
+ * A plan holds its own copy of the graph (nodes field by field, the batch's device side), which its launches
+ * refer to and which cuda_graph.cu compares with the next steps' graphs. */
+#include "backend/cuda/cuda_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the graph's copy */
+
+exl_batch exl_cuda_device_batch(const exl_batch *b) {
+    exl_batch d;
+    memset(&d, 0, sizeof d);
+    d.n_rows = b->n_rows, d.n_seqs = b->n_seqs, d.max_q = b->max_q;
+    d.max_kv = (b->max_kv + EXL_CUDA_KV_BUCKET - 1) / EXL_CUDA_KV_BUCKET * EXL_CUDA_KV_BUCKET;
+    d.d_seqs = b->d_seqs, d.d_ids = b->d_ids, d.d_pos = b->d_pos, d.d_slots = b->d_slots;
+    d.d_page_tables = b->d_page_tables;
+    return d;
+}
+
+/* n copied field by field into zeroed memory, so that equal nodes are equal bytes */
+static exl_node canonical(const exl_node *n) {
+    exl_node c;
+    memset(&c, 0, sizeof c);
+    c.op = n->op;
+    c.tag.layer = n->tag.layer, c.tag.part = n->tag.part;
+    switch (n->op) {
+    case EXL_OP_EMBED: {
+        const exl_embed_node &a = n->embed;
+        exl_embed_node &o = c.embed;
+        o.out = a.out, o.table = a.table, o.ids = a.ids, o.rows = a.rows, o.width = a.width, o.scale = a.scale;
+        break;
+    }
+    case EXL_OP_RMSNORM: {
+        const exl_rmsnorm_node &a = n->rmsnorm;
+        exl_rmsnorm_node &o = c.rmsnorm;
+        o.out = a.out, o.x = a.x, o.w = a.w, o.rows = a.rows, o.width = a.width, o.eps = a.eps;
+        break;
+    }
+    case EXL_OP_MATMUL: {
+        const exl_matmul_node &a = n->matmul;
+        exl_matmul_node &o = c.matmul;
+        o.out = a.out, o.x = a.x, o.w = a.w, o.rows = a.rows, o.in_features = a.in_features;
+        o.out_features = a.out_features, o.accumulate = a.accumulate;
+        break;
+    }
+    case EXL_OP_ROPE: {
+        const exl_rope_node &a = n->rope;
+        exl_rope_node &o = c.rope;
+        o.x = a.x, o.pos = a.pos, o.inv_freq = a.inv_freq, o.rows = a.rows, o.n_heads = a.n_heads;
+        o.head_dim = a.head_dim, o.rot_dim = a.rot_dim, o.attn_factor = a.attn_factor;
+        break;
+    }
+    case EXL_OP_KV_STORE: {
+        const exl_kv_store_node &a = n->kv_store;
+        exl_kv_store_node &o = c.kv_store;
+        o.k_cache = a.k_cache, o.v_cache = a.v_cache, o.k = a.k, o.v = a.v, o.width = a.width;
+        break;
+    }
+    case EXL_OP_ATTENTION: {
+        const exl_attention_node &a = n->attention;
+        exl_attention_node &o = c.attention;
+        o.out = a.out, o.q = a.q, o.k = a.k, o.v = a.v, o.k_cache = a.k_cache, o.v_cache = a.v_cache;
+        o.shape.n_heads = a.shape.n_heads, o.shape.n_kv_heads = a.shape.n_kv_heads;
+        o.shape.head_dim = a.shape.head_dim, o.shape.page_size = a.shape.page_size;
+        o.shape.sliding_window = a.shape.sliding_window, o.shape.scale = a.shape.scale;
+        break;
+    }
+    case EXL_OP_GLU: {
+        const exl_glu_node &a = n->glu;
+        exl_glu_node &o = c.glu;
+        o.x = a.x, o.up = a.up, o.rows = a.rows, o.width = a.width, o.act = a.act;
+        break;
+    }
+    case EXL_OP_ADD: c.add.x = n->add.x, c.add.y = n->add.y, c.add.n = n->add.n; break;
+    case EXL_OP_GATHER_ROWS: {
+        const exl_gather_rows_node &a = n->gather_rows;
+        exl_gather_rows_node &o = c.gather_rows;
+        o.out = a.out, o.x = a.x, o.idx = a.idx, o.n = a.n, o.width = a.width, o.x_rows = a.x_rows;
+        break;
+    }
+    }
+    return c;
+}
+
+int exl_cuda_plan_matches(const exl_cuda_plan *p, const exl_graph *g) {
+    if (p->n_nodes != g->n_nodes || p->has_batch != (g->batch != NULL))
+        return 0;
+    if (g->batch) {
+        exl_batch d = exl_cuda_device_batch(g->batch);
+        if (memcmp(&d, &p->batch, sizeof d))
+            return 0;
+    }
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        exl_node c = canonical(&g->nodes[i]);
+        if (memcmp(&c, &p->nodes[i], sizeof c))
+            return 0;
+    }
+    return 1;
+}
+
+/* ---- compiling */
+
+typedef struct compiler {
+    exl_cuda_backend *cb;
+    const exl_graph *g;
+    exl_cuda_plan *p;
+    int32_t batch_rows;
+} compiler;
+
+static exl_span span(const float *p, int64_t n) {
+    exl_span s = {p, n};
+    return s;
+}
+
+/* 1 if w covers s */
+static int covers(exl_span w, exl_span s) { return w.p <= s.p && s.p + s.n <= w.p + w.n; }
+
+/* 1 if s is dead after node i (see the top) */
+static int dead_after(const compiler *c, int32_t i, exl_span s) {
+    for (int32_t o = 0; o < c->g->n_outputs; o++)
+        if (exl_spans_overlap(c->g->outputs[o], s))
+            return 0;
+    for (int32_t j = i + 1; j < c->p->n_nodes; j++) {
+        exl_node_access a = exl_node_access_of(&c->p->nodes[j], c->batch_rows);
+        for (int32_t r = 0; r < a.n_reads; r++)
+            if (exl_spans_overlap(a.reads[r], s))
+                return 0;
+        for (int32_t w = 0; w < a.n_writes; w++)
+            if (covers(a.writes[w], s))
+                return 1;
+    }
+    return 1;
+}
+
+/* 1 if a node of launch l reads or writes s */
+static int touches(const compiler *c, const exl_cuda_plan_item *l, exl_span s) {
+    for (int32_t j = l->node; j < l->node + l->n_nodes; j++) {
+        exl_node_access a = exl_node_access_of(&c->p->nodes[j], c->batch_rows);
+        for (int32_t r = 0; r < a.n_reads; r++)
+            if (exl_spans_overlap(a.reads[r], s))
+                return 1;
+        for (int32_t w = 0; w < a.n_writes; w++)
+            if (exl_spans_overlap(a.writes[w], s))
+                return 1;
+    }
+    return 0;
+}
+
+static exl_cuda_plan_item *add_launch(compiler *c, exl_cuda_item_kind kind, int32_t node, int32_t n_nodes) {
+    exl_cuda_plan *p = c->p;
+    if (p->n_launches == p->cap_launches) {
+        int32_t cap = p->cap_launches ? 2 * p->cap_launches : 256;
+        exl_cuda_plan_item *l = (exl_cuda_plan_item *)realloc(p->launches, (size_t)cap * sizeof *l);
+        if (!l)
+            return NULL;
+        p->launches = l;
+        p->cap_launches = cap;
+    }
+    exl_cuda_plan_item *l = &p->launches[p->n_launches++];
+    memset(l, 0, sizeof *l);
+    l->kind = kind, l->node = node, l->n_nodes = n_nodes;
+    return l;
+}
+
+/* a fused matmul launch of nodes [node, node + n_nodes) whose last k are matmuls of rows over in inputs */
+static exl_cuda_plan_item *add_matmul(compiler *c, int32_t node, int32_t n_nodes, int32_t k, int32_t rows, int32_t in) {
+    exl_cuda_plan_item *l = add_launch(c, EXL_CUDA_RUN_MATMUL, node, n_nodes);
+    if (!l)
+        return NULL;
+    exl_cuda_fused_mm *f = &l->mm;
+    f->rows = rows, f->n = k, f->in_features = in;
+    f->decode = c->p->has_batch && c->p->batch.max_q == 1;
+    for (int32_t i = 0; i < k; i++) {
+        const exl_matmul_node *m = &c->p->nodes[node + n_nodes - k + i].matmul;
+        f->w[i] = m->w, f->out[i] = m->out, f->out_features[i] = m->out_features;
+    }
+    return l;
+}
+
+/* the matmuls from node j on that may join one launch over x (rows, in): at most max, none accumulating, their
+ * outputs apart from each other and from the spans in avoid */
+static int32_t matmul_run(const compiler *c, int32_t j, const float *x, int32_t rows, int32_t in, int32_t max,
+                          const exl_span *avoid, int n_avoid) {
+    exl_span outs[3];
+    int32_t k = 0;
+    for (; k < max && j + k < c->p->n_nodes; k++) {
+        const exl_node *n = &c->p->nodes[j + k];
+        if (n->op != EXL_OP_MATMUL)
+            break;
+        const exl_matmul_node *m = &n->matmul;
+        if (m->x != x || m->rows != rows || m->in_features != in || m->accumulate)
+            break;
+        exl_span o = span(m->out, (int64_t)rows * m->out_features);
+        int clash = 0;
+        for (int a = 0; a < n_avoid; a++)
+            clash |= exl_spans_overlap(o, avoid[a]);
+        for (int32_t e = 0; e < k; e++)
+            clash |= exl_spans_overlap(o, outs[e]);
+        if (clash)
+            break;
+        outs[k] = o;
+    }
+    return k;
+}
+
+/* rmsnorm then the matmuls of its output: nodes taken (0: the pattern does not apply) */
+static int32_t try_norm(compiler *c, int32_t i, int *oom) {
+    const exl_rmsnorm_node *r = &c->p->nodes[i].rmsnorm;
+    exl_span avoid[2] = {span(r->out, (int64_t)r->rows * r->width), span(r->x, (int64_t)r->rows * r->width)};
+    int32_t k = matmul_run(c, i + 1, r->out, r->rows, r->width, 3, avoid, 2);
+    if (k == 0 || !dead_after(c, i + k, avoid[0]))
+        return 0;
+    exl_cuda_plan_item *l = add_matmul(c, i, k + 1, k, r->rows, r->width);
+    if (!l)
+        return *oom = 1, 0;
+    l->mm.x = r->x, l->mm.norm = r->w, l->mm.eps = r->eps;
+    return k + 1;
+}
+
+/* glu then a matmul of its output */
+static int32_t try_glu(compiler *c, int32_t i, int *oom) {
+    const exl_glu_node *u = &c->p->nodes[i].glu;
+    if (i + 1 >= c->p->n_nodes || c->p->nodes[i + 1].op != EXL_OP_MATMUL)
+        return 0;
+    const exl_matmul_node *m = &c->p->nodes[i + 1].matmul;
+    exl_span g = span(u->x, (int64_t)u->rows * u->width), up = span(u->up, (int64_t)u->rows * u->width);
+    exl_span o = span(m->out, (int64_t)m->rows * m->out_features);
+    if (m->x != u->x || m->rows != u->rows || m->in_features != u->width || exl_spans_overlap(o, g) ||
+        exl_spans_overlap(o, up) || !dead_after(c, i + 1, g))
+        return 0;
+    exl_cuda_plan_item *l = add_matmul(c, i, 2, 1, u->rows, u->width);
+    if (!l)
+        return *oom = 1, 0;
+    l->mm.x = u->x, l->mm.up = u->up, l->mm.act = u->act, l->mm.accumulate = m->accumulate;
+    return 2;
+}
+
+/* matmuls of one input, or one that accumulates */
+static int32_t try_matmuls(compiler *c, int32_t i, int *oom) {
+    const exl_matmul_node *m = &c->p->nodes[i].matmul;
+    exl_span x = span(m->x, (int64_t)m->rows * m->in_features);
+    int32_t k = m->accumulate ? 1 : matmul_run(c, i, m->x, m->rows, m->in_features, 3, &x, 1);
+    k = k > 0 ? k : 1; /* one whose output overlaps its input, against the graph's rules: as it is */
+    exl_cuda_plan_item *l = add_matmul(c, i, k, k, m->rows, m->in_features);
+    if (!l)
+        return *oom = 1, 0;
+    l->mm.x = m->x, l->mm.accumulate = m->accumulate;
+    return k;
+}
+
+/* rope q, rope k, kv_store (, attention) */
+static int32_t try_rope(compiler *c, int32_t i, int *oom) {
+    const exl_cuda_plan *p = c->p;
+    if (!p->has_batch || i + 2 >= p->n_nodes || p->nodes[i + 1].op != EXL_OP_ROPE ||
+        p->nodes[i + 2].op != EXL_OP_KV_STORE)
+        return 0;
+    const exl_rope_node *q = &p->nodes[i].rope, *k = &p->nodes[i + 1].rope;
+    const exl_kv_store_node *kv = &p->nodes[i + 2].kv_store;
+    const int32_t rows = p->batch.n_rows;
+    if (q->pos != p->batch.d_pos || k->pos != p->batch.d_pos || q->rows != rows || k->rows != rows ||
+        q->inv_freq != k->inv_freq || q->rot_dim != k->rot_dim || q->head_dim != k->head_dim ||
+        q->attn_factor != k->attn_factor || k->x != kv->k || kv->width != k->n_heads * k->head_dim ||
+        exl_spans_overlap(span(q->x, (int64_t)rows * q->n_heads * q->head_dim),
+                          span(k->x, (int64_t)rows * kv->width)))
+        return 0;
+    int32_t n = 3;
+    exl_cuda_item_kind kind = EXL_CUDA_RUN_ROPE_KV_STORE;
+    if (i + 3 < p->n_nodes && p->nodes[i + 3].op == EXL_OP_ATTENTION) {
+        const exl_attention_node *a = &p->nodes[i + 3].attention;
+        const int fuses = exl_cuda_rope_attention_fuses(c->cb, &p->batch, &a->shape, q->rot_dim);
+        if (a->q == q->x && a->k == kv->k && a->v == kv->v && a->k_cache == kv->k_cache &&
+            a->v_cache == kv->v_cache && a->shape.n_heads == q->n_heads && a->shape.n_kv_heads == k->n_heads &&
+            a->shape.head_dim == q->head_dim &&
+            (!fuses || (dead_after(c, i + 3, span(q->x, (int64_t)rows * q->n_heads * q->head_dim)) &&
+                        dead_after(c, i + 3, span(k->x, (int64_t)rows * kv->width)))))
+            n = 4, kind = EXL_CUDA_RUN_ROPE_ATTENTION;
+    }
+    if (!add_launch(c, kind, i, n))
+        return *oom = 1, 0;
+    return n;
+}
+
+/* ---- what the launches can do with what the graph says (see the top) */
+
+static const exl_attention_node *attention_of(const compiler *c, const exl_cuda_plan_item *l) {
+    if (l->kind == EXL_CUDA_RUN_ROPE_ATTENTION)
+        return &c->p->nodes[l->node + 3].attention;
+    if (l->kind == EXL_CUDA_RUN_NODE && c->p->nodes[l->node].op == EXL_OP_ATTENTION)
+        return &c->p->nodes[l->node].attention;
+    return NULL;
+}
+
+static int is_gemv(const compiler *c, const exl_cuda_plan_item *l) {
+    return l->kind == EXL_CUDA_RUN_MATMUL && exl_cuda_qgemv_takes(c->cb, &l->mm);
+}
+
+/* the GEMV before each attention asks L2 for its cache rows */
+static void plan_kv_prefetch(compiler *c) {
+    const exl_batch *b = &c->p->batch;
+    for (int32_t i = 1; i < c->p->n_launches; i++) {
+        const exl_attention_node *a = attention_of(c, &c->p->launches[i]);
+        int32_t j = i - 1;
+        while (j > 0 && c->p->launches[j].kind != EXL_CUDA_RUN_MATMUL)
+            j--;
+        exl_cuda_plan_item *g = &c->p->launches[j];
+        if (!a || !is_gemv(c, g) || g->mm.kv.k_cache)
+            continue;
+        g->mm.kv.k_cache = a->k_cache, g->mm.kv.v_cache = a->v_cache;
+        g->mm.kv.seqs = b->d_seqs, g->mm.kv.page_tables = b->d_page_tables, g->mm.kv.n_seqs = b->n_seqs;
+        g->mm.kv.page_size = a->shape.page_size, g->mm.kv.width = a->shape.n_kv_heads * a->shape.head_dim;
+    }
+}
+
+/* producers that store their outputs in the slot order of the GEMV after them, which reads only those */
+static void plan_slot_order(compiler *c) {
+    for (int32_t i = 0; i + 1 < c->p->n_launches; i++) {
+        exl_cuda_plan_item *pr = &c->p->launches[i], *co = &c->p->launches[i + 1];
+        if (co->kind != EXL_CUDA_RUN_MATMUL || co->mm.n != 1 || co->mm.norm || !is_gemv(c, co))
+            continue;
+        const int32_t *order = exl_cuda_slot_order(co->mm.w[0], co->mm.rows, co->mm.in_features);
+        const int32_t last = co->node + co->n_nodes - 1;
+        const int64_t n = (int64_t)co->mm.rows * co->mm.in_features;
+        if (!order)
+            continue;
+        if (pr->kind == EXL_CUDA_RUN_MATMUL) { /* gate and up for the GLU and down_proj */
+            const exl_cuda_fused_mm *f = &pr->mm;
+            if (f->n == 2 && !f->up && f->rows == co->mm.rows && f->out[0] == co->mm.x && f->out[1] == co->mm.up &&
+                f->out_features[0] == co->mm.in_features && f->out_features[1] == co->mm.in_features &&
+                is_gemv(c, pr) && dead_after(c, last, span(f->out[0], n)) && dead_after(c, last, span(f->out[1], n)))
+                pr->mm.out_map = order, co->mm.x_slots = 1;
+        } else if (pr->kind == EXL_CUDA_RUN_ROPE_ATTENTION) { /* the attention output for o_proj */
+            const exl_attention_node *a = attention_of(c, pr);
+            const int32_t rot = c->p->nodes[pr->node].rope.rot_dim;
+            if (!co->mm.up && co->mm.x == a->out && co->mm.rows == c->p->batch.n_rows &&
+                exl_cuda_rope_attention_fuses(c->cb, &c->p->batch, &a->shape, rot) &&
+                dead_after(c, last, span(a->out, n)))
+                pr->out_order = order, co->mm.x_slots = 1;
+        }
+    }
+}
+
+/* GEMVs whose outputs the GEMV before them zeroes */
+static void plan_zeroing(compiler *c) {
+    for (int32_t i = 1; i < c->p->n_launches; i++) {
+        exl_cuda_plan_item *w = &c->p->launches[i];
+        if (!is_gemv(c, w) || w->mm.accumulate)
+            continue;
+        exl_span outs[3];
+        for (int k = 0; k < w->mm.n; k++)
+            outs[k] = span(w->mm.out[k], (int64_t)w->mm.rows * w->mm.out_features[k]);
+        for (int32_t j = i - 1; j >= 0; j--) {
+            exl_cuda_plan_item *z = &c->p->launches[j];
+            int touched = 0;
+            for (int k = 0; k < w->mm.n; k++)
+                touched |= touches(c, z, outs[k]);
+            if (touched)
+                break;
+            if (!is_gemv(c, z))
+                continue;
+            int free_slots = 0;
+            for (int k = 0; k < 3; k++)
+                free_slots += z->mm.clear[k] == NULL;
+            if (free_slots >= w->mm.n) {
+                for (int k = 0, s = 0; k < w->mm.n; k++, s++) {
+                    while (z->mm.clear[s])
+                        s++;
+                    z->mm.clear[s] = (float *)outs[k].p, z->mm.n_clear[s] = outs[k].n;
+                }
+                w->mm.out_zeroed = 1;
+            }
+            break;
+        }
+    }
+}
+
+static int node_rows(const exl_node *n, int32_t batch_rows) {
+    switch (n->op) {
+    case EXL_OP_EMBED: return n->embed.rows;
+    case EXL_OP_RMSNORM: return n->rmsnorm.rows;
+    case EXL_OP_MATMUL: return n->matmul.rows;
+    case EXL_OP_ROPE: return n->rope.rows;
+    case EXL_OP_GLU: return n->glu.rows;
+    case EXL_OP_GATHER_ROWS: return n->gather_rows.n;
+    case EXL_OP_ADD: return 0;
+    default: return batch_rows;
+    }
+}
+
+/* a decode-sized step: at most EXL_CUDA_GRAPH_MAX_ROWS rows and EXL_CUDA_DECODE_MAX_Q new tokens a sequence (prompt
+ * pieces, which the attention marks, run directly) */
+static int graphable(const exl_cuda_plan *p) {
+    for (int32_t i = 0; i < p->n_nodes; i++) {
+        const exl_node *n = &p->nodes[i];
+        if (node_rows(n, p->batch.n_rows) > EXL_CUDA_GRAPH_MAX_ROWS ||
+            (n->op == EXL_OP_ATTENTION && p->batch.max_q > EXL_CUDA_DECODE_MAX_Q))
+            return 0;
+    }
+    return 1;
+}
+
+exl_status exl_cuda_plan_compile(exl_cuda_backend *cb, const exl_graph *g, exl_cuda_plan *p) {
+    p->n_nodes = p->n_launches = 0;
+    if (g->n_nodes > p->cap_nodes) {
+        exl_node *n = (exl_node *)realloc(p->nodes, (size_t)g->n_nodes * sizeof *n);
+        if (!n)
+            return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory compiling a step");
+        p->nodes = n;
+        p->cap_nodes = g->n_nodes;
+    }
+    p->has_batch = g->batch != NULL;
+    if (g->batch)
+        p->batch = exl_cuda_device_batch(g->batch);
+    else
+        memset(&p->batch, 0, sizeof p->batch);
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        p->nodes[i] = canonical(&g->nodes[i]);
+        const exl_op op = p->nodes[i].op;
+        if ((op == EXL_OP_KV_STORE || op == EXL_OP_ATTENTION) && !g->batch)
+            return exl_cuda_fail(EXL_ERR_ARG, "graph: layer %d: kv_store or attention in a graph without a batch",
+                                 p->nodes[i].tag.layer);
+    }
+    p->n_nodes = g->n_nodes;
+    p->graphable = graphable(p);
+    compiler c = {cb, g, p, p->batch.n_rows};
+    int oom = 0;
+    for (int32_t i = 0; i < p->n_nodes && !oom;) {
+        int32_t taken = 0;
+        switch (p->nodes[i].op) {
+        case EXL_OP_RMSNORM: taken = try_norm(&c, i, &oom); break;
+        case EXL_OP_GLU: taken = try_glu(&c, i, &oom); break;
+        case EXL_OP_MATMUL: taken = try_matmuls(&c, i, &oom); break;
+        case EXL_OP_ROPE: taken = try_rope(&c, i, &oom); break;
+        default: break;
+        }
+        if (!taken && !oom) {
+            if (!add_launch(&c, EXL_CUDA_RUN_NODE, i, 1))
+                oom = 1;
+            taken = 1;
+        }
+        i += taken;
+    }
+    if (oom) {
+        p->n_nodes = p->n_launches = 0;
+        return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory compiling a step");
+    }
+    if (p->has_batch && p->batch.max_q == 1) { /* decode steps */
+        plan_kv_prefetch(&c);
+        if (!cb->deterministic)
+            plan_zeroing(&c);
+    }
+    plan_slot_order(&c);
+    return EXL_OK;
+}
+
+/* ---- running */
+
+static void run_node(exl_cuda_backend *cb, const exl_cuda_plan *p, const exl_node *n) {
+    exl_backend *be = &cb->base;
+    switch (n->op) {
+    case EXL_OP_EMBED:
+        exl_cuda_run_embed(be, n->embed.out, n->embed.table, n->embed.ids, n->embed.rows, n->embed.scale);
+        break;
+    case EXL_OP_RMSNORM:
+        exl_cuda_run_rmsnorm(be, n->rmsnorm.out, n->rmsnorm.x, n->rmsnorm.w, n->rmsnorm.rows, n->rmsnorm.width,
+                             n->rmsnorm.eps);
+        break;
+    case EXL_OP_ROPE:
+        exl_cuda_run_rope(be, n->rope.x, n->rope.pos, n->rope.rows, n->rope.n_heads, n->rope.head_dim,
+                          n->rope.rot_dim, n->rope.inv_freq, n->rope.attn_factor);
+        break;
+    case EXL_OP_KV_STORE:
+        exl_cuda_run_kv_store(be, n->kv_store.k_cache, n->kv_store.v_cache, n->kv_store.k, n->kv_store.v, &p->batch,
+                              n->kv_store.width);
+        break;
+    case EXL_OP_ATTENTION:
+        exl_cuda_run_attention(be, n->attention.out, n->attention.q, n->attention.k, n->attention.v,
+                               n->attention.k_cache, n->attention.v_cache, &p->batch, &n->attention.shape);
+        break;
+    case EXL_OP_GLU: exl_cuda_run_glu(be, n->glu.x, n->glu.up, n->glu.rows, n->glu.width, n->glu.act); break;
+    case EXL_OP_ADD: exl_cuda_run_add(be, n->add.x, n->add.y, n->add.n); break;
+    case EXL_OP_GATHER_ROWS:
+        exl_cuda_run_gather_rows(be, n->gather_rows.out, n->gather_rows.x, n->gather_rows.idx, n->gather_rows.n,
+                                 n->gather_rows.width);
+        break;
+    case EXL_OP_MATMUL: /* compiled into EXL_CUDA_RUN_MATMUL launches, always */
+        exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: a matmul node left out of the plan's matmuls");
+        break;
+    }
+}
+
+void exl_cuda_plan_run(exl_cuda_backend *cb, const exl_cuda_plan *p) {
+    exl_backend *be = &cb->base;
+    for (int32_t i = 0; i < p->n_launches; i++) {
+        const exl_cuda_plan_item *l = &p->launches[i];
+        const exl_node *n = &p->nodes[l->node];
+        switch (l->kind) {
+        case EXL_CUDA_RUN_NODE: run_node(cb, p, n); break;
+        case EXL_CUDA_RUN_MATMUL: {
+            size_t need = exl_cuda_fused_scratch_need(cb, &l->mm) * sizeof(float);
+            if (!need || exl_cuda_ensure(cb, (void **)&cb->fused_scratch, &cb->fused_scratch_bytes, need,
+                                         "matmul scratch"))
+                exl_cuda_run_matmul_fused(be, &l->mm);
+            break;
+        }
+        case EXL_CUDA_RUN_ROPE_KV_STORE: {
+            const exl_rope_node *q = &n[0].rope, *k = &n[1].rope;
+            const exl_kv_store_node *kv = &n[2].kv_store;
+            exl_attn_shape sh;
+            memset(&sh, 0, sizeof sh);
+            sh.n_heads = q->n_heads, sh.n_kv_heads = k->n_heads, sh.head_dim = q->head_dim;
+            exl_cuda_run_rope_kv_store(be, q->x, k->x, kv->v, kv->k_cache, kv->v_cache, &p->batch, &sh, q->rot_dim,
+                                       q->inv_freq, q->attn_factor);
+            break;
+        }
+        case EXL_CUDA_RUN_ROPE_ATTENTION: {
+            const exl_rope_node *q = &n[0].rope, *k = &n[1].rope;
+            const exl_kv_store_node *kv = &n[2].kv_store;
+            const exl_attention_node *a = &n[3].attention;
+            exl_cuda_run_rope_attention(be, a->out, q->x, k->x, kv->v, kv->k_cache, kv->v_cache, &p->batch,
+                                        &a->shape, q->rot_dim, q->inv_freq, q->attn_factor, l->out_order);
+            break;
+        }
+        }
+    }
+}
+
+void exl_cuda_plan_free(exl_cuda_plan *p) {
+    free(p->nodes);
+    free(p->launches);
+    memset(p, 0, sizeof *p);
+}

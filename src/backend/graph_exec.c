@@ -1,0 +1,63 @@
+/* graph_exec.c - the generic executor: a step's graph node by node through a backend's primitive ops. */
+#include "backend/backend.h"
+
+#include "base/error.h"
+
+static exl_status run_matmul(exl_backend *be, const exl_graph *g, const exl_node *node) {
+    const exl_matmul_node *m = &node->matmul;
+    if (!m->accumulate) {
+        be->ops->matmul(be, m->out, m->x, m->w, m->rows);
+        return EXL_OK;
+    }
+    int64_t n = (int64_t)m->rows * m->out_features;
+    if (!g->tmp || g->tmp_floats < n || g->tmp == m->x || g->tmp == m->out)
+        return exl_fail(EXL_ERR_ARG, "graph: layer %d: an accumulating matmul of %lld floats without a tmp buffer "
+                        "for it", node->tag.layer, (long long)n);
+    be->ops->matmul(be, g->tmp, m->x, m->w, m->rows);
+    be->ops->add(be, m->out, g->tmp, n);
+    return EXL_OK;
+}
+
+exl_status exl_graph_exec(exl_backend *be, const exl_graph *g, exl_linear_hook hook, void *user) {
+    const exl_backend_ops *op = be->ops;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const exl_node *n = &g->nodes[i];
+        switch (n->op) {
+        case EXL_OP_EMBED:
+            op->embed(be, n->embed.out, n->embed.table, n->embed.ids, n->embed.rows, n->embed.scale);
+            break;
+        case EXL_OP_RMSNORM:
+            op->rmsnorm(be, n->rmsnorm.out, n->rmsnorm.x, n->rmsnorm.w, n->rmsnorm.rows, n->rmsnorm.width,
+                        n->rmsnorm.eps);
+            break;
+        case EXL_OP_MATMUL:
+            if (hook)
+                EXL_TRY(hook(user, n->tag.layer, n->matmul.w, n->matmul.x, n->matmul.rows));
+            EXL_TRY(run_matmul(be, g, n));
+            break;
+        case EXL_OP_ROPE:
+            op->rope(be, n->rope.x, n->rope.pos, n->rope.rows, n->rope.n_heads, n->rope.head_dim, n->rope.rot_dim,
+                     n->rope.inv_freq, n->rope.attn_factor);
+            break;
+        case EXL_OP_KV_STORE:
+        case EXL_OP_ATTENTION:
+            if (!g->batch)
+                return exl_fail(EXL_ERR_ARG, "graph: layer %d: kv_store or attention in a graph without a batch",
+                                n->tag.layer);
+            if (n->op == EXL_OP_KV_STORE)
+                op->kv_store(be, n->kv_store.k_cache, n->kv_store.v_cache, n->kv_store.k, n->kv_store.v, g->batch,
+                             n->kv_store.width);
+            else
+                op->attention(be, n->attention.out, n->attention.q, n->attention.k, n->attention.v,
+                              n->attention.k_cache, n->attention.v_cache, g->batch, &n->attention.shape);
+            break;
+        case EXL_OP_GLU: op->glu(be, n->glu.x, n->glu.up, n->glu.rows, n->glu.width, n->glu.act); break;
+        case EXL_OP_ADD: op->add(be, n->add.x, n->add.y, n->add.n); break;
+        case EXL_OP_GATHER_ROWS:
+            op->gather_rows(be, n->gather_rows.out, n->gather_rows.x, n->gather_rows.idx, n->gather_rows.n,
+                            n->gather_rows.width);
+            break;
+        }
+    }
+    return EXL_OK;
+}
