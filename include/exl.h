@@ -44,6 +44,8 @@ typedef enum exl_device {
 typedef struct exl_model_params {
     exl_device device;
     int32_t n_threads;   /* CPU worker threads; 0 = one per core */
+    int32_t load_only;   /* check and map the weights for exl_model_describe / _report only (`exl info`): also
+                          * architectures exl cannot run yet load, and nothing can be evaluated */
 } exl_model_params;
 
 exl_model_params exl_model_default_params(void);
@@ -53,7 +55,7 @@ exl_status exl_model_load(const char *dir, const exl_model_params *params, exl_m
 void exl_model_free(exl_model *model);
 
 typedef struct exl_model_desc {
-    char arch[32];             /* "llama", "mistral", "qwen2", "gemma" */
+    char arch[32];             /* config.json's model_type: "llama", "qwen3", "mixtral", ... */
     int32_t vocab_size;
     int32_t hidden_size;
     int32_t intermediate_size;
@@ -70,6 +72,10 @@ typedef struct exl_model_desc {
     int32_t max_step_tokens;   /* tokens one forward step takes (512 on the CPU, 2048 on CUDA) */
     uint64_t decode_bytes;     /* weight bytes read per decoded token (all but the embedding table) */
     uint64_t file_bytes;       /* size of the weight files */
+    /* generation_config.json's sampling defaults; < 0 where it sets none */
+    int32_t gen_do_sample;
+    float gen_temperature, gen_top_p, gen_min_p, gen_repetition_penalty;
+    int32_t gen_top_k;
 } exl_model_desc;
 
 void exl_model_describe(const exl_model *model, exl_model_desc *out);

@@ -22,6 +22,7 @@ int cmd_info(int argc, char **argv) {
         return cli_usage_error("info", "missing -m DIR");
     exl_model_params p = exl_model_default_params();
     p.device = EXL_DEVICE_CPU;
+    p.load_only = 1; /* describe also what exl cannot run yet */
     exl_model *model;
     exl_status st = exl_model_load(dir, &p, &model);
     if (st != EXL_OK)

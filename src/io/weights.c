@@ -3,10 +3,12 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/notice.h"
 #include "base/str.h"
 #include "io/json_file.h"
 
 #include <dirent.h>
+#include <stdlib.h>
 #include <string.h>
 
 static exl_status add_file(exl_weights *w, const char *path) {
@@ -23,59 +25,138 @@ static exl_status add_file(exl_weights *w, const char *path) {
     return EXL_OK;
 }
 
-static exl_status open_index(exl_weights *w, const char *dir, const char *index_path) {
-    cJSON *root;
-    EXL_TRY(exl_json_read_file(index_path, &root));
-    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
-    exl_status st = EXL_OK;
-    if (!cJSON_IsObject(map) || !map->child)
-        st = exl_fail(EXL_ERR_FORMAT, "%s: missing or empty \"weight_map\"", index_path);
-    for (const cJSON *it = map ? map->child : NULL; it && st == EXL_OK; it = it->next) {
-        if (!cJSON_IsString(it) || strchr(it->valuestring, '/') || !strcmp(it->valuestring, "..")) {
-            st = exl_fail(EXL_ERR_FORMAT, "%s: weight_map entry '%s' is not a file name in the model directory",
-                          index_path, it->string);
-            break;
-        }
-        char *path = exl_path_join(dir, it->valuestring);
-        if (!path) {
-            st = exl_fail(EXL_ERR_NOMEM, "out of memory");
-            break;
-        }
-        st = add_file(w, path);
-        if (st == EXL_OK && !exl_weights_find(w, it->string))
-            st = exl_fail(EXL_ERR_FORMAT, "%s: tensor '%s' is listed for %s but that file does not hold it",
-                          index_path, it->string, it->valuestring);
-        exl_free(path);
-    }
-    cJSON_Delete(root);
-    return st;
+/* The shard file named by a weight_map entry, checked to be a plain name in the model directory. */
+static exl_status shard_name(const char *index_path, const cJSON *it) {
+    if (!cJSON_IsString(it) || strchr(it->valuestring, '/') || !strcmp(it->valuestring, "..") ||
+        !it->valuestring[0])
+        return exl_fail(EXL_ERR_FORMAT, "%s: weight_map entry '%s' is not a file name in the model directory",
+                        index_path, it->string);
+    return EXL_OK;
 }
 
-/* The one *.safetensors file in dir, if there is exactly one. */
-static exl_status find_single(const char *dir, char **out) {
+/* The index's weight_map, and the first shard it names that is not in dir (*missing, NULL if all are there;
+ * points into *root). */
+static exl_status read_index(const char *dir, const char *index_path, cJSON **root, const cJSON **map,
+                             const char **missing) {
+    *missing = NULL;
+    EXL_TRY(exl_json_read_file(index_path, root));
+    *map = cJSON_GetObjectItemCaseSensitive(*root, "weight_map");
+    if (!cJSON_IsObject(*map) || !(*map)->child)
+        return exl_fail(EXL_ERR_FORMAT, "%s: missing or empty \"weight_map\"", index_path);
+    for (const cJSON *it = (*map)->child; it && !*missing; it = it->next) {
+        EXL_TRY(shard_name(index_path, it));
+        char *path = exl_path_join(dir, it->valuestring);
+        if (!path)
+            return exl_fail(EXL_ERR_NOMEM, "out of memory");
+        if (!exl_file_exists(path))
+            *missing = it->valuestring;
+        exl_free(path);
+    }
+    return EXL_OK;
+}
+
+/* Open every shard the index names; each must hold the tensors listed for it. */
+static exl_status open_shards(exl_weights *w, const char *dir, const char *index_path, const cJSON *map) {
+    for (const cJSON *it = map->child; it; it = it->next) {
+        char *path = exl_path_join(dir, it->valuestring);
+        if (!path)
+            return exl_fail(EXL_ERR_NOMEM, "out of memory");
+        exl_status st = add_file(w, path);
+        exl_free(path);
+        EXL_TRY(st);
+        if (!exl_weights_find(w, it->string))
+            return exl_fail(EXL_ERR_FORMAT, "%s: tensor '%s' is listed for %s but that file does not hold it",
+                            index_path, it->string, it->valuestring);
+    }
+    return EXL_OK;
+}
+
+static int is_safetensors(const char *name) {
+    size_t n = strlen(name);
+    return n > 12 && !strcmp(name + n - 12, ".safetensors");
+}
+
+static int compare_names(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static void free_names(char **names, int count) {
+    for (int i = 0; i < count; i++)
+        exl_free(names[i]);
+    exl_free(names);
+}
+
+/* The names of dir's *.safetensors files, sorted. */
+static exl_status list_safetensors(const char *dir, char ***out, int *count) {
     *out = NULL;
+    *count = 0;
     DIR *d = opendir(dir);
     if (!d)
         return exl_fail(EXL_ERR_IO, "%s: cannot open the model directory", dir);
-    int count = 0;
+    exl_status st = EXL_OK;
     struct dirent *e;
-    while ((e = readdir(d))) {
-        size_t n = strlen(e->d_name);
-        if (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) {
-            count++;
-            exl_free(*out);
-            *out = exl_path_join(dir, e->d_name);
+    while (st == EXL_OK && (e = readdir(d))) {
+        if (!is_safetensors(e->d_name))
+            continue;
+        char **names = exl_realloc(*out, (size_t)(*count + 1) * sizeof *names);
+        if (!names || !(names[*count] = exl_strdup(e->d_name))) {
+            if (names)
+                *out = names;
+            st = exl_fail(EXL_ERR_NOMEM, "out of memory");
+            break;
         }
+        *out = names;
+        (*count)++;
     }
     closedir(d);
-    if (count == 1 && *out)
-        return EXL_OK;
-    exl_free(*out);
-    *out = NULL;
+    if (st != EXL_OK) {
+        free_names(*out, *count);
+        *out = NULL;
+        *count = 0;
+    } else if (*count > 1) {
+        qsort(*out, (size_t)*count, sizeof **out, compare_names);
+    }
+    return st;
+}
+
+/* Without a usable index: the one *.safetensors file in dir (e.g. EXL2's output.safetensors), or with
+ * all_files (the index was stale) every one of them. */
+static exl_status open_directory(exl_weights *w, const char *dir, int all_files) {
+    char **names;
+    int count;
+    EXL_TRY(list_safetensors(dir, &names, &count));
+    exl_status st = EXL_OK;
     if (count == 0)
-        return exl_fail(EXL_ERR_IO, "%s: no model.safetensors, model.safetensors.index.json or other .safetensors file",
-                        dir);
-    return exl_fail(EXL_ERR_FORMAT, "%s: several .safetensors files but no model.safetensors.index.json", dir);
+        st = exl_fail(EXL_ERR_IO, "%s: no model.safetensors, model.safetensors.index.json or other .safetensors file",
+                      dir);
+    else if (count > 1 && !all_files)
+        st = exl_fail(EXL_ERR_FORMAT, "%s: several .safetensors files but no model.safetensors.index.json", dir);
+    for (int i = 0; st == EXL_OK && i < count; i++) {
+        char *path = exl_path_join(dir, names[i]);
+        st = path ? add_file(w, path) : exl_fail(EXL_ERR_NOMEM, "out of memory");
+        exl_free(path);
+    }
+    free_names(names, count);
+    return st;
+}
+
+/* The index when every shard it names is there; else (ExLlamaV2 copies the source model's index into its output)
+ * the directory's own .safetensors files, with a notice. */
+static exl_status open_indexed(exl_weights *w, const char *dir, const char *index_path) {
+    cJSON *root = NULL;
+    const cJSON *map = NULL;
+    const char *missing;
+    exl_status st = read_index(dir, index_path, &root, &map, &missing);
+    if (st == EXL_OK && !missing)
+        st = open_shards(w, dir, index_path, map);
+    else if (st == EXL_OK) {
+        exl_notice("%s names %s, which is not in the directory: ignoring the index, loading the directory's "
+                   ".safetensors files",
+                   index_path, missing);
+        st = open_directory(w, dir, 1);
+    }
+    cJSON_Delete(root);
+    return st;
 }
 
 exl_status exl_weights_open(const char *dir, exl_weights **out) {
@@ -84,19 +165,14 @@ exl_status exl_weights_open(const char *dir, exl_weights **out) {
     char *index = exl_path_join(dir, "model.safetensors.index.json");
     char *single = exl_path_join(dir, "model.safetensors");
     exl_status st;
-    if (!w || !index || !single) {
+    if (!w || !index || !single)
         st = exl_fail(EXL_ERR_NOMEM, "out of memory");
-    } else if (exl_file_exists(index)) {
-        st = open_index(w, dir, index);
-    } else if (exl_file_exists(single)) {
+    else if (exl_file_exists(index))
+        st = open_indexed(w, dir, index);
+    else if (exl_file_exists(single))
         st = add_file(w, single);
-    } else {
-        char *path;
-        st = find_single(dir, &path);
-        if (st == EXL_OK)
-            st = add_file(w, path);
-        exl_free(path);
-    }
+    else
+        st = open_directory(w, dir, 0);
     exl_free(index);
     exl_free(single);
     if (st != EXL_OK) {

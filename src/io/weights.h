@@ -11,7 +11,9 @@ typedef struct exl_weights {
 } exl_weights;
 
 /* Opens dir/model.safetensors.index.json (all shards it names), else dir/model.safetensors,
- * else the single *.safetensors file in dir (e.g. EXL2's output.safetensors). */
+ * else the single *.safetensors file in dir (e.g. EXL2's output.safetensors). An index that names a
+ * file the directory lacks (ExLlamaV2 copies its source's index) is ignored with a notice, and every
+ * *.safetensors file in dir is opened instead. */
 exl_status exl_weights_open(const char *dir, exl_weights **out);
 void exl_weights_close(exl_weights *w);
 const exl_st_tensor *exl_weights_find(const exl_weights *w, const char *name);

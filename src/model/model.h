@@ -6,10 +6,28 @@
 #include "io/hf_config.h"
 #include "io/weights.h"
 
-typedef struct exl_layer {
-    exl_vector *attn_norm, *mlp_norm;
-    exl_linear *q, *k, *v, *o;
+/* One expert of a mixture-of-experts block (or its shared expert): a gated MLP. */
+typedef struct exl_expert {
     exl_linear *gate, *up, *down;
+} exl_expert;
+
+/* A decoder layer's weights; which of them are there follows cfg (NULL otherwise). */
+typedef struct exl_layer {
+    exl_vector *attn_norm; /* input_layernorm */
+    exl_vector *mlp_norm;  /* the norm before the MLP: post_attention_layernorm, Gemma 2/3's pre_feedforward */
+    exl_linear *q, *k, *v, *o;
+    exl_linear *qkv;       /* cfg.fused_qkv (Phi-3): one linear giving q, then k, then v (q, k, v are NULL) */
+    exl_vector *q_norm, *k_norm; /* cfg.qk_norm: RMSNorm weights of head_dim, applied to each head */
+    exl_vector *post_attn_norm;  /* cfg.sandwich_norms: on the attention output before the residual add */
+    exl_vector *post_mlp_norm;   /* cfg.sandwich_norms: on the MLP output before the residual add */
+    /* dense MLP (a layer that is not MoE) */
+    exl_linear *gate, *up, *down;
+    exl_linear *gate_up;   /* cfg.fused_gate_up (Phi-3): gate rows, then up rows (gate, up are NULL) */
+    /* mixture of experts (cfg.layers[i].moe) */
+    exl_linear *router;    /* hidden -> n_experts logits */
+    exl_expert *experts;   /* cfg.moe.n_experts of them */
+    exl_expert shared;     /* Qwen2-MoE: the shared expert every token runs (cfg.moe.shared_ffn) */
+    exl_linear *shared_gate; /* Qwen2-MoE: hidden -> 1, the sigmoid weight of the shared expert's output */
 } exl_layer;
 
 /* Buffers for one forward step of up to max_rows tokens (the backend's step_rows), allocated
@@ -150,9 +168,17 @@ int32_t exl_model_max_rows(const exl_model *m);
 exl_status exl_model_alloc_forward(exl_model *m);
 void exl_model_free_forward(exl_model *m);
 
-/* Loading pieces (model_load.c, linear_load.c) */
+/* Loading pieces (model_load.c, layer_load.c, linear_load.c) */
 exl_status exl_model_load_linear(exl_model *m, const char *prefix, int64_t in, int64_t out, int has_bias,
                                  exl_linear **w);
+/* A norm's weights of n values (Gemma's (1 + w) applied). */
+exl_status exl_model_load_norm(exl_model *m, const char *name, int64_t n, exl_vector **out);
+/* Layer i's tensors, named "<text_prefix>layers.<i>.*" ("model." for causal LMs). */
+exl_status exl_model_load_layer(exl_model *m, const char *text_prefix, int32_t i);
+void exl_model_free_layer(exl_model *m, exl_layer *l);
+/* What the forward pass cannot run yet of a config ("qwen3 models", "longrope rotary embeddings", ...), written to
+ * gap; empty when it runs it. */
+void exl_model_forward_gap(const exl_hf_config *c, char *gap, size_t size);
 
 /* RoPE frequencies for a sequence length (dynamic scaling depends on it). */
 void exl_rope_frequencies(const exl_hf_config *cfg, int32_t rot_dim, int32_t seq_len, float *inv_freq,

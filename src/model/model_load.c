@@ -1,69 +1,69 @@
-/* model_load.c - load a model directory: config, mapped weights, backend handles. */
+/* model_load.c - load a model directory: config, mapped weights, backend handles; and describe it. */
 #include "model/model.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/notice.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 exl_model_params exl_model_default_params(void) {
-    exl_model_params p = {EXL_DEVICE_AUTO, 0};
+    exl_model_params p = {EXL_DEVICE_AUTO, 0, 0};
     return p;
 }
 
-static exl_status load_norm(exl_model *m, const char *name, exl_vector **out) {
-    const exl_st_tensor *t;
-    int64_t shape[1] = {m->cfg.hidden_size};
-    EXL_TRY(exl_weights_get(m->weights, name, EXL_DTYPES_FLOAT, 1, shape, &t));
-    exl_dense_src src = {t->dtype, t->data};
-    float add = m->cfg.arch == EXL_ARCH_GEMMA ? 1.0f : 0.0f; /* Gemma scales by (1 + w) */
-    return m->be->ops->vector_init(m->be, &src, m->cfg.hidden_size, add, out);
+/* Where the text model's tensors are: "model." in causal LMs; a multimodal checkpoint's as published (and kept by
+ * ExLlamaV2) or as transformers 5 saves it. */
+static const char *const text_prefixes[] = {"model.", "language_model.model.", "model.language_model."};
+static const char *const head_names[] = {"lm_head", "language_model.lm_head"};
+
+static const char *text_prefix(const exl_weights *w) {
+    char name[64];
+    for (size_t i = 0; i < sizeof text_prefixes / sizeof text_prefixes[0]; i++) {
+        snprintf(name, sizeof name, "%sembed_tokens.weight", text_prefixes[i]);
+        if (exl_weights_find(w, name))
+            return text_prefixes[i];
+    }
+    return text_prefixes[0];
 }
 
-static exl_status load_layer(exl_model *m, int i) {
-    const exl_hf_config *c = &m->cfg;
-    exl_layer *l = &m->layers[i];
-    char p[256];
-    int64_t hd = c->head_dim, q_out = (int64_t)c->n_heads * hd, kv_out = (int64_t)c->n_kv_heads * hd;
-#define PREFIX(fmt) (snprintf(p, sizeof p, "model.layers.%d." fmt, i), p)
-    EXL_TRY(load_norm(m, PREFIX("input_layernorm.weight"), &l->attn_norm));
-    EXL_TRY(load_norm(m, PREFIX("post_attention_layernorm.weight"), &l->mlp_norm));
-    EXL_TRY(exl_model_load_linear(m, PREFIX("self_attn.q_proj"), c->hidden_size, q_out, c->qkv_bias, &l->q));
-    EXL_TRY(exl_model_load_linear(m, PREFIX("self_attn.k_proj"), c->hidden_size, kv_out, c->qkv_bias, &l->k));
-    EXL_TRY(exl_model_load_linear(m, PREFIX("self_attn.v_proj"), c->hidden_size, kv_out, c->qkv_bias, &l->v));
-    EXL_TRY(exl_model_load_linear(m, PREFIX("self_attn.o_proj"), q_out, c->hidden_size, c->o_bias, &l->o));
-    EXL_TRY(exl_model_load_linear(m, PREFIX("mlp.gate_proj"), c->hidden_size, c->intermediate_size, c->mlp_bias,
-                                  &l->gate));
-    EXL_TRY(exl_model_load_linear(m, PREFIX("mlp.up_proj"), c->hidden_size, c->intermediate_size, c->mlp_bias,
-                                  &l->up));
-    EXL_TRY(exl_model_load_linear(m, PREFIX("mlp.down_proj"), c->intermediate_size, c->hidden_size, c->mlp_bias,
-                                  &l->down));
-#undef PREFIX
-    return EXL_OK;
+/* The lm_head tensors' prefix, or NULL when there are none (tied to the embeddings). EXL2 writes a quantized head
+ * even for tied models. */
+static const char *head_name(const exl_weights *w) {
+    static const char *const suffixes[] = {".weight", ".q_weight", ".qweight"};
+    char name[64];
+    for (size_t i = 0; i < sizeof head_names / sizeof head_names[0]; i++)
+        for (size_t j = 0; j < sizeof suffixes / sizeof suffixes[0]; j++) {
+            snprintf(name, sizeof name, "%s%s", head_names[i], suffixes[j]);
+            if (exl_weights_find(w, name))
+                return head_names[i];
+        }
+    return NULL;
 }
 
-static exl_status load_embedding(exl_model *m) {
+static exl_status load_embedding(exl_model *m, const char *prefix) {
     const exl_hf_config *c = &m->cfg;
     const exl_st_tensor *t;
+    char name[64];
+    snprintf(name, sizeof name, "%sembed_tokens.weight", prefix);
     int64_t shape[2] = {c->vocab_size, c->hidden_size};
-    EXL_TRY(exl_weights_get(m->weights, "model.embed_tokens.weight", EXL_DTYPES_FLOAT, 2, shape, &t));
+    EXL_TRY(exl_weights_get(m->weights, name, EXL_DTYPES_FLOAT, 2, shape, &t));
     exl_linear_src src = {0};
     src.kind = EXL_LINEAR_DENSE;
     src.in_features = c->hidden_size;
     src.out_features = c->vocab_size;
     src.dense.dtype = t->dtype;
     src.dense.data = t->data;
-    src.name = "model.embed_tokens";
+    snprintf(name, sizeof name, "%sembed_tokens", prefix);
+    src.name = name;
     EXL_TRY(m->be->ops->linear_init(m->be, &src, &m->embed));
     /* Gemma multiplies embeddings by sqrt(hidden) rounded to the activation dtype. */
-    m->embed_scale = c->arch == EXL_ARCH_GEMMA ? sqrtf((float)c->hidden_size) : 1.0f;
-    /* The head: lm_head when present (EXL2 writes a quantized one even for tied models). */
-    int has_head = exl_weights_find(m->weights, "lm_head.weight") || exl_weights_find(m->weights, "lm_head.q_weight") ||
-                   exl_weights_find(m->weights, "lm_head.qweight");
-    if (has_head)
-        return exl_model_load_linear(m, "lm_head", c->hidden_size, c->vocab_size, 0, &m->head);
+    m->embed_scale = c->norm_plus_one ? sqrtf((float)c->hidden_size) : 1.0f;
+    const char *head = head_name(m->weights);
+    if (head)
+        return exl_model_load_linear(m, head, c->hidden_size, c->vocab_size, 0, &m->head);
     if (!c->tie_embeddings)
         return exl_fail(EXL_ERR_FORMAT, "%s: missing tensor 'lm_head.weight' (tie_word_embeddings is false)",
                         m->weights->files[0]->path);
@@ -81,6 +81,47 @@ static exl_status check_config(const exl_model *m) {
     return EXL_OK;
 }
 
+/* forward.c (and quant/'s layer runner) run Llama-style layers (Llama, Mistral, Qwen2, Gemma) with one window for
+ * all layers and a rope whose frequencies depend on the sequence length at most as dynamic scaling does. */
+void exl_model_forward_gap(const exl_hf_config *c, char *gap, size_t size) {
+    static const exl_arch runs[] = {EXL_ARCH_LLAMA, EXL_ARCH_MISTRAL, EXL_ARCH_QWEN2, EXL_ARCH_GEMMA};
+    int known = 0;
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
+        known |= c->arch == runs[i];
+    gap[0] = 0;
+    if (!known)
+        snprintf(gap, size, "%s models", exl_arch_name(c->arch));
+    else if (c->rope.type == EXL_ROPE_LONGROPE)
+        snprintf(gap, size, "longrope rotary embeddings");
+    for (int32_t i = 1; !gap[0] && i < c->n_layers; i++)
+        if (c->layers[i].sliding_window != c->layers[0].sliding_window)
+            snprintf(gap, size, "attention windows that differ between layers");
+}
+
+static exl_status load_weights(exl_model *m, const exl_model_params *p) {
+    EXL_TRY(exl_weights_open(m->dir, &m->weights));
+    EXL_TRY(exl_backend_init(p->device, p->n_threads, &m->be));
+    const char *prefix = text_prefix(m->weights);
+    EXL_TRY(load_embedding(m, prefix));
+    char name[64];
+    snprintf(name, sizeof name, "%snorm.weight", prefix);
+    EXL_TRY(exl_model_load_norm(m, name, m->cfg.hidden_size, &m->final_norm));
+    if (!(m->layers = exl_calloc((size_t)m->cfg.n_layers, sizeof *m->layers)))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < m->cfg.n_layers; i++)
+        EXL_TRY(exl_model_load_layer(m, prefix, i));
+    if (p->load_only)
+        return EXL_OK;
+    char gap[96];
+    exl_model_forward_gap(&m->cfg, gap, sizeof gap);
+    if (gap[0])
+        return exl_fail(EXL_ERR_UNSUPPORTED,
+                        "%s: exl reads this %s model but cannot run it yet (no forward pass for %s); `exl info` "
+                        "describes it",
+                        m->dir, m->cfg.model_type, gap);
+    return exl_model_alloc_forward(m);
+}
+
 exl_status exl_model_load(const char *dir, const exl_model_params *params, exl_model **out) {
     *out = NULL;
     exl_model_params p = params ? *params : exl_model_default_params();
@@ -94,20 +135,11 @@ exl_status exl_model_load(const char *dir, const exl_model_params *params, exl_m
         m->rot_dim = (int32_t)(m->cfg.head_dim * m->cfg.rope.partial_rotary_factor) & ~1;
         st = check_config(m);
     }
+    if (st == EXL_OK && m->cfg.vision_ignored)
+        exl_notice("%s: a %s checkpoint: loading its text model only, the vision tower is ignored", dir,
+                   m->cfg.model_type);
     if (st == EXL_OK)
-        st = exl_weights_open(dir, &m->weights);
-    if (st == EXL_OK)
-        st = exl_backend_init(p.device, p.n_threads, &m->be);
-    if (st == EXL_OK)
-        st = load_embedding(m);
-    if (st == EXL_OK)
-        st = load_norm(m, "model.norm.weight", &m->final_norm);
-    if (st == EXL_OK && !(m->layers = exl_calloc((size_t)m->cfg.n_layers, sizeof *m->layers)))
-        st = exl_fail(EXL_ERR_NOMEM, "out of memory");
-    for (int i = 0; st == EXL_OK && i < m->cfg.n_layers; i++)
-        st = load_layer(m, i);
-    if (st == EXL_OK)
-        st = exl_model_alloc_forward(m);
+        st = load_weights(m, &p);
     if (st != EXL_OK) {
         exl_model_free(m);
         return st;
@@ -122,14 +154,8 @@ void exl_model_free(exl_model *m) {
     exl_backend *be = m->be;
     if (be) {
         exl_model_free_forward(m);
-        for (int i = 0; m->layers && i < m->cfg.n_layers; i++) {
-            exl_layer *l = &m->layers[i];
-            be->ops->vector_free(be, l->attn_norm);
-            be->ops->vector_free(be, l->mlp_norm);
-            exl_linear *ws[] = {l->q, l->k, l->v, l->o, l->gate, l->up, l->down};
-            for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++)
-                be->ops->linear_free(be, ws[j]);
-        }
+        for (int i = 0; m->layers && i < m->cfg.n_layers; i++)
+            exl_model_free_layer(m, &m->layers[i]);
         be->ops->linear_free(be, m->embed);
         be->ops->linear_free(be, m->head);
         be->ops->vector_free(be, m->final_norm);
@@ -161,16 +187,23 @@ void exl_model_describe(const exl_model *m, exl_model_desc *d) {
     snprintf(d->backend, sizeof d->backend, "%s", m->be->name);
     d->max_step_tokens = exl_model_max_rows(m);
     d->file_bytes = m->weights->total_bytes;
+    const exl_generation_config *g = &c->gen;
+    d->gen_do_sample = g->present ? g->do_sample : -1;
+    d->gen_temperature = g->present ? (float)g->temperature : -1;
+    d->gen_top_p = g->present ? (float)g->top_p : -1;
+    d->gen_min_p = g->present ? (float)g->min_p : -1;
+    d->gen_repetition_penalty = g->present ? (float)g->repetition_penalty : -1;
+    d->gen_top_k = g->present ? g->top_k : -1;
     /* decode reads every tensor once per token except the embedding rows it gathers;
      * a tied head reads the embedding table as its weight */
-    const exl_st_tensor *emb = exl_weights_find(m->weights, "model.embed_tokens.weight");
+    char name[64];
+    snprintf(name, sizeof name, "%sembed_tokens.weight", text_prefix(m->weights));
+    const exl_st_tensor *emb = exl_weights_find(m->weights, name);
     uint64_t tensors = 0;
     for (int f = 0; f < m->weights->n_files; f++)
         for (int i = 0; i < m->weights->files[f]->n_tensors; i++)
             tensors += m->weights->files[f]->tensors[i].nbytes;
-    int tied_head = !exl_weights_find(m->weights, "lm_head.weight") && !exl_weights_find(m->weights, "lm_head.q_weight") &&
-                    !exl_weights_find(m->weights, "lm_head.qweight");
-    d->decode_bytes = tensors - (emb && !tied_head ? emb->nbytes : 0);
+    d->decode_bytes = tensors - (emb && head_name(m->weights) ? emb->nbytes : 0);
 }
 
 void exl_string_free(char *s) { exl_free(s); }

@@ -1,11 +1,13 @@
-/* report.c - the text `exl info` prints: architecture, sizes, dtypes, parameters, memory,
- * and per linear layer its format, code widths and bits per weight. */
+/* report.c - the text `exl info` prints: architecture, sizes, per-layer attention windows, experts, norms,
+ * dtypes, parameters (total and active per token), memory, and per linear layer its format, code widths and bits
+ * per weight. */
 #include "model/model.h"
 
 #include "base/error.h"
 #include "base/str.h"
 #include "quant/quant.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* Tensor groups by name pattern, counted per dtype. */
@@ -18,7 +20,7 @@ static const char *group_of(const char *name) {
         return "norms";
     if (strstr(name, "self_attn"))
         return "attention";
-    if (strstr(name, "mlp"))
+    if (strstr(name, "mlp") || strstr(name, "block_sparse_moe"))
         return "mlp";
     return "other";
 }
@@ -34,33 +36,59 @@ static int bits_mix(exl_str *s, const exl_quant_stats *st) {
     return bad;
 }
 
-/* One line per linear layer (format, shape, code widths, bits per weight), then the
- * bits per weight of the decoder layers, the head, and all linear layers together. */
-static int linear_report(const exl_model *m, exl_str *s) {
+static int linear_line(exl_str *s, const char *name, const exl_linear_src *src, const exl_quant_stats *st) {
     static const char *kinds[] = {"dense", "EXL2", "GPTQ"};
+    int bad = exl_str_printf(s, "  %-36s %-5s %6lld x %-6lld ", name, kinds[src->kind], (long long)src->in_features,
+                             (long long)src->out_features);
+    if (src->kind == EXL_LINEAR_DENSE) {
+        bad |= exl_str_printf(s, "%-24s", exl_dtype_name(src->dense.dtype));
+    } else {
+        exl_str mix = EXL_STR_INIT;
+        bad |= bits_mix(&mix, st);
+        if (src->kind == EXL_LINEAR_GPTQ)
+            bad |= exl_str_printf(&mix, " g%d%s", src->gptq.group_size, src->gptq.g_idx ? " g_idx" : "");
+        bad |= exl_str_printf(s, "%-24s", mix.data ? mix.data : "");
+        exl_str_free(&mix);
+    }
+    return bad | exl_str_printf(s, " %6.3f bpw\n", st->bits / (double)st->weights);
+}
+
+/* The length of "<...>.experts." in name, 0 when it is no expert's. */
+static size_t experts_prefix(const char *name) {
+    const char *e = strstr(name, ".experts.");
+    return e ? (size_t)(e - name) + 9 : 0;
+}
+
+/* One line per linear layer (a layer's experts together on one line), then the bits per weight of the decoder
+ * layers, the head, and all linear layers together. */
+static int linear_report(const exl_model *m, exl_str *s) {
     double bits[2] = {0}, weights[2] = {0}; /* [0] decoder layers, [1] head */
     int bad = exl_str_puts(s, "linear layers (format, in x out, code widths as bits:rows, bits per weight):\n");
-    for (int32_t i = 0; i < m->n_linears; i++) {
+    for (int32_t i = 0; i < m->n_linears;) {
         const exl_linear_src *src = &m->linears[i].src;
         const char *name = m->linears[i].name;
-        exl_quant_stats st;
-        exl_linear_stats(src, &st);
-        int head = strncmp(name, "model.layers.", 13) != 0;
-        bits[head] += st.bits;
-        weights[head] += (double)st.weights;
-        bad |= exl_str_printf(s, "  %-36s %-5s %6lld x %-6lld ", name, kinds[src->kind],
-                              (long long)src->in_features, (long long)src->out_features);
-        if (src->kind == EXL_LINEAR_DENSE)
-            bad |= exl_str_printf(s, "%-24s", exl_dtype_name(src->dense.dtype));
-        else {
-            exl_str mix = EXL_STR_INIT;
-            bad |= bits_mix(&mix, &st);
-            if (src->kind == EXL_LINEAR_GPTQ)
-                bad |= exl_str_printf(&mix, " g%d%s", src->gptq.group_size, src->gptq.g_idx ? " g_idx" : "");
-            bad |= exl_str_printf(s, "%-24s", mix.data ? mix.data : "");
-            exl_str_free(&mix);
+        size_t ep = experts_prefix(name);
+        exl_quant_stats st, sum;
+        exl_linear_stats(src, &sum);
+        int32_t n = 1;
+        for (; ep && i + n < m->n_linears && !strncmp(m->linears[i + n].name, name, ep); n++) {
+            exl_linear_stats(&m->linears[i + n].src, &st);
+            sum.bits += st.bits;
+            sum.weights += st.weights;
+            for (int b = 0; b < 9; b++)
+                sum.rows_by_bits[b] += st.rows_by_bits[b];
         }
-        bad |= exl_str_printf(s, " %6.3f bpw\n", st.bits / (double)st.weights);
+        int head = strstr(name, ".layers.") == NULL;
+        bits[head] += sum.bits;
+        weights[head] += (double)sum.weights;
+        if (n == 1) {
+            bad |= linear_line(s, name, src, &sum);
+        } else { /* the experts: their count, and the first one's shape and format */
+            char label[128];
+            snprintf(label, sizeof label, "%.*s* x%d", (int)ep, name, n);
+            bad |= linear_line(s, label, src, &sum);
+        }
+        i += n;
     }
     if (weights[0] > 0)
         bad |= exl_str_printf(s, "bits/weight:  %.3f decoder layers", bits[0] / weights[0]);
@@ -71,22 +99,127 @@ static int linear_report(const exl_model *m, exl_str *s) {
     return bad;
 }
 
+static int rope_line(exl_str *s, const char *label, const exl_rope_config *r) {
+    int bad = exl_str_printf(s, "%-14s%s, theta %g", label, exl_rope_type_name(r->type), r->theta);
+    if (r->type != EXL_ROPE_DEFAULT)
+        bad |= exl_str_printf(s, ", factor %g", r->factor);
+    if (r->original_max_pos && r->type != EXL_ROPE_DEFAULT)
+        bad |= exl_str_printf(s, ", original context %d", r->original_max_pos);
+    if (r->partial_rotary_factor != 1.0)
+        bad |= exl_str_printf(s, ", partial rotary factor %g", r->partial_rotary_factor);
+    return bad | exl_str_putc(s, '\n');
+}
+
+/* Which layers slide: "SSSF" (S sliding, F full), when any does. */
+static int window_lines(exl_str *s, const exl_hf_config *c) {
+    if (!c->sliding_window)
+        return 0;
+    int32_t n = 0;
+    for (int32_t i = 0; i < c->n_layers; i++)
+        n += c->layers[i].sliding_window > 0;
+    int bad = exl_str_printf(s, "windows:      sliding window %d on %d of %d layers (S sliding, F full): ",
+                             c->sliding_window, n, c->n_layers);
+    for (int32_t i = 0; i < c->n_layers; i++)
+        bad |= exl_str_putc(s, c->layers[i].sliding_window ? 'S' : 'F');
+    return bad | exl_str_putc(s, '\n');
+}
+
+/* Parameters by the config's shapes: all of them, and those one token runs through (a MoE layer's top-k experts
+ * of its n). Norms and biases are left out. */
+static void param_counts(const exl_hf_config *c, double *total, double *active) {
+    double H = c->hidden_size, q = (double)c->n_heads * c->head_dim, kv = (double)c->n_kv_heads * c->head_dim;
+    double fixed = c->vocab_size * H * (c->tie_embeddings ? 1 : 2), experts = 0, active_experts = 0;
+    for (int32_t i = 0; i < c->n_layers; i++) {
+        fixed += H * (q + 2 * kv) + q * H;
+        if (!c->layers[i].moe) {
+            fixed += 3 * H * c->intermediate_size;
+            continue;
+        }
+        const exl_moe_config *e = &c->moe;
+        fixed += H * e->n_experts + (e->shared_ffn ? 3 * H * e->shared_ffn + H : 0);
+        experts += 3 * H * e->expert_ffn * e->n_experts;
+        active_experts += 3 * H * e->expert_ffn * e->top_k;
+    }
+    *total = fixed + experts;
+    *active = fixed + active_experts;
+}
+
+static int layout_lines(exl_str *s, const exl_hf_config *c) {
+    int bad = exl_str_printf(s, "attention:    %d heads, %d kv heads, head_dim %d%s%s", c->n_heads, c->n_kv_heads,
+                             c->head_dim, c->qkv_bias ? ", q/k/v bias" : "", c->fused_qkv ? ", fused qkv_proj" : "");
+    if (c->query_pre_attn_scalar > 0)
+        bad |= exl_str_printf(s, ", scores scaled by 1/sqrt(%g)", c->query_pre_attn_scalar);
+    if (c->attn_softcap > 0)
+        bad |= exl_str_printf(s, ", scores soft-capped at %g", c->attn_softcap);
+    bad |= exl_str_putc(s, '\n');
+    bad |= window_lines(s, c);
+    bad |= rope_line(s, "rope:", &c->rope);
+    const exl_rope_config *r = &c->rope, *rs = &c->rope_sliding;
+    if (c->sliding_window && (r->type != rs->type || r->theta != rs->theta || r->factor != rs->factor ||
+                              r->partial_rotary_factor != rs->partial_rotary_factor))
+        bad |= rope_line(s, "rope sliding:", &c->rope_sliding);
+    bad |= exl_str_printf(s, "norms:        RMSNorm%s%s%s\n", c->norm_plus_one ? " (1 + w)" : "",
+                          c->qk_norm ? ", q/k norms per head" : "",
+                          c->sandwich_norms ? ", post-attention and pre/post feed-forward norms" : "");
+    if (c->moe.n_experts) {
+        const exl_moe_config *e = &c->moe;
+        bad |= exl_str_printf(s, "experts:      %d per MoE layer, top-%d%s, expert ffn %d, %d of %d layers MoE",
+                              e->n_experts, e->top_k, e->norm_topk_prob ? " (weights renormalized)" : "",
+                              e->expert_ffn, e->n_moe_layers, c->n_layers);
+        if (e->shared_ffn)
+            bad |= exl_str_printf(s, ", shared expert ffn %d with a sigmoid gate", e->shared_ffn);
+        bad |= exl_str_putc(s, '\n');
+    }
+    double total, active;
+    param_counts(c, &total, &active);
+    bad |= exl_str_printf(s, "by shape:     %.3f M parameters", total / 1e6);
+    if (c->moe.n_experts)
+        bad |= exl_str_printf(s, ", %.3f M active per token", active / 1e6);
+    return bad | exl_str_putc(s, '\n');
+}
+
+static int token_lines(exl_str *s, const exl_hf_config *c) {
+    int bad = exl_str_printf(s, "context:      %d\nvocab:        %d%s\n", c->max_pos, c->vocab_size,
+                             c->tie_embeddings ? " (tied embeddings)" : "");
+    if (c->final_softcap > 0)
+        bad |= exl_str_printf(s, "logits:       soft-capped at %g\n", c->final_softcap);
+    bad |= exl_str_printf(s, "tokens:       bos %d, eos", c->bos_token_id);
+    for (int32_t i = 0; i < c->n_eos; i++)
+        bad |= exl_str_printf(s, " %d", c->eos_token_ids[i]);
+    bad |= exl_str_putc(s, '\n');
+    const exl_generation_config *g = &c->gen;
+    if (!g->present || (g->do_sample < 0 && g->temperature < 0 && g->top_k < 0 && g->top_p < 0 && g->min_p < 0 &&
+                        g->repetition_penalty < 0))
+        return bad;
+    bad |= exl_str_puts(s, "generation:  ");
+    if (g->do_sample >= 0)
+        bad |= exl_str_printf(s, " %s", g->do_sample ? "sample" : "greedy");
+    if (g->temperature >= 0)
+        bad |= exl_str_printf(s, " temperature %g", g->temperature);
+    if (g->top_k >= 0)
+        bad |= exl_str_printf(s, " top_k %d", g->top_k);
+    if (g->top_p >= 0)
+        bad |= exl_str_printf(s, " top_p %g", g->top_p);
+    if (g->min_p >= 0)
+        bad |= exl_str_printf(s, " min_p %g", g->min_p);
+    if (g->repetition_penalty >= 0)
+        bad |= exl_str_printf(s, " repetition_penalty %g", g->repetition_penalty);
+    return bad | exl_str_puts(s, " (generation_config.json)\n");
+}
+
 exl_status exl_model_report(const exl_model *m, char **out) {
     const exl_hf_config *c = &m->cfg;
     exl_str s = EXL_STR_INIT;
     int bad = 0;
     bad |= exl_str_printf(&s, "model:        %s\n", m->dir);
-    bad |= exl_str_printf(&s, "architecture: %s\n", c->model_type);
-    bad |= exl_str_printf(&s, "layers:       %d\n", c->n_layers);
-    bad |= exl_str_printf(&s, "hidden:       %d (intermediate %d, %s)\n", c->hidden_size, c->intermediate_size,
-                          c->act == EXL_ACT_SILU ? "SwiGLU" : "GeGLU");
-    bad |= exl_str_printf(&s, "attention:    %d heads, %d kv heads, head_dim %d%s%s\n", c->n_heads, c->n_kv_heads,
-                          c->head_dim, c->qkv_bias ? ", q/k/v bias" : "", c->sliding_window ? ", sliding window" : "");
-    bad |= exl_str_printf(&s, "rope:         %s, theta %g", exl_rope_type_name(c->rope.type), c->rope.theta);
-    if (c->rope.type != EXL_ROPE_DEFAULT)
-        bad |= exl_str_printf(&s, ", factor %g", c->rope.factor);
-    bad |= exl_str_printf(&s, "\ncontext:      %d\nvocab:        %d%s\n", c->max_pos, c->vocab_size,
-                          c->tie_embeddings ? " (tied embeddings)" : "");
+    bad |= exl_str_printf(&s, "architecture: %s", c->model_type);
+    if (c->vision_ignored)
+        bad |= exl_str_printf(&s, " (its %s text model; the vision tower is ignored)", exl_arch_name(c->arch));
+    bad |= exl_str_printf(&s, "\nlayers:       %d\n", c->n_layers);
+    bad |= exl_str_printf(&s, "hidden:       %d (intermediate %d, %s%s)\n", c->hidden_size, c->intermediate_size,
+                          c->act == EXL_ACT_SILU ? "SwiGLU" : "GeGLU", c->fused_gate_up ? ", fused gate_up_proj" : "");
+    bad |= layout_lines(&s, c);
+    bad |= token_lines(&s, c);
     if (c->quant.present)
         bad |= exl_str_printf(&s, "quantization: %s\n", c->quant.method);
     bad |= linear_report(m, &s);

@@ -50,6 +50,18 @@ void exl_rope_frequencies(const exl_hf_config *cfg, int32_t dim, int32_t seq_len
         }
         break;
     }
+    case EXL_ROPE_LONGROPE: {
+        /* the long factors past the original context, the short ones within it; the attention factor derives
+         * from the ratio of the two lengths */
+        const float *ext = seq_len > r->original_max_pos ? r->long_factor : r->short_factor;
+        for (int32_t i = 0; i < half && i < r->n_factors; i++)
+            inv_freq[i] = 1.0f / (ext[i] * powf((float)base, (float)(2 * i) / (float)dim));
+        double af = r->attention_factor;
+        if (af < 0)
+            af = r->factor <= 1 ? 1.0 : sqrt(1 + log(r->factor) / log((double)r->original_max_pos));
+        *attn_factor = (float)af;
+        break;
+    }
     case EXL_ROPE_YARN: {
         double factor = r->factor;
         double orig = r->original_max_pos ? r->original_max_pos : cfg->max_pos;

@@ -24,6 +24,7 @@
 #include "io/hf_config.h"
 #include "io/json_file.h"
 #include "model/layer_run.h"
+#include "model/model.h"
 #include "quant/quant.h"
 
 #include <dirent.h>
@@ -544,6 +545,12 @@ static exl_status setup(qz *q) {
     if (q->cfg.quant.present)
         return exl_fail(EXL_ERR_UNSUPPORTED, "%s is already quantized (%s); give an unquantized model", p->in_dir,
                         q->cfg.quant.method);
+    char gap[96];
+    exl_model_forward_gap(&q->cfg, gap, sizeof gap);
+    if (gap[0])
+        return exl_fail(EXL_ERR_UNSUPPORTED,
+                        "%s: a %s model: quantizing needs its forward pass, which exl lacks for %s", p->in_dir,
+                        q->cfg.model_type, gap);
     if (p->format == EXL_QUANT_EXL2 && (p->head_bits < 2 || p->head_bits > 8 || p->head_bits == 7))
         return exl_fail(EXL_ERR_ARG, "head bits must be 2-6 or 8 (got %d)", p->head_bits);
     if (p->format == EXL_QUANT_GPTQ && p->bits != 2 && p->bits != 3 && p->bits != 4 && p->bits != 8)

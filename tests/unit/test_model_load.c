@@ -318,9 +318,10 @@ EXL_TEST(unknown_architecture) {
 
 EXL_TEST(unsupported_rope_type) {
     make_copy();
-    edit_config("\"rope_theta\": 10000.0,", "\"rope_theta\": 10000.0, \"rope_scaling\": {\"rope_type\": \"longrope\", "
+    edit_config("\"rope_theta\": 10000.0,", "\"rope_theta\": 10000.0, \"rope_scaling\": {\"rope_type\": \"mrope\", "
                                            "\"factor\": 2.0},");
-    expect_error(EXL_ERR_UNSUPPORTED, "config.json", "unsupported rope type 'longrope'");
+    expect_error(EXL_ERR_UNSUPPORTED, "config.json",
+                 "\"rope_scaling.rope_type\" = 'mrope' is an unsupported rope type");
 }
 
 EXL_TEST(bad_config_values) {
