@@ -49,8 +49,9 @@ static exl_status alloc_rows(exl_model *m, size_t R) {
     const exl_hf_config *c = &m->cfg;
     const size_t f = sizeof(float);
     const size_t qw = (size_t)c->n_heads * c->head_dim, kvw = (size_t)c->n_kv_heads * c->head_dim;
-    /* the dense MLPs' and the shared expert's */
-    const size_t ffn = (size_t)(c->intermediate_size > c->moe.shared_ffn ? c->intermediate_size : c->moe.shared_ffn);
+    /* the dense MLPs' (where some layer has one) and the shared expert's */
+    size_t ffn = c->moe.n_moe_layers < c->n_layers ? (size_t)c->intermediate_size : 1;
+    ffn = ffn > (size_t)c->moe.shared_ffn ? ffn : (size_t)c->moe.shared_ffn;
     EXL_TRY(alloc_buf(m, (void **)&s->x, R * c->hidden_size * f));
     EXL_TRY(alloc_buf(m, (void **)&s->h, R * c->hidden_size * f));
     EXL_TRY(alloc_buf(m, (void **)&s->q, R * qw * f));
