@@ -13,6 +13,16 @@
 extern "C" {
 #endif
 
+/* ---------------------------------------------------------------- version */
+
+#define EXL_VERSION_MAJOR 0
+#define EXL_VERSION_MINOR 2
+#define EXL_VERSION_PATCH 0
+#define EXL_VERSION_JOIN_(a, b, c) #a "." #b "." #c
+#define EXL_VERSION_JOIN(a, b, c) EXL_VERSION_JOIN_(a, b, c)
+/* "0.2.0" */
+#define EXL_VERSION_STRING EXL_VERSION_JOIN(EXL_VERSION_MAJOR, EXL_VERSION_MINOR, EXL_VERSION_PATCH)
+
 /* ---------------------------------------------------------------- status */
 
 typedef enum exl_status {
@@ -80,9 +90,14 @@ typedef struct exl_model_desc {
 
 void exl_model_describe(const exl_model *model, exl_model_desc *out);
 
-/* A human-readable report (architecture, sizes, dtypes per tensor group, parameter
- * count, memory needed). The string is owned by the caller; free with exl_string_free. */
+/* A human-readable report (architecture, sizes, dtypes per tensor group, every linear layer's
+ * format and bits per weight, parameter count, memory needed). The string is owned by the
+ * caller; free with exl_string_free. */
 exl_status exl_model_report(const exl_model *model, char **out);
+/* The same report with the linear layers grouped by kind (self_attn.q_proj, mlp.down_proj, lm_head,
+ * ...) instead of one line each: per kind the count, formats, shape, bits-per-weight range, code
+ * widths and size. */
+exl_status exl_model_report_grouped(const exl_model *model, char **out);
 void exl_string_free(char *s);
 
 /* ---------------------------------------------------------------- sessions */
@@ -154,6 +169,24 @@ typedef struct exl_chat_message {
 exl_status exl_chat_apply(const exl_tokenizer *tok, const exl_chat_message *messages, int32_t n_messages,
                           int add_generation_prompt, const char *tools_json, char **text);
 
+/* A conversation as a prompt: the one way exl turns messages into token ids (exl chat and the
+ * server both use it). The text of exl_chat_apply is tokenized as written (no post-processor:
+ * templates write their own BOS), then the tokenizer's BOS is put first when it has one and the
+ * template did not write it. A model without a chat template gets the ChatML fallback, whose end
+ * marker "<|im_end|>" must then end the reply: it is returned as stop_string, and as stop_id too
+ * when it is one token of the vocabulary (a special token never shows in the text, so only the id
+ * can stop on it). With a template both are unset: the model's eos ids end the reply. */
+typedef struct exl_chat_prompt {
+    int32_t *ids;            /* the prompt; free the whole struct with exl_chat_prompt_free */
+    int32_t n_ids;
+    const char *stop_string; /* a static string, or NULL */
+    int32_t stop_id;         /* -1 when none */
+} exl_chat_prompt;
+
+exl_status exl_chat_encode(const exl_tokenizer *tok, const exl_chat_message *messages, int32_t n_messages,
+                           int add_generation_prompt, const char *tools_json, exl_chat_prompt *out);
+void exl_chat_prompt_free(exl_chat_prompt *prompt);
+
 /* ---------------------------------------------------------------- generator */
 
 /* A generator runs many jobs (a prompt plus sampling settings and stop conditions)
@@ -212,6 +245,9 @@ typedef struct exl_sampling {
     uint64_t seed;            /* seeds the job's random stream (0 is a seed like any other) */
 } exl_sampling;
 
+/* The one set of sampling defaults: exl run, exl chat and the server (for the fields a request
+ * leaves out) all start from it. Temperature 1 with every filter and penalty off: the model's own
+ * distribution, as OpenAI's API and transformers' generate() default to; seed 0. */
 exl_sampling exl_sampling_default(void);
 
 typedef struct exl_job_params {

@@ -26,9 +26,15 @@
  *   moe_experts  out[r] += sum over r's choices j of weights[r, j] *      x, out [rows, width]
  *                down_e(act(gate_e(x[r])) * up_e(x[r])), e = ids[r, j]
  *
+ * The model builds a step's graph from parts that stand alone (model.h: the embedding, each decoder layer's nodes
+ * by exl_model_layer_graph, the head), so a graph may be one layer as well as a whole step.
+ *
  * Contract. Running a graph means running its nodes one after another through the op table's primitive ops:
- * exl_graph_exec (graph_exec.c), the generic executor, does exactly that, and a backend without a graph_run op
- * (the CPU) gets it. A backend with graph_run may compile the graph instead, knowing from the graph alone:
+ * exl_graph_exec (graph_exec.c), the generic executor, does exactly that (an accumulating matmul through the
+ * graph's tmp buffer, then add), and a backend without a graph_run op (the CPU) gets it; with a hook it calls it
+ * before each matmul with that node's input (the quantizer's capture; moe_experts, whose experts' matmuls are its
+ * own, refuses a hook). A backend with graph_run may compile the
+ * graph instead, knowing from the graph alone:
  *   - what each node reads and writes (exl_node_access), so which buffer a later node reads next or overwrites;
  *   - which buffers matter after the graph (outputs); every other activation buffer may hold anything
  *     afterwards (the KV cache always keeps what kv_store wrote).
@@ -224,11 +230,11 @@ typedef struct exl_row_gate_node {
 } exl_row_gate_node;
 
 typedef struct exl_moe_route_node {
-    float *weights;        /* [rows, top_k] */
-    int32_t *ids;          /* [rows, top_k]: the chosen experts, larger logit first, lower id first among equals */
-    const float *logits;   /* [rows, n_experts] */
+    float *weights;      /* [rows, top_k] */
+    int32_t *ids;        /* [rows, top_k]: the chosen experts, larger logit first, lower id first among equals */
+    const float *logits; /* [rows, n_experts] */
     int32_t rows, n_experts, top_k;
-    int32_t renormalize;   /* 1: the chosen weights divided by their sum */
+    int32_t renormalize; /* 1: the chosen weights divided by their sum */
 } exl_moe_route_node;
 
 /* The experts run on the rows that chose them: xs, gate and up are scratch of rows * top_k rows (backend memory
@@ -241,9 +247,9 @@ typedef struct exl_moe_experts_node {
     const float *weights;      /* [rows, top_k] */
     const exl_expert *experts; /* host array of n_experts, each gate and up [width -> ffn], down [ffn -> width] */
     int32_t rows, width, ffn, n_experts, top_k, act;
-    float *xs;                 /* [rows * top_k, width] */
-    float *gate, *up;          /* [rows * top_k, ffn] */
-    int32_t *slots;            /* [2 * rows * top_k] */
+    float *xs;        /* [rows * top_k, width] */
+    float *gate, *up; /* [rows * top_k, ffn] */
+    int32_t *slots;   /* [2 * rows * top_k] */
 } exl_moe_experts_node;
 
 typedef struct exl_node {

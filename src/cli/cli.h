@@ -1,4 +1,4 @@
-/* cli.h - the exl subcommands and the helpers they share (option parsing, messages). */
+/* cli.h - the exl subcommands and the messages they share (options: options.h). */
 #ifndef EXL_CLI_H
 #define EXL_CLI_H
 
@@ -18,13 +18,4 @@ int cmd_tokenize(int argc, char **argv);
 int cli_error(exl_status st);
 /* Print "exl <cmd>: <formatted message>" to stderr and return 2 (usage errors). */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Parse an integer option value; returns 0 on success. */
-int cli_parse_int(const char *s, long lo, long hi, long *out);
-/* The options every model-loading command takes: -m/--model DIR, --device cpu|cuda|auto,
- * -t/--threads N. If argv[*i] is one of them (with its value), consume it and return 1;
- * return 0 if it is not; on a bad value print a usage error and return -1. */
-int cli_model_option(const char *cmd, int argc, char **argv, int *i, const char **dir, exl_model_params *p);
-/* Parse "cpu", "cuda" or "auto". */
-int cli_parse_device(const char *s, exl_device *out);
-
 #endif

@@ -1,6 +1,7 @@
 /* cmd_bench.c - `exl bench`: prefill and decode speed of a model against the memory bound. */
 #include "cli.h"
 #include "membw.h"
+#include "options.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,15 +15,13 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static void help(void) {
-    printf("usage: exl bench -m DIR [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-t THREADS] [--device cpu|cuda|auto]\n\n"
-           "Time a prefill of PROMPT_TOKENS (default 128) random tokens and then N (default 64)\n"
-           "single-token decode steps. Decode reads every weight once per token, so its bound is\n"
-           "memory bandwidth / weight bytes per token; on the CPU the read bandwidth is measured\n"
-           "in the same run and the fraction reached is printed. On the GPU, N greedy tokens are\n"
-           "also generated after the prompt as `exl run --temperature 0` does (each token chosen on\n"
-           "the GPU, the next step queued before the host reads it), when DIR has a tokenizer.\n");
-}
+static const char ABOUT[] =
+    "Time a prefill of PROMPT_TOKENS random tokens and then N single-token decode steps. Decode\n"
+    "reads every weight once per token, so its bound is memory bandwidth / weight bytes per token;\n"
+    "on the CPU the read bandwidth is measured in the same run and the fraction reached is printed.\n"
+    "On the GPU, N greedy tokens are also generated after the prompt as `exl run --temperature 0`\n"
+    "does (each token chosen on the GPU, the next step queued before the host reads it), when DIR\n"
+    "has a tokenizer.";
 
 /* Tokens/s of greedy generation after the prompt (its prefill not counted): one generator job,
  * as `exl run --temperature 0` runs it. */
@@ -63,31 +62,19 @@ static exl_status greedy_speed(exl_model *m, const char *dir, const int32_t *ids
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *dir = NULL;
+    cli_model_args model;
     long prompt = 128, gen = 64;
-    exl_model_params p = exl_model_default_params();
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int opt;
-        int has = i + 1 < argc;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            help();
-            return 0;
-        } else if ((opt = cli_model_option("bench", argc, argv, &i, &dir, &p)) != 0) {
-            if (opt < 0)
-                return 2;
-        } else if (!strcmp(a, "-p") && has) {
-            if (cli_parse_int(argv[++i], 1, 1 << 20, &prompt))
-                return cli_usage_error("bench", "bad prompt length '%s'", argv[i]);
-        } else if (!strcmp(a, "-n") && has) {
-            if (cli_parse_int(argv[++i], 1, 1 << 20, &gen))
-                return cli_usage_error("bench", "bad token count '%s'", argv[i]);
-        } else {
-            return cli_usage_error("bench", "unknown option or missing value '%s'", a);
-        }
-    }
-    if (!dir)
-        return cli_usage_error("bench", "missing -m DIR");
+    const cli_option options[] = {
+        {"-p", NULL, CLI_LONG, &prompt, "PROMPT_TOKENS", .help = "tokens in the timed prefill", .lo = 1, .hi = 1 << 20},
+        {"-n", NULL, CLI_LONG, &gen, "N", .help = "decode steps", .lo = 1, .hi = 1 << 20},
+    };
+    const cli_command cmd = {"bench", "-m DIR [-p PROMPT_TOKENS] [-n N] [options]", ABOUT, NULL,
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL)}};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc != CLI_GO_ON)
+        return rc;
+    const char *dir = model.dir;
+    const exl_model_params p = model.params;
     exl_model *m;
     exl_status st = exl_model_load(dir, &p, &m);
     if (st != EXL_OK)

@@ -1,47 +1,32 @@
 /* cmd_chat.c - `exl chat`: an interactive chat in the terminal. Each turn renders the
- * whole conversation with the model's chat template (exl_chat_apply) and streams the
+ * whole conversation as a prompt (exl_chat_encode: the model's chat template) and streams the
  * reply; the generator's prefix cache makes re-reading the history cheap. Reads lines
  * from stdin, so it works on a pipe as well (then without the "> " prompt). Ctrl-C
  * stops a reply; the oldest turns are dropped when the history outgrows the context. */
 #include "cli.h"
+#include "options.h"
 
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define DEFAULT_CTX_CAP 4096
-/* the end marker of ChatML, the fallback template; harmless as a stop string elsewhere */
-#define CHATML_END "<|im_end|>"
 
 static volatile sig_atomic_t interrupted;
 
 static void on_sigint(int sig) { interrupted = 1; }
 
-static void help(void) {
-    printf("usage: exl chat -m DIR [options]\n\n"
-           "Chat with the model: type a message, the reply streams back. Commands:\n"
-           "  /reset        forget the conversation (the system prompt stays)\n"
-           "  /system TEXT  set the system prompt (and reset)\n"
-           "  /help         this list\n"
-           "  /exit         quit (so does end of input)\n"
-           "Ctrl-C stops a reply. Lines come from stdin, which need not be a terminal.\n\n"
-           "options:\n"
-           "  --system TEXT        system prompt\n"
-           "  -n N                 longest reply in tokens (default 512)\n"
-           "  --ctx N              conversation window in tokens (default: the model's, at most 4096)\n"
-           "  --greedy             always take the most likely token\n"
-           "  --temperature T      (default 0.7)\n"
-           "  --top-k K            (default 40; 0 = off)\n"
-           "  --top-p P            (default 0.95; 1 = off)\n"
-           "  --min-p P            (default 0.05; 0 = off)\n"
-           "  --repeat-penalty R   (default 1 = off)\n"
-           "  --seed S             random seed (default: from the clock)\n"
-           "  --device cpu|cuda|auto, -t THREADS\n");
-}
+static const char ABOUT[] =
+    "Chat with the model: type a message, the reply streams back. Commands:\n"
+    "  /reset        forget the conversation (the system prompt stays)\n"
+    "  /system TEXT  set the system prompt (and reset)\n"
+    "  /help         this list\n"
+    "  /exit         quit (so does end of input)\n"
+    "Ctrl-C stops a reply. Lines come from stdin, which need not be a terminal. The prompt is the\n"
+    "conversation in the model's chat template (else ChatML), as the server's chat completions make it.";
 
 /* ---------------------------------------------------------------- the conversation */
 
@@ -95,45 +80,30 @@ static int add_message(chat *c, const char *role, const char *text, size_t len) 
     return 0;
 }
 
-/* The conversation as prompt ids, dropping the oldest turns until it leaves room for
- * a reply of at least a quarter of the window. EXL_ERR_ARG: the last message alone is too long. */
-static exl_status render(chat *c, int32_t **ids, int32_t *n) {
+/* The conversation as a prompt (exl_chat_encode), dropping the oldest turns until it leaves
+ * room for a reply of at least a quarter of the window. *too_long: the last message alone is. */
+static exl_status render(chat *c, exl_chat_prompt *p, int *too_long) {
     int32_t first = c->n_msgs && !strcmp(c->msgs[0].role, "system");
     for (;;) {
-        char *text;
-        exl_status st = exl_chat_apply(c->tok, c->msgs, c->n_msgs, 1, NULL, &text);
+        exl_status st = exl_chat_encode(c->tok, c->msgs, c->n_msgs, 1, NULL, p);
         if (st != EXL_OK)
             return st;
-        int32_t *enc, n_enc;
-        st = exl_tokenizer_encode(c->tok, text, strlen(text), 0, &enc, &n_enc);
-        exl_string_free(text);
-        if (st != EXL_OK)
-            return st;
-        int32_t bos = exl_tokenizer_bos_id(c->tok), add = bos >= 0 && (n_enc == 0 || enc[0] != bos);
-        if (n_enc + add + c->ctx / 4 <= c->ctx || c->n_msgs - first <= 1) {
-            *ids = malloc((size_t)(n_enc + add + 1) * sizeof **ids);
-            if (*ids) {
-                if (add)
-                    (*ids)[0] = bos;
-                memcpy(*ids + add, enc, (size_t)n_enc * sizeof **ids);
-            }
-            *n = n_enc + add;
-            exl_ids_free(enc);
-            if (!*ids)
-                return EXL_ERR_NOMEM;
-            return *n < c->ctx ? EXL_OK : EXL_ERR_ARG;
+        if (p->n_ids + c->ctx / 4 <= c->ctx || c->n_msgs - first <= 1) {
+            *too_long = p->n_ids >= c->ctx;
+            return EXL_OK;
         }
-        exl_ids_free(enc);
+        exl_chat_prompt_free(p);
         forget(c, first, c->n_msgs - first >= 3 ? 2 : 1); /* the oldest user + assistant turn */
     }
 }
 
 /* Generate and stream one reply; it joins the history. */
 static exl_status reply(chat *c) {
-    int32_t *ids = NULL, n = 0;
-    exl_status st = render(c, &ids, &n);
-    if (st == EXL_ERR_ARG) {
-        free(ids);
+    exl_chat_prompt p;
+    int too_long = 0;
+    exl_status st = render(c, &p, &too_long);
+    if (st == EXL_OK && too_long) {
+        exl_chat_prompt_free(&p);
         fprintf(stderr, "exl chat: that message is too long for the %d-token window\n", (int)c->ctx);
         forget(c, c->n_msgs - 1, 1);
         return EXL_OK;
@@ -141,12 +111,16 @@ static exl_status reply(chat *c) {
     if (st != EXL_OK)
         return st;
     exl_job_params jp = c->jp;
-    jp.ids = ids;
-    jp.n_ids = n;
-    jp.max_new_tokens = c->ctx - n < c->max_reply ? c->ctx - n : c->max_reply;
+    jp.ids = p.ids;
+    jp.n_ids = p.n_ids;
+    jp.max_new_tokens = c->ctx - p.n_ids < c->max_reply ? c->ctx - p.n_ids : c->max_reply;
+    jp.stop_strings = &p.stop_string;
+    jp.n_stop_strings = p.stop_string != NULL;
+    jp.stop_ids = &p.stop_id;
+    jp.n_stop_ids = p.stop_id >= 0;
     uint64_t job;
     st = exl_generator_submit(c->gen, &jp, &job);
-    free(ids);
+    exl_chat_prompt_free(&p);
     char *text = NULL;
     size_t len = 0;
     int cancelled = 0;
@@ -241,85 +215,28 @@ static exl_status loop(chat *c) {
     return st;
 }
 
-static int parse_float(const char *s, float *out) {
-    char *end;
-    *out = strtof(s, &end);
-    return !*s || *end;
-}
-
 int cmd_chat(int argc, char **argv) {
     chat c = {.max_reply = 512, .tty = isatty(0)};
-    const char *dir = NULL, *system = NULL;
-    int greedy = 0, have_seed = 0;
-    long x;
-    exl_model_params mp = exl_model_default_params();
+    cli_model_args model;
+    cli_sampling_args sampling;
+    const char *system = NULL;
+    const cli_option options[] = {
+        {NULL, "--system", CLI_STRING, &system, "TEXT", .help = "system prompt"},
+        {"-n", NULL, CLI_INT, &c.max_reply, "N", .help = "longest reply in tokens", .lo = 1, .hi = 1 << 24},
+        {NULL, "--ctx", CLI_INT, &c.ctx, "N", .help = "conversation window in tokens", .lo = 8, .hi = 1 << 24,
+         .default_text = "the model's, at most 4096"},
+    };
+    const cli_command cmd = {"chat", "-m DIR [options]", ABOUT, NULL,
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
+                              cli_sampling_group(&sampling)}};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc != CLI_GO_ON)
+        return rc;
+    const char *dir = model.dir;
     c.jp = exl_job_default_params();
-    exl_sampling *s = &c.jp.sampling;
-    s->temperature = 0.7f;
-    s->top_k = 40;
-    s->top_p = 0.95f;
-    s->min_p = 0.05f;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            help();
-            return 0;
-        } else if (!strcmp(a, "--greedy")) {
-            greedy = 1;
-        } else if (!v) {
-            return cli_usage_error("chat", "unknown option or missing value '%s'", a);
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            dir = argv[++i];
-        } else if (!strcmp(a, "--system")) {
-            system = argv[++i];
-        } else if (!strcmp(a, "-n")) {
-            if (cli_parse_int(argv[++i], 1, 1 << 24, &x))
-                return cli_usage_error("chat", "bad token count '%s'", v);
-            c.max_reply = (int32_t)x;
-        } else if (!strcmp(a, "--ctx")) {
-            if (cli_parse_int(argv[++i], 8, 1 << 24, &x))
-                return cli_usage_error("chat", "bad --ctx '%s'", v);
-            c.ctx = (int32_t)x;
-        } else if (!strcmp(a, "--top-k")) {
-            if (cli_parse_int(argv[++i], 0, 1 << 24, &x))
-                return cli_usage_error("chat", "bad --top-k '%s'", v);
-            s->top_k = (int32_t)x;
-        } else if (!strcmp(a, "--seed")) {
-            s->seed = strtoull(argv[++i], &end, 10);
-            if (*end || !*v)
-                return cli_usage_error("chat", "bad --seed '%s'", v);
-            have_seed = 1;
-        } else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") ||
-                   !strcmp(a, "--repeat-penalty")) {
-            float *f = !strcmp(a, "--temperature") ? &s->temperature
-                       : !strcmp(a, "--top-p")     ? &s->top_p
-                       : !strcmp(a, "--min-p")     ? &s->min_p
-                                                   : &s->repetition_penalty;
-            if (parse_float(argv[++i], f))
-                return cli_usage_error("chat", "bad %s '%s'", a, v);
-        } else if (!strcmp(a, "--device")) {
-            if (cli_parse_device(argv[++i], &mp.device))
-                return cli_usage_error("chat", "unknown device '%s'", v);
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (cli_parse_int(argv[++i], 1, 1024, &x))
-                return cli_usage_error("chat", "bad thread count '%s'", v);
-            mp.n_threads = (int32_t)x;
-        } else {
-            return cli_usage_error("chat", "unknown option '%s'", a);
-        }
-    }
-    if (!dir)
-        return cli_usage_error("chat", "need -m DIR");
-    if (greedy)
-        s->temperature = 0;
-    if (!have_seed)
-        s->seed = (uint64_t)time(NULL);
-    static const char *const stop[] = {CHATML_END};
-    c.jp.stop_strings = stop;
-    c.jp.n_stop_strings = 1;
+    c.jp.sampling = cli_sampling_get(&sampling);
 
-    exl_status st = exl_model_load(dir, &mp, &c.model);
+    exl_status st = exl_model_load(dir, &model.params, &c.model);
     if (st == EXL_OK)
         st = exl_tokenizer_load(dir, &c.tok);
     if (st == EXL_OK) {

@@ -1,38 +1,36 @@
 /* cmd_info.c - `exl info`: describe a model directory. */
 #include "cli.h"
+#include "options.h"
 
 #include <stdio.h>
-#include <string.h>
+
+static const char ABOUT[] = "Print a model's architecture, sizes, the format and bits per weight of its linear layers\n"
+                            "(grouped by kind: q/k/v/o, gate/up/down, head...), the dtype of each tensor group, the\n"
+                            "parameter count and the memory it needs.";
 
 int cmd_info(int argc, char **argv) {
-    const char *dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: exl info -m DIR\n\n"
-                   "Print a model's architecture, sizes, the dtype or quantization of each tensor group,\n"
-                   "the parameter count and the memory it needs.\n");
-            return 0;
-        } else if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && i + 1 < argc) {
-            dir = argv[++i];
-        } else {
-            return cli_usage_error("info", "unknown option '%s'", argv[i]);
-        }
-    }
-    if (!dir)
-        return cli_usage_error("info", "missing -m DIR");
-    exl_model_params p = exl_model_default_params();
-    p.device = EXL_DEVICE_CPU;
-    p.load_only = 1; /* describe also what exl cannot run yet */
-    exl_model *model;
-    exl_status st = exl_model_load(dir, &p, &model);
+    cli_model_args model;
+    int verbose = 0;
+    const cli_option options[] = {
+        {NULL, "--verbose", CLI_FLAG, &verbose, NULL, .help = "one line per linear layer instead of one per kind"},
+    };
+    const cli_command cmd = {"info", "-m DIR [--verbose]", ABOUT, NULL,
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_DIR)}};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc != CLI_GO_ON)
+        return rc;
+    model.params.device = EXL_DEVICE_CPU;
+    model.params.load_only = 1; /* describe also what exl cannot run yet */
+    exl_model *m;
+    exl_status st = exl_model_load(model.dir, &model.params, &m);
     if (st != EXL_OK)
         return cli_error(st);
     char *report;
-    st = exl_model_report(model, &report);
+    st = verbose ? exl_model_report(m, &report) : exl_model_report_grouped(m, &report);
     if (st == EXL_OK) {
         fputs(report, stdout);
         exl_string_free(report);
     }
-    exl_model_free(model);
+    exl_model_free(m);
     return st == EXL_OK ? 0 : cli_error(st);
 }

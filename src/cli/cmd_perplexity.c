@@ -1,5 +1,6 @@
 /* cmd_perplexity.c - `exl perplexity`: perplexity of a model on a text file, sliding windows. */
 #include "cli.h"
+#include "options.h"
 #include "progress.h"
 
 #include <math.h>
@@ -7,22 +8,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void help(void) {
-    printf("usage: exl perplexity -m DIR -f FILE [--ctx N] [--stride S] [--max-windows K]\n"
-           "                      [--device cpu|cuda|auto] [-t THREADS]\n\n"
-           "Protocol:\n"
-           "  - the whole file is tokenized once with the tokenizer's post-processor, so a BOS\n"
-           "    token (if the tokenizer adds one) stands only at the very start;\n"
-           "  - windows of N tokens (default 2048) start every S tokens (default N): window w\n"
-           "    covers tokens [w*S, w*S + N); only whole windows are used (a text shorter than\n"
-           "    N gives one window of all its tokens);\n"
-           "  - inside a window, token i (i >= 1) is predicted from tokens 0..i-1 of that window;\n"
-           "  - a window scores only the tokens that no earlier window scored (with S = N that\n"
-           "    is N-1 predictions per window);\n"
-           "  - --max-windows K stops after K windows.\n"
-           "The result is exp(mean negative log-likelihood) over all scored tokens, printed last\n"
-           "as 'perplexity: <value>'.\n");
-}
+static const char NOTES[] =
+    "Protocol:\n"
+    "  - the whole file is tokenized once with the tokenizer's post-processor, so a BOS\n"
+    "    token (if the tokenizer adds one) stands only at the very start;\n"
+    "  - windows of N tokens (--ctx) start every S tokens (--stride): window w covers tokens\n"
+    "    [w*S, w*S + N); only whole windows are used (a text shorter than N gives one window\n"
+    "    of all its tokens);\n"
+    "  - inside a window, token i (i >= 1) is predicted from tokens 0..i-1 of that window;\n"
+    "  - a window scores only the tokens that no earlier window scored (with S = N that\n"
+    "    is N-1 predictions per window);\n"
+    "  - --max-windows K stops after K windows.\n"
+    "The result is exp(mean negative log-likelihood) over all scored tokens, printed last\n"
+    "as 'perplexity: <value>'.";
 
 /* -log softmax(logits)[target], computed in double. */
 static double nll(const float *logits, int32_t vocab, int32_t target) {
@@ -37,36 +35,24 @@ static double nll(const float *logits, int32_t vocab, int32_t target) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    const char *dir = NULL, *file = NULL;
+    cli_model_args model;
+    const char *file = NULL;
     long ctx = 2048, stride = 0, max_windows = -1;
-    exl_model_params p = exl_model_default_params();
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int opt;
-        int has = i + 1 < argc;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            help();
-            return 0;
-        } else if ((opt = cli_model_option("perplexity", argc, argv, &i, &dir, &p)) != 0) {
-            if (opt < 0)
-                return 2;
-        } else if ((!strcmp(a, "-f") || !strcmp(a, "--file")) && has) {
-            file = argv[++i];
-        } else if (!strcmp(a, "--ctx") && has) {
-            if (cli_parse_int(argv[++i], 2, 1 << 20, &ctx))
-                return cli_usage_error("perplexity", "--ctx must be an integer >= 2");
-        } else if (!strcmp(a, "--stride") && has) {
-            if (cli_parse_int(argv[++i], 1, 1 << 20, &stride))
-                return cli_usage_error("perplexity", "--stride must be a positive integer");
-        } else if (!strcmp(a, "--max-windows") && has) {
-            if (cli_parse_int(argv[++i], 1, 1L << 40, &max_windows))
-                return cli_usage_error("perplexity", "--max-windows must be a positive integer");
-        } else {
-            return cli_usage_error("perplexity", "unknown option or missing value '%s'", a);
-        }
-    }
-    if (!dir || !file)
-        return cli_usage_error("perplexity", "need -m DIR and -f FILE");
+    const cli_option options[] = {
+        {"-f", "--file", CLI_STRING, &file, "FILE", .help = "the text (UTF-8)", .required = 1},
+        {NULL, "--ctx", CLI_LONG, &ctx, "N", .help = "tokens per window", .lo = 2, .hi = 1 << 20},
+        {NULL, "--stride", CLI_LONG, &stride, "S", .help = "tokens between window starts", .lo = 1, .hi = 1 << 20,
+         .default_text = "N"},
+        {NULL, "--max-windows", CLI_LONG, &max_windows, "K", .help = "stop after K windows", .lo = 1, .hi = 1L << 40,
+         .default_text = "all"},
+    };
+    const cli_command cmd = {"perplexity", "-m DIR -f FILE [--ctx N] [--stride S] [--max-windows K] [options]",
+                             "The perplexity of the model on a text file, over sliding windows.", NOTES,
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL)}};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc != CLI_GO_ON)
+        return rc;
+    const char *dir = model.dir;
     if (!stride)
         stride = ctx;
     if (stride > ctx)
@@ -99,7 +85,7 @@ int cmd_perplexity(int argc, char **argv) {
         st = exl_tokenizer_encode(tok, text, (size_t)len, 1, &ids, &n_ids);
     free(text);
     if (st == EXL_OK)
-        st = exl_model_load(dir, &p, &m);
+        st = exl_model_load(dir, &model.params, &m);
     exl_model_desc d;
     const int32_t chunk = 256;
     if (st == EXL_OK) {
@@ -111,7 +97,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (st == EXL_OK && !(logits = malloc((size_t)chunk * d.vocab_size * sizeof *logits)))
         st = EXL_ERR_NOMEM;
     if (st != EXL_OK || n_ids < 2) {
-        int rc = st != EXL_OK ? cli_error(st) : (fprintf(stderr, "exl: %s: fewer than 2 tokens\n", file), 1);
+        rc = st != EXL_OK ? cli_error(st) : (fprintf(stderr, "exl: %s: fewer than 2 tokens\n", file), 1);
         exl_session_free(s);
         exl_model_free(m);
         exl_tokenizer_free(tok);
@@ -148,7 +134,7 @@ int cmd_perplexity(int argc, char **argv) {
         cli_progress_update(&bar, w + 1, extra);
     }
     cli_progress_end(&bar);
-    int rc = 0;
+    rc = 0;
     if (st != EXL_OK) {
         rc = cli_error(st);
     } else {

@@ -1,6 +1,7 @@
 /* cmd_run.c - `exl run`: complete one or more prompts with the generator. One prompt
  * streams its completion as it is generated; several run as one batch. */
 #include "cli.h"
+#include "options.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -8,31 +9,20 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_PROMPTS 1024
+static const char ABOUT[] =
+    "Complete each prompt, tokenized with the tokenizer's post-processor (e.g. BOS) as the server\n"
+    "tokenizes a text prompt. One prompt: the completion is printed as it is generated. Several\n"
+    "prompts run together as one batch and are printed when all are done.";
 
-static void help(void) {
-    printf("usage: exl run -m DIR -p TEXT [-p TEXT ...] [options]\n\n"
-           "Complete each prompt (tokenized with the tokenizer's post-processor, e.g. BOS).\n"
-           "One prompt: the completion is printed as it is generated. Several prompts run\n"
-           "together as one batch and are printed when all are done.\n\n"
-           "options:\n"
-           "  -n N                 new tokens per prompt (default 128)\n"
-           "  --greedy             always take the most likely token\n"
-           "  --temperature T      (default 0.8)\n"
-           "  --top-k K            (default 40; 0 = off)\n"
-           "  --top-p P            (default 0.95; 1 = off)\n"
-           "  --min-p P            (default 0.05; 0 = off)\n"
-           "  --repeat-penalty R   (default 1 = off)\n"
-           "  --seed S             random seed (default: from the clock)\n"
-           "  --ignore-eos         keep going past end-of-sequence tokens\n"
-           "  --json               print one JSON object per prompt:\n"
-           "                       {\"prompt\", \"text\", \"tokens\", \"finish_reason\"}\n"
-           "  --stats              print throughput and cache statistics to stderr\n"
-           "  --device cpu|cuda|auto, -t THREADS\n");
-}
+static const char NOTES[] =
+    "Counting: a stop token (end of sequence) that ends a completion is a generated token, as in\n"
+    "the server's usage.completion_tokens: it is the last of --json's \"tokens\" and --stats counts\n"
+    "it; it adds no text.";
 
 typedef struct {
     const char *prompt;
+    int32_t *prompt_ids;
+    int32_t n_prompt_ids;
     uint64_t job;
     char *text;
     size_t len;
@@ -85,7 +75,8 @@ static double now(void) {
 static exl_status generate(exl_generator *gen, run_item *items, int n, const exl_job_params *jp, int stream) {
     for (int i = 0; i < n; i++) {
         exl_job_params p = *jp;
-        p.text = items[i].prompt;
+        p.ids = items[i].prompt_ids;
+        p.n_ids = items[i].n_prompt_ids;
         exl_status st = exl_generator_submit(gen, &p, &items[i].job);
         if (st != EXL_OK)
             return st;
@@ -111,98 +102,70 @@ static exl_status generate(exl_generator *gen, run_item *items, int n, const exl
     return EXL_OK;
 }
 
-int cmd_run(int argc, char **argv) {
-    const char *dir = NULL;
-    static run_item items[MAX_PROMPTS];
-    int n_items = 0, json = 0, stats = 0, greedy = 0, have_seed = 0;
-    long n_new = 128;
-    exl_model_params mp = exl_model_default_params();
-    exl_job_params jp = exl_job_default_params();
-    exl_sampling *s = &jp.sampling;
-    s->temperature = 0.8f;
-    s->top_k = 40;
-    s->top_p = 0.95f;
-    s->min_p = 0.05f;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            help();
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "--stats")) {
-            stats = 1;
-        } else if (!strcmp(a, "--greedy")) {
-            greedy = 1;
-        } else if (!strcmp(a, "--ignore-eos")) {
-            jp.ignore_eos = 1;
-        } else if (!v) {
-            return cli_usage_error("run", "unknown option or missing value '%s'", a);
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            dir = argv[++i];
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            if (n_items == MAX_PROMPTS)
-                return cli_usage_error("run", "at most %d prompts", MAX_PROMPTS);
-            items[n_items++].prompt = argv[++i];
-        } else if (!strcmp(a, "-n")) {
-            if (cli_parse_int(argv[++i], 1, 1 << 24, &n_new))
-                return cli_usage_error("run", "bad token count '%s'", v);
-        } else if (!strcmp(a, "--top-k")) {
-            long k;
-            if (cli_parse_int(argv[++i], 0, 1 << 24, &k))
-                return cli_usage_error("run", "bad --top-k '%s'", v);
-            s->top_k = (int32_t)k;
-        } else if (!strcmp(a, "--seed")) {
-            s->seed = strtoull(argv[++i], &end, 10);
-            if (*end || !*v)
-                return cli_usage_error("run", "bad --seed '%s'", v);
-            have_seed = 1;
-        } else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") ||
-                   !strcmp(a, "--repeat-penalty")) {
-            float x = strtof(argv[++i], &end);
-            if (*end || !*v)
-                return cli_usage_error("run", "bad %s '%s'", a, v);
-            *(!strcmp(a, "--temperature") ? &s->temperature
-              : !strcmp(a, "--top-p")     ? &s->top_p
-              : !strcmp(a, "--min-p")     ? &s->min_p
-                                          : &s->repetition_penalty) = x;
-        } else if (!strcmp(a, "--device")) {
-            if (cli_parse_device(argv[++i], &mp.device))
-                return cli_usage_error("run", "unknown device '%s'", v);
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            long t;
-            if (cli_parse_int(argv[++i], 1, 1024, &t))
-                return cli_usage_error("run", "bad thread count '%s'", v);
-            mp.n_threads = (int32_t)t;
-        } else {
-            return cli_usage_error("run", "unknown option '%s'", a);
-        }
+/* The prompts as token ids; *longest: the most ids of one. */
+static exl_status tokenize(const exl_tokenizer *tok, run_item *items, int n, int32_t *longest) {
+    *longest = 0;
+    for (int i = 0; i < n; i++) {
+        exl_status st = exl_tokenizer_encode(tok, items[i].prompt, strlen(items[i].prompt), 1,
+                                             &items[i].prompt_ids, &items[i].n_prompt_ids);
+        if (st != EXL_OK)
+            return st;
+        if (items[i].n_prompt_ids > *longest)
+            *longest = items[i].n_prompt_ids;
     }
-    if (!dir || !n_items)
-        return cli_usage_error("run", "need -m DIR and at least one -p TEXT");
-    if (greedy)
-        s->temperature = 0;
-    if (!have_seed)
-        s->seed = (uint64_t)time(NULL);
+    return EXL_OK;
+}
+
+int cmd_run(int argc, char **argv) {
+    cli_model_args model;
+    cli_sampling_args sampling;
+    cli_list prompts = {0};
+    long n_new = 128;
+    int json = 0, stats = 0, ignore_eos = 0;
+    const cli_option options[] = {
+        {"-p", "--prompt", CLI_LIST, &prompts, "TEXT", .help = "a prompt to complete (repeat for a batch)",
+         .required = 1},
+        {"-n", NULL, CLI_LONG, &n_new, "N", .help = "new tokens per prompt", .lo = 1, .hi = 1 << 24},
+        {NULL, "--ignore-eos", CLI_FLAG, &ignore_eos, NULL, .help = "keep going past end-of-sequence tokens"},
+        {NULL, "--json", CLI_FLAG, &json, NULL,
+         .help = "print one JSON object per prompt:\n{\"prompt\", \"text\", \"tokens\", \"finish_reason\"}"},
+        {NULL, "--stats", CLI_FLAG, &stats, NULL, .help = "print throughput and cache statistics to stderr"},
+    };
+    const cli_command cmd = {"run", "-m DIR -p TEXT [-p TEXT ...] [options]", ABOUT, NOTES,
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
+                              cli_sampling_group(&sampling)}};
+    int rc = cli_parse(&cmd, argc, argv);
+    run_item *items = rc == CLI_GO_ON ? calloc((size_t)prompts.n, sizeof *items) : NULL;
+    if (rc == CLI_GO_ON && !items)
+        rc = cli_error(EXL_ERR_NOMEM);
+    if (rc != CLI_GO_ON) {
+        cli_list_free(&prompts);
+        return rc;
+    }
+    int n_items = prompts.n;
+    for (int i = 0; i < n_items; i++)
+        items[i].prompt = prompts.items[i];
+    exl_job_params jp = exl_job_default_params();
+    jp.sampling = cli_sampling_get(&sampling);
+    jp.ignore_eos = ignore_eos;
     jp.max_new_tokens = (int32_t)n_new;
 
-    /* enough cache pages for the longest job alone (tokens <= bytes + specials) */
-    exl_generator_params gp = exl_generator_default_params();
-    size_t longest = 0;
-    for (int i = 0; i < n_items; i++)
-        longest = strlen(items[i].prompt) > longest ? strlen(items[i].prompt) : longest;
-    long need = (long)((longest + (size_t)n_new + 8) / (size_t)gp.page_size) + 1;
-    gp.n_pages = need > gp.n_pages ? (int32_t)need : gp.n_pages;
-
-    exl_model *model = NULL;
+    exl_model *m = NULL;
     exl_tokenizer *tok = NULL;
     exl_generator *gen = NULL;
-    exl_status st = exl_model_load(dir, &mp, &model);
+    int32_t longest = 0;
+    exl_generator_params gp = exl_generator_default_params();
+    exl_status st = exl_model_load(model.dir, &model.params, &m);
     if (st == EXL_OK)
-        st = exl_tokenizer_load(dir, &tok);
+        st = exl_tokenizer_load(model.dir, &tok);
     if (st == EXL_OK)
-        st = exl_generator_init(model, tok, &gp, &gen);
+        st = tokenize(tok, items, n_items, &longest);
+    if (st == EXL_OK) {
+        /* enough cache pages for the longest job alone */
+        long need = (longest + n_new) / gp.page_size + 1;
+        gp.n_pages = need > gp.n_pages ? (int32_t)need : gp.n_pages;
+        st = exl_generator_init(m, tok, &gp, &gen);
+    }
     double t0 = now();
     if (st == EXL_OK)
         st = generate(gen, items, n_items, &jp, n_items == 1 && !json);
@@ -227,9 +190,12 @@ int cmd_run(int argc, char **argv) {
     for (int i = 0; i < n_items; i++) {
         free(items[i].text);
         free(items[i].ids);
+        exl_ids_free(items[i].prompt_ids);
     }
+    free(items);
+    cli_list_free(&prompts);
     exl_generator_free(gen);
     exl_tokenizer_free(tok);
-    exl_model_free(model);
+    exl_model_free(m);
     return st == EXL_OK ? 0 : cli_error(st);
 }

@@ -1,6 +1,7 @@
 /* cmd_serve.c - `exl serve`: the OpenAI-compatible HTTP server (src/server/server.h)
  * in the foreground until SIGINT or SIGTERM; request lines go to stderr. */
 #include "cli.h"
+#include "options.h"
 #include "server/server.h"
 
 #include <pthread.h>
@@ -9,24 +10,13 @@
 #include <string.h>
 #include <time.h>
 
-static void help(void) {
-    printf("usage: exl serve -m DIR [options]\n\n"
-           "Serve the model over an OpenAI-compatible HTTP API until interrupted:\n"
-           "  POST /v1/completions, POST /v1/chat/completions (\"stream\": true for SSE),\n"
-           "  GET /v1/models, GET /health.\n"
-           "Chat prompts use the model's chat template, else ChatML.\n\n"
-           "options:\n"
-           "  --host ADDR          address to listen on (default 127.0.0.1)\n"
-           "  --port N             TCP port (default 8000; 0 = any free port, printed at start)\n"
-           "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/ routes\n"
-           "  --model-name NAME    the model id clients use (default: the directory's name)\n"
-           "  --max-jobs N         sequences decoded at once, more wait (default 32)\n"
-           "  --ctx N              tokens per sequence, prompt + completion\n"
-           "                       (default: the model's maximum, at most 4096)\n"
-           "  --max-body BYTES     largest request body (default 4194304)\n"
-           "  --quiet              do not log requests\n"
-           "  --device cpu|cuda|auto, -t THREADS\n");
-}
+static const char ABOUT[] =
+    "Serve the model over an OpenAI-compatible HTTP API until interrupted:\n"
+    "  POST /v1/completions, POST /v1/chat/completions (\"stream\": true for SSE),\n"
+    "  GET /v1/models, GET /health.\n"
+    "Chat prompts use the model's chat template, else ChatML (as exl chat). Sampling fields a request\n"
+    "leaves out take the library's defaults (exl_sampling_default, as exl run's --help shows).\n"
+    "usage.completion_tokens counts the stop token that ends a completion (as exl run does).";
 
 static void log_line(void *ctx, const char *line) {
     time_t t = time(NULL);
@@ -38,54 +28,35 @@ static void log_line(void *ctx, const char *line) {
 
 int cmd_serve(int argc, char **argv) {
     exl_server_params sp = exl_server_default_params();
+    cli_model_args model;
     int quiet = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long x;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            help();
-            return 0;
-        } else if (!strcmp(a, "--quiet")) {
-            quiet = 1;
-        } else if (!v) {
-            return cli_usage_error("serve", "unknown option or missing value '%s'", a);
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            sp.model_dir = argv[++i];
-        } else if (!strcmp(a, "--host")) {
-            sp.host = argv[++i];
-        } else if (!strcmp(a, "--api-key")) {
-            sp.api_key = argv[++i];
-        } else if (!strcmp(a, "--model-name")) {
-            sp.model_name = argv[++i];
-        } else if (!strcmp(a, "--port")) {
-            if (cli_parse_int(argv[++i], 0, 65535, &x))
-                return cli_usage_error("serve", "bad port '%s'", v);
-            sp.port = (int32_t)x;
-        } else if (!strcmp(a, "--max-jobs")) {
-            if (cli_parse_int(argv[++i], 1, 256, &x))
-                return cli_usage_error("serve", "bad --max-jobs '%s' (1..256)", v);
-            sp.max_jobs = (int32_t)x;
-        } else if (!strcmp(a, "--ctx")) {
-            if (cli_parse_int(argv[++i], 2, 1 << 24, &x))
-                return cli_usage_error("serve", "bad --ctx '%s'", v);
-            sp.ctx = (int32_t)x;
-        } else if (!strcmp(a, "--max-body")) {
-            if (cli_parse_int(argv[++i], 1, 1L << 30, &x))
-                return cli_usage_error("serve", "bad --max-body '%s'", v);
-            sp.max_body = x;
-        } else if (!strcmp(a, "--device")) {
-            if (cli_parse_device(argv[++i], &sp.device))
-                return cli_usage_error("serve", "unknown device '%s'", v);
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (cli_parse_int(argv[++i], 1, 1024, &x))
-                return cli_usage_error("serve", "bad thread count '%s'", v);
-            sp.n_threads = (int32_t)x;
-        } else {
-            return cli_usage_error("serve", "unknown option '%s'", a);
-        }
-    }
-    if (!sp.model_dir)
-        return cli_usage_error("serve", "need -m DIR");
+    long max_body = (long)sp.max_body;
+    const cli_option options[] = {
+        {NULL, "--host", CLI_STRING, &sp.host, "ADDR", .help = "address to listen on"},
+        {NULL, "--port", CLI_INT, &sp.port, "N", .help = "TCP port; 0 = any free port, printed at start",
+         .lo = 0, .hi = 65535},
+        {NULL, "--api-key", CLI_STRING, &sp.api_key, "KEY",
+         .help = "require 'Authorization: Bearer KEY' on /v1/ routes"},
+        {NULL, "--model-name", CLI_STRING, &sp.model_name, "NAME", .help = "the model id clients use",
+         .default_text = "the directory's name"},
+        {NULL, "--max-jobs", CLI_INT, &sp.max_jobs, "N", .lo = 1, .hi = 256,
+         .help = "sequences decoded at once, more wait"},
+        {NULL, "--ctx", CLI_INT, &sp.ctx, "N", .lo = 2, .hi = 1 << 24,
+         .help = "tokens per sequence, prompt + completion", .default_text = "the model's maximum, at most 4096"},
+        {NULL, "--max-body", CLI_LONG, &max_body, "BYTES", .help = "largest request body", .lo = 1, .hi = 1L << 30},
+        {NULL, "--quiet", CLI_FLAG, &quiet, NULL, .help = "do not log requests"},
+    };
+    const cli_command cmd = {"serve", "-m DIR [options]", ABOUT, NULL,
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL)}};
+    model.params.device = sp.device;
+    model.params.n_threads = sp.n_threads;
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc != CLI_GO_ON)
+        return rc;
+    sp.model_dir = model.dir;
+    sp.max_body = max_body;
+    sp.device = model.params.device;
+    sp.n_threads = model.params.n_threads;
     if (!quiet)
         sp.log = log_line;
 

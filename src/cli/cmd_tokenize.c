@@ -1,19 +1,11 @@
 /* cmd_tokenize.c - `exl tokenize`: text on stdin to token ids on stdout. */
 #include "cli.h"
+#include "options.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void help(void) {
-    printf("usage: exl tokenize -m DIR [--special] [--jsonl]\n\n"
-           "Read UTF-8 text on stdin and print its token ids, separated by spaces, on one line.\n"
-           "DIR holds tokenizer.json (or tokenizer.model) and tokenizer_config.json.\n\n"
-           "  --special   add the post-processor's special tokens (BOS/EOS), as\n"
-           "              tokenizer(text, add_special_tokens=True) does\n"
-           "  --jsonl     every input line is one JSON string; print one JSON array of ids per line\n");
-}
 
 /* Read all of stdin; NULL on allocation failure. */
 static char *read_all(FILE *f, size_t *len) {
@@ -70,29 +62,27 @@ static int run_jsonl(const exl_tokenizer *tok, int special) {
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    const char *dir = NULL;
+    cli_model_args model;
     int special = 0, jsonl = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            help();
-            return 0;
-        } else if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && i + 1 < argc) {
-            dir = argv[++i];
-        } else if (!strcmp(argv[i], "--special")) {
-            special = 1;
-        } else if (!strcmp(argv[i], "--jsonl")) {
-            jsonl = 1;
-        } else {
-            return cli_usage_error("tokenize", "unknown option '%s'", argv[i]);
-        }
-    }
-    if (!dir)
-        return cli_usage_error("tokenize", "missing -m DIR");
+    const cli_option options[] = {
+        {NULL, "--special", CLI_FLAG, &special, NULL,
+         .help = "add the post-processor's special tokens (BOS/EOS), as\n"
+                 "tokenizer(text, add_special_tokens=True) does"},
+        {NULL, "--jsonl", CLI_FLAG, &jsonl, NULL,
+         .help = "every input line is one JSON string; print one JSON array of ids per line"},
+    };
+    const cli_command cmd = {"tokenize", "-m DIR [--special] [--jsonl]",
+                             "Read UTF-8 text on stdin and print its token ids, separated by spaces, on one line.\n"
+                             "DIR holds tokenizer.json (or tokenizer.model) and tokenizer_config.json.",
+                             NULL, {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_DIR)}};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc != CLI_GO_ON)
+        return rc;
+    const char *dir = model.dir;
     exl_tokenizer *tok;
     exl_status st = exl_tokenizer_load(dir, &tok);
     if (st != EXL_OK)
         return cli_error(st);
-    int rc;
     if (jsonl) {
         rc = run_jsonl(tok, special);
     } else {

@@ -1,10 +1,20 @@
 /* main.c - the exl command: dispatches to one subcommand per file (cmd_*.c). */
 #include "cli.h"
+#include "options.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static int version(int argc, char **argv) {
+    const cli_command cmd = {"version", "(or exl --version)", "Print the version of exl.", NULL, {{0}}};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc != CLI_GO_ON)
+        return rc;
+    printf("exl %s\n", EXL_VERSION_STRING);
+    return 0;
+}
 
 typedef struct {
     const char *name;
@@ -22,11 +32,13 @@ static const command commands[] = {
     {"logits", cmd_logits, "write the logits of a token sequence to a safetensors file"},
     {"quantize", cmd_quantize, "convert a Hugging Face model to EXL2 or GPTQ (calibrated, layer by layer)"},
     {"tokenize", cmd_tokenize, "print the token ids of text read on stdin"},
+    {"version", version, "print the version (also: exl --version)"},
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "exl - fast inference for quantized LLMs (EXL2, GPTQ, fp16/bf16)\n\n"
-               "usage: exl <command> [options]   (exl <command> --help for details)\n\ncommands:\n");
+    fprintf(f, "exl %s - fast inference for quantized LLMs (EXL2, GPTQ, fp16/bf16)\n\n"
+               "usage: exl <command> [options]   (exl <command> --help for details)\n\ncommands:\n",
+            EXL_VERSION_STRING);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
 }
@@ -46,60 +58,13 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
     return 2;
 }
 
-int cli_parse_int(const char *s, long lo, long hi, long *out) {
-    if (!s || !*s)
-        return -1;
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-int cli_parse_device(const char *s, exl_device *out) {
-    if (!strcmp(s, "auto"))
-        *out = EXL_DEVICE_AUTO;
-    else if (!strcmp(s, "cpu"))
-        *out = EXL_DEVICE_CPU;
-    else if (!strcmp(s, "cuda") || !strcmp(s, "gpu"))
-        *out = EXL_DEVICE_CUDA;
-    else
-        return -1;
-    return 0;
-}
-
-int cli_model_option(const char *cmd, int argc, char **argv, int *i, const char **dir, exl_model_params *p) {
-    const char *a = argv[*i];
-    if (*i + 1 >= argc)
-        return 0;
-    const char *v = argv[*i + 1];
-    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-        *dir = v;
-    } else if (!strcmp(a, "--device")) {
-        if (cli_parse_device(v, &p->device)) {
-            cli_usage_error(cmd, "unknown device '%s' (cpu, cuda or auto)", v);
-            return -1;
-        }
-    } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-        long t;
-        if (cli_parse_int(v, 1, 1024, &t)) {
-            cli_usage_error(cmd, "bad thread count '%s'", v);
-            return -1;
-        }
-        p->n_threads = (int32_t)t;
-    } else {
-        return 0;
-    }
-    (*i)++;
-    return 1;
-}
-
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "--version"))
+        return version(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].fn(argc - 1, argv + 1);

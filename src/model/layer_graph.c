@@ -32,9 +32,7 @@ static exl_status matmul(exl_graph *g, int32_t li, exl_part part, float *out, co
 /* columns [col, col + width) of x (rows of x_width) into out */
 static exl_status copy_cols(exl_graph *g, int32_t li, exl_part part, float *out, const float *x, int32_t rows,
                             int32_t width, int32_t x_width, int32_t col) {
-    const exl_node n = {.op = EXL_OP_COPY_COLS,
-                        .tag = {li, part},
-                        .copy_cols = {out, x, rows, width, x_width, col}};
+    const exl_node n = {.op = EXL_OP_COPY_COLS, .tag = {li, part}, .copy_cols = {out, x, rows, width, x_width, col}};
     return exl_graph_add(g, &n);
 }
 
@@ -148,8 +146,8 @@ static exl_status moe_nodes(exl_model *m, const exl_layer *l, int32_t li, exl_gr
          .moe_route = {s->route_weights, s->route_ids, s->router, rows, e->n_experts, e->top_k, e->norm_topk_prob}},
         {.op = EXL_OP_MOE_EXPERTS,
          .tag = {li, EXL_PART_EXPERTS},
-         .moe_experts = {s->x, s->h, s->route_ids, s->route_weights, l->experts, rows, hid, e->expert_ffn,
-                         e->n_experts, e->top_k, c->act, s->moe_xs, s->moe_gate, s->moe_up, s->moe_slots}},
+         .moe_experts = {s->x, s->h, s->route_ids, s->route_weights, l->experts, rows, hid, e->expert_ffn, e->n_experts,
+                         e->top_k, c->act, s->moe_xs, s->moe_gate, s->moe_up, s->moe_slots}},
     };
     for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++)
         EXL_TRY(exl_graph_add(g, &nodes[i]));

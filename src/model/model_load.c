@@ -79,8 +79,7 @@ static exl_status check_config(const exl_model *m) {
         return exl_fail(EXL_ERR_FORMAT, "%s/config.json: partial_rotary_factor gives a rotary size of %d", m->dir,
                         m->rot_dim);
     for (int32_t i = 0; i < c->n_layers; i++)
-        if (c->layers[i].sliding &&
-            ((int32_t)(c->head_dim * c->rope_sliding.partial_rotary_factor) & ~1) != m->rot_dim)
+        if (c->layers[i].sliding && ((int32_t)(c->head_dim * c->rope_sliding.partial_rotary_factor) & ~1) != m->rot_dim)
             return exl_fail(EXL_ERR_UNSUPPORTED,
                             "%s/config.json: the sliding layers' partial_rotary_factor differs from the full "
                             "attention layers' (exl takes one rotary size)",

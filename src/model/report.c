@@ -1,8 +1,9 @@
 /* report.c - the text `exl info` prints: architecture, sizes, per-layer attention windows, experts, norms,
- * dtypes, parameters (total and active per token), memory, and per linear layer its format, code widths and bits
- * per weight. */
+ * dtypes, parameters (total and active per token), memory, and per linear layer (or per kind of linear layer)
+ * its format, code widths and bits per weight. */
 #include "model/model.h"
 
+#include "base/alloc.h"
 #include "base/error.h"
 #include "base/str.h"
 #include "quant/quant.h"
@@ -59,11 +60,128 @@ static size_t experts_prefix(const char *name) {
     return e ? (size_t)(e - name) + 9 : 0;
 }
 
-/* One line per linear layer (a layer's experts together on one line), then the bits per weight of the decoder
- * layers, the head, and all linear layers together. */
-static int linear_report(const exl_model *m, exl_str *s) {
+/* A linear layer's kind: its name after the layer number, with other numbers (experts) as '*':
+ * "self_attn.q_proj", "mlp.experts.*.up_proj", "lm_head". */
+static void kind_of(const char *name, char *out, size_t cap) {
+    const char *layers = strstr(name, "layers.");
+    if (layers && (layers == name || layers[-1] == '.') && layers[7] >= '0' && layers[7] <= '9') {
+        const char *p = layers + 7;
+        while (*p >= '0' && *p <= '9')
+            p++;
+        if (*p == '.')
+            name = p + 1;
+    }
+    size_t n = 0;
+    for (const char *p = name; *p && n + 1 < cap; p++) {
+        int number = (p == name || p[-1] == '.') && *p >= '0' && *p <= '9';
+        out[n++] = number ? '*' : *p;
+        while (number && p[1] >= '0' && p[1] <= '9')
+            p++;
+    }
+    out[n] = 0;
+}
+
+/* The linear layers of one kind. */
+typedef struct linear_group {
+    char kind[64];
+    const char *formats[4];  /* "EXL2", "GPTQ" or a dense dtype's name, in order of appearance */
+    int32_t n_formats, count;
+    int64_t in, out;         /* -1: not the same in every layer */
+    double bpw_min, bpw_max;
+    int bits_min, bits_max;  /* code widths (0: none quantized) */
+    double bits;             /* storage, all layers */
+} linear_group;
+
+static void group_add(linear_group *g, const exl_linear_src *src, const exl_quant_stats *st) {
+    static const char *kinds[] = {NULL, "EXL2", "GPTQ"};
+    const char *format = src->kind == EXL_LINEAR_DENSE ? exl_dtype_name(src->dense.dtype) : kinds[src->kind];
+    int32_t f = 0;
+    while (f < g->n_formats && strcmp(g->formats[f], format))
+        f++;
+    if (f == g->n_formats && f < (int32_t)(sizeof g->formats / sizeof g->formats[0]))
+        g->formats[g->n_formats++] = format;
+    double bpw = st->bits / (double)st->weights;
+    if (!g->count || bpw < g->bpw_min)
+        g->bpw_min = bpw;
+    if (!g->count || bpw > g->bpw_max)
+        g->bpw_max = bpw;
+    if (!g->count)
+        g->in = src->in_features, g->out = src->out_features;
+    if (g->in != src->in_features || g->out != src->out_features)
+        g->in = g->out = -1;
+    for (int b = 1; b <= 8; b++)
+        if (st->rows_by_bits[b]) {
+            g->bits_min = g->bits_min && g->bits_min < b ? g->bits_min : b;
+            g->bits_max = g->bits_max > b ? g->bits_max : b;
+        }
+    g->bits += st->bits;
+    g->count++;
+}
+
+static int group_line(exl_str *s, const linear_group *g, int kind_width) {
+    char formats[32] = "", shape[32], bpw[32], codes[16], size[32];
+    for (int32_t f = 0; f < g->n_formats; f++)
+        snprintf(formats + strlen(formats), sizeof formats - strlen(formats), "%s%s", f ? "+" : "", g->formats[f]);
+    if (g->in < 0)
+        snprintf(shape, sizeof shape, "%-15s", "mixed");
+    else
+        snprintf(shape, sizeof shape, "%6lld x %-6lld", (long long)g->in, (long long)g->out);
+    if (g->bpw_max - g->bpw_min < 0.0005)
+        snprintf(bpw, sizeof bpw, "%.3f", g->bpw_min);
+    else
+        snprintf(bpw, sizeof bpw, "%.2f-%.2f", g->bpw_min, g->bpw_max);
+    if (!g->bits_max)
+        snprintf(codes, sizeof codes, "-");
+    else if (g->bits_min == g->bits_max)
+        snprintf(codes, sizeof codes, "%d", g->bits_max);
+    else
+        snprintf(codes, sizeof codes, "%d-%d", g->bits_min, g->bits_max);
+    double bytes = g->bits / 8;
+    if (bytes >= 1048576)
+        snprintf(size, sizeof size, "%.2f MiB", bytes / 1048576);
+    else
+        snprintf(size, sizeof size, "%.1f KiB", bytes / 1024);
+    return exl_str_printf(s, "  %-*s %5d  %-10s %s %-12s %-6s %s\n", kind_width, g->kind, (int)g->count, formats,
+                          shape, bpw, codes, size);
+}
+
+/* One line per kind of linear layer: count, formats, shape, bits per weight (range), code widths, size. */
+static int group_report(const exl_model *m, exl_str *s) {
+    linear_group *groups = exl_calloc((size_t)m->n_linears + 1, sizeof *groups);
+    if (!groups)
+        return -1;
+    int32_t n = 0;
+    for (int32_t i = 0; i < m->n_linears; i++) {
+        char kind[64];
+        kind_of(m->linears[i].name, kind, sizeof kind);
+        int32_t g = 0;
+        while (g < n && strcmp(groups[g].kind, kind))
+            g++;
+        if (g == n)
+            snprintf(groups[n++].kind, sizeof groups[g].kind, "%s", kind);
+        exl_quant_stats st;
+        exl_linear_stats(&m->linears[i].src, &st);
+        group_add(&groups[g], &m->linears[i].src, &st);
+    }
+    int width = 16;
+    for (int32_t g = 0; g < n; g++)
+        width = (int)strlen(groups[g].kind) > width ? (int)strlen(groups[g].kind) : width;
+    int bad = exl_str_puts(s, "linear layers by kind (exl info --verbose: one line each):\n");
+    bad |= exl_str_printf(s, "  %-*s %5s  %-10s %6s x %-6s %-12s %-6s %s\n", width, "kind", "count", "format", "in",
+                          "out", "bits/weight", "codes", "size");
+    for (int32_t g = 0; g < n; g++)
+        bad |= group_line(s, &groups[g], width);
+    exl_free(groups);
+    return bad;
+}
+
+/* One line per linear layer (a layer's experts together on one line) or per kind (group_report), then the bits
+ * per weight of the decoder layers, the head, and all linear layers together. */
+static int linear_report(const exl_model *m, int per_layer, exl_str *s) {
     double bits[2] = {0}, weights[2] = {0}; /* [0] decoder layers, [1] head */
-    int bad = exl_str_puts(s, "linear layers (format, in x out, code widths as bits:rows, bits per weight):\n");
+    int bad = per_layer ? exl_str_puts(s, "linear layers (format, in x out, code widths as bits:rows, bits per "
+                                          "weight):\n")
+                        : group_report(m, s);
     for (int32_t i = 0; i < m->n_linears;) {
         const exl_linear_src *src = &m->linears[i].src;
         const char *name = m->linears[i].name;
@@ -81,9 +199,9 @@ static int linear_report(const exl_model *m, exl_str *s) {
         int head = strstr(name, ".layers.") == NULL;
         bits[head] += sum.bits;
         weights[head] += (double)sum.weights;
-        if (n == 1) {
+        if (per_layer && n == 1) {
             bad |= linear_line(s, name, src, &sum);
-        } else { /* the experts: their count, and the first one's shape and format */
+        } else if (per_layer) { /* the experts: their count, and the first one's shape and format */
             char label[128];
             snprintf(label, sizeof label, "%.*s* x%d", (int)ep, name, n);
             bad |= linear_line(s, label, src, &sum);
@@ -207,7 +325,7 @@ static int token_lines(exl_str *s, const exl_hf_config *c) {
     return bad | exl_str_puts(s, " (generation_config.json)\n");
 }
 
-exl_status exl_model_report(const exl_model *m, char **out) {
+static exl_status report(const exl_model *m, int per_layer, char **out) {
     const exl_hf_config *c = &m->cfg;
     exl_str s = EXL_STR_INIT;
     int bad = 0;
@@ -222,7 +340,7 @@ exl_status exl_model_report(const exl_model *m, char **out) {
     bad |= token_lines(&s, c);
     if (c->quant.present)
         bad |= exl_str_printf(&s, "quantization: %s\n", c->quant.method);
-    bad |= linear_report(m, &s);
+    bad |= linear_report(m, per_layer, &s);
 
     /* parameters and bytes per (group, dtype) */
     static const char *groups[] = {"embeddings", "attention", "mlp", "norms", "head", "other"};
@@ -263,3 +381,7 @@ exl_status exl_model_report(const exl_model *m, char **out) {
     *out = exl_str_steal(&s);
     return EXL_OK;
 }
+
+exl_status exl_model_report(const exl_model *m, char **out) { return report(m, 1, out); }
+
+exl_status exl_model_report_grouped(const exl_model *m, char **out) { return report(m, 0, out); }

@@ -9,7 +9,7 @@
  * A client that leaves (its socket reads end-of-file, or a write fails) has its jobs
  * cancelled, which releases their cache pages; so does one that half-closes its end
  * after sending the request (nothing tells the two apart). */
-#include "server/http.h"
+#include "server/routes.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -20,7 +20,6 @@
 #include <time.h>
 
 #define POLL_MS 100 /* how often a waiting request checks its client and the server */
-#define CHATML_END "<|im_end|>"
 
 typedef struct oai_run {
     exl_server *srv;
@@ -28,7 +27,8 @@ typedef struct oai_run {
     exl_oai_header hdr;
     exl_stream *stream;
     int32_t n_prompts;
-    int32_t **prompt_ids;     /* [n_prompts] */
+    exl_chat_prompt chat;     /* chat: the prompt (prompt_ids[0] points at its ids) and its stops */
+    int32_t **prompt_ids;     /* [n_prompts]; owned for completions */
     int32_t *prompt_len;
     int32_t n_choices;
     exl_oai_choice *choices;  /* [n_choices] */
@@ -53,9 +53,10 @@ static void run_free(oai_run *r) {
         return;
     cancel_unfinished(r);
     exl_stream_unref(r->stream);
-    for (int32_t i = 0; r->prompt_ids && i < r->n_prompts; i++)
+    for (int32_t i = 0; r->prompt_ids && r->hdr.kind == EXL_OAI_COMPLETION && i < r->n_prompts; i++)
         exl_free(r->prompt_ids[i]);
     exl_free(r->prompt_ids);
+    exl_chat_prompt_free(&r->chat);
     exl_free(r->prompt_len);
     for (int32_t i = 0; r->choices && i < r->n_choices; i++) {
         exl_str_free(&r->choices[i].text);
@@ -71,32 +72,13 @@ static int nomem(exl_oai_error *err) { return exl_oai_fail(err, 500, "server_err
 
 /* ---------------------------------------------------------------- prompts */
 
-/* Chat: render the template and tokenize without the post-processor (templates write
- * their own BOS); add BOS when the tokenizer has one and the text did not start with it. */
+/* Chat: the conversation as exl_chat_encode makes it a prompt. */
 static int chat_prompt(oai_run *r, exl_oai_error *err) {
-    exl_server *srv = r->srv;
-    char *text = NULL;
-    exl_status st = exl_chat_apply(srv->tok, r->req.messages, r->req.n_messages, 1, NULL, &text);
+    exl_status st = exl_chat_encode(r->srv->tok, r->req.messages, r->req.n_messages, 1, NULL, &r->chat);
     if (st != EXL_OK)
-        return exl_oai_bad_param(err, "messages", "chat template: %s", exl_last_error());
-    int32_t *ids = NULL, n = 0;
-    st = exl_tokenizer_encode(srv->tok, text, strlen(text), 0, &ids, &n);
-    exl_string_free(text);
-    if (st != EXL_OK)
-        return exl_oai_bad_param(err, "messages", "%s", exl_last_error());
-    int32_t bos = exl_tokenizer_bos_id(srv->tok);
-    int add_bos = bos >= 0 && (n == 0 || ids[0] != bos);
-    r->prompt_ids[0] = exl_malloc((size_t)(n + add_bos) * sizeof(int32_t) + 1);
-    if (!r->prompt_ids[0]) {
-        exl_ids_free(ids);
-        return nomem(err);
-    }
-    if (add_bos)
-        r->prompt_ids[0][0] = bos;
-    if (n)
-        memcpy(r->prompt_ids[0] + add_bos, ids, (size_t)n * sizeof(int32_t));
-    r->prompt_len[0] = n + add_bos;
-    exl_ids_free(ids);
+        return st == EXL_ERR_NOMEM ? nomem(err) : exl_oai_bad_param(err, "messages", "%s", exl_last_error());
+    r->prompt_ids[0] = r->chat.ids;
+    r->prompt_len[0] = r->chat.n_ids;
     return 0;
 }
 
@@ -148,8 +130,8 @@ static int submit_jobs(oai_run *r, exl_oai_error *err) {
     const char *stop[EXL_OAI_MAX_STOP + 1];
     int32_t n_stop = q->n_stop;
     memcpy(stop, q->stop, (size_t)n_stop * sizeof *stop);
-    if (q->kind == EXL_OAI_CHAT && !srv->has_template)
-        stop[n_stop++] = CHATML_END;
+    if (r->chat.stop_string)
+        stop[n_stop++] = r->chat.stop_string;
     for (int32_t i = 0; i < r->n_choices; i++) {
         int32_t p = i / q->n, k = i % q->n, room = srv->ctx - r->prompt_len[p];
         if (q->logprobs && !(r->choices[i].logprobs = exl_oai_logprobs_new(q->kind)))
@@ -162,6 +144,8 @@ static int submit_jobs(oai_run *r, exl_oai_error *err) {
             jp.max_new_tokens = room;
         jp.stop_strings = stop;
         jp.n_stop_strings = n_stop;
+        jp.stop_ids = &r->chat.stop_id;
+        jp.n_stop_ids = r->chat.stop_id >= 0;
         jp.logprobs = q->logprobs;
         jp.top_logprobs = q->top_logprobs;
         jp.sampling = q->sampling;

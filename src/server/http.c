@@ -1,6 +1,6 @@
 /* http.c - libmicrohttpd glue: the daemon (a thread per connection), the body read
- * with a size limit (413), the request handed to exl_route, its reply turned into an
- * MHD response (a buffer, or a callback for SSE), and one log line per request. */
+ * with a size limit, the request handed to the handler, its reply turned into an MHD
+ * response (a buffer, or a callback for SSE), and one log line per request. */
 #include "server/http.h"
 
 #include "base/alloc.h"
@@ -8,6 +8,7 @@
 #include "base/str.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -15,6 +16,24 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+
+struct exl_http {
+    exl_http_params params; /* host points at the copy below */
+    char *host;
+    struct MHD_Daemon *mhd;
+    int32_t port;
+};
+
+__attribute__((format(printf, 2, 3))) static void http_log(const exl_http *h, const char *fmt, ...) {
+    if (!h->params.log)
+        return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    h->params.log(h->params.log_ctx, line);
+}
 
 /* ---------------------------------------------------------------- per-request state */
 
@@ -92,12 +111,22 @@ static enum MHD_Result send_reply(struct MHD_Connection *c, conn_state *cs, exl_
     return rc;
 }
 
-static enum MHD_Result reply_413(struct MHD_Connection *c, conn_state *cs, exl_server *srv) {
-    exl_oai_error err;
-    exl_oai_fail(&err, 413, "invalid_request_error", NULL, "request_too_large",
-                 "the request body is larger than %lld bytes", (long long)srv->params.max_body);
+/* Hand the request to the handler and queue its reply. */
+static enum MHD_Result answer(exl_http *h, struct MHD_Connection *c, conn_state *cs, const char *url,
+                              const char *method) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    exl_http_request req = {
+        .method = method,
+        .path = url,
+        .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
+        .body = cs->body.data ? cs->body.data : "",
+        .body_len = cs->body.len,
+        .too_large = cs->too_large,
+        .fd = ci ? ci->connect_fd : -1,
+    };
     exl_http_reply reply = {0};
-    exl_reply_error(&reply, &err);
+    h->params.handler(h->params.user, &req, &reply);
+    exl_str_free(&cs->body);
     return send_reply(c, cs, &reply);
 }
 
@@ -105,7 +134,7 @@ static enum MHD_Result reply_413(struct MHD_Connection *c, conn_state *cs, exl_s
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
-    exl_server *srv = cls;
+    exl_http *h = cls;
     conn_state *cs = *con_cls;
     if (!cs) { /* first call: headers only */
         cs = exl_calloc(1, sizeof *cs);
@@ -116,12 +145,14 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         snprintf(cs->path, sizeof cs->path, "%s", url);
         *con_cls = cs;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > (unsigned long long)srv->params.max_body)
-            return reply_413(c, cs, srv); /* MHD closes the connection after it */
+        if (cl && strtoull(cl, NULL, 10) > (unsigned long long)h->params.max_body) {
+            cs->too_large = 1;
+            return answer(h, c, cs, url, method); /* MHD closes the connection after it */
+        }
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!cs->too_large && cs->body.len + *upload_size <= (size_t)srv->params.max_body) {
+        if (!cs->too_large && cs->body.len + *upload_size <= (size_t)h->params.max_body) {
             if (exl_str_append(&cs->body, upload, *upload_size))
                 return MHD_NO;
         } else {
@@ -131,29 +162,15 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         *upload_size = 0;
         return MHD_YES;
     }
-    if (cs->too_large)
-        return reply_413(c, cs, srv);
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    exl_http_request req = {
-        .method = method,
-        .path = url,
-        .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
-        .body = cs->body.data ? cs->body.data : "",
-        .body_len = cs->body.len,
-        .fd = ci ? ci->connect_fd : -1,
-    };
-    exl_http_reply reply = {0};
-    exl_route(srv, &req, &reply);
-    exl_str_free(&cs->body);
-    return send_reply(c, cs, &reply);
+    return answer(h, c, cs, url, method);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    exl_server *srv = cls;
+    exl_http *h = cls;
     conn_state *cs = *con_cls;
     if (!cs)
         return;
-    exl_server_log(srv, "%s %s %d %.1f ms%s", cs->method, cs->path, cs->status, (now_s() - cs->t0) * 1e3,
+    http_log(h, "%s %s %d %.1f ms%s", cs->method, cs->path, cs->status, (now_s() - cs->t0) * 1e3,
                    toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
     exl_str_free(&cs->body);
     exl_free(cs);
@@ -162,44 +179,62 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* libmicrohttpd's own printf-style messages */
 __attribute__((format(printf, 2, 0))) static void on_mhd_error(void *cls, const char *fmt, va_list ap) {
-    exl_server *srv = cls;
+    exl_http *h = cls;
     char line[512];
     vsnprintf(line, sizeof line, fmt, ap);
     line[strcspn(line, "\n")] = 0;
-    exl_server_log(srv, "http: %s", line);
+    http_log(h, "http: %s", line);
 }
 
 /* ---------------------------------------------------------------- daemon */
 
-exl_status exl_http_start(exl_server *srv) {
+exl_status exl_http_start(const exl_http_params *params, exl_http **out) {
+    *out = NULL;
+    exl_http *h = exl_calloc(1, sizeof *h);
+    if (!h || !(h->host = exl_strdup(params->host))) {
+        exl_free(h);
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    }
+    h->params = *params;
+    h->params.host = h->host;
     char port[16];
-    snprintf(port, sizeof port, "%d", (int)srv->params.port);
+    snprintf(port, sizeof port, "%d", (int)params->port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
-    int gai = getaddrinfo(srv->host, port, &hints, &ai);
-    if (gai)
-        return exl_fail(EXL_ERR_ARG, "server: cannot resolve host '%s': %s", srv->host, gai_strerror(gai));
+    int gai = getaddrinfo(h->host, port, &hints, &ai);
+    if (gai) {
+        exl_http_stop(h);
+        return exl_fail(EXL_ERR_ARG, "server: cannot resolve host '%s': %s", params->host, gai_strerror(gai));
+    }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_access, srv,
-                                MHD_OPTION_EXTERNAL_LOGGER, on_mhd_error, srv, /* first, to catch all */
-                                MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->params.timeout_s,
-                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->params.max_connections,
-                                MHD_OPTION_LISTENING_ADDRESS_REUSE, 1,
-                                MHD_OPTION_END);
+    h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_access, h,
+                              MHD_OPTION_EXTERNAL_LOGGER, on_mhd_error, h, /* first, to catch all */
+                              MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)params->timeout_s,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)params->max_connections,
+                              MHD_OPTION_LISTENING_ADDRESS_REUSE, 1,
+                              MHD_OPTION_END);
     freeaddrinfo(ai);
-    if (!srv->mhd)
+    if (!h->mhd) {
+        exl_http_stop(h);
         return exl_fail(EXL_ERR_IO, "server: cannot listen on %s port %d (in use, or not an address here?)",
-                        srv->host, (int)srv->params.port);
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    srv->port = di && di->port ? di->port : srv->params.port;
+                        params->host, (int)params->port);
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = di && di->port ? di->port : params->port;
+    *out = h;
     return EXL_OK;
 }
 
-void exl_http_stop(exl_server *srv) {
-    if (srv->mhd)
-        MHD_stop_daemon(srv->mhd);
-    srv->mhd = NULL;
+int32_t exl_http_port(const exl_http *h) { return h->port; }
+
+void exl_http_stop(exl_http *h) {
+    if (!h)
+        return;
+    if (h->mhd)
+        MHD_stop_daemon(h->mhd);
+    exl_free(h->host);
+    exl_free(h);
 }

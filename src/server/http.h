@@ -1,11 +1,11 @@
-/* http.h - what the routes see of an HTTP exchange, free of libmicrohttpd types: the
- * request (method, path, the Authorization header, the body) and the reply they fill
- * (a JSON body with a status, or a stream read chunk by chunk, for SSE). */
+/* http.h - the server's HTTP layer, free of libmicrohttpd types and of the routes: a daemon
+ * (a thread per connection) hands every request (method, path, the Authorization header, the
+ * body) to a handler, a function pointer with its user data, which fills the reply (a JSON body
+ * with a status, or a stream read chunk by chunk, for SSE). */
 #ifndef EXL_SERVER_HTTP_H
 #define EXL_SERVER_HTTP_H
 
-#include "server/openai_request.h"
-#include "server/server_internal.h"
+#include "exl.h"
 
 #include <stddef.h>
 #include <sys/types.h>
@@ -16,6 +16,7 @@ typedef struct exl_http_request {
     const char *authorization; /* NULL when absent */
     const char *body;          /* NUL-terminated */
     size_t body_len;
+    int too_large;             /* the body outgrew max_body: it was dropped (body is "") */
     int fd;                    /* the client's socket (to notice it leaving), -1 if unknown */
 } exl_http_request;
 
@@ -34,20 +35,31 @@ typedef struct exl_http_reply {
     void *ctx;
 } exl_http_reply;
 
-/* Start / stop the daemon on srv->params host and port (srv->port gets the bound port). */
-exl_status exl_http_start(exl_server *srv);
-void exl_http_stop(exl_server *srv);
+/* Answer one request; called on the connection's thread, so it may block (a completion waits
+ * for its tokens). */
+typedef void (*exl_http_handler)(void *user, const exl_http_request *req, exl_http_reply *reply);
+
+typedef struct exl_http_params {
+    const char *host;        /* address to bind */
+    int32_t port;            /* 0 = any free port (see exl_http_port) */
+    int64_t max_body;        /* larger bodies reach the handler as too_large */
+    int32_t max_connections;
+    int32_t timeout_s;       /* idle connection timeout */
+    exl_http_handler handler;
+    void *user;
+    /* one line per finished request and per libmicrohttpd message; may be NULL */
+    void (*log)(void *ctx, const char *line);
+    void *log_ctx;
+} exl_http_params;
+
+typedef struct exl_http exl_http;
+
+exl_status exl_http_start(const exl_http_params *params, exl_http **out);
+/* The port actually bound. */
+int32_t exl_http_port(const exl_http *http);
+/* Stop listening, wait for the connections' threads (their handlers must return), free all. */
+void exl_http_stop(exl_http *http);
 /* Whether the peer has closed its end (a pending read would see end-of-file or an error). */
 int exl_http_peer_gone(int fd);
-
-/* routes.c: answer one request. */
-void exl_route(exl_server *srv, const exl_http_request *req, exl_http_reply *reply);
-/* Fill reply with an OpenAI-shaped error. */
-void exl_reply_error(exl_http_reply *reply, const exl_oai_error *err);
-/* Fill reply with a 200 JSON body (json is taken over; NULL means out of memory: 500). */
-void exl_reply_json(exl_http_reply *reply, int status, char *json);
-
-/* completions.c: POST /v1/completions and /v1/chat/completions. */
-void exl_completions(exl_server *srv, exl_oai_kind kind, const exl_http_request *req, exl_http_reply *reply);
 
 #endif

@@ -7,7 +7,7 @@
 
 #include "base/alloc.h"
 #include "base/str.h"
-#include "tokenizer/tokenizer.h"
+#include "base/utf8.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -244,7 +244,8 @@ static int parse_sampling(exl_oai_request *r, exl_oai_error *err) {
     int rc;
     if ((rc = opt_number(root, "temperature", 0, 2, &v, err)) < 0)
         return -1;
-    s->temperature = rc ? (float)v : 1.0f;
+    if (rc)
+        s->temperature = (float)v;
     if ((rc = opt_number(root, "top_p", 0, 1, &v, err)) < 0)
         return -1;
     if (rc && v == 0)

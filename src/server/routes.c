@@ -1,6 +1,6 @@
-/* routes.c - dispatch by path and method (404 / 405), the API key (401), and the small
- * routes: GET /health, GET /v1/models, GET /v1/models/{id}. */
-#include "server/http.h"
+/* routes.c - dispatch by body size (413), path and method (404 / 405), the API key (401),
+ * and the small routes: GET /health, GET /v1/models, GET /v1/models/{id}. */
+#include "server/routes.h"
 
 #include "base/alloc.h"
 
@@ -97,8 +97,16 @@ static int authorized(const exl_server *srv, const char *header) {
     return diff == 0;
 }
 
-void exl_route(exl_server *srv, const exl_http_request *req, exl_http_reply *reply) {
-    const char *p = req->path, *allow;
+void exl_route(void *server, const exl_http_request *req, exl_http_reply *reply) {
+    exl_server *srv = server;
+    const char *p = req->path, *allow = NULL;
+    exl_oai_error err;
+    if (req->too_large) {
+        exl_oai_fail(&err, 413, "invalid_request_error", NULL, "request_too_large",
+                     "the request body is larger than %lld bytes", (long long)srv->params.max_body);
+        exl_reply_error(reply, &err);
+        return;
+    }
     int kind = -1; /* 0 health, 1 models, 2 one model, 3 completions, 4 chat */
     if (!strcmp(p, "/health"))
         kind = 0, allow = "GET";
@@ -110,7 +118,6 @@ void exl_route(exl_server *srv, const exl_http_request *req, exl_http_reply *rep
         kind = 3, allow = "POST";
     else if (!strcmp(p, "/v1/chat/completions"))
         kind = 4, allow = "POST";
-    exl_oai_error err;
     if (kind < 0) {
         exl_oai_fail(&err, 404, "invalid_request_error", NULL, "unknown_url", "Unknown request URL: %s %.200s",
                      req->method, p);

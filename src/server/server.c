@@ -1,12 +1,11 @@
 /* server.c - exl_server_start / _stop: load the model and tokenizer, size the generator
- * for max_jobs sequences of ctx tokens, start the engine thread and the HTTP daemon. */
-#include "server/http.h"
+ * for max_jobs sequences of ctx tokens, start the engine thread and the HTTP daemon with
+ * the routes as its handler. */
+#include "server/routes.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "tokenizer/tokenizer.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -23,17 +22,6 @@ exl_server_params exl_server_default_params(void) {
                                .max_body = 4 << 20,
                                .max_connections = 256,
                                .timeout_s = 60};
-}
-
-void exl_server_log(const exl_server *srv, const char *fmt, ...) {
-    if (!srv->params.log)
-        return;
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    srv->params.log(srv->params.log_ctx, line);
 }
 
 static exl_status check_params(const exl_server_params *p) {
@@ -85,8 +73,23 @@ static exl_status load(exl_server *srv) {
                                      : DEFAULT_CTX_CAP;
     if (srv->ctx < 2)
         return exl_fail(EXL_ERR_ARG, "server: ctx must be at least 2 tokens");
-    srv->has_template = exl_tokenizer_chat_template(srv->tok) != NULL;
     return start_engine(srv);
+}
+
+static exl_status listen_http(exl_server *srv) {
+    const exl_server_params *p = &srv->params;
+    exl_http_params hp = {.host = srv->host,
+                          .port = p->port,
+                          .max_body = p->max_body,
+                          .max_connections = p->max_connections,
+                          .timeout_s = p->timeout_s,
+                          .handler = exl_route,
+                          .user = srv,
+                          .log = p->log,
+                          .log_ctx = p->log_ctx};
+    EXL_TRY(exl_http_start(&hp, &srv->http));
+    srv->port = exl_http_port(srv->http);
+    return EXL_OK;
 }
 
 exl_status exl_server_start(const exl_server_params *params, exl_server **out) {
@@ -108,7 +111,7 @@ exl_status exl_server_start(const exl_server_params *params, exl_server **out) {
     if (st == EXL_OK)
         st = load(srv);
     if (st == EXL_OK)
-        st = exl_http_start(srv);
+        st = listen_http(srv);
     if (st != EXL_OK) {
         exl_server_stop(srv);
         return st;
@@ -127,7 +130,7 @@ void exl_server_stop(exl_server *srv) {
     /* waiting requests notice within a poll interval, cancel their jobs and answer;
      * the daemon joins their threads, then the engine steps until no job is left */
     atomic_store(&srv->stopping, 1);
-    exl_http_stop(srv);
+    exl_http_stop(srv->http);
     exl_engine_stop(srv->engine);
     exl_tokenizer_free(srv->tok);
     exl_model_free(srv->model);

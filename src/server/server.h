@@ -1,15 +1,17 @@
 /* server.h - the OpenAI-compatible HTTP server (exl serve): its one entry point.
  *
- * Kept out of exl.h on purpose: only the CLI starts a server, and the HTTP layer is not
- * part of the embeddable library API. exl_server_start loads the model, starts the
- * engine thread (which owns the generator) and the HTTP daemon (libmicrohttpd, a thread
- * per connection); exl_server_stop ends the connections' jobs, stops both and frees all.
+ * A library of its own (exl_server, a layer above libexl that only exl.h reaches into),
+ * kept out of exl.h and libexl on purpose: embedders of libexl do not link libmicrohttpd.
+ * exl_server_start loads the model, starts the engine thread (which owns the generator)
+ * and the HTTP daemon (libmicrohttpd, a thread per connection); exl_server_stop ends the
+ * connections' jobs, stops both and frees all.
  *
  * Routes: POST /v1/completions, POST /v1/chat/completions (SSE when "stream": true),
  * GET /v1/models, GET /v1/models/{id}, GET /health (never needs the API key; reports
- * the generator's jobs and pages). Chat prompts come from the model's chat template
- * (tokenizer_config.json); a model without one gets the ChatML fallback of
- * exl_chat_apply, and its "<|im_end|>" is then also a stop string. */
+ * the generator's jobs and pages). Chat prompts are what exl_chat_encode makes of the
+ * messages (the model's chat template, else ChatML with its stop marker). Sampling fields
+ * a request leaves out take exl_sampling_default(). usage.completion_tokens counts the
+ * stop token that ends a completion (as `exl run` does). */
 #ifndef EXL_SERVER_H
 #define EXL_SERVER_H
 

@@ -131,9 +131,7 @@ static int is_word_cp(int32_t cp) {
 
 /* The code point ending at s[end) (s valid UTF-8, end > 0). */
 static size_t prev_cp(const char *s, size_t end, int32_t *cp) {
-    size_t i = end - 1;
-    while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80)
-        i--;
+    size_t i = exl_utf8_prev(s, end);
     exl_utf8_decode(s + i, cp);
     return i;
 }

@@ -1,4 +1,5 @@
-/* chat.c - chat templates on top of the Jinja interpreter, and exl_chat_apply. */
+/* chat.c - chat templates on top of the Jinja interpreter; exl_chat_apply renders a
+ * conversation, exl_chat_encode makes it a prompt (BOS and the fallback's stop marker). */
 #include "tokenizer/chat.h"
 
 #include "base/alloc.h"
@@ -9,9 +10,12 @@
 #include <cjson/cJSON.h>
 #include <string.h>
 
+/* the end of a turn in ChatML, the fallback template */
+#define CHATML_END "<|im_end|>"
+
 const char exl_chat_fallback_template[] =
     "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '" CHATML_END "\\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
@@ -112,4 +116,56 @@ exl_status exl_chat_apply(const exl_tokenizer *tok, const exl_chat_message *mess
     exl_status st = exl_chat_template_render(ct, messages, n_messages, add_generation_prompt, tools_json, text);
     exl_chat_template_free(ct);
     return st;
+}
+
+/* The fallback's end marker as a token id, when the vocabulary has it as one token. */
+static exl_status chatml_end_id(const exl_tokenizer *tok, int32_t *id) {
+    int32_t *ids, n;
+    *id = -1;
+    EXL_TRY(exl_tokenizer_encode(tok, CHATML_END, strlen(CHATML_END), 0, &ids, &n));
+    if (n == 1)
+        *id = ids[0];
+    exl_ids_free(ids);
+    return EXL_OK;
+}
+
+exl_status exl_chat_encode(const exl_tokenizer *tok, const exl_chat_message *messages, int32_t n_messages,
+                           int add_generation_prompt, const char *tools_json, exl_chat_prompt *out) {
+    if (!out)
+        return exl_fail(EXL_ERR_ARG, "exl_chat_encode: out must not be NULL");
+    *out = (exl_chat_prompt){.stop_id = -1};
+    char *text;
+    EXL_TRY(exl_chat_apply(tok, messages, n_messages, add_generation_prompt, tools_json, &text));
+    int32_t *ids, n;
+    exl_status st = exl_tokenizer_encode(tok, text, strlen(text), 0, &ids, &n);
+    exl_string_free(text);
+    if (st != EXL_OK)
+        return st;
+    int32_t bos = exl_tokenizer_bos_id(tok);
+    int add_bos = bos >= 0 && (n == 0 || ids[0] != bos);
+    out->ids = exl_malloc((size_t)(n + add_bos + 1) * sizeof *out->ids);
+    if (!out->ids) {
+        exl_ids_free(ids);
+        return exl_fail(EXL_ERR_NOMEM, "chat prompt: out of memory");
+    }
+    if (add_bos)
+        out->ids[0] = bos;
+    if (n)
+        memcpy(out->ids + add_bos, ids, (size_t)n * sizeof *ids);
+    out->n_ids = n + add_bos;
+    exl_ids_free(ids);
+    if (!exl_tokenizer_chat_template(tok)) {
+        out->stop_string = CHATML_END;
+        st = chatml_end_id(tok, &out->stop_id);
+    }
+    if (st != EXL_OK)
+        exl_chat_prompt_free(out);
+    return st;
+}
+
+void exl_chat_prompt_free(exl_chat_prompt *prompt) {
+    if (!prompt)
+        return;
+    exl_free(prompt->ids);
+    *prompt = (exl_chat_prompt){.stop_id = -1};
 }

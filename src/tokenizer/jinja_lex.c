@@ -11,6 +11,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -88,29 +89,6 @@ static int hex_val(char c) {
     return -1;
 }
 
-static size_t utf8_put(char *out, uint32_t cp) {
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* A quoted string at *pos with Python escapes (\n \t \xhh \uXXXX \UXXXXXXXX octal ...). */
 static exl_status lex_string(lexer *lx, size_t *pos) {
     size_t start = *pos, i = start + 1;
@@ -143,7 +121,7 @@ static exl_status lex_string(lexer *lx, size_t *pos) {
             while (k < 3 && j < i && lx->s[j] >= '0' && lx->s[j] <= '7')
                 v = v * 8 + (uint32_t)(lx->s[j++] - '0'), k++;
             j--;
-            o += utf8_put(buf + o, v);
+            o += (size_t)exl_utf8_encode((int32_t)v, buf + o);
         } else if (e == 'x' || e == 'u' || e == 'U') {
             int digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
             uint32_t v = 0;
@@ -160,7 +138,7 @@ static exl_status lex_string(lexer *lx, size_t *pos) {
                 exl_free(buf);
                 return lex_fail(lx, j, "escape is not a Unicode scalar value");
             }
-            o += utf8_put(buf + o, v);
+            o += (size_t)exl_utf8_encode((int32_t)v, buf + o);
         } else {
             buf[o++] = '\\';
             buf[o++] = e;

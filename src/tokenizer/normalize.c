@@ -71,9 +71,7 @@ static exl_status strip(const char *s, size_t n, int left, int right, exl_str *o
         a += (size_t)l;
     }
     while (right && b > a) {
-        size_t p = b - 1;
-        while (p > a && ((unsigned char)s[p] & 0xC0) == 0x80)
-            p--;
+        size_t p = exl_utf8_prev(s, b);
         int32_t cp;
         exl_utf8_decode(s + p, &cp);
         if (!exl_unicode_is_space(cp))

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "base/str.h"
+#include "base/utf8.h"
 #include "exl.h"
 
 /* ---------------------------------------------------------------- arena + maps */
@@ -68,24 +69,6 @@ void exl_pairmap_free(exl_pairmap *m);
 int exl_pairmap_put(exl_pairmap *m, int32_t a, int32_t b, uint32_t rank, int32_t id);
 /* Returns the slot or NULL. */
 const exl_pairmap_slot *exl_pairmap_get(const exl_pairmap *m, int32_t a, int32_t b);
-
-/* ---------------------------------------------------------------- UTF-8 */
-
-/* Length of the UTF-8 sequence starting at s (1 for an invalid byte). */
-int exl_utf8_len(unsigned char c);
-/* Decode one code point of valid UTF-8; returns its byte length. */
-int exl_utf8_decode(const char *s, int32_t *cp);
-int exl_utf8_encode(int32_t cp, char *out);
-/* Is s[0..n) valid UTF-8 (no surrogates, no overlongs)? */
-int exl_utf8_valid(const char *s, size_t n);
-/* Length of the longest prefix of s[0..n) that ends on a character boundary, treating a
- * trailing incomplete (but so far valid) sequence as not yet complete. */
-size_t exl_utf8_complete_prefix(const char *s, size_t n);
-/* Append s[0..n) with every maximal invalid subsequence replaced by U+FFFD (as Rust's
- * String::from_utf8_lossy does). */
-int exl_utf8_append_lossy(exl_str *out, const char *s, size_t n);
-/* Unicode White_Space, as Oniguruma's \s and Rust's char::is_whitespace. */
-int exl_unicode_is_space(int32_t cp);
 
 /* ---------------------------------------------------------------- pipeline pieces */
 

@@ -4,7 +4,8 @@
 Usage: test_openai.py EXL_BINARY SHARED_DIR
 
 Starts the server on a free loopback port with the TinyStories model and an API key,
-then checks: completions and chat, plain and streamed, against `exl run --greedy`;
+then checks: completions and chat, plain and streamed, against `exl run --greedy`; the
+sampling defaults and token counts against `exl run`;
 prompt lists, n, seeds, stop strings, logprobs, logit_bias; every error case with its
 status and OpenAI-shaped error object (raw HTTP for the malformed ones); clients that
 leave early have their jobs cancelled and pages released; 32 concurrent streaming
@@ -103,13 +104,14 @@ def check_error(status, body, want_status, param=None):
 _REF = {}
 
 
-def reference(prompt, n):
-    """What `exl run --greedy` makes of the prompt."""
-    if (prompt, n) not in _REF:
-        out = subprocess.run([EXL, "run", "-m", MODEL_DIR, "-p", prompt, "-n", str(n), "--greedy", "--json",
-                              "-t", "1"], check=True, capture_output=True, text=True).stdout
-        _REF[(prompt, n)] = json.loads(out.strip().splitlines()[-1])
-    return _REF[(prompt, n)]
+def reference(prompt, n, *sampling):
+    """What `exl run` makes of the prompt: greedy unless sampling options are given."""
+    key = (prompt, n, sampling)
+    if key not in _REF:
+        out = subprocess.run([EXL, "run", "-m", MODEL_DIR, "-p", prompt, "-n", str(n), "--json", "-t", "1",
+                              *(sampling or ["--greedy"])], check=True, capture_output=True, text=True).stdout
+        _REF[key] = json.loads(out.strip().splitlines()[-1])
+    return _REF[key]
 
 
 def health():
@@ -149,6 +151,20 @@ def completion_greedy_matches_exl_run():
         assert r.usage.completion_tokens == len(ref["tokens"]) and r.usage.prompt_tokens > 0
         assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
         assert r.object == "text_completion" and r.id.startswith("cmpl-") and r.model == MODEL
+
+
+@test
+def defaults_and_counts_match_exl_run():
+    """One set of sampling defaults (exl_sampling_default) and one counting rule: a request that sets
+    nothing but the seed samples as `exl run --seed` does, and a completion that ends on the
+    end-of-sequence token counts it in usage.completion_tokens as exl run lists it in its tokens."""
+    r = client().completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=32, seed=7)
+    ref = reference(PROMPTS[1], 32, "--seed", "7")
+    assert r.choices[0].text == ref["text"], (r.choices[0].text, ref["text"])
+    r = client().completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=300, temperature=0)
+    ref = reference(PROMPTS[0], 300)
+    assert ref["finish_reason"] == r.choices[0].finish_reason == "stop" and ref["tokens"][-1] == 2, ref
+    assert r.choices[0].text == ref["text"] and r.usage.completion_tokens == len(ref["tokens"]), r.usage
 
 
 @test

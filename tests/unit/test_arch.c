@@ -138,7 +138,7 @@ EXL_TEST(gemma3_decode_past_the_window) {
 
 static const char *mixtral_to_qwen2_moe(const char *name, char *buf, size_t size) {
     static const char *const from[] = {".w1.", ".w3.", ".w2."}, *const to[] = {".gate_proj.", ".up_proj.",
-                                                                                 ".down_proj."};
+                                                                               ".down_proj."};
     const char *moe = strstr(name, "block_sparse_moe.");
     if (!moe)
         return name;
@@ -178,10 +178,11 @@ EXL_TEST(qwen2_moe_is_mixtral_with_a_silent_shared_expert) {
     for (int l = 0; l < 2; l++) {
         static const char *const parts[] = {"shared_expert.gate_proj", "shared_expert.up_proj",
                                             "shared_expert.down_proj", "shared_expert_gate"};
+        const int64_t rows[4] = {ffn, ffn, hid, 1}, cols[4] = {hid, hid, ffn, hid};
+        const uint16_t *data[4] = {gate, up, down, sgate};
         for (int j = 0; j < 4; j++) {
             snprintf(names[l][j], sizeof names[l][j], "model.layers.%d.mlp.%s.weight", l, parts[j]);
-            extra[4 * l + j] = (extra_tensor){names[l][j], j == 3 ? 1 : j == 2 ? hid : ffn, j == 2 ? ffn : hid,
-                                              j == 0 ? gate : j == 1 ? up : j == 2 ? down : sgate};
+            extra[4 * l + j] = (extra_tensor){names[l][j], rows[j], cols[j], data[j]};
         }
     }
     char dir[1024];
@@ -195,8 +196,8 @@ EXL_TEST(qwen2_moe_is_mixtral_with_a_silent_shared_expert) {
     exl_model_params p = exl_model_default_params();
     p.device = EXL_DEVICE_CPU;
     int mism, npos;
-    double e = ref_compare_model(dir, exl_test_shared("reference/rand-mixtral.logits.safetensors"), "logits", &p,
-                                 &mism, &npos);
+    double e = ref_compare_model(dir, exl_test_shared("reference/rand-mixtral.logits.safetensors"), "logits", &p, &mism,
+                                 &npos);
     printf("    qwen2_moe (mixtral's weights) %d positions  max rel err %.2e\n", npos, e);
     CHECK_MSG(e >= 0 && e <= TOL && npos > 0, "max relative error %.3e", e);
 }

@@ -1,6 +1,7 @@
 /* test_chat.c - chat templates against the transformers renderings in
- * ../shared/reference/tokenizers/<name>.json (`chat` entries), through exl_chat_apply
- * on the real model directories, plus the fallback template, tools and template errors. */
+ * ../shared/reference/tokenizers/<name>.json (`chat` entries: text and ids), through
+ * exl_chat_apply and exl_chat_encode on the real model directories, plus the fallback
+ * template (BOS, its stop marker), tools and template errors. */
 #include "test.h"
 
 #include "base/alloc.h"
@@ -8,6 +9,7 @@
 #include "tokenizer/chat.h"
 
 #include <string.h>
+#include <unistd.h>
 
 static const char *const NAMES[] = {"llama3", "mistral-7b-instruct-v0.3", "qwen3"};
 
@@ -50,6 +52,16 @@ static int check_reference(const char *name, int *total) {
             CHECK_MSG(0, "%s (%d messages, generation prompt %d):\n      got  %s\n      want %s", name, n, agp,
                       got ? got : exl_last_error(), want);
         exl_string_free(got);
+        /* the prompt: transformers' apply_chat_template(tokenize=True), and no stop of its own */
+        exl_chat_prompt p;
+        const cJSON *want_ids = cJSON_GetObjectItem(c, "ids");
+        st = exl_chat_encode(tok, m, n, agp, NULL, &p);
+        int same = st == EXL_OK && p.n_ids == cJSON_GetArraySize(want_ids) && !p.stop_string && p.stop_id == -1;
+        for (int32_t i = 0; same && i < p.n_ids; i++)
+            same = p.ids[i] == cJSON_GetArrayItem(want_ids, i)->valueint;
+        CHECK_MSG(same, "%s (%d messages): exl_chat_encode differs (%d ids, want %d): %s", name, n, (int)p.n_ids,
+                  cJSON_GetArraySize(want_ids), st == EXL_OK ? "" : exl_last_error());
+        exl_chat_prompt_free(&p);
     }
     exl_tokenizer_free(tok);
     cJSON_Delete(ref);
@@ -137,4 +149,44 @@ EXL_TEST(bad_templates_and_arguments) {
     CHECK(exl_chat_template_render(ct, m, 1, 0, NULL, &out) == EXL_ERR_ARG && !out);
     CHECK(exl_chat_template_render(ct, NULL, -1, 0, NULL, &out) == EXL_ERR_ARG);
     exl_chat_template_free(ct);
+}
+
+/* No template: ChatML, the tokenizer's BOS first, and "<|im_end|>" to stop on (as text: the
+ * TinyStories vocabulary has no such token). */
+EXL_TEST(encode_fallback_adds_bos_and_stop_string) {
+    exl_tokenizer *tok;
+    REQUIRE_OK(exl_tokenizer_load(exl_test_shared("models/tinystories-656k"), &tok));
+    exl_chat_message m[] = {{"user", "Hi"}};
+    exl_chat_prompt p;
+    REQUIRE_OK(exl_chat_encode(tok, m, 1, 1, NULL, &p));
+    int32_t *ids, n;
+    const char *text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+    REQUIRE_OK(exl_tokenizer_encode(tok, text, strlen(text), 0, &ids, &n));
+    CHECK(exl_tokenizer_bos_id(tok) >= 0 && p.n_ids == n + 1 && p.ids[0] == exl_tokenizer_bos_id(tok));
+    CHECK(p.n_ids == n + 1 && !memcmp(p.ids + 1, ids, (size_t)n * sizeof *ids));
+    CHECK(p.stop_string && !strcmp(p.stop_string, "<|im_end|>") && p.stop_id == -1);
+    exl_ids_free(ids);
+    exl_chat_prompt_free(&p);
+    CHECK(!p.ids && p.stop_id == -1);
+    CHECK(exl_chat_encode(tok, NULL, -1, 1, NULL, &p) == EXL_ERR_ARG && !p.ids);
+    exl_tokenizer_free(tok);
+}
+
+/* No template, but "<|im_end|>" is a special token of the vocabulary (Qwen3's tokenizer without
+ * its tokenizer_config.json): it never shows in the text, so its id is the stop. */
+EXL_TEST(encode_fallback_stops_on_marker_token) {
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s", exl_test_tmpdir());
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    REQUIRE(symlink(exl_test_shared("tokenizers/qwen3/tokenizer.json"), path) == 0);
+    exl_tokenizer *tok;
+    REQUIRE_OK(exl_tokenizer_load(dir, &tok));
+    exl_chat_message m[] = {{"user", "Hi"}};
+    exl_chat_prompt p;
+    REQUIRE_OK(exl_chat_encode(tok, m, 1, 1, NULL, &p));
+    CHECK(p.stop_id >= 0 && exl_tokenizer_is_special(tok, p.stop_id));
+    CHECK(p.stop_id >= 0 && !strcmp(exl_tokenizer_token_text(tok, p.stop_id), "<|im_end|>"));
+    CHECK(p.n_ids > 0 && p.ids[0] != p.stop_id);
+    exl_chat_prompt_free(&p);
+    exl_tokenizer_free(tok);
 }

@@ -73,7 +73,7 @@ typedef struct exl_cuda_backend {
     int64_t argmax_issued, argmax_marked; /* tickets handed out; of those, with their event recorded */
     /* steps (cuda_graph.cu): graph_run compiles a step's graph into a plan; the plan of the last decode
      * step is kept with its CUDA graph, which is replayed while the steps' graphs stay the same */
-    int step_state;         /* idle, replay, capture, direct */
+    int step_state;         /* idle, replay (a cached step matched), capture */
     int graphs_off;         /* EXL_CUDA_GRAPHS=0, or after a graph API failure */
     exl_cuda_plan *cached;  /* the step the CUDA graph exec holds */
     exl_cuda_plan *direct;  /* steps run launch by launch (prompts) */
@@ -289,8 +289,8 @@ void exl_cuda_run_glu(exl_backend *be, float *gate, const float *up, int32_t row
 void exl_cuda_run_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
                               int32_t width);
-void exl_cuda_run_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width,
-                            int32_t x_width, int32_t col);
+void exl_cuda_run_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
+                            int32_t col);
 void exl_cuda_run_softcap(exl_backend *be, float *x, int64_t n, float cap);
 void exl_cuda_run_row_gate(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width);
 /* mixture of experts (cuda_moe.cu); moe_experts waits for the routes on the host, so a step with it is never

@@ -164,8 +164,8 @@ __global__ void copy_cols_kernel(float *out, const float *x, int32_t width, int3
         out[(int64_t)r * width + i] = x[(int64_t)r * x_width + col + i];
 }
 
-void exl_cuda_run_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width,
-                            int32_t x_width, int32_t col) {
+void exl_cuda_run_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
+                            int32_t col) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (rows < 1 || width < 1)
         return;

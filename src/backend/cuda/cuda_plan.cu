@@ -102,9 +102,7 @@ static exl_node canonical(const exl_node *n) {
         o.out = a.out, o.x = a.x, o.rows = a.rows, o.width = a.width, o.x_width = a.x_width, o.col = a.col;
         break;
     }
-    case EXL_OP_SOFTCAP:
-        c.softcap.x = n->softcap.x, c.softcap.n = n->softcap.n, c.softcap.cap = n->softcap.cap;
-        break;
+    case EXL_OP_SOFTCAP: c.softcap.x = n->softcap.x, c.softcap.n = n->softcap.n, c.softcap.cap = n->softcap.cap; break;
     case EXL_OP_ROW_GATE: {
         const exl_row_gate_node &a = n->row_gate;
         exl_row_gate_node &o = c.row_gate;

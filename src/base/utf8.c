@@ -1,6 +1,6 @@
-/* tok_utf8.c - UTF-8 helpers for the tokenizer: validation, decoding, lossy repair
- * (Rust's from_utf8_lossy rules) and the White_Space property. */
-#include "tokenizer.h"
+/* utf8.c - UTF-8 helpers (see utf8.h): validation, decoding, lossy repair (Rust's
+ * from_utf8_lossy rules) and the White_Space property. */
+#include "base/utf8.h"
 
 int exl_utf8_len(unsigned char c) {
     if (c < 0x80)
@@ -105,6 +105,13 @@ size_t exl_utf8_complete_prefix(const char *s, size_t n) {
             return i;
     }
     return n;
+}
+
+size_t exl_utf8_prev(const char *s, size_t end) {
+    size_t i = end - 1;
+    while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80)
+        i--;
+    return i;
 }
 
 int exl_utf8_append_lossy(exl_str *out, const char *s, size_t n) {
