@@ -8,9 +8,25 @@
 #include "model/model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- setup */
+
+void exl_lrun_gap(const exl_hf_config *c, char *gap, size_t size) {
+    static const exl_arch runs[] = {EXL_ARCH_LLAMA, EXL_ARCH_MISTRAL, EXL_ARCH_QWEN2, EXL_ARCH_GEMMA};
+    int known = 0;
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
+        known |= c->arch == runs[i];
+    gap[0] = 0;
+    if (!known)
+        snprintf(gap, size, "%s models", exl_arch_name(c->arch));
+    else if (c->rope.type == EXL_ROPE_LONGROPE)
+        snprintf(gap, size, "longrope rotary embeddings");
+    for (int32_t i = 1; !gap[0] && i < c->n_layers; i++)
+        if (c->layers[i].sliding_window != c->layers[0].sliding_window)
+            snprintf(gap, size, "attention windows that differ between layers");
+}
 
 /* Floats of attention scratch per thread: one sequence's values transposed [head_dim,
  * seq_len] and the probabilities of a block of queries [EXL_CPU_MAX_NR, seq_len]. */
@@ -36,7 +52,8 @@ exl_status exl_lrun_init(exl_lrun *r, const exl_hf_config *cfg, exl_pool *pool, 
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     }
     float inv_freq[512], factor = 1.0f;
-    exl_rope_frequencies(cfg, r->rot_dim, seq_len > cfg->max_pos ? seq_len : cfg->max_pos, inv_freq, &factor);
+    exl_rope_frequencies(cfg, &cfg->rope, r->rot_dim, seq_len > cfg->max_pos ? seq_len : cfg->max_pos, inv_freq,
+                         &factor);
     for (int32_t p = 0; p < seq_len; p++)
         for (int32_t i = 0; i < half; i++) {
             float a = (float)p * inv_freq[i];

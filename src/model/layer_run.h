@@ -30,6 +30,10 @@ typedef struct exl_lrun {
     exl_backend *accel; /* host_gemm for the big matmuls, or NULL (the CPU); set after init, not owned */
 } exl_lrun;
 
+/* What these pieces cannot run of a config ("qwen3 models", "longrope rotary embeddings", ...), written to gap;
+ * empty when they run it: Llama-style layers (Llama, Mistral, Qwen2, Gemma) with one window for all layers and a
+ * rope whose frequencies depend on the sequence length at most as dynamic scaling does. */
+void exl_lrun_gap(const exl_hf_config *c, char *gap, size_t size);
 exl_status exl_lrun_init(exl_lrun *r, const exl_hf_config *cfg, exl_pool *pool, int32_t n_seqs, int32_t seq_len);
 void exl_lrun_free(exl_lrun *r);
 static inline int64_t exl_lrun_rows(const exl_lrun *r) { return (int64_t)r->n_seqs * r->seq_len; }

@@ -546,7 +546,7 @@ static exl_status setup(qz *q) {
         return exl_fail(EXL_ERR_UNSUPPORTED, "%s is already quantized (%s); give an unquantized model", p->in_dir,
                         q->cfg.quant.method);
     char gap[96];
-    exl_model_forward_gap(&q->cfg, gap, sizeof gap);
+    exl_lrun_gap(&q->cfg, gap, sizeof gap);
     if (gap[0])
         return exl_fail(EXL_ERR_UNSUPPORTED,
                         "%s: a %s model: quantizing needs its forward pass, which exl lacks for %s", p->in_dir,

@@ -2,7 +2,8 @@
  *
  * Cache layout: slot s (= page * page_size + offset) holds n_kv_heads * head_dim fp32
  * values. Attention uses an online softmax over chunks of keys, so no score buffer
- * is allocated whatever the context length. */
+ * is allocated whatever the context length; keys outside the layer's sliding window are skipped, scores
+ * soft-capped where the layer asks. */
 #include "backend/cpu/cpu.h"
 
 #include <math.h>
@@ -57,6 +58,8 @@ static void attend_one(const attn_job *j, const exl_attn_seq *seq, int32_t row, 
             float d;
             j->be->k->dot_f32(q, 0, 1, k, hd, &d);
             sc[i] = d * s->scale;
+            if (s->softcap > 0)
+                sc[i] = s->softcap * tanhf(sc[i] / s->softcap);
             if (sc[i] > cm)
                 cm = sc[i];
         }
