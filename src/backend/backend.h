@@ -20,7 +20,7 @@
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 11
+#define EXL_BACKEND_ABI 12
 
 typedef struct exl_backend exl_backend;
 
@@ -69,6 +69,18 @@ typedef struct exl_backend_ops {
     /* out[i] = x[idx[i]] for rows of width */
     void (*gather_rows)(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
                         int32_t width);
+    /* out[r] = x[r, col .. col + width - 1] for rows of x_width */
+    void (*copy_cols)(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
+                      int32_t col);
+    /* x = cap * tanh(x / cap) over n values */
+    void (*softcap)(exl_backend *be, float *x, int64_t n, float cap);
+    /* x[r] *= sigmoid(g[r]) over rows of width */
+    void (*row_gate)(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width);
+    /* the experts of each row and their weights (graph.h: moe_route) */
+    void (*moe_route)(exl_backend *be, const exl_moe_route_node *n);
+    /* the chosen experts' outputs, weighted, added to out (graph.h: moe_experts); a backend whose matmuls need
+     * the row counts on the host may wait for the routes here */
+    void (*moe_experts)(exl_backend *be, const exl_moe_experts_node *n);
 
     /* Optional: run a step's graph (graph.h), compiled as the backend sees fit; NULL: the generic executor
      * (exl_graph_exec) runs it through the ops above. Failures of the ops themselves surface as the ops'

@@ -99,18 +99,28 @@ static void layer_linears(const qz *q, int32_t l, exl_linear **w) {
     memcpy(w, all, sizeof all);
 }
 
-/* Layer l with block k (0 attention, 1 MLP) alone, its linears w (LIN_ order). */
+/* Layer l with block k (0 attention, 1 MLP) alone (the other's input norm NULL), its linears w (LIN_ order); the
+ * layer's other weights (norms of heads, post-norms) its own. */
 static exl_layer block_layer(const qz *q, int32_t l, int k, exl_linear *const *w) {
-    const exl_layer *ml = &q->m->layers[l];
-    exl_layer b = {0};
-    if (k == 0) {
-        b.attn_norm = ml->attn_norm;
-        b.q = w[LIN_Q], b.k = w[LIN_K], b.v = w[LIN_V], b.o = w[LIN_O];
-    } else {
-        b.mlp_norm = ml->mlp_norm;
-        b.gate = w[LIN_GATE], b.up = w[LIN_UP], b.down = w[LIN_DOWN];
-    }
+    exl_layer b = q->m->layers[l];
+    b.q = w[LIN_Q], b.k = w[LIN_K], b.v = w[LIN_V], b.o = w[LIN_O];
+    b.gate = w[LIN_GATE], b.up = w[LIN_UP], b.down = w[LIN_DOWN];
+    if (k == 0)
+        b.mlp_norm = NULL;
+    else
+        b.attn_norm = NULL;
     return b;
+}
+
+/* What the quantizer cannot take of a model the forward runs (written to gap; empty: none): its blocks are attention
+ * of the four linears q, k, v, o and a dense MLP of gate, up, down. */
+static void quant_gap(const exl_hf_config *c, char *gap, size_t size) {
+    gap[0] = 0;
+    if (c->fused_qkv || c->fused_gate_up)
+        snprintf(gap, size, "fused qkv_proj / gate_up_proj linears");
+    for (int32_t i = 0; !gap[0] && i < c->n_layers; i++)
+        if (c->layers[i].moe)
+            snprintf(gap, size, "mixture-of-experts layers");
 }
 
 static void free_layer(qz *q) {
@@ -578,11 +588,11 @@ static exl_status setup(qz *q) {
         return exl_fail(EXL_ERR_UNSUPPORTED, "%s is already quantized (%s); give an unquantized model", p->in_dir,
                         q->cfg.quant.method);
     char gap[96];
-    exl_model_forward_gap(&q->cfg, gap, sizeof gap);
+    quant_gap(&q->cfg, gap, sizeof gap);
     if (gap[0])
         return exl_fail(EXL_ERR_UNSUPPORTED,
-                        "%s: a %s model: quantizing needs its forward pass, which exl lacks for %s", p->in_dir,
-                        q->cfg.model_type, gap);
+                        "%s: a %s model: the quantizer takes attention of q, k, v, o and MLPs of gate, up, down, not %s",
+                        p->in_dir, q->cfg.model_type, gap);
     if (p->format == EXL_QUANT_EXL2 && (p->head_bits < 2 || p->head_bits > 8 || p->head_bits == 7))
         return exl_fail(EXL_ERR_ARG, "head bits must be 2-6 or 8 (got %d)", p->head_bits);
     if (p->format == EXL_QUANT_GPTQ && p->bits != 2 && p->bits != 3 && p->bits != 4 && p->bits != 8)

@@ -147,8 +147,8 @@ static void check_model(const char *name) {
     REQUIRE_OK(exl_model_embed_step(m, cache, &st, 1));
     for (int32_t l = 0; l < m->cfg.n_layers; l++) {
         exl_layer attn = m->layers[l], mlp = m->layers[l];
-        attn.gate = attn.up = attn.down = NULL;
-        mlp.q = mlp.k = mlp.v = mlp.o = NULL;
+        attn.mlp_norm = NULL;
+        mlp.attn_norm = NULL;
         REQUIRE_OK(exl_model_layer_forward(m, &attn, l, cache, &st, 1, NULL, NULL));
         REQUIRE_OK(exl_model_layer_forward(m, &mlp, l, cache, &st, 1, NULL, NULL));
     }

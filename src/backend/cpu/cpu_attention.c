@@ -2,7 +2,8 @@
  *
  * Cache layout: slot s (= page * page_size + offset) holds n_kv_heads * head_dim fp32
  * values. Attention uses an online softmax over chunks of keys, so no score buffer
- * is allocated whatever the context length. */
+ * is allocated whatever the context length; keys outside the layer's sliding window are skipped, scores
+ * soft-capped where the layer asks. */
 #include "backend/cpu/cpu.h"
 
 #include <math.h>
@@ -58,6 +59,8 @@ static void attend_one(const attn_job *j, const exl_attn_seq *seq, int32_t row, 
             for (int r = 0; r < nr; r++, i++) {
                 vrow[i] = j->v_cache + (slot + r) * kvw + (int64_t)kv_head * hd;
                 sc[i] *= s->scale;
+                if (s->softcap > 0)
+                    sc[i] = s->softcap * tanhf(sc[i] / s->softcap);
                 if (sc[i] > cm)
                     cm = sc[i];
             }
