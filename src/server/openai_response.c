@@ -135,8 +135,11 @@ static int bytelevel_bytes(const char *vocab, exl_str *out) {
 }
 
 /* The bytes a token stands for: a byte-fallback token's byte; a ByteLevel token's bytes when
- * decoding it alone does not give whole characters; else what decoding it alone gives. */
+ * decoding it alone does not give whole characters; else what decoding it alone gives. An id the
+ * model has and the tokenizer does not (a padded vocabulary) stands for nothing. */
 static int token_bytes(const exl_tokenizer *tok, int32_t id, exl_str *out) {
+    if (id >= exl_tokenizer_vocab_size(tok))
+        return exl_str_reserve(out, 0);
     const char *vocab = exl_tokenizer_token_text(tok, id);
     int b = vocab ? byte_token(vocab) : -1;
     if (b >= 0)
