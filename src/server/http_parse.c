@@ -100,19 +100,24 @@ static int decode_path(const char *target, char *out, const char **why) {
     return o ? 0 : fail(why, "empty path", 400);
 }
 
-/* The origin-form path of a target: "/x" as is, "http://host/x" as "/x", "*" for OPTIONS. */
-static const char *path_of(const char *target, const char *method) {
+/* The origin-form path of a target (writable): "/x" as is, "http://host/x" as "/x", "http://host" and
+ * "http://host?q" as "/", "*" for OPTIONS; NULL for anything else. */
+static char *path_of(char *target, const char *method) {
     if (target[0] == '/')
         return target;
     if (!strcmp(target, "*"))
         return strcmp(method, "OPTIONS") ? NULL : target;
-    const char *scheme_end = strncasecmp(target, "http://", 7) == 0 ? target + 7
-                             : strncasecmp(target, "https://", 8) == 0 ? target + 8
-                                                                       : NULL;
-    if (!scheme_end || !*scheme_end || *scheme_end == '/')
+    char *authority = strncasecmp(target, "http://", 7) == 0 ? target + 7
+                      : strncasecmp(target, "https://", 8) == 0 ? target + 8
+                                                                : NULL;
+    if (!authority || !*authority || strchr("/?#", *authority))
         return NULL;
-    const char *slash = strchr(scheme_end, '/');
-    return slash ? slash : "/";
+    char *end = strpbrk(authority, "/?#");
+    if (end && *end == '/')
+        return end;
+    target[0] = '/'; /* no path: the root */
+    target[1] = 0;
+    return target;
 }
 
 static int request_line(char *line, exl_http_head *h, const char **why) {
@@ -134,12 +139,9 @@ static int request_line(char *line, exl_http_head *h, const char **why) {
     if (version[5] != '1')
         return fail(why, "only HTTP/1.0 and HTTP/1.1 are supported", 505);
     h->minor = version[7] - '0';
-    const char *path = path_of(target, h->method);
-    if (!path)
+    if (!(h->path = path_of(target, h->method)))
         return fail(why, "malformed request target", 400);
-    /* decoded in place: it is never longer */
-    h->path = target + (path - target);
-    return decode_path(h->path, h->path, why);
+    return decode_path(h->path, h->path, why); /* in place: it is never longer */
 }
 
 /* ---------------------------------------------------------------- headers */
