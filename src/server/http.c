@@ -137,9 +137,11 @@ static void poke(exl_http *h) {
     (void)n; /* a full counter still wakes the event thread */
 }
 
+/* The event thread empties the list whenever it is poked, so only the first entry needs a poke. */
 static void notify(exl_http_conn *c, int flag) {
     exl_http *h = c->h;
     pthread_mutex_lock(&h->mu);
+    int first = !h->notify_head && !c->in_notify;
     c->pending |= flag;
     if (!c->in_notify) {
         c->in_notify = 1;
@@ -150,7 +152,8 @@ static void notify(exl_http_conn *c, int flag) {
         h->notify_head = c;
     }
     pthread_mutex_unlock(&h->mu);
-    poke(h);
+    if (first)
+        poke(h);
 }
 
 static void notify_unlink(exl_http *h, exl_http_conn *c) {
@@ -234,7 +237,7 @@ void http_unwatch(exl_http_conn *c) {
 }
 
 void http_update_events(exl_http_conn *c) {
-    if (c->gone || c->dead)
+    if (c->gone || c->hung_up || c->dead)
         return;
     uint32_t want = EPOLLRDHUP;
     int pending_out = c->out_pos < c->out.len;
@@ -251,6 +254,12 @@ void http_update_events(exl_http_conn *c) {
         c->events = want;
 }
 
+void http_body_free(exl_http_conn *c) {
+    c->h->body_bytes -= (int64_t)c->body_counted;
+    c->body_counted = 0;
+    exl_str_free(&c->body);
+}
+
 void http_conn_close(exl_http_conn *c) {
     exl_http *h = c->h;
     if (c->dead)
@@ -264,6 +273,7 @@ void http_conn_close(exl_http_conn *c) {
     pthread_mutex_lock(&h->mu);
     notify_unlink(h, c);
     pthread_mutex_unlock(&h->mu);
+    http_body_free(c);
     http_unwatch(c);
     close(c->fd);
     peer_release(h, c->peer);
@@ -285,7 +295,6 @@ static void free_dead(exl_http *h) {
         h->dead = c->dead_next;
         exl_free(c->reply.body);
         exl_str_free(&c->in);
-        exl_str_free(&c->body);
         exl_str_free(&c->out);
         exl_str_free(&c->scratch);
         exl_free(c->head_buf);

@@ -59,7 +59,8 @@ typedef void (*exl_http_handle_fn)(void *user, const exl_http_request *req, exl_
 typedef struct exl_http_params {
     const char *host;               /* address to bind */
     int32_t port;                   /* 0 = any free port (see exl_http_port) */
-    int64_t max_body;               /* larger bodies are refused with 413 */
+    int64_t max_body;               /* larger bodies are refused with 413; the bodies of all requests
+                                       together, with 503 beyond max(256 MiB, 4 x max_body) */
     int32_t max_connections;        /* in all; more are refused with 503 */
     int32_t max_client_connections; /* per client address (429 beyond); 0 = no cap */
     int32_t request_timeout_s;      /* from a request's first byte to its last (408) */

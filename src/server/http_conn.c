@@ -18,6 +18,7 @@
 
 #define READ_CHUNK 16384
 #define LINGER_S 3.0
+#define BODY_BUDGET (256LL << 20) /* request bodies held at once, at least (4 x max_body when more) */
 
 exl_http_conn *http_conn_new(exl_http *h, int fd, http_peer *peer) {
     exl_http_conn *c = exl_calloc(1, sizeof *c);
@@ -204,8 +205,8 @@ void http_conn_run_task(exl_http_conn *c) {
 /* ---------------------------------------------------------------- the end of an exchange */
 
 static void client_gone(exl_http_conn *c, const char *why) {
-    c->gone = 1;
     if (c->busy) { /* closed when its worker is done; meanwhile the socket is not watched */
+        c->hung_up = 1;
         http_unwatch(c);
         return;
     }
@@ -238,11 +239,11 @@ static void request_end(exl_http_conn *c) {
     c->head_buf = NULL;
     c->head = (exl_http_head){0};
     c->req = (exl_http_request){0};
-    exl_str_free(&c->body);
+    http_body_free(c);
     if (c->counted)
         http_busy_add(c, -1);
     c->counted = 0;
-    if (!c->keep_alive || h->quiesced || c->eof) {
+    if (!c->keep_alive || h->quiesced) {
         linger(c);
         return;
     }
@@ -438,6 +439,19 @@ static int head_step(exl_http_conn *c) {
     return start_request(c);
 }
 
+/* Count the body read so far among the bodies held; refuse it (503) when they would outgrow the
+ * budget: max_body bounds one request, this bounds them all. 1 when refused. */
+static int hold_body(exl_http_conn *c) {
+    exl_http *h = c->h;
+    int64_t budget = h->p.max_body * 4 > BODY_BUDGET ? h->p.max_body * 4 : BODY_BUDGET;
+    h->body_bytes += (int64_t)(c->body.len - c->body_counted);
+    c->body_counted = c->body.len;
+    if (h->body_bytes <= budget)
+        return 0;
+    http_conn_fail(c, 503, "server_busy", "too many request bodies are being received at once; try again");
+    return 1;
+}
+
 static int body_step(exl_http_conn *c) {
     exl_http *h = c->h;
     if (c->head.chunked) {
@@ -456,8 +470,10 @@ static int body_step(exl_http_conn *c) {
             http_conn_fail(c, 413, NULL, msg);
             return 0;
         }
-        if (!done)
+        if (!done) {
+            hold_body(c);
             return 0;
+        }
     } else {
         size_t take = c->in.len < (uint64_t)c->body_left ? c->in.len : (size_t)c->body_left;
         if (take && exl_str_append(&c->body, c->in.data, take)) {
@@ -466,9 +482,13 @@ static int body_step(exl_http_conn *c) {
         }
         consume(c, take);
         c->body_left -= (int64_t)take;
-        if (c->body_left)
+        if (c->body_left) {
+            hold_body(c);
             return 0;
+        }
     }
+    if (hold_body(c))
+        return 0;
     c->deadline = 0;
     c->req.body = c->body.data ? c->body.data : "";
     c->req.body_len = c->body.len;
@@ -543,7 +563,7 @@ void http_conn_on_output(exl_http_conn *c) {
 void http_conn_on_notify(exl_http_conn *c, int flags) {
     if (flags & NOTIFY_DONE) {
         c->busy = 0;
-        if (c->gone) {
+        if (c->gone || c->hung_up) {
             client_gone(c, " (client gone)");
             return;
         }

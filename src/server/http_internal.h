@@ -38,8 +38,8 @@ struct exl_http_conn {
     uint32_t events;            /* the epoll interest now set; 0 = not registered */
     double deadline;            /* monotonic seconds, 0 = none */
     double t_first;             /* the request's first byte (0 = none yet) */
-    int eof;                    /* the client closed (or half-closed) its end */
-    int gone;                   /* close as soon as no worker owns the connection */
+    int gone;                   /* its answer was dropped (by the pump, or for want of memory): close it */
+    int hung_up;                /* the client left while a worker owned the connection: close it then */
     int dead;                   /* closed; freed after the current batch of events */
     exl_http_conn *dead_next;
     int ready;                  /* in the ready list: pipelined bytes wait in `in` */
@@ -53,6 +53,7 @@ struct exl_http_conn {
     exl_http_chunked chunk;
     exl_str body;
     int64_t body_left;          /* Content-Length bytes still to come */
+    size_t body_counted;        /* of body.len, what h->body_bytes holds */
     int keep_alive;
     exl_http_request req;
     char request_id[24];
@@ -96,6 +97,7 @@ struct exl_http {
     exl_http_conn *dead;          /* closed, to be freed */
     exl_http_conn *ready;         /* connections with a pipelined request to parse */
     atomic_int n_busy;            /* requests in progress */
+    int64_t body_bytes;           /* request bodies held, all connections (event thread) */
     http_peer **peers;            /* hash buckets */
 
     pthread_mutex_t mu;           /* the notify list */
@@ -121,6 +123,8 @@ void http_dispatch(exl_http_conn *c, enum conn_task task);
 void http_update_events(exl_http_conn *c);
 /* Stop watching its socket. */
 void http_unwatch(exl_http_conn *c);
+/* Forget the connection's body (and its share of the bodies held). */
+void http_body_free(exl_http_conn *c);
 /* Close the connection: free its reply, close its socket (it must not be busy); its memory goes
  * after the current batch of events. */
 void http_conn_close(exl_http_conn *c);
