@@ -491,8 +491,9 @@ exl_status exl_http_start(const exl_http_params *params, exl_http **out) {
     h->peers = exl_calloc(PEER_BUCKETS, sizeof *h->peers);
     h->p.host = h->host;
     h->p.cors_origin = h->cors;
-    exl_status st = !h->host || (params->cors_origin && !h->cors) || !h->peers ? exl_fail(EXL_ERR_NOMEM, "out of memory")
-                                                                              : listen_on(h);
+    exl_status st = !h->host || (params->cors_origin && !h->cors) || !h->peers
+                        ? exl_fail(EXL_ERR_NOMEM, "out of memory")
+                        : listen_on(h);
     if (st == EXL_OK) {
         h->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
         h->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

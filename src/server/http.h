@@ -15,8 +15,8 @@
 #ifndef EXL_SERVER_HTTP_H
 #define EXL_SERVER_HTTP_H
 
-#include "exl.h"
 #include "base/str.h"
+#include "exl.h"
 
 #include <stddef.h>
 
@@ -30,8 +30,8 @@ typedef struct exl_http_request {
     const char *request_id;    /* also sent back as x-request-id */
     const char *body;          /* NUL-terminated; NULL in admit */
     size_t body_len;
-    double received;           /* monotonic seconds (exl_http_now) when the head was complete */
-    exl_http_conn *conn;       /* for exl_http_wake */
+    double received;     /* monotonic seconds (exl_http_now) when the head was complete */
+    exl_http_conn *conn; /* for exl_http_wake */
 } exl_http_request;
 
 /* What a pump returns. */
@@ -40,11 +40,11 @@ typedef struct exl_http_request {
 #define EXL_HTTP_DROP -1 /* close the connection without (more of) an answer */
 
 typedef struct exl_http_reply {
-    int status;           /* 0 while a pending reply has no answer yet */
+    int status;               /* 0 while a pending reply has no answer yet */
     const char *content_type; /* NULL: application/json */
-    char *body;           /* exl_malloc'd, owned by the reply (whole replies) */
+    char *body;               /* exl_malloc'd, owned by the reply (whole replies) */
     size_t body_len;
-    const char *allow;    /* the Allow header of a 405 */
+    const char *allow; /* the Allow header of a 405 */
     /* pending replies: pump may set status/body (whole) or append to out (streamed, status set) */
     int (*pump)(void *ctx, struct exl_http_reply *reply, exl_str *out);
     void (*free)(void *ctx); /* called once, on the event thread, however the exchange ends */

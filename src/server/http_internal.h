@@ -35,45 +35,45 @@ struct exl_http_conn {
     exl_http_conn *prev, *next; /* every connection (event thread) */
     http_peer *peer;
     enum conn_phase phase;
-    uint32_t events;            /* the epoll interest now set; 0 = not registered */
-    double deadline;            /* monotonic seconds, 0 = none */
-    double t_first;             /* the request's first byte (0 = none yet) */
-    int gone;                   /* its answer was dropped (by the pump, or for want of memory): close it */
-    int hung_up;                /* the client left while a worker owned the connection: close it then */
-    int dead;                   /* closed; freed after the current batch of events */
+    uint32_t events; /* the epoll interest now set; 0 = not registered */
+    double deadline; /* monotonic seconds, 0 = none */
+    double t_first;  /* the request's first byte (0 = none yet) */
+    int gone;        /* its answer was dropped (by the pump, or for want of memory): close it */
+    int hung_up;     /* the client left while a worker owned the connection: close it then */
+    int dead;        /* closed; freed after the current batch of events */
     exl_http_conn *dead_next;
-    int ready;                  /* in the ready list: pipelined bytes wait in `in` */
+    int ready; /* in the ready list: pipelined bytes wait in `in` */
     exl_http_conn *ready_next;
-    int counted;                /* counted in n_busy (a request is in progress) */
+    int counted; /* counted in n_busy (a request is in progress) */
 
     /* the request */
-    exl_str in;                 /* received, not yet consumed */
-    char *head_buf;             /* the head, parsed in place */
+    exl_str in;     /* received, not yet consumed */
+    char *head_buf; /* the head, parsed in place */
     exl_http_head head;
     exl_http_chunked chunk;
     exl_str body;
-    int64_t body_left;          /* Content-Length bytes still to come */
-    size_t body_counted;        /* of body.len, what h->body_bytes holds */
+    int64_t body_left;   /* Content-Length bytes still to come */
+    size_t body_counted; /* of body.len, what h->body_bytes holds */
     int keep_alive;
     exl_http_request req;
     char request_id[24];
 
     /* the answer */
     exl_http_reply reply;
-    int reply_live;             /* reply.free is owed */
-    int streaming;              /* the body comes from pump, as it is made */
-    int chunked_out;            /* ... with chunked framing (else close-delimited, HTTP/1.0) */
-    int preflight;              /* a CORS preflight answer */
+    int reply_live;  /* reply.free is owed */
+    int streaming;   /* the body comes from pump, as it is made */
+    int chunked_out; /* ... with chunked framing (else close-delimited, HTTP/1.0) */
+    int preflight;   /* a CORS preflight answer */
     int head_sent, reply_done;
     int status;
-    exl_str out;                /* bytes to write */
+    exl_str out; /* bytes to write */
     size_t out_pos;
-    exl_str scratch;            /* what a pump appends */
+    exl_str scratch; /* what a pump appends */
     uint64_t bytes_out;
     int want_pump;
     int busy;
     enum conn_task task;
-    exl_http_conn *task_next;   /* the worker queue (task_mu) */
+    exl_http_conn *task_next; /* the worker queue (task_mu) */
 
     /* the notify list (mu) */
     exl_http_conn *nprev, *nnext;
@@ -88,22 +88,22 @@ struct exl_http {
     pthread_t io_thread;
     int io_started;
     atomic_int stop, quiesce;
-    int quiesced;                 /* event thread: the listener is closed */
-    double accept_paused_until;   /* out of file descriptors: retry then */
+    int quiesced;               /* event thread: the listener is closed */
+    double accept_paused_until; /* out of file descriptors: retry then */
     double next_sweep;
 
-    exl_http_conn *conns;         /* event thread */
+    exl_http_conn *conns; /* event thread */
     int32_t n_conns;
-    exl_http_conn *dead;          /* closed, to be freed */
-    exl_http_conn *ready;         /* connections with a pipelined request to parse */
-    atomic_int n_busy;            /* requests in progress */
-    int64_t body_bytes;           /* request bodies held, all connections (event thread) */
-    http_peer **peers;            /* hash buckets */
+    exl_http_conn *dead;  /* closed, to be freed */
+    exl_http_conn *ready; /* connections with a pipelined request to parse */
+    atomic_int n_busy;    /* requests in progress */
+    int64_t body_bytes;   /* request bodies held, all connections (event thread) */
+    http_peer **peers;    /* hash buckets */
 
-    pthread_mutex_t mu;           /* the notify list */
+    pthread_mutex_t mu; /* the notify list */
     exl_http_conn *notify_head;
 
-    pthread_mutex_t task_mu;      /* the worker queue */
+    pthread_mutex_t task_mu; /* the worker queue */
     pthread_cond_t task_cv;
     exl_http_conn *task_head, *task_tail;
     int workers_stop;

@@ -26,7 +26,9 @@ long exl_http_head_end(const char *buf, size_t n) {
         if (!p)
             break;
         i = (size_t)(p - buf);
-        size_t end = i + 1 < n && buf[i + 1] == '\n' ? i + 2 : i + 2 < n && buf[i + 1] == '\r' && buf[i + 2] == '\n' ? i + 3 : 0;
+        size_t end = i + 1 < n && buf[i + 1] == '\n'                         ? i + 2
+                     : i + 2 < n && buf[i + 1] == '\r' && buf[i + 2] == '\n' ? i + 3
+                                                                             : 0;
         if (end)
             return end > EXL_HTTP_MAX_HEAD ? -431 : (long)end;
     }
@@ -50,7 +52,10 @@ static int is_token(const char *s) {
 }
 
 static int hex_value(char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
 }
 
 static char *trim(char *s) {
@@ -107,7 +112,7 @@ static char *path_of(char *target, const char *method) {
         return target;
     if (!strcmp(target, "*"))
         return strcmp(method, "OPTIONS") ? NULL : target;
-    char *authority = strncasecmp(target, "http://", 7) == 0 ? target + 7
+    char *authority = strncasecmp(target, "http://", 7) == 0    ? target + 7
                       : strncasecmp(target, "https://", 8) == 0 ? target + 8
                                                                 : NULL;
     if (!authority || !*authority || strchr("/?#", *authority))
@@ -172,7 +177,8 @@ static int transfer_encoding(char *value, exl_http_head *h, head_state *st, cons
     char *rest = value, *e;
     while ((e = next_element(&rest))) {
         if (strcasecmp(e, "chunked"))
-            return fail(why, *e ? "only Transfer-Encoding: chunked is supported" : "malformed Transfer-Encoding", *e ? 501 : 400);
+            return fail(why, *e ? "only Transfer-Encoding: chunked is supported" : "malformed Transfer-Encoding",
+                        *e ? 501 : 400);
         if (h->chunked)
             return fail(why, "chunked given twice in Transfer-Encoding", 400);
         h->chunked = 1;

@@ -12,9 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define EXL_HTTP_MAX_HEAD 16384   /* request line and headers, bytes (431 beyond) */
-#define EXL_HTTP_MAX_LINE 8192    /* the request line (414 beyond) */
-#define EXL_HTTP_MAX_HEADERS 64   /* header lines (431 beyond) */
+#define EXL_HTTP_MAX_HEAD 16384 /* request line and headers, bytes (431 beyond) */
+#define EXL_HTTP_MAX_LINE 8192  /* the request line (414 beyond) */
+#define EXL_HTTP_MAX_HEADERS 64 /* header lines (431 beyond) */
 
 typedef struct exl_http_head {
     const char *method;        /* these point into the buffer given to exl_http_parse_head */
@@ -26,8 +26,8 @@ typedef struct exl_http_head {
     int expect_continue;       /* Expect: 100-continue */
     const char *authorization; /* NULL when absent; the others likewise */
     const char *origin;
-    const char *cors_method;   /* Access-Control-Request-Method (a CORS preflight) */
-    const char *cors_headers;  /* Access-Control-Request-Headers */
+    const char *cors_method;  /* Access-Control-Request-Method (a CORS preflight) */
+    const char *cors_headers; /* Access-Control-Request-Headers */
 } exl_http_head;
 
 /* Length of the head at the start of buf[0..n) through its blank line; 0 when more bytes are needed;
@@ -40,8 +40,8 @@ int exl_http_parse_head(char *buf, size_t n, exl_http_head *head, const char **w
 /* Chunked transfer coding, fed incrementally. */
 typedef struct exl_http_chunked {
     int state;
-    uint64_t left;     /* bytes left in the current chunk */
-    size_t line;       /* bytes of the current size / trailer line */
+    uint64_t left; /* bytes left in the current chunk */
+    size_t line;   /* bytes of the current size / trailer line */
     int digits;
 } exl_http_chunked;
 

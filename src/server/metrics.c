@@ -38,8 +38,8 @@ static int write_histogram(exl_str *out, const char *name, const char *help, con
         else
             rc = exl_str_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n", name, total);
     }
-    return rc || exl_str_printf(out, "%s_sum %.6f\n%s_count %llu\n", name, (double)atomic_load(&h->sum_us) * 1e-6,
-                                name, total);
+    return rc || exl_str_printf(out, "%s_sum %.6f\n%s_count %llu\n", name, (double)atomic_load(&h->sum_us) * 1e-6, name,
+                                total);
 }
 
 static int gauge(exl_str *out, const char *name, const char *type, const char *help, double v) {
@@ -64,8 +64,7 @@ int exl_metrics_write(exl_str *out, const exl_metrics *m, const exl_generator_st
     return rc ||
                    write_histogram(out, "exl_time_to_first_token_seconds",
                                    "From a request's arrival to its first generated token.", &m->ttft) ||
-                   write_histogram(out, "exl_inter_token_seconds", "Between consecutive tokens of one choice.",
-                                   &m->itl)
+                   write_histogram(out, "exl_inter_token_seconds", "Between consecutive tokens of one choice.", &m->itl)
                ? -1
                : 0;
 }

@@ -3,8 +3,8 @@
 #ifndef EXL_SERVER_METRICS_H
 #define EXL_SERVER_METRICS_H
 
-#include "exl.h"
 #include "base/str.h"
+#include "exl.h"
 #include "server/http.h"
 
 #include <stdatomic.h>
@@ -12,16 +12,16 @@
 #define EXL_HIST_BUCKETS 14
 
 typedef struct exl_histogram {
-    const double *bounds;                       /* upper bounds in seconds, ascending; +Inf follows */
+    const double *bounds; /* upper bounds in seconds, ascending; +Inf follows */
     int n_bounds;
     atomic_ullong counts[EXL_HIST_BUCKETS + 1]; /* per bucket (not cumulative); the last is +Inf */
     atomic_ullong sum_us;                       /* microseconds */
 } exl_histogram;
 
 typedef struct exl_metrics {
-    atomic_ullong prompt_tokens;  /* of the requests accepted */
-    exl_histogram ttft;           /* request head received -> its first token */
-    exl_histogram itl;            /* between tokens of one choice */
+    atomic_ullong prompt_tokens; /* of the requests accepted */
+    exl_histogram ttft;          /* request head received -> its first token */
+    exl_histogram itl;           /* between tokens of one choice */
 } exl_metrics;
 
 void exl_metrics_init(exl_metrics *m);

@@ -55,8 +55,15 @@ int exl_json_quote(exl_str *out, const char *s, size_t n) {
         return -1;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        const char *esc = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
-        int rc = esc ? exl_str_puts(out, esc) : c < 0x20 ? exl_str_printf(out, "\\u%04x", c) : exl_str_putc(out, (char)c);
+        const char *esc = c == '"'    ? "\\\""
+                          : c == '\\' ? "\\\\"
+                          : c == '\n' ? "\\n"
+                          : c == '\r' ? "\\r"
+                          : c == '\t' ? "\\t"
+                                      : NULL;
+        int rc = esc        ? exl_str_puts(out, esc)
+                 : c < 0x20 ? exl_str_printf(out, "\\u%04x", c)
+                            : exl_str_putc(out, (char)c);
         if (rc)
             return -1;
     }
@@ -241,7 +248,8 @@ static int add_completion_token(cJSON *lp, const exl_tokenizer *tok, const exl_s
     ok = ok &&
          cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "token_logprobs"),
                               cJSON_CreateNumber(finite_lp(e->logprobs ? e->logprobs[i] : NAN))) &&
-         cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "text_offset"), cJSON_CreateNumber((double)*offset)) &&
+         cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "text_offset"),
+                              cJSON_CreateNumber((double)*offset)) &&
          cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp, "top_logprobs"), tops);
     *offset += bytes.len;
     exl_str_free(&bytes);

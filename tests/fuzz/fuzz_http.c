@@ -2,8 +2,8 @@
  * them before a model is involved: where a head ends, the head itself, the path's decoding, the
  * body (Content-Length, or chunked fed in two pieces), and the route decision (path, method, API
  * key) with its error answer; pipelined requests are followed as the server follows them. */
-#include "fuzz.h"
 #include "base/alloc.h"
+#include "fuzz.h"
 #include "server/http_parse.h"
 #include "server/routes.h"
 
@@ -46,8 +46,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const char *why;
         long taken = -1;
         if (exl_http_parse_head(head, (size_t)end, &h, &why) == 0) {
-            exl_http_request req = {
-                .method = h.method, .path = h.path, .authorization = h.authorization, .request_id = "req-0"};
+            exl_http_request req = {.method = h.method,
+                                    .path = h.path,
+                                    .authorization = h.authorization,
+                                    .request_id = "req-0"};
             exl_http_reply reply = {0};
             exl_route_kind kind;
             exl_route_find(&srv, &req, &kind, &reply);
