@@ -147,6 +147,14 @@ static void server_error(exl_http_reply *r) {
     r->content_type = NULL;
 }
 
+/* Empty a buffer; one that grew large (a long answer) is given back rather than kept for the next. */
+static void release(exl_str *s) {
+    if (s->cap > 65536)
+        exl_str_free(s);
+    else
+        exl_str_clear(s);
+}
+
 /* Format what a handler or pump produced: data (a streamed piece) and rc (EXL_HTTP_MORE / DONE / DROP). */
 static void emit(exl_http_conn *c, const char *data, size_t n, int rc) {
     if (rc == EXL_HTTP_DROP) {
@@ -200,6 +208,7 @@ void http_conn_run_task(exl_http_conn *c) {
     exl_str_clear(&c->scratch);
     int rc = c->reply.pump(c->reply.ctx, &c->reply, &c->scratch);
     emit(c, c->scratch.data, c->scratch.len, rc);
+    release(&c->scratch);
 }
 
 /* ---------------------------------------------------------------- the end of an exchange */
@@ -277,7 +286,7 @@ static void flush(exl_http_conn *c) {
         client_gone(c, " (write failed: client gone)");
         return;
     }
-    exl_str_clear(&c->out);
+    release(&c->out);
     c->out_pos = 0;
     if (c->phase == PHASE_REPLY) {
         c->deadline = 0;
