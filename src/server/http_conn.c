@@ -18,6 +18,7 @@
 
 #define READ_CHUNK 16384
 #define LINGER_S 3.0
+#define READS_PER_EVENT 16 /* then the event thread moves on to other connections */
 #define BODY_BUDGET (256LL << 20) /* request bodies held at once, at least (4 x max_body when more) */
 
 exl_http_conn *http_conn_new(exl_http *h, int fd, http_peer *peer) {
@@ -351,9 +352,9 @@ void http_refuse_socket(exl_http *h, int fd, int status, const char *message) {
                             status, exl_http_reason(status), strlen(json), json)
                  : 0;
     exl_free(json);
-    char sink[4096];
-    while (recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
-    } /* what already came, so closing does not reset the connection before the answer is read */
+    char sink[4096]; /* what already came (a little of it), so closing does not reset the connection first */
+    for (int i = 0; i < 4 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
+    }
     if (n > 0 && (size_t)n < sizeof buf && send(fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) > 0)
         shutdown(fd, SHUT_WR);
     close(fd);
@@ -517,7 +518,7 @@ void http_conn_advance(exl_http_conn *c) {
 
 static void drain_lingering(exl_http_conn *c) {
     char sink[READ_CHUNK];
-    for (;;) {
+    for (int i = 0; i < READS_PER_EVENT; i++) {
         ssize_t n = recv(c->fd, sink, sizeof sink, MSG_DONTWAIT);
         if (n > 0)
             continue;
@@ -539,7 +540,7 @@ void http_conn_on_input(exl_http_conn *c) {
         drain_lingering(c);
         return;
     }
-    for (;;) {
+    for (int i = 0; i < READS_PER_EVENT; i++) {
         if (exl_str_reserve(&c->in, READ_CHUNK)) {
             http_conn_close(c);
             return;
@@ -557,11 +558,11 @@ void http_conn_on_input(exl_http_conn *c) {
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return;
-        break; /* end of file or an error: an unfinished request gets no answer */
-    }
-    if (c->counted)
-        log_request(c, 499, " (client closed before the request was complete)");
-    http_conn_close(c);
+        if (c->counted)
+            log_request(c, 499, " (client closed before the request was complete)");
+        http_conn_close(c); /* end of file or an error: an unfinished request gets no answer */
+        return;
+    } /* enough for one turn: the others get theirs, and epoll brings this one back */
 }
 
 void http_conn_on_output(exl_http_conn *c) {
