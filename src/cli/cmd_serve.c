@@ -114,8 +114,9 @@ int cmd_serve(int argc, char **argv) {
     exl_status st = exl_server_start(&sp, &srv);
     if (st != EXL_OK)
         return cli_error(st);
-    fprintf(stderr, "exl serve: model %s at http://%s:%d/v1 (Ctrl-C to stop)\n", exl_server_model_name(srv),
-            sp.host, (int)exl_server_port(srv));
+    int v6 = strchr(sp.host, ':') != NULL; /* an IPv6 address goes in brackets */
+    fprintf(stderr, "exl serve: model %s at http://%s%s%s:%d/v1 (Ctrl-C to stop)\n", exl_server_model_name(srv),
+            v6 ? "[" : "", sp.host, v6 ? "]" : "", (int)exl_server_port(srv));
     int sig = 0;
     sigwait(&stop, &sig);
     fprintf(stderr, "exl serve: %s, draining (at most %d s), then stopping\n",
