@@ -504,14 +504,14 @@ exl_status exl_http_start(const exl_http_params *params, exl_http **out) {
     if (st == EXL_OK) {
         watch_listener(h);
         h->next_sweep = exl_http_now() + SWEEP_S;
+        *out = h; /* before the threads start: handlers may look at it (the metrics do) */
         st = start_threads(h);
     }
     if (st != EXL_OK) {
+        *out = NULL;
         exl_http_stop(h);
-        return st;
     }
-    *out = h;
-    return EXL_OK;
+    return st;
 }
 
 int32_t exl_http_port(const exl_http *h) { return h->port; }

@@ -75,6 +75,7 @@ typedef struct exl_http_params {
     void *log_ctx;
 } exl_http_params;
 
+/* *out is set before any thread starts, so the handlers may use it (it is NULL on failure). */
 exl_status exl_http_start(const exl_http_params *params, exl_http **out);
 /* The port actually bound. */
 int32_t exl_http_port(const exl_http *http);
