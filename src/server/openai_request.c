@@ -2,7 +2,9 @@
  * Field names and ranges follow the OpenAI API reference; top_k, min_p, typical_p and
  * repetition_penalty are extensions (as in vLLM). Unknown fields are ignored; fields
  * that would change the output in ways exl does not implement (echo, suffix, best_of,
- * tools, response_format) are refused rather than silently dropped. */
+ * tools, response_format, store, modalities other than text, stream_options without a
+ * stream) are refused rather than silently dropped. U+0000 is refused anywhere in the
+ * body: cJSON's strings end at it, so it would cut a prompt short unseen. */
 #include "server/openai_request.h"
 
 #include "base/alloc.h"
@@ -326,6 +328,25 @@ static int refuse_unsupported(const cJSON *root, exl_oai_error *err) {
     return 0;
 }
 
+/* Fields that would otherwise be accepted and do nothing. */
+static int refuse_ignored(const exl_oai_request *r, exl_oai_error *err) {
+    const cJSON *f;
+    if (field(r->root, "stream_options") && !r->stream)
+        return exl_oai_bad_param(err, "stream_options", "'stream_options' is only allowed when 'stream' is true");
+    if ((f = field(r->root, "store")) && !cJSON_IsBool(f))
+        return exl_oai_bad_param(err, "store", "'store' must be a boolean");
+    if (cJSON_IsTrue(f))
+        return exl_oai_bad_param(err, "store", "'store' is not supported: this server keeps no completions");
+    if (!(f = field(r->root, "modalities")))
+        return 0;
+    if (!cJSON_IsArray(f))
+        return exl_oai_bad_param(err, "modalities", "'modalities' must be a list of strings");
+    for (const cJSON *m = f->child; m; m = m->next)
+        if (!cJSON_IsString(m) || strcmp(m->valuestring, "text"))
+            return exl_oai_bad_param(err, "modalities", "only the \"text\" modality is supported");
+    return 0;
+}
+
 static int parse_fields(exl_oai_request *r, int32_t vocab, exl_oai_error *err) {
     const char *user;
     int64_t i;
@@ -357,6 +378,8 @@ static int parse_fields(exl_oai_request *r, int32_t vocab, exl_oai_error *err) {
         return exl_oai_bad_param(err, "stream_options", "'stream_options' must be an object");
     if (so && opt_bool(so, "include_usage", &r->include_usage, err) < 0)
         return -1;
+    if (refuse_ignored(r, err))
+        return -1;
     if (parse_stop(r, err) || parse_sampling(r, err) || parse_logit_bias(r, vocab, err) || parse_logprobs(r, err))
         return -1;
     return 0;
@@ -364,21 +387,48 @@ static int parse_fields(exl_oai_request *r, int32_t vocab, exl_oai_error *err) {
 
 /* ---------------------------------------------------------------- entry */
 
+/* Does the JSON text hold U+0000, escaped or raw? (An escape's backslash is never itself escaped
+ * at the point the scan sees it: each backslash skips the character after it.) */
+static int has_nul(const char *body, size_t len) {
+    if (memchr(body, 0, len))
+        return 1;
+    for (const char *p = memchr(body, '\\', len), *end = body + len; p; p = memchr(p, '\\', (size_t)(end - p))) {
+        if (end - p >= 6 && p[1] == 'u' && !memcmp(p + 2, "0000", 4))
+            return 1;
+        p += 2;
+        if (p >= end)
+            break;
+    }
+    return 0;
+}
+
+cJSON *exl_oai_json_parse(const char *body, size_t len, exl_oai_error *err) {
+    if (!exl_utf8_valid(body, len)) {
+        exl_oai_fail(err, 400, "invalid_request_error", NULL, "invalid_utf8", "the request body is not valid UTF-8");
+        return NULL;
+    }
+    if (has_nul(body, len)) {
+        exl_oai_fail(err, 400, "invalid_request_error", NULL, "unsupported_character",
+                     "the request holds U+0000 (NUL), which this server does not accept in any string");
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    while (root && end < body + len && strchr(" \t\r\n", *end) && *end)
+        end++;
+    if (!root || end != body + len) {
+        cJSON_Delete(root);
+        exl_oai_fail(err, 400, "invalid_request_error", NULL, "invalid_json", "the request body is not valid JSON");
+        return NULL;
+    }
+    return root;
+}
+
 int exl_oai_request_parse(exl_oai_kind kind, const char *body, size_t len, int32_t vocab, exl_oai_request *r,
                           exl_oai_error *err) {
     *r = (exl_oai_request){.kind = kind, .sampling = exl_sampling_default()};
-    if (!exl_utf8_valid(body, len))
-        return exl_oai_fail(err, 400, "invalid_request_error", NULL, "invalid_utf8",
-                            "the request body is not valid UTF-8");
-    const char *end = NULL;
-    r->root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-    while (r->root && end < body + len && strchr(" \t\r\n", *end) && *end)
-        end++;
-    if (!r->root || end != body + len) {
-        exl_oai_request_free(r);
-        return exl_oai_fail(err, 400, "invalid_request_error", NULL, "invalid_json",
-                            "the request body is not valid JSON");
-    }
+    if (!(r->root = exl_oai_json_parse(body, len, err)))
+        return -1;
     if (parse_fields(r, vocab, err)) {
         exl_oai_request_free(r);
         return -1;
