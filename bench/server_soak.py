@@ -224,7 +224,7 @@ def main():
         t.start()
     samples = []
     while any(t.is_alive() for t in threads):
-        time.sleep(min(args.every, max(0.1, end - time.time() + 0.5)))
+        time.sleep(min(args.every, max(1.0, end - time.time() + 0.5)))
         m = metrics(port)
         s = {"t": round(time.time() - t_start), "rss_kb": rss_kb(proc.pid), "ok": stats.ok, "errors": stats.errors,
              "running": m.get("exl_jobs_running"), "waiting": m.get("exl_jobs_waiting"),
