@@ -18,6 +18,7 @@ done
 if [ ${#names[@]} -eq 0 ]; then
     mapfile -t names < <(ls tests/fuzz/fuzz_*.c | xargs -n1 basename | sed 's/^fuzz_//; s/\.c$//')
 fi
+seconds=$(awk -v m="$minutes" 'BEGIN { s = int(m * 60); print s > 0 ? s : 1 }')
 shared=${EXL_SHARED:-$(cd .. && pwd)/shared}
 [ -d "$shared/models" ] || { echo "fuzz.sh: no fixtures at $shared (set EXL_SHARED)" >&2; exit 2; }
 corpus=${EXL_FUZZ_CORPUS:-$PWD/build-fuzz/corpus}
@@ -34,7 +35,7 @@ for name in "${names[@]}"; do
     mkdir -p "build-fuzz/artifacts/$name" build-fuzz/logs
     before=$(ls "$corpus/$name" | wc -l)
     start=$(date +%s)
-    if nice -n 10 "build-fuzz/fuzz_$name" -max_total_time=$((minutes * 60)) -timeout=10 -rss_limit_mb=2048 \
+    if nice -n 10 "build-fuzz/fuzz_$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
         -print_final_stats=1 -artifact_prefix="build-fuzz/artifacts/$name/" "$corpus/$name" >"$log" 2>&1; then
         result=clean
     else
