@@ -18,7 +18,7 @@ done
 if [ ${#names[@]} -eq 0 ]; then
     mapfile -t names < <(ls tests/fuzz/fuzz_*.c | xargs -n1 basename | sed 's/^fuzz_//; s/\.c$//')
 fi
-seconds=$(awk -v m="$minutes" 'BEGIN { s = int(m * 60); print s > 0 ? s : 1 }')
+seconds=$(awk -v m="$minutes" 'BEGIN { s = int(m * 60); print (s > 0 ? s : 1) }')
 shared=${EXL_SHARED:-$(cd .. && pwd)/shared}
 [ -d "$shared/models" ] || { echo "fuzz.sh: no fixtures at $shared (set EXL_SHARED)" >&2; exit 2; }
 corpus=${EXL_FUZZ_CORPUS:-$PWD/build-fuzz/corpus}
