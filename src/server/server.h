@@ -1,7 +1,7 @@
 /* server.h - the OpenAI-compatible HTTP server (exl serve): its one entry point.
  *
  * A library of its own (exl_server, a layer above libexl that only exl.h reaches into),
- * kept out of exl.h and libexl on purpose: embedders of libexl do not link libmicrohttpd.
+ * kept out of exl.h and libexl on purpose: embedders of libexl do not carry the HTTP server.
  * exl_server_start loads the model, starts the engine thread (which owns the generator)
  * and the HTTP daemon (http.h: one event thread for every socket, a few worker threads for
  * the handlers); exl_server_stop drains: it stops accepting, lets the requests in progress
