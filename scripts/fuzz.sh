@@ -2,8 +2,8 @@
 # fuzz.sh [--minutes N] [NAME...] - run the libFuzzer targets (tests/fuzz/fuzz_NAME.c; default: all) for N
 # minutes each (default 5), one after another and at nice 10 (the machine is shared), each on its kept
 # corpus ${EXL_FUZZ_CORPUS:-build-fuzz/corpus}/NAME, seeded by scripts/fuzz-seed.sh and growing from run
-# to run. Crashes are written to build-fuzz/artifacts/NAME/. Prints one line per target; exit status 1
-# when any target failed. Needs clang; the fixtures at ../shared (or EXL_SHARED).
+# to run. Crashes are written to build-fuzz/artifacts/NAME/, logs to build-fuzz/logs/. Prints one line per
+# target; exit status 1 when any target failed. Needs clang; the fixtures at ../shared (or EXL_SHARED).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=5
@@ -18,6 +18,7 @@ done
 if [ ${#names[@]} -eq 0 ]; then
     mapfile -t names < <(ls tests/fuzz/fuzz_*.c | xargs -n1 basename | sed 's/^fuzz_//; s/\.c$//')
 fi
+seconds=$(awk -v m="$minutes" 'BEGIN { s = int(m * 60); print (s > 0 ? s : 1) }')
 shared=${EXL_SHARED:-$(cd .. && pwd)/shared}
 [ -d "$shared/models" ] || { echo "fuzz.sh: no fixtures at $shared (set EXL_SHARED)" >&2; exit 2; }
 corpus=${EXL_FUZZ_CORPUS:-$PWD/build-fuzz/corpus}
@@ -30,11 +31,11 @@ scripts/fuzz-seed.sh "$corpus" "$shared"
 
 failed=0
 for name in "${names[@]}"; do
-    log=build-fuzz/fuzz_$name.log
-    mkdir -p "build-fuzz/artifacts/$name"
+    log=build-fuzz/logs/$name.log
+    mkdir -p "build-fuzz/artifacts/$name" build-fuzz/logs
     before=$(ls "$corpus/$name" | wc -l)
     start=$(date +%s)
-    if nice -n 10 "build-fuzz/fuzz_$name" -max_total_time=$((minutes * 60)) -timeout=10 -rss_limit_mb=2048 \
+    if nice -n 10 "build-fuzz/fuzz_$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
         -print_final_stats=1 -artifact_prefix="build-fuzz/artifacts/$name/" "$corpus/$name" >"$log" 2>&1; then
         result=clean
     else

@@ -35,7 +35,8 @@ cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DEXL
 cmake --build build-fuzz -j"$jobs" --target $(ls tests/fuzz/fuzz_*.c | xargs -n1 basename | sed 's/\.c$//')
 corpus=$(mktemp -d)
 scripts/fuzz-seed.sh "$corpus" "$shared"
-for target in build-fuzz/fuzz_*; do
+for src in tests/fuzz/fuzz_*.c; do
+    target=build-fuzz/$(basename "$src" .c)
     name=$(basename "$target" | sed 's/^fuzz_//')
     dir="$corpus/$name"
     mkdir -p "$dir"
