@@ -78,6 +78,23 @@ typedef struct cli_model_args {
 
 cli_group cli_model_group(cli_model_args *args, int parts);
 
+/* The KV cache: --cache-bits K[,V]; with the pool part (commands that run a generator) --cache-tokens N and
+ * --gpu-memory F. */
+enum { CLI_CACHE_BITS = 1, CLI_CACHE_POOL = 2, CLI_CACHE_ALL = 3 };
+
+typedef struct cli_cache_args {
+    const char *bits;       /* --cache-bits as given, or NULL */
+    int32_t k_bits, v_bits; /* from it (cli_cache_get); 16 by default */
+    long tokens;            /* --cache-tokens; 0: the command's default */
+    float gpu_memory;       /* --gpu-memory; 0: the library's default */
+    cli_option options[3];
+} cli_cache_args;
+
+/* tokens_default: what help says the command's cache holds without --cache-tokens. */
+cli_group cli_cache_group(cli_cache_args *args, int parts, const char *tokens_default);
+/* After cli_parse: k_bits and v_bits from --cache-bits. Returns CLI_GO_ON, or 2 after a usage error on stderr. */
+int cli_cache_get(cli_cache_args *args, const char *cmd);
+
 /* --greedy, --temperature, --top-k, --top-p, --min-p, --repeat-penalty, --seed; the defaults are
  * the library's, exl_sampling_default() (the server's too), with the seed from the clock. */
 typedef struct cli_sampling_args {

@@ -830,7 +830,7 @@ static void layer_graph_case(const char *shared, const char *model, int32_t li) 
         exl_model_params p = exl_model_default_params();
         p.device = r < 2 ? EXL_DEVICE_CUDA : EXL_DEVICE_CPU;
         require(exl_model_load(dir, &p, &m[r]) == EXL_OK, "load model");
-        require(exl_kv_cache_init(m[r], LAYER_SEQS, 256, &cache[r]) == EXL_OK, "kv cache");
+        require(exl_kv_cache_init(m[r], LAYER_SEQS, 256, 16, 16, &cache[r]) == EXL_OK, "kv cache");
     }
     const int32_t hid = m[0]->cfg.hidden_size, prompt[LAYER_SEQS] = {5, 9, 1};
     int32_t pages[LAYER_SEQS] = {2, 0, 1}, ids[16] = {0}, past[LAYER_SEQS] = {0};
@@ -993,7 +993,7 @@ static void test_decode_rows(const char *shared, const char *model) {
     int32_t n = (int32_t)ids->shape[0], rows = (int32_t)exl_st_find(rf, "logits_b")->shape[0], pages[SEQS],
             page_size = 256;
     int mism = 0;
-    require(n <= page_size && exl_kv_cache_init(m, SEQS, page_size, &cache) == EXL_OK, "kv cache");
+    require(n <= page_size && exl_kv_cache_init(m, SEQS, page_size, 16, 16, &cache) == EXL_OK, "kv cache");
     float *out = malloc((size_t)SEQS * n * d.vocab_size * sizeof *out),
           *step_out = malloc((size_t)SEQS * d.vocab_size * sizeof *step_out);
     for (int t = 0; t < n + SEQS - 1; t++) {
@@ -1373,7 +1373,7 @@ static void test_fed_chain(const char *shared, const char *model) {
     int32_t fed[STEPS + 1], plain[STEPS + 1];
     int64_t t[STEPS + 1];
     exl_kv_cache *cache;
-    int bad = exl_kv_cache_init(m, 8, PS, &cache) != EXL_OK;
+    int bad = exl_kv_cache_init(m, 8, PS, 16, 16, &cache) != EXL_OK;
     exl_seq_step st = {&bos, 1, 0, pages, 1, 1};
     bad = bad || exl_model_forward_argmax(m, cache, &st, 1, &t[0]) != EXL_OK;
     for (int i = 1; i <= STEPS && !bad; i++) {
