@@ -23,7 +23,9 @@
 #define EXL_KV_MAX_GROUP 32
 
 /* 1 for the bit widths a cache side takes: 16 (0 too: the default), 8, 6, 4 */
-static inline int exl_kv_bits_ok(int32_t bits) { return bits == 0 || bits == 16 || bits == 8 || bits == 6 || bits == 4; }
+static inline int exl_kv_bits_ok(int32_t bits) {
+    return bits == 0 || bits == 16 || bits == 8 || bits == 6 || bits == 4;
+}
 
 /* 1 when a side of that width is quantized */
 static inline int exl_kv_quantized(int32_t bits) { return bits > 0 && bits < 16; }

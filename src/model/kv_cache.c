@@ -24,7 +24,7 @@ int64_t exl_kv_cache_token_bytes(const exl_model *m, const exl_kv_format *fmt) {
     int32_t width = m->cfg.n_kv_heads * m->cfg.head_dim;
     size_t e = m->be->kv_elem_bytes;
     return (int64_t)m->cfg.n_layers * (int64_t)(exl_kv_slot_bytes(width, fmt->k_bits, fmt->group, e) +
-                                                 exl_kv_slot_bytes(width, fmt->v_bits, fmt->group, e));
+                                                exl_kv_slot_bytes(width, fmt->v_bits, fmt->group, e));
 }
 
 exl_status exl_kv_cache_init(exl_model *m, int32_t n_pages, int32_t page_size, int32_t k_bits, int32_t v_bits,

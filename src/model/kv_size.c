@@ -52,8 +52,10 @@ exl_status exl_kv_cache_check_fits(const exl_model *m, int64_t bytes, int64_t to
         size_t free_b, total_b;
         EXL_TRY(m->be->ops->memory(m->be, &free_b, &total_b));
         if (bytes > (int64_t)free_b)
-            return exl_fail(EXL_ERR_NOMEM, "a kv cache of %lld tokens needs %.1f MiB, more than the %.1f MiB free on "
-                            "the GPU", (long long)tokens, bytes / 1048576.0, free_b / 1048576.0);
+            return exl_fail(EXL_ERR_NOMEM,
+                            "a kv cache of %lld tokens needs %.1f MiB, more than the %.1f MiB free on "
+                            "the GPU",
+                            (long long)tokens, bytes / 1048576.0, free_b / 1048576.0);
         return EXL_OK;
     }
     int64_t ram = ram_bytes();

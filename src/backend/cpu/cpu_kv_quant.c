@@ -24,8 +24,12 @@ typedef struct kv_side {
 } kv_side;
 
 static kv_side side_of(const void *cache, int32_t bits, int32_t group, int32_t width) {
-    kv_side s = {(unsigned char *)(uintptr_t)cache, exl_kv_slot_bytes(width, bits, group, sizeof(float)), 0, bits,
-                 exl_kv_quantized(bits), group};
+    kv_side s = {(unsigned char *)(uintptr_t)cache,
+                 exl_kv_slot_bytes(width, bits, group, sizeof(float)),
+                 0,
+                 bits,
+                 exl_kv_quantized(bits),
+                 group};
     s.codes_bytes = s.quant ? exl_kv_codes_bytes(width, bits) : 0;
     return s;
 }
