@@ -27,6 +27,7 @@ for f in $formats; do
 done
 echo
 hd128=$root/bench/tmp/rand-hd128
+mkdir -p "$root/bench/tmp"
 [ -f "$hd128/model.safetensors" ] || "$build/make_random_model" -o "$hd128" --hidden 512 --layers 4 --heads 4 \
     --kv-heads 2 --head-dim 128 --ffn 1536 --vocab 2048 --std 0.06 --tokenizer-from "$ts" >/dev/null
 for m in "$ts" "$hd128"; do

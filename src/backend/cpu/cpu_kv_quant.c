@@ -130,6 +130,13 @@ static void decode(const kv_side *s, const unsigned char *slot, int32_t first, i
     }
 }
 
+/* Work items: for one sequence and KV head, up to a block's worth of its queries (rows x the heads that share the KV
+ * head), which take each chunk of keys together, so a key is decoded once for all of them. Their state and the
+ * chunk's decoded keys and values live on the stack, sized by head_dim (block_sizes). */
+#define SCRATCH_FLOATS 32768
+#define MAX_CHUNK 64
+#define MAX_BLOCK 64
+
 typedef struct {
     exl_cpu_backend *be;
     float *out;
@@ -137,8 +144,21 @@ typedef struct {
     kv_side ks, vs;
     const exl_batch *b;
     const exl_attn_shape *s;
-    int64_t n_items; /* rows * heads */
+    int32_t chunk, block; /* keys decoded at a time, queries an item takes */
+    int64_t n_items;
 } qattn_job;
+
+static void block_sizes(int32_t hd, int32_t *chunk, int32_t *block) {
+    *chunk = 8192 / hd < 4 ? 4 : 8192 / hd > MAX_CHUNK ? MAX_CHUNK : 8192 / hd;
+    int32_t q = (SCRATCH_FLOATS - 2 * *chunk * hd) / (4 * hd + 2 + *chunk);
+    *block = q < 1 ? 1 : q > MAX_BLOCK ? MAX_BLOCK : q;
+}
+
+/* items of sequence seq (its KV heads times its blocks of queries) */
+static int64_t seq_items(const qattn_job *j, const exl_attn_seq *seq) {
+    const int32_t per_kv = (int32_t)((int64_t)seq->n_q * (j->s->n_heads / j->s->n_kv_heads));
+    return (int64_t)j->s->n_kv_heads * ((per_kv + j->block - 1) / j->block);
+}
 
 /* Where key t of seq reads its K or V head: the step's own fp32 row (*exact), a fp32 cache row, or a quantized
  * slot decoded into buf (rotated); returns the head's values. */
@@ -159,68 +179,98 @@ static const float *key_head(const qattn_job *j, const kv_side *s, const float *
     return buf;
 }
 
-static void attend(const qattn_job *j, const exl_attn_seq *seq, int32_t row, int32_t head) {
+/* Queries u0 .. u0 + nq - 1 of (seq, kv_head): query u is row u / G of the sequence with head kv_head * G + u % G
+ * (G heads share a KV head). */
+static void attend_block(const qattn_job *j, const exl_attn_seq *seq, int32_t kv_head, int32_t u0, int32_t nq) {
     const exl_attn_shape *s = j->s;
     const exl_cpu_kernels *kern = j->be->k;
-    const int32_t hd = s->head_dim, kv_head = head / (s->n_heads / s->n_kv_heads), G = j->b->kv.group;
-    const float *q = j->q + ((int64_t)row * s->n_heads + head) * hd;
-    float *o = j->out + ((int64_t)row * s->n_heads + head) * hd;
-    const int32_t last = seq->n_kv - seq->n_q + (row - seq->q_start); /* causal: keys 0..last */
-    const int32_t first = s->sliding_window > 0 && last - s->sliding_window + 1 > 0 ? last - s->sliding_window + 1 : 0;
-    float qr[MAX_HEAD_DIM], kbuf[MAX_HEAD_DIM], vbuf[MAX_HEAD_DIM];
-    float acc_exact[MAX_HEAD_DIM], acc_rot[MAX_HEAD_DIM]; /* sums of exact values, of rotated ones */
-    memcpy(qr, q, (size_t)hd * sizeof(float));
-    if (j->ks.quant)
-        hadamard_groups(qr, hd, G);
-    memset(acc_exact, 0, (size_t)hd * sizeof(float));
-    memset(acc_rot, 0, (size_t)hd * sizeof(float));
-    float m = -INFINITY, l = 0.0f, sc[KEY_CHUNK];
-    for (int32_t t0 = first; t0 <= last; t0 += KEY_CHUNK) {
-        const int32_t n = last - t0 + 1 < KEY_CHUNK ? last - t0 + 1 : KEY_CHUNK;
-        float cm = -INFINITY;
-        for (int32_t i = 0; i < n; i++) {
-            int exact;
-            const float *k = key_head(j, &j->ks, j->k, seq, t0 + i, kv_head, kbuf, &exact);
-            float d;
-            kern->dot_f32(exact ? q : qr, 0, 1, k, hd, &d);
-            sc[i] = d * s->scale;
-            cm = sc[i] > cm ? sc[i] : cm;
-        }
-        const float nm = cm > m ? cm : m, corr = expf(m - nm);
-        l *= corr;
-        for (int32_t d = 0; d < hd; d++) {
-            acc_exact[d] *= corr;
-            acc_rot[d] *= corr;
-        }
-        for (int32_t i = 0; i < n; i++) {
-            const float p = expf(sc[i] - nm);
-            int exact;
-            const float *v = key_head(j, &j->vs, j->v, seq, t0 + i, kv_head, vbuf, &exact);
-            float *acc = exact ? acc_exact : acc_rot;
-            l += p;
-            for (int32_t d = 0; d < hd; d++)
-                acc[d] += p * v[d];
-        }
-        m = nm;
+    const int32_t hd = s->head_dim, G = s->n_heads / s->n_kv_heads, group = j->b->kv.group, kc = j->chunk;
+    const int32_t fresh = seq->n_kv - seq->n_q;
+    float scratch[SCRATCH_FLOATS];
+    float *kbuf = scratch, *vbuf = kbuf + kc * hd, *qp = vbuf + kc * hd, *qr = qp + nq * hd;
+    float *acc_exact = qr + nq * hd, *acc_rot = acc_exact + nq * hd, *m = acc_rot + nq * hd, *l = m + nq;
+    float *p = l + nq; /* [nq][kc] scores, then probabilities */
+    const float *kp[MAX_CHUNK], *vp[MAX_CHUNK];
+    int kex[MAX_CHUNK], vex[MAX_CHUNK];
+    int32_t first[MAX_BLOCK], last[MAX_BLOCK], lo = INT32_MAX, hi = -1;
+    for (int32_t u = 0; u < nq; u++) {
+        const int32_t r = (u0 + u) / G, head = kv_head * G + (u0 + u) % G;
+        memcpy(qp + u * hd, j->q + ((int64_t)(seq->q_start + r) * s->n_heads + head) * hd, (size_t)hd * sizeof(float));
+        memcpy(qr + u * hd, qp + u * hd, (size_t)hd * sizeof(float));
+        if (j->ks.quant)
+            hadamard_groups(qr + u * hd, hd, group);
+        last[u] = fresh + r;
+        first[u] = s->sliding_window > 0 && last[u] - s->sliding_window + 1 > 0 ? last[u] - s->sliding_window + 1 : 0;
+        lo = first[u] < lo ? first[u] : lo;
+        hi = last[u] > hi ? last[u] : hi;
+        m[u] = -INFINITY;
+        l[u] = 0.0f;
     }
-    if (j->vs.quant)
-        hadamard_groups(acc_rot, hd, G);
-    const float inv = l > 0 ? 1.0f / l : 0.0f;
-    for (int32_t d = 0; d < hd; d++)
-        o[d] = (acc_exact[d] + acc_rot[d]) * inv;
+    memset(acc_exact, 0, (size_t)nq * hd * sizeof(float));
+    memset(acc_rot, 0, (size_t)nq * hd * sizeof(float));
+    for (int32_t t0 = lo; t0 <= hi; t0 += kc) {
+        const int32_t n = hi - t0 + 1 < kc ? hi - t0 + 1 : kc;
+        for (int32_t i = 0; i < n; i++) {
+            kp[i] = key_head(j, &j->ks, j->k, seq, t0 + i, kv_head, kbuf + i * hd, &kex[i]);
+            vp[i] = key_head(j, &j->vs, j->v, seq, t0 + i, kv_head, vbuf + i * hd, &vex[i]);
+        }
+        for (int32_t i = 0; i < n; i++) /* scores of every query, four at a time */
+            for (int32_t u = 0; u < nq; u += EXL_CPU_MAX_NR) {
+                const int nr = nq - u < EXL_CPU_MAX_NR ? nq - u : EXL_CPU_MAX_NR;
+                float d[EXL_CPU_MAX_NR];
+                kern->dot_f32((kex[i] ? qp : qr) + u * hd, hd, nr, kp[i], hd, d);
+                for (int r = 0; r < nr; r++)
+                    p[(u + r) * kc + i] = d[r] * s->scale;
+            }
+        for (int32_t u = 0; u < nq; u++) {
+            const int32_t a = first[u] > t0 ? first[u] - t0 : 0, z = last[u] < t0 + n - 1 ? last[u] - t0 : n - 1;
+            if (a > z)
+                continue;
+            float *pu = p + u * kc, *ae = acc_exact + u * hd, *ar = acc_rot + u * hd, cm = -INFINITY;
+            for (int32_t i = a; i <= z; i++)
+                cm = pu[i] > cm ? pu[i] : cm;
+            const float nm = cm > m[u] ? cm : m[u], corr = expf(m[u] - nm);
+            l[u] *= corr;
+            for (int32_t d = 0; d < hd; d++) {
+                ae[d] *= corr;
+                ar[d] *= corr;
+            }
+            for (int32_t i = a; i <= z; i++) {
+                const float pr = expf(pu[i] - nm);
+                float *acc = vex[i] ? ae : ar;
+                l[u] += pr;
+                for (int32_t d = 0; d < hd; d++)
+                    acc[d] += pr * vp[i][d];
+            }
+            m[u] = nm;
+        }
+    }
+    for (int32_t u = 0; u < nq; u++) {
+        const int32_t r = (u0 + u) / G, head = kv_head * G + (u0 + u) % G;
+        float *o = j->out + ((int64_t)(seq->q_start + r) * s->n_heads + head) * hd;
+        float *ar = acc_rot + u * hd;
+        if (j->vs.quant)
+            hadamard_groups(ar, hd, group);
+        const float inv = l[u] > 0 ? 1.0f / l[u] : 0.0f;
+        for (int32_t d = 0; d < hd; d++)
+            o[d] = (acc_exact[u * hd + d] + ar[d]) * inv;
+    }
 }
 
-static void attention_task(void *p, int ti, int tn) {
-    const qattn_job *j = p;
+static void attention_task(void *arg, int ti, int tn) {
+    const qattn_job *j = arg;
     long i0, i1;
     exl_split_range(j->n_items, ti, tn, 1, &i0, &i1);
-    const int32_t nh = j->s->n_heads;
+    const int32_t G = j->s->n_heads / j->s->n_kv_heads;
     int32_t si = 0;
+    int64_t base = 0; /* items of the sequences before si */
     for (long it = i0; it < i1; it++) {
-        const int32_t row = (int32_t)(it / nh), head = (int32_t)(it % nh);
-        while (si + 1 < j->b->n_seqs && row >= j->b->seqs[si + 1].q_start)
-            si++;
-        attend(j, &j->b->seqs[si], row, head);
+        while (it >= base + seq_items(j, &j->b->seqs[si]))
+            base += seq_items(j, &j->b->seqs[si++]);
+        const exl_attn_seq *seq = &j->b->seqs[si];
+        const int32_t per_kv = seq->n_q * G, blocks = (per_kv + j->block - 1) / j->block;
+        const int32_t kv_head = (int32_t)((it - base) / blocks), u0 = (int32_t)((it - base) % blocks) * j->block;
+        attend_block(j, seq, kv_head, u0, per_kv - u0 < j->block ? per_kv - u0 : j->block);
     }
 }
 
@@ -228,15 +278,18 @@ void exl_cpu_attention_quant(exl_backend *be, float *out, const float *q, const 
                              const void *k_cache, const void *v_cache, const exl_batch *b,
                              const exl_attn_shape *shape) {
     const int32_t width = shape->n_kv_heads * shape->head_dim;
-    qattn_job j = {exl_cpu(be),
-                   out,
-                   q,
-                   k,
-                   v,
-                   side_of(k_cache, b->kv.k_bits, b->kv.group, width),
-                   side_of(v_cache, b->kv.v_bits, b->kv.group, width),
-                   b,
-                   shape,
-                   (int64_t)b->n_rows * shape->n_heads};
-    exl_pool_run_work(exl_cpu(be)->pool, attention_task, &j, j.n_items * (int64_t)b->max_kv * shape->head_dim * 4);
+    qattn_job j = {.be = exl_cpu(be),
+                   .out = out,
+                   .q = q,
+                   .k = k,
+                   .v = v,
+                   .ks = side_of(k_cache, b->kv.k_bits, b->kv.group, width),
+                   .vs = side_of(v_cache, b->kv.v_bits, b->kv.group, width),
+                   .b = b,
+                   .s = shape};
+    block_sizes(shape->head_dim, &j.chunk, &j.block);
+    for (int32_t i = 0; i < b->n_seqs; i++)
+        j.n_items += seq_items(&j, &b->seqs[i]);
+    exl_pool_run_work(exl_cpu(be)->pool, attention_task, &j,
+                      (int64_t)b->n_rows * shape->n_heads * (int64_t)b->max_kv * shape->head_dim * 4);
 }
