@@ -5,7 +5,8 @@
 # (`exl serve` under EXL_CUDA_MEMORY_LIMIT=24GiB with its defaults, which must start). Results go to $OUT/kv.log,
 # the table for bench/RESULTS.md's "KV cache" section to $OUT/kv_table.md.
 # Preparing here (binaries and the llama2 tokenizer carried in .gpukv/):
-#   cmake -S . -B build-gpu -DEXL_CUDA=ON -DEXL_CUDA_ARCHS=90 && cmake --build build-gpu --target exl-cli make_random_quant exl_cuda
+#   cmake -S . -B build-gpu -DEXL_CUDA=ON -DEXL_CUDA_ARCHS=90
+#   cmake --build build-gpu --target exl-cli make_random_quant exl_cuda
 #   copy build-gpu/{exl,make_random_quant,libexl_cuda.so} and the non-libc libraries ldd lists into .gpukv/bin,
 #   and ../shared/tokenizers/llama2-hf/{tokenizer.json,tokenizer_config.json,special_tokens_map.json} into .gpukv/tok
 # usage on the GPU machine: bench/gpu_kv_cache.sh   (OUT defaults to .gpukv/out)

@@ -1,8 +1,8 @@
 /* cpu_attention.c - KV cache writes and causal attention over paged K/V on the CPU.
  *
  * Cache layout: slot s (= page * page_size + offset) holds n_kv_heads * head_dim fp32
- * values; a cache with a quantized side goes to cpu_kv_quant.c. Attention uses an online softmax over chunks of keys, so no score buffer
- * is allocated whatever the context length. */
+ * values (a cache with a quantized side goes to cpu_kv_quant.c). Attention uses an online
+ * softmax over chunks of keys, so no score buffer is allocated whatever the context length. */
 #include "backend/cpu/cpu.h"
 #include "backend/kv_quant.h"
 
