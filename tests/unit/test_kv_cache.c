@@ -221,7 +221,7 @@ static double perplexity(const char *bits, int chunk) {
     char cmd[4096], out[8192], model[2048];
     snprintf(model, sizeof model, "%s", exl_test_shared("models/tinystories-656k"));
     snprintf(cmd, sizeof cmd,
-             "%s perplexity -m %s -f %s --device cpu --ctx 256 --stride 256 --max-windows 4 --chunk %d "
+             "%s perplexity -m %s -f %s --device cpu --ctx 256 --stride 256 --max-windows 2 --chunk %d "
              "--cache-bits %s 2>/dev/null",
              EXL_CLI_PATH, model, exl_test_shared("data/tinystories_val.txt"), chunk, bits);
     const char *p = run(cmd, out, sizeof out) == 0 ? strstr(out, "perplexity: ") : NULL;
