@@ -85,10 +85,9 @@ __device__ __forceinline__ void quantize_lanes(const qk_side &s, unsigned char *
 
 /* Block r: rope of row r's q and k in place (ROPE), then its k and v to their slot. */
 template <bool ROPE>
-__global__ void kv_store_quant_kernel(float *q, float *k, const float *v, qk_side ks, qk_side vs,
-                                      const int32_t *slots, const int32_t *pos, int32_t n_heads, int32_t n_kv_heads,
-                                      int32_t head_dim, int32_t half, const float *inv_freq, float attn_factor,
-                                      int32_t group) {
+__global__ void kv_store_quant_kernel(float *q, float *k, const float *v, qk_side ks, qk_side vs, const int32_t *slots,
+                                      const int32_t *pos, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                      int32_t half, const float *inv_freq, float attn_factor, int32_t group) {
     exl_pdl_start();
     const int32_t r = blockIdx.x, kvw = n_kv_heads * head_dim;
     if (ROPE) {
@@ -152,8 +151,8 @@ void exl_cuda_run_kv_store_quant(exl_backend *be, void *k_cache, void *v_cache, 
     launch_store(exl_cuda(be), NULL, (float *)(uintptr_t)k, v, k_cache, v_cache, b, 1, 1, kv_width, 0, NULL, 1.0f);
 }
 
-void exl_cuda_run_rope_kv_store_quant(exl_backend *be, float *q, float *k, const float *v, void *k_cache,
-                                      void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
+void exl_cuda_run_rope_kv_store_quant(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
+                                      const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
                                       const float *inv_freq, float attn_factor) {
     launch_store(exl_cuda(be), q, k, v, k_cache, v_cache, b, sh->n_heads, sh->n_kv_heads, sh->head_dim, rot_dim,
                  inv_freq, attn_factor);
@@ -208,9 +207,9 @@ __device__ __forceinline__ int qk_window_first(int pos, int window) {
 
 template <int KB, int VB>
 __global__ void __launch_bounds__(QK_WARPS * 32)
-qk_decode_kernel(float *out, float *partial, const float *q, const float *k, const float *v, qk_side ks, qk_side vs,
-                 const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh, int32_t group,
-                 int keys_per_split) {
+    qk_decode_kernel(float *out, float *partial, const float *q, const float *k, const float *v, qk_side ks, qk_side vs,
+                     const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh, int32_t group,
+                     int keys_per_split) {
     constexpr int KQ = KB < 16 ? KB : 8, VQ = VB < 16 ? VB : 8; /* code widths (unused at 16 bits) */
     exl_pdl_start();
     __shared__ float qp[QK_MAX_HD], qr[QK_MAX_HD], qsum[QK_MAX_HD / 16];
@@ -390,17 +389,16 @@ static void launch_decode(exl_cuda_backend *cb, float *out, const float *q, cons
     int kps = (max_kv + splits - 1) / splits;
     kps = (kps + QK_KEYS - 1) / QK_KEYS * QK_KEYS;
     splits = (max_kv + kps - 1) / kps;
-    if (splits > 1 && !exl_cuda_ensure(cb, (void **)&cb->attn_partial, &cb->attn_partial_bytes,
-                                       (size_t)items * splits * (sh->head_dim + 2) * sizeof(float),
-                                       "attention partials"))
+    if (splits > 1 &&
+        !exl_cuda_ensure(cb, (void **)&cb->attn_partial, &cb->attn_partial_bytes,
+                         (size_t)items * splits * (sh->head_dim + 2) * sizeof(float), "attention partials"))
         return;
-    exl_cuda_launch(cb, qk_decode_kernel<KB, VB>, dim3((unsigned)items, (unsigned)splits), dim3(QK_WARPS * 32), 0,
-                    out, cb->attn_partial, q, k, v, ks, vs, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, b->kv.group,
-                    kps);
+    exl_cuda_launch(cb, qk_decode_kernel<KB, VB>, dim3((unsigned)items, (unsigned)splits), dim3(QK_WARPS * 32), 0, out,
+                    cb->attn_partial, q, k, v, ks, vs, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, b->kv.group, kps);
     exl_cuda_check_launch(cb, "decode attention (quantized kv cache)");
     if (splits > 1) {
-        exl_cuda_launch(cb, qk_combine_kernel, dim3((unsigned)items), dim3(128), 0, out, cb->attn_partial,
-                        sh->head_dim, splits);
+        exl_cuda_launch(cb, qk_combine_kernel, dim3((unsigned)items), dim3(128), 0, out, cb->attn_partial, sh->head_dim,
+                        splits);
         exl_cuda_check_launch(cb, "attention combine (quantized kv cache)");
     }
 }
@@ -411,8 +409,8 @@ static void launch_decode(exl_cuda_backend *cb, float *out, const float *q, cons
  * lanes together: every lane calls it with the same key) */
 template <int BITS>
 __device__ __forceinline__ float load_key_dim(const qk_side &s, const float *rows, const exl_attn_seq &seq,
-                                              const int32_t *pages, const exl_attn_shape &sh, int kvh, int key,
-                                              int d, int group) {
+                                              const int32_t *pages, const exl_attn_shape &sh, int kvh, int key, int d,
+                                              int group) {
     const int hd = sh.head_dim, kvw = sh.n_kv_heads * hd, past = seq.n_kv - seq.n_q;
     if (key >= past) /* this step's row, as computed */
         return d < hd ? rows[(int64_t)(seq.q_start + key - past) * kvw + (int64_t)kvh * hd + d] : 0.0f;
@@ -432,15 +430,15 @@ __device__ __forceinline__ float load_key_dim(const qk_side &s, const float *row
 
 template <int KB, int VB>
 __global__ void __launch_bounds__(QK_WARPS * 32)
-qk_prefill_kernel(float *out, const float *q, const float *k, const float *v, qk_side ks, qk_side vs,
-                  const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh, int32_t group) {
+    qk_prefill_kernel(float *out, const float *q, const float *k, const float *v, qk_side ks, qk_side vs,
+                      const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh, int32_t group) {
     exl_pdl_start();
     extern __shared__ float smem[];
-    const int hd = sh.head_dim, rs = hd + 4; /* K/V row stride in floats */
-    float *qs = smem;                              /* [QK_Q_TILE][hd] */
-    float *ps = qs + QK_Q_TILE * hd;               /* [QK_WARPS][4][QK_KEYS] */
-    float *kt = ps + QK_WARPS * 4 * QK_KEYS;       /* [QK_KEYS][rs] */
-    float *vt = kt + QK_KEYS * rs;                 /* [QK_KEYS][rs] */
+    const int hd = sh.head_dim, rs = hd + 1; /* K/V row stride in floats: a lane a row, each in its own bank */
+    float *qs = smem;                        /* [QK_Q_TILE][hd] */
+    float *ps = qs + QK_Q_TILE * hd;         /* [QK_WARPS][4][QK_KEYS] */
+    float *kt = ps + QK_WARPS * 4 * QK_KEYS; /* [QK_KEYS][rs] */
+    float *vt = kt + QK_KEYS * rs;           /* [QK_KEYS][rs] */
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const exl_attn_seq seq = seqs[blockIdx.z];
     const int qt0 = blockIdx.x * QK_Q_TILE;
@@ -539,11 +537,12 @@ template <int KB, int VB>
 static void launch_prefill(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v,
                            const qk_side &ks, const qk_side &vs, const exl_batch *b, const exl_attn_shape *sh) {
     const size_t smem = ((size_t)QK_Q_TILE * sh->head_dim + QK_WARPS * 4 * QK_KEYS +
-                         2 * (size_t)QK_KEYS * (sh->head_dim + 4)) * sizeof(float);
+                         2 * (size_t)QK_KEYS * (sh->head_dim + 1)) *
+                        sizeof(float);
     static size_t allowed = 48 * 1024;
     if (smem > allowed) {
-        if (cudaFuncSetAttribute(qk_prefill_kernel<KB, VB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem) != cudaSuccess) {
+        if (cudaFuncSetAttribute(qk_prefill_kernel<KB, VB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+            cudaSuccess) {
             exl_cuda_check_launch(cb, "attention shared memory (quantized kv cache)");
             return;
         }
@@ -557,12 +556,12 @@ static void launch_prefill(exl_cuda_backend *cb, float *out, const float *q, con
 
 /* ---- dispatch: a kernel for each pair of widths */
 
-typedef void (*qk_launcher)(exl_cuda_backend *, float *, const float *, const float *, const float *,
-                            const qk_side &, const qk_side &, const exl_batch *, const exl_attn_shape *);
+typedef void (*qk_launcher)(exl_cuda_backend *, float *, const float *, const float *, const float *, const qk_side &,
+                            const qk_side &, const exl_batch *, const exl_attn_shape *);
 
 template <int KB, int VB>
-static void launch(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v,
-                   const qk_side &ks, const qk_side &vs, const exl_batch *b, const exl_attn_shape *sh) {
+static void launch(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v, const qk_side &ks,
+                   const qk_side &vs, const exl_batch *b, const exl_attn_shape *sh) {
     if (b->max_q > EXL_CUDA_DECODE_MAX_Q)
         launch_prefill<KB, VB>(cb, out, q, k, v, ks, vs, b, sh);
     else
