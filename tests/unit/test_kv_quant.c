@@ -1,7 +1,8 @@
 /* test_kv_quant.c - the quantized KV cache format on the CPU backend's ops: kv_store writes what
  * backend/kv_quant.h describes (read back here by a decoder of its own: nearest codes, scales from the group's
  * largest value), and attention over such a cache equals attention over the decoded keys and values, computed in
- * double, with the step's own rows exact; for every width and mixed widths, prefill and decode in one batch. */
+ * double, with the step's own rows exact; for every width and mixed widths, prefill and decode in one batch, with and
+ * without soft-capped scores (Gemma 2). */
 #include "backend/backend.h"
 #include "backend/kv_quant.h"
 #include "base/alloc.h"
@@ -169,8 +170,8 @@ static void scene_init(scene *s, uint64_t seed) {
     }
 }
 
-/* attention of row r, head h in double over the decoded cache and the exact new rows */
-static void reference(const fixture *f, const scene *s, int r, int h, double *out) {
+/* attention of row r, head h in double over the decoded cache and the exact new rows; scores soft-capped at cap > 0 */
+static void reference(const fixture *f, const scene *s, int r, int h, double cap, double *out) {
     const int seq = r < 3 ? 0 : 1, kvh = h / (HEADS / KV_HEADS);
     const exl_attn_seq *sq = &s->seqs[seq];
     const int fresh = sq->n_kv - sq->n_q, last = fresh + r - sq->q_start;
@@ -189,6 +190,8 @@ static void reference(const fixture *f, const scene *s, int r, int h, double *ou
         for (int i = 0; i < HD; i++)
             d += s->q[r][h * HD + i] * kx[kvh * HD + i];
         score[t] = d / sqrt((double)HD);
+        if (cap > 0)
+            score[t] = cap * tanh(score[t] / cap);
         m = score[t] > m ? score[t] : m;
     }
     for (int i = 0; i < HD; i++)
@@ -203,6 +206,42 @@ static void reference(const fixture *f, const scene *s, int r, int h, double *ou
         out[i] /= l;
 }
 
+/* the scene's cached tokens and new rows stored in f's cache, then attention of the new rows into out */
+static void attend(fixture *f, scene *s, float cap, float out[4][HEADS * HD]) {
+    int32_t past_slots[23];
+    for (int t = 0; t < 23; t++)
+        past_slots[t] = slot_of(s, t < 5 ? 0 : 1, t < 5 ? t : t - 5);
+    store(f, &s->past_k[0][0], &s->past_v[0][0], past_slots, 23);
+    store(f, &s->k[0][0], &s->v[0][0], s->slots, 4);
+    exl_batch b = {.n_rows = 4,
+                   .n_seqs = 2,
+                   .max_q = 3,
+                   .max_kv = 19,
+                   .seqs = s->seqs,
+                   .pos = s->pos,
+                   .slots = s->slots,
+                   .d_seqs = s->seqs,
+                   .d_pos = s->pos,
+                   .d_slots = s->slots,
+                   .d_page_tables = s->pages,
+                   .kv = f->fmt};
+    exl_attn_shape sh = {HEADS, KV_HEADS, HD, PAGE, 0, 1.0f / sqrtf((float)HD), cap};
+    f->be->ops->attention(f->be, &out[0][0], &s->q[0][0], &s->k[0][0], &s->v[0][0], f->k_cache, f->v_cache, &b, &sh);
+}
+
+/* the largest difference of out from the reference over the decoded cache */
+static double off_reference(const fixture *f, const scene *s, double cap, float out[4][HEADS * HD]) {
+    double worst = 0;
+    for (int r = 0; r < 4; r++)
+        for (int h = 0; h < HEADS; h++) {
+            double want[HD];
+            reference(f, s, r, h, cap, want);
+            for (int i = 0; i < HD; i++)
+                worst = fmax(worst, fabs(out[r][h * HD + i] - want[i]));
+        }
+    return worst;
+}
+
 EXL_TEST(attention_reads_quantized_slots) {
     static const int formats[][2] = {{16, 16}, {8, 8}, {6, 6}, {4, 4}, {8, 4}, {16, 4}, {4, 16}, {6, 8}};
     scene *s = malloc(sizeof *s);
@@ -211,36 +250,40 @@ EXL_TEST(attention_reads_quantized_slots) {
     for (size_t fi = 0; fi < sizeof formats / sizeof formats[0]; fi++) {
         fixture f;
         REQUIRE(fixture_init(&f, formats[fi][0], formats[fi][1]) == 0);
-        int32_t past_slots[23];
-        for (int t = 0; t < 23; t++)
-            past_slots[t] = slot_of(s, t < 5 ? 0 : 1, t < 5 ? t : t - 5);
-        store(&f, &s->past_k[0][0], &s->past_v[0][0], past_slots, 23);
-        store(&f, &s->k[0][0], &s->v[0][0], s->slots, 4);
-        exl_batch b = {.n_rows = 4,
-                       .n_seqs = 2,
-                       .max_q = 3,
-                       .max_kv = 19,
-                       .seqs = s->seqs,
-                       .pos = s->pos,
-                       .slots = s->slots,
-                       .d_seqs = s->seqs,
-                       .d_pos = s->pos,
-                       .d_slots = s->slots,
-                       .d_page_tables = s->pages,
-                       .kv = f.fmt};
-        exl_attn_shape sh = {HEADS, KV_HEADS, HD, PAGE, 0, 1.0f / sqrtf((float)HD)};
         float out[4][HEADS * HD];
-        f.be->ops->attention(f.be, &out[0][0], &s->q[0][0], &s->k[0][0], &s->v[0][0], f.k_cache, f.v_cache, &b, &sh);
-        double worst = 0;
-        for (int r = 0; r < 4; r++)
-            for (int h = 0; h < HEADS; h++) {
-                double want[HD];
-                reference(&f, s, r, h, want);
-                for (int i = 0; i < HD; i++)
-                    worst = fmax(worst, fabs(out[r][h * HD + i] - want[i]));
-            }
+        attend(&f, s, 0.0f, out);
+        double worst = off_reference(&f, s, 0, out);
         CHECK_MSG(worst < 2e-5, "K%d/V%d: attention off by %g", formats[fi][0], formats[fi][1], worst);
         fixture_free(&f);
     }
+    free(s);
+}
+
+/* Gemma 2's soft-capped scores (a cap below most scores here, so that it bites): over an 8-bit cache as over the
+ * decoded one, and close to the same attention over the unquantized cache, which the cap changes. */
+EXL_TEST(softcapped_attention_over_an_8_bit_cache) {
+    const float cap = 0.5f;
+    scene *s = malloc(sizeof *s);
+    REQUIRE(s);
+    scene_init(s, 5);
+    fixture q8, full;
+    REQUIRE(fixture_init(&q8, 8, 8) == 0);
+    REQUIRE(fixture_init(&full, 16, 16) == 0);
+    float out8[4][HEADS * HD], out16[4][HEADS * HD], uncapped[4][HEADS * HD];
+    attend(&q8, s, cap, out8);
+    attend(&full, s, cap, out16);
+    attend(&full, s, 0.0f, uncapped);
+    double worst8 = off_reference(&q8, s, cap, out8), worst16 = off_reference(&full, s, cap, out16);
+    double apart = 0, capped_by = 0;
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < HEADS * HD; i++) {
+            apart = fmax(apart, fabs(out8[r][i] - out16[r][i]));
+            capped_by = fmax(capped_by, fabs(out16[r][i] - uncapped[r][i]));
+        }
+    CHECK_MSG(worst8 < 2e-5 && worst16 < 2e-5, "soft-capped attention off by %g (8-bit), %g (fp32)", worst8, worst16);
+    CHECK_MSG(apart < 1e-2, "8-bit cache %g from the unquantized one", apart);
+    CHECK_MSG(capped_by > 10 * apart, "the cap moves attention by %g only (8-bit error %g)", capped_by, apart);
+    fixture_free(&q8);
+    fixture_free(&full);
     free(s);
 }

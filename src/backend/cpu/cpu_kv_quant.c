@@ -4,7 +4,8 @@
  *
  * Attention takes the keys and values of the step's own rows from the fp32 k and v (exact, as computed), the
  * earlier ones from the cache. Quantized keys are scored against the query rotated group by group (H q . y);
- * quantized values are summed rotated and turned back once at the end (H sum p y), the exact rows' values apart. */
+ * quantized values are summed rotated and turned back once at the end (H sum p y), the exact rows' values apart.
+ * Scores are soft-capped after the scaling where the layer asks, as in cpu_attention.c. */
 #include "backend/cpu/cpu.h"
 #include "backend/kv_quant.h"
 
@@ -219,8 +220,12 @@ static void attend_block(const qattn_job *j, const exl_attn_seq *seq, int32_t kv
                 const int nr = nq - u < EXL_CPU_MAX_NR ? nq - u : EXL_CPU_MAX_NR;
                 float d[EXL_CPU_MAX_NR];
                 kern->dot_f32((kex[i] ? qp : qr) + u * hd, hd, nr, kp[i], hd, d);
-                for (int r = 0; r < nr; r++)
-                    p[(u + r) * kc + i] = d[r] * s->scale;
+                for (int r = 0; r < nr; r++) {
+                    float sc = d[r] * s->scale;
+                    if (s->softcap > 0)
+                        sc = s->softcap * tanhf(sc / s->softcap);
+                    p[(u + r) * kc + i] = sc;
+                }
             }
         for (int32_t u = 0; u < nq; u++) {
             const int32_t a = first[u] > t0 ? first[u] - t0 : 0, z = last[u] < t0 + n - 1 ? last[u] - t0 : n - 1;

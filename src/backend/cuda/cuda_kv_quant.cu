@@ -12,7 +12,8 @@
  * step's own keys and values come from the fp32 k and v, as computed.
  * Prefill: a block takes 16 queries of one head and 32 keys at a time into shared memory as fp32, a warp
  * decoding 32 values of a key (turned back by shuffles) at a time; then as attn_prefill_kernel.
- * Needs head_dim a multiple of 16 up to 256. fp32 arithmetic throughout. */
+ * Scores are soft-capped where the layer asks, as in cuda_attention.cu. Needs head_dim a multiple of 16 up to 256.
+ * fp32 arithmetic throughout. */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/kv_quant.h"
 
@@ -282,6 +283,8 @@ __global__ void __launch_bounds__(QK_WARPS * 32)
                 }
             }
         }
+        if (sh.softcap > 0.0f && t < k1)
+            sc = sh.softcap * tanhf(sc / sh.softcap);
         float nm = fmaxf(m, sc);
         for (int o = 16; o > 0; o >>= 1)
             nm = fmaxf(nm, __shfl_xor_sync(FULL, nm, o));
@@ -491,6 +494,8 @@ __global__ void __launch_bounds__(QK_WARPS * 32)
                 s = 0.0f;
                 for (int i = 0; i < hd; i++)
                     s += qrow[i] * krow[i];
+                if (sh.softcap > 0.0f)
+                    s = sh.softcap * tanhf(s / sh.softcap);
             }
             float nm = fmaxf(m[j], s);
             for (int o = 16; o > 0; o >>= 1)
