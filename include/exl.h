@@ -106,6 +106,10 @@ void exl_string_free(char *s);
 typedef struct exl_session exl_session;
 
 exl_status exl_session_init(exl_model *model, int32_t max_tokens, exl_session **out);
+/* The same with the cache's keys and values stored in k_bits and v_bits each: 16 (as exl_session_init; 0 too),
+ * 8, 6 or 4 (quantized in groups along each head, see exl_cache_token_bytes). */
+exl_status exl_session_init_cache(exl_model *model, int32_t max_tokens, int32_t k_bits, int32_t v_bits,
+                                  exl_session **out);
 void exl_session_free(exl_session *session);
 /* Forget all tokens (the cache is kept allocated). */
 void exl_session_reset(exl_session *session);
@@ -207,12 +211,15 @@ void exl_chat_prompt_free(exl_chat_prompt *prompt);
 typedef struct exl_generator exl_generator;
 
 typedef struct exl_generator_params {
-    int32_t n_pages;          /* KV cache pages; default 64 */
+    int32_t n_pages;          /* KV cache pages; default 64; 0: as many as fit in memory (exl_cache_fit_tokens) */
     int32_t page_size;        /* token slots per page; default 256 */
     int32_t max_batch_tokens; /* tokens per forward step, 1..exl_model_desc.max_step_tokens; default 0: that
                                * maximum (512 on the CPU, 2048 on CUDA) */
     int32_t max_jobs;         /* jobs running at once (others wait), 1..max_batch_tokens; default 0: max_batch_tokens */
     int32_t prefix_cache;     /* reuse the cached K/V of identical prefixes; default 1 */
+    int32_t cache_k_bits;     /* bits per cached key: 16 (default; 0 too), 8, 6 or 4 (exl_cache_token_bytes) */
+    int32_t cache_v_bits;     /* bits per cached value, the same */
+    float memory_fraction;    /* with n_pages 0: as exl_cache_fit_tokens; default 0 (its default) */
 } exl_generator_params;
 
 exl_generator_params exl_generator_default_params(void);
@@ -347,6 +354,22 @@ typedef struct exl_generator_stats {
 
 /* A snapshot as of the end of the last step. */
 void exl_generator_stats_get(exl_generator *gen, exl_generator_stats *out);
+
+/* ---------------------------------------------------------------- KV cache sizing */
+
+/* The bytes one token takes in a KV cache of the model (every layer's key and value) with k_bits per key and v_bits
+ * per value: 16 (0 too) keeps them at the backend's own precision (fp16 on CUDA, fp32 on the CPU); 8, 6 and 4
+ * quantize each head in groups of 32 values (16 or 8 where head_dim is not a multiple of 32), Hadamard-rotated,
+ * with an fp16 scale per group. An error for other widths, or a head_dim no group fits. */
+exl_status exl_cache_token_bytes(const exl_model *model, int32_t k_bits, int32_t v_bits, int64_t *bytes);
+
+/* The tokens of such a cache that fit in the memory the model's device has left (0 when none fits). On a GPU:
+ * memory_fraction of its memory (0 = 0.9; EXL_CUDA_MEMORY_LIMIT=24GiB makes a larger GPU count as that much)
+ * less what is in use now (the weights, the forward buffers, other processes) and less a margin of 512 MiB for
+ * buffers that grow later. On the CPU, where the weights are mapped files and memory_fraction is not used: a
+ * quarter of the RAM that the weight files leave, at most 4 GiB of cache. */
+exl_status exl_cache_fit_tokens(exl_model *model, int32_t k_bits, int32_t v_bits, float memory_fraction,
+                                int64_t *tokens);
 
 /* ---------------------------------------------------------------- quantizer */
 

@@ -47,8 +47,8 @@ static float rng_uniform(float std) { return (float)(((rng_next() >> 11) * 0x1.0
 static void usage(void) {
     printf("usage: make_random_model -o DIR [--preset NAME] [--hidden H] [--layers L] [--heads N]\n"
            "         [--kv-heads K] [--ffn F] [--vocab V] [--head-dim D] [--tied] [--dtype f16|bf16|f32]\n"
-           "         [--seed S] [--shard-mb M] [--tokenizer-from DIR]\n\n"
-           "Write a Llama-architecture model with random weights (std 0.02, norms 1 +- 0.1).\n"
+           "         [--seed S] [--shard-mb M] [--tokenizer-from DIR] [--std S]\n\n"
+           "Write a Llama-architecture model with random weights (std 0.02 or --std, norms 1 +- 0.1).\n"
            "Presets:");
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         printf(" %s", presets[i].name);
@@ -78,6 +78,7 @@ int main(int argc, char **argv) {
     const char *out = NULL, *dtype = "f16", *tok_from = NULL;
     long shard_mb = 4096;
     int head_dim_given = 0;
+    float std = 0.02f;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -129,6 +130,8 @@ int main(int argc, char **argv) {
             shard_mb = atol(v);
         else if (!strcmp(a, "--tokenizer-from"))
             tok_from = v;
+        else if (!strcmp(a, "--std"))
+            std = strtof(v, NULL);
         else {
             fprintf(stderr, "make_random_model: unknown option '%s'\n", a);
             return 2;
@@ -139,7 +142,7 @@ int main(int argc, char **argv) {
     int esz = !strcmp(dtype, "f32") ? 4 : 2;
     const char *st_dtype = !strcmp(dtype, "f32") ? "F32" : !strcmp(dtype, "bf16") ? "BF16" : "F16";
     if (!out || p.hidden < 1 || p.layers < 1 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads ||
-        p.ffn < 1 || p.vocab < 1 || p.head_dim < 2 || shard_mb < 1 ||
+        p.ffn < 1 || p.vocab < 1 || p.head_dim < 2 || shard_mb < 1 || !(std > 0) ||
         (strcmp(dtype, "f16") && strcmp(dtype, "bf16") && strcmp(dtype, "f32"))) {
         fprintf(stderr, "make_random_model: need -o DIR and a valid shape (see --help)\n");
         return 2;
@@ -154,7 +157,7 @@ int main(int argc, char **argv) {
     tensor_spec *specs = calloc((size_t)n_specs, sizeof *specs);
     int n = 0;
     int64_t q = (int64_t)p.heads * p.head_dim, kv = (int64_t)p.kv_heads * p.head_dim;
-    specs[n++] = (tensor_spec){"model.embed_tokens.weight", p.vocab, p.hidden, 0.02f, 0};
+    specs[n++] = (tensor_spec){"model.embed_tokens.weight", p.vocab, p.hidden, std, 0};
     for (int l = 0; l < p.layers; l++) {
         struct {
             const char *suffix;
@@ -168,7 +171,7 @@ int main(int argc, char **argv) {
             snprintf(t->name, sizeof t->name, "model.layers.%d.%s", l, lin[k].suffix);
             t->rows = lin[k].r;
             t->cols = lin[k].c;
-            t->std = 0.02f;
+            t->std = std;
         }
         tensor_spec *t = &specs[n++];
         snprintf(t->name, sizeof t->name, "model.layers.%d.input_layernorm.weight", l);
@@ -180,7 +183,7 @@ int main(int argc, char **argv) {
     }
     specs[n++] = (tensor_spec){"model.norm.weight", p.hidden, 0, 0.1f, 1.0f};
     if (!p.tied)
-        specs[n++] = (tensor_spec){"lm_head.weight", p.vocab, p.hidden, 0.02f, 0};
+        specs[n++] = (tensor_spec){"lm_head.weight", p.vocab, p.hidden, std, 0};
 
     /* ---- assign tensors to shards */
     int *shard_of = calloc((size_t)n, sizeof *shard_of);

@@ -20,7 +20,7 @@
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 12
+#define EXL_BACKEND_ABI 13
 
 typedef struct exl_backend exl_backend;
 
@@ -54,7 +54,7 @@ typedef struct exl_backend_ops {
      * inv_freq holds rot_dim / 2 frequencies, cos and sin are multiplied by attn_factor */
     void (*rope)(exl_backend *be, float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
                  int32_t rot_dim, const float *inv_freq, float attn_factor);
-    /* write rows of k and v ([rows, n_kv_heads * head_dim]) to their cache slots */
+    /* write rows of k and v ([rows, n_kv_heads * head_dim]) to their cache slots, in b's kv format */
     void (*kv_store)(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                      const exl_batch *b, int32_t kv_width);
     /* causal attention of each sequence's new queries over its paged cache; k and v are the new
@@ -112,6 +112,9 @@ typedef struct exl_backend_ops {
      * results (-1 kept) to HOST ids; only the last EXL_ARGMAX_KEEP tickets can be waited on. */
     int64_t (*argmax)(exl_backend *be, int32_t *ids, const float *logits, int32_t rows, int32_t vocab);
     exl_status (*argmax_wait)(exl_backend *be, int64_t ticket, int32_t *ids, int32_t rows);
+    /* Optional (NULL on the CPU, whose memory is the host's): the device memory free now and in all, as far as
+     * this process may use it (a limit set for testing counts as the device's size). */
+    exl_status (*memory)(exl_backend *be, size_t *free_bytes, size_t *total_bytes);
 } exl_backend_ops;
 
 #define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */
@@ -122,7 +125,7 @@ typedef struct exl_backend_ops {
 struct exl_backend {
     const exl_backend_ops *ops;
     const char *name;
-    size_t kv_elem_bytes; /* bytes per cached K/V value */
+    size_t kv_elem_bytes; /* bytes per cached K/V value at full precision (backend/kv_quant.h) */
     int32_t step_rows;    /* tokens a forward step takes at most (its scratch buffers are sized for it) */
 };
 

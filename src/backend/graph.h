@@ -67,6 +67,13 @@ typedef struct exl_attn_seq {
     int32_t page_start; /* first entry of this sequence's page table in page_tables */
 } exl_attn_seq;
 
+/* How the cache that a step's kv_store and attention nodes write and read stores keys and values (its every layer
+ * alike): backend/kv_quant.h. A zeroed format is the backend's own element (kv_elem_bytes) on both sides. */
+typedef struct exl_kv_format {
+    int32_t k_bits, v_bits; /* 8, 6 or 4: quantized in groups; 0 or 16: the backend's own element */
+    int32_t group;          /* values per quantization group, a divisor of head_dim (0 when neither side is) */
+} exl_kv_format;
+
 typedef struct exl_batch {
     int32_t n_rows, n_seqs;
     int32_t max_q, max_kv;
@@ -77,6 +84,7 @@ typedef struct exl_batch {
     /* backend copies (identical pointers on the CPU) */
     const exl_attn_seq *d_seqs;
     const int32_t *d_ids, *d_pos, *d_slots, *d_page_tables;
+    exl_kv_format kv; /* the cache's */
 } exl_batch;
 
 typedef struct exl_attn_shape {
@@ -180,7 +188,7 @@ typedef struct exl_rope_node {
 } exl_rope_node;
 
 typedef struct exl_kv_store_node {
-    void *k_cache, *v_cache; /* the layer's (page slots of width values, the backend's kv_elem_bytes each) */
+    void *k_cache, *v_cache; /* the layer's: page slots of width values, as the batch's kv format says */
     const float *k, *v;
     int32_t width;
 } exl_kv_store_node;

@@ -25,14 +25,15 @@ static const char ABOUT[] =
 
 /* Tokens/s of greedy generation after the prompt (its prefill not counted): one generator job,
  * as `exl run --temperature 0` runs it. */
-static exl_status greedy_speed(exl_model *m, const char *dir, const int32_t *ids, long prompt, long gen,
-                               double *tps) {
+static exl_status greedy_speed(exl_model *m, const char *dir, const cli_cache_args *cache, const int32_t *ids,
+                               long prompt, long gen, double *tps) {
     exl_tokenizer *tok;
     exl_status st = exl_tokenizer_load(dir, &tok);
     if (st != EXL_OK)
         return st;
     exl_generator_params gp = exl_generator_default_params();
     gp.n_pages = (int32_t)((prompt + gen) / gp.page_size + 2);
+    cli_cache_apply(cache, &gp);
     exl_generator *g;
     st = exl_generator_init(m, tok, &gp, &g);
     if (st != EXL_OK) {
@@ -63,14 +64,18 @@ static exl_status greedy_speed(exl_model *m, const char *dir, const int32_t *ids
 
 int cmd_bench(int argc, char **argv) {
     cli_model_args model;
+    cli_cache_args cache;
     long prompt = 128, gen = 64;
     const cli_option options[] = {
         {"-p", NULL, CLI_LONG, &prompt, "PROMPT_TOKENS", .help = "tokens in the timed prefill", .lo = 1, .hi = 1 << 20},
         {"-n", NULL, CLI_LONG, &gen, "N", .help = "decode steps", .lo = 1, .hi = 1 << 20},
     };
     const cli_command cmd = {"bench", "-m DIR [-p PROMPT_TOKENS] [-n N] [options]", ABOUT, NULL,
-                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL)}};
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
+                              cli_cache_group(&cache, CLI_CACHE_BITS, NULL)}};
     int rc = cli_parse(&cmd, argc, argv);
+    if (rc == CLI_GO_ON)
+        rc = cli_cache_get(&cache, "bench");
     if (rc != CLI_GO_ON)
         return rc;
     const char *dir = model.dir;
@@ -82,7 +87,7 @@ int cmd_bench(int argc, char **argv) {
     exl_model_desc d;
     exl_model_describe(m, &d);
     exl_session *s;
-    st = exl_session_init(m, (int32_t)(prompt + gen), &s);
+    st = exl_session_init_cache(m, (int32_t)(prompt + gen), cache.k_bits, cache.v_bits, &s);
     int32_t *ids = malloc((size_t)prompt * sizeof *ids);
     float *logits = malloc((size_t)d.vocab_size * sizeof *logits);
     if (st != EXL_OK || !ids || !logits) {
@@ -116,13 +121,13 @@ int cmd_bench(int argc, char **argv) {
     double prefill = prompt / (t1 - t0), decode = gen / (t2 - t1);
     printf("model:    %s (%s, %.1f MiB of weights, %.1f MiB read per decoded token)\n", dir, d.arch,
            d.file_bytes / 1048576.0, d.decode_bytes / 1048576.0);
-    printf("backend:  %s\n", d.backend);
+    printf("backend:  %s, kv cache keys %d-bit, values %d-bit\n", d.backend, (int)cache.k_bits, (int)cache.v_bits);
     printf("prefill:  %ld tokens in %.3f s = %.1f tokens/s\n", prompt, t1 - t0, prefill);
     printf("decode:   %ld tokens in %.3f s = %.2f tokens/s (context %ld..%ld)\n", gen, t2 - t1, decode, prompt,
            prompt + gen);
     if (strcmp(d.backend, "cpu") != 0 && gen > 1) {
         double g;
-        if (greedy_speed(m, dir, ids, prompt, gen, &g) == EXL_OK)
+        if (greedy_speed(m, dir, &cache, ids, prompt, gen, &g) == EXL_OK)
             printf("greedy:   %.2f tokens/s generating (context %ld..%ld)\n", g, prompt, prompt + gen);
         else
             printf("greedy:   not measured: %s\n", exl_last_error());

@@ -219,6 +219,7 @@ int cmd_chat(int argc, char **argv) {
     chat c = {.max_reply = 512, .tty = isatty(0)};
     cli_model_args model;
     cli_sampling_args sampling;
+    cli_cache_args cache;
     const char *system = NULL;
     const cli_option options[] = {
         {NULL, "--system", CLI_STRING, &system, "TEXT", .help = "system prompt"},
@@ -228,8 +229,11 @@ int cmd_chat(int argc, char **argv) {
     };
     const cli_command cmd = {"chat", "-m DIR [options]", ABOUT, NULL,
                              {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
-                              cli_sampling_group(&sampling)}};
+                              cli_sampling_group(&sampling),
+                              cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS, "the window's")}};
     int rc = cli_parse(&cmd, argc, argv);
+    if (rc == CLI_GO_ON)
+        rc = cli_cache_get(&cache, "chat");
     if (rc != CLI_GO_ON)
         return rc;
     const char *dir = model.dir;
@@ -249,6 +253,14 @@ int cmd_chat(int argc, char **argv) {
         exl_generator_params gp = exl_generator_default_params();
         gp.max_jobs = 1;
         gp.n_pages = (c.ctx + gp.page_size - 1) / gp.page_size + 1;
+        cli_cache_apply(&cache, &gp);
+        if ((int64_t)gp.n_pages * gp.page_size < c.ctx) {
+            fprintf(stderr, "exl chat: a kv cache of %lld tokens cannot hold the %d-token window (--ctx)\n",
+                    (long long)gp.n_pages * gp.page_size, (int)c.ctx);
+            exl_tokenizer_free(c.tok);
+            exl_model_free(c.model);
+            return 1;
+        }
         st = exl_generator_init(c.model, c.tok, &gp, &c.gen);
     }
     if (st == EXL_OK && system && !(c.system = strdup(system)))

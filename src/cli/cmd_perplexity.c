@@ -18,7 +18,11 @@ static const char NOTES[] =
     "  - inside a window, token i (i >= 1) is predicted from tokens 0..i-1 of that window;\n"
     "  - a window scores only the tokens that no earlier window scored (with S = N that\n"
     "    is N-1 predictions per window);\n"
-    "  - --max-windows K stops after K windows.\n"
+    "  - --max-windows K stops after K windows;\n"
+    "  - each window goes through the model in pieces of C tokens (--chunk): a piece attends to\n"
+    "    the earlier pieces' keys and values as the KV cache holds them (--cache-bits), to its\n"
+    "    own as computed; C = N (the default) evaluates a window in one pass (in forward steps\n"
+    "    of at most 512 tokens).\n"
     "The result is exp(mean negative log-likelihood) over all scored tokens, printed last\n"
     "as 'perplexity: <value>'.";
 
@@ -36,8 +40,9 @@ static double nll(const float *logits, int32_t vocab, int32_t target) {
 
 int cmd_perplexity(int argc, char **argv) {
     cli_model_args model;
+    cli_cache_args cache;
     const char *file = NULL;
-    long ctx = 2048, stride = 0, max_windows = -1;
+    long ctx = 2048, stride = 0, max_windows = -1, chunk = 0;
     const cli_option options[] = {
         {"-f", "--file", CLI_STRING, &file, "FILE", .help = "the text (UTF-8)", .required = 1},
         {NULL, "--ctx", CLI_LONG, &ctx, "N", .help = "tokens per window", .lo = 2, .hi = 1 << 20},
@@ -45,11 +50,16 @@ int cmd_perplexity(int argc, char **argv) {
          .default_text = "N"},
         {NULL, "--max-windows", CLI_LONG, &max_windows, "K", .help = "stop after K windows", .lo = 1, .hi = 1L << 40,
          .default_text = "all"},
+        {NULL, "--chunk", CLI_LONG, &chunk, "C", .help = "tokens of a window evaluated at once", .lo = 1,
+         .hi = 1 << 20, .default_text = "N"},
     };
     const cli_command cmd = {"perplexity", "-m DIR -f FILE [--ctx N] [--stride S] [--max-windows K] [options]",
                              "The perplexity of the model on a text file, over sliding windows.", NOTES,
-                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL)}};
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
+                              cli_cache_group(&cache, CLI_CACHE_BITS, NULL)}};
     int rc = cli_parse(&cmd, argc, argv);
+    if (rc == CLI_GO_ON)
+        rc = cli_cache_get(&cache, "perplexity");
     if (rc != CLI_GO_ON)
         return rc;
     const char *dir = model.dir;
@@ -57,6 +67,8 @@ int cmd_perplexity(int argc, char **argv) {
         stride = ctx;
     if (stride > ctx)
         return cli_usage_error("perplexity", "--stride (%ld) must not exceed --ctx (%ld)", stride, ctx);
+    if (chunk > ctx)
+        return cli_usage_error("perplexity", "--chunk (%ld) must not exceed --ctx (%ld)", chunk, ctx);
 
     FILE *fp = fopen(file, "rb");
     if (!fp) {
@@ -87,12 +99,13 @@ int cmd_perplexity(int argc, char **argv) {
     if (st == EXL_OK)
         st = exl_model_load(dir, &model.params, &m);
     exl_model_desc d;
-    const int32_t chunk = 256;
     if (st == EXL_OK) {
         exl_model_describe(m, &d);
         if (ctx > n_ids)
             ctx = n_ids;
-        st = exl_session_init(m, (int32_t)ctx, &s);
+        if (!chunk || chunk > ctx)
+            chunk = ctx;
+        st = exl_session_init_cache(m, (int32_t)ctx, cache.k_bits, cache.v_bits, &s);
     }
     if (st == EXL_OK && !(logits = malloc((size_t)chunk * d.vocab_size * sizeof *logits)))
         st = EXL_ERR_NOMEM;

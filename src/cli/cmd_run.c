@@ -119,6 +119,7 @@ static exl_status tokenize(const exl_tokenizer *tok, run_item *items, int n, int
 int cmd_run(int argc, char **argv) {
     cli_model_args model;
     cli_sampling_args sampling;
+    cli_cache_args cache;
     cli_list prompts = {0};
     long n_new = 128;
     int json = 0, stats = 0, ignore_eos = 0;
@@ -133,8 +134,12 @@ int cmd_run(int argc, char **argv) {
     };
     const cli_command cmd = {"run", "-m DIR -p TEXT [-p TEXT ...] [options]", ABOUT, NOTES,
                              {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
-                              cli_sampling_group(&sampling)}};
+                              cli_sampling_group(&sampling),
+                              cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS,
+                                              "the longest prompt and -n, at least 16384")}};
     int rc = cli_parse(&cmd, argc, argv);
+    if (rc == CLI_GO_ON)
+        rc = cli_cache_get(&cache, "run");
     run_item *items = rc == CLI_GO_ON ? calloc((size_t)prompts.n, sizeof *items) : NULL;
     if (rc == CLI_GO_ON && !items)
         rc = cli_error(EXL_ERR_NOMEM);
@@ -164,6 +169,7 @@ int cmd_run(int argc, char **argv) {
         /* enough cache pages for the longest job alone */
         long need = (longest + n_new) / gp.page_size + 1;
         gp.n_pages = need > gp.n_pages ? (int32_t)need : gp.n_pages;
+        cli_cache_apply(&cache, &gp);
         st = exl_generator_init(m, tok, &gp, &gen);
     }
     double t0 = now();

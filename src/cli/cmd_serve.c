@@ -19,7 +19,11 @@ static const char ABOUT[] =
     "  need no API key.\n"
     "Chat prompts use the model's chat template, else ChatML (as exl chat). Sampling fields a request\n"
     "leaves out take the library's defaults (exl_sampling_default, as exl run's --help shows).\n"
-    "usage.completion_tokens counts the stop token that ends a completion (as exl run does).";
+    "usage.completion_tokens counts the stop token that ends a completion (as exl run does).\n"
+    "The KV cache holds --cache-tokens, or what fits in memory: on a GPU, --gpu-memory of it less what\n"
+    "is in use and a 512 MiB margin; on the CPU, what --max-jobs sequences of --ctx tokens can use, at\n"
+    "most a quarter of the RAM the weights leave and 4 GiB.\n"
+    "Jobs take its pages as they grow and wait when none is left; its size is printed at start.";
 
 /* Every connection is a file descriptor: raise the soft limit as far as allowed, and refuse a
  * --max-connections the process could not hold. */
@@ -48,6 +52,7 @@ static void log_line(void *ctx, const char *line) {
 int cmd_serve(int argc, char **argv) {
     exl_server_params sp = exl_server_default_params();
     cli_model_args model;
+    cli_cache_args cache;
     int quiet = 0;
     long max_body = (long)sp.max_body, max_response_tokens = (long)sp.max_response_tokens;
     const cli_option options[] = {
@@ -59,7 +64,7 @@ int cmd_serve(int argc, char **argv) {
         {NULL, "--model-name", CLI_STRING, &sp.model_name, "NAME", .help = "the model id clients use",
          .default_text = "the directory's name"},
         {NULL, "--max-jobs", CLI_INT, &sp.max_jobs, "N", .lo = 1, .hi = 256,
-         .help = "sequences decoded at once, more wait"},
+         .help = "sequences decoded at once, more wait (a limit: the cache\nis not reserved for them)"},
         {NULL, "--ctx", CLI_INT, &sp.ctx, "N", .lo = 2, .hi = 1 << 24,
          .help = "tokens per sequence, prompt + completion", .default_text = "the model's maximum, at most 4096"},
         {NULL, "--max-body", CLI_LONG, &max_body, "BYTES", .help = "largest request body", .lo = 1, .hi = 1L << 30},
@@ -86,12 +91,19 @@ int cmd_serve(int argc, char **argv) {
     };
     const cli_command cmd = {"serve", "-m DIR [options]", ABOUT, NULL,
                              {CLI_GROUP("options", options), CLI_GROUP("connections", connections),
-                              cli_model_group(&model, CLI_MODEL_ALL)}};
+                              cli_model_group(&model, CLI_MODEL_ALL),
+                              cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS | CLI_CACHE_MEMORY,
+                                              "what fits in memory")}};
     model.params.device = sp.device;
     model.params.n_threads = sp.n_threads;
     int rc = cli_parse(&cmd, argc, argv);
+    if (rc == CLI_GO_ON)
+        rc = cli_cache_get(&cache, "serve");
     if (rc != CLI_GO_ON)
         return rc;
+    sp.cache_tokens = cache.tokens;
+    sp.gpu_memory = cache.gpu_memory;
+    sp.cache_k_bits = cache.k_bits, sp.cache_v_bits = cache.v_bits;
     sp.model_dir = model.dir;
     sp.max_body = max_body;
     sp.max_response_tokens = max_response_tokens;
@@ -114,6 +126,11 @@ int cmd_serve(int argc, char **argv) {
     exl_status st = exl_server_start(&sp, &srv);
     if (st != EXL_OK)
         return cli_error(st);
+    exl_server_cache kv;
+    exl_server_cache_info(srv, &kv);
+    fprintf(stderr, "exl serve: kv cache of %lld tokens (%lld pages of %d), keys %d-bit, values %d-bit, %.1f MiB\n",
+            (long long)kv.tokens, (long long)(kv.tokens / kv.page_size), (int)kv.page_size, (int)kv.k_bits,
+            (int)kv.v_bits, kv.bytes / 1048576.0);
     int v6 = strchr(sp.host, ':') != NULL; /* an IPv6 address goes in brackets */
     fprintf(stderr, "exl serve: model %s at http://%s%s%s:%d/v1 (Ctrl-C to stop)\n", exl_server_model_name(srv),
             v6 ? "[" : "", sp.host, v6 ? "]" : "", (int)exl_server_port(srv));

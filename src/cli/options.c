@@ -316,6 +316,70 @@ cli_group cli_model_group(cli_model_args *a, int parts) {
     return (cli_group){"model options", a->options, n};
 }
 
+cli_group cli_cache_group(cli_cache_args *a, int parts, const char *tokens_default) {
+    *a = (cli_cache_args){.k_bits = 16, .v_bits = 16};
+    const cli_option bits[] = {
+        {NULL, "--cache-bits", CLI_STRING, &a->bits, "K[,V]", .default_text = "16",
+         .help = "bits per cached key and value: 16 (unquantized: fp16 on CUDA,\nfp32 on the CPU), 8, 6 or 4; "
+                 "V defaults to K"},
+    };
+    const cli_option tokens[] = {
+        {NULL, "--cache-tokens", CLI_LONG, &a->tokens, "N", .lo = 1, .hi = INT32_MAX, .default_text = tokens_default,
+         .help = "tokens the KV cache holds, shared by the sequences:\npages are taken as they grow"},
+    };
+    const cli_option memory[] = {
+        {NULL, "--gpu-memory", CLI_FLOAT, &a->gpu_memory, "F", .lo = 0.05, .hi = 1, .default_text = "0.9",
+         .help = "the fraction of the GPU's memory exl may fill, weights\nincluded, when the cache is sized to "
+                 "fit"},
+    };
+    _Static_assert(sizeof bits + sizeof tokens + sizeof memory == sizeof a->options,
+                   "cli_cache_args.options holds the group");
+    int n = 0;
+    if (parts & CLI_CACHE_BITS)
+        a->options[n++] = bits[0];
+    if (parts & CLI_CACHE_TOKENS)
+        a->options[n++] = tokens[0];
+    if (parts & CLI_CACHE_MEMORY)
+        a->options[n++] = memory[0];
+    return (cli_group){"kv cache options", a->options, n};
+}
+
+void cli_cache_apply(const cli_cache_args *a, exl_generator_params *gp) {
+    gp->cache_k_bits = a->k_bits, gp->cache_v_bits = a->v_bits;
+    if (!a->tokens)
+        return;
+    if (a->tokens < gp->page_size)
+        gp->page_size = (int32_t)a->tokens;
+    long pages = a->tokens / gp->page_size;
+    gp->n_pages = pages < INT32_MAX ? (int32_t)pages : INT32_MAX;
+}
+
+static int parse_bits(const char *s, int32_t *bits, const char **end) {
+    char *e;
+    errno = 0;
+    long b = strtol(s, &e, 10);
+    if (e == s || errno || !(b == 16 || b == 8 || b == 6 || b == 4))
+        return -1;
+    *bits = (int32_t)b;
+    *end = e;
+    return 0;
+}
+
+int cli_cache_get(cli_cache_args *a, const char *cmd) {
+    if (!a->bits)
+        return CLI_GO_ON;
+    const char *rest;
+    if (parse_bits(a->bits, &a->k_bits, &rest) ||
+        (*rest && (*rest != ',' || parse_bits(rest + 1, &a->v_bits, &rest) || *rest)))
+        return cli_usage_error(cmd,
+                               "--cache-bits takes 16, 8, 6 or 4 bits for keys, then optionally ',' and those "
+                               "for values, not '%s'",
+                               a->bits);
+    if (a->bits[strcspn(a->bits, ",")] != ',')
+        a->v_bits = a->k_bits;
+    return CLI_GO_ON;
+}
+
 cli_group cli_sampling_group(cli_sampling_args *a) {
     exl_sampling *s = &a->sampling;
     *s = exl_sampling_default();

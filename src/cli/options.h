@@ -78,6 +78,26 @@ typedef struct cli_model_args {
 
 cli_group cli_model_group(cli_model_args *args, int parts);
 
+/* The KV cache: --cache-bits K[,V], --cache-tokens N (commands that run a generator), --gpu-memory F (those that
+ * size the cache to the memory). */
+enum { CLI_CACHE_BITS = 1, CLI_CACHE_TOKENS = 2, CLI_CACHE_MEMORY = 4 };
+
+typedef struct cli_cache_args {
+    const char *bits;       /* --cache-bits as given, or NULL */
+    int32_t k_bits, v_bits; /* from it (cli_cache_get); 16 by default */
+    long tokens;            /* --cache-tokens; 0: the command's default */
+    float gpu_memory;       /* --gpu-memory; 0: the library's default */
+    cli_option options[3];
+} cli_cache_args;
+
+/* tokens_default: what help says the command's cache holds without --cache-tokens. */
+cli_group cli_cache_group(cli_cache_args *args, int parts, const char *tokens_default);
+/* After cli_parse: k_bits and v_bits from --cache-bits. Returns CLI_GO_ON, or 2 after a usage error on stderr. */
+int cli_cache_get(cli_cache_args *args, const char *cmd);
+/* A generator's cache as the group says: the bits, and with --cache-tokens the pages that hold them (pages of
+ * gp->page_size, or one page of them all when fewer). */
+void cli_cache_apply(const cli_cache_args *args, exl_generator_params *gp);
+
 /* --greedy, --temperature, --top-k, --top-p, --min-p, --repeat-penalty, --seed; the defaults are
  * the library's, exl_sampling_default() (the server's too), with the seed from the clock. */
 typedef struct cli_sampling_args {

@@ -38,7 +38,7 @@ exl_status exl_qz_runner_init(exl_qz_runner *r, exl_model *m, int32_t n_seqs, in
     }
     for (int32_t i = 0; i < r->seqs_per_step * r->pages_per_seq; i++)
         r->pages[i] = i;
-    exl_status st = exl_kv_cache_init(m, r->seqs_per_step * r->pages_per_seq, PAGE_SIZE, &r->cache);
+    exl_status st = exl_kv_cache_init(m, r->seqs_per_step * r->pages_per_seq, PAGE_SIZE, 16, 16, &r->cache);
     if (st != EXL_OK)
         exl_qz_runner_free(r);
     return st;

@@ -16,7 +16,9 @@
 /* ---------------------------------------------------------------- defaults */
 
 exl_generator_params exl_generator_default_params(void) {
-    return (exl_generator_params){DEFAULT_PAGES, DEFAULT_PAGE_SIZE, 0, 0, 1};
+    return (exl_generator_params){
+        .n_pages = DEFAULT_PAGES, .page_size = DEFAULT_PAGE_SIZE, .prefix_cache = 1, .cache_k_bits = 16,
+        .cache_v_bits = 16};
 }
 
 exl_sampling exl_sampling_default(void) {
@@ -78,13 +80,24 @@ static exl_status collect_eos(exl_generator *g) {
 
 static exl_status check_params(const exl_generator_params *p, int32_t max_rows) {
     if (p->n_pages < 1 || p->page_size < 1 || p->page_size > MAX_PAGE_SIZE)
-        return exl_fail(EXL_ERR_ARG, "generator: need n_pages >= 1 and page_size in 1..%d", MAX_PAGE_SIZE);
+        return exl_fail(EXL_ERR_ARG, "generator: need n_pages >= 0 and page_size in 1..%d", MAX_PAGE_SIZE);
     if ((int64_t)p->n_pages * p->page_size > INT32_MAX)
         return exl_fail(EXL_ERR_ARG, "generator: %d pages of %d tokens is too large", p->n_pages, p->page_size);
     if (p->max_batch_tokens < 1 || p->max_batch_tokens > max_rows)
         return exl_fail(EXL_ERR_ARG, "generator: max_batch_tokens must be in 1..%d", max_rows);
     if (p->max_jobs < 1 || p->max_jobs > p->max_batch_tokens)
         return exl_fail(EXL_ERR_ARG, "generator: max_jobs must be in 1..max_batch_tokens (%d)", p->max_batch_tokens);
+    return EXL_OK;
+}
+
+/* n_pages 0: the pages that fit in memory */
+static exl_status fit_pages(exl_model *m, exl_generator_params *p) {
+    int64_t tokens;
+    EXL_TRY(exl_cache_fit_tokens(m, p->cache_k_bits, p->cache_v_bits, p->memory_fraction, &tokens));
+    int64_t pages = tokens / p->page_size;
+    if (pages < 1)
+        return exl_fail(EXL_ERR_NOMEM, "generator: no memory is left for a kv cache page of %d tokens", p->page_size);
+    p->n_pages = pages < INT32_MAX / p->page_size ? (int32_t)pages : INT32_MAX / p->page_size;
     return EXL_OK;
 }
 
@@ -100,6 +113,8 @@ exl_status exl_generator_init(exl_model *model, const exl_tokenizer *tok, const 
         p.max_batch_tokens = exl_model_max_rows(model);
     if (p.max_jobs == 0)
         p.max_jobs = p.max_batch_tokens;
+    if (p.n_pages == 0 && p.page_size > 0)
+        EXL_TRY(fit_pages(model, &p));
     EXL_TRY(check_params(&p, exl_model_max_rows(model)));
     exl_generator *g = exl_calloc(1, sizeof *g);
     if (!g)
@@ -110,9 +125,9 @@ exl_status exl_generator_init(exl_model *model, const exl_tokenizer *tok, const 
     g->vocab = model->cfg.vocab_size;
     exl_gen_ahead_init(g);
     pthread_mutex_init(&g->mu, NULL);
-    exl_status st = exl_page_pool_init(&g->pool, p.n_pages, p.page_size);
+    exl_status st = exl_kv_cache_init(model, p.n_pages, p.page_size, p.cache_k_bits, p.cache_v_bits, &g->cache);
     if (st == EXL_OK)
-        st = exl_kv_cache_init(model, p.n_pages, p.page_size, &g->cache);
+        st = exl_page_pool_init(&g->pool, p.n_pages, p.page_size);
     if (st == EXL_OK)
         st = exl_sampler_scratch_init(&g->scratch, g->vocab);
     if (st == EXL_OK)

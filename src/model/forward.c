@@ -263,7 +263,8 @@ static exl_status build_batch(exl_model *m, const exl_kv_cache *cache, const exl
                      .d_ids = s->ids,
                      .d_pos = s->pos,
                      .d_slots = s->slots,
-                     .d_page_tables = s->page_tables};
+                     .d_page_tables = s->page_tables,
+                     .kv = cache->fmt};
     return update_rope(m, max_kv);
 }
 

@@ -94,16 +94,28 @@ struct exl_model {
     exl_forward_scratch fs;
 };
 
-/* A paged KV cache: n_pages pages of page_size token slots per layer. */
+/* A paged KV cache: n_pages pages of page_size token slots per layer, keys and values stored as fmt says
+ * (backend/kv_quant.h). */
 typedef struct exl_kv_cache {
     int32_t n_pages, page_size, n_layers, kv_width;
+    exl_kv_format fmt;
+    size_t k_slot_bytes, v_slot_bytes;
     void **k, **v; /* per layer, backend memory */
 } exl_kv_cache;
 
-exl_status exl_kv_cache_init(exl_model *m, int32_t n_pages, int32_t page_size, exl_kv_cache **out);
+/* k_bits, v_bits: 16 (or 0), 8, 6 or 4 per key and value. */
+exl_status exl_kv_cache_init(exl_model *m, int32_t n_pages, int32_t page_size, int32_t k_bits, int32_t v_bits,
+                             exl_kv_cache **out);
 void exl_kv_cache_free(exl_model *m, exl_kv_cache *c);
 /* Copy the K/V of the first n_slots slots of page src to page dst, in every layer. */
 exl_status exl_kv_cache_copy_page(exl_model *m, exl_kv_cache *c, int32_t src, int32_t dst, int32_t n_slots);
+/* The format of a cache of the model with k_bits and v_bits (an error for widths it does not take). */
+exl_status exl_kv_cache_format(const exl_model *m, int32_t k_bits, int32_t v_bits, exl_kv_format *fmt);
+/* Bytes one token takes in such a cache, all layers, keys and values. */
+int64_t exl_kv_cache_token_bytes(const exl_model *m, const exl_kv_format *fmt);
+/* An error (EXL_ERR_NOMEM, one line) when a cache of `bytes` for `tokens` cannot fit: more than the GPU has free,
+ * more than the host's RAM (kv_size.c). */
+exl_status exl_kv_cache_check_fits(const exl_model *m, int64_t bytes, int64_t tokens);
 
 /* One sequence's part of a forward step, as the caller (session, generator) sees it. */
 typedef struct exl_seq_step {

@@ -18,6 +18,11 @@ struct exl_session {
 };
 
 exl_status exl_session_init(exl_model *model, int32_t max_tokens, exl_session **out) {
+    return exl_session_init_cache(model, max_tokens, 16, 16, out);
+}
+
+exl_status exl_session_init_cache(exl_model *model, int32_t max_tokens, int32_t k_bits, int32_t v_bits,
+                                  exl_session **out) {
     *out = NULL;
     if (max_tokens < 1)
         return exl_fail(EXL_ERR_ARG, "session: max_tokens must be positive");
@@ -28,7 +33,7 @@ exl_status exl_session_init(exl_model *model, int32_t max_tokens, exl_session **
     s->max_tokens = max_tokens;
     s->n_pages = (max_tokens + SESSION_PAGE_SIZE - 1) / SESSION_PAGE_SIZE;
     s->pages = exl_malloc((size_t)s->n_pages * sizeof *s->pages);
-    exl_status st = s->pages ? exl_kv_cache_init(model, s->n_pages, SESSION_PAGE_SIZE, &s->cache)
+    exl_status st = s->pages ? exl_kv_cache_init(model, s->n_pages, SESSION_PAGE_SIZE, k_bits, v_bits, &s->cache)
                              : exl_fail(EXL_ERR_NOMEM, "out of memory");
     if (st != EXL_OK) {
         exl_session_free(s);

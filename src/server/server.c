@@ -1,6 +1,7 @@
 /* server.c - exl_server_start / _stop: load the model and tokenizer (refusing a tokenizer with
- * ids the model does not have), size the generator for max_jobs sequences of ctx tokens, start
- * the engine thread and the HTTP daemon with the routes as its handlers; on stop, drain. */
+ * ids the model does not have), size the generator's KV cache (cache_tokens, or what fits in
+ * memory), start the engine thread and the HTTP daemon with the routes as its handlers; on stop,
+ * drain. */
 #include "server/routes.h"
 
 #include "base/alloc.h"
@@ -17,6 +18,8 @@ exl_server_params exl_server_default_params(void) {
     return (exl_server_params){.host = "127.0.0.1",
                                .port = 8000,
                                .max_jobs = 32,
+                               .cache_k_bits = 16,
+                               .cache_v_bits = 16,
                                .device = mp.device,
                                .n_threads = mp.n_threads,
                                .max_body = 4 << 20,
@@ -37,9 +40,9 @@ static exl_status check_params(const exl_server_params *p) {
     if (p->max_jobs < 1 || p->max_jobs > 256)
         return exl_fail(EXL_ERR_ARG, "server: max_jobs must be in 1..256");
     if (p->ctx < 0 || p->max_body < 1 || p->max_connections < 1 || p->request_timeout_s < 1 ||
-        p->idle_timeout_s < 1 || p->max_response_tokens < 1)
-        return exl_fail(EXL_ERR_ARG, "server: ctx, max_body, max_connections, request_timeout_s, idle_timeout_s and "
-                                     "max_response_tokens must be positive");
+        p->idle_timeout_s < 1 || p->max_response_tokens < 1 || p->cache_tokens < 0)
+        return exl_fail(EXL_ERR_ARG, "server: ctx, max_body, max_connections, request_timeout_s, idle_timeout_s, "
+                                     "max_response_tokens and cache_tokens must be positive");
     if (p->max_client_connections < 0 || p->drain_timeout_s < 0)
         return exl_fail(EXL_ERR_ARG, "server: max_client_connections and drain_timeout_s must not be negative");
     if (p->http_workers < 1 || p->http_workers > 256)
@@ -57,15 +60,42 @@ static char *base_name(const char *dir) {
     return exl_strndup(dir + b, n - b);
 }
 
-/* Enough pages for max_jobs sequences of ctx tokens each, so no job waits for memory
- * that a full house could not give it. */
+/* Pages shorter than this are not worth their bookkeeping */
+#define MIN_PAGE_SIZE 16
+
+/* The cache holds cache_tokens, or what fits in memory (on the CPU at most what max_jobs sequences of ctx tokens
+ * can use: its pages are touched as they are first used, and a pool larger than that would only make the process
+ * grow). max_jobs and ctx are limits, not reservations (jobs take pages as they grow, and wait or are preempted
+ * when none is left), but one sequence of ctx tokens must fit. Pages are halved (down to MIN_PAGE_SIZE) while the
+ * pool has fewer than two for each of max_jobs jobs. */
 static exl_status start_engine(exl_server *srv) {
+    const exl_server_params *p = &srv->params;
     exl_generator_params gp = exl_generator_default_params(); /* exl_generator_init checks max_jobs */
-    gp.max_jobs = srv->params.max_jobs;
+    gp.max_jobs = p->max_jobs;
+    gp.cache_k_bits = p->cache_k_bits, gp.cache_v_bits = p->cache_v_bits;
+    int64_t tokens = p->cache_tokens, token_bytes;
+    EXL_TRY(exl_cache_token_bytes(srv->model, gp.cache_k_bits, gp.cache_v_bits, &token_bytes));
+    if (!tokens) {
+        exl_model_desc d;
+        exl_model_describe(srv->model, &d);
+        EXL_TRY(exl_cache_fit_tokens(srv->model, gp.cache_k_bits, gp.cache_v_bits, p->gpu_memory, &tokens));
+        if (!strcmp(d.backend, "cpu") && tokens > (int64_t)p->max_jobs * srv->ctx)
+            tokens = (int64_t)p->max_jobs * srv->ctx;
+    }
     if (srv->ctx < gp.page_size)
         gp.page_size = srv->ctx;
-    int64_t per_job = (srv->ctx + gp.page_size - 1) / gp.page_size;
-    gp.n_pages = (int32_t)(per_job * gp.max_jobs);
+    while (gp.page_size / 2 >= MIN_PAGE_SIZE && tokens / gp.page_size < 2 * (int64_t)gp.max_jobs)
+        gp.page_size /= 2;
+    int64_t pages = tokens / gp.page_size;
+    if (pages * gp.page_size < srv->ctx)
+        return exl_fail(EXL_ERR_ARG, "server: a kv cache of %lld tokens cannot hold one sequence of %d tokens (ctx)%s",
+                        (long long)(pages * gp.page_size), (int)srv->ctx,
+                        p->cache_tokens ? "" : ": that is what fits in memory");
+    if (pages > INT32_MAX / gp.page_size)
+        return exl_fail(EXL_ERR_ARG, "server: a kv cache of %lld tokens is too large", (long long)tokens);
+    gp.n_pages = (int32_t)pages;
+    srv->cache = (exl_server_cache){pages * gp.page_size, pages * gp.page_size * token_bytes, gp.page_size,
+                                    gp.cache_k_bits, gp.cache_v_bits};
     return exl_engine_start(srv->model, srv->tok, &gp, &srv->engine);
 }
 
@@ -165,6 +195,8 @@ static void drain(exl_server *srv) {
     exl_completions_cancel_all(srv);
     wait_idle(srv, 2.0);
 }
+
+void exl_server_cache_info(const exl_server *srv, exl_server_cache *out) { *out = srv->cache; }
 
 void exl_server_stop(exl_server *srv) {
     if (!srv)

@@ -33,6 +33,10 @@ typedef struct exl_server_params {
     int32_t max_jobs;        /* jobs decoding at once (more wait); default 32 */
     int32_t ctx;             /* tokens per sequence, prompt + completion; 0 = the model's
                                 max_position_embeddings capped at 4096 */
+    int64_t cache_tokens;    /* KV cache tokens, shared by the jobs (pages are taken as they grow); 0 = what
+                                fits in memory (exl_cache_fit_tokens) */
+    float gpu_memory;        /* with cache_tokens 0: exl_cache_fit_tokens's memory_fraction; 0 = its default */
+    int32_t cache_k_bits, cache_v_bits; /* bits per cached key and value: 16 (default), 8, 6, 4 */
     exl_device device;
     int32_t n_threads;       /* CPU threads; 0 = one per core */
     int64_t max_body;        /* request body limit in bytes (413 beyond); default 4 MiB */
@@ -60,6 +64,14 @@ exl_status exl_server_start(const exl_server_params *params, exl_server **out);
 int32_t exl_server_port(const exl_server *srv);
 /* The model id clients must name (or omit). */
 const char *exl_server_model_name(const exl_server *srv);
+
+/* The KV cache the server took. */
+typedef struct exl_server_cache {
+    int64_t tokens, bytes;
+    int32_t page_size, k_bits, v_bits;
+} exl_server_cache;
+
+void exl_server_cache_info(const exl_server *srv, exl_server_cache *out);
 void exl_server_stop(exl_server *srv);
 
 #endif

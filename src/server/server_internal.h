@@ -22,6 +22,7 @@ struct exl_server {
     exl_http *http;
     int32_t vocab;
     int32_t ctx;
+    exl_server_cache cache;
     int32_t port;
     long long started;        /* unix seconds: the model's "created" */
     atomic_int draining;      /* new requests are refused (503) */

@@ -361,7 +361,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_pages; i++)
             pages[i] = i;
         exl_kv_cache *cache;
-        EK(exl_kv_cache_init(m, n_pages, 256, &cache));
+        EK(exl_kv_cache_init(m, n_pages, 256, 16, 16, &cache));
         if (profile) { /* a 128-token prompt and 3 decode steps, for a profiler */
             int32_t ids[128] = {0};
             exl_seq_step st = {ids, 128, 0, pages, n_pages, 1};

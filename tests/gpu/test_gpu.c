@@ -6,6 +6,7 @@
  * usage: test_gpu SHARED_DIR   (a folder with models/ and reference/ as in ../shared)
  * Prints one line per check: "ok|FAIL <check> <error> (tolerance)". Exit status 1 on failure. */
 #include "backend/backend.h"
+#include "backend/kv_quant.h"
 #include "base/error.h"
 #include "base/half.h"
 #include "model/model.h"
@@ -226,8 +227,9 @@ typedef struct {
     int32_t n_past, n_new;
 } seq_spec;
 
-static void capped_attention_case(const char *name, int32_t heads, int32_t kv_heads, int32_t hd, int32_t window,
-                                  float softcap, const seq_spec *specs, int n_seqs, double tol) {
+/* fmt: the cache's (a zeroed one: the backends' own element); softcap 0: none */
+static void attention_case_kv(const char *name, int32_t heads, int32_t kv_heads, int32_t hd, int32_t window,
+                              float softcap, const seq_spec *specs, int n_seqs, exl_kv_format fmt, double tol) {
     const int32_t page = 16, kvw = kv_heads * hd;
     int32_t total_pages = 0, rows = 0, all_rows = 0, max_q = 0, max_kv = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -276,17 +278,18 @@ static void capped_attention_case(const char *name, int32_t heads, int32_t kv_he
     void *out_d[2];
     for (int bi = 0; bi < 2; bi++) {
         exl_backend *be = bes[bi];
-        size_t cache = (size_t)total_pages * page * kvw * be->kv_elem_bytes;
-        void *kc = be->ops->alloc(be, cache), *vc = be->ops->alloc(be, cache);
+        size_t slots = (size_t)total_pages * page;
+        void *kc = be->ops->alloc(be, slots * exl_kv_slot_bytes(kvw, fmt.k_bits, fmt.group, be->kv_elem_bytes));
+        void *vc = be->ops->alloc(be, slots * exl_kv_slot_bytes(kvw, fmt.v_bits, fmt.group, be->kv_elem_bytes));
         float *kd = put(be, k, all_rows * kvw * 4), *vd = put(be, v, all_rows * kvw * 4);
         float *qd = put(be, q, rows * heads * hd * 4);
         float *knd = put(be, k_new, rows * kvw * 4), *vnd = put(be, v_new, rows * kvw * 4);
         int32_t *as = put(be, all_slots, all_rows * 4), *ns = put(be, new_slots, rows * 4);
         int32_t *pt = put(be, perm, total_pages * 4);
         exl_attn_seq *sd = put(be, seqs, n_seqs * sizeof *seqs);
-        exl_batch store = {.n_rows = all_rows, .slots = all_slots, .d_slots = as};
+        exl_batch store = {.n_rows = all_rows, .slots = all_slots, .d_slots = as, .kv = fmt};
         be->ops->kv_store(be, kc, vc, kd, vd, &store, kvw);
-        exl_batch b = {rows, n_seqs, max_q, max_kv, seqs, pos, new_slots, sd, NULL, NULL, ns, pt};
+        exl_batch b = {rows, n_seqs, max_q, max_kv, seqs, pos, new_slots, sd, NULL, NULL, ns, pt, fmt};
         exl_attn_shape sh = {heads, kv_heads, hd, page, window, 1.0f / sqrtf((float)hd), softcap};
         out_d[bi] = be->ops->alloc(be, (size_t)rows * heads * hd * 4);
         be->ops->attention(be, out_d[bi], qd, knd, vnd, kc, vc, &b, &sh);
@@ -299,7 +302,44 @@ static void capped_attention_case(const char *name, int32_t heads, int32_t kv_he
 
 static void attention_case(const char *name, int32_t heads, int32_t kv_heads, int32_t hd, int32_t window,
                            const seq_spec *specs, int n_seqs, double tol) {
-    capped_attention_case(name, heads, kv_heads, hd, window, 0.0f, specs, n_seqs, tol);
+    attention_case_kv(name, heads, kv_heads, hd, window, 0.0f, specs, n_seqs, (exl_kv_format){0}, tol);
+}
+
+static void capped_attention_case(const char *name, int32_t heads, int32_t kv_heads, int32_t hd, int32_t window,
+                                  float softcap, const seq_spec *specs, int n_seqs, double tol) {
+    attention_case_kv(name, heads, kv_heads, hd, window, softcap, specs, n_seqs, (exl_kv_format){0}, tol);
+}
+
+/* The same over quantized caches (cuda_kv_quant.cu against cpu_kv_quant.c): both quantize the same keys and values
+ * (a code may round the other way where the GPU's fused multiply-add differs), the full-precision side is fp16 on
+ * the GPU. Every pair of widths in decode (with splits past 256 keys) and prefill, head_dim 16 (groups of 16) to
+ * 256, sliding windows, soft-capped scores. */
+static void test_attention_quantized(void) {
+    static const int32_t widths[][2] = {{8, 8}, {6, 6}, {4, 4}, {8, 4}, {4, 8}, {16, 4}, {4, 16}, {6, 16}};
+    seq_spec dec[2] = {{37, 1}, {0, 1}}, dec3[2] = {{100, 3}, {5, 2}}, pre[2] = {{37, 20}, {0, 13}};
+    seq_spec longd[1] = {{2047, 1}}, longp[1] = {{300, 100}};
+    for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++) {
+        char name[128];
+#define QCASE(what, heads, kv_heads, hd, window, softcap, specs)                                                       \
+    do {                                                                                                               \
+        exl_kv_format f = {widths[w][0], widths[w][1], exl_kv_group(hd)};                                              \
+        snprintf(name, sizeof name, "attention K%d/V%d %s", widths[w][0], widths[w][1], what);                         \
+        attention_case_kv(name, heads, kv_heads, hd, window, softcap, specs, (int)(sizeof specs / sizeof specs[0]),    \
+                          f, 3e-3);                                                                                    \
+    } while (0)
+        QCASE("decode GQA hd64", 8, 2, 64, 0, 0.0f, dec);
+        QCASE("decode 3 rows hd128", 4, 4, 128, 0, 0.0f, dec3);
+        QCASE("decode ctx 2048 hd128", 4, 1, 128, 0, 0.0f, longd);
+        QCASE("decode hd16", 8, 4, 16, 0, 0.0f, dec3);
+        QCASE("decode sliding window 10", 4, 2, 64, 10, 0.0f, dec3);
+        QCASE("decode softcap 3 hd64", 8, 2, 64, 0, 3.0f, dec3);
+        QCASE("prefill GQA hd64", 8, 2, 64, 0, 0.0f, pre);
+        QCASE("prefill hd16", 8, 4, 16, 0, 0.0f, pre);
+        QCASE("prefill ctx 400 hd256", 2, 1, 256, 0, 0.0f, longp);
+        QCASE("prefill sliding window 10", 4, 2, 64, 10, 0.0f, pre);
+        QCASE("prefill softcap 3 window 10 hd256", 2, 1, 256, 10, 3.0f, pre);
+#undef QCASE
+    }
 }
 
 static void test_attention(void) {
@@ -809,7 +849,7 @@ static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32
     exl_attn_seq *sd = put(gpu, seqs, n_seqs * sizeof *seqs);
     int32_t *pd = put(gpu, pos, rows * 4), *sl = put(gpu, slots, rows * 4), *td = put(gpu, table, pages * 4);
     float *fd = put(gpu, inv, sizeof inv);
-    exl_batch b = {rows, n_seqs, 1, max_kv, seqs, pos, slots, sd, NULL, pd, sl, td};
+    exl_batch b = {rows, n_seqs, 1, max_kv, seqs, pos, slots, sd, NULL, pd, sl, td, {0}};
     exl_attn_shape sh = {nh, nkv, hd, page, 0, 1.0f / sqrtf((float)hd), 0.0f};
     const int32_t on = 96;
     qgen og;
@@ -930,7 +970,7 @@ static void layer_graph_case(const char *shared, const char *model, int32_t li, 
         exl_model_params p = exl_model_default_params();
         p.device = r < 2 ? EXL_DEVICE_CUDA : EXL_DEVICE_CPU;
         require(exl_model_load(dir, &p, &m[r]) == EXL_OK, "load model");
-        require(exl_kv_cache_init(m[r], LAYER_SEQS, 256, &cache[r]) == EXL_OK, "kv cache");
+        require(exl_kv_cache_init(m[r], LAYER_SEQS, 256, 16, 16, &cache[r]) == EXL_OK, "kv cache");
     }
     const int32_t hid = m[0]->cfg.hidden_size, prompt[LAYER_SEQS] = {5, 9, 1};
     int32_t pages[LAYER_SEQS] = {2, 0, 1}, ids[16] = {0}, past[LAYER_SEQS] = {0};
@@ -1016,6 +1056,107 @@ static void test_models(const char *shared) {
     }
 }
 
+/* ---- logits through a quantized KV cache: the GPU's against the CPU's, each through sessions of the same cache
+ * format fed in the same pieces (prompt pieces over earlier ones: prefill attention; then one token at a time:
+ * decode). Quantization turns the GPU's small differences into a code rounded the other way now and then, so the
+ * bound is the GPU's fp16 noise plus the effect of quantizing at all (the CPU's logits of the format against its
+ * 16-bit cache's); the top tokens must agree. */
+
+#define KV_PIECES 7
+static const int32_t kv_pieces[KV_PIECES] = {48, 24, 24, 24, 16, 1, 1}; /* then ones up to KV_TOKENS */
+#define KV_TOKENS 160
+
+/* all rows' logits of ids through a session of the format on m */
+static float *cache_logits(exl_model *m, const int32_t *ids, int32_t vocab, int32_t k_bits, int32_t v_bits) {
+    exl_session *s;
+    float *out = malloc((size_t)KV_TOKENS * vocab * sizeof *out);
+    require(exl_session_init_cache(m, KV_TOKENS, k_bits, v_bits, &s) == EXL_OK, "session with a quantized cache");
+    for (int32_t at = 0, p = 0; at < KV_TOKENS; p++) {
+        int32_t n = p < KV_PIECES ? kv_pieces[p] : 1;
+        require(exl_session_eval(s, ids + at, n, out + (int64_t)at * vocab, NULL) == EXL_OK, "eval");
+        at += n;
+    }
+    exl_session_free(s);
+    return out;
+}
+
+static void cache_formats_case(const char *shared, const char *model) {
+    static const int32_t widths[][2] = {{16, 16}, {8, 8}, {6, 6}, {4, 4}, {8, 4}, {16, 4}};
+    char dir[1024], name[160];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
+    exl_model_params p = exl_model_default_params();
+    exl_model *mc, *mg;
+    p.device = EXL_DEVICE_CPU;
+    require(exl_model_load(dir, &p, &mc) == EXL_OK, "model on the CPU");
+    p.device = EXL_DEVICE_CUDA;
+    require(exl_model_load(dir, &p, &mg) == EXL_OK, "model on the GPU");
+    exl_model_desc d;
+    exl_model_describe(mc, &d);
+    int32_t ids[KV_TOKENS];
+    for (int i = 0; i < KV_TOKENS; i++)
+        ids[i] = i == 0 ? 1 : 3 + (int32_t)(qg_next(&rng) % (uint64_t)(d.vocab_size - 3));
+    float *c16 = cache_logits(mc, ids, d.vocab_size, 16, 16);
+    for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++) {
+        float *c = cache_logits(mc, ids, d.vocab_size, widths[w][0], widths[w][1]);
+        float *g = cache_logits(mg, ids, d.vocab_size, widths[w][0], widths[w][1]);
+        double worst = 0, effect = 0;
+        int mism = 0;
+        for (int32_t r = 0; r < KV_TOKENS; r++) {
+            const int64_t at = (int64_t)r * d.vocab_size;
+            worst = fmax(worst, ref_rel_err(g + at, c + at, d.vocab_size));
+            effect = fmax(effect, ref_rel_err(c + at, c16 + at, d.vocab_size));
+            mism += ref_argmax(g + at, d.vocab_size) != ref_argmax(c + at, d.vocab_size);
+        }
+        snprintf(name, sizeof name, "logits K%d/V%d cache %s vs CPU", widths[w][0], widths[w][1], model);
+        report(name, worst, 5e-3 + effect);
+        snprintf(name, sizeof name, "argmax mismatches K%d/V%d cache %s", widths[w][0], widths[w][1], model);
+        report(name, mism, KV_TOKENS / 20);
+        free(c);
+        free(g);
+    }
+    free(c16);
+    exl_model_free(mc);
+    exl_model_free(mg);
+}
+
+/* EXL_CUDA_MEMORY_LIMIT makes the GPU count as that large (read when a backend is created, for the process): the
+ * memory op reports it, an allocation past it fails with a message, and a model's cache is sized to it. */
+static void test_memory_limit(const char *shared) {
+    size_t free_b, total_b;
+    require(gpu->ops->memory && gpu->ops->memory(gpu, &free_b, &total_b) == EXL_OK, "memory op");
+    const size_t limit = (total_b - free_b) + ((size_t)3 << 30); /* what is in use now and 3 GiB */
+    char value[64], dir[1024];
+    snprintf(value, sizeof value, "%zu", limit);
+    setenv("EXL_CUDA_MEMORY_LIMIT", value, 1);
+    exl_backend *lim;
+    require(exl_backend_init(EXL_DEVICE_CUDA, 0, &lim) == EXL_OK, "a backend under EXL_CUDA_MEMORY_LIMIT");
+    size_t f2, t2;
+    require(lim->ops->memory(lim, &f2, &t2) == EXL_OK, "memory op under the limit");
+    report("memory limit: total reported", fabs((double)t2 - (double)limit) / (double)limit, 0);
+    report("memory limit: free reported", f2 <= ((size_t)3 << 30) && f2 > ((size_t)2 << 30) ? 0 : 1, 0);
+    void *big = lim->ops->alloc(lim, (size_t)4 << 30);
+    report("memory limit: 4 GiB refused", !big && strstr(exl_last_error(), "EXL_CUDA_MEMORY_LIMIT") ? 0 : 1, 0);
+    void *small = lim->ops->alloc(lim, (size_t)1 << 30);
+    report("memory limit: 1 GiB allowed", small ? 0 : 1, 0);
+    if (small)
+        lim->ops->free(lim, small);
+    lim->ops->destroy(lim);
+    /* a model's cache sized to what is left: under 3 GiB less the weights, forward buffers and margin */
+    snprintf(dir, sizeof dir, "%s/models/rand-llama", shared);
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    exl_model *m;
+    require(exl_model_load(dir, &p, &m) == EXL_OK, "model under the limit");
+    int64_t tokens, bytes;
+    require(exl_cache_fit_tokens(m, 4, 4, 1.0f, &tokens) == EXL_OK, "fit tokens");
+    require(exl_cache_token_bytes(m, 4, 4, &bytes) == EXL_OK, "token bytes");
+    report("memory limit: the cache fits under it", tokens > 0 && tokens * bytes < ((int64_t)3 << 30) ? 0 : 1, 0);
+    exl_model_free(m);
+    unsetenv("EXL_CUDA_MEMORY_LIMIT");
+    require(exl_backend_init(EXL_DEVICE_CUDA, 0, &lim) == EXL_OK, "a backend without the limit"); /* lifts it */
+    lim->ops->destroy(lim);
+}
+
 /* A fixture's reference logits and the model on the GPU; 0 (with a FAIL) if either fails to open. */
 static int open_decode_fixture(const char *shared, const char *model, exl_st_file **rf, exl_model **m) {
     char dir[1024], ref[1024];
@@ -1096,7 +1237,7 @@ static void test_decode_rows(const char *shared, const char *model) {
     int32_t n = (int32_t)ids->shape[0], rows = (int32_t)exl_st_find(rf, "logits_b")->shape[0], pages[SEQS],
             page_size = 256;
     int mism = 0;
-    require(n <= page_size && exl_kv_cache_init(m, SEQS, page_size, &cache) == EXL_OK, "kv cache");
+    require(n <= page_size && exl_kv_cache_init(m, SEQS, page_size, 16, 16, &cache) == EXL_OK, "kv cache");
     float *out = malloc((size_t)SEQS * n * d.vocab_size * sizeof *out),
           *step_out = malloc((size_t)SEQS * d.vocab_size * sizeof *step_out);
     for (int t = 0; t < n + SEQS - 1; t++) {
@@ -1476,7 +1617,7 @@ static void test_fed_chain(const char *shared, const char *model) {
     int32_t fed[STEPS + 1], plain[STEPS + 1];
     int64_t t[STEPS + 1];
     exl_kv_cache *cache;
-    int bad = exl_kv_cache_init(m, 8, PS, &cache) != EXL_OK;
+    int bad = exl_kv_cache_init(m, 8, PS, 16, 16, &cache) != EXL_OK;
     exl_seq_step st = {&bos, 1, 0, pages, 1, 1};
     bad = bad || exl_model_forward_argmax(m, cache, &st, 1, &t[0]) != EXL_OK;
     for (int i = 1; i <= STEPS && !bad; i++) {
@@ -1576,6 +1717,7 @@ int main(int argc, char **argv) {
     test_row_ops();
     test_dense_matmul();
     test_attention();
+    test_attention_quantized();
     test_moe();
     test_quant(shared);
     test_fused();
@@ -1583,6 +1725,10 @@ int main(int argc, char **argv) {
     test_glu_chain();
     test_layer_graphs(shared);
     test_models(shared);
+    cache_formats_case(shared, "tinystories-656k");
+    cache_formats_case(shared, "rand-llama");
+    cache_formats_case(shared, "rand-llama-exl2-5.0bpw-h8");
+    test_memory_limit(shared);
     test_decode(shared, "rand-llama");
     test_decode(shared, "rand-qwen2-exl2-4.0bpw-h6");
     test_decode(shared, "rand-llama-gptq-4bit-g32-actorder-asym");

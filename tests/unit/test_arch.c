@@ -348,7 +348,7 @@ EXL_TEST(softcapped_attention_with_a_window) {
     for (int i = 0; i < N; i++)
         pos[i] = i;
     exl_attn_seq seq = {0, N, N, 0};
-    exl_batch b = {N, 1, N, N, &seq, pos, pos, &seq, NULL, pos, pos, &page};
+    exl_batch b = {N, 1, N, N, &seq, pos, pos, &seq, NULL, pos, pos, &page, {0}};
     exl_attn_shape sh = {HEADS, 1, HD, PAGE, WINDOW, scale, cap};
     be->ops->kv_store(be, kc, vc, k, v, &b, HD);
     be->ops->attention(be, out, q, k, v, kc, vc, &b, &sh);

@@ -411,7 +411,7 @@ EXL_TEST(bad_arguments) {
     exl_generator_free(g);
     g = NULL;
     gp = exl_generator_default_params();
-    gp.n_pages = 0;
+    gp.n_pages = -1;
     CHECK(exl_generator_init(m, tok, &gp, &g) == EXL_ERR_ARG);
     CHECK(exl_generator_init(NULL, tok, NULL, &g) == EXL_ERR_ARG);
     g = gu_generator(m, tok, 2, 16, 0);

@@ -137,7 +137,7 @@ EXL_TEST(model_fed_chain_matches_plain_forwards) {
     REQUIRE(m);
     int32_t vocab = m->cfg.vocab_size, ps = 16;
     exl_kv_cache *cache;
-    REQUIRE_OK(exl_kv_cache_init(m, 8, ps, &cache));
+    REQUIRE_OK(exl_kv_cache_init(m, 8, ps, 16, 16, &cache));
     enum { PROMPT = 21, STEPS = 40 };
     int32_t prompt[PROMPT], pages[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     gu_random_ids(5, prompt, PROMPT, vocab);

@@ -51,8 +51,8 @@ EXL_TEST(layer_graphs_equal_the_forward) {
     exl_model *m;
     REQUIRE_OK(exl_model_load(exl_test_shared("models/rand-qwen2"), &p, &m));
     exl_kv_cache *c[2];
-    REQUIRE_OK(exl_kv_cache_init(m, 1, 16, &c[0]));
-    REQUIRE_OK(exl_kv_cache_init(m, 1, 16, &c[1]));
+    REQUIRE_OK(exl_kv_cache_init(m, 1, 16, 16, 16, &c[0]));
+    REQUIRE_OK(exl_kv_cache_init(m, 1, 16, 16, 16, &c[1]));
     const int32_t vocab = m->cfg.vocab_size, page = 0, ids[8] = {5, 17, 3, 99, 42, 7, 1, 250};
     float *want = malloc((size_t)7 * vocab * sizeof(float)), *got = malloc((size_t)7 * vocab * sizeof(float));
     /* a 7-token prompt, then one decode step */

@@ -73,7 +73,7 @@ static void check_model(const char *name) {
     REQUIRE_OK(exl_model_load(dir, &mp, &m));
     int64_t H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     exl_kv_cache *cache;
-    REQUIRE_OK(exl_kv_cache_init(m, 4, 64, &cache));
+    REQUIRE_OK(exl_kv_cache_init(m, 4, 64, 16, 16, &cache));
     int32_t pages[4] = {0, 1, 2, 3};
     exl_seq_step st = {.ids = ids->data, .n_new = T, .n_past = 0, .pages = pages, .n_pages = 4, .want_logits = 2};
     REQUIRE(T <= 4 * 64 && T >= 4);

@@ -43,6 +43,12 @@ void exl_cpu_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float
                       const exl_batch *b, int32_t kv_width);
 void exl_cpu_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
                        const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape);
+/* kv_store and attention for a cache with a quantized side (cpu_kv_quant.c) */
+void exl_cpu_kv_store_quant(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                            const exl_batch *b, int32_t kv_width);
+void exl_cpu_attention_quant(exl_backend *be, float *out, const float *q, const float *k, const float *v,
+                             const void *k_cache, const void *v_cache, const exl_batch *b,
+                             const exl_attn_shape *shape);
 void exl_cpu_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
 void exl_cpu_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cpu_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,

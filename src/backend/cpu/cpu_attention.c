@@ -1,10 +1,11 @@
 /* cpu_attention.c - KV cache writes and causal attention over paged K/V on the CPU.
  *
  * Cache layout: slot s (= page * page_size + offset) holds n_kv_heads * head_dim fp32
- * values. Attention uses an online softmax over chunks of keys, so no score buffer
- * is allocated whatever the context length; keys outside the layer's sliding window are skipped, scores
- * soft-capped where the layer asks. */
+ * values (a cache with a quantized side goes to cpu_kv_quant.c). Attention uses an online softmax over chunks of
+ * keys, so no score buffer is allocated whatever the context length; keys outside the layer's sliding window are
+ * skipped, scores soft-capped where the layer asks. */
 #include "backend/cpu/cpu.h"
+#include "backend/kv_quant.h"
 
 #include <math.h>
 #include <string.h>
@@ -13,6 +14,10 @@
 
 void exl_cpu_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                       const exl_batch *b, int32_t kv_width) {
+    if (exl_kv_quantized(b->kv.k_bits) || exl_kv_quantized(b->kv.v_bits)) {
+        exl_cpu_kv_store_quant(be, k_cache, v_cache, k, v, b, kv_width);
+        return;
+    }
     for (int32_t r = 0; r < b->n_rows; r++) {
         int64_t slot = b->slots[r];
         memcpy((float *)k_cache + slot * kv_width, k + (int64_t)r * kv_width, (size_t)kv_width * sizeof(float));
@@ -102,6 +107,10 @@ static void attention_task(void *p, int ti, int tn) {
 
 void exl_cpu_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
                        const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape) {
+    if (exl_kv_quantized(b->kv.k_bits) || exl_kv_quantized(b->kv.v_bits)) {
+        exl_cpu_attention_quant(be, out, q, k, v, k_cache, v_cache, b, shape);
+        return;
+    }
     (void)k, (void)v; /* the cache is fp32: the new rows' cached copies are exact */
     attn_job j = {exl_cpu(be), out, q, k_cache, v_cache, b, shape, (int64_t)b->n_rows * shape->n_heads};
     exl_pool_run_work(exl_cpu(be)->pool, attention_task, &j,

@@ -1034,6 +1034,10 @@ static void launch_decode(exl_cuda_backend *cb, float *out, const float *q, cons
 void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
                             const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *sh) {
     exl_cuda_backend *cb = exl_cuda(be);
+    if (exl_cuda_kv_quantized(b)) {
+        exl_cuda_run_attention_quant(be, out, q, k, v, k_cache, v_cache, b, sh);
+        return;
+    }
     if (b->n_rows < 1)
         return;
     if (sh->head_dim > MAX_HEAD_DIM || sh->head_dim % 8 || sh->n_kv_heads < 1 || sh->n_heads % sh->n_kv_heads) {
@@ -1124,7 +1128,9 @@ int exl_cuda_rope_attention_fuses(const exl_cuda_backend *cb, const exl_batch *b
                                   int32_t rot_dim) {
     /* one new token a sequence, a head_dim of the fast decode kernel, and blocks for at most about one wave (past
      * that the rope kernel's one pass costs less than each block's own: 64 rows of a 7B model lost 2.6% fused,
-     * bench/RESULTS.md) */
+     * bench/RESULTS.md); an fp16 cache (the kernel writes fp16 rows) */
+    if (exl_cuda_kv_quantized(b))
+        return 0;
     return b->n_rows >= 1 && b->max_q == 1 && (sh->head_dim == 64 || sh->head_dim == 128) && !(sh->softcap > 0.0f) &&
            rot_dim >= 2 && rot_dim <= sh->head_dim && sh->n_kv_heads >= 1 && sh->n_heads % sh->n_kv_heads == 0 &&
            (int64_t)b->n_rows * sh->n_heads <= 4 * (int64_t)cb->n_sms;

@@ -1,4 +1,4 @@
-/* cuda_backend.cu - the CUDA backend: device selection, memory, errors, the op table.
+/* cuda_backend.cu - the CUDA backend: device selection, memory (EXL_CUDA_MEMORY_LIMIT), errors, the op table.
  *
  * Exported (C linkage, default visibility; everything else in the library is hidden):
  *   exl_backend_cuda_set_error_sink  - registry.c passes the core's error setter first
@@ -7,6 +7,7 @@
 
 #include "base/half.h"
 
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,13 +53,51 @@ int exl_cuda_check_launch(exl_cuda_backend *cb, const char *what) {
     return 0;
 }
 
+/* EXL_CUDA_MEMORY_LIMIT: the device counts as no larger than this many bytes (0: its own size), to try smaller
+ * GPUs on a larger one: the memory op reports that much at most, and allocations past it fail. */
+static size_t memory_limit;
+
+/* bytes, or a number with K, M, G or T (binary, also as KiB ...), KB, MB, GB or TB (decimal); 0 on junk */
+static size_t parse_size(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || !(v > 0))
+        return 0;
+    const char *units = "KMGT", *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+    double scale = 1;
+    if (u) {
+        int decimal = toupper((unsigned char)end[1]) == 'B';
+        for (const char *x = units; x <= u; x++)
+            scale *= decimal ? 1e3 : 1024.0;
+        end += decimal ? 2 : end[1] == 'i' && toupper((unsigned char)end[2]) == 'B' ? 3 : 1;
+    } else if (toupper((unsigned char)*end) == 'B') {
+        end++;
+    }
+    return *end ? 0 : (size_t)(v * scale);
+}
+
+static exl_status cu_memory(exl_backend *be, size_t *free_b, size_t *total_b) {
+    CUDA_CHECK(cudaMemGetInfo(free_b, total_b), "reading the free memory");
+    if (memory_limit && memory_limit < *total_b) {
+        size_t used = *total_b - *free_b;
+        *total_b = memory_limit;
+        *free_b = used < memory_limit ? memory_limit - used : 0;
+    }
+    return EXL_OK;
+}
+
 exl_status exl_cuda_malloc(void **p, size_t bytes, const char *what) {
     *p = NULL;
+    size_t free_b = 0, total_b = 0;
+    if (memory_limit && cu_memory(NULL, &free_b, &total_b) == EXL_OK && bytes > free_b)
+        return exl_cuda_fail(EXL_ERR_NOMEM,
+                             "out of GPU memory allocating %.1f MiB for %s (%.1f of %.1f MiB free under "
+                             "EXL_CUDA_MEMORY_LIMIT)",
+                             bytes / 1048576.0, what, free_b / 1048576.0, total_b / 1048576.0);
     cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
     if (e == cudaSuccess)
         return EXL_OK;
     cudaGetLastError();
-    size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     *p = NULL;
     if (e == cudaErrorMemoryAllocation)
@@ -283,6 +322,7 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_attention,  exl_cuda_glu,       exl_cuda_add,     exl_cuda_gather_rows, exl_cuda_copy_cols,
     exl_cuda_softcap,    exl_cuda_row_gate,  exl_cuda_moe_route, exl_cuda_moe_experts,
     exl_cuda_graph_run,  exl_cuda_host_gemm, exl_cuda_top_k,   exl_cuda_argmax,  exl_cuda_argmax_wait,
+    cu_memory,
 };
 
 /* ---- creation */
@@ -301,6 +341,10 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
         return exl_cuda_fail(EXL_ERR_UNSUPPORTED, "GPU %s has compute capability %d.%d; exl needs 7.5 or newer",
                              prop.name, prop.major, prop.minor);
     CUDA_CHECK(cudaSetDevice(0), "selecting device 0");
+    const char *limit = getenv("EXL_CUDA_MEMORY_LIMIT");
+    memory_limit = limit && *limit ? parse_size(limit) : 0;
+    if (limit && *limit && !memory_limit)
+        return exl_cuda_fail(EXL_ERR_ARG, "EXL_CUDA_MEMORY_LIMIT=%s is not a size (such as 24GiB)", limit);
     exl_cuda_backend *cb = (exl_cuda_backend *)calloc(1, sizeof *cb);
     if (!cb)
         return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory");

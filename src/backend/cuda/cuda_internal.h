@@ -300,6 +300,17 @@ void exl_cuda_run_moe_experts(exl_backend *be, const exl_moe_experts_node *n);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor);
+/* A cache with a quantized side (cuda_kv_quant.cu; backend/kv_quant.h): 1 when the batch's is, and its KV store
+ * (after the rope of q and k, or without) and attention, which kv_store, rope_kv_store and attention hand it. */
+int exl_cuda_kv_quantized(const exl_batch *b);
+void exl_cuda_run_kv_store_quant(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                                 const exl_batch *b, int32_t kv_width);
+void exl_cuda_run_rope_kv_store_quant(exl_backend *be, float *q, float *k, const float *v, void *k_cache,
+                                      void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
+                                      const float *inv_freq, float attn_factor);
+void exl_cuda_run_attention_quant(exl_backend *be, float *out, const float *q, const float *k, const float *v,
+                                  const void *k_cache, const void *v_cache, const exl_batch *b,
+                                  const exl_attn_shape *sh);
 /* rope_kv_store, then attention: one launch (which leaves q and k as they were) where
  * exl_cuda_rope_attention_fuses, for decode steps of one new token a sequence, with the output stored in
  * out_order (exl_cuda_slot_order of the matmul it feeds) when that is not NULL; else the two launches */

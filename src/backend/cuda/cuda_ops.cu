@@ -1,6 +1,6 @@
 /* cuda_ops.cu - element-wise and row ops on the GPU: embed, rmsnorm, rope, glu, add,
  * gather, column copies, soft-capping, sigmoid row gates, and the fp16 KV-cache writes (alone or fused with
- * rope). All fp32 in and out, fp32 arithmetic. */
+ * rope; a quantized cache's go to cuda_kv_quant.cu). All fp32 in and out, fp32 arithmetic. */
 #include "backend/cuda/cuda_internal.h"
 
 #define ROW_THREADS 256
@@ -222,6 +222,10 @@ __global__ void kv_store_kernel(__half *kc, __half *vc, const float *k, const fl
 void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                        const exl_batch *b, int32_t kv_width) {
     exl_cuda_backend *cb = exl_cuda(be);
+    if (exl_cuda_kv_quantized(b)) {
+        exl_cuda_run_kv_store_quant(be, k_cache, v_cache, k, v, b, kv_width);
+        return;
+    }
     if (b->n_rows < 1)
         return;
     dim3 grid(blocks_for(kv_width, ROW_THREADS), (unsigned)b->n_rows);
@@ -273,6 +277,10 @@ void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor) {
     exl_cuda_backend *cb = exl_cuda(be);
+    if (exl_cuda_kv_quantized(b)) {
+        exl_cuda_run_rope_kv_store_quant(be, q, k, v, k_cache, v_cache, b, sh, rot_dim, inv_freq, attn_factor);
+        return;
+    }
     if (b->n_rows < 1)
         return;
     int64_t n = (int64_t)(sh->n_heads + sh->n_kv_heads) * (rot_dim / 2) + 2 * (int64_t)sh->n_kv_heads * sh->head_dim;

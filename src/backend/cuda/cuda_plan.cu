@@ -31,6 +31,7 @@ exl_batch exl_cuda_device_batch(const exl_batch *b) {
     d.max_kv = (b->max_kv + EXL_CUDA_KV_BUCKET - 1) / EXL_CUDA_KV_BUCKET * EXL_CUDA_KV_BUCKET;
     d.d_seqs = b->d_seqs, d.d_ids = b->d_ids, d.d_pos = b->d_pos, d.d_slots = b->d_slots;
     d.d_page_tables = b->d_page_tables;
+    d.kv = b->kv;
     return d;
 }
 
@@ -349,7 +350,7 @@ static void plan_kv_prefetch(compiler *c) {
         while (j > 0 && c->p->launches[j].kind != EXL_CUDA_RUN_MATMUL)
             j--;
         exl_cuda_plan_item *g = &c->p->launches[j];
-        if (!a || !is_gemv(c, g) || g->mm.kv.k_cache)
+        if (!a || !is_gemv(c, g) || g->mm.kv.k_cache || exl_cuda_kv_quantized(b)) /* rows of fp16 only */
             continue;
         g->mm.kv.k_cache = a->k_cache, g->mm.kv.v_cache = a->v_cache;
         g->mm.kv.seqs = b->d_seqs, g->mm.kv.page_tables = b->d_page_tables, g->mm.kv.n_seqs = b->n_seqs;
