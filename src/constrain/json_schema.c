@@ -297,30 +297,25 @@ static int is_required(const cJSON *req, const char *name) {
     return 0;
 }
 
-/* The optional properties after the required ones (or alone): each may appear, in order. */
-static exl_status optional_chain(sc *c, const exl_str *props, int n, int after_required, const char *obj,
-                                 exl_str *body) {
-    if (after_required) { /* ("," ws P)? each */
-        for (int i = 0; i < n; i++) {
-            put(c, body, " (\",\" json-ws ");
-            put(c, body, props[i].data);
-            put(c, body, ")?");
-        }
-        return EXL_OK;
-    }
-    /* none required: c_i ::= ("," ws P_i)? c_(i+1); f_i ::= P_i c_(i+1) | f_(i+1); the body is f_0? */
+/* Properties in their declared order when some are optional: a_i follows what was written
+ * (each property after a comma), b_i comes when nothing was written yet; the body is b_0.
+ *   a_i ::= ("," ws P_i)? a_(i+1)      b_i ::= P_i a_(i+1) | b_(i+1)    (P_i optional)
+ *   a_i ::= "," ws P_i a_(i+1)         b_i ::= P_i a_(i+1)              (P_i required) */
+static void property_chain(sc *c, const exl_str *kv, const uint8_t *required, int n, const char *obj, exl_str *body) {
     exl_str *r = &c->rules;
     for (int i = n - 1; i >= 0; i--) {
-        c->fail |= exl_str_printf(r, "%s-c%d ::= (\",\" json-ws %s)?", obj, i, props[i].data);
-        if (i + 1 < n)
-            c->fail |= exl_str_printf(r, " %s-c%d", obj, i + 1);
-        c->fail |= exl_str_printf(r, "\n%s-f%d ::= %s", obj, i, props[i].data);
-        if (i + 1 < n)
-            c->fail |= exl_str_printf(r, " %s-c%d | %s-f%d", obj, i + 1, obj, i + 1);
-        put(c, r, "\n");
+        char next_a[96] = "", next_b[96] = "";
+        if (i + 1 < n) {
+            snprintf(next_a, sizeof next_a, " %s-a%d", obj, i + 1);
+            snprintf(next_b, sizeof next_b, " | %s-b%d", obj, i + 1);
+        } else if (!required[i]) {
+            snprintf(next_b, sizeof next_b, " | \"\"");
+        }
+        c->fail |= exl_str_printf(r, "%s-a%d ::= %s\",\" json-ws %s%s%s\n", obj, i, required[i] ? "" : "(",
+                                  kv[i].data, required[i] ? "" : ")?", next_a);
+        c->fail |= exl_str_printf(r, "%s-b%d ::= %s%s%s\n", obj, i, kv[i].data, next_a, required[i] ? "" : next_b);
     }
-    c->fail |= exl_str_printf(body, " %s-f0?", obj);
-    return EXL_OK;
+    c->fail |= exl_str_printf(body, " %s-b0", obj);
 }
 
 static exl_status object_expr(sc *c, const cJSON *s, const char *hint, exl_str *expr) {
@@ -370,23 +365,22 @@ static exl_status object_expr(sc *c, const cJSON *s, const char *hint, exl_str *
     if (!kv)
         return nomem();
     exl_status st = EXL_OK;
-    int n_req = 0, n_opt = 0, i = 0;
+    int n_req = 0, i = 0;
     for (const cJSON *p = props ? props->child : NULL; p && st == EXL_OK; p = p->next, i++)
         st = property(c, p, obj, &kv[i]);
-    exl_str body = EXL_STR_INIT, *opt = NULL;
-    if (st == EXL_OK && !(opt = exl_calloc((size_t)(n_props ? n_props : 1), sizeof *opt)))
+    exl_str body = EXL_STR_INIT;
+    uint8_t *required = st == EXL_OK ? exl_calloc((size_t)(n_props ? n_props : 1), 1) : NULL;
+    if (st == EXL_OK && !required)
         st = nomem();
     i = 0;
-    for (const cJSON *p = props ? props->child : NULL; p && st == EXL_OK; p = p->next, i++) {
-        if (is_required(req, p->string)) {
-            put(c, &body, n_req++ ? " \",\" json-ws " : " ");
-            put(c, &body, kv[i].data);
-        } else {
-            opt[n_opt++] = kv[i]; /* shallow: kv keeps ownership */
-        }
+    for (const cJSON *p = props ? props->child : NULL; p && st == EXL_OK; p = p->next, i++)
+        n_req += required[i] = (uint8_t)is_required(req, p->string);
+    for (i = 0; st == EXL_OK && n_req == n_props && i < n_props; i++) { /* all required: one sequence */
+        put(c, &body, i ? " \",\" json-ws " : " ");
+        put(c, &body, kv[i].data);
     }
-    if (st == EXL_OK && n_opt)
-        st = optional_chain(c, opt, n_opt, n_req > 0, obj, &body);
+    if (st == EXL_OK && n_req < n_props)
+        property_chain(c, kv, required, n_props, obj, &body);
     if (st == EXL_OK) {
         put(c, &c->rules, obj);
         put(c, &c->rules, " ::= \"{\" json-ws");
@@ -397,7 +391,7 @@ static exl_status object_expr(sc *c, const cJSON *s, const char *hint, exl_str *
     for (i = 0; i < n_props; i++)
         exl_str_free(&kv[i]);
     exl_free(kv);
-    exl_free(opt);
+    exl_free(required);
     exl_str_free(&body);
     return st;
 }
