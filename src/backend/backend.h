@@ -61,9 +61,15 @@ typedef struct exl_linear_src {
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 11
+#define EXL_BACKEND_ABI 12
 
 typedef struct exl_backend exl_backend;
+
+/* Writes a HOST bitset of rows x exl_mask_words(vocab) words: bit (id % 32) of word id / 32 of a row
+ * set keeps that logit (mask_logits). */
+typedef exl_status (*exl_logit_mask_fn)(void *user, uint32_t *mask, int32_t rows);
+
+static inline int32_t exl_mask_words(int32_t vocab) { return (vocab + 31) / 32; }
 
 typedef struct exl_backend_ops {
     void (*destroy)(exl_backend *be);
@@ -142,6 +148,13 @@ typedef struct exl_backend_ops {
      * results (-1 kept) to HOST ids; only the last EXL_ARGMAX_KEEP tickets can be waited on. */
     int64_t (*argmax)(exl_backend *be, int32_t *ids, const float *logits, int32_t rows, int32_t vocab);
     exl_status (*argmax_wait)(exl_backend *be, int64_t ticket, int32_t *ids, int32_t rows);
+    /* Constrained decoding: logits [rows, vocab] (backend memory) whose bit in the row's mask is clear
+     * become -inf. The backend first starts the work queued before (so the device computes while the
+     * host works), then calls fill(user, mask, rows) for the HOST bitset `mask` (room for rows x
+     * exl_mask_words(vocab) words), then copies it to the device and applies it there; it returns once
+     * `mask` may be reused. Samplers that read only the head (top_k) then see the masked logits. */
+    exl_status (*mask_logits)(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
+                              exl_logit_mask_fn fill, void *user);
 } exl_backend_ops;
 
 #define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */

@@ -16,11 +16,12 @@ static void drop_masks(exl_matcher *m) {
     m->mask_bytes = 0;
 }
 
-static exl_status walk(exl_matcher *m, const exl_token_trie *t, int32_t s, uint32_t *bits) {
+static exl_status walk(exl_matcher *m, const exl_token_trie *t, int32_t s, uint32_t *bits, int32_t *count) {
     int32_t *at = exl_malloc((size_t)(t->max_depth + 1) * sizeof *at);
     if (!at)
         return exl_fail(EXL_ERR_NOMEM, "token mask: out of memory");
     at[0] = s;
+    *count = 0;
     exl_status st = EXL_OK;
     for (int32_t i = 1; i < t->n_nodes;) {
         int32_t from = at[t->depth[i] - 1], next;
@@ -35,6 +36,7 @@ static exl_status walk(exl_matcher *m, const exl_token_trie *t, int32_t s, uint3
             continue;
         }
         at[t->depth[i]] = next;
+        *count += t->tok_n[i];
         for (int32_t k = 0; k < t->tok_n[i]; k++) {
             int32_t id = t->order[t->tok_first[i] + k];
             bits[id >> 5] |= 1u << (id & 31);
@@ -61,12 +63,14 @@ exl_status exl_mask_get(exl_matcher *m, const exl_token_trie *t, int32_t s, cons
     uint32_t *bits = exl_calloc((size_t)exl_mask_words(t->vocab), sizeof *bits);
     if (!bits)
         return exl_fail(EXL_ERR_NOMEM, "token mask: out of memory");
-    exl_status st = walk(m, t, s, bits);
+    int32_t count = 0;
+    exl_status st = walk(m, t, s, bits, &count);
     if (st != EXL_OK) {
         exl_free(bits);
         return st;
     }
     m->states[s].mask = bits;
+    m->states[s].mask_count = count;
     m->mask_bytes += bytes;
     *mask = bits;
     return EXL_OK;

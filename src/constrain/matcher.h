@@ -26,7 +26,8 @@ typedef struct exl_mstate {
     int32_t first, n;  /* its stacks: items[first .. first + n), sorted */
     uint32_t hash;
     int32_t *next;     /* [256] transitions once computed (-2: not yet), else NULL */
-    uint32_t *mask;    /* the token mask (mask.c), NULL until computed */
+    uint32_t *mask;    /* the token mask (mask.c), NULL until computed (or dropped) */
+    int32_t mask_count; /* tokens it allows, once computed */
     uint8_t accepting; /* the empty stack is in it */
 } exl_mstate;
 

@@ -47,5 +47,8 @@ void exl_cpu_glu(exl_backend *be, float *gate, const float *up, int32_t rows, in
 void exl_cpu_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cpu_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
                          int32_t width);
+/* constrained decoding's logit masks (cpu_mask.c) */
+exl_status exl_cpu_mask_logits(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
+                               exl_logit_mask_fn fill, void *user);
 
 #endif

@@ -115,6 +115,7 @@ static const exl_backend_ops cpu_ops = {
     .glu = exl_cpu_glu,
     .add = exl_cpu_add,
     .gather_rows = exl_cpu_gather_rows,
+    .mask_logits = exl_cpu_mask_logits,
 };
 
 exl_status exl_backend_cpu_init(int n_threads, exl_backend **out) {

@@ -112,6 +112,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->gemv_partial);
     cudaFree(cb->gemv_counters);
     cudaFree(cb->top_k_buf);
+    cudaFree(cb->mask_buf);
     cudaFree(cb->host_gemm_buf);
     exl_cuda_argmax_free(cb);
     cublasDestroy(cb->cublas);
@@ -281,6 +282,7 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_embed,      exl_cuda_rmsnorm,   exl_cuda_matmul,  exl_cuda_rope,    exl_cuda_kv_store,
     exl_cuda_attention,  exl_cuda_glu,       exl_cuda_add,     exl_cuda_gather_rows,
     exl_cuda_graph_run,  exl_cuda_host_gemm, exl_cuda_top_k,   exl_cuda_argmax,  exl_cuda_argmax_wait,
+    exl_cuda_mask_logits,
 };
 
 /* ---- creation */
