@@ -167,6 +167,11 @@ exl_status exl_detokenizer_flush(exl_detokenizer *d, const char **text, size_t *
 typedef struct exl_chat_message {
     const char *role;    /* "system", "user", "assistant", "tool" */
     const char *content;
+    const char *tool_calls;   /* assistant: a JSON array of OpenAI tool calls ({"id", "type", "function":
+                               * {"name", "arguments"}}), or NULL; templates see each arguments string
+                               * parsed into an object */
+    const char *tool_call_id; /* tool: the call it answers, or NULL */
+    const char *name;         /* tool: the function that answered, or NULL */
 } exl_chat_message;
 
 /* Render the model's chat template (tokenizer_config.json `chat_template`, or a

@@ -40,6 +40,7 @@ typedef struct ref_rule {
 typedef struct sc {
     const cJSON *root;
     int strict;
+    const char *prefix; /* of every rule name but the shared ones */
     exl_str rules;
     unsigned used;
     int n_names; /* for unique rule names */
@@ -98,7 +99,7 @@ static void rule_name(sc *c, const char *hint, char *out, size_t size) {
     for (const char *p = hint; *p && k + 1 < sizeof clean; p++)
         clean[k++] = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ? *p : '-';
     clean[k] = 0;
-    snprintf(out, size, "s%d-%s", c->n_names++, clean);
+    snprintf(out, size, "%ss%d-%s", c->prefix, c->n_names++, clean);
 }
 
 /* Path bookkeeping for messages. */
@@ -418,7 +419,7 @@ static exl_status typed(sc *c, const cJSON *s, const char *type, const char *hin
 /* "#", "#/$defs/x", "#/definitions/x": the rule of the referenced schema, compiled once. */
 static exl_status reference(sc *c, const char *ref, exl_str *expr) {
     if (!strcmp(ref, "#"))
-        return put(c, expr, "root"), EXL_OK;
+        return put(c, expr, c->prefix), put(c, expr, "root"), EXL_OK;
     const char *name = NULL;
     const cJSON *defs = NULL;
     if (!strncmp(ref, "#/$defs/", 8))
@@ -559,34 +560,52 @@ static exl_status node(sc *c, const cJSON *s, const char *hint, exl_str *expr) {
 
 /* ---------------------------------------------------------------- entry */
 
-exl_status exl_json_schema_gbnf(const cJSON *schema, int strict, exl_str *out) {
+/* The schema's rules, its start rule named <prefix>root; *used: the shared pieces it needs. */
+static exl_status schema_rules(const cJSON *schema, int strict, const char *prefix, exl_str *out, unsigned *used) {
     sc *c = exl_calloc(1, sizeof *c);
     if (!c)
         return nomem();
     c->root = schema;
     c->strict = strict;
+    c->prefix = prefix;
     exl_str root = EXL_STR_INIT;
     exl_status st = node(c, schema, "root", &root);
     if (st == EXL_OK) {
-        put(c, out, "root ::= ");
-        put(c, out, root.data);
-        put(c, out, "\n");
+        c->fail |= exl_str_printf(out, "%sroot ::= %s\n", prefix, root.data);
         put(c, out, c->rules.data ? c->rules.data : "");
-        if (c->used & USE_VALUE) /* any value uses every piece */
-            c->used |= USE_WS | USE_CHAR | USE_STRING | USE_NUMBER;
-        if (c->used & USE_STRING)
-            c->used |= USE_CHAR;
-        for (int i = 0; i < 6; i++)
-            if (c->used & (1u << i))
-                put(c, out, SHARED[i]);
         if (c->fail)
             st = nomem();
     }
+    *used = c->used;
     exl_str_free(&root);
     exl_str_free(&c->rules);
     exl_free(c);
     return st;
 }
+
+static exl_status shared_rules(unsigned used, exl_str *out) {
+    if (used & USE_VALUE) /* any value uses every piece */
+        used |= USE_WS | USE_CHAR | USE_STRING | USE_NUMBER;
+    if (used & USE_STRING)
+        used |= USE_CHAR;
+    for (int i = 0; i < 6; i++)
+        if ((used & (1u << i)) && exl_str_puts(out, SHARED[i]))
+            return nomem();
+    return EXL_OK;
+}
+
+exl_status exl_json_schema_gbnf(const cJSON *schema, int strict, exl_str *out) {
+    unsigned used = 0;
+    EXL_TRY(schema_rules(schema, strict, "", out, &used));
+    return shared_rules(used, out);
+}
+
+exl_status exl_json_schema_gbnf_part(const cJSON *schema, int strict, const char *prefix, exl_str *out) {
+    unsigned used;
+    return schema_rules(schema, strict, prefix, out, &used);
+}
+
+exl_status exl_json_schema_gbnf_shared(exl_str *out) { return shared_rules(USE_VALUE | USE_INTEGER, out); }
 
 exl_status exl_json_schema_to_gbnf(const char *src, size_t len, int strict, exl_str *out) {
     const char *end = NULL;

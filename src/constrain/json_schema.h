@@ -24,5 +24,11 @@
 exl_status exl_json_schema_to_gbnf(const char *src, size_t len, int strict, exl_str *out);
 /* The same from a parsed schema. */
 exl_status exl_json_schema_gbnf(const cJSON *schema, int strict, exl_str *out);
+/* For grammars that embed several schemas: the schema's rules only, every name prefixed (its start
+ * rule is <prefix>root), without the shared json-* rules, which exl_json_schema_gbnf_shared writes
+ * once (all of them: json-ws, json-char, json-string, json-integer, json-number, json-value,
+ * json-object, json-array). */
+exl_status exl_json_schema_gbnf_part(const cJSON *schema, int strict, const char *prefix, exl_str *out);
+exl_status exl_json_schema_gbnf_shared(exl_str *out);
 
 #endif
