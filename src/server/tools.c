@@ -49,15 +49,15 @@ exl_tool_format exl_tools_detect(const exl_tokenizer *tok) {
 /* ---------------------------------------------------------------- prompt */
 
 exl_status exl_tools_prompt(const cJSON *tools, exl_str *out) {
-    int fail = exl_str_puts(out, "You can call functions. To call one, reply with\n" HERMES_OPEN
-                                 "\n{\"name\": <function name>, \"arguments\": <the arguments as a JSON object>}\n" HERMES_CLOSE
-                                 "\nfor each call, and nothing else. The functions:\n<tools>\n");
+    /* short: small models have small contexts */
+    int fail = exl_str_puts(out, "You can call these functions:\n");
     for (const cJSON *t = tools->child; t && !fail; t = t->next) {
-        char *s = cJSON_PrintUnformatted(t);
+        char *s = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(t, "function"));
         fail = !s || exl_str_puts(out, s) || exl_str_putc(out, '\n');
         cJSON_free(s);
     }
-    fail = fail || exl_str_puts(out, "</tools>");
+    fail = fail || exl_str_puts(out, "To call one, reply with " HERMES_OPEN "\n{\"name\": <function name>, \"arguments\": "
+                                     "<arguments object>}\n" HERMES_CLOSE " for each call, and nothing else.");
     return fail ? nomem() : EXL_OK;
 }
 
