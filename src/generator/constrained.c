@@ -7,9 +7,11 @@
  * on the token its previous step samples.
  *
  * Where no token of the vocabulary can continue (a vocabulary without braces asked for JSON, or
- * a literal the tokens cannot spell), the grammar's next bytes are written directly: the viable
- * byte, or the lowest of several, until some token can go on again. Those bytes are the job's
- * text, and their tokenization is what the model is fed (it may contain <unk>). */
+ * a literal the tokens cannot spell), the grammar's next bytes are written directly until some
+ * token can go on again: the one viable byte, or of several the one that leaves the model the most
+ * tokens to choose from next (so "[" then "{" rather than "]" for a list of objects: the model,
+ * not the spelling, decides where output ends). Those bytes are the job's text, and their
+ * tokenization is what the model is fed (it may contain <unk>). */
 #include "generator/generator.h"
 
 #include "base/alloc.h"
@@ -106,6 +108,19 @@ static int32_t append_forced(exl_generator *g, exl_job *j, const int32_t *ids, i
     return n;
 }
 
+/* How much a forced byte leading to state s leaves the model: the tokens allowed there (the end
+ * tokens count one), 0 for a complete output. */
+static exl_status choice_score(exl_generator *g, exl_job *j, int32_t s, int32_t *score) {
+    const exl_matcher *m = &j->constraint->matcher;
+    const uint32_t *mask;
+    *score = 0;
+    if (exl_matcher_complete(m, s))
+        return EXL_OK;
+    EXL_TRY(exl_mask_get(&j->constraint->matcher, g->trie, s, &mask));
+    *score = m->states[s].mask_count + may_end(g, j, s);
+    return EXL_OK;
+}
+
 /* Where no token can go on from the job's state: write the bytes the grammar leads to until one
  * can (or the output is complete), feed their tokens. */
 static exl_status force_text(exl_generator *g, exl_job *j) {
@@ -124,15 +139,24 @@ static exl_status force_text(exl_generator *g, exl_job *j) {
         if (n >= MAX_FORCED)
             return exl_fail(EXL_ERR_UNSUPPORTED, "constraint: no token of the vocabulary can continue the output, "
                                                  "and the grammar forces more than %d bytes", MAX_FORCED);
-        int32_t next = EXL_MATCH_DEAD;
-        for (int b = 0; b < 256 && next < 0; b++) {
+        int32_t best = EXL_MATCH_DEAD, best_score = -1;
+        unsigned char best_byte = 0;
+        for (int b = 0; b < 256; b++) {
+            int32_t next, score;
             EXL_TRY(exl_matcher_step(m, s, (unsigned char)b, &next));
-            if (next >= 0)
-                bytes[n++] = (char)b;
+            if (next < 0)
+                continue;
+            EXL_TRY(choice_score(g, j, next, &score));
+            if (score > best_score) {
+                best = next;
+                best_score = score;
+                best_byte = (unsigned char)b;
+            }
         }
-        if (next < 0)
+        if (best < 0)
             return exl_fail(EXL_ERR_STATE, "constraint: the grammar allows nothing here");
-        s = next;
+        bytes[n++] = (char)best_byte;
+        s = best;
     }
     if (!n)
         return EXL_OK;

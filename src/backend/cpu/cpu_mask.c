@@ -1,5 +1,6 @@
 /* cpu_mask.c - the mask_logits op on the CPU: the logits are host memory, so the mask is filled
- * and applied in place (a word with every bit set is skipped whole). */
+ * and applied in place, a word of 32 logits at a time (kept whole, cleared whole, or bit by bit
+ * over the cleared bits only). */
 #include "backend/cpu/cpu.h"
 
 #include "base/error.h"
@@ -15,12 +16,16 @@ exl_status exl_cpu_mask_logits(exl_backend *be, float *logits, int32_t rows, int
         const uint32_t *m = mask + (size_t)r * (size_t)words;
         float *x = logits + (size_t)r * (size_t)vocab;
         for (int32_t w = 0; w < words; w++) {
-            if (m[w] == 0xFFFFFFFFu)
+            float *p = x + (size_t)w * 32;
+            int32_t n = vocab - w * 32 < 32 ? vocab - w * 32 : 32;
+            uint32_t drop = ~m[w] & (n == 32 ? 0xFFFFFFFFu : (1u << n) - 1);
+            if (drop == 0xFFFFFFFFu) {
+                for (int32_t k = 0; k < 32; k++)
+                    p[k] = -INFINITY;
                 continue;
-            int32_t end = w * 32 + 32 < vocab ? w * 32 + 32 : vocab;
-            for (int32_t i = w * 32; i < end; i++)
-                if (!((m[w] >> (i & 31)) & 1))
-                    x[i] = -INFINITY;
+            }
+            for (; drop; drop &= drop - 1)
+                p[__builtin_ctz(drop)] = -INFINITY;
         }
     }
     return EXL_OK;
