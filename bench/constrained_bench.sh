@@ -14,6 +14,7 @@ cmake --build "$build" --target exl make_random_model -j"$(nproc)" >/dev/null
 cc -O2 -I"$root/include" "$root/bench/constrained_bench.c" "$build/libexl.a" \
   $(pkg-config --libs libcjson libpcre2-8 libutf8proc) -lm -lpthread -ldl -o "$build/constrained_bench"
 big=$root/bench/tmp/rand-128k
+mkdir -p "$root/bench/tmp"
 [ -f "$big/model.safetensors" ] || "$build/make_random_model" -o "$big" --hidden 256 --layers 2 --heads 4 \
   --kv-heads 2 --ffn 768 --vocab 128256 --tokenizer-from "$shared/tokenizers/llama3" >/dev/null
 
