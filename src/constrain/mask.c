@@ -57,10 +57,10 @@ exl_status exl_mask_get(exl_matcher *m, const exl_token_trie *t, int32_t s, cons
         *mask = m->states[s].mask;
         return EXL_OK;
     }
-    int64_t bytes = (int64_t)exl_mask_words(t->vocab) * 4;
+    int64_t bytes = (int64_t)exl_token_mask_words(t->vocab) * 4;
     if (m->mask_bytes + bytes > EXL_MASK_CACHE_BYTES)
         drop_masks(m);
-    uint32_t *bits = exl_calloc((size_t)exl_mask_words(t->vocab), sizeof *bits);
+    uint32_t *bits = exl_calloc((size_t)exl_token_mask_words(t->vocab), sizeof *bits);
     if (!bits)
         return exl_fail(EXL_ERR_NOMEM, "token mask: out of memory");
     int32_t count = 0;

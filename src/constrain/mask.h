@@ -4,11 +4,13 @@
 #ifndef EXL_CONSTRAIN_MASK_H
 #define EXL_CONSTRAIN_MASK_H
 
-#include "backend/backend.h"
 #include "constrain/matcher.h"
 #include "constrain/token_trie.h"
 
 #define EXL_MASK_CACHE_BYTES ((int64_t)256 << 20) /* masks one matcher keeps before it drops them all */
+
+/* 32-bit words of a mask over a vocabulary (the backends' mask_logits takes the same layout). */
+static inline int32_t exl_token_mask_words(int32_t vocab) { return (vocab + 31) / 32; }
 
 /* The mask of state s for trie t (end-of-sequence tokens are not in it: the caller adds them in
  * accepting states). *mask stays valid until the next call on this matcher. */
