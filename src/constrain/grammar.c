@@ -186,8 +186,9 @@ static int32_t merge_ranges(const int32_t *lo, const int32_t *hi, int32_t n, cp_
     return k;
 }
 
-/* The class as sorted disjoint ranges without surrogates (complemented when negated) into out,
- * which has room for n + 3; tmp has room for n. Returns the count. */
+/* The class as sorted disjoint ranges without surrogates (complemented when negated) into out;
+ * out and tmp each have room for n + 3 (a complement adds one range, the surrogate cut another).
+ * Returns the count. */
 static int32_t normalize_class(const int32_t *lo, const int32_t *hi, int32_t n, int negated, cp_range *tmp,
                                cp_range *out) {
     int32_t k = merge_ranges(lo, hi, n, tmp), m = 0;
@@ -259,7 +260,7 @@ static exl_status utf8_sequences(exl_grammar *g, int32_t r, int32_t lo, int32_t 
 
 exl_status exl_grammar_push_class(exl_grammar *g, int32_t r, const int32_t *lo, const int32_t *hi, int32_t n,
                                   int negated) {
-    cp_range *rg = exl_malloc((size_t)(2 * n + 4) * sizeof *rg);
+    cp_range *rg = exl_malloc((size_t)(2 * n + 6) * sizeof *rg);
     if (!rg)
         return nomem();
     int32_t k = normalize_class(lo, hi, n, negated, rg + n + 3, rg);
