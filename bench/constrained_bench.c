@@ -48,8 +48,8 @@ static const variant VARIANTS[] = {
 };
 
 /* Decode seconds and tokens of one job (from its first token to its end). */
-static int run_job(exl_generator *gen, exl_constraint *c, int new_tokens, uint64_t seed, double *secs,
-                   int64_t *tokens, int64_t *steps) {
+static int run_job(exl_generator *gen, exl_constraint *c, int new_tokens, uint64_t seed, double *secs, int64_t *tokens,
+                   int64_t *steps) {
     exl_job_params p = exl_job_default_params();
     p.text = "Once upon a time";
     p.max_new_tokens = new_tokens;
@@ -135,14 +135,16 @@ int main(int argc, char **argv) {
             result x;
             if (run_variant(gen, &VARIANTS[v], new_tokens, seeds, &x))
                 return 1;
-            if (!r || x.secs / (double)(x.steps ? x.steps : 1) < best[v].secs / (double)(best[v].steps ? best[v].steps : 1))
+            if (!r ||
+                x.secs / (double)(x.steps ? x.steps : 1) < best[v].secs / (double)(best[v].steps ? best[v].steps : 1))
                 best[v] = x;
         }
     printf("| constraint | tokens | steps | ms/token | ms/step | step vs free |\n|---|---|---|---|---|---|\n");
     double free_ms = best[0].steps ? 1e3 * best[0].secs / (double)best[0].steps : 0;
     for (int v = 0; v < N_VARIANTS; v++) {
         const result *x = &best[v];
-        double ms = x->tokens ? 1e3 * x->secs / (double)x->tokens : 0, ms_step = x->steps ? 1e3 * x->secs / (double)x->steps : 0;
+        double ms = x->tokens ? 1e3 * x->secs / (double)x->tokens : 0,
+               ms_step = x->steps ? 1e3 * x->secs / (double)x->steps : 0;
         printf("| %s | %lld | %lld | %.3f | %.3f | %.2fx |\n", VARIANTS[v].name, (long long)x->tokens,
                (long long)x->steps, ms, ms_step, free_ms > 0 ? ms_step / free_ms : 0);
     }

@@ -33,7 +33,9 @@ static exl_status syntax(const parser *p, const char *what) {
     return exl_fail(EXL_ERR_FORMAT, "grammar: line %d, column %d: %s", line, col, what);
 }
 
-static int is_word(int c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_'; }
+static int is_word(int c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+}
 
 /* Skip blanks and comments, and newlines too when newline_ok. */
 static void skip_space(parser *p, int newline_ok) {
@@ -51,7 +53,10 @@ static void skip_space(parser *p, int newline_ok) {
 }
 
 static int hex_digit(int c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
 }
 
 /* One character of a literal or class (an escape or a UTF-8 sequence) as a code point. */

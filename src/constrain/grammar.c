@@ -435,7 +435,7 @@ static exl_status check_rules(const exl_grammar *g) {
         if (!g->rules[r].defined)
             return exl_fail(EXL_ERR_FORMAT, "grammar: rule '%s' is used but not defined", g->rules[r].name);
     int32_t nr = g->n_rules, *to = NULL;
-    uint8_t *flags = exl_calloc((size_t)nr, 2); /* nullable, then DFS colors */
+    uint8_t *flags = exl_calloc((size_t)nr, 2);                      /* nullable, then DFS colors */
     int32_t *ints = exl_malloc((size_t)(3 * nr + 1) * sizeof *ints); /* stack, edge, first */
     exl_status st = flags && ints ? EXL_OK : nomem();
     if (st == EXL_OK) {

@@ -53,9 +53,9 @@ typedef struct exl_grammar {
     int32_t set_hash_cap;
     /* after exl_grammar_finish */
     int32_t root;
-    exl_gelem *flat;      /* every rule's elements, END-terminated */
-    int32_t *alt_start;   /* positions in flat where alternatives start */
-    int32_t *rule_alt;    /* [n_rules + 1]: rule r's alternatives are alt_start[rule_alt[r] .. rule_alt[r + 1]) */
+    exl_gelem *flat;    /* every rule's elements, END-terminated */
+    int32_t *alt_start; /* positions in flat where alternatives start */
+    int32_t *rule_alt;  /* [n_rules + 1]: rule r's alternatives are alt_start[rule_alt[r] .. rule_alt[r + 1]) */
 } exl_grammar;
 
 void exl_grammar_init(exl_grammar *g);

@@ -112,11 +112,26 @@ static void path_pop(sc *c, size_t at) { c->path[at] = 0; }
 
 /* ---------------------------------------------------------------- keywords */
 
-static const char *const ANNOTATIONS[] = {"title", "description", "default", "examples", "$schema", "$id",
-                                          "$comment", "$defs", "definitions", NULL};
-static const char *const HANDLED[] = {"type", "properties", "required", "additionalProperties", "items", "minItems",
-                                      "maxItems", "enum", "const", "anyOf", "$ref", "minLength", "maxLength",
-                                      "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
+static const char *const ANNOTATIONS[] = {"title", "description", "default", "examples",    "$schema",
+                                          "$id",   "$comment",    "$defs",   "definitions", NULL};
+static const char *const HANDLED[] = {"type",
+                                      "properties",
+                                      "required",
+                                      "additionalProperties",
+                                      "items",
+                                      "minItems",
+                                      "maxItems",
+                                      "enum",
+                                      "const",
+                                      "anyOf",
+                                      "$ref",
+                                      "minLength",
+                                      "maxLength",
+                                      "minimum",
+                                      "maximum",
+                                      "exclusiveMinimum",
+                                      "exclusiveMaximum",
+                                      NULL};
 
 static int in_list(const char *const *list, const char *k) {
     for (; *list; list++)
@@ -168,7 +183,8 @@ static exl_status string_expr(sc *c, const cJSON *s, exl_str *expr) {
     if (hi < 0)
         snprintf(buf, sizeof buf, "\"\\\"\" json-char{%lld,} \"\\\"\"", (long long)lo);
     else
-        snprintf(buf, sizeof buf, "\"\\\"\" json-char{%lld,%lld} \"\\\"\"", (long long)(lo < 0 ? 0 : lo), (long long)hi);
+        snprintf(buf, sizeof buf, "\"\\\"\" json-char{%lld,%lld} \"\\\"\"", (long long)(lo < 0 ? 0 : lo),
+                 (long long)hi);
     put(c, expr, buf);
     return EXL_OK;
 }
@@ -312,8 +328,8 @@ static void property_chain(sc *c, const exl_str *kv, const uint8_t *required, in
         } else if (!required[i]) {
             snprintf(next_b, sizeof next_b, " | \"\"");
         }
-        c->fail |= exl_str_printf(r, "%s-a%d ::= %s\",\" json-ws %s%s%s\n", obj, i, required[i] ? "" : "(",
-                                  kv[i].data, required[i] ? "" : ")?", next_a);
+        c->fail |= exl_str_printf(r, "%s-a%d ::= %s\",\" json-ws %s%s%s\n", obj, i, required[i] ? "" : "(", kv[i].data,
+                                  required[i] ? "" : ")?", next_a);
         c->fail |= exl_str_printf(r, "%s-b%d ::= %s%s%s\n", obj, i, kv[i].data, next_a, required[i] ? "" : next_b);
     }
     c->fail |= exl_str_printf(body, " %s-b0", obj);
@@ -550,7 +566,8 @@ static exl_status node(sc *c, const cJSON *s, const char *hint, exl_str *expr) {
         return EXL_OK;
     }
     if (!cJSON_IsObject(s))
-        return unsupported(c, "%s", cJSON_IsFalse(s) ? "the schema false matches nothing" : "a schema must be an object");
+        return unsupported(c, "%s",
+                           cJSON_IsFalse(s) ? "the schema false matches nothing" : "a schema must be an object");
     if (++c->depth > MAX_DEPTH)
         return unsupported(c, "%s", "schemas nested more than 64 deep");
     exl_status st = node_object(c, s, hint, expr);

@@ -211,8 +211,8 @@ static exl_status intern_state(exl_matcher *m, int32_t *out) {
         grow((void **)&m->items, &m->cap_items, m->n_items + m->n_out, sizeof *m->items))
         return nomem();
     memcpy(m->items + m->n_items, m->out, (size_t)m->n_out * sizeof *m->out);
-    m->states[m->n_states] = (exl_mstate){.first = (int32_t)m->n_items, .n = m->n_out, .hash = h,
-                                          .accepting = m->out[0] == 0};
+    m->states[m->n_states] =
+        (exl_mstate){.first = (int32_t)m->n_items, .n = m->n_out, .hash = h, .accepting = m->out[0] == 0};
     m->n_items += m->n_out;
     m->state_hash[k] = m->n_states;
     *out = m->n_states++;

@@ -14,21 +14,21 @@
 
 #include "constrain/grammar.h"
 
-#define EXL_MATCH_DEAD (-1)              /* no state: the input left the grammar */
-#define EXL_MATCH_MAX_STATES (1 << 17)   /* states one matcher may build */
-#define EXL_MATCH_MAX_NODES (1 << 22)    /* stack nodes one matcher may build */
+#define EXL_MATCH_DEAD (-1)            /* no state: the input left the grammar */
+#define EXL_MATCH_MAX_STATES (1 << 17) /* states one matcher may build */
+#define EXL_MATCH_MAX_NODES (1 << 22)  /* stack nodes one matcher may build */
 
 typedef struct exl_mnode {
     int32_t pos, parent;
 } exl_mnode;
 
 typedef struct exl_mstate {
-    int32_t first, n;  /* its stacks: items[first .. first + n), sorted */
+    int32_t first, n; /* its stacks: items[first .. first + n), sorted */
     uint32_t hash;
-    int32_t *next;     /* [256] transitions once computed (-2: not yet), else NULL */
-    uint32_t *mask;    /* the token mask (mask.c), NULL until computed (or dropped) */
+    int32_t *next;      /* [256] transitions once computed (-2: not yet), else NULL */
+    uint32_t *mask;     /* the token mask (mask.c), NULL until computed (or dropped) */
     int32_t mask_count; /* tokens it allows, once computed */
-    uint8_t accepting; /* the empty stack is in it */
+    uint8_t accepting;  /* the empty stack is in it */
 } exl_mstate;
 
 typedef struct exl_matcher {
@@ -37,7 +37,7 @@ typedef struct exl_matcher {
     int32_t n_nodes, cap_nodes;
     int32_t *node_hash; /* open addressing, -1 empty */
     int32_t node_hash_cap;
-    uint32_t *seen;     /* per node: the closure pass that last visited it */
+    uint32_t *seen; /* per node: the closure pass that last visited it */
     int32_t cap_seen;
     uint32_t pass;
     exl_mstate *states;
@@ -51,7 +51,7 @@ typedef struct exl_matcher {
     int32_t n_work, cap_work;
     int32_t *out;
     int32_t n_out, cap_out;
-    int32_t start;      /* the state before any input */
+    int32_t start; /* the state before any input */
     /* token masks (mask.c) */
     const void *mask_vocab; /* the token trie the masks were computed for */
     int64_t mask_bytes;     /* memory held by masks */

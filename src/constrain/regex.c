@@ -51,7 +51,10 @@ static void put_range(rx *r, int32_t lo, int32_t hi) {
 }
 
 static int hexval(int c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
 }
 
 /* The ranges of a class shorthand (d, w, s), written into a class being built. */
@@ -73,7 +76,15 @@ static exl_status escape(rx *r, int32_t *cp, int *cls) {
         return bad(r, "a trailing backslash");
     r->i++;
     switch (c) {
-    case 'd': case 'D': case 'w': case 'W': case 's': case 'S': *cls = c; *cp = -1; return EXL_OK;
+    case 'd':
+    case 'D':
+    case 'w':
+    case 'W':
+    case 's':
+    case 'S':
+        *cls = c;
+        *cp = -1;
+        return EXL_OK;
     case 'n': *cp = '\n'; return EXL_OK;
     case 'r': *cp = '\r'; return EXL_OK;
     case 't': *cp = '\t'; return EXL_OK;
@@ -96,7 +107,8 @@ static exl_status escape(rx *r, int32_t *cp, int *cls) {
         *cp = v;
         return EXL_OK;
     }
-    case 'b': case 'B': return bad(r, "word boundaries (\\b, \\B) are not supported");
+    case 'b':
+    case 'B': return bad(r, "word boundaries (\\b, \\B) are not supported");
     default:
         if ((c >= '1' && c <= '9') || c == 'k')
             return bad(r, "backreferences are not supported");

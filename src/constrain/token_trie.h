@@ -20,11 +20,11 @@ typedef struct exl_token_trie {
     int32_t *size;      /* per node: nodes in its subtree, itself included */
     int32_t *tok_first; /* per node: its tokens are order[tok_first .. tok_first + tok_n) */
     int32_t *tok_n;
-    int32_t *order;     /* the ids of the tokens in the trie, sorted by their bytes */
+    int32_t *order; /* the ids of the tokens in the trie, sorted by their bytes */
     int32_t n_order;
     int32_t max_depth;
-    int64_t *tok_off;   /* per id: where its bytes are in bytes[] */
-    int32_t *tok_len;   /* per id: their count; -1 when the token is not in the trie */
+    int64_t *tok_off; /* per id: where its bytes are in bytes[] */
+    int32_t *tok_len; /* per id: their count; -1 when the token is not in the trie */
     char *bytes;
 } exl_token_trie;
 

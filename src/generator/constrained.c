@@ -137,8 +137,10 @@ static exl_status force_text(exl_generator *g, exl_job *j) {
         if (any && exl_utf8_complete_prefix(bytes, n) == n)
             break;
         if (n >= MAX_FORCED)
-            return exl_fail(EXL_ERR_UNSUPPORTED, "constraint: no token of the vocabulary can continue the output, "
-                                                 "and the grammar forces more than %d bytes", MAX_FORCED);
+            return exl_fail(EXL_ERR_UNSUPPORTED,
+                            "constraint: no token of the vocabulary can continue the output, "
+                            "and the grammar forces more than %d bytes",
+                            MAX_FORCED);
         int32_t best = EXL_MATCH_DEAD, best_score = -1;
         unsigned char best_byte = 0;
         for (int b = 0; b < 256; b++) {
@@ -167,8 +169,8 @@ static exl_status force_text(exl_generator *g, exl_job *j) {
             n_ids = 0;
     if (n_ids == 0) {
         exl_ids_free(ids);
-        return exl_fail(EXL_ERR_UNSUPPORTED, "constraint: the forced text '%.*s' has no tokens for the model",
-                        (int)n, bytes);
+        return exl_fail(EXL_ERR_UNSUPPORTED, "constraint: the forced text '%.*s' has no tokens for the model", (int)n,
+                        bytes);
     }
     int32_t added = append_forced(g, j, ids, n_ids);
     exl_ids_free(ids);
@@ -199,8 +201,8 @@ exl_status exl_gen_constraint_advance(exl_generator *g, exl_job *j, int32_t id) 
     const exl_token_trie *t = g->trie;
     if (t->tok_len[id] < 0)
         return exl_fail(EXL_ERR_STATE, "constraint: token %d is not in the vocabulary's text", id);
-    EXL_TRY(exl_matcher_walk(&j->constraint->matcher, j->cstate, t->bytes + t->tok_off[id], (size_t)t->tok_len[id],
-                             &s));
+    EXL_TRY(
+        exl_matcher_walk(&j->constraint->matcher, j->cstate, t->bytes + t->tok_off[id], (size_t)t->tok_len[id], &s));
     if (s < 0)
         return exl_fail(EXL_ERR_STATE, "constraint: token %d leaves the grammar", id);
     j->cstate = s;

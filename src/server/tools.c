@@ -26,8 +26,10 @@ exl_tool_format exl_tools_detect(const exl_tokenizer *tok) {
     /* a call and its answer (ids of 9 letters and digits: Mistral's template insists) */
     const exl_chat_message probe[] = {
         {.role = "user", .content = "probe question"},
-        {.role = "assistant", .content = "", .tool_calls = "[{\"id\": \"probeid01\", \"type\": \"function\", \"function\": "
-                                                           "{\"name\": \"probe_fn\", \"arguments\": \"{\\\"probe_arg\\\": 1}\"}}]"},
+        {.role = "assistant",
+         .content = "",
+         .tool_calls = "[{\"id\": \"probeid01\", \"type\": \"function\", \"function\": "
+                       "{\"name\": \"probe_fn\", \"arguments\": \"{\\\"probe_arg\\\": 1}\"}}]"},
         {.role = "tool", .content = "probe result", .tool_call_id = "probeid01", .name = "probe_fn"},
     };
     char *with = NULL, *without = NULL;
@@ -56,8 +58,9 @@ exl_status exl_tools_prompt(const cJSON *tools, exl_str *out) {
         fail = !s || exl_str_puts(out, s) || exl_str_putc(out, '\n');
         cJSON_free(s);
     }
-    fail = fail || exl_str_puts(out, "To call one, reply with " HERMES_OPEN "\n{\"name\": <function name>, \"arguments\": "
-                                     "<arguments object>}\n" HERMES_CLOSE " for each call, and nothing else.");
+    fail = fail ||
+           exl_str_puts(out, "To call one, reply with " HERMES_OPEN "\n{\"name\": <function name>, \"arguments\": "
+                             "<arguments object>}\n" HERMES_CLOSE " for each call, and nothing else.");
     return fail ? nomem() : EXL_OK;
 }
 
@@ -105,7 +108,8 @@ exl_status exl_tools_grammar(const cJSON *tools, const char *only, int parallel,
     if (st == EXL_OK) {
         fail |= exl_str_printf(out, "call ::= %s\n", any.data);
         if (fmt == EXL_TOOLS_MISTRAL)
-            fail |= exl_str_puts(out, parallel ? "root ::= \"[\" call (\",\" json-ws call)* \"]\"\n" : "root ::= \"[\" call \"]\"\n");
+            fail |= exl_str_puts(out, parallel ? "root ::= \"[\" call (\",\" json-ws call)* \"]\"\n"
+                                               : "root ::= \"[\" call \"]\"\n");
         else if (fmt == EXL_TOOLS_LLAMA3)
             fail |= exl_str_puts(out, "root ::= call\n");
         else
@@ -196,7 +200,8 @@ static int parse_hermes(const char *s, size_t n, const cJSON *tools, exl_tool_ca
         size_t left = n - (size_t)(body - s), used;
         const char *close = memmem(body, left, HERMES_CLOSE, strlen(HERMES_CLOSE));
         cJSON *o = json_at(body, close ? (size_t)(close - body) : left, &used);
-        int bad = !o || !only_space(body + used, (close ? (size_t)(close - body) : left) - used) || add_call(c, o, tools);
+        int bad = !o || !only_space(body + used, (close ? (size_t)(close - body) : left) - used) ||
+                  add_call(c, o, tools);
         cJSON_Delete(o);
         if (bad)
             return -1;
@@ -239,8 +244,7 @@ static int parse_object(const char *s, size_t n, const cJSON *tools, exl_tool_ca
     return bad ? -1 : 0;
 }
 
-exl_status exl_tools_parse(const char *text, size_t len, exl_tool_format fmt, const cJSON *tools,
-                           exl_tool_calls *out) {
+exl_status exl_tools_parse(const char *text, size_t len, exl_tool_format fmt, const cJSON *tools, exl_tool_calls *out) {
     *out = (exl_tool_calls){.content_len = len};
     typedef int (*parser)(const char *, size_t, const cJSON *, exl_tool_calls *);
     parser order[3] = {parse_hermes, parse_array, parse_object}; /* the model's own format first */

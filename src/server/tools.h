@@ -45,8 +45,7 @@ typedef struct exl_tool_calls {
 
 /* The calls in a reply (out->n 0 when there are none, or they do not parse, or name a function
  * not among tools: the reply is then all content). */
-exl_status exl_tools_parse(const char *text, size_t len, exl_tool_format fmt, const cJSON *tools,
-                           exl_tool_calls *out);
+exl_status exl_tools_parse(const char *text, size_t len, exl_tool_format fmt, const cJSON *tools, exl_tool_calls *out);
 void exl_tool_calls_free(exl_tool_calls *calls);
 
 /* How much of a reply so far is content for sure: no call can start before it. */

@@ -45,8 +45,7 @@ static int replace_literal(exl_str *out, const char *s, size_t n, const char *li
 }
 
 /* Every match of a regex in s replaced by content, into out. */
-static int replace_regex(exl_str *out, const char *s, size_t n, const pcre2_code *re, const char *content,
-                         size_t cl) {
+static int replace_regex(exl_str *out, const char *s, size_t n, const pcre2_code *re, const char *content, size_t cl) {
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
     if (!md)
         return -1;
@@ -73,9 +72,9 @@ static int apply_decoder(const exl_tok_dec *d, const exl_str *cur, exl_str *nxt,
     size_t n = cur->len;
     switch (d->kind) {
     case EXL_TOK_DEC_REPLACE:
-        return d->pattern.literal ? replace_literal(nxt, s, n, d->pattern.literal, d->pattern.literal_len, d->content,
-                                                    d->content_len)
-                                  : replace_regex(nxt, s, n, d->pattern.re, d->content, d->content_len);
+        return d->pattern.literal
+                   ? replace_literal(nxt, s, n, d->pattern.literal, d->pattern.literal_len, d->content, d->content_len)
+                   : replace_regex(nxt, s, n, d->pattern.re, d->content, d->content_len);
     case EXL_TOK_DEC_BYTEFALLBACK: {
         int b = fallback_byte(s, n);
         return b >= 0 ? exl_str_putc(nxt, (char)b) : exl_str_append(nxt, s, n);

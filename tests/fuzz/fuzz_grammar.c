@@ -15,8 +15,8 @@
 /* A vocabulary of 300 tokens of 1 to 3 bytes (every byte once, then pairs and triples of
  * JSON-ish text), as a trie. */
 static exl_token_trie *vocab(void) {
-    static const char *const extra[] = {"{\"", "\":", "\", ", "true", "null", "[1", "]}", "ab", "\\u", "\xc3\xa9",
-                                        "  ", "\n", "yes", "no ", "12", "-1", "e+", ".5"};
+    static const char *const extra[] = {"{\"",      "\":", "\", ", "true", "null", "[1", "]}", "ab", "\\u",
+                                        "\xc3\xa9", "  ",  "\n",   "yes",  "no ",  "12", "-1", "e+", ".5"};
     exl_token_trie *t = exl_calloc(1, sizeof *t);
     int32_t n_extra = (int32_t)(sizeof extra / sizeof extra[0]), vocab = 256 + n_extra;
     t->vocab = vocab;

@@ -40,7 +40,8 @@ static exl_constraint *compile(exl_constraint_kind kind, const char *src) {
 /* ---------------------------------------------------------------- GBNF */
 
 EXL_TEST(gbnf_alternatives_and_sequences) {
-    exl_constraint *c = compile(EXL_CONSTRAINT_GBNF, "root ::= answer \" \" answer\nanswer ::= \"yes\" | \"no\" | \"maybe\"\n");
+    exl_constraint *c = compile(EXL_CONSTRAINT_GBNF,
+                                "root ::= answer \" \" answer\nanswer ::= \"yes\" | \"no\" | \"maybe\"\n");
     REQUIRE(c);
     CHECK(matches(c, "yes no"));
     CHECK(matches(c, "maybe maybe"));
@@ -77,7 +78,8 @@ EXL_TEST(gbnf_repetition_and_groups) {
 }
 
 EXL_TEST(gbnf_escapes_and_unicode) {
-    exl_constraint *c = compile(EXL_CONSTRAINT_GBNF, "root ::= \"\\\"\\\\\\n\\t\\x41\\u00e9\\U0001F600\" [\\]\\-\\[]\n");
+    exl_constraint *c = compile(EXL_CONSTRAINT_GBNF,
+                                "root ::= \"\\\"\\\\\\n\\t\\x41\\u00e9\\U0001F600\" [\\]\\-\\[]\n");
     REQUIRE(c);
     CHECK(matches(c, "\"\\\n\tA\xc3\xa9\xf0\x9f\x98\x80]"));
     CHECK(matches(c, "\"\\\n\tA\xc3\xa9\xf0\x9f\x98\x80-"));
@@ -144,7 +146,10 @@ EXL_TEST(regex_matches_whole_output) {
         {"[a-z]+@[a-z]+\\.(com|org)", {"me@x.com", "ab@cd.org"}, {"@x.com", "me@x.co", "me@x.comm"}},
         {"(?:x|y)?z+\\s\\w", {"z a", "xzz\t_", "yz\n9"}, {"xyz a", "z  a"}},
         {"[^a-c\\d]{2}\\.?", {"zz", "ZZ.", "\xc3\xa9!"}, {"az", "z1", "z"}},
-        {"a.b", {"axb", "a\xe2\x82\xac" "b"}, {"a\nb", "ab"}},
+        {"a.b",
+         {"axb", "a\xe2\x82\xac"
+                 "b"},
+         {"a\nb", "ab"}},
         {"\\$\\(\\)\\[\\]\\{\\}\\|\\*\\+\\?\\.\\\\\\/\\^", {"$()[]{}|*+?.\\/^"}, {"x"}},
         {"colou?r{2}\\x41\\u00e9", {"colorrA\xc3\xa9", "colourrA\xc3\xa9"}, {"colorA\xc3\xa9"}},
         {"(?<year>\\d{4})-(?P<m>\\d\\d)", {"2024-01"}, {"24-01"}},
@@ -167,10 +172,17 @@ EXL_TEST(regex_unsupported_is_named) {
     static const struct {
         const char *re, *want;
     } cases[] = {
-        {"(a)\\1", "backreferences"}, {"a(?=b)", "lookaround"}, {"\\bword", "word boundaries"},
-        {"(?i)abc", "inline flags"},  {"a^b", "anchors"},       {"[\\D]", "negated shorthand"},
-        {"(ab", "missing ')'"},        {"ab)", "unmatched ')'"}, {"*a", "nothing before it"},
-        {"a**", "quantifier after a quantifier"}, {"[b-a]", "end comes before its start"},
+        {"(a)\\1", "backreferences"},
+        {"a(?=b)", "lookaround"},
+        {"\\bword", "word boundaries"},
+        {"(?i)abc", "inline flags"},
+        {"a^b", "anchors"},
+        {"[\\D]", "negated shorthand"},
+        {"(ab", "missing ')'"},
+        {"ab)", "unmatched ')'"},
+        {"*a", "nothing before it"},
+        {"a**", "quantifier after a quantifier"},
+        {"[b-a]", "end comes before its start"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         exl_constraint *c = NULL;
@@ -183,9 +195,9 @@ EXL_TEST(regex_unsupported_is_named) {
 /* ---------------------------------------------------------------- integer ranges */
 
 EXL_TEST(int_range_exact) {
-    static const int64_t ranges[][2] = {{0, 0},     {0, 9},      {3, 7},    {0, 100},  {7, 1234},   {-5, 5},
-                                        {-120, -3}, {-1000, 999}, {10, 19},  {99, 101}, {100, 999},  {-9, -1},
-                                        {1, 1},     {-1, -1},    {250, 255}, {0, 1000}, {-999, 0},  {37, 370}};
+    static const int64_t ranges[][2] = {{0, 0},     {0, 9},       {3, 7},     {0, 100},  {7, 1234},  {-5, 5},
+                                        {-120, -3}, {-1000, 999}, {10, 19},   {99, 101}, {100, 999}, {-9, -1},
+                                        {1, 1},     {-1, -1},     {250, 255}, {0, 1000}, {-999, 0},  {37, 370}};
     for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
         exl_str g = EXL_STR_INIT;
         exl_str_puts(&g, "root ::= ");
@@ -240,16 +252,25 @@ static void mask_states(const char *tok_dir, int32_t vocab_extra, int full_chars
     REQUIRE_OK(exl_tokenizer_load(exl_test_shared(tok_dir), &tok));
     exl_token_trie *t;
     REQUIRE_OK(exl_token_trie_build(tok, exl_tokenizer_vocab_size(tok) + vocab_extra, &t));
-    const char *schema = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", \"maxLength\": 12},"
-                         " \"age\": {\"type\": \"integer\", \"minimum\": 0, \"maximum\": 150},"
-                         " \"tags\": {\"type\": \"array\", \"items\": {\"enum\": [\"a b\", \"\\u00e9\", \"x\\\"y\"]},"
-                         " \"maxItems\": 3}}, \"required\": [\"name\", \"age\", \"tags\"], \"additionalProperties\": false}";
+    const char *schema =
+        "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", \"maxLength\": 12},"
+        " \"age\": {\"type\": \"integer\", \"minimum\": 0, \"maximum\": 150},"
+        " \"tags\": {\"type\": \"array\", \"items\": {\"enum\": [\"a b\", \"\\u00e9\", \"x\\\"y\"]},"
+        " \"maxItems\": 3}}, \"required\": [\"name\", \"age\", \"tags\"], \"additionalProperties\": false}";
     exl_constraint *c = compile(EXL_CONSTRAINT_JSON_SCHEMA, schema);
     REQUIRE(c);
-    static const char *const prefixes[] = {"", "{", "{\"na", "{\"name\": \"J", "{\"name\":\"caf\xc3",
-                                           "{\"name\": \"\\", "{\"name\": \"\\u00", "{\"name\": \"ab\", \"age\": 1",
-                                           "{\"name\": \"ab\", \"age\": 15", "{\"name\": \"\",\"age\":0,\"tags\":[",
-                                           "{\"name\": \"\",\"age\":0,\"tags\":[\"x\\", "{\"name\": \"\",\"age\":0,\"tags\":[]"};
+    static const char *const prefixes[] = {"",
+                                           "{",
+                                           "{\"na",
+                                           "{\"name\": \"J",
+                                           "{\"name\":\"caf\xc3",
+                                           "{\"name\": \"\\",
+                                           "{\"name\": \"\\u00",
+                                           "{\"name\": \"ab\", \"age\": 1",
+                                           "{\"name\": \"ab\", \"age\": 15",
+                                           "{\"name\": \"\",\"age\":0,\"tags\":[",
+                                           "{\"name\": \"\",\"age\":0,\"tags\":[\"x\\",
+                                           "{\"name\": \"\",\"age\":0,\"tags\":[]"};
     for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
         int32_t st = walk(c, prefixes[i], strlen(prefixes[i]));
         CHECK_MSG(st >= 0, "prefix %s", prefixes[i]);
@@ -268,7 +289,8 @@ EXL_TEST(mask_equals_brute_force_bytelevel_128k) { mask_states("tokenizers/llama
 static void token_bytes_concat(const char *tok_dir) {
     exl_tokenizer *tok;
     REQUIRE_OK(exl_tokenizer_load(exl_test_shared(tok_dir), &tok));
-    static const char text[] = "Once upon a time, caf\xc3\xa9 \xe2\x98\x95 costs 12.50 \xf0\x9f\x98\x80!\n\t{\"a\": [1]}";
+    static const char text[] =
+        "Once upon a time, caf\xc3\xa9 \xe2\x98\x95 costs 12.50 \xf0\x9f\x98\x80!\n\t{\"a\": [1]}";
     int32_t *ids, n;
     REQUIRE_OK(exl_tokenizer_encode(tok, text, strlen(text), 0, &ids, &n));
     int32_t *ctx, n_ctx; /* text before: the tokens come in the middle, as generated ones do */

@@ -39,17 +39,18 @@ static int valid_bounded(const char *doc, char *why, size_t cap) {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name"), *age = cJSON_GetObjectItemCaseSensitive(o, "age");
     const cJSON *colors = cJSON_GetObjectItemCaseSensitive(o, "colors");
     const cJSON *happy = cJSON_GetObjectItemCaseSensitive(o, "happy");
-    const char *bad = !cJSON_IsObject(o)                                                      ? "not an object"
-                      : cJSON_GetArraySize(o) != 4                                             ? "keys"
-                      : !cJSON_IsString(name) || n_chars(name->valuestring) > 12               ? "name"
-                      : !cJSON_IsNumber(age) || age->valuedouble != floor(age->valuedouble) ||
-                                age->valuedouble < 1 || age->valuedouble > 99                  ? "age"
-                      : !cJSON_IsArray(colors) || cJSON_GetArraySize(colors) > 3                ? "colors"
-                      : !cJSON_IsBool(happy)                                                   ? "happy"
-                                                                                               : NULL;
+    const char *bad = !cJSON_IsObject(o)                                         ? "not an object"
+                      : cJSON_GetArraySize(o) != 4                               ? "keys"
+                      : !cJSON_IsString(name) || n_chars(name->valuestring) > 12 ? "name"
+                      : !cJSON_IsNumber(age) || age->valuedouble != floor(age->valuedouble) || age->valuedouble < 1 ||
+                              age->valuedouble > 99
+                          ? "age"
+                      : !cJSON_IsArray(colors) || cJSON_GetArraySize(colors) > 3 ? "colors"
+                      : !cJSON_IsBool(happy)                                     ? "happy"
+                                                                                 : NULL;
     for (const cJSON *c = cJSON_IsArray(colors) ? colors->child : NULL; c && !bad; c = c->next)
-        if (!cJSON_IsString(c) || (strcmp(c->valuestring, "red") && strcmp(c->valuestring, "green") &&
-                                   strcmp(c->valuestring, "blue")))
+        if (!cJSON_IsString(c) ||
+            (strcmp(c->valuestring, "red") && strcmp(c->valuestring, "green") && strcmp(c->valuestring, "blue")))
             bad = "a color";
     snprintf(why, cap, "%s", bad ? bad : "");
     cJSON_Delete(o);
@@ -162,8 +163,8 @@ EXL_TEST(forced_text_and_immediate_end) {
     p.top_logprobs = 2;
     REQUIRE_OK(gu_run(f.g, &p, 1, f.r));
     f.r->text[f.r->text_len] = 0;
-    CHECK_MSG(!strcmp(f.r->text, "{}") && f.r->finish == EXL_FINISH_STOP && f.r->stop_token == -1, "%s (%s)",
-              f.r->text, exl_finish_reason_str(f.r->finish));
+    CHECK_MSG(!strcmp(f.r->text, "{}") && f.r->finish == EXL_FINISH_STOP && f.r->stop_token == -1, "%s (%s)", f.r->text,
+              exl_finish_reason_str(f.r->finish));
     CHECK(f.r->n_ids >= 1 && f.r->lp[0] == 0.0f); /* forced: probability 1 */
     exl_constraint_free(c);
     /* a grammar that matches only the empty string ends before any token */
@@ -193,8 +194,8 @@ EXL_TEST(length_limit_and_batch_neighbours) {
         int ok = 1; /* (ab)* prefix cut by the 7-token limit, or complete */
         for (size_t k = 0; k < f.r[i].text_len; k++)
             ok &= f.r[i].text[k] == (k + 1 == f.r[i].text_len && f.r[i].finish == EXL_FINISH_STOP ? 'c'
-                                     : k % 2                                                    ? 'b'
-                                                                                                : 'a');
+                                     : k % 2                                                      ? 'b'
+                                                                                                  : 'a');
         CHECK_MSG(ok && f.r[i].n_ids <= 7, "%s (%s)", f.r[i].text, exl_finish_reason_str(f.r[i].finish));
     }
     exl_constraint_free(c);

@@ -39,8 +39,7 @@ static void run_cases(const doc_case *cases, size_t n, int strict) {
             CHECK_MSG(matches(c, cases[i].yes[k]), "case %zu: %s should accept %s", i, cases[i].schema,
                       cases[i].yes[k]);
         for (int k = 0; k < 8 && cases[i].no[k]; k++)
-            CHECK_MSG(!matches(c, cases[i].no[k]), "case %zu: %s should refuse %s", i, cases[i].schema,
-                      cases[i].no[k]);
+            CHECK_MSG(!matches(c, cases[i].no[k]), "case %zu: %s should refuse %s", i, cases[i].schema, cases[i].no[k]);
         exl_constraint_free(c);
     }
 }
@@ -58,7 +57,8 @@ EXL_TEST(scalars_strings_and_numbers) {
          {"0", "-0", "12.5", "-3.25e10", "1E-7", "9999999999999999", "0.0001"},
          {"01", "1.", ".5", "+1", "1e", "--1", "12345678901234567"}},
         {"{\"type\": \"integer\"}", {"0", "-17", "1234567890123456"}, {"1.0", "-", "00", "1e3"}},
-        {"{\"type\": \"integer\", \"minimum\": -5, \"maximum\": 120}", {"-5", "0", "7", "99", "120"},
+        {"{\"type\": \"integer\", \"minimum\": -5, \"maximum\": 120}",
+         {"-5", "0", "7", "99", "120"},
          {"-6", "121", "1000", "-0"}},
         {"{\"type\": \"integer\", \"exclusiveMinimum\": 0, \"exclusiveMaximum\": 10}", {"1", "9"}, {"0", "10"}},
         {"{\"type\": \"boolean\"}", {"true", "false"}, {"True", "1", "null"}},
@@ -153,7 +153,8 @@ EXL_TEST(strict_errors_name_keyword_and_place) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         exl_constraint *c = NULL;
-        exl_status st = exl_constraint_compile(EXL_CONSTRAINT_JSON_SCHEMA, cases[i].schema, strlen(cases[i].schema), &c);
+        exl_status st = exl_constraint_compile(EXL_CONSTRAINT_JSON_SCHEMA, cases[i].schema, strlen(cases[i].schema),
+                                               &c);
         CHECK_MSG(st != EXL_OK && strstr(exl_last_error(), cases[i].want), "%s -> %s", cases[i].schema,
                   exl_last_error());
         exl_constraint_free(c);
@@ -174,14 +175,16 @@ EXL_TEST(lax_mode_ignores_what_it_cannot_enforce) {
 EXL_TEST(grammar_text_is_readable) {
     /* the compiler's output is GBNF a person can read and reuse (exl run --grammar) */
     exl_str g = EXL_STR_INIT;
-    REQUIRE_OK(exl_json_schema_to_gbnf("{\"type\": \"object\", \"properties\": {\"ok\": {\"type\": \"boolean\"}},"
-                                       " \"required\": [\"ok\"], \"additionalProperties\": false}",
-                                       strlen("{\"type\": \"object\", \"properties\": {\"ok\": {\"type\": \"boolean\"}},"
-                                              " \"required\": [\"ok\"], \"additionalProperties\": false}"),
-                                       1, &g));
+    REQUIRE_OK(
+        exl_json_schema_to_gbnf("{\"type\": \"object\", \"properties\": {\"ok\": {\"type\": \"boolean\"}},"
+                                " \"required\": [\"ok\"], \"additionalProperties\": false}",
+                                strlen("{\"type\": \"object\", \"properties\": {\"ok\": {\"type\": \"boolean\"}},"
+                                       " \"required\": [\"ok\"], \"additionalProperties\": false}"),
+                                1, &g));
     CHECK(strstr(g.data, "root ::= s0-root\n") != NULL);
-    CHECK(strstr(g.data, "s0-root ::= \"{\" json-ws \"\\\"ok\\\"\" json-ws \":\" json-ws (\"true\" | \"false\") json-ws "
-                         "\"}\"\n") != NULL);
+    CHECK(strstr(g.data,
+                 "s0-root ::= \"{\" json-ws \"\\\"ok\\\"\" json-ws \":\" json-ws (\"true\" | \"false\") json-ws "
+                 "\"}\"\n") != NULL);
     CHECK(strstr(g.data, "json-ws ::=") != NULL && !strstr(g.data, "json-value"));
     exl_str_free(&g);
 }

@@ -44,15 +44,18 @@ EXL_TEST(format_from_template) {
 EXL_TEST(history_round_trips_through_templates) {
     const exl_chat_message m[] = {
         {.role = "user", .content = "Weather in Oslo?"},
-        {.role = "assistant", .content = "", .tool_calls = "[{\"id\": \"abc123xyz\", \"type\": \"function\", \"function\":"
-                                                           " {\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": "
-                                                           "\\\"Oslo\\\", \\\"days\\\": 2}\"}}]"},
+        {.role = "assistant",
+         .content = "",
+         .tool_calls = "[{\"id\": \"abc123xyz\", \"type\": \"function\", \"function\":"
+                       " {\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": "
+                       "\\\"Oslo\\\", \\\"days\\\": 2}\"}}]"},
         {.role = "tool", .content = "rain, 4 C", .tool_call_id = "abc123xyz", .name = "get_weather"},
     };
     static const struct {
         const char *dir, *call, *result;
     } cases[] = {
-        {"tokenizers/qwen3", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}}\n</tool_call>",
+        {"tokenizers/qwen3",
+         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}}\n</tool_call>",
          "<tool_response>\nrain, 4 C\n</tool_response>"},
         {"tokenizers/mistral-7b-instruct-v0.3",
          "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}, \"id\": \"abc123xyz\"}]",
@@ -88,8 +91,8 @@ EXL_TEST(parse_each_format) {
          "{\"city\": \"\\u00c5s\", \"days\": 1}}]",
          EXL_TOOLS_MISTRAL, 2, "{}", 0},
         {"[{\"name\": \"now\", \"arguments\": {}}]", EXL_TOOLS_MISTRAL, 1, "{}", 0},
-        {"<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\", \"days\": 3}}", EXL_TOOLS_LLAMA3,
-         1, "{\"city\":\"Rome\",\"days\":3}", 0},
+        {"<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\", \"days\": 3}}",
+         EXL_TOOLS_LLAMA3, 1, "{\"city\":\"Rome\",\"days\":3}", 0},
         {"  {\"name\": \"now\", \"parameters\": {}}  ", EXL_TOOLS_LLAMA3, 1, "{}", 0},
         /* not calls: plain text, an unknown function, a cut-off block, text after the calls */
         {"It is sunny.", EXL_TOOLS_HERMES, 0, NULL, 12},
@@ -115,10 +118,14 @@ EXL_TEST(content_safe_holds_back_call_starts) {
         exl_tool_format fmt;
         size_t want;
     } cases[] = {
-        {"Hello there", EXL_TOOLS_HERMES, 11},  {"Hello <tool", EXL_TOOLS_HERMES, 6},
-        {"Hi <tool_call>{", EXL_TOOLS_HERMES, 3}, {"  ", EXL_TOOLS_HERMES, 0},
-        {"{\"name\"", EXL_TOOLS_LLAMA3, 0},      {"Sure, [TOOL_C", EXL_TOOLS_MISTRAL, 6},
-        {"[{", EXL_TOOLS_MISTRAL, 0},            {"a < b", EXL_TOOLS_GENERIC, 5},
+        {"Hello there", EXL_TOOLS_HERMES, 11},
+        {"Hello <tool", EXL_TOOLS_HERMES, 6},
+        {"Hi <tool_call>{", EXL_TOOLS_HERMES, 3},
+        {"  ", EXL_TOOLS_HERMES, 0},
+        {"{\"name\"", EXL_TOOLS_LLAMA3, 0},
+        {"Sure, [TOOL_C", EXL_TOOLS_MISTRAL, 6},
+        {"[{", EXL_TOOLS_MISTRAL, 0},
+        {"a < b", EXL_TOOLS_GENERIC, 5},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         size_t got = exl_tools_content_safe(cases[i].text, strlen(cases[i].text), cases[i].fmt);

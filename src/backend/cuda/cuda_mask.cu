@@ -6,7 +6,7 @@
 #define MASK_THREADS 256
 
 __global__ void __launch_bounds__(MASK_THREADS)
-mask_logits_kernel(float *logits, const uint32_t *mask, int32_t vocab, int32_t words) {
+    mask_logits_kernel(float *logits, const uint32_t *mask, int32_t vocab, int32_t words) {
     exl_pdl_start();
     int32_t i = blockIdx.x * MASK_THREADS + threadIdx.x;
     if (i >= vocab)
@@ -28,8 +28,8 @@ exl_status exl_cuda_mask_logits(exl_backend *be, float *logits, int32_t rows, in
     /* from pageable memory: staged before the call returns, so the host may reuse mask */
     CUDA_CHECK(cudaMemcpyAsync(cb->mask_buf, mask, bytes, cudaMemcpyHostToDevice, cb->stream), "logit masks");
     dim3 grid((unsigned)((vocab + MASK_THREADS - 1) / MASK_THREADS), (unsigned)rows);
-    exl_cuda_launch(cb, mask_logits_kernel, grid, dim3(MASK_THREADS), 0, logits, (const uint32_t *)cb->mask_buf,
-                    vocab, words);
+    exl_cuda_launch(cb, mask_logits_kernel, grid, dim3(MASK_THREADS), 0, logits, (const uint32_t *)cb->mask_buf, vocab,
+                    words);
     exl_cuda_check_launch(cb, "logit masks");
     return exl_cuda_take_sticky(cb);
 }
