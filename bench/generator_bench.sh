@@ -15,7 +15,7 @@ levels="1 4 16 64"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" --target exl make_random_model -j"$(nproc)" >/dev/null
 cc -O2 -I"$root/include" "$root/bench/generator_bench.c" "$build/libexl.a" \
-  $(pkg-config --libs libcjson libpcre2-8 libutf8proc libmicrohttpd) -lm -lpthread -ldl -o "$build/generator_bench"
+  $(pkg-config --libs libcjson libpcre2-8 libutf8proc) -lm -lpthread -ldl -o "$build/generator_bench"
 rand=$root/bench/tmp/rand-512x8
 [ -f "$rand/model.safetensors" ] || "$build/make_random_model" -o "$rand" --hidden 512 --layers 8 --heads 8 \
   --kv-heads 4 --ffn 2048 --vocab 2048 --tokenizer-from "$shared/models/tinystories-656k" >/dev/null

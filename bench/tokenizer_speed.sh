@@ -13,7 +13,7 @@ runs=5
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" --target exl -j"$(nproc)" >/dev/null
 cc -O2 -I"$root/include" "$root/bench/tokenizer_speed.c" "$build/libexl.a" \
-  $(pkg-config --libs libcjson libpcre2-8 libutf8proc libmicrohttpd) -lm -lpthread -ldl -o "$build/tokenizer_speed"
+  $(pkg-config --libs libcjson libpcre2-8 libutf8proc) -lm -lpthread -ldl -o "$build/tokenizer_speed"
 
 hf_speed() { # model dir -> MB/s of tokenizers' encode, one thread, best of $runs
   RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false python3 - "$1/tokenizer.json" "$text" "$runs" <<'PY'

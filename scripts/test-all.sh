@@ -32,20 +32,9 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 echo "== fuzzing (clang libFuzzer, ${EXL_FUZZ_SECONDS:-20}s per target)"
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug -DEXL_FUZZ=ON -DEXL_CUDA=OFF \
     -DEXL_SHARED_DIR="$shared" >/dev/null
-cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_jinja fuzz_openai fuzz_grammar $(
-    ls tests/fuzz/fuzz_quant.c >/dev/null 2>&1 && echo fuzz_quant)
+cmake --build build-fuzz -j"$jobs" --target $(ls tests/fuzz/fuzz_*.c | xargs -n1 basename | sed 's/\.c$//')
 corpus=$(mktemp -d)
-mkdir -p "$corpus"/{safetensors,config,tokenizer,jinja,quant,openai,grammar}
-cp tests/fuzz/corpus/safetensors/* "$corpus/safetensors/"
-cp tests/fuzz/corpus/grammar/* "$corpus/grammar/"
-for m in "$shared"/models/*/; do
-    [ -f "$m/config.json" ] && cp "$m/config.json" "$corpus/config/$(basename "$m").json"
-done
-for t in "$shared"/tokenizers/*/; do
-    [ -f "$t/tokenizer_config.json" ] && python3 -c 'import json,sys; t=json.load(open(sys.argv[1])).get("chat_template"); t and open(sys.argv[2],"w").write(t if isinstance(t,str) else t[0]["template"])' \
-        "$t/tokenizer_config.json" "$corpus/jinja/$(basename "$t").jinja"
-done
-cp "$shared/models/tinystories-656k/tokenizer.json" "$corpus/tokenizer/tinystories.json"
+scripts/fuzz-seed.sh "$corpus" "$shared"
 for target in build-fuzz/fuzz_*; do
     name=$(basename "$target" | sed 's/^fuzz_//')
     dir="$corpus/$name"

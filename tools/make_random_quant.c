@@ -1,13 +1,13 @@
 /* make_random_quant.c - write a random EXL2 or GPTQ Llama model directory of any shape.
  *
  * The quantized twin of make_random_model, for memory and speed work: every linear layer
- * gets random codes packed by quant/ (EXL2: uniform groups of one width, the head at
+ * gets random codes packed by format/ (EXL2: uniform groups of one width, the head at
  * --head-bits, a random row permutation; GPTQ: AutoGPTQ v1 layout with quantize_config.json),
  * with scales giving weights of std ~0.02; embeddings and norms are fp16. Tensors are
  * generated one layer at a time and written through the safetensors writer. */
 #include "base/half.h"
 #include "io/safetensors.h"
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -3,57 +3,16 @@
  * The forward pass is written once, as a graph of these primitive ops per step (graph.h), which
  * a backend runs through graph_run or the generic executor. Activations are fp32 arrays in
  * backend memory ("device pointers"; plain host pointers on the CPU). Weights are
- * described by exl_linear_src (pointers into the mapped files) and turned into a
- * backend-owned exl_linear, which may repack them once. */
+ * described by exl_linear_src (format/linear_src.h: pointers into the mapped files) and
+ * turned into a backend-owned exl_linear, which may repack them once. */
 #ifndef EXL_BACKEND_H
 #define EXL_BACKEND_H
 
 #include "backend/graph.h"
 #include "exl.h"
-#include "io/dtype.h"
+#include "format/linear_src.h"
 
 #include <stdint.h>
-
-/* ---- weights as they lie in the files */
-
-typedef enum exl_linear_kind { EXL_LINEAR_DENSE, EXL_LINEAR_EXL2, EXL_LINEAR_GPTQ } exl_linear_kind;
-
-/* An unquantized matrix in Hugging Face layout: [out_features, in_features] row-major. */
-typedef struct exl_dense_src {
-    exl_dtype dtype; /* F32, F16 or BF16 */
-    const void *data;
-} exl_dense_src;
-
-/* EXL2 tensors (see docs: formats). Validated by quant/ before reaching a backend. */
-typedef struct exl_exl2_src {
-    const int32_t *q_weight;     /* [q_rows, n_padded] */
-    const int32_t *q_invperm;    /* [in] */
-    const int32_t *q_scale;      /* [n_groups, n_padded / 8] */
-    const uint16_t *q_scale_max; /* fp16 [n_groups] */
-    const int16_t *q_groups;     /* [2 * n_groups]: (bits, first q row) */
-    int32_t q_rows, n_padded, n_groups;
-} exl_exl2_src;
-
-/* GPTQ tensors, validated by quant/. */
-typedef struct exl_gptq_src {
-    const int32_t *qweight;  /* [in * bits / 32, out] */
-    const int32_t *qzeros;   /* [n_groups, out * bits / 32] */
-    const uint16_t *scales;  /* fp16 [n_groups, out] */
-    const int32_t *g_idx;    /* [in] or NULL (row k in group k / group_size) */
-    int32_t bits, group_size, n_groups;
-    int32_t zero_offset;     /* 1 for gptq v1 checkpoints, 0 for v2 */
-} exl_gptq_src;
-
-typedef struct exl_linear_src {
-    exl_linear_kind kind;
-    int64_t in_features, out_features;
-    exl_dense_src dense;
-    exl_exl2_src exl2;
-    exl_gptq_src gptq;
-    exl_dtype bias_dtype;
-    const void *bias; /* [out_features] or NULL */
-    const char *name; /* for messages */
-} exl_linear_src;
 
 /* exl_linear (backend-owned weights), exl_vector, the step's batch and graph: graph.h */
 
@@ -61,7 +20,7 @@ typedef struct exl_linear_src {
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 12
+#define EXL_BACKEND_ABI 13
 
 typedef struct exl_backend exl_backend;
 
@@ -116,19 +75,30 @@ typedef struct exl_backend_ops {
     /* out[i] = x[idx[i]] for rows of width */
     void (*gather_rows)(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
                         int32_t width);
+    /* out[r] = x[r, col .. col + width - 1] for rows of x_width */
+    void (*copy_cols)(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
+                      int32_t col);
+    /* x = cap * tanh(x / cap) over n values */
+    void (*softcap)(exl_backend *be, float *x, int64_t n, float cap);
+    /* x[r] *= sigmoid(g[r]) over rows of width */
+    void (*row_gate)(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width);
+    /* the experts of each row and their weights (graph.h: moe_route) */
+    void (*moe_route)(exl_backend *be, const exl_moe_route_node *n);
+    /* the chosen experts' outputs, weighted, added to out (graph.h: moe_experts); a backend whose matmuls need
+     * the row counts on the host may wait for the routes here */
+    void (*moe_experts)(exl_backend *be, const exl_moe_experts_node *n);
 
     /* Optional: run a step's graph (graph.h), compiled as the backend sees fit; NULL: the generic executor
      * (exl_graph_exec) runs it through the ops above. Failures of the ops themselves surface as the ops'
      * do (the next synchronize or download); an error returned here is one of the graph itself. */
     exl_status (*graph_run)(exl_backend *be, const exl_graph *g);
 
-    /* Optional, for host-side work such as the quantizer; NULL where the backend has no faster
-     * way than the host (the CPU backend leaves it NULL). On HOST pointers, fp32, row-major as
-     * cblas_sgemm: C = alpha·op(A)·op(B) + beta·C with op(A) [M, K] (A is [M, lda], or with
-     * trans_a [K, lda]), op(B) [K, N] (B is [K, ldb], or with trans_b [N, ldb]), C [M, ldc].
-     * The backend stages the data through its own memory, computes in strict fp32 (no reduced
-     * precision: results match the CPU up to fp32 rounding) and returns when C is written.
-     * With beta 0, C is not read. */
+    /* For host-side work such as the quantizer (every backend has it: the CPU computes it with its
+     * kernels and threads). On HOST pointers, fp32, row-major as cblas_sgemm: C = alpha·op(A)·op(B)
+     * + beta·C with op(A) [M, K] (A is [M, lda], or with trans_a [K, lda]), op(B) [K, N] (B is
+     * [K, ldb], or with trans_b [N, ldb]), C [M, ldc]. A device backend stages the data through its
+     * own memory; every backend computes in strict fp32 (no reduced precision: results agree up to
+     * fp32 rounding) and returns when C is written. With beta 0, C is not read. */
     exl_status (*host_gemm)(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                             const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                             int64_t ldc);
@@ -161,8 +131,6 @@ typedef struct exl_backend_ops {
 #define EXL_ARGMAX_KEEP 8  /* argmax results kept for argmax_wait */
 
 #define EXL_TOP_K_MAX 64 /* the largest k of top_k */
-/* below this many multiply-adds, host_gemm's copies cost more than the host's own work */
-#define EXL_HOST_GEMM_MIN_WORK ((int64_t)1 << 22)
 
 struct exl_backend {
     const exl_backend_ops *ops;
@@ -173,6 +141,9 @@ struct exl_backend {
 
 /* The CPU backend (always available). n_threads <= 0: one per core. */
 exl_status exl_backend_cpu_init(int n_threads, exl_backend **out);
+/* The CPU backend's worker threads, for host-side work beside it (the quantizer's), so that two pools do not
+ * compete for the cores; NULL for any other backend. */
+struct exl_pool *exl_backend_cpu_pool(exl_backend *be);
 /* The backend for a device request: CUDA when asked for (error if unusable) or when
  * AUTO finds a usable GPU, else the CPU. */
 exl_status exl_backend_init(exl_device device, int n_threads, exl_backend **out);

@@ -11,18 +11,29 @@
  *   rope         x rotated in place at positions pos (NeoX layout)        x [rows, n_heads, head_dim]
  *   kv_store     the step's new k and v rows to their cache slots         k, v [batch rows, width]
  *   attention    out = causal attention of q over the paged cache         q, out [batch rows, heads * head_dim]
- *                (k and v: the new rows' keys and values, already stored)
+ *                (k and v: the new rows' keys and values, already stored;
+ *                the layer's window, score scale and soft-cap in shape)
  *   glu          x = act(x) * up                                          x, up [rows, width]
  *   add          x += y                                                   n floats
  *   gather_rows  out[i] = x[idx[i]]                                       x [x_rows, width], out [n, width]
+ *   copy_cols    out[r] = x[r, col .. col + width - 1] (a fused            x [rows, x_width], out [rows, width]
+ *                projection's part)
+ *   softcap      x = cap * tanh(x / cap)                                  n floats
+ *   row_gate     x[r] *= sigmoid(g[r])                                    x [rows, width], g [rows]
+ *   moe_route    the top_k experts of each row by its router logits,      logits [rows, n_experts],
+ *                and their weights (softmax over all the experts,         ids, weights [rows, top_k]
+ *                renormalized over the chosen ones when asked)
+ *   moe_experts  out[r] += sum over r's choices j of weights[r, j] *      x, out [rows, width]
+ *                down_e(act(gate_e(x[r])) * up_e(x[r])), e = ids[r, j]
  *
- * The model builds a step's graph from parts that stand alone (model.h: the embedding, each decoder layer's 14
- * nodes by exl_model_layer_graph, the head), so a graph may be one layer as well as a whole step.
+ * The model builds a step's graph from parts that stand alone (model.h: the embedding, each decoder layer's nodes
+ * by exl_model_layer_graph, the head), so a graph may be one layer as well as a whole step.
  *
  * Contract. Running a graph means running its nodes one after another through the op table's primitive ops:
  * exl_graph_exec (graph_exec.c), the generic executor, does exactly that (an accumulating matmul through the
  * graph's tmp buffer, then add), and a backend without a graph_run op (the CPU) gets it; with a hook it calls it
- * before each matmul with that node's input (the quantizer's capture). A backend with graph_run may compile the
+ * before each matmul with that node's input (the quantizer's capture; moe_experts, whose experts' matmuls are its
+ * own, refuses a hook). A backend with graph_run may compile the
  * graph instead, knowing from the graph alone:
  *   - what each node reads and writes (exl_node_access), so which buffer a later node reads next or overwrites;
  *   - which buffers matter after the graph (outputs); every other activation buffer may hold anything
@@ -41,6 +52,11 @@
 
 typedef struct exl_linear exl_linear; /* backend-owned, opaque (backend.h) */
 typedef struct exl_vector exl_vector; /* backend-owned fp32 vector (norm weights) */
+
+/* One expert of a mixture-of-experts block (or a shared expert): a gated MLP. */
+typedef struct exl_expert {
+    exl_linear *gate, *up, *down;
+} exl_expert;
 
 /* ---- one step's batch: several sequences, their new tokens concatenated row-wise */
 
@@ -66,8 +82,9 @@ typedef struct exl_batch {
 typedef struct exl_attn_shape {
     int32_t n_heads, n_kv_heads, head_dim;
     int32_t page_size;
-    int32_t sliding_window; /* 0 = none */
-    float scale;
+    int32_t sliding_window; /* keys a query sees, itself included; 0 = all before it */
+    float scale;            /* of the scores q·k */
+    float softcap;          /* scores (after scale) become softcap * tanh(score / softcap); 0 = none */
 } exl_attn_shape;
 
 /* ---- the nodes */
@@ -82,6 +99,11 @@ typedef enum exl_op {
     EXL_OP_GLU,
     EXL_OP_ADD,
     EXL_OP_GATHER_ROWS,
+    EXL_OP_COPY_COLS,
+    EXL_OP_SOFTCAP,
+    EXL_OP_ROW_GATE,
+    EXL_OP_MOE_ROUTE,
+    EXL_OP_MOE_EXPERTS,
 } exl_op;
 
 /* Which part of the model a node is, for messages and hooks. */
@@ -92,19 +114,32 @@ typedef enum exl_part {
     EXL_PART_Q,
     EXL_PART_K,
     EXL_PART_V,
+    EXL_PART_QKV,
+    EXL_PART_Q_NORM,
+    EXL_PART_K_NORM,
     EXL_PART_ROPE_Q,
     EXL_PART_ROPE_K,
     EXL_PART_KV_STORE,
     EXL_PART_ATTENTION,
     EXL_PART_O,
+    EXL_PART_POST_ATTN_NORM,
+    EXL_PART_ATTN_RESIDUAL,
     EXL_PART_MLP_NORM,
     EXL_PART_GATE,
     EXL_PART_UP,
+    EXL_PART_GATE_UP,
     EXL_PART_GLU,
     EXL_PART_DOWN,
+    EXL_PART_POST_MLP_NORM,
+    EXL_PART_MLP_RESIDUAL,
+    EXL_PART_ROUTER,
+    EXL_PART_ROUTE,
+    EXL_PART_EXPERTS,
+    EXL_PART_SHARED_GATE,
     EXL_PART_LOGIT_ROWS,
     EXL_PART_FINAL_NORM,
     EXL_PART_HEAD,
+    EXL_PART_LOGIT_SOFTCAP,
 } exl_part;
 
 typedef struct exl_node_tag {
@@ -176,6 +211,47 @@ typedef struct exl_gather_rows_node {
     int32_t n, width, x_rows;
 } exl_gather_rows_node;
 
+typedef struct exl_copy_cols_node {
+    float *out;
+    const float *x;
+    int32_t rows, width, x_width, col;
+} exl_copy_cols_node;
+
+typedef struct exl_softcap_node {
+    float *x;
+    int64_t n;
+    float cap;
+} exl_softcap_node;
+
+typedef struct exl_row_gate_node {
+    float *x;
+    const float *g; /* [rows] */
+    int32_t rows, width;
+} exl_row_gate_node;
+
+typedef struct exl_moe_route_node {
+    float *weights;      /* [rows, top_k] */
+    int32_t *ids;        /* [rows, top_k]: the chosen experts, larger logit first, lower id first among equals */
+    const float *logits; /* [rows, n_experts] */
+    int32_t rows, n_experts, top_k;
+    int32_t renormalize; /* 1: the chosen weights divided by their sum */
+} exl_moe_route_node;
+
+/* The experts run on the rows that chose them: xs, gate and up are scratch of rows * top_k rows (backend memory
+ * no other node touches, which the backend may use as it likes: gathered inputs, products), slots of
+ * 2 * rows * top_k int32s. */
+typedef struct exl_moe_experts_node {
+    float *out;                /* [rows, width], added to */
+    const float *x;            /* [rows, width] */
+    const int32_t *ids;        /* [rows, top_k] */
+    const float *weights;      /* [rows, top_k] */
+    const exl_expert *experts; /* host array of n_experts, each gate and up [width -> ffn], down [ffn -> width] */
+    int32_t rows, width, ffn, n_experts, top_k, act;
+    float *xs;        /* [rows * top_k, width] */
+    float *gate, *up; /* [rows * top_k, ffn] */
+    int32_t *slots;   /* [2 * rows * top_k] */
+} exl_moe_experts_node;
+
 typedef struct exl_node {
     exl_op op;
     exl_node_tag tag;
@@ -189,6 +265,11 @@ typedef struct exl_node {
         exl_glu_node glu;
         exl_add_node add;
         exl_gather_rows_node gather_rows;
+        exl_copy_cols_node copy_cols;
+        exl_softcap_node softcap;
+        exl_row_gate_node row_gate;
+        exl_moe_route_node moe_route;
+        exl_moe_experts_node moe_experts;
     };
 } exl_node;
 
@@ -226,11 +307,12 @@ typedef exl_status (*exl_linear_hook)(void *user, int32_t layer, const exl_linea
 struct exl_backend;
 exl_status exl_graph_exec(struct exl_backend *be, const exl_graph *g, exl_linear_hook hook, void *user);
 
-/* What a node reads and writes, each a span of activations (the KV cache, the weights and the batch's tables
- * not counted; batch_rows: the rows of the graph's batch). A node that reads and writes a buffer (accumulate,
- * rope, in place) lists it among both. Inline: backends built apart from the core use it too. */
+/* What a node reads and writes, each a span of activations (the KV cache, the weights, the batch's tables and a
+ * node's own scratch not counted; batch_rows: the rows of the graph's batch; int32 tables such as the experts'
+ * ids as spans of as many floats). A node that reads and writes a buffer (accumulate, rope, in place) lists it
+ * among both. Inline: backends built apart from the core use it too. */
 typedef struct exl_node_access {
-    exl_span reads[3], writes[1];
+    exl_span reads[4], writes[2];
     int32_t n_reads, n_writes;
 } exl_node_access;
 
@@ -281,6 +363,35 @@ static inline exl_node_access exl_node_access_of(const exl_node *n, int32_t batc
         EXL_READS_(n->gather_rows.x, (int64_t)n->gather_rows.x_rows * n->gather_rows.width);
         EXL_WRITES_(n->gather_rows.out, (int64_t)n->gather_rows.n * n->gather_rows.width);
         break;
+    case EXL_OP_COPY_COLS:
+        EXL_READS_(n->copy_cols.x, (int64_t)n->copy_cols.rows * n->copy_cols.x_width);
+        EXL_WRITES_(n->copy_cols.out, (int64_t)n->copy_cols.rows * n->copy_cols.width);
+        break;
+    case EXL_OP_SOFTCAP:
+        EXL_READS_(n->softcap.x, n->softcap.n);
+        EXL_WRITES_(n->softcap.x, n->softcap.n);
+        break;
+    case EXL_OP_ROW_GATE:
+        EXL_READS_(n->row_gate.x, (int64_t)n->row_gate.rows * n->row_gate.width);
+        EXL_READS_(n->row_gate.g, n->row_gate.rows);
+        EXL_WRITES_(n->row_gate.x, (int64_t)n->row_gate.rows * n->row_gate.width);
+        break;
+    case EXL_OP_MOE_ROUTE: {
+        const exl_moe_route_node *r = &n->moe_route;
+        EXL_READS_(r->logits, (int64_t)r->rows * r->n_experts);
+        EXL_WRITES_(r->weights, (int64_t)r->rows * r->top_k);
+        EXL_WRITES_((const float *)(const void *)r->ids, (int64_t)r->rows * r->top_k);
+        break;
+    }
+    case EXL_OP_MOE_EXPERTS: {
+        const exl_moe_experts_node *e = &n->moe_experts;
+        EXL_READS_(e->x, (int64_t)e->rows * e->width);
+        EXL_READS_((const float *)(const void *)e->ids, (int64_t)e->rows * e->top_k);
+        EXL_READS_(e->weights, (int64_t)e->rows * e->top_k);
+        EXL_READS_(e->out, (int64_t)e->rows * e->width);
+        EXL_WRITES_(e->out, (int64_t)e->rows * e->width);
+        break;
+    }
     }
 #undef EXL_READS_
 #undef EXL_WRITES_

@@ -57,6 +57,21 @@ exl_status exl_graph_exec(exl_backend *be, const exl_graph *g, exl_linear_hook h
             op->gather_rows(be, n->gather_rows.out, n->gather_rows.x, n->gather_rows.idx, n->gather_rows.n,
                             n->gather_rows.width);
             break;
+        case EXL_OP_COPY_COLS:
+            op->copy_cols(be, n->copy_cols.out, n->copy_cols.x, n->copy_cols.rows, n->copy_cols.width,
+                          n->copy_cols.x_width, n->copy_cols.col);
+            break;
+        case EXL_OP_SOFTCAP: op->softcap(be, n->softcap.x, n->softcap.n, n->softcap.cap); break;
+        case EXL_OP_ROW_GATE:
+            op->row_gate(be, n->row_gate.x, n->row_gate.g, n->row_gate.rows, n->row_gate.width);
+            break;
+        case EXL_OP_MOE_ROUTE: op->moe_route(be, &n->moe_route); break;
+        case EXL_OP_MOE_EXPERTS:
+            if (hook) /* the experts' linears are the node's own business: the hook sees none of them */
+                return exl_fail(EXL_ERR_UNSUPPORTED, "graph: layer %d: a linear hook over a mixture of experts",
+                                n->tag.layer);
+            op->moe_experts(be, &n->moe_experts);
+            break;
         }
     }
     return EXL_OK;

@@ -149,7 +149,9 @@ static int load_constraint(const char *grammar, const char *schema, const char *
         fprintf(stderr, "exl run: cannot read %s\n", path);
         return 1;
     }
-    exl_constraint_kind kind = grammar ? EXL_CONSTRAINT_GBNF : schema ? EXL_CONSTRAINT_JSON_SCHEMA : EXL_CONSTRAINT_REGEX;
+    exl_constraint_kind kind = grammar  ? EXL_CONSTRAINT_GBNF
+                               : schema ? EXL_CONSTRAINT_JSON_SCHEMA
+                                        : EXL_CONSTRAINT_REGEX;
     exl_status st = exl_constraint_compile(kind, text ? text : regex, len, out);
     free(text);
     if (st != EXL_OK) {
@@ -191,7 +193,8 @@ int cmd_run(int argc, char **argv) {
         {NULL, "--grammar", CLI_STRING, &grammar, "FILE", .help = "the output follows this GBNF grammar (rule root)",
          .default_text = ""},
         {NULL, "--json-schema", CLI_STRING, &schema, "FILE",
-         .help = "the output is JSON valid under this schema\n(the subset OpenAI's strict mode takes)", .default_text = ""},
+         .help = "the output is JSON valid under this schema\n(the subset OpenAI's strict mode takes)",
+         .default_text = ""},
         {NULL, "--regex", CLI_STRING, &regex, "RE", .help = "the output matches this regular expression",
          .default_text = ""},
     };

@@ -1,5 +1,6 @@
 /* cmd_serve.c - `exl serve`: the OpenAI-compatible HTTP server (src/server/server.h)
- * in the foreground until SIGINT or SIGTERM; request lines go to stderr. */
+ * in the foreground until SIGINT or SIGTERM, then a graceful drain and exit status 0;
+ * request lines go to stderr. */
 #include "cli.h"
 #include "options.h"
 #include "server/server.h"
@@ -8,15 +9,33 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 static const char ABOUT[] =
     "Serve the model over an OpenAI-compatible HTTP API until interrupted:\n"
     "  POST /v1/completions, POST /v1/chat/completions (\"stream\": true for SSE),\n"
-    "  GET /v1/models, GET /health.\n"
+    "  GET /v1/models, POST /tokenize, POST /detokenize; GET /health and GET /metrics (Prometheus)\n"
+    "  need no API key.\n"
     "Chat prompts use the model's chat template, else ChatML (as exl chat). Sampling fields a request\n"
     "leaves out take the library's defaults (exl_sampling_default, as exl run's --help shows).\n"
     "usage.completion_tokens counts the stop token that ends a completion (as exl run does).";
+
+/* Every connection is a file descriptor: raise the soft limit as far as allowed, and refuse a
+ * --max-connections the process could not hold. */
+static int fit_descriptors(int32_t max_connections) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl))
+        return 0;
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    getrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur == RLIM_INFINITY || (rlim_t)max_connections + 64 <= rl.rlim_cur)
+        return 0;
+    fprintf(stderr, "exl serve: --max-connections %d needs %d file descriptors, the limit is %llu (ulimit -n)\n",
+            (int)max_connections, (int)max_connections + 64, (unsigned long long)rl.rlim_cur);
+    return -1;
+}
 
 static void log_line(void *ctx, const char *line) {
     time_t t = time(NULL);
@@ -30,13 +49,13 @@ int cmd_serve(int argc, char **argv) {
     exl_server_params sp = exl_server_default_params();
     cli_model_args model;
     int quiet = 0;
-    long max_body = (long)sp.max_body;
+    long max_body = (long)sp.max_body, max_response_tokens = (long)sp.max_response_tokens;
     const cli_option options[] = {
         {NULL, "--host", CLI_STRING, &sp.host, "ADDR", .help = "address to listen on"},
         {NULL, "--port", CLI_INT, &sp.port, "N", .help = "TCP port; 0 = any free port, printed at start",
          .lo = 0, .hi = 65535},
         {NULL, "--api-key", CLI_STRING, &sp.api_key, "KEY",
-         .help = "require 'Authorization: Bearer KEY' on /v1/ routes"},
+         .help = "require 'Authorization: Bearer KEY' on all but /health and /metrics"},
         {NULL, "--model-name", CLI_STRING, &sp.model_name, "NAME", .help = "the model id clients use",
          .default_text = "the directory's name"},
         {NULL, "--max-jobs", CLI_INT, &sp.max_jobs, "N", .lo = 1, .hi = 256,
@@ -44,10 +63,30 @@ int cmd_serve(int argc, char **argv) {
         {NULL, "--ctx", CLI_INT, &sp.ctx, "N", .lo = 2, .hi = 1 << 24,
          .help = "tokens per sequence, prompt + completion", .default_text = "the model's maximum, at most 4096"},
         {NULL, "--max-body", CLI_LONG, &max_body, "BYTES", .help = "largest request body", .lo = 1, .hi = 1L << 30},
+        {NULL, "--max-response-tokens", CLI_LONG, &max_response_tokens, "N", .lo = 1, .hi = 1L << 40,
+         .help = "refuse a request that may make more than N entries:\nchoices x max_tokens x (1 + logprob entries per token)"},
+        {NULL, "--cors-origin", CLI_STRING, &sp.cors_origin, "ORIGIN",
+         .help = "let browser pages from ORIGIN call the API\n(\"*\", or a comma-separated list of origins)",
+         .default_text = "no CORS headers"},
         {NULL, "--quiet", CLI_FLAG, &quiet, NULL, .help = "do not log requests"},
     };
+    const cli_option connections[] = {
+        {NULL, "--max-connections", CLI_INT, &sp.max_connections, "N", .lo = 1, .hi = 1 << 20,
+         .help = "open connections in all; more are refused (503)"},
+        {NULL, "--max-client-connections", CLI_INT, &sp.max_client_connections, "N", .lo = 0, .hi = 1 << 20,
+         .help = "open connections per client address; more are refused (429); 0 = no cap"},
+        {NULL, "--request-timeout", CLI_INT, &sp.request_timeout_s, "SECONDS", .lo = 1, .hi = 86400,
+         .help = "a request's head and body must arrive within this\nof its first byte (408)"},
+        {NULL, "--idle-timeout", CLI_INT, &sp.idle_timeout_s, "SECONDS", .lo = 1, .hi = 86400,
+         .help = "close keep-alive connections idle this long,\nand clients that stop reading an answer"},
+        {NULL, "--drain-timeout", CLI_INT, &sp.drain_timeout_s, "SECONDS", .lo = 0, .hi = 86400,
+         .help = "on SIGTERM/SIGINT: how long requests in progress may\nfinish before they are cancelled"},
+        {NULL, "--http-threads", CLI_INT, &sp.http_workers, "N", .lo = 1, .hi = 256,
+         .help = "threads that parse requests and format answers"},
+    };
     const cli_command cmd = {"serve", "-m DIR [options]", ABOUT, NULL,
-                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL)}};
+                             {CLI_GROUP("options", options), CLI_GROUP("connections", connections),
+                              cli_model_group(&model, CLI_MODEL_ALL)}};
     model.params.device = sp.device;
     model.params.n_threads = sp.n_threads;
     int rc = cli_parse(&cmd, argc, argv);
@@ -55,6 +94,7 @@ int cmd_serve(int argc, char **argv) {
         return rc;
     sp.model_dir = model.dir;
     sp.max_body = max_body;
+    sp.max_response_tokens = max_response_tokens;
     sp.device = model.params.device;
     sp.n_threads = model.params.n_threads;
     if (!quiet)
@@ -67,16 +107,21 @@ int cmd_serve(int argc, char **argv) {
     sigaddset(&stop, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
+    if (fit_descriptors(sp.max_connections))
+        return 1;
 
     exl_server *srv;
     exl_status st = exl_server_start(&sp, &srv);
     if (st != EXL_OK)
         return cli_error(st);
-    fprintf(stderr, "exl serve: model %s at http://%s:%d/v1 (Ctrl-C to stop)\n", exl_server_model_name(srv),
-            sp.host, (int)exl_server_port(srv));
+    int v6 = strchr(sp.host, ':') != NULL; /* an IPv6 address goes in brackets */
+    fprintf(stderr, "exl serve: model %s at http://%s%s%s:%d/v1 (Ctrl-C to stop)\n", exl_server_model_name(srv),
+            v6 ? "[" : "", sp.host, v6 ? "]" : "", (int)exl_server_port(srv));
     int sig = 0;
     sigwait(&stop, &sig);
-    fprintf(stderr, "exl serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
+    fprintf(stderr, "exl serve: %s, draining (at most %d s), then stopping\n",
+            sig == SIGINT ? "interrupted" : "terminated", (int)sp.drain_timeout_s);
     exl_server_stop(srv);
+    fprintf(stderr, "exl serve: stopped\n");
     return 0;
 }

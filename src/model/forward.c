@@ -1,11 +1,10 @@
-/* forward.c - the transformer forward pass: each step's tables, and its graph of generic ops (backend/graph.h),
- * which the backend runs. */
+/* forward.c - the transformer forward pass: each step's tables, and its graph of generic ops (backend/graph.h):
+ * the embedding, the decoder layers (layer_graph.c) and the head, which the backend runs. */
 #include "model/model.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
 
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -21,24 +20,56 @@ static exl_status alloc_buf(exl_model *m, void **p, size_t bytes) {
 /* Steps fall back to half as many tokens while the forward buffers do not fit, down to this. */
 #define MIN_STEP_ROWS 64
 
+/* 1 if the sliding layers have a rope of their own (Gemma 3): a table each. The ropes are compared as bytes, which
+ * the config reader makes well defined (it clears each before filling it in). */
+static int sliding_rope_differs(const exl_hf_config *c) {
+    int sliding = 0;
+    for (int32_t i = 0; i < c->n_layers; i++)
+        sliding |= c->layers[i].sliding;
+    return sliding && memcmp(&c->rope, &c->rope_sliding, sizeof c->rope) != 0;
+}
+
+/* The mixture-of-experts buffers for steps of R tokens. */
+static exl_status alloc_moe(exl_model *m, size_t R) {
+    exl_forward_scratch *s = &m->fs;
+    const exl_moe_config *e = &m->cfg.moe;
+    const size_t f = sizeof(float), pairs = R * (size_t)e->top_k;
+    EXL_TRY(alloc_buf(m, (void **)&s->router, R * (size_t)e->n_experts * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->route_weights, pairs * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->route_ids, pairs * sizeof(int32_t)));
+    EXL_TRY(alloc_buf(m, (void **)&s->moe_xs, pairs * (size_t)m->cfg.hidden_size * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->moe_gate, pairs * (size_t)e->expert_ffn * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->moe_up, pairs * (size_t)e->expert_ffn * f));
+    return alloc_buf(m, (void **)&s->moe_slots, 2 * pairs * sizeof(int32_t));
+}
+
 /* The buffers for steps of R tokens (the page tables and the logits grow on demand). */
 static exl_status alloc_rows(exl_model *m, size_t R) {
     exl_forward_scratch *s = &m->fs;
     const exl_hf_config *c = &m->cfg;
     const size_t f = sizeof(float);
     const size_t qw = (size_t)c->n_heads * c->head_dim, kvw = (size_t)c->n_kv_heads * c->head_dim;
+    /* the dense MLPs' (where some layer has one) and the shared expert's */
+    size_t ffn = c->moe.n_moe_layers < c->n_layers ? (size_t)c->intermediate_size : 1;
+    ffn = ffn > (size_t)c->moe.shared_ffn ? ffn : (size_t)c->moe.shared_ffn;
     EXL_TRY(alloc_buf(m, (void **)&s->x, R * c->hidden_size * f));
     EXL_TRY(alloc_buf(m, (void **)&s->h, R * c->hidden_size * f));
     EXL_TRY(alloc_buf(m, (void **)&s->q, R * qw * f));
     EXL_TRY(alloc_buf(m, (void **)&s->k, R * kvw * f));
     EXL_TRY(alloc_buf(m, (void **)&s->v, R * kvw * f));
     EXL_TRY(alloc_buf(m, (void **)&s->attn, R * qw * f));
-    EXL_TRY(alloc_buf(m, (void **)&s->gate, R * c->intermediate_size * f));
-    EXL_TRY(alloc_buf(m, (void **)&s->up, R * c->intermediate_size * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->gate, R * ffn * f));
+    EXL_TRY(alloc_buf(m, (void **)&s->up, R * ffn * f));
     EXL_TRY(alloc_buf(m, (void **)&s->sel, R * c->hidden_size * f));
-    EXL_TRY(alloc_buf(m, (void **)&s->inv_freq, (size_t)m->rot_dim / 2 * f));
+    if (c->fused_qkv || c->fused_gate_up)
+        EXL_TRY(alloc_buf(m, (void **)&s->fused, R * (qw + 2 * kvw > 2 * ffn ? qw + 2 * kvw : 2 * ffn) * f));
+    if (c->moe.n_moe_layers > 0)
+        EXL_TRY(alloc_moe(m, R));
+    for (int t = 0; t < (sliding_rope_differs(c) ? 2 : 1); t++) {
+        EXL_TRY(alloc_buf(m, (void **)&s->rope[t].inv_freq, (size_t)m->rot_dim / 2 * f));
+        s->rope[t].seq_len = -1;
+    }
     s->max_rows = (int32_t)R;
-    s->rope_seq_len = -1;
     return EXL_OK;
 }
 
@@ -56,8 +87,10 @@ exl_status exl_model_alloc_forward(exl_model *m) {
 void exl_model_free_forward(exl_model *m) {
     exl_backend *be = m->be;
     exl_forward_scratch *s = &m->fs;
-    void *bufs[] = {s->x,  s->h,  s->q,   s->k,      s->v,     s->attn,
-                    s->gate, s->up, s->sel, s->logits, s->table, s->inv_freq};
+    void *bufs[] = {s->x,      s->h,        s->q,          s->k,         s->v,           s->attn,
+                    s->gate,   s->up,       s->sel,        s->logits,    s->table,       s->rope[0].inv_freq,
+                    s->rope[1].inv_freq,    s->fused,      s->router,    s->route_weights, s->route_ids,
+                    s->moe_xs, s->moe_gate, s->moe_up,     s->moe_slots};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
@@ -105,17 +138,29 @@ static int32_t table_ints(int32_t rows, int32_t n_seqs, int32_t n_pages) {
     return 4 * rows + n_seqs * (int32_t)(sizeof(exl_attn_seq) / sizeof(int32_t)) + n_pages;
 }
 
+/* The sequence length that rope r's table is computed for, for steps whose longest sequence has seq_len tokens:
+ * only dynamic NTK scaling (beyond max_pos) and longrope (short or long factors) depend on it. */
+static int32_t rope_table_len(const exl_hf_config *c, const exl_rope_config *r, int32_t seq_len) {
+    if (r->type == EXL_ROPE_DYNAMIC && seq_len > c->max_pos)
+        return seq_len;
+    if (r->type == EXL_ROPE_LONGROPE)
+        return seq_len > r->original_max_pos ? r->original_max_pos + 1 : r->original_max_pos;
+    return c->max_pos;
+}
+
 static exl_status update_rope(exl_model *m, int32_t seq_len) {
-    exl_forward_scratch *s = &m->fs;
-    /* Only dynamic NTK scaling depends on the length, and only beyond max_pos. */
-    if (m->cfg.rope.type != EXL_ROPE_DYNAMIC || seq_len < m->cfg.max_pos)
-        seq_len = m->cfg.max_pos;
-    if (s->rope_seq_len == seq_len)
-        return EXL_OK;
-    float inv_freq[512];
-    exl_rope_frequencies(&m->cfg, m->rot_dim, seq_len, inv_freq, &s->rope_attn_factor);
-    s->rope_seq_len = seq_len;
-    return m->be->ops->upload(m->be, s->inv_freq, inv_freq, (size_t)m->rot_dim / 2 * sizeof(float));
+    for (int t = 0; t < 2; t++) {
+        exl_rope_table *rt = &m->fs.rope[t];
+        const exl_rope_config *r = t ? &m->cfg.rope_sliding : &m->cfg.rope;
+        int32_t len = rope_table_len(&m->cfg, r, seq_len);
+        if (!rt->inv_freq || rt->seq_len == len)
+            continue;
+        float inv_freq[512];
+        exl_rope_frequencies(&m->cfg, r, m->rot_dim, len, inv_freq, &rt->attn_factor);
+        rt->seq_len = len;
+        EXL_TRY(m->be->ops->upload(m->be, rt->inv_freq, inv_freq, (size_t)m->rot_dim / 2 * sizeof(float)));
+    }
+    return EXL_OK;
 }
 
 /* Where a step's token ids are: from the host (in steps), or fed from the last argmax step. */
@@ -249,49 +294,6 @@ exl_status exl_model_begin_step(exl_model *m, exl_kv_cache *cache, const exl_seq
     return EXL_OK;
 }
 
-static exl_status add_nodes(exl_graph *g, const exl_node *nodes, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        EXL_TRY(exl_graph_add(g, &nodes[i]));
-    return EXL_OK;
-}
-
-exl_status exl_model_layer_graph(exl_model *m, const exl_layer *l, int32_t li, const exl_kv_cache *cache,
-                                 exl_graph *g) {
-    exl_forward_scratch *s = &m->fs;
-    const exl_hf_config *c = &m->cfg;
-    const exl_batch *b = g->batch;
-    int32_t rows = b->n_rows, hid = c->hidden_size, ffn = c->intermediate_size;
-    int32_t qw = c->n_heads * c->head_dim, kvw = c->n_kv_heads * c->head_dim;
-    float eps = (float)c->rms_eps;
-    exl_attn_shape shape = {c->n_heads, c->n_kv_heads, c->head_dim, cache->page_size, c->sliding_window,
-                            1.0f / sqrtf((float)c->head_dim)};
-    const exl_node nodes[] = {
-        {.op = EXL_OP_RMSNORM, .tag = {li, EXL_PART_ATTN_NORM}, .rmsnorm = {s->h, s->x, l->attn_norm, rows, hid, eps}},
-        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_Q}, .matmul = {s->q, s->h, l->q, rows, hid, qw, 0}},
-        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_K}, .matmul = {s->k, s->h, l->k, rows, hid, kvw, 0}},
-        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_V}, .matmul = {s->v, s->h, l->v, rows, hid, kvw, 0}},
-        {.op = EXL_OP_ROPE,
-         .tag = {li, EXL_PART_ROPE_Q},
-         .rope = {s->q, b->d_pos, s->inv_freq, rows, c->n_heads, c->head_dim, m->rot_dim, s->rope_attn_factor}},
-        {.op = EXL_OP_ROPE,
-         .tag = {li, EXL_PART_ROPE_K},
-         .rope = {s->k, b->d_pos, s->inv_freq, rows, c->n_kv_heads, c->head_dim, m->rot_dim, s->rope_attn_factor}},
-        {.op = EXL_OP_KV_STORE,
-         .tag = {li, EXL_PART_KV_STORE},
-         .kv_store = {cache->k[li], cache->v[li], s->k, s->v, kvw}},
-        {.op = EXL_OP_ATTENTION,
-         .tag = {li, EXL_PART_ATTENTION},
-         .attention = {s->attn, s->q, s->k, s->v, cache->k[li], cache->v[li], shape}},
-        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_O}, .matmul = {s->x, s->attn, l->o, rows, qw, hid, 1}},
-        {.op = EXL_OP_RMSNORM, .tag = {li, EXL_PART_MLP_NORM}, .rmsnorm = {s->h, s->x, l->mlp_norm, rows, hid, eps}},
-        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_GATE}, .matmul = {s->gate, s->h, l->gate, rows, hid, ffn, 0}},
-        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_UP}, .matmul = {s->up, s->h, l->up, rows, hid, ffn, 0}},
-        {.op = EXL_OP_GLU, .tag = {li, EXL_PART_GLU}, .glu = {s->gate, s->up, rows, ffn, (int32_t)c->act}},
-        {.op = EXL_OP_MATMUL, .tag = {li, EXL_PART_DOWN}, .matmul = {s->x, s->gate, l->down, rows, ffn, hid, 1}},
-    };
-    return add_nodes(g, nodes, sizeof nodes / sizeof nodes[0]);
-}
-
 exl_status exl_model_run_graph(exl_model *m, const exl_graph *g, exl_linear_hook hook, void *user) {
     if (!hook && m->be->ops->graph_run)
         return m->be->ops->graph_run(m->be, g);
@@ -323,7 +325,14 @@ exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const 
              .tag = {-1, EXL_PART_HEAD},
              .matmul = {s->logits, s->h, m->head, n, hid, c->vocab_size, 0}},
         };
-        EXL_TRY(add_nodes(g, head, sizeof head / sizeof head[0]));
+        for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
+            EXL_TRY(exl_graph_add(g, &head[i]));
+        if (c->final_softcap > 0) {
+            const exl_node cap = {.op = EXL_OP_SOFTCAP,
+                                  .tag = {-1, EXL_PART_LOGIT_SOFTCAP},
+                                  .softcap = {s->logits, (int64_t)n * c->vocab_size, (float)c->final_softcap}};
+            EXL_TRY(exl_graph_add(g, &cap));
+        }
         EXL_TRY(exl_graph_output(g, s->logits, (int64_t)n * c->vocab_size));
     }
     return exl_model_run_graph(m, g, NULL, NULL);

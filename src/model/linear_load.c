@@ -2,12 +2,12 @@
  *
  * The format is detected per layer by tensor name: <prefix>.q_weight is EXL2,
  * <prefix>.qweight is GPTQ, <prefix>.weight is unquantized; one model may mix them.
- * The quantized layouts are parsed and validated by quant/. */
+ * The quantized layouts are parsed and validated by format/. */
 #include "model/model.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include <stdio.h>
 
@@ -34,7 +34,7 @@ static exl_status load_dense(exl_model *m, const char *prefix, exl_linear_src *s
     return EXL_OK;
 }
 
-static exl_status record(exl_model *m, const exl_linear_src *src) {
+static exl_status record(exl_model *m, const exl_linear_src *src, const exl_linear *w) {
     if (m->n_linears == m->cap_linears) {
         int32_t cap = m->cap_linears ? 2 * m->cap_linears : 16;
         exl_linear_record *r = exl_realloc(m->linears, (size_t)cap * sizeof *r);
@@ -47,6 +47,7 @@ static exl_status record(exl_model *m, const exl_linear_src *src) {
     snprintf(r->name, sizeof r->name, "%s", src->name);
     r->src = *src;
     r->src.name = NULL; /* the record array moves as it grows: use r->name */
+    r->w = w;
     return EXL_OK;
 }
 
@@ -71,6 +72,6 @@ exl_status exl_model_load_linear(exl_model *m, const char *prefix, int64_t in, i
         EXL_TRY(load_dense(m, prefix, &src));
     if (has_bias)
         EXL_TRY(load_bias(m, prefix, out, &src));
-    EXL_TRY(record(m, &src));
-    return m->be->ops->linear_init(m->be, &src, w);
+    EXL_TRY(m->be->ops->linear_init(m->be, &src, w));
+    return record(m, &src, *w);
 }

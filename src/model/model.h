@@ -6,11 +6,6 @@
 #include "io/hf_config.h"
 #include "io/weights.h"
 
-/* One expert of a mixture-of-experts block (or its shared expert): a gated MLP. */
-typedef struct exl_expert {
-    exl_linear *gate, *up, *down;
-} exl_expert;
-
 /* A decoder layer's weights; which of them are there follows cfg (NULL otherwise). */
 typedef struct exl_layer {
     exl_vector *attn_norm; /* input_layernorm */
@@ -30,6 +25,14 @@ typedef struct exl_layer {
     exl_linear *shared_gate; /* Qwen2-MoE: hidden -> 1, the sigmoid weight of the shared expert's output */
 } exl_layer;
 
+/* A rope's frequencies in backend memory, for the sequence length they were computed for (dynamic scaling and
+ * longrope depend on it). */
+typedef struct exl_rope_table {
+    float *inv_freq; /* [rot_dim / 2] */
+    float attn_factor;
+    int32_t seq_len; /* -1: not computed yet */
+} exl_rope_table;
+
 /* Buffers for one forward step of up to max_rows tokens (the backend's step_rows), allocated
  * once; the logits grow to the most rows a step has wanted them for. */
 typedef struct exl_forward_scratch {
@@ -46,9 +49,15 @@ typedef struct exl_forward_scratch {
     exl_attn_seq *seqs;
     exl_batch batch; /* this step's (exl_model_begin_step) */
     exl_graph graph; /* this step's nodes */
-    float *inv_freq;
-    float rope_attn_factor;
-    int32_t rope_seq_len; /* sequence length inv_freq was computed for (dynamic rope) */
+    /* the rope tables: [0] of cfg.rope, [1] of cfg.rope_sliding where sliding layers use a rope of their own
+     * (inv_freq NULL otherwise) */
+    exl_rope_table rope[2];
+    /* a fused projection's output (Phi-3's qkv_proj, gate_up_proj), before its parts are copied out */
+    float *fused;
+    /* mixture of experts: the router's logits (then the shared expert's gate), each row's experts and their
+     * weights, the experts' scratch (graph.h: moe_experts) */
+    float *router, *route_weights, *moe_xs, *moe_gate, *moe_up;
+    int32_t *route_ids, *moe_slots;
     /* greedy decode ahead of the host (forward_ahead.c): the rows whose tokens the last
      * exl_model_forward_argmax chose for the next step (0: none), which are at the start of table
      * where the backend has an argmax op, else in host_fed; and, without that op, the results
@@ -62,10 +71,11 @@ typedef struct exl_forward_scratch {
     int32_t host_logit_rows;
 } exl_forward_scratch;
 
-/* What one linear layer was loaded from (kept for `exl info`); src.name is NULL. */
+/* What one linear layer was loaded from (kept for `exl info` and the quantizer); src.name is NULL. */
 typedef struct exl_linear_record {
     char name[96];
     exl_linear_src src;
+    const exl_linear *w; /* the backend's linear made from it */
 } exl_linear_record;
 
 struct exl_model {
@@ -154,8 +164,9 @@ exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const 
  *   exl_model_run_graph. */
 exl_status exl_model_begin_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                 int ahead, int32_t *n_logits);
-/* Append decoder layer li, with weights l (the model's own or others of the same shapes) and the cache's layer
- * li, over the hidden states in m->fs.x of g's batch, to g. */
+/* Append decoder layer li, with weights l (the model's own or others of the same shapes; a block whose input norm,
+ * attn_norm or mlp_norm, is NULL left out) and the cache's layer li, over the hidden states in m->fs.x of g's batch,
+ * to g (layer_graph.c). */
 exl_status exl_model_layer_graph(exl_model *m, const exl_layer *l, int32_t li, const exl_kv_cache *cache,
                                  exl_graph *g);
 /* Run g: with a hook, node by node through the generic executor (no backend fusions), calling it before each
@@ -163,8 +174,10 @@ exl_status exl_model_layer_graph(exl_model *m, const exl_layer *l, int32_t li, c
 exl_status exl_model_run_graph(exl_model *m, const exl_graph *g, exl_linear_hook hook, void *user);
 /* Run decoder layer li with weights `layer` (the model's own or candidates) over the hidden states of a step (as
  * exl_model_forward's steps: tokens through the paged cache, the ids not read); x in/out [rows, hidden] in
- * m->fs.x. With a hook (called with each linear's input rows before its matmul) it runs op by op, without
- * backend fusions (forward_layer.c). */
+ * m->fs.x. A block whose input norm is NULL (attn_norm: attention, mlp_norm: MLP) is left out, so one block can run
+ * alone.
+ * With a hook (called with each linear's input rows before its matmul) it runs op by op, without backend fusions
+ * (forward_layer.c). */
 exl_status exl_model_layer_forward(exl_model *m, const exl_layer *layer, int32_t li, exl_kv_cache *cache,
                                    const exl_seq_step *steps, int32_t n_seqs, exl_linear_hook hook, void *user);
 void exl_model_free_ahead(exl_model *m);
@@ -176,6 +189,21 @@ int32_t exl_model_max_rows(const exl_model *m);
 exl_status exl_model_alloc_forward(exl_model *m);
 void exl_model_free_forward(exl_model *m);
 
+/* ---- the quantizer's view (forward_layer.c, model_load.c): a step's embeddings, its rows' head input, and where
+ * each linear came from; decoder layers one at a time are exl_model_layer_forward's (above) */
+
+/* The embeddings of a step's tokens (steps as exl_model_forward's) into m->fs.x [rows, hidden], rows in step order:
+ * the first layer's input. */
+exl_status exl_model_embed_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs);
+/* The head's input, the final norm of the step's rows of m->fs.x, to the hook (as layer n_layers, linear m->head);
+ * the head itself is not run. Steps as exl_model_layer_forward's (the ids not read). */
+exl_status exl_model_head_input(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                exl_linear_hook hook, void *user);
+/* The tensors linear w of the model was loaded from: *prefix names them (<prefix>.weight, <prefix>.bias, ...; valid
+ * while the model is) and *src describes them; a tied head is "lm_head" over the embedding table. EXL_ERR_ARG for a
+ * linear the model does not hold. */
+exl_status exl_model_linear_source(const exl_model *m, const exl_linear *w, const char **prefix, exl_linear_src *src);
+
 /* Loading pieces (model_load.c, layer_load.c, linear_load.c) */
 exl_status exl_model_load_linear(exl_model *m, const char *prefix, int64_t in, int64_t out, int has_bias,
                                  exl_linear **w);
@@ -184,12 +212,10 @@ exl_status exl_model_load_norm(exl_model *m, const char *name, int64_t n, exl_ve
 /* Layer i's tensors, named "<text_prefix>layers.<i>.*" ("model." for causal LMs). */
 exl_status exl_model_load_layer(exl_model *m, const char *text_prefix, int32_t i);
 void exl_model_free_layer(exl_model *m, exl_layer *l);
-/* What the forward pass cannot run yet of a config ("qwen3 models", "longrope rotary embeddings", ...), written to
- * gap; empty when it runs it. */
-void exl_model_forward_gap(const exl_hf_config *c, char *gap, size_t size);
 
-/* RoPE frequencies for a sequence length (dynamic scaling depends on it). */
-void exl_rope_frequencies(const exl_hf_config *cfg, int32_t rot_dim, int32_t seq_len, float *inv_freq,
-                          float *attn_factor);
+/* The frequencies of rope r (cfg.rope or cfg.rope_sliding) for a sequence length (dynamic scaling and longrope
+ * depend on it). */
+void exl_rope_frequencies(const exl_hf_config *cfg, const exl_rope_config *r, int32_t rot_dim, int32_t seq_len,
+                          float *inv_freq, float *attn_factor);
 
 #endif

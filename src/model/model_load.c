@@ -43,19 +43,37 @@ static const char *head_name(const exl_weights *w) {
     return NULL;
 }
 
-static exl_status load_embedding(exl_model *m, const char *prefix) {
+/* The embedding table, a dense [vocab, hidden] linear (src->name NULL). */
+static exl_status embedding_source(const exl_model *m, const char *prefix, exl_linear_src *src) {
     const exl_hf_config *c = &m->cfg;
     const exl_st_tensor *t;
     char name[64];
     snprintf(name, sizeof name, "%sembed_tokens.weight", prefix);
     int64_t shape[2] = {c->vocab_size, c->hidden_size};
     EXL_TRY(exl_weights_get(m->weights, name, EXL_DTYPES_FLOAT, 2, shape, &t));
-    exl_linear_src src = {0};
-    src.kind = EXL_LINEAR_DENSE;
-    src.in_features = c->hidden_size;
-    src.out_features = c->vocab_size;
-    src.dense.dtype = t->dtype;
-    src.dense.data = t->data;
+    *src = (exl_linear_src){.kind = EXL_LINEAR_DENSE, .in_features = c->hidden_size, .out_features = c->vocab_size,
+                            .dense = {t->dtype, t->data}};
+    return EXL_OK;
+}
+
+exl_status exl_model_linear_source(const exl_model *m, const exl_linear *w, const char **prefix, exl_linear_src *src) {
+    for (int32_t i = 0; i < m->n_linears; i++)
+        if (m->linears[i].w == w) {
+            *prefix = m->linears[i].name;
+            *src = m->linears[i].src;
+            return EXL_OK;
+        }
+    if (w != m->head) /* a head of its own is a record */
+        return exl_fail(EXL_ERR_ARG, "exl_model_linear_source: not a linear the model loaded");
+    *prefix = head_names[0];
+    return embedding_source(m, text_prefix(m->weights), src);
+}
+
+static exl_status load_embedding(exl_model *m, const char *prefix) {
+    const exl_hf_config *c = &m->cfg;
+    exl_linear_src src;
+    char name[64];
+    EXL_TRY(embedding_source(m, prefix, &src));
     snprintf(name, sizeof name, "%sembed_tokens", prefix);
     src.name = name;
     EXL_TRY(m->be->ops->linear_init(m->be, &src, &m->embed));
@@ -78,24 +96,13 @@ static exl_status check_config(const exl_model *m) {
     if (m->rot_dim < 2 || m->rot_dim > c->head_dim)
         return exl_fail(EXL_ERR_FORMAT, "%s/config.json: partial_rotary_factor gives a rotary size of %d", m->dir,
                         m->rot_dim);
+    for (int32_t i = 0; i < c->n_layers; i++)
+        if (c->layers[i].sliding && ((int32_t)(c->head_dim * c->rope_sliding.partial_rotary_factor) & ~1) != m->rot_dim)
+            return exl_fail(EXL_ERR_UNSUPPORTED,
+                            "%s/config.json: the sliding layers' partial_rotary_factor differs from the full "
+                            "attention layers' (exl takes one rotary size)",
+                            m->dir);
     return EXL_OK;
-}
-
-/* forward.c (and quant/'s layer runner) run Llama-style layers (Llama, Mistral, Qwen2, Gemma) with one window for
- * all layers and a rope whose frequencies depend on the sequence length at most as dynamic scaling does. */
-void exl_model_forward_gap(const exl_hf_config *c, char *gap, size_t size) {
-    static const exl_arch runs[] = {EXL_ARCH_LLAMA, EXL_ARCH_MISTRAL, EXL_ARCH_QWEN2, EXL_ARCH_GEMMA};
-    int known = 0;
-    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
-        known |= c->arch == runs[i];
-    gap[0] = 0;
-    if (!known)
-        snprintf(gap, size, "%s models", exl_arch_name(c->arch));
-    else if (c->rope.type == EXL_ROPE_LONGROPE)
-        snprintf(gap, size, "longrope rotary embeddings");
-    for (int32_t i = 1; !gap[0] && i < c->n_layers; i++)
-        if (c->layers[i].sliding_window != c->layers[0].sliding_window)
-            snprintf(gap, size, "attention windows that differ between layers");
 }
 
 static exl_status load_weights(exl_model *m, const exl_model_params *p) {
@@ -112,13 +119,6 @@ static exl_status load_weights(exl_model *m, const exl_model_params *p) {
         EXL_TRY(exl_model_load_layer(m, prefix, i));
     if (p->load_only)
         return EXL_OK;
-    char gap[96];
-    exl_model_forward_gap(&m->cfg, gap, sizeof gap);
-    if (gap[0])
-        return exl_fail(EXL_ERR_UNSUPPORTED,
-                        "%s: exl reads this %s model but cannot run it yet (no forward pass for %s); `exl info` "
-                        "describes it",
-                        m->dir, m->cfg.model_type, gap);
     return exl_model_alloc_forward(m);
 }
 

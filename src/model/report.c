@@ -6,7 +6,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/str.h"
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -11,9 +11,8 @@ static double yarn_correction_dim(double rotations, int32_t dim, double base, do
     return (dim * log(max_pos / (rotations * 2 * M_PI))) / (2 * log(base));
 }
 
-void exl_rope_frequencies(const exl_hf_config *cfg, int32_t dim, int32_t seq_len, float *inv_freq,
-                          float *attn_factor) {
-    const exl_rope_config *r = &cfg->rope;
+void exl_rope_frequencies(const exl_hf_config *cfg, const exl_rope_config *r, int32_t dim, int32_t seq_len,
+                          float *inv_freq, float *attn_factor) {
     int32_t half = dim / 2;
     double base = r->theta;
     *attn_factor = 1.0f;

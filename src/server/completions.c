@@ -1,14 +1,17 @@
 /* completions.c - POST /v1/completions and /v1/chat/completions: the request becomes
  * token prompts (the chat template renders messages), one generator job per choice
- * (prompts x n) is submitted to the engine, and the request's event queue is read
- * either to the end (one JSON response) or chunk by chunk as Server-Sent Events.
+ * (prompts x n) is submitted to the engine, and the reply is pending: the engine's events
+ * wake the connection, whose pump (on an HTTP worker) takes in what came and answers once
+ * all is there (one JSON response) or passes it on chunk by chunk as Server-Sent Events.
  *
  * Context: a prompt of ctx tokens or more is refused (400, context_length_exceeded);
  * max_tokens is cut to what the context leaves. Default max_tokens: 16 for
- * completions (as OpenAI), the rest of the context for chat.
- * A client that leaves (its socket reads end-of-file, or a write fails) has its jobs
- * cancelled, which releases their cache pages; so does one that half-closes its end
- * after sending the request (nothing tells the two apart).
+ * completions (as OpenAI), the rest of the context for chat. A request that may make more
+ * than max_response_tokens (choices x max_tokens x (1 + logprob entries per token)) is
+ * refused up front (400, response_too_large).
+ * A client that leaves has its reply freed by the HTTP layer, which cancels its jobs and
+ * so releases their cache pages; a half-closed connection counts as a client that left
+ * (nothing tells the two apart).
  *
  * Structured output: response_format json_object / json_schema and tool_choice required / a
  * named function become one constraint per request (all its choices share it). With tools
@@ -26,9 +29,9 @@
 #include <string.h>
 #include <time.h>
 
-#define POLL_MS 100 /* how often a waiting request checks its client and the server */
-
 typedef struct oai_run {
+    struct oai_run *prev, *next; /* srv->runs, once its jobs are submitted */
+    int listed;
     exl_server *srv;
     exl_oai_request req;
     exl_oai_header hdr;
@@ -40,17 +43,16 @@ typedef struct oai_run {
     int32_t n_choices;
     exl_oai_choice *choices;  /* [n_choices] */
     int32_t n_done;
+    double received;          /* when the request arrived, for the time to first token */
+    double *last_token;       /* [n_choices]: when each choice's latest token came, 0 = none yet */
+    int any_token;
+    int opened;               /* streams: the opening chunks are out */
     exl_constraint *constraint; /* response_format or a forced tool call; NULL: free text */
     int tool_mode;              /* tools offered: replies are parsed for calls */
     exl_tool_format tool_fmt;
     exl_chat_message *msgs;     /* the conversation as the template gets it, when it differs from the request's */
     exl_str *owned;             /* texts msgs points at */
     int32_t n_owned;
-    int fd;
-    /* streaming */
-    exl_str out;              /* SSE bytes not yet handed to the connection */
-    size_t out_pos;
-    int ended;
 } oai_run;
 
 /* ---------------------------------------------------------------- life of a run */
@@ -61,9 +63,47 @@ static void cancel_unfinished(oai_run *r) {
             exl_engine_cancel(r->srv->engine, r->stream->slots[i].job);
 }
 
+static void unlist(oai_run *r) {
+    exl_server *srv = r->srv;
+    pthread_mutex_lock(&srv->runs_mu);
+    if (r->listed) {
+        if (r->prev)
+            r->prev->next = r->next;
+        else
+            srv->runs = r->next;
+        if (r->next)
+            r->next->prev = r->prev;
+        r->listed = 0;
+    }
+    pthread_mutex_unlock(&srv->runs_mu);
+}
+
+static void list(oai_run *r) {
+    exl_server *srv = r->srv;
+    pthread_mutex_lock(&srv->runs_mu);
+    r->prev = NULL;
+    r->next = srv->runs;
+    if (srv->runs)
+        srv->runs->prev = r;
+    srv->runs = r;
+    r->listed = 1;
+    pthread_mutex_unlock(&srv->runs_mu);
+}
+
+void exl_completions_cancel_all(exl_server *srv) {
+    pthread_mutex_lock(&srv->runs_mu);
+    for (oai_run *r = srv->runs; r; r = r->next)
+        for (int32_t i = 0; i < r->stream->n_slots; i++)
+            exl_engine_cancel(srv->engine, r->stream->slots[i].job); /* a finished job: nothing to do */
+    pthread_mutex_unlock(&srv->runs_mu);
+}
+
 static void run_free(oai_run *r) {
     if (!r)
         return;
+    unlist(r);
+    if (r->stream)
+        exl_stream_set_waker(r->stream, NULL, NULL);
     cancel_unfinished(r);
     exl_stream_unref(r->stream);
     for (int32_t i = 0; r->prompt_ids && r->hdr.kind == EXL_OAI_COMPLETION && i < r->n_prompts; i++)
@@ -82,14 +122,12 @@ static void run_free(oai_run *r) {
     exl_free(r->owned);
     exl_free(r->msgs);
     exl_free(r->choices);
-    exl_str_free(&r->out);
+    exl_free(r->last_token);
     exl_oai_request_free(&r->req);
     exl_free(r);
 }
 
 static int nomem(exl_oai_error *err) { return exl_oai_fail(err, 500, "server_error", NULL, NULL, "out of memory"); }
-
-/* ---------------------------------------------------------------- prompts */
 
 /* ---------------------------------------------------------------- tools */
 
@@ -241,29 +279,65 @@ static int make_prompts(oai_run *r, exl_oai_error *err) {
 
 /* ---------------------------------------------------------------- jobs */
 
-static int submit_jobs(oai_run *r, exl_oai_error *err) {
+static exl_oai_usage usage_of(const oai_run *r) {
+    exl_oai_usage u = {0};
+    for (int32_t i = 0; i < r->n_prompts; i++)
+        u.prompt_tokens += r->prompt_len[i];
+    for (int32_t i = 0; i < r->n_choices; i++)
+        u.completion_tokens += r->choices[i].n_generated;
+    return u;
+}
+
+
+static int32_t max_new_tokens(const oai_run *r, int32_t choice) {
+    const exl_oai_request *q = &r->req;
+    int32_t room = r->srv->ctx - r->prompt_len[choice / q->n];
+    int32_t n = q->max_tokens ? q->max_tokens : q->kind == EXL_OAI_CHAT ? room : 16;
+    return n < room ? n : room;
+}
+
+/* Refuse what could make a response larger than the server allows, before any work. */
+static int check_response_size(const oai_run *r, exl_oai_error *err) {
+    const exl_oai_request *q = &r->req;
+    int64_t per_token = 1 + (q->logprobs ? 1 + q->top_logprobs : 0), total = 0;
+    for (int32_t i = 0; i < r->n_choices; i++)
+        total += (int64_t)max_new_tokens(r, i) * per_token;
+    int64_t cap = r->srv->params.max_response_tokens;
+    if (total <= cap)
+        return 0;
+    return exl_oai_fail(err, 400, "invalid_request_error", q->n > 1 ? "n" : "max_tokens", "response_too_large",
+                        "This request may produce %lld response entries (choices x max_tokens x (1 + logprob "
+                        "entries per token) = %d x up to %d x %lld), more than this server's limit of %lld; "
+                        "lower n, max_tokens or logprobs",
+                        (long long)total, (int)r->n_choices, (int)max_new_tokens(r, 0), (long long)per_token,
+                        (long long)cap);
+}
+
+static int submit_jobs(oai_run *r, exl_http_conn *conn, exl_oai_error *err) {
     exl_server *srv = r->srv;
     const exl_oai_request *q = &r->req;
     r->n_choices = r->n_prompts * q->n;
+    if (check_response_size(r, err))
+        return -1;
     r->stream = exl_stream_new(r->n_choices);
     r->choices = exl_calloc((size_t)r->n_choices, sizeof *r->choices);
-    if (!r->stream || !r->choices)
+    r->last_token = exl_calloc((size_t)r->n_choices, sizeof *r->last_token);
+    if (!r->stream || !r->choices || !r->last_token)
         return nomem(err);
+    exl_stream_set_waker(r->stream, exl_http_wake, conn);
     const char *stop[EXL_OAI_MAX_STOP + 1];
     int32_t n_stop = q->n_stop;
     memcpy(stop, q->stop, (size_t)n_stop * sizeof *stop);
     if (r->chat.stop_string)
         stop[n_stop++] = r->chat.stop_string;
     for (int32_t i = 0; i < r->n_choices; i++) {
-        int32_t p = i / q->n, k = i % q->n, room = srv->ctx - r->prompt_len[p];
+        int32_t p = i / q->n, k = i % q->n;
         if (q->logprobs && !(r->choices[i].logprobs = exl_oai_logprobs_new(q->kind)))
             return nomem(err);
         exl_job_params jp = exl_job_default_params();
         jp.ids = r->prompt_ids[p];
         jp.n_ids = r->prompt_len[p];
-        jp.max_new_tokens = q->max_tokens ? q->max_tokens : q->kind == EXL_OAI_CHAT ? room : 16;
-        if (jp.max_new_tokens > room)
-            jp.max_new_tokens = room;
+        jp.max_new_tokens = max_new_tokens(r, i);
         jp.stop_strings = stop;
         jp.n_stop_strings = n_stop;
         jp.stop_ids = &r->chat.stop_id;
@@ -278,22 +352,24 @@ static int submit_jobs(oai_run *r, exl_oai_error *err) {
         if (exl_engine_submit(srv->engine, &jp, &r->stream->slots[i]) != EXL_OK)
             return exl_oai_bad_param(err, NULL, "%s", exl_last_error());
     }
+    exl_oai_usage u = usage_of(r);
+    atomic_fetch_add(&srv->metrics.prompt_tokens, (unsigned long long)u.prompt_tokens);
     return 0;
 }
 
 /* Streamed with tools offered: the content that no call can follow any more. */
-static int stream_tool_content(oai_run *r, int32_t index, size_t upto, const cJSON *lp) {
+static int stream_tool_content(oai_run *r, int32_t index, size_t upto, const cJSON *lp, exl_str *out) {
     exl_oai_choice *c = &r->choices[index];
     if (upto <= c->streamed)
         return 0;
-    int rc = exl_oai_chunk_append(&r->out, &r->hdr, index, 0, c->text.data + c->streamed, upto - c->streamed, lp, NULL,
+    int rc = exl_oai_chunk_append(out, &r->hdr, index, 0, c->text.data + c->streamed, upto - c->streamed, lp, NULL,
                                   r->req.include_usage);
     c->streamed = upto;
     return rc;
 }
 
 /* A choice with tools offered is done: its calls (and the content before them, when streamed). */
-static int finish_tools(oai_run *r, int32_t index) {
+static int finish_tools(oai_run *r, int32_t index, exl_str *out) {
     exl_oai_choice *c = &r->choices[index];
     const char *text = c->text.data ? c->text.data : "";
     if (exl_tools_parse(text, c->text.len, r->tool_fmt, r->req.tools, &c->calls) != EXL_OK)
@@ -303,16 +379,16 @@ static int finish_tools(oai_run *r, int32_t index) {
     size_t content = c->calls.n ? c->calls.content_len : c->text.len;
     while (c->calls.n && content > c->streamed && strchr(" \t\r\n", text[content - 1]))
         content--;
-    if (stream_tool_content(r, index, content, NULL))
+    if (stream_tool_content(r, index, content, NULL, out))
         return -1;
     for (int32_t k = 0; k < c->calls.n; k++)
-        if (exl_oai_tool_chunks_append(&r->out, &r->hdr, index, k, &c->calls.v[k], r->req.include_usage))
+        if (exl_oai_tool_chunks_append(out, &r->hdr, index, k, &c->calls.v[k], r->req.include_usage))
             return -1;
     return 0;
 }
 
-/* Take in one event: count it, and for streams format it into r->out. */
-static int absorb(oai_run *r, exl_stream_event *e, exl_oai_error *err) {
+/* Take in one event: count it, and for streams format it into out. */
+static int absorb(oai_run *r, exl_stream_event *e, exl_str *out, exl_oai_error *err) {
     exl_oai_choice *c = &r->choices[e->index];
     size_t offset = c->text.len;
     if (exl_str_append(&c->text, e->text, e->text_len))
@@ -329,9 +405,10 @@ static int absorb(oai_run *r, exl_stream_event *e, exl_oai_error *err) {
     }
     int rc = 0;
     if (r->req.stream && r->tool_mode)
-        rc = stream_tool_content(r, e->index, exl_tools_content_safe(c->text.data, c->text.len, r->tool_fmt), delta_lp);
+        rc = stream_tool_content(r, e->index, exl_tools_content_safe(c->text.data, c->text.len, r->tool_fmt), delta_lp,
+                                 out);
     else if (r->req.stream && (e->text_len || (delta_lp && e->n_ids > (e->finish == EXL_FINISH_STOP))))
-        rc = exl_oai_chunk_append(&r->out, &r->hdr, e->index, 0, e->text, e->text_len, delta_lp, NULL,
+        rc = exl_oai_chunk_append(out, &r->hdr, e->index, 0, e->text, e->text_len, delta_lp, NULL,
                                   r->req.include_usage);
     if (delta_lp != c->logprobs)
         cJSON_Delete(delta_lp);
@@ -347,113 +424,95 @@ static int absorb(oai_run *r, exl_stream_event *e, exl_oai_error *err) {
                             e->error ? e->error : "unknown error");
     if (e->finish == EXL_FINISH_CANCELLED)
         return exl_oai_fail(err, 503, "server_error", NULL, NULL, "the server is shutting down");
-    if (r->tool_mode && finish_tools(r, e->index))
+    if (r->tool_mode && finish_tools(r, e->index, out))
         return nomem(err);
     const char *finish = c->calls.n ? "tool_calls" : exl_oai_finish_str(e->finish);
-    if (r->req.stream && exl_oai_chunk_append(&r->out, &r->hdr, e->index, 0, r->req.kind == EXL_OAI_CHAT ? NULL : "",
+    if (r->req.stream && exl_oai_chunk_append(out, &r->hdr, e->index, 0, r->req.kind == EXL_OAI_CHAT ? NULL : "",
                                               0, NULL, finish, r->req.include_usage))
         return nomem(err);
     return 0;
 }
 
-static exl_oai_usage usage_of(const oai_run *r) {
-    exl_oai_usage u = {0};
-    for (int32_t i = 0; i < r->n_prompts; i++)
-        u.prompt_tokens += r->prompt_len[i];
-    for (int32_t i = 0; i < r->n_choices; i++)
-        u.completion_tokens += r->choices[i].n_generated;
-    return u;
+/* Time to first token and between tokens, by the engine's clock. */
+static void observe(oai_run *r, const exl_stream_event *e) {
+    exl_metrics *m = &r->srv->metrics;
+    if (e->n_ids <= 0)
+        return;
+    if (!r->any_token)
+        exl_histogram_observe(&m->ttft, e->time - r->received);
+    r->any_token = 1;
+    double *last = &r->last_token[e->index];
+    for (int32_t k = 0; *last > 0 && k < e->n_ids; k++)
+        exl_histogram_observe(&m->itl, (e->time - *last) / e->n_ids);
+    *last = e->time;
 }
 
-/* Wait for the next event: 1 got one, 0 timed out (client and server still there),
- * -1 give up (err says why when err->status is set; else the client left). */
-static int next_event(oai_run *r, exl_stream_event **e, exl_oai_error *err) {
-    int lost = 0;
-    *e = exl_stream_pop(r->stream, POLL_MS, &lost);
-    if (*e)
-        return 1;
-    if (lost)
-        return nomem(err);
-    if (atomic_load(&r->srv->stopping))
-        return exl_oai_fail(err, 503, "server_error", NULL, NULL, "the server is shutting down");
-    return exl_http_peer_gone(r->fd) ? -1 : 0;
+/* Take in every event that is there: 0, or -1 with err filled. */
+static int take_events(oai_run *r, exl_str *out, exl_oai_error *err) {
+    for (;;) {
+        int lost = 0;
+        exl_stream_event *e = exl_stream_pop(r->stream, &lost);
+        if (!e)
+            return lost ? nomem(err) : 0;
+        observe(r, e);
+        int rc = absorb(r, e, out, err);
+        exl_stream_event_free(e);
+        if (rc)
+            return -1;
+    }
 }
 
-/* ---------------------------------------------------------------- streaming */
+/* ---------------------------------------------------------------- the pending reply */
 
-static void sse_error(oai_run *r, const exl_oai_error *err) {
+static void sse_error(exl_str *out, const exl_oai_error *err) {
     char *json = exl_oai_error_json(err);
     if (json) {
-        exl_str_printf(&r->out, "data: %s\n\n", json);
+        exl_str_printf(out, "data: %s\n\n", json);
         exl_free(json);
     }
 }
 
-/* Refill r->out; returns 0, or -1 when the connection should be dropped. */
-static int sse_fill(oai_run *r) {
-    exl_oai_error err = {0};
-    exl_str_clear(&r->out);
-    r->out_pos = 0;
-    while (r->out.len == 0 && r->n_done < r->n_choices) {
-        exl_stream_event *e;
-        int rc = next_event(r, &e, &err);
-        if (rc > 0) {
-            rc = absorb(r, e, &err);
-            exl_stream_event_free(e);
-        }
-        if (rc < 0 && !err.status)
-            return -1; /* the client left */
-        if (rc < 0) {
-            cancel_unfinished(r);
-            r->n_done = r->n_choices;
-            sse_error(r, &err);
-        }
-    }
-    if (r->n_done == r->n_choices) {
-        exl_oai_usage u = usage_of(r);
-        if (!err.status && r->req.include_usage)
-            exl_oai_usage_chunk_append(&r->out, &r->hdr, &u);
-        exl_str_puts(&r->out, "data: [DONE]\n\n");
-        r->ended = 1;
-    }
-    return 0;
-}
-
-static ssize_t sse_read(void *ctx, char *buf, size_t max) {
+/* exl_http_reply.pump of a stream: the chunks of what came, then the end. */
+static int sse_pump(void *ctx, exl_http_reply *reply, exl_str *out) {
     oai_run *r = ctx;
-    if (r->out_pos == r->out.len) {
-        if (r->ended)
-            return EXL_HTTP_END;
-        if (sse_fill(r))
-            return EXL_HTTP_ABORT;
+    exl_oai_error err = {0};
+    if (!r->opened && r->req.kind == EXL_OAI_CHAT) /* the opening chunk of each choice */
+        for (int32_t i = 0; i < r->n_choices; i++)
+            if (exl_oai_chunk_append(out, &r->hdr, i, 1, "", 0, NULL, NULL, r->req.include_usage))
+                return EXL_HTTP_DROP;
+    r->opened = 1;
+    if (take_events(r, out, &err)) {
+        cancel_unfinished(r);
+        r->n_done = r->n_choices;
+        sse_error(out, &err);
     }
-    size_t n = r->out.len - r->out_pos;
-    if (n > max)
-        n = max;
-    if (n == 0)
-        return EXL_HTTP_ABORT; /* out of memory while formatting */
-    memcpy(buf, r->out.data + r->out_pos, n);
-    r->out_pos += n;
-    return (ssize_t)n;
+    if (r->n_done < r->n_choices)
+        return EXL_HTTP_MORE;
+    exl_oai_usage u = usage_of(r);
+    if (!err.status && r->req.include_usage && exl_oai_usage_chunk_append(out, &r->hdr, &u))
+        return EXL_HTTP_DROP;
+    return exl_str_puts(out, "data: [DONE]\n\n") ? EXL_HTTP_DROP : EXL_HTTP_DONE;
 }
 
-static void sse_free(void *ctx) { run_free(ctx); }
+/* exl_http_reply.pump of a whole response: nothing until every choice is done. */
+static int whole_pump(void *ctx, exl_http_reply *reply, exl_str *out) {
+    oai_run *r = ctx;
+    exl_oai_error err = {0};
+    if (take_events(r, NULL, &err)) {
+        cancel_unfinished(r);
+        exl_reply_error(reply, &err);
+        return EXL_HTTP_DONE;
+    }
+    if (r->n_done < r->n_choices)
+        return EXL_HTTP_MORE;
+    exl_oai_usage u = usage_of(r);
+    exl_reply_json(reply, 200, exl_oai_response_json(&r->hdr, r->choices, r->n_choices, &u));
+    return EXL_HTTP_DONE;
+}
+
+static void run_free_cb(void *ctx) { run_free(ctx); }
 
 /* ---------------------------------------------------------------- entry */
-
-static int wait_all(oai_run *r, exl_oai_error *err) {
-    while (r->n_done < r->n_choices) {
-        exl_stream_event *e;
-        int rc = next_event(r, &e, err);
-        if (rc > 0) {
-            rc = absorb(r, e, err);
-            exl_stream_event_free(e);
-        }
-        if (rc < 0)
-            return -1;
-    }
-    return 0;
-}
 
 static int start(oai_run *r, const exl_http_request *req, exl_oai_error *err) {
     exl_server *srv = r->srv;
@@ -463,13 +522,7 @@ static int start(oai_run *r, const exl_http_request *req, exl_oai_error *err) {
         return exl_oai_fail(err, 404, "invalid_request_error", "model", "model_not_found",
                             "The model '%.200s' does not exist (this server has '%s')", r->req.model,
                             srv->model_name);
-    if (make_prompts(r, err) || make_constraint(r, err) || submit_jobs(r, err))
-        return -1;
-    if (r->req.stream && r->req.kind == EXL_OAI_CHAT) /* the opening chunk of each choice */
-        for (int32_t i = 0; i < r->n_choices; i++)
-            if (exl_oai_chunk_append(&r->out, &r->hdr, i, 1, "", 0, NULL, NULL, r->req.include_usage))
-                return nomem(err);
-    return 0;
+    return make_prompts(r, err) || make_constraint(r, err) || submit_jobs(r, req->conn, err) ? -1 : 0;
 }
 
 void exl_completions(exl_server *srv, exl_oai_kind kind, const exl_http_request *req, exl_http_reply *reply) {
@@ -481,7 +534,7 @@ void exl_completions(exl_server *srv, exl_oai_kind kind, const exl_http_request 
         return;
     }
     r->srv = srv;
-    r->fd = req->fd;
+    r->received = req->received;
     r->hdr.kind = kind;
     r->hdr.created = (long long)time(NULL);
     r->hdr.model = srv->model_name;
@@ -492,18 +545,10 @@ void exl_completions(exl_server *srv, exl_oai_kind kind, const exl_http_request 
         run_free(r);
         return;
     }
+    list(r);
+    *reply = (exl_http_reply){.pump = r->req.stream ? sse_pump : whole_pump, .free = run_free_cb, .ctx = r};
     if (r->req.stream) {
-        *reply = (exl_http_reply){.status = 200, .read = sse_read, .free = sse_free, .ctx = r};
-        return;
+        reply->status = 200;
+        reply->content_type = "text/event-stream";
     }
-    if (wait_all(r, &err)) {
-        if (err.status)
-            exl_reply_error(reply, &err);
-        else
-            reply->status = 0; /* the client left: nobody to answer */
-    } else {
-        exl_oai_usage u = usage_of(r);
-        exl_reply_json(reply, 200, exl_oai_response_json(&r->hdr, r->choices, r->n_choices, &u));
-    }
-    run_free(r);
 }

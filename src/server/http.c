@@ -1,240 +1,564 @@
-/* http.c - libmicrohttpd glue: the daemon (a thread per connection), the body read
- * with a size limit, the request handed to the handler, its reply turned into an MHD
- * response (a buffer, or a callback for SSE), and one log line per request. */
-#include "server/http.h"
+/* http.c - the HTTP daemon (see http.h): the listening socket, the event thread (epoll over every
+ * socket, an eventfd for wake-ups, a sweep of deadlines four times a second), the per-client
+ * connection counts, the worker pool, and start / quiesce / stop. One connection's life is in
+ * http_conn.c. */
+#include "server/http_internal.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "base/str.h"
 
 #include <errno.h>
-#include <stdarg.h>
-#include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
-struct exl_http {
-    exl_http_params params; /* host points at the copy below */
-    char *host;
-    struct MHD_Daemon *mhd;
-    int32_t port;
-};
+#define SWEEP_S 0.25
+#define PEER_BUCKETS 1024
+#define MAX_EVENTS 128
 
-__attribute__((format(printf, 2, 3))) static void http_log(const exl_http *h, const char *fmt, ...) {
-    if (!h->params.log)
+double exl_http_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void http_log(exl_http *h, const char *fmt, ...) {
+    if (!h->p.log)
         return;
     char line[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    h->params.log(h->params.log_ctx, line);
+    h->p.log(h->p.log_ctx, line);
 }
 
-/* ---------------------------------------------------------------- per-request state */
-
-typedef struct conn_state {
-    exl_str body;
-    int too_large;
-    int status;     /* what was answered, for the log */
-    double t0;
-    char method[16];
-    char path[128];
-} conn_state;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+void http_count(exl_http *h, int status) {
+    if (status > 0 && status < HTTP_STATUS_MAX)
+        atomic_fetch_add(&h->status_counts[status], 1);
 }
 
-int exl_http_peer_gone(int fd) {
-    if (fd < 0)
-        return 0;
-    char c;
-    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+uint64_t exl_http_status_count(const exl_http *h, int status) {
+    return status > 0 && status < HTTP_STATUS_MAX ? atomic_load(&h->status_counts[status]) : 0;
 }
 
-/* ---------------------------------------------------------------- replies */
+void http_busy_add(exl_http_conn *c, int delta) { atomic_fetch_add(&c->h->n_busy, delta); }
 
-static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
-    exl_http_reply *r = cls;
-    ssize_t n = r->read(r->ctx, buf, max);
-    return n == EXL_HTTP_END ? MHD_CONTENT_READER_END_OF_STREAM : n < 0 ? MHD_CONTENT_READER_END_WITH_ERROR : n;
-}
-
-static void stream_free(void *cls) {
-    exl_http_reply *r = cls;
-    r->free(r->ctx);
-    exl_free(r);
-}
-
-/* Queue the reply; it is consumed whatever happens. */
-static enum MHD_Result send_reply(struct MHD_Connection *c, conn_state *cs, exl_http_reply *reply) {
-    cs->status = reply->status;
-    struct MHD_Response *resp = NULL;
-    if (reply->read) {
-        exl_http_reply *held = exl_malloc(sizeof *held);
-        if (held) {
-            *held = *reply;
-            resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, held, stream_free);
-            if (!resp)
-                exl_free(held);
-        }
-        if (!resp)
-            reply->free(reply->ctx);
-        else {
-            MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-            MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        }
-    } else if (reply->status) {
-        resp = MHD_create_response_from_buffer_with_free_callback(reply->body_len, reply->body, exl_free);
-        if (!resp)
-            exl_free(reply->body);
-        else {
-            MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-            if (reply->allow)
-                MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, reply->allow);
-        }
-    }
-    if (!resp) {
-        cs->status = 0;
-        return MHD_NO; /* drop the connection */
-    }
-    enum MHD_Result rc = MHD_queue_response(c, (unsigned)reply->status, resp);
-    MHD_destroy_response(resp);
-    return rc;
-}
-
-/* Hand the request to the handler and queue its reply. */
-static enum MHD_Result answer(exl_http *h, struct MHD_Connection *c, conn_state *cs, const char *url,
-                              const char *method) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    exl_http_request req = {
-        .method = method,
-        .path = url,
-        .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
-        .body = cs->body.data ? cs->body.data : "",
-        .body_len = cs->body.len,
-        .too_large = cs->too_large,
-        .fd = ci ? ci->connect_fd : -1,
-    };
-    exl_http_reply reply = {0};
-    h->params.handler(h->params.user, &req, &reply);
-    exl_str_free(&cs->body);
-    return send_reply(c, cs, &reply);
-}
-
-/* ---------------------------------------------------------------- MHD callbacks */
-
-static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                                 const char *version, const char *upload, size_t *upload_size, void **con_cls) {
-    exl_http *h = cls;
-    conn_state *cs = *con_cls;
-    if (!cs) { /* first call: headers only */
-        cs = exl_calloc(1, sizeof *cs);
-        if (!cs)
-            return MHD_NO;
-        cs->t0 = now_s();
-        snprintf(cs->method, sizeof cs->method, "%s", method);
-        snprintf(cs->path, sizeof cs->path, "%s", url);
-        *con_cls = cs;
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > (unsigned long long)h->params.max_body) {
-            cs->too_large = 1;
-            return answer(h, c, cs, url, method); /* MHD closes the connection after it */
-        }
-        return MHD_YES;
-    }
-    if (*upload_size) {
-        if (!cs->too_large && cs->body.len + *upload_size <= (size_t)h->params.max_body) {
-            if (exl_str_append(&cs->body, upload, *upload_size))
-                return MHD_NO;
-        } else {
-            cs->too_large = 1;
-            exl_str_free(&cs->body);
-        }
-        *upload_size = 0;
-        return MHD_YES;
-    }
-    return answer(h, c, cs, url, method);
-}
-
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    exl_http *h = cls;
-    conn_state *cs = *con_cls;
-    if (!cs)
+void http_schedule_ready(exl_http_conn *c) {
+    if (c->ready)
         return;
-    http_log(h, "%s %s %d %.1f ms%s", cs->method, cs->path, cs->status, (now_s() - cs->t0) * 1e3,
-                   toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
-    exl_str_free(&cs->body);
-    exl_free(cs);
-    *con_cls = NULL;
+    c->ready = 1;
+    c->ready_next = c->h->ready;
+    c->h->ready = c;
 }
 
-/* libmicrohttpd's own printf-style messages */
-__attribute__((format(printf, 2, 0))) static void on_mhd_error(void *cls, const char *fmt, va_list ap) {
-    exl_http *h = cls;
-    char line[512];
-    vsnprintf(line, sizeof line, fmt, ap);
-    line[strcspn(line, "\n")] = 0;
-    http_log(h, "http: %s", line);
+static void run_ready(exl_http *h) {
+    while (h->ready) {
+        exl_http_conn *c = h->ready;
+        h->ready = c->ready_next;
+        c->ready = 0;
+        if (!c->dead)
+            http_conn_advance(c);
+    }
 }
 
-/* ---------------------------------------------------------------- daemon */
+int32_t exl_http_busy(exl_http *h) { return atomic_load(&h->n_busy); }
+
+/* ---------------------------------------------------------------- clients by address */
+
+struct http_peer {
+    http_peer *next;
+    unsigned char addr[16]; /* IPv6, IPv4 mapped into it */
+    int32_t count;
+};
+
+static void peer_key(const struct sockaddr_storage *sa, unsigned char key[16]) {
+    memset(key, 0, 16);
+    if (sa->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        key[10] = key[11] = 0xff;
+        memcpy(key + 12, &in->sin_addr, 4);
+    } else if (sa->ss_family == AF_INET6) {
+        memcpy(key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+    }
+}
+
+static http_peer **peer_bucket(exl_http *h, const unsigned char key[16]) {
+    uint32_t x = 2166136261u;
+    for (int i = 0; i < 16; i++)
+        x = (x ^ key[i]) * 16777619u;
+    return &h->peers[x % PEER_BUCKETS];
+}
+
+static http_peer *peer_find(exl_http *h, const unsigned char key[16]) {
+    for (http_peer *p = *peer_bucket(h, key); p; p = p->next)
+        if (!memcmp(p->addr, key, 16))
+            return p;
+    return NULL;
+}
+
+static http_peer *peer_add(exl_http *h, const unsigned char key[16]) {
+    http_peer *p = peer_find(h, key);
+    if (!p && (p = exl_calloc(1, sizeof *p))) {
+        http_peer **b = peer_bucket(h, key);
+        memcpy(p->addr, key, 16);
+        p->next = *b;
+        *b = p;
+    }
+    if (p)
+        p->count++;
+    return p;
+}
+
+static void peer_release(exl_http *h, http_peer *peer) {
+    if (!peer || --peer->count > 0)
+        return;
+    for (http_peer **pp = peer_bucket(h, peer->addr); *pp; pp = &(*pp)->next)
+        if (*pp == peer) {
+            *pp = peer->next;
+            exl_free(peer);
+            return;
+        }
+}
+
+/* ---------------------------------------------------------------- the notify list */
+
+static void poke(exl_http *h) {
+    uint64_t one = 1;
+    ssize_t n = write(h->event_fd, &one, sizeof one);
+    (void)n; /* a full counter still wakes the event thread */
+}
+
+/* The event thread empties the list whenever it is poked, so only the first entry needs a poke. */
+static void notify(exl_http_conn *c, int flag) {
+    exl_http *h = c->h;
+    pthread_mutex_lock(&h->mu);
+    int first = !h->notify_head && !c->in_notify;
+    c->pending |= flag;
+    if (!c->in_notify) {
+        c->in_notify = 1;
+        c->nprev = NULL;
+        c->nnext = h->notify_head;
+        if (h->notify_head)
+            h->notify_head->nprev = c;
+        h->notify_head = c;
+    }
+    pthread_mutex_unlock(&h->mu);
+    if (first)
+        poke(h);
+}
+
+static void notify_unlink(exl_http *h, exl_http_conn *c) {
+    if (!c->in_notify)
+        return;
+    if (c->nprev)
+        c->nprev->nnext = c->nnext;
+    else
+        h->notify_head = c->nnext;
+    if (c->nnext)
+        c->nnext->nprev = c->nprev;
+    c->in_notify = 0;
+}
+
+void exl_http_wake(void *conn) { notify(conn, NOTIFY_WAKE); }
+
+static void drain_notify(exl_http *h) {
+    uint64_t n;
+    while (read(h->event_fd, &n, sizeof n) > 0) {
+    }
+    for (;;) {
+        pthread_mutex_lock(&h->mu);
+        exl_http_conn *c = h->notify_head;
+        int flags = 0;
+        if (c) {
+            notify_unlink(h, c);
+            flags = c->pending;
+            c->pending = 0;
+        }
+        pthread_mutex_unlock(&h->mu);
+        if (!c)
+            return;
+        http_conn_on_notify(c, flags);
+    }
+}
+
+/* ---------------------------------------------------------------- workers */
+
+void http_dispatch(exl_http_conn *c, enum conn_task task) {
+    exl_http *h = c->h;
+    c->busy = 1;
+    c->task = task;
+    c->task_next = NULL;
+    http_update_events(c);
+    pthread_mutex_lock(&h->task_mu);
+    if (h->task_tail)
+        h->task_tail->task_next = c;
+    else
+        h->task_head = c;
+    h->task_tail = c;
+    pthread_cond_signal(&h->task_cv);
+    pthread_mutex_unlock(&h->task_mu);
+}
+
+static void *worker_main(void *arg) {
+    exl_http *h = arg;
+    for (;;) {
+        pthread_mutex_lock(&h->task_mu);
+        while (!h->task_head && !h->workers_stop)
+            pthread_cond_wait(&h->task_cv, &h->task_mu);
+        exl_http_conn *c = h->workers_stop ? NULL : h->task_head;
+        if (c) {
+            h->task_head = c->task_next;
+            if (!h->task_head)
+                h->task_tail = NULL;
+        }
+        pthread_mutex_unlock(&h->task_mu);
+        if (!c)
+            return NULL;
+        http_conn_run_task(c);
+        notify(c, NOTIFY_DONE);
+    }
+}
+
+/* ---------------------------------------------------------------- connections */
+
+void http_unwatch(exl_http_conn *c) {
+    if (c->events)
+        epoll_ctl(c->h->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+    c->events = 0;
+}
+
+void http_update_events(exl_http_conn *c) {
+    if (c->gone || c->hung_up || c->dead)
+        return;
+    uint32_t want = EPOLLRDHUP;
+    int pending_out = c->out_pos < c->out.len;
+    if (c->busy)
+        want = EPOLLRDHUP;
+    else if (c->phase == PHASE_HEAD || c->phase == PHASE_BODY || c->phase == PHASE_LINGER)
+        want |= EPOLLIN | (pending_out ? EPOLLOUT : 0);
+    else if (pending_out)
+        want |= EPOLLOUT;
+    if (want == c->events)
+        return;
+    struct epoll_event ev = {.events = want, .data.ptr = c};
+    if (epoll_ctl(c->h->epoll_fd, c->events ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->fd, &ev) == 0)
+        c->events = want;
+}
+
+void http_body_free(exl_http_conn *c) {
+    c->h->body_bytes -= (int64_t)c->body_counted;
+    c->body_counted = 0;
+    exl_str_free(&c->body);
+}
+
+void http_conn_close(exl_http_conn *c) {
+    exl_http *h = c->h;
+    if (c->dead)
+        return;
+    if (c->counted)
+        http_busy_add(c, -1);
+    c->counted = 0;
+    if (c->reply_live && c->reply.free)
+        c->reply.free(c->reply.ctx); /* no wake for c can start after this returns */
+    c->reply_live = 0;
+    pthread_mutex_lock(&h->mu);
+    notify_unlink(h, c);
+    pthread_mutex_unlock(&h->mu);
+    http_body_free(c);
+    http_unwatch(c);
+    close(c->fd);
+    peer_release(h, c->peer);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        h->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    h->n_conns--;
+    c->dead = 1;
+    c->dead_next = h->dead;
+    h->dead = c;
+}
+
+static void free_dead(exl_http *h) {
+    while (h->dead) {
+        exl_http_conn *c = h->dead;
+        h->dead = c->dead_next;
+        exl_free(c->reply.body);
+        exl_str_free(&c->in);
+        exl_str_free(&c->out);
+        exl_str_free(&c->scratch);
+        exl_free(c->head_buf);
+        exl_free(c);
+    }
+}
+
+static void accept_one(exl_http *h, int fd, const struct sockaddr_storage *sa) {
+    unsigned char key[16];
+    peer_key(sa, key);
+    http_peer *known = peer_find(h, key);
+    if (h->n_conns >= h->p.max_connections) {
+        http_refuse_socket(h, fd, 503, "the server has too many connections; try again later");
+        return;
+    }
+    if (h->p.max_client_connections > 0 && known && known->count >= h->p.max_client_connections) {
+        http_refuse_socket(h, fd, 429, "too many connections from this address");
+        return;
+    }
+    http_peer *peer = peer_add(h, key);
+    exl_http_conn *c = peer ? http_conn_new(h, fd, peer) : NULL;
+    if (!c) {
+        peer_release(h, peer);
+        http_refuse_socket(h, fd, 503, "out of memory");
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->next = h->conns;
+    if (h->conns)
+        h->conns->prev = c;
+    h->conns = c;
+    h->n_conns++;
+    c->deadline = exl_http_now() + h->p.idle_timeout_s;
+    http_update_events(c);
+    if (!c->events) {
+        http_conn_close(c);
+        http_log(h, "http: cannot watch a connection: %s", strerror(errno));
+    }
+}
+
+static void accept_all(exl_http *h) {
+    for (;;) {
+        struct sockaddr_storage sa;
+        socklen_t len = sizeof sa;
+        int fd = accept4(h->listen_fd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            accept_one(h, fd, &sa);
+            continue;
+        }
+        if (errno == EINTR || errno == ECONNABORTED)
+            continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            /* out of descriptors: stop listening for a moment rather than spin */
+            epoll_ctl(h->epoll_fd, EPOLL_CTL_DEL, h->listen_fd, NULL);
+            h->accept_paused_until = exl_http_now() + 0.1;
+            http_log(h, "http: cannot accept connections: %s", strerror(errno));
+        }
+        return;
+    }
+}
+
+static void watch_listener(exl_http *h) {
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    epoll_ctl(h->epoll_fd, EPOLL_CTL_ADD, h->listen_fd, &ev);
+}
+
+static void quiesce_now(exl_http *h) {
+    if (h->quiesced)
+        return;
+    h->quiesced = 1;
+    if (h->listen_fd >= 0) {
+        epoll_ctl(h->epoll_fd, EPOLL_CTL_DEL, h->listen_fd, NULL);
+        close(h->listen_fd);
+        h->listen_fd = -1;
+    }
+    for (exl_http_conn *c = h->conns, *next; c; c = next) {
+        next = c->next;
+        http_conn_quiesce(c);
+    }
+}
+
+static void sweep(exl_http *h, double now) {
+    h->next_sweep = now + SWEEP_S;
+    if (h->accept_paused_until && now >= h->accept_paused_until && !h->quiesced) {
+        h->accept_paused_until = 0;
+        watch_listener(h);
+    }
+    for (exl_http_conn *c = h->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->deadline && now >= c->deadline && !c->busy)
+            http_conn_on_timeout(c);
+    }
+}
+
+static void *io_main(void *arg) {
+    exl_http *h = arg;
+    struct epoll_event evs[MAX_EVENTS];
+    while (!atomic_load(&h->stop)) {
+        int wait_ms = (int)((h->next_sweep - exl_http_now()) * 1e3) + 1;
+        int n = epoll_wait(h->epoll_fd, evs, MAX_EVENTS, wait_ms < 1 ? 1 : wait_ms);
+        if (atomic_load(&h->quiesce))
+            quiesce_now(h);
+        for (int i = 0; i < n; i++) {
+            void *ptr = evs[i].data.ptr;
+            uint32_t ev = evs[i].events;
+            if (!ptr) {
+                accept_all(h);
+                continue;
+            }
+            if (ptr == &h->event_fd) {
+                drain_notify(h);
+                continue;
+            }
+            exl_http_conn *c = ptr;
+            if (!c->dead && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
+                http_conn_on_input(c);
+            if (!c->dead && (ev & EPOLLOUT))
+                http_conn_on_output(c);
+        }
+        run_ready(h);
+        free_dead(h);
+        double now = exl_http_now();
+        if (now >= h->next_sweep) {
+            sweep(h, now);
+            free_dead(h);
+        }
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- start and stop */
+
+static exl_status listen_on(exl_http *h) {
+    char port[16];
+    snprintf(port, sizeof port, "%d", (int)h->p.port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
+    int gai = getaddrinfo(h->host, port, &hints, &ai);
+    if (gai)
+        return exl_fail(EXL_ERR_ARG, "server: cannot resolve host '%s': %s", h->host, gai_strerror(gai));
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
+    int ok = fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+             bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0;
+    freeaddrinfo(ai);
+    if (!ok) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return exl_fail(EXL_ERR_IO, "server: cannot listen on %s port %d: %s", h->host, (int)h->p.port, strerror(e));
+    }
+    h->listen_fd = fd;
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    h->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                             : ((struct sockaddr_in *)&sa)->sin_port);
+    return EXL_OK;
+}
+
+static exl_status start_threads(exl_http *h) {
+    h->workers = exl_calloc((size_t)h->p.workers, sizeof *h->workers);
+    if (!h->workers)
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (; h->n_workers < h->p.workers; h->n_workers++)
+        if (pthread_create(&h->workers[h->n_workers], NULL, worker_main, h))
+            return exl_fail(EXL_ERR_STATE, "server: cannot start the HTTP worker threads");
+    if (pthread_create(&h->io_thread, NULL, io_main, h))
+        return exl_fail(EXL_ERR_STATE, "server: cannot start the HTTP thread");
+    h->io_started = 1;
+    return EXL_OK;
+}
+
+static exl_status check_params(const exl_http_params *p) {
+    if (p->max_body < 1 || p->max_connections < 1 || p->max_client_connections < 0 || p->request_timeout_s < 1 ||
+        p->idle_timeout_s < 1 || p->workers < 1 || p->workers > 256 || !p->admit || !p->handle)
+        return exl_fail(EXL_ERR_ARG, "server: bad HTTP parameters");
+    return EXL_OK;
+}
 
 exl_status exl_http_start(const exl_http_params *params, exl_http **out) {
     *out = NULL;
+    EXL_TRY(check_params(params));
     exl_http *h = exl_calloc(1, sizeof *h);
-    if (!h || !(h->host = exl_strdup(params->host))) {
-        exl_free(h);
+    if (!h)
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    h->p = *params;
+    h->listen_fd = h->epoll_fd = h->event_fd = -1;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_mutex_init(&h->task_mu, NULL);
+    pthread_cond_init(&h->task_cv, NULL);
+    atomic_init(&h->next_request, (unsigned long long)time(NULL) << 20);
+    h->host = exl_strdup(params->host ? params->host : "127.0.0.1");
+    h->cors = params->cors_origin ? exl_strdup(params->cors_origin) : NULL;
+    h->peers = exl_calloc(PEER_BUCKETS, sizeof *h->peers);
+    h->p.host = h->host;
+    h->p.cors_origin = h->cors;
+    exl_status st = !h->host || (params->cors_origin && !h->cors) || !h->peers
+                        ? exl_fail(EXL_ERR_NOMEM, "out of memory")
+                        : listen_on(h);
+    if (st == EXL_OK) {
+        h->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+        h->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &h->event_fd};
+        if (h->epoll_fd < 0 || h->event_fd < 0 || epoll_ctl(h->epoll_fd, EPOLL_CTL_ADD, h->event_fd, &ev))
+            st = exl_fail(EXL_ERR_IO, "server: cannot set up epoll: %s", strerror(errno));
     }
-    h->params = *params;
-    h->params.host = h->host;
-    char port[16];
-    snprintf(port, sizeof port, "%d", (int)params->port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
-    int gai = getaddrinfo(h->host, port, &hints, &ai);
-    if (gai) {
+    if (st == EXL_OK) {
+        watch_listener(h);
+        h->next_sweep = exl_http_now() + SWEEP_S;
+        *out = h; /* before the threads start: handlers may look at it (the metrics do) */
+        st = start_threads(h);
+    }
+    if (st != EXL_OK) {
+        *out = NULL;
         exl_http_stop(h);
-        return exl_fail(EXL_ERR_ARG, "server: cannot resolve host '%s': %s", params->host, gai_strerror(gai));
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
-    if (ai->ai_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
-    h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_access, h,
-                              MHD_OPTION_EXTERNAL_LOGGER, on_mhd_error, h, /* first, to catch all */
-                              MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)params->timeout_s,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)params->max_connections,
-                              MHD_OPTION_LISTENING_ADDRESS_REUSE, 1,
-                              MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!h->mhd) {
-        exl_http_stop(h);
-        return exl_fail(EXL_ERR_IO, "server: cannot listen on %s port %d (in use, or not an address here?)",
-                        params->host, (int)params->port);
-    }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    h->port = di && di->port ? di->port : params->port;
-    *out = h;
-    return EXL_OK;
+    return st;
 }
 
 int32_t exl_http_port(const exl_http *h) { return h->port; }
 
+void exl_http_quiesce(exl_http *h) {
+    atomic_store(&h->quiesce, 1);
+    poke(h);
+}
+
 void exl_http_stop(exl_http *h) {
     if (!h)
         return;
-    if (h->mhd)
-        MHD_stop_daemon(h->mhd);
+    atomic_store(&h->stop, 1);
+    if (h->event_fd >= 0)
+        poke(h);
+    if (h->io_started)
+        pthread_join(h->io_thread, NULL);
+    pthread_mutex_lock(&h->task_mu);
+    h->workers_stop = 1;
+    pthread_cond_broadcast(&h->task_cv);
+    pthread_mutex_unlock(&h->task_mu);
+    for (int i = 0; i < h->n_workers; i++)
+        pthread_join(h->workers[i], NULL);
+    /* every thread of ours is gone: close what is left (queued tasks included) */
+    while (h->conns) {
+        h->conns->busy = 0;
+        http_conn_close(h->conns);
+    }
+    free_dead(h);
+    for (int i = 0; h->peers && i < PEER_BUCKETS; i++)
+        while (h->peers[i]) {
+            http_peer *p = h->peers[i];
+            h->peers[i] = p->next;
+            exl_free(p);
+        }
+    if (h->listen_fd >= 0)
+        close(h->listen_fd);
+    if (h->epoll_fd >= 0)
+        close(h->epoll_fd);
+    if (h->event_fd >= 0)
+        close(h->event_fd);
+    pthread_cond_destroy(&h->task_cv);
+    pthread_mutex_destroy(&h->task_mu);
+    pthread_mutex_destroy(&h->mu);
+    exl_free(h->workers);
+    exl_free(h->peers);
     exl_free(h->host);
+    exl_free(h->cors);
     exl_free(h);
 }

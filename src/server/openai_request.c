@@ -2,7 +2,10 @@
  * Field names and ranges follow the OpenAI API reference; top_k, min_p, typical_p and
  * repetition_penalty are extensions (as in vLLM). Unknown fields are ignored; fields
  * that would change the output in ways exl does not implement (echo, suffix, best_of,
- * legacy functions, tools on /v1/completions) are refused rather than silently dropped. */
+ * legacy functions, tools on /v1/completions, store, modalities other than text,
+ * stream_options without a stream) are refused rather than silently dropped. U+0000 is
+ * refused anywhere in the body: cJSON's strings end at it, so it would cut a prompt short
+ * unseen. */
 #include "server/openai_request.h"
 
 #include "base/alloc.h"
@@ -346,7 +349,8 @@ static int valid_name(const char *s) {
     if (n < 1 || n > 64)
         return 0;
     for (; *s; s++)
-        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' || *s == '-'))
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' ||
+              *s == '-'))
             return 0;
     return 1;
 }
@@ -366,9 +370,11 @@ static int parse_tool_list(exl_oai_request *r, exl_oai_error *err) {
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
         const cJSON *params = field(fn, "parameters"), *desc = field(fn, "description"), *strict = field(fn, "strict");
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsObject(fn))
-            return exl_oai_bad_param(err, "tools", "tools[%d] must be {\"type\": \"function\", \"function\": {...}}", i);
+            return exl_oai_bad_param(err, "tools", "tools[%d] must be {\"type\": \"function\", \"function\": {...}}",
+                                     i);
         if (!cJSON_IsString(name) || !valid_name(name->valuestring))
-            return exl_oai_bad_param(err, "tools", "tools[%d].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", i);
+            return exl_oai_bad_param(err, "tools", "tools[%d].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -",
+                                     i);
         if ((params && !cJSON_IsObject(params)) || (desc && !cJSON_IsString(desc)) || (strict && !cJSON_IsBool(strict)))
             return exl_oai_bad_param(err, "tools",
                                      "tools[%d].function: parameters must be an object, description a string, "
@@ -403,7 +409,8 @@ static int parse_tool_choice(exl_oai_request *r, exl_oai_error *err) {
     } else {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(c, "type");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "function"), "name");
-        if (!cJSON_IsObject(c) || !cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsString(name))
+        if (!cJSON_IsObject(c) || !cJSON_IsString(type) || strcmp(type->valuestring, "function") ||
+            !cJSON_IsString(name))
             return exl_oai_bad_param(err, "tool_choice",
                                      "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
                                      "\"function\": {\"name\": ...}}");
@@ -437,7 +444,8 @@ static int parse_response_format(exl_oai_request *r, exl_oai_error *err) {
         return 0;
     }
     if (strcmp(type->valuestring, "json_schema"))
-        return exl_oai_bad_param(err, "response_format", "response_format.type must be text, json_object or json_schema");
+        return exl_oai_bad_param(err, "response_format",
+                                 "response_format.type must be text, json_object or json_schema");
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(f, "json_schema");
     const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema"), *strict = field(js, "strict");
     if (!cJSON_IsObject(js) || !(cJSON_IsObject(schema) || cJSON_IsBool(schema)) || (strict && !cJSON_IsBool(strict)))
@@ -460,6 +468,25 @@ static int refuse_unsupported(const cJSON *root, exl_oai_error *err) {
         return exl_oai_bad_param(err, "best_of", "'best_of' other than 1 is not supported");
     if ((f = field(root, "functions")) && cJSON_GetArraySize(f) > 0)
         return exl_oai_bad_param(err, "functions", "the legacy 'functions' are not supported: use 'tools'");
+    return 0;
+}
+
+/* Fields that would otherwise be accepted and do nothing. */
+static int refuse_ignored(const exl_oai_request *r, exl_oai_error *err) {
+    const cJSON *f;
+    if (field(r->root, "stream_options") && !r->stream)
+        return exl_oai_bad_param(err, "stream_options", "'stream_options' is only allowed when 'stream' is true");
+    if ((f = field(r->root, "store")) && !cJSON_IsBool(f))
+        return exl_oai_bad_param(err, "store", "'store' must be a boolean");
+    if (cJSON_IsTrue(f))
+        return exl_oai_bad_param(err, "store", "'store' is not supported: this server keeps no completions");
+    if (!(f = field(r->root, "modalities")))
+        return 0;
+    if (!cJSON_IsArray(f))
+        return exl_oai_bad_param(err, "modalities", "'modalities' must be a list of strings");
+    for (const cJSON *m = f->child; m; m = m->next)
+        if (!cJSON_IsString(m) || strcmp(m->valuestring, "text"))
+            return exl_oai_bad_param(err, "modalities", "only the \"text\" modality is supported");
     return 0;
 }
 
@@ -494,6 +521,8 @@ static int parse_fields(exl_oai_request *r, int32_t vocab, exl_oai_error *err) {
         return exl_oai_bad_param(err, "stream_options", "'stream_options' must be an object");
     if (so && opt_bool(so, "include_usage", &r->include_usage, err) < 0)
         return -1;
+    if (refuse_ignored(r, err))
+        return -1;
     if (parse_stop(r, err) || parse_sampling(r, err) || parse_logit_bias(r, vocab, err) || parse_logprobs(r, err))
         return -1;
     if (parse_tool_list(r, err) || parse_tool_choice(r, err) || parse_response_format(r, err))
@@ -503,21 +532,48 @@ static int parse_fields(exl_oai_request *r, int32_t vocab, exl_oai_error *err) {
 
 /* ---------------------------------------------------------------- entry */
 
+/* Does the JSON text hold U+0000, escaped or raw? (An escape's backslash is never itself escaped
+ * at the point the scan sees it: each backslash skips the character after it.) */
+static int has_nul(const char *body, size_t len) {
+    if (memchr(body, 0, len))
+        return 1;
+    for (const char *p = memchr(body, '\\', len), *end = body + len; p; p = memchr(p, '\\', (size_t)(end - p))) {
+        if (end - p >= 6 && p[1] == 'u' && !memcmp(p + 2, "0000", 4))
+            return 1;
+        p += 2;
+        if (p >= end)
+            break;
+    }
+    return 0;
+}
+
+cJSON *exl_oai_json_parse(const char *body, size_t len, exl_oai_error *err) {
+    if (!exl_utf8_valid(body, len)) {
+        exl_oai_fail(err, 400, "invalid_request_error", NULL, "invalid_utf8", "the request body is not valid UTF-8");
+        return NULL;
+    }
+    if (has_nul(body, len)) {
+        exl_oai_fail(err, 400, "invalid_request_error", NULL, "unsupported_character",
+                     "the request holds U+0000 (NUL), which this server does not accept in any string");
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    while (root && end < body + len && strchr(" \t\r\n", *end) && *end)
+        end++;
+    if (!root || end != body + len) {
+        cJSON_Delete(root);
+        exl_oai_fail(err, 400, "invalid_request_error", NULL, "invalid_json", "the request body is not valid JSON");
+        return NULL;
+    }
+    return root;
+}
+
 int exl_oai_request_parse(exl_oai_kind kind, const char *body, size_t len, int32_t vocab, exl_oai_request *r,
                           exl_oai_error *err) {
     *r = (exl_oai_request){.kind = kind, .sampling = exl_sampling_default()};
-    if (!exl_utf8_valid(body, len))
-        return exl_oai_fail(err, 400, "invalid_request_error", NULL, "invalid_utf8",
-                            "the request body is not valid UTF-8");
-    const char *end = NULL;
-    r->root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-    while (r->root && end < body + len && strchr(" \t\r\n", *end) && *end)
-        end++;
-    if (!r->root || end != body + len) {
-        exl_oai_request_free(r);
-        return exl_oai_fail(err, 400, "invalid_request_error", NULL, "invalid_json",
-                            "the request body is not valid JSON");
-    }
+    if (!(r->root = exl_oai_json_parse(body, len, err)))
+        return -1;
     if (parse_fields(r, vocab, err)) {
         exl_oai_request_free(r);
         return -1;

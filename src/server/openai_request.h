@@ -30,7 +30,11 @@ typedef enum exl_oai_tool_choice {
 } exl_oai_tool_choice;
 
 /* response_format */
-typedef enum exl_oai_format { EXL_OAI_FORMAT_TEXT, EXL_OAI_FORMAT_JSON_OBJECT, EXL_OAI_FORMAT_JSON_SCHEMA } exl_oai_format;
+typedef enum exl_oai_format {
+    EXL_OAI_FORMAT_TEXT,
+    EXL_OAI_FORMAT_JSON_OBJECT,
+    EXL_OAI_FORMAT_JSON_SCHEMA,
+} exl_oai_format;
 
 typedef struct exl_oai_request {
     exl_oai_kind kind;
@@ -61,7 +65,10 @@ typedef struct exl_oai_request {
     exl_logit_bias *bias;
 } exl_oai_request;
 
-/* Parse body[0..len) (UTF-8 checked first). vocab bounds logit_bias and token prompts.
+/* The body as a JSON value: valid UTF-8, no U+0000 in it (escaped or not), nothing after the
+ * value. NULL with *err (400) otherwise; free with cJSON_Delete. */
+cJSON *exl_oai_json_parse(const char *body, size_t len, exl_oai_error *err);
+/* Parse body[0..len) (checked as exl_oai_json_parse does). vocab bounds logit_bias and token prompts.
  * On failure *err says what (400) and the request holds nothing to free. */
 int exl_oai_request_parse(exl_oai_kind kind, const char *body, size_t len, int32_t vocab, exl_oai_request *req,
                           exl_oai_error *err);

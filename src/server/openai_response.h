@@ -40,6 +40,11 @@ cJSON *exl_oai_logprobs_new(exl_oai_kind kind);
 int exl_oai_logprobs_add(cJSON *lp, exl_oai_kind kind, const exl_tokenizer *tok, const exl_stream_event *e,
                          size_t text_offset);
 
+/* s[0..n) as a JSON string literal appended to out (U+0000 and other controls escaped). */
+int exl_json_quote(exl_str *out, const char *s, size_t n);
+/* s[0..n) as a cJSON item (raw JSON text) that prints as that string literal; NULL: no memory. */
+cJSON *exl_json_string(const char *s, size_t n);
+
 /* "stop" or "length" (cancelled and failed jobs never reach a response). */
 const char *exl_oai_finish_str(exl_finish_reason r);
 

@@ -1,11 +1,13 @@
-/* routes.c - dispatch by body size (413), path and method (404 / 405), the API key (401),
- * and the small routes: GET /health, GET /v1/models, GET /v1/models/{id}. */
+/* routes.c - dispatch by path and method (404 / 405) and the API key (401), all decided from
+ * the head before any body is read; the small routes answered from the head: GET /health,
+ * GET /metrics, GET /v1/models, GET /v1/models/{id}; and the POST routes handed on. */
 #include "server/routes.h"
 
 #include "base/alloc.h"
 
 #include <cjson/cJSON.h>
 #include <string.h>
+#include <strings.h>
 
 /* ---------------------------------------------------------------- replies */
 
@@ -81,15 +83,32 @@ static void health(exl_server *srv, exl_http_reply *reply) {
     exl_reply_json(reply, 200, print(o));
 }
 
+static void metrics(exl_server *srv, exl_http_reply *reply) {
+    exl_generator_stats s;
+    exl_engine_stats(srv->engine, &s);
+    exl_str out = EXL_STR_INIT;
+    if (exl_metrics_write(&out, &srv->metrics, &s, srv->http)) {
+        exl_str_free(&out);
+        exl_reply_json(reply, 500, NULL);
+        return;
+    }
+    reply->status = 200;
+    reply->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    reply->body_len = out.len;
+    reply->body = exl_str_steal(&out);
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
-/* "Bearer KEY" compared in time independent of where it differs. */
+/* "Bearer KEY" (the scheme in any case, RFC 7235) compared in time independent of where it differs. */
 static int authorized(const exl_server *srv, const char *header) {
     if (!srv->api_key)
         return 1;
-    if (!header || strncmp(header, "Bearer ", 7))
+    if (!header || strncasecmp(header, "Bearer", 6) || (header[6] != ' ' && header[6] != '\t'))
         return 0;
-    const char *given = header + 7, *key = srv->api_key;
+    const char *given = header + 6, *key = srv->api_key;
+    while (*given == ' ' || *given == '\t')
+        given++;
     size_t n = strlen(given), m = strlen(key);
     unsigned diff = n != m;
     for (size_t i = 0; i < m; i++)
@@ -97,56 +116,91 @@ static int authorized(const exl_server *srv, const char *header) {
     return diff == 0;
 }
 
-void exl_route(void *server, const exl_http_request *req, exl_http_reply *reply) {
-    exl_server *srv = server;
-    const char *p = req->path, *allow = NULL;
+static const struct {
+    const char *path;
+    int prefix; /* the path goes on (a model id) */
+    exl_route_kind kind;
+    const char *method;
+    int open; /* no API key needed */
+} ROUTES[] = {
+    {"/health", 0, EXL_ROUTE_HEALTH, "GET", 1},
+    {"/metrics", 0, EXL_ROUTE_METRICS, "GET", 1},
+    {"/v1/models", 0, EXL_ROUTE_MODELS, "GET", 0},
+    {"/v1/models/", 1, EXL_ROUTE_MODEL, "GET", 0},
+    {"/v1/completions", 0, EXL_ROUTE_COMPLETIONS, "POST", 0},
+    {"/v1/chat/completions", 0, EXL_ROUTE_CHAT, "POST", 0},
+    {"/tokenize", 0, EXL_ROUTE_TOKENIZE, "POST", 0},
+    {"/detokenize", 0, EXL_ROUTE_DETOKENIZE, "POST", 0},
+};
+
+int exl_route_find(const exl_server *srv, const exl_http_request *req, exl_route_kind *kind, exl_http_reply *reply) {
+    const char *p = req->path;
     exl_oai_error err;
-    if (req->too_large) {
-        exl_oai_fail(&err, 413, "invalid_request_error", NULL, "request_too_large",
-                     "the request body is larger than %lld bytes", (long long)srv->params.max_body);
-        exl_reply_error(reply, &err);
-        return;
-    }
-    int kind = -1; /* 0 health, 1 models, 2 one model, 3 completions, 4 chat */
-    if (!strcmp(p, "/health"))
-        kind = 0, allow = "GET";
-    else if (!strcmp(p, "/v1/models"))
-        kind = 1, allow = "GET";
-    else if (!strncmp(p, "/v1/models/", 11) && p[11])
-        kind = 2, allow = "GET";
-    else if (!strcmp(p, "/v1/completions"))
-        kind = 3, allow = "POST";
-    else if (!strcmp(p, "/v1/chat/completions"))
-        kind = 4, allow = "POST";
-    if (kind < 0) {
+    size_t i = 0, n = sizeof ROUTES / sizeof ROUTES[0];
+    while (i < n && (ROUTES[i].prefix ? strncmp(p, ROUTES[i].path, strlen(ROUTES[i].path)) || !p[strlen(ROUTES[i].path)]
+                                      : strcmp(p, ROUTES[i].path)))
+        i++;
+    if (i == n) {
         exl_oai_fail(&err, 404, "invalid_request_error", NULL, "unknown_url", "Unknown request URL: %s %.200s",
                      req->method, p);
         exl_reply_error(reply, &err);
-        return;
+        return 0;
     }
+    const char *allow = ROUTES[i].method;
     if (strcmp(req->method, allow) && !(!strcmp(allow, "GET") && !strcmp(req->method, "HEAD"))) {
         exl_oai_fail(&err, 405, "invalid_request_error", NULL, "method_not_allowed",
-                     "Method %s is not allowed on %s (use %s)", req->method, p, allow);
+                     "Method %.32s is not allowed on %.200s (use %s)", req->method, p, allow);
         exl_reply_error(reply, &err);
         reply->allow = allow;
-        return;
+        return 0;
     }
-    if (kind > 0 && !authorized(srv, req->authorization)) {
+    if (!ROUTES[i].open && !authorized(srv, req->authorization)) {
         exl_oai_fail(&err, 401, "invalid_request_error", NULL, "invalid_api_key",
                      req->authorization ? "Incorrect API key provided"
                                         : "Missing API key: send it as 'Authorization: Bearer KEY'");
         exl_reply_error(reply, &err);
-        return;
+        return 0;
     }
+    *kind = ROUTES[i].kind;
+    return 1;
+}
+
+int exl_route_admit(void *server, const exl_http_request *req, exl_http_reply *reply) {
+    exl_server *srv = server;
+    exl_route_kind kind;
+    if (!exl_route_find(srv, req, &kind, reply))
+        return 0;
     switch (kind) {
-    case 0: health(srv, reply); break;
-    case 1: models(srv, reply); break;
-    case 2:
-        if (strcmp(p + 11, srv->model_name))
-            model_not_found(reply, p + 11);
+    case EXL_ROUTE_HEALTH: health(srv, reply); return 0;
+    case EXL_ROUTE_METRICS: metrics(srv, reply); return 0;
+    case EXL_ROUTE_MODELS: models(srv, reply); return 0;
+    case EXL_ROUTE_MODEL:
+        if (strcmp(req->path + 11, srv->model_name))
+            model_not_found(reply, req->path + 11);
         else
             exl_reply_json(reply, 200, print(model_object(srv)));
-        break;
-    default: exl_completions(srv, kind == 3 ? EXL_OAI_COMPLETION : EXL_OAI_CHAT, req, reply); break;
+        return 0;
+    default: break;
+    }
+    if (atomic_load(&srv->draining)) {
+        exl_oai_error err;
+        exl_oai_fail(&err, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        exl_reply_error(reply, &err);
+        return 0;
+    }
+    return 1;
+}
+
+void exl_route_handle(void *server, const exl_http_request *req, exl_http_reply *reply) {
+    exl_server *srv = server;
+    exl_route_kind kind;
+    if (!exl_route_find(srv, req, &kind, reply))
+        return;
+    switch (kind) {
+    case EXL_ROUTE_COMPLETIONS: exl_completions(srv, EXL_OAI_COMPLETION, req, reply); break;
+    case EXL_ROUTE_CHAT: exl_completions(srv, EXL_OAI_CHAT, req, reply); break;
+    case EXL_ROUTE_TOKENIZE: exl_tokenize(srv, req, reply); break;
+    case EXL_ROUTE_DETOKENIZE: exl_detokenize(srv, req, reply); break;
+    default: exl_reply_json(reply, 500, NULL); break; /* GET routes are answered in admit */
     }
 }

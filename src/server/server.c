@@ -1,6 +1,6 @@
-/* server.c - exl_server_start / _stop: load the model and tokenizer, size the generator
- * for max_jobs sequences of ctx tokens, start the engine thread and the HTTP daemon with
- * the routes as its handler. */
+/* server.c - exl_server_start / _stop: load the model and tokenizer (refusing a tokenizer with
+ * ids the model does not have), size the generator for max_jobs sequences of ctx tokens, start
+ * the engine thread and the HTTP daemon with the routes as its handlers; on stop, drain. */
 #include "server/routes.h"
 
 #include "base/alloc.h"
@@ -20,8 +20,13 @@ exl_server_params exl_server_default_params(void) {
                                .device = mp.device,
                                .n_threads = mp.n_threads,
                                .max_body = 4 << 20,
-                               .max_connections = 256,
-                               .timeout_s = 60};
+                               .max_connections = 1024,
+                               .max_client_connections = 512,
+                               .request_timeout_s = 10,
+                               .idle_timeout_s = 60,
+                               .drain_timeout_s = 5,
+                               .http_workers = 4,
+                               .max_response_tokens = 1 << 19};
 }
 
 static exl_status check_params(const exl_server_params *p) {
@@ -31,8 +36,14 @@ static exl_status check_params(const exl_server_params *p) {
         return exl_fail(EXL_ERR_ARG, "server: port must be in 0..65535");
     if (p->max_jobs < 1 || p->max_jobs > 256)
         return exl_fail(EXL_ERR_ARG, "server: max_jobs must be in 1..256");
-    if (p->ctx < 0 || p->max_body < 1 || p->max_connections < 1 || p->timeout_s < 1)
-        return exl_fail(EXL_ERR_ARG, "server: ctx, max_body, max_connections and timeout_s must be positive");
+    if (p->ctx < 0 || p->max_body < 1 || p->max_connections < 1 || p->request_timeout_s < 1 ||
+        p->idle_timeout_s < 1 || p->max_response_tokens < 1)
+        return exl_fail(EXL_ERR_ARG, "server: ctx, max_body, max_connections, request_timeout_s, idle_timeout_s and "
+                                     "max_response_tokens must be positive");
+    if (p->max_client_connections < 0 || p->drain_timeout_s < 0)
+        return exl_fail(EXL_ERR_ARG, "server: max_client_connections and drain_timeout_s must not be negative");
+    if (p->http_workers < 1 || p->http_workers > 256)
+        return exl_fail(EXL_ERR_ARG, "server: http_workers must be in 1..256");
     return EXL_OK;
 }
 
@@ -68,6 +79,12 @@ static exl_status load(exl_server *srv) {
     exl_model_desc d;
     exl_model_describe(srv->model, &d);
     srv->vocab = d.vocab_size;
+    /* a token the model has no row for would fail every request that meets it */
+    if (exl_tokenizer_vocab_size(srv->tok) > srv->vocab)
+        return exl_fail(EXL_ERR_FORMAT,
+                        "server: the tokenizer in %s has token ids up to %d, but the model's vocabulary has %d "
+                        "(a tokenizer for another model?)",
+                        p->model_dir, (int)exl_tokenizer_vocab_size(srv->tok) - 1, (int)srv->vocab);
     srv->ctx = p->ctx ? p->ctx : d.max_position_embeddings > 0 && d.max_position_embeddings < DEFAULT_CTX_CAP
                                      ? d.max_position_embeddings
                                      : DEFAULT_CTX_CAP;
@@ -82,8 +99,13 @@ static exl_status listen_http(exl_server *srv) {
                           .port = p->port,
                           .max_body = p->max_body,
                           .max_connections = p->max_connections,
-                          .timeout_s = p->timeout_s,
-                          .handler = exl_route,
+                          .max_client_connections = p->max_client_connections,
+                          .request_timeout_s = p->request_timeout_s,
+                          .idle_timeout_s = p->idle_timeout_s,
+                          .workers = p->http_workers,
+                          .cors_origin = srv->cors_origin,
+                          .admit = exl_route_admit,
+                          .handle = exl_route_handle,
                           .user = srv,
                           .log = p->log,
                           .log_ctx = p->log_ctx};
@@ -100,12 +122,16 @@ exl_status exl_server_start(const exl_server_params *params, exl_server **out) {
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     srv->params = *params;
     srv->started = (long long)time(NULL);
-    atomic_init(&srv->stopping, 0);
+    atomic_init(&srv->draining, 0);
     atomic_init(&srv->next_id, (unsigned long long)srv->started << 20);
+    exl_metrics_init(&srv->metrics);
+    pthread_mutex_init(&srv->runs_mu, NULL);
     srv->model_name = params->model_name ? exl_strdup(params->model_name) : base_name(params->model_dir);
     srv->host = exl_strdup(params->host ? params->host : "127.0.0.1");
     srv->api_key = params->api_key ? exl_strdup(params->api_key) : NULL;
-    exl_status st = !srv->model_name || !srv->host || (params->api_key && !srv->api_key)
+    srv->cors_origin = params->cors_origin ? exl_strdup(params->cors_origin) : NULL;
+    exl_status st = !srv->model_name || !srv->host || (params->api_key && !srv->api_key) ||
+                            (params->cors_origin && !srv->cors_origin)
                         ? exl_fail(EXL_ERR_NOMEM, "out of memory")
                         : EXL_OK;
     if (st == EXL_OK)
@@ -124,18 +150,35 @@ int32_t exl_server_port(const exl_server *srv) { return srv->port; }
 
 const char *exl_server_model_name(const exl_server *srv) { return srv->model_name; }
 
+static void wait_idle(exl_server *srv, double seconds) {
+    double until = exl_http_now() + seconds;
+    while (exl_http_busy(srv->http) > 0 && exl_http_now() < until)
+        nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+}
+
+/* Stop accepting, let the requests in progress finish for up to drain_timeout_s, then cancel
+ * what is left and give its answers (503, or an SSE error event and [DONE]) a moment to go out. */
+static void drain(exl_server *srv) {
+    atomic_store(&srv->draining, 1);
+    exl_http_quiesce(srv->http);
+    wait_idle(srv, srv->params.drain_timeout_s);
+    exl_completions_cancel_all(srv);
+    wait_idle(srv, 2.0);
+}
+
 void exl_server_stop(exl_server *srv) {
     if (!srv)
         return;
-    /* waiting requests notice within a poll interval, cancel their jobs and answer;
-     * the daemon joins their threads, then the engine steps until no job is left */
-    atomic_store(&srv->stopping, 1);
+    if (srv->http)
+        drain(srv);
     exl_http_stop(srv->http);
-    exl_engine_stop(srv->engine);
+    exl_engine_stop(srv->engine); /* the cancelled jobs end at its next step */
     exl_tokenizer_free(srv->tok);
     exl_model_free(srv->model);
+    pthread_mutex_destroy(&srv->runs_mu);
     exl_free(srv->model_name);
     exl_free(srv->host);
     exl_free(srv->api_key);
+    exl_free(srv->cors_origin);
     exl_free(srv);
 }

@@ -1,23 +1,17 @@
-/* stream.c - the per-request event queue (see stream.h): a mutex-guarded linked list
- * with a condition variable, reference counted between the HTTP and engine threads. */
+/* stream.c - the per-request event queue (see stream.h): a mutex-guarded linked list with a
+ * waker, reference counted between the HTTP side and the engine thread. */
 #include "server/stream.h"
 
 #include "base/alloc.h"
+#include "server/http.h"
 
-#include <errno.h>
 #include <string.h>
-#include <time.h>
 
 exl_stream *exl_stream_new(int32_t n_slots) {
     exl_stream *s = exl_calloc(1, sizeof *s + (size_t)n_slots * sizeof s->slots[0]);
     if (!s)
         return NULL;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
     s->refs = 1;
     s->n_slots = n_slots;
     for (int32_t i = 0; i < n_slots; i++)
@@ -55,9 +49,15 @@ void exl_stream_unref(exl_stream *s) {
         exl_stream_event_free(s->head);
         s->head = n;
     }
-    pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     exl_free(s);
+}
+
+void exl_stream_set_waker(exl_stream *s, void (*wake)(void *ctx), void *ctx) {
+    pthread_mutex_lock(&s->mu);
+    s->wake = wake;
+    s->wake_ctx = ctx;
+    pthread_mutex_unlock(&s->mu);
 }
 
 static void *dup_bytes(const void *p, size_t n) {
@@ -82,7 +82,8 @@ static exl_stream_event *copy_event(const exl_gen_event *e, int32_t index) {
                             .stop_token = e->stop_token,
                             .n_prompt_tokens = e->n_prompt_tokens,
                             .n_cached_tokens = e->n_cached_tokens,
-                            .n_generated = e->n_generated};
+                            .n_generated = e->n_generated,
+                            .time = exl_http_now()};
     c->text = exl_strndup(e->text ? e->text : "", e->text_len);
     c->ids = dup_bytes(e->ids, n * sizeof *e->ids);
     c->logprobs = dup_bytes(e->logprobs, n * sizeof *e->logprobs);
@@ -110,25 +111,15 @@ void exl_stream_push(const exl_gen_event *e) {
     } else {
         s->lost = 1;
     }
-    pthread_cond_broadcast(&s->cv);
+    if (s->wake)
+        s->wake(s->wake_ctx);
     pthread_mutex_unlock(&s->mu);
     if (e->finish != EXL_FINISH_NONE)
         exl_stream_unref(s);
 }
 
-exl_stream_event *exl_stream_pop(exl_stream *s, int timeout_ms, int *lost) {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+exl_stream_event *exl_stream_pop(exl_stream *s, int *lost) {
     pthread_mutex_lock(&s->mu);
-    while (!s->head && !s->lost)
-        if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT)
-            break;
     exl_stream_event *e = s->head;
     if (e) {
         s->head = e->next;

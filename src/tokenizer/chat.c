@@ -4,7 +4,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "tokenizer/jinja.h"
+#include "jinja/jinja.h"
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>

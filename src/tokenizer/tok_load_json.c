@@ -72,8 +72,9 @@ static exl_status get_int(const loader *L, const cJSON *obj, const char *key, co
     *out = dflt;
     if (!v || cJSON_IsNull(v))
         return EXL_OK;
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long long)v->valuedouble || v->valuedouble < lo ||
-        v->valuedouble > hi) {
+    /* the range first: casting a double outside long long's range is undefined */
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) ||
+        v->valuedouble != (double)(long long)v->valuedouble) {
         char f[128];
         snprintf(f, sizeof f, "%s.%s", where, key);
         char w[96];
@@ -450,8 +451,8 @@ static exl_status parse_decoder(const loader *L, const cJSON *n, const char *whe
 static exl_status max_id_of(const loader *L, const cJSON *vocab, const cJSON *added, int32_t *out) {
     int32_t mx = -1;
     for (const cJSON *v = vocab->child; v; v = v->next) {
-        if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble || v->valuedouble < 0 ||
-            v->valuedouble >= MAX_TOKEN_ID)
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < MAX_TOKEN_ID) ||
+            v->valuedouble != (double)(int64_t)v->valuedouble) /* the range before the cast */
             return exl_fail(EXL_ERR_FORMAT, "%s: model.vocab: id of '%.40s' is not an integer in [0, %d)",
                             L->path, v->string, MAX_TOKEN_ID);
         if ((int32_t)v->valuedouble > mx)

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-static exl_hf_config cfg, layer_cfg; /* ~10 KB each */
+static exl_hf_config cfg; /* ~10 KB */
 
 /* The derived rope tables must be computable for any accepted config, for every layer's rope, within and past
  * the original context (longrope switches factor lists there). */
@@ -17,13 +17,11 @@ static void rope_tables(void) {
         const exl_rope_config *r = exl_hf_layer_rope(&cfg, i);
         if (i > 0 && r == exl_hf_layer_rope(&cfg, i - 1))
             continue;
-        layer_cfg = cfg;
-        layer_cfg.rope = *r;
         int32_t rot = (int32_t)(cfg.head_dim * r->partial_rotary_factor) & ~1;
         if (rot < 2 || rot > 1024)
             continue;
-        exl_rope_frequencies(&layer_cfg, rot, cfg.max_pos, inv_freq, &af);
-        exl_rope_frequencies(&layer_cfg, rot, r->original_max_pos + 1, inv_freq, &af);
+        exl_rope_frequencies(&cfg, r, rot, cfg.max_pos, inv_freq, &af);
+        exl_rope_frequencies(&cfg, r, rot, r->original_max_pos + 1, inv_freq, &af);
     }
 }
 

@@ -2,7 +2,7 @@
  * template and render it with a small fixed chat context under tight limits, so every
  * input finishes quickly; any crash, leak or sanitizer report is a bug. */
 #include "fuzz.h"
-#include "tokenizer/jinja.h"
+#include "jinja/jinja.h"
 
 #include "base/alloc.h"
 

@@ -13,7 +13,7 @@
 
 #include "backend/backend.h"
 #include "io/weights.h"
-#include "quant/quant.h"
+#include "format/quant.h"
 
 /* the tensors' bytes, owned here (exl_st_tensor's data is const: it points into mappings) */
 static uint8_t *owned[16];

@@ -5,7 +5,7 @@
 # text for the quantizer test) and, built here, the GPU programs (bin/).
 #
 # usage (here, from the repo root): tests/gpu/prepare.sh [SHARED_DIR] [CUDA_ARCHS]
-# then on the GPU machine: tests/gpu/run.sh   (carry .gpu/bin and .gpu/shared.tar.gz)
+# then on the GPU machine: tests/gpu/run.sh   (carry .gpu/bin and .gpu/fixtures-N.tar.gz)
 set -euo pipefail
 shared=${1:-../shared}
 archs=${2:-90}
@@ -35,7 +35,19 @@ for lib in $(ldd build-gpu/test_gpu build-gpu/gpu_bench | awk '/=> \// {print $3
     *) cp -L "$lib" .gpu/bin/ ;;
     esac
 done
-# the fixtures packed too: .gpu/bin plus .gpu/shared.tar.gz fit the 64 MiB a device call carries,
-# .gpu/shared unpacked does not; run.sh unpacks it when shared/ is missing
-tar czf .gpu/shared.tar.gz -C .gpu shared
-du -sh .gpu/bin .gpu/shared .gpu/shared.tar.gz
+# the fixtures packed in parts of at most ~40 MB (random weights hardly compress): a device call carries 64 MiB,
+# so a run may need two calls, the first carrying .gpu/bin and part 1 and staging it (run.sh --stage), the next
+# the other part; run.sh unpacks every part it is given into its staging folder, which lasts while the machine does
+rm -f .gpu/fixtures-*.tar.gz
+part=1 size=0 list=()
+pack() { [ ${#list[@]} -gt 0 ] && tar czf ".gpu/fixtures-$part.tar.gz" -C .gpu "${list[@]}"; part=$((part + 1)) size=0 list=(); }
+for d in .gpu/shared/models/*/; do
+    n=$(basename "$d")
+    bytes=$(du -sb "$d" .gpu/shared/reference/"$n".logits.safetensors | awk '{s += $1} END {print s}')
+    [ $((size + bytes)) -gt 40000000 ] && pack
+    list+=("shared/models/$n" "shared/reference/$n.logits.safetensors")
+    size=$((size + bytes))
+done
+list+=(shared/data)
+pack
+du -sh .gpu/bin .gpu/shared .gpu/fixtures-*.tar.gz

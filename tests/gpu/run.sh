@@ -1,17 +1,27 @@
 #!/bin/bash
 # run.sh - the CUDA backend's tests and benchmarks, in one command on a GPU machine.
 #
-# usage (from the repo root): tests/gpu/run.sh [DIR]
-#   DIR (default .gpu) holds shared/ or shared.tar.gz (fixtures: models/ and reference/ as in ../shared) and
+# usage (from the repo root): tests/gpu/run.sh [--stage] [DIR]
+#   DIR (default .gpu) holds shared/ or fixtures-N.tar.gz parts (fixtures: models/ and reference/ as in ../shared,
+#   packed by prepare.sh), which are unpacked into $EXL_GPU_STAGE (default /tmp/exl-gpu-stage) and kept there for
+#   later calls on the same machine; --stage only unpacks the parts given and exits. DIR also holds
 #   optionally bin/ (programs built elsewhere by tests/gpu/prepare.sh). Without bin/ it
 #   builds here (cmake, EXL_CUDA_ARCHS=${EXL_CUDA_ARCHS:-90}).
 # Logs go to $OUT (or DIR/out); the last lines are a summary. BENCH_ARGS passes arguments
 # to gpu_bench (e.g. "exl2 --layers 8").
 set -uo pipefail
+stage_only=0
+[ "${1:-}" = --stage ] && stage_only=1 && shift
 dir=${1:-.gpu}
 out=${OUT:-$dir/out}
 mkdir -p "$out"
-[ -d "$dir/shared" ] || [ ! -f "$dir/shared.tar.gz" ] || tar xzf "$dir/shared.tar.gz" -C "$dir"
+stage=${EXL_GPU_STAGE:-/tmp/exl-gpu-stage}
+for part in "$dir"/fixtures-*.tar.gz; do
+    [ -f "$part" ] || continue
+    mkdir -p "$stage" && tar xzf "$part" -C "$stage" && echo "staged $part"
+done
+[ $stage_only -eq 1 ] && exit 0
+[ -d "$dir/shared" ] || [ ! -d "$stage/shared" ] || ln -s "$stage/shared" "$dir/shared"
 if [ -x "$dir/bin/test_gpu" ]; then
     bin=$dir/bin
     export LD_LIBRARY_PATH="$bin:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"

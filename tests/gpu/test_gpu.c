@@ -118,6 +118,16 @@ static void test_row_ops(void) {
     gpu->ops->gather_rows(gpu, og, xg, ig, 3, width);
     report("gather_rows", cmp_dev(og, oc, 3 * width), 0);
 
+    cpu->ops->copy_cols(cpu, oc, xc, rows, 100, width, 150);
+    gpu->ops->copy_cols(gpu, og, xg, rows, 100, width, 150);
+    report("copy_cols", cmp_dev(og, oc, rows * 100), 0);
+    cpu->ops->softcap(cpu, xc, (int64_t)rows * width, 1.5f);
+    gpu->ops->softcap(gpu, xg, (int64_t)rows * width, 1.5f);
+    report("softcap", cmp_dev(xg, xc, rows * width), 1e-6);
+    cpu->ops->row_gate(cpu, xc, yc, rows, width);
+    gpu->ops->row_gate(gpu, xg, yg, rows, width);
+    report("row_gate", cmp_dev(xg, xc, rows * width), 1e-6);
+
     /* rope: partial rotary, positions up to 3000 */
     int32_t rr = 7, heads = 3, hd = 64, rot = 48;
     int32_t pos[7];
@@ -216,8 +226,8 @@ typedef struct {
     int32_t n_past, n_new;
 } seq_spec;
 
-static void attention_case(const char *name, int32_t heads, int32_t kv_heads, int32_t hd, int32_t window,
-                           const seq_spec *specs, int n_seqs, double tol) {
+static void capped_attention_case(const char *name, int32_t heads, int32_t kv_heads, int32_t hd, int32_t window,
+                                  float softcap, const seq_spec *specs, int n_seqs, double tol) {
     const int32_t page = 16, kvw = kv_heads * hd;
     int32_t total_pages = 0, rows = 0, all_rows = 0, max_q = 0, max_kv = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -277,7 +287,7 @@ static void attention_case(const char *name, int32_t heads, int32_t kv_heads, in
         exl_batch store = {.n_rows = all_rows, .slots = all_slots, .d_slots = as};
         be->ops->kv_store(be, kc, vc, kd, vd, &store, kvw);
         exl_batch b = {rows, n_seqs, max_q, max_kv, seqs, pos, new_slots, sd, NULL, NULL, ns, pt};
-        exl_attn_shape sh = {heads, kv_heads, hd, page, window, 1.0f / sqrtf((float)hd)};
+        exl_attn_shape sh = {heads, kv_heads, hd, page, window, 1.0f / sqrtf((float)hd), softcap};
         out_d[bi] = be->ops->alloc(be, (size_t)rows * heads * hd * 4);
         be->ops->attention(be, out_d[bi], qd, knd, vnd, kc, vc, &b, &sh);
         require(be->ops->synchronize(be) == EXL_OK, name);
@@ -285,6 +295,11 @@ static void attention_case(const char *name, int32_t heads, int32_t kv_heads, in
     report(name, cmp_dev(out_d[1], out_d[0], rows * heads * hd), tol);
     free(perm), free(seqs), free(all_slots), free(new_slots), free(pos), free(k), free(v), free(q);
     free(k_new), free(v_new);
+}
+
+static void attention_case(const char *name, int32_t heads, int32_t kv_heads, int32_t hd, int32_t window,
+                           const seq_spec *specs, int n_seqs, double tol) {
+    capped_attention_case(name, heads, kv_heads, hd, window, 0.0f, specs, n_seqs, tol);
 }
 
 static void test_attention(void) {
@@ -307,6 +322,90 @@ static void test_attention(void) {
     attention_case("attention prefill 150 + 90 rows GQA hd64", 8, 2, 64, 0, big, 2, 2e-3);
     attention_case("attention prefill 150 + 90 rows hd256", 2, 1, 256, 0, big, 2, 2e-3);
     attention_case("attention prefill 150 + 90 rows sliding window 50 hd128", 4, 2, 128, 50, big, 2, 2e-3);
+    /* Gemma 2's soft-capped scores (q and k of [-1, 1] give scores up to ~20 for hd256: the cap of 3 bites) */
+    capped_attention_case("attention decode softcap 3 hd64", 8, 2, 64, 0, 3.0f, dec3, 2, 2e-3);
+    capped_attention_case("attention decode softcap 3 ctx 2048 hd256", 2, 1, 256, 0, 3.0f, longd, 1, 2e-3);
+    capped_attention_case("attention prefill softcap 3 window 50 hd256", 2, 1, 256, 50, 3.0f, big, 2, 2e-3);
+    capped_attention_case("attention prefill of prompts softcap 3 hd128", 4, 2, 128, 0, 3.0f, prompt, 2, 1e-4);
+}
+
+/* ---- mixture of experts: routes and the chosen experts' outputs, GPU against CPU */
+
+enum { MOE_EXPERTS = 6, MOE_TOP_K = 2, MOE_WIDTH = 64, MOE_FFN = 96 };
+
+static void moe_case(int32_t rows, int renormalize) {
+    const int32_t pairs = rows * MOE_TOP_K;
+    float *logits = rnd(rows * MOE_EXPERTS, -3, 3), *x = rnd(rows * MOE_WIDTH, -1, 1);
+    float *out0 = rnd(rows * MOE_WIDTH, -1, 1);
+    uint16_t *w16[MOE_EXPERTS][3];
+    exl_backend *bes[2] = {cpu, gpu};
+    exl_expert ex[2][MOE_EXPERTS];
+    void *weights[2], *ids[2], *out[2];
+    for (int e = 0; e < MOE_EXPERTS; e++)
+        for (int j = 0; j < 3; j++) {
+            float *w = rnd(MOE_WIDTH * MOE_FFN, -0.2f, 0.2f);
+            w16[e][j] = malloc(MOE_WIDTH * MOE_FFN * 2);
+            for (int i = 0; i < MOE_WIDTH * MOE_FFN; i++)
+                w16[e][j][i] = exl_f32_to_f16(w[i]);
+            free(w);
+        }
+    for (int bi = 0; bi < 2; bi++) {
+        exl_backend *be = bes[bi];
+        for (int e = 0; e < MOE_EXPERTS; e++)
+            for (int j = 0; j < 3; j++) {
+                exl_linear_src ls = {0};
+                ls.kind = EXL_LINEAR_DENSE;
+                ls.in_features = j == 2 ? MOE_FFN : MOE_WIDTH;
+                ls.out_features = j == 2 ? MOE_WIDTH : MOE_FFN;
+                ls.dense = (exl_dense_src){EXL_DTYPE_F16, w16[e][j]};
+                ls.name = "expert";
+                exl_linear **to = j == 0 ? &ex[bi][e].gate : j == 1 ? &ex[bi][e].up : &ex[bi][e].down;
+                require(be->ops->linear_init(be, &ls, to) == EXL_OK, "expert linear");
+            }
+        float *ld = put(be, logits, rows * MOE_EXPERTS * 4), *xd = put(be, x, rows * MOE_WIDTH * 4);
+        out[bi] = put(be, out0, rows * MOE_WIDTH * 4);
+        weights[bi] = be->ops->alloc(be, pairs * 4), ids[bi] = be->ops->alloc(be, pairs * 4);
+        float *xs = be->ops->alloc(be, (size_t)pairs * MOE_WIDTH * 4);
+        float *gate = be->ops->alloc(be, (size_t)pairs * MOE_FFN * 4);
+        float *up = be->ops->alloc(be, (size_t)pairs * MOE_FFN * 4);
+        int32_t *slots = be->ops->alloc(be, 2 * (size_t)pairs * 4);
+        exl_moe_route_node r = {weights[bi], ids[bi], ld, rows, MOE_EXPERTS, MOE_TOP_K, renormalize};
+        be->ops->moe_route(be, &r);
+        exl_moe_experts_node n = {out[bi],     xd,        ids[bi], weights[bi], ex[bi], rows, MOE_WIDTH, MOE_FFN,
+                                  MOE_EXPERTS, MOE_TOP_K, 0,       xs,          gate,   up,   slots};
+        be->ops->moe_experts(be, &n);
+        require(be->ops->synchronize(be) == EXL_OK, "moe");
+        be->ops->free(be, ld), be->ops->free(be, xd), be->ops->free(be, xs), be->ops->free(be, gate);
+        be->ops->free(be, up), be->ops->free(be, slots);
+    }
+    char name[96];
+    float *ig = get(gpu, ids[1], pairs), *ic = get(cpu, ids[0], pairs);
+    snprintf(name, sizeof name, "moe route ids rows=%d", rows);
+    report(name, memcmp(ig, ic, (size_t)pairs * 4) ? 1 : 0, 0);
+    snprintf(name, sizeof name, "moe route weights rows=%d renormalize=%d", rows, renormalize);
+    report(name, cmp_dev(weights[1], weights[0], pairs), 1e-6);
+    snprintf(name, sizeof name, "moe experts rows=%d", rows);
+    report(name, cmp_dev(out[1], out[0], rows * MOE_WIDTH), 3e-3);
+    free(ig), free(ic);
+    for (int bi = 0; bi < 2; bi++) {
+        exl_backend *be = bes[bi];
+        be->ops->free(be, weights[bi]), be->ops->free(be, ids[bi]), be->ops->free(be, out[bi]);
+        for (int e = 0; e < MOE_EXPERTS; e++) {
+            be->ops->linear_free(be, ex[bi][e].gate);
+            be->ops->linear_free(be, ex[bi][e].up);
+            be->ops->linear_free(be, ex[bi][e].down);
+        }
+    }
+    for (int e = 0; e < MOE_EXPERTS; e++)
+        for (int j = 0; j < 3; j++)
+            free(w16[e][j]);
+    free(logits), free(x), free(out0);
+}
+
+static void test_moe(void) {
+    moe_case(1, 1);
+    moe_case(5, 0);
+    moe_case(200, 1);
 }
 
 /* ---- quantized matmul against the reference dequantization */
@@ -711,7 +810,7 @@ static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32
     int32_t *pd = put(gpu, pos, rows * 4), *sl = put(gpu, slots, rows * 4), *td = put(gpu, table, pages * 4);
     float *fd = put(gpu, inv, sizeof inv);
     exl_batch b = {rows, n_seqs, 1, max_kv, seqs, pos, slots, sd, NULL, pd, sl, td};
-    exl_attn_shape sh = {nh, nkv, hd, page, 0, 1.0f / sqrtf((float)hd)};
+    exl_attn_shape sh = {nh, nkv, hd, page, 0, 1.0f / sqrtf((float)hd), 0.0f};
     const int32_t on = 96;
     qgen og;
     exl_linear *ol = NULL;
@@ -821,7 +920,8 @@ static void layer_step(exl_model **m, exl_kv_cache **cache, int32_t li, const ex
     free(x);
 }
 
-static void layer_graph_case(const char *shared, const char *model, int32_t li) {
+/* layer li of model, linears of them in the layer (the executor's hook calls a step) */
+static void layer_graph_case(const char *shared, const char *model, int32_t li, int linears) {
     char dir[1024], name[256];
     snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
     exl_model *m[LAYER_RUNS];
@@ -851,7 +951,7 @@ static void layer_graph_case(const char *shared, const char *model, int32_t li) 
         }
         float *got[LAYER_RUNS];
         layer_step(m, cache, li, st, n, rows, hid, got, &hooked);
-        hooks_want += 2 * 7; /* the executor's two runs, 7 linears each */
+        hooks_want += 2 * linears; /* the executor's two runs */
         for (int r = 0; r < 2; r++) {
             double e = ref_rel_err(got[r == 0 ? 0 : 1], got[r == 0 ? 2 : 0], (int64_t)rows * hid);
             worst[r] = e > worst[r] ? e : worst[r];
@@ -872,10 +972,12 @@ static void layer_graph_case(const char *shared, const char *model, int32_t li) 
 }
 
 static void test_layer_graphs(const char *shared) {
-    layer_graph_case(shared, "rand-llama-exl2-5.0bpw-h8", 1);
-    layer_graph_case(shared, "rand-llama-gptq-4bit-g64-sym", 0);
-    layer_graph_case(shared, "rand-qwen2-exl2-4.0bpw-h6", 1);
-    layer_graph_case(shared, "rand-llama", 1);
+    layer_graph_case(shared, "rand-llama-exl2-5.0bpw-h8", 1, 7);
+    layer_graph_case(shared, "rand-llama-gptq-4bit-g64-sym", 0, 7);
+    layer_graph_case(shared, "rand-qwen2-exl2-4.0bpw-h6", 1, 7);
+    layer_graph_case(shared, "rand-llama", 1, 7);
+    layer_graph_case(shared, "rand-gemma3", 0, 7); /* q/k norms, a sliding layer's rope, sandwich norms */
+    layer_graph_case(shared, "rand-phi3", 1, 4);   /* qkv_proj, o_proj, gate_up_proj, down_proj */
 }
 
 /* ---- whole models against the reference logits */
@@ -885,7 +987,8 @@ static void test_models(const char *shared) {
                             "rand-llama3rope", "rand-yarn", "rand-llama-exl2-3.0bpw-h6", "rand-llama-exl2-5.0bpw-h8",
                             "rand-qwen2-exl2-4.0bpw-h6", "rand-gemma-exl2-4.0bpw-h6",
                             "rand-llama-gptq-4bit-g32-actorder-asym", "rand-llama-gptq-4bit-g64-sym",
-                            "tinystories-656k-gptq-4bit-g32-actorder-asym"};
+                            "tinystories-656k-gptq-4bit-g32-actorder-asym", "rand-qwen3", "rand-gemma3",
+                            "rand-phi3", "rand-mixtral", "rand-qwen3moe"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         char dir[1024], ref[1024], name[128];
         snprintf(dir, sizeof dir, "%s/models/%s", shared, models[i]);
@@ -1473,6 +1576,7 @@ int main(int argc, char **argv) {
     test_row_ops();
     test_dense_matmul();
     test_attention();
+    test_moe();
     test_quant(shared);
     test_fused();
     test_rope_attention();
@@ -1485,6 +1589,11 @@ int main(int argc, char **argv) {
     test_decode(shared, "rand-llama-exl2-5.0bpw-h8");
     test_decode(shared, "rand-gemma-exl2-4.0bpw-h6");
     test_decode(shared, "rand-llama-gptq-4bit-g64-sym");
+    test_decode(shared, "rand-qwen3");
+    test_decode(shared, "rand-gemma3"); /* 200 tokens past its window of 48 */
+    test_decode(shared, "rand-phi3");
+    test_decode(shared, "rand-mixtral");
+    test_decode(shared, "rand-qwen3moe");
     test_decode_rows(shared, "rand-llama-exl2-5.0bpw-h8");
     test_decode_rows(shared, "rand-llama-gptq-4bit-g64-sym");
     test_host_gemm();

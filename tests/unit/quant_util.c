@@ -4,7 +4,7 @@
 #include "test.h"
 
 #include "base/half.h"
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -189,11 +189,11 @@ EXL_TEST(phi3_longrope) {
     CHECK(!strcmp(window_pattern(), "SS") && cfg.sliding_window == 262144);
     /* frequencies: the short factors within the original context, the long ones past it */
     float inv[24], af;
-    exl_rope_frequencies(&cfg, 48, 100, inv, &af);
+    exl_rope_frequencies(&cfg, &cfg.rope, 48, 100, inv, &af);
     float want = 1.0f / (1.03f * powf(10000.0f, 6.0f / 48.0f));
     CHECK_MSG(fabsf(inv[3] - want) <= 1e-6f * want, "short inv_freq[3] %g, want %g", inv[3], want);
     CHECK_MSG(fabs(af - sqrt(1 + log(32.0) / log(4096.0))) < 1e-6, "attention factor %g", af);
-    exl_rope_frequencies(&cfg, 48, 5000, inv, &af);
+    exl_rope_frequencies(&cfg, &cfg.rope, 48, 5000, inv, &af);
     want = 1.0f / (2.5f * powf(10000.0f, 4.0f / 48.0f));
     CHECK_MSG(fabsf(inv[2] - want) <= 1e-6f * want, "long inv_freq[2] %g, want %g", inv[2], want);
     /* older names of longrope in Phi-3 configs */

@@ -83,7 +83,7 @@ EXL_TEST(node_access) {
     exl_node kv = {.op = EXL_OP_KV_STORE, .kv_store = {NULL, NULL, b, c, 6}};
     x = exl_node_access_of(&kv, 3); /* the batch's rows */
     CHECK(x.n_reads == 2 && x.reads[0].n == 18 && x.reads[1].p == c && x.n_writes == 0);
-    exl_node at = {.op = EXL_OP_ATTENTION, .attention = {a, b, c, c, NULL, NULL, {4, 2, 8, 16, 0, 1.0f}}};
+    exl_node at = {.op = EXL_OP_ATTENTION, .attention = {a, b, c, c, NULL, NULL, {4, 2, 8, 16, 0, 1.0f, 0.0f}}};
     x = exl_node_access_of(&at, 2);
     CHECK(x.n_reads == 3 && x.reads[0].n == 64 && x.reads[1].n == 32 && x.n_writes == 1 && x.writes[0].n == 64);
     CHECK(exl_spans_overlap((exl_span){a, 8}, (exl_span){a + 7, 1}) && !exl_spans_overlap((exl_span){a, 8},

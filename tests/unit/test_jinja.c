@@ -4,7 +4,7 @@
 #include "test.h"
 
 #include "base/alloc.h"
-#include "tokenizer/jinja.h"
+#include "jinja/jinja.h"
 
 #include <string.h>
 

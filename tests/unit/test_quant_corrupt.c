@@ -6,7 +6,7 @@
 
 #include "base/half.h"
 #include "io/weights.h"
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -6,7 +6,7 @@
 #include "test.h"
 
 #include "base/half.h"
-#include "quant/quant.h"
+#include "format/quant.h"
 
 #include <stdlib.h>
 #include <string.h>

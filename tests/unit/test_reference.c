@@ -30,3 +30,8 @@ EXL_TEST(rand_gemma) { check_model("rand-gemma"); }
 EXL_TEST(rand_linrope) { check_model("rand-linrope"); }
 EXL_TEST(rand_llama3rope) { check_model("rand-llama3rope"); }
 EXL_TEST(rand_yarn) { check_model("rand-yarn"); }
+EXL_TEST(rand_qwen3) { check_model("rand-qwen3"); }
+EXL_TEST(rand_gemma3) { check_model("rand-gemma3"); }
+EXL_TEST(rand_phi3) { check_model("rand-phi3"); }
+EXL_TEST(rand_mixtral) { check_model("rand-mixtral"); }
+EXL_TEST(rand_qwen3moe) { check_model("rand-qwen3moe"); }

@@ -355,6 +355,15 @@ EXL_TEST(bad_fields) {
     expect_load_error(added, strlen(added), EXL_ERR_FORMAT, "added_tokens[0]");
 }
 
+/* Ids and integers far outside any integer type are refused, checked before they are cast (the
+ * cast itself would be undefined: UBSan builds caught it). */
+EXL_TEST(huge_numbers) {
+    const char *vocab = "{\"model\": {\"vocab\": {\"a\": 3.33333e+99}, \"merges\": []}}";
+    expect_load_error(vocab, strlen(vocab), EXL_ERR_FORMAT, "vocab");
+    const char *added = "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}, \"added_tokens\": [{\"id\": -1e300}]}";
+    expect_load_error(added, strlen(added), EXL_ERR_FORMAT, "added_tokens[0]");
+}
+
 EXL_TEST(missing_files) {
     exl_tokenizer *tok;
     const char *dir = exl_test_tmpdir();

@@ -58,7 +58,8 @@ EXL_TEST(history_round_trips_through_templates) {
          "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}}\n</tool_call>",
          "<tool_response>\nrain, 4 C\n</tool_response>"},
         {"tokenizers/mistral-7b-instruct-v0.3",
-         "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}, \"id\": \"abc123xyz\"}]",
+         "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}, "
+         "\"id\": \"abc123xyz\"}]",
          /* the template writes a result's content as it is (a JSON text in practice) */
          "[TOOL_RESULTS] {\"content\": rain, 4 C, \"call_id\": \"abc123xyz\"}[/TOOL_RESULTS]"},
     };

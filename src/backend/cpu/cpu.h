@@ -47,6 +47,17 @@ void exl_cpu_glu(exl_backend *be, float *gate, const float *up, int32_t rows, in
 void exl_cpu_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cpu_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
                          int32_t width);
+void exl_cpu_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
+                       int32_t col);
+void exl_cpu_softcap(exl_backend *be, float *x, int64_t n, float cap);
+void exl_cpu_row_gate(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width);
+/* mixture of experts (cpu_moe.c) */
+void exl_cpu_moe_route(exl_backend *be, const exl_moe_route_node *n);
+void exl_cpu_moe_experts(exl_backend *be, const exl_moe_experts_node *n);
+/* backend.h's host_gemm (cpu_host_gemm.c) */
+exl_status exl_cpu_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                             const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                             int64_t ldc);
 /* constrained decoding's logit masks (cpu_mask.c) */
 exl_status exl_cpu_mask_logits(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
                                exl_logit_mask_fn fill, void *user);

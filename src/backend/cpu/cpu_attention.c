@@ -2,7 +2,8 @@
  *
  * Cache layout: slot s (= page * page_size + offset) holds n_kv_heads * head_dim fp32
  * values. Attention uses an online softmax over chunks of keys, so no score buffer
- * is allocated whatever the context length. */
+ * is allocated whatever the context length; keys outside the layer's sliding window are skipped, scores
+ * soft-capped where the layer asks. */
 #include "backend/cpu/cpu.h"
 
 #include <math.h>
@@ -49,16 +50,20 @@ static void attend_one(const attn_job *j, const exl_attn_seq *seq, int32_t row, 
     for (int32_t t0 = first; t0 <= last; t0 += KEY_CHUNK) {
         int32_t n = last - t0 + 1 < KEY_CHUNK ? last - t0 + 1 : KEY_CHUNK;
         float cm = -INFINITY;
-        for (int32_t i = 0; i < n; i++) {
-            int32_t t = t0 + i;
-            int64_t slot = (int64_t)pages[t / s->page_size] * s->page_size + t % s->page_size;
-            const float *k = j->k_cache + slot * kvw + (int64_t)kv_head * hd;
-            vrow[i] = j->v_cache + slot * kvw + (int64_t)kv_head * hd;
-            float d;
-            j->be->k->dot_f32(q, 0, 1, k, hd, &d);
-            sc[i] = d * s->scale;
-            if (sc[i] > cm)
-                cm = sc[i];
+        for (int32_t i = 0; i < n;) { /* keys in consecutive slots of one page, up to EXL_CPU_MAX_NR at a time */
+            int32_t t = t0 + i, off = t % s->page_size;
+            int nr = n - i < EXL_CPU_MAX_NR ? n - i : EXL_CPU_MAX_NR;
+            nr = nr < s->page_size - off ? nr : s->page_size - off;
+            int64_t slot = (int64_t)pages[t / s->page_size] * s->page_size + off;
+            j->be->k->dot_f32(j->k_cache + slot * kvw + (int64_t)kv_head * hd, kvw, nr, q, hd, sc + i);
+            for (int r = 0; r < nr; r++, i++) {
+                vrow[i] = j->v_cache + (slot + r) * kvw + (int64_t)kv_head * hd;
+                sc[i] *= s->scale;
+                if (s->softcap > 0)
+                    sc[i] = s->softcap * tanhf(sc[i] / s->softcap);
+                if (sc[i] > cm)
+                    cm = sc[i];
+            }
         }
         float nm = cm > m ? cm : m;
         float corr = expf(m - nm);

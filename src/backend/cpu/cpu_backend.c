@@ -115,8 +115,16 @@ static const exl_backend_ops cpu_ops = {
     .glu = exl_cpu_glu,
     .add = exl_cpu_add,
     .gather_rows = exl_cpu_gather_rows,
+    .copy_cols = exl_cpu_copy_cols,
+    .softcap = exl_cpu_softcap,
+    .row_gate = exl_cpu_row_gate,
+    .moe_route = exl_cpu_moe_route,
+    .moe_experts = exl_cpu_moe_experts,
+    .host_gemm = exl_cpu_host_gemm,
     .mask_logits = exl_cpu_mask_logits,
 };
+
+exl_pool *exl_backend_cpu_pool(exl_backend *be) { return be->ops == &cpu_ops ? exl_cpu(be)->pool : NULL; }
 
 exl_status exl_backend_cpu_init(int n_threads, exl_backend **out) {
     exl_cpu_backend *be = exl_calloc(1, sizeof *be);

@@ -1,4 +1,5 @@
-/* cpu_ops.c - the CPU's element-wise and row ops: embed, rmsnorm, rope, glu, add, gather. */
+/* cpu_ops.c - the CPU's element-wise and row ops: embed, rmsnorm, rope, glu, add, gather, column copies,
+ * soft-capping, sigmoid row gates. */
 #include "backend/cpu/cpu.h"
 
 #include "base/half.h"
@@ -112,7 +113,7 @@ void exl_cpu_glu(exl_backend *be, float *gate, const float *up, int32_t rows, in
     exl_pool_run_work(exl_cpu(be)->pool, glu_task, &j, j.n * 16);
 }
 
-/* ---- add, gather */
+/* ---- add, gather, copy_cols */
 
 void exl_cpu_add(exl_backend *be, float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++)
@@ -123,4 +124,25 @@ void exl_cpu_gather_rows(exl_backend *be, float *out, const float *x, const int3
                          int32_t width) {
     for (int32_t i = 0; i < n; i++)
         memcpy(out + (int64_t)i * width, x + (int64_t)idx[i] * width, (size_t)width * sizeof(float));
+}
+
+void exl_cpu_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
+                       int32_t col) {
+    for (int32_t r = 0; r < rows; r++)
+        memcpy(out + (int64_t)r * width, x + (int64_t)r * x_width + col, (size_t)width * sizeof(float));
+}
+
+/* ---- softcap, row_gate */
+
+void exl_cpu_softcap(exl_backend *be, float *x, int64_t n, float cap) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+void exl_cpu_row_gate(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width) {
+    for (int32_t r = 0; r < rows; r++) {
+        float s = 1.0f / (1.0f + expf(-g[r]));
+        for (int32_t i = 0; i < width; i++)
+            x[(int64_t)r * width + i] *= s;
+    }
 }

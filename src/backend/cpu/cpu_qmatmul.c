@@ -11,7 +11,7 @@
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/cpu_quant.h"
 
-#include "quant/quant.h"
+#include "format/qstream.h"
 
 #include <string.h>
 

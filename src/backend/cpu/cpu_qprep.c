@@ -8,7 +8,8 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "quant/quant.h"
+#include "format/exl2.h"
+#include "format/qstream.h"
 
 #include <string.h>
 
@@ -24,16 +25,10 @@ static exl_status exl2_prep(const exl_linear_src *src, exl_cpu_qmat *q) {
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     for (int64_t k = 0; k < K; k++)
         q->perm[e->q_invperm[k]] = (int32_t)k;
-    int64_t row = 0;
-    for (int32_t g = 0; g < e->n_groups; g++) {
-        int b = e->q_groups[2 * g];
-        int64_t start = e->q_groups[2 * g + 1];
-        int64_t end = g + 1 < e->n_groups ? e->q_groups[2 * g + 3] : e->q_rows;
-        int64_t rows = (end - start) * 32 / b;
-        q->groups[g] = (exl_qgroup){g, b, row, rows, start * 32};
-        row += rows;
+    for (exl_exl2_group g = EXL_EXL2_WALK; exl_exl2_next_group(e, &g);) {
+        q->groups[g.index] = (exl_qgroup){g.index, g.bits, g.row, g.n_rows, g.q_row * 32};
         for (uint32_t c = 0; c < 16; c++)
-            q->lut[g * 16 + c] = exl_exl2_scale(e->q_scale_max[g], c);
+            q->lut[g.index * 16 + c] = exl_exl2_scale(e->q_scale_max[g.index], c);
     }
     return EXL_OK;
 }

@@ -16,7 +16,7 @@ typedef struct exl_cpu_qmat {
     float *lut;           /* EXL2: [n_groups][16] scale of each 4-bit scale code */
 } exl_cpu_qmat;
 
-/* Build the view of a source validated by quant/ (exl_exl2_check / exl_gptq_check). */
+/* Build the view of a source validated by format/ (exl_exl2_check / exl_gptq_check). */
 exl_status exl_cpu_qmat_init(const exl_linear_src *src, exl_cpu_qmat **out);
 void exl_cpu_qmat_free(exl_cpu_qmat *q);
 

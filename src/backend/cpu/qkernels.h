@@ -1,7 +1,7 @@
 /* qkernels.h - the CPU's fused quantized matmul inner loop (EXL2 and GPTQ), one table per
  * instruction set, picked at run time like kernels.h.
  *
- * A quantized matrix is seen as column bit streams (see quant/quant.h) cut into groups of
+ * A quantized matrix is seen as column bit streams (see format/qstream.h) cut into groups of
  * consecutive stream rows; every group has one code width and, per column, one scale and
  * one zero point, so W[row, n] = (code - zero[n]) * scale[n]. A kernel call handles one
  * group for one tile of `tile` consecutive columns and up to `max_nr` activation rows:

@@ -12,7 +12,9 @@
  * else for head_dim 64, 128 and 256 a block takes 64 queries of one head and 32-64 keys at a
  * time, each thread a 4 x 2-4 tile of scores and 4 rows of the output
  * (attn_prefill_tiled_kernel); other head dims, 16 queries a block and 32 keys at a time,
- * shared by its 4 warps (4 queries each). fp32 arithmetic outside the tensor cores. */
+ * shared by its 4 warps (4 queries each). Soft-capped scores (Gemma 2) take the plain decode and prefill kernels
+ * (attn_decode_kernel, attn_prefill_kernel), the only ones that cap them. Keys outside a layer's sliding window are
+ * skipped by all. fp32 arithmetic outside the tensor cores. */
 #include "backend/cuda/cuda_mma.cuh"
 
 #include <math.h>
@@ -272,6 +274,8 @@ attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc,
         int t = t0 + lane;
         int64_t slot = t < k1 ? key_slot(pages, t, sh.page_size) : 0;
         float s = t < k1 ? dot_q_k(qs, kc + slot * kvw + (int64_t)kvh * hd, hd) : -INFINITY;
+        if (sh.softcap > 0.0f && t < k1)
+            s = sh.softcap * tanhf(s / sh.softcap);
         float nm = fmaxf(m, warp_max(s));
         float p = t < k1 ? __expf(s - nm) : 0.0f;
         float corr = __expf(m - nm);
@@ -595,6 +599,8 @@ attn_prefill_kernel(float *out, const float *q, const float *k, const float *v, 
         for (int j = 0; j < 4; j++) {
             bool valid = t >= qfirst[j] && t <= qlast[j];
             float s = valid ? dot_q_kf(qs + (warp * 4 + j) * hd, kt + lane * ks, hd) : -INFINITY;
+            if (sh.softcap > 0.0f && valid)
+                s = sh.softcap * tanhf(s / sh.softcap);
             float nm = fmaxf(m[j], warp_max(s));
             float p = valid ? __expf(s - nm) : 0.0f;
             float corr = nm == -INFINITY ? 1.0f : __expf(m[j] - nm);
@@ -1038,7 +1044,8 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
         return;
     }
     const __half *kc = (const __half *)k_cache, *vc = (const __half *)v_cache;
-    if (b->max_q > EXL_CUDA_DECODE_MAX_Q && (sh->head_dim == 64 || sh->head_dim == 128 || sh->head_dim == 256)) {
+    const int tiled = (sh->head_dim == 64 || sh->head_dim == 128 || sh->head_dim == 256) && !(sh->softcap > 0.0f);
+    if (b->max_q > EXL_CUDA_DECODE_MAX_Q && tiled) {
         const int tc = cb->sm_major >= 8 && !cb->prefill_attention_fp32;
         if (sh->head_dim == 64 && tc)
             launch_prefill_tc<64>(cb, out, q, k, v, kc, vc, b, sh);
@@ -1077,7 +1084,7 @@ static void launch_decode(exl_cuda_backend *cb, float *out, const float *q, cons
     /* sized for max_kv rounded up to the bucket: splits past the keys exit at once, and the
      * launch stays the same for the next tokens (graph replay) */
     int32_t max_kv = (b->max_kv + EXL_CUDA_KV_BUCKET - 1) / EXL_CUDA_KV_BUCKET * EXL_CUDA_KV_BUCKET;
-    const int fast = sh->head_dim == 128 || sh->head_dim == 64;
+    const int fast = (sh->head_dim == 128 || sh->head_dim == 64) && !(sh->softcap > 0.0f);
     /* short contexts: one split of SHORT_WARPS warps, a block of keys each (all of them fetched
      * before the wait), writing the output itself: no combine kernel (+3% at context 128) */
     const int short_ctx = fast && short_kernels_ok && max_kv <= SHORT_WARPS * KEY_BLOCK;
@@ -1118,8 +1125,8 @@ int exl_cuda_rope_attention_fuses(const exl_cuda_backend *cb, const exl_batch *b
     /* one new token a sequence, a head_dim of the fast decode kernel, and blocks for at most about one wave (past
      * that the rope kernel's one pass costs less than each block's own: 64 rows of a 7B model lost 2.6% fused,
      * bench/RESULTS.md) */
-    return b->n_rows >= 1 && b->max_q == 1 && (sh->head_dim == 64 || sh->head_dim == 128) && rot_dim >= 2 &&
-           rot_dim <= sh->head_dim && sh->n_kv_heads >= 1 && sh->n_heads % sh->n_kv_heads == 0 &&
+    return b->n_rows >= 1 && b->max_q == 1 && (sh->head_dim == 64 || sh->head_dim == 128) && !(sh->softcap > 0.0f) &&
+           rot_dim >= 2 && rot_dim <= sh->head_dim && sh->n_kv_heads >= 1 && sh->n_heads % sh->n_kv_heads == 0 &&
            (int64_t)b->n_rows * sh->n_heads <= 4 * (int64_t)cb->n_sms;
 }
 

@@ -114,6 +114,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->top_k_buf);
     cudaFree(cb->mask_buf);
     cudaFree(cb->host_gemm_buf);
+    free(cb->moe_host);
     exl_cuda_argmax_free(cb);
     cublasDestroy(cb->cublas);
     cudaStreamDestroy(cb->stream);
@@ -280,7 +281,8 @@ static const exl_backend_ops cuda_ops = {
     cu_destroy,          cu_alloc,           cu_free,          cu_upload,        cu_download,
     cu_synchronize,      cu_linear_init,     cu_linear_free,   cu_vector_init,   cu_vector_free,
     exl_cuda_embed,      exl_cuda_rmsnorm,   exl_cuda_matmul,  exl_cuda_rope,    exl_cuda_kv_store,
-    exl_cuda_attention,  exl_cuda_glu,       exl_cuda_add,     exl_cuda_gather_rows,
+    exl_cuda_attention,  exl_cuda_glu,       exl_cuda_add,     exl_cuda_gather_rows, exl_cuda_copy_cols,
+    exl_cuda_softcap,    exl_cuda_row_gate,  exl_cuda_moe_route, exl_cuda_moe_experts,
     exl_cuda_graph_run,  exl_cuda_host_gemm, exl_cuda_top_k,   exl_cuda_argmax,  exl_cuda_argmax_wait,
     exl_cuda_mask_logits,
 };

@@ -238,3 +238,29 @@ void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int
     exl_cuda_graph_finish(exl_cuda(be));
     exl_cuda_run_gather_rows(be, out, x, idx, n, width);
 }
+
+void exl_cuda_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
+                        int32_t col) {
+    exl_cuda_graph_finish(exl_cuda(be));
+    exl_cuda_run_copy_cols(be, out, x, rows, width, x_width, col);
+}
+
+void exl_cuda_softcap(exl_backend *be, float *x, int64_t n, float cap) {
+    exl_cuda_graph_finish(exl_cuda(be));
+    exl_cuda_run_softcap(be, x, n, cap);
+}
+
+void exl_cuda_row_gate(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width) {
+    exl_cuda_graph_finish(exl_cuda(be));
+    exl_cuda_run_row_gate(be, x, g, rows, width);
+}
+
+void exl_cuda_moe_route(exl_backend *be, const exl_moe_route_node *n) {
+    exl_cuda_graph_finish(exl_cuda(be));
+    exl_cuda_run_moe_route(be, n);
+}
+
+void exl_cuda_moe_experts(exl_backend *be, const exl_moe_experts_node *n) {
+    exl_cuda_graph_finish(exl_cuda(be));
+    exl_cuda_run_moe_experts(be, n);
+}

@@ -63,6 +63,15 @@ exl_status exl_cuda_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t
                               const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                               int64_t ldc) {
     exl_cuda_backend *cb = exl_cuda(be);
+    /* empty products as the CPU takes them: nothing to write, or C = beta * C */
+    if (M == 0 || N == 0)
+        return EXL_OK;
+    if (K == 0 && M > 0 && N > 0) {
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++)
+                C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+        return EXL_OK;
+    }
     if (M < 1 || N < 1 || K < 1 || N > INT32_MAX)
         return exl_cuda_fail(EXL_ERR_ARG, "host_gemm: unsupported shape %lld x %lld x %lld", (long long)M,
                              (long long)N, (long long)K);

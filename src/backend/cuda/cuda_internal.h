@@ -87,6 +87,9 @@ typedef struct exl_cuda_backend {
         int set, seen;      /* seen: the step in flight has called it as the cached one did */
     } tail;
     cudaGraphExec_t exec;
+    /* the routes of a mixture of experts on the host (cuda_moe.cu) */
+    int32_t *moe_host;
+    size_t moe_host_count;
     /* host_gemm staging (cuda_host_gemm.cu) */
     float *host_gemm_buf;
     size_t host_gemm_bytes;
@@ -288,6 +291,14 @@ void exl_cuda_run_glu(exl_backend *be, float *gate, const float *up, int32_t row
 void exl_cuda_run_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
                               int32_t width);
+void exl_cuda_run_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
+                            int32_t col);
+void exl_cuda_run_softcap(exl_backend *be, float *x, int64_t n, float cap);
+void exl_cuda_run_row_gate(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width);
+/* mixture of experts (cuda_moe.cu); moe_experts waits for the routes on the host, so a step with it is never
+ * captured into a CUDA graph */
+void exl_cuda_run_moe_route(exl_backend *be, const exl_moe_route_node *n);
+void exl_cuda_run_moe_experts(exl_backend *be, const exl_moe_experts_node *n);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor);
@@ -329,6 +340,12 @@ void exl_cuda_glu(exl_backend *be, float *gate, const float *up, int32_t rows, i
 void exl_cuda_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
                           int32_t width);
+void exl_cuda_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
+                        int32_t col);
+void exl_cuda_softcap(exl_backend *be, float *x, int64_t n, float cap);
+void exl_cuda_row_gate(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width);
+void exl_cuda_moe_route(exl_backend *be, const exl_moe_route_node *n);
+void exl_cuda_moe_experts(exl_backend *be, const exl_moe_experts_node *n);
 exl_status exl_cuda_graph_run(exl_backend *be, const exl_graph *g);
 exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows,
                           int32_t vocab, int32_t k);

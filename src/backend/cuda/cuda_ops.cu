@@ -1,5 +1,6 @@
 /* cuda_ops.cu - element-wise and row ops on the GPU: embed, rmsnorm, rope, glu, add,
- * gather, and the fp16 KV-cache writes (alone or fused with rope). All fp32 in and out, fp32 arithmetic. */
+ * gather, column copies, soft-capping, sigmoid row gates, and the fp16 KV-cache writes (alone or fused with
+ * rope). All fp32 in and out, fp32 arithmetic. */
 #include "backend/cuda/cuda_internal.h"
 
 #define ROW_THREADS 256
@@ -152,6 +153,57 @@ void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const
     dim3 grid(blocks_for(width, ROW_THREADS), (unsigned)n);
     exl_cuda_launch(cb, gather_rows_kernel, grid, dim3(ROW_THREADS), 0, out, x, idx, width);
     exl_cuda_check_launch(cb, "gather_rows");
+}
+
+/* ---- copy_cols, softcap, row_gate */
+
+__global__ void copy_cols_kernel(float *out, const float *x, int32_t width, int32_t x_width, int32_t col) {
+    exl_pdl_start();
+    int32_t r = blockIdx.y;
+    for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x)
+        out[(int64_t)r * width + i] = x[(int64_t)r * x_width + col + i];
+}
+
+void exl_cuda_run_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
+                            int32_t col) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (rows < 1 || width < 1)
+        return;
+    dim3 grid(blocks_for(width, ROW_THREADS), (unsigned)rows);
+    exl_cuda_launch(cb, copy_cols_kernel, grid, dim3(ROW_THREADS), 0, out, x, width, x_width, col);
+    exl_cuda_check_launch(cb, "copy_cols");
+}
+
+__global__ void softcap_kernel(float *x, int64_t n, float cap) {
+    exl_pdl_start();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+void exl_cuda_run_softcap(exl_backend *be, float *x, int64_t n, float cap) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (n < 1)
+        return;
+    exl_cuda_launch(cb, softcap_kernel, dim3(blocks_for(n, ROW_THREADS)), dim3(ROW_THREADS), 0, x, n, cap);
+    exl_cuda_check_launch(cb, "softcap");
+}
+
+__global__ void row_gate_kernel(float *x, const float *g, int32_t width) {
+    exl_pdl_start();
+    int32_t r = blockIdx.y;
+    const float s = 1.0f / (1.0f + expf(-g[r]));
+    for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x)
+        x[(int64_t)r * width + i] *= s;
+}
+
+void exl_cuda_run_row_gate(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (rows < 1 || width < 1)
+        return;
+    dim3 grid(blocks_for(width, ROW_THREADS), (unsigned)rows);
+    exl_cuda_launch(cb, row_gate_kernel, grid, dim3(ROW_THREADS), 0, x, g, width);
+    exl_cuda_check_launch(cb, "row_gate");
 }
 
 /* ---- kv_store: rows of k and v to their slots, fp16 */

@@ -80,6 +80,7 @@ static exl_node canonical(const exl_node *n) {
         o.shape.n_heads = a.shape.n_heads, o.shape.n_kv_heads = a.shape.n_kv_heads;
         o.shape.head_dim = a.shape.head_dim, o.shape.page_size = a.shape.page_size;
         o.shape.sliding_window = a.shape.sliding_window, o.shape.scale = a.shape.scale;
+        o.shape.softcap = a.shape.softcap;
         break;
     }
     case EXL_OP_GLU: {
@@ -93,6 +94,34 @@ static exl_node canonical(const exl_node *n) {
         const exl_gather_rows_node &a = n->gather_rows;
         exl_gather_rows_node &o = c.gather_rows;
         o.out = a.out, o.x = a.x, o.idx = a.idx, o.n = a.n, o.width = a.width, o.x_rows = a.x_rows;
+        break;
+    }
+    case EXL_OP_COPY_COLS: {
+        const exl_copy_cols_node &a = n->copy_cols;
+        exl_copy_cols_node &o = c.copy_cols;
+        o.out = a.out, o.x = a.x, o.rows = a.rows, o.width = a.width, o.x_width = a.x_width, o.col = a.col;
+        break;
+    }
+    case EXL_OP_SOFTCAP: c.softcap.x = n->softcap.x, c.softcap.n = n->softcap.n, c.softcap.cap = n->softcap.cap; break;
+    case EXL_OP_ROW_GATE: {
+        const exl_row_gate_node &a = n->row_gate;
+        exl_row_gate_node &o = c.row_gate;
+        o.x = a.x, o.g = a.g, o.rows = a.rows, o.width = a.width;
+        break;
+    }
+    case EXL_OP_MOE_ROUTE: {
+        const exl_moe_route_node &a = n->moe_route;
+        exl_moe_route_node &o = c.moe_route;
+        o.weights = a.weights, o.ids = a.ids, o.logits = a.logits, o.rows = a.rows, o.n_experts = a.n_experts;
+        o.top_k = a.top_k, o.renormalize = a.renormalize;
+        break;
+    }
+    case EXL_OP_MOE_EXPERTS: {
+        const exl_moe_experts_node &a = n->moe_experts;
+        exl_moe_experts_node &o = c.moe_experts;
+        o.out = a.out, o.x = a.x, o.ids = a.ids, o.weights = a.weights, o.experts = a.experts, o.rows = a.rows;
+        o.width = a.width, o.ffn = a.ffn, o.n_experts = a.n_experts, o.top_k = a.top_k, o.act = a.act;
+        o.xs = a.xs, o.gate = a.gate, o.up = a.up, o.slots = a.slots;
         break;
     }
     }
@@ -398,18 +427,24 @@ static int node_rows(const exl_node *n, int32_t batch_rows) {
     case EXL_OP_ROPE: return n->rope.rows;
     case EXL_OP_GLU: return n->glu.rows;
     case EXL_OP_GATHER_ROWS: return n->gather_rows.n;
-    case EXL_OP_ADD: return 0;
+    case EXL_OP_COPY_COLS: return n->copy_cols.rows;
+    case EXL_OP_ROW_GATE: return n->row_gate.rows;
+    case EXL_OP_MOE_ROUTE: return n->moe_route.rows;
+    case EXL_OP_MOE_EXPERTS: return n->moe_experts.rows;
+    case EXL_OP_ADD:
+    case EXL_OP_SOFTCAP: return 0;
     default: return batch_rows;
     }
 }
 
 /* a decode-sized step: at most EXL_CUDA_GRAPH_MAX_ROWS rows and EXL_CUDA_DECODE_MAX_Q new tokens a sequence (prompt
- * pieces, which the attention marks, run directly) */
+ * pieces, which the attention marks, run directly), and no mixture of experts (which waits for its routes on the
+ * host) */
 static int graphable(const exl_cuda_plan *p) {
     for (int32_t i = 0; i < p->n_nodes; i++) {
         const exl_node *n = &p->nodes[i];
         if (node_rows(n, p->batch.n_rows) > EXL_CUDA_GRAPH_MAX_ROWS ||
-            (n->op == EXL_OP_ATTENTION && p->batch.max_q > EXL_CUDA_DECODE_MAX_Q))
+            (n->op == EXL_OP_ATTENTION && p->batch.max_q > EXL_CUDA_DECODE_MAX_Q) || n->op == EXL_OP_MOE_EXPERTS)
             return 0;
     }
     return 1;
@@ -499,6 +534,16 @@ static void run_node(exl_cuda_backend *cb, const exl_cuda_plan *p, const exl_nod
         exl_cuda_run_gather_rows(be, n->gather_rows.out, n->gather_rows.x, n->gather_rows.idx, n->gather_rows.n,
                                  n->gather_rows.width);
         break;
+    case EXL_OP_COPY_COLS:
+        exl_cuda_run_copy_cols(be, n->copy_cols.out, n->copy_cols.x, n->copy_cols.rows, n->copy_cols.width,
+                               n->copy_cols.x_width, n->copy_cols.col);
+        break;
+    case EXL_OP_SOFTCAP: exl_cuda_run_softcap(be, n->softcap.x, n->softcap.n, n->softcap.cap); break;
+    case EXL_OP_ROW_GATE:
+        exl_cuda_run_row_gate(be, n->row_gate.x, n->row_gate.g, n->row_gate.rows, n->row_gate.width);
+        break;
+    case EXL_OP_MOE_ROUTE: exl_cuda_run_moe_route(be, &n->moe_route); break;
+    case EXL_OP_MOE_EXPERTS: exl_cuda_run_moe_experts(be, &n->moe_experts); break;
     case EXL_OP_MATMUL: /* compiled into EXL_CUDA_RUN_MATMUL launches, always */
         exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: a matmul node left out of the plan's matmuls");
         break;

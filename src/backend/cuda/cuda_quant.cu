@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_internal.h"
 
 #include "base/half.h"
+#include "format/exl2.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -184,37 +185,30 @@ static exl_status exl2_layout(const exl_linear_src *src, int64_t n_pad, layout *
             return exl_cuda_fail(EXL_ERR_FORMAT, "%s: q_invperm is not a permutation", name);
         l->rows_buf[r] = (int32_t)k;
     }
-    int64_t row = 0;
-    for (int g = 0; g < G; g++) {
-        int b = e->q_groups[2 * g], q0 = e->q_groups[2 * g + 1];
-        int q1 = g + 1 < G ? e->q_groups[2 * g + 3] : e->q_rows;
+    exl_exl2_group g = EXL_EXL2_WALK;
+    while (exl_exl2_next_group(e, &g)) {
+        int b = g.bits;
         if (b != 2 && b != 3 && b != 4 && b != 5 && b != 6 && b != 8)
-            return exl_cuda_fail(EXL_ERR_FORMAT, "%s: group %d has %d bits", name, g, b);
-        if (q1 <= q0 || q1 > e->q_rows || ((int64_t)(q1 - q0) * 32) % b)
-            return exl_cuda_fail(EXL_ERR_FORMAT, "%s: group %d has a bad q_weight row range", name, g);
-        int64_t rows = (int64_t)(q1 - q0) * 32 / b;
-        if (row + rows > K)
+            return exl_cuda_fail(EXL_ERR_FORMAT, "%s: group %d has %d bits", name, g.index, b);
+        if (g.q_end <= g.q_row || g.q_end > e->q_rows || ((g.q_end - g.q_row) * 32) % b)
+            return exl_cuda_fail(EXL_ERR_FORMAT, "%s: group %d has a bad q_weight row range", name, g.index);
+        if (g.row + g.n_rows > K)
             return exl_cuda_fail(EXL_ERR_FORMAT, "%s: groups hold more rows than the %lld inputs", name,
                                  (long long)K);
         segment *s = &l->seg[l->n_segments++];
         s->bits = b;
-        s->group = g;
-        s->n_rows = rows;
-        s->src_bit = l->bits_buf + row;
-        s->src_row = l->rows_buf + row;
-        for (int64_t j = 0; j < rows; j++)
-            l->bits_buf[row + j] = (int64_t)q0 * 32 + j * b;
-        /* scale = fp16(fp16(max / 256) * (c + 1)^2) */
-        float base = exl_f16_to_f32(exl_f32_to_f16(exl_f16_to_f32(e->q_scale_max[g]) / 256.0f));
-        for (int64_t n = 0; n < N; n++) {
-            uint32_t word = (uint32_t)e->q_scale[(int64_t)g * (e->n_padded / 8) + n / 8];
-            float c = (float)((word >> (4 * (n % 8))) & 15u) + 1.0f;
-            l->scales[(int64_t)g * n_pad + n] = exl_f32_to_f16(base * c * c);
-        }
-        row += rows;
+        s->group = g.index;
+        s->n_rows = g.n_rows;
+        s->src_bit = l->bits_buf + g.row;
+        s->src_row = l->rows_buf + g.row;
+        for (int64_t j = 0; j < g.n_rows; j++)
+            l->bits_buf[g.row + j] = g.q_row * 32 + j * b;
+        for (int64_t n = 0; n < N; n++)
+            l->scales[(int64_t)g.index * n_pad + n] =
+                exl_exl2_scale_f16(e->q_scale_max[g.index], exl_exl2_scale_code(e, g.index, n));
     }
-    if (row != K)
-        return exl_cuda_fail(EXL_ERR_FORMAT, "%s: groups hold %lld rows, expected %lld", name, (long long)row,
+    if (g.row != K) /* the walk's row: every group's rows */
+        return exl_cuda_fail(EXL_ERR_FORMAT, "%s: groups hold %lld rows, expected %lld", name, (long long)g.row,
                              (long long)K);
     l->n_groups = G;
     ss->words = (const uint32_t *)e->q_weight;

@@ -1,0 +1,149 @@
+/* calib_run.c - the calibration rows through the model one decoder layer at a time (the model's own forward,
+ * model.h's exl_model_layer_forward), their hidden states kept on the host between layers.
+ *
+ * A step takes whole sequences, as many as fit the model's step rows, or one piece of a sequence longer than
+ * that: its later pieces see the earlier ones through the paged cache, as a long prompt would. Each sequence of
+ * a step has its own pages; the cache holds one layer's keys and values at a time (every layer's slots are
+ * allocated, the layer being run is the one written). */
+#include "convert/qz.h"
+
+#include "base/alloc.h"
+#include "base/error.h"
+
+#include <string.h>
+
+#define PAGE_SIZE 64
+
+exl_status exl_qz_runner_init(exl_qz_runner *r, exl_model *m, int32_t n_seqs, int32_t length) {
+    memset(r, 0, sizeof *r);
+    const exl_hf_config *c = &m->cfg;
+    int32_t max_rows = exl_model_max_rows(m);
+    r->m = m;
+    r->n_seqs = n_seqs;
+    r->length = length;
+    r->seqs_per_step = length <= max_rows ? max_rows / length : 1;
+    r->seqs_per_step = r->seqs_per_step < n_seqs ? r->seqs_per_step : n_seqs;
+    r->piece = length <= max_rows ? length : max_rows;
+    r->pages_per_seq = (length + PAGE_SIZE - 1) / PAGE_SIZE;
+    int64_t widest = c->hidden_size, qw = (int64_t)c->n_heads * c->head_dim;
+    widest = qw > widest ? qw : widest;
+    widest = c->intermediate_size > widest ? c->intermediate_size : widest;
+    r->pages = exl_malloc((size_t)r->seqs_per_step * r->pages_per_seq * sizeof *r->pages);
+    r->steps = exl_calloc((size_t)r->seqs_per_step, sizeof *r->steps);
+    r->buf = exl_malloc((size_t)max_rows * (size_t)widest * sizeof *r->buf);
+    r->zeros = exl_calloc((size_t)r->piece, sizeof *r->zeros);
+    if (!r->pages || !r->steps || !r->buf || !r->zeros) {
+        exl_qz_runner_free(r);
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    }
+    for (int32_t i = 0; i < r->seqs_per_step * r->pages_per_seq; i++)
+        r->pages[i] = i;
+    exl_status st = exl_kv_cache_init(m, r->seqs_per_step * r->pages_per_seq, PAGE_SIZE, &r->cache);
+    if (st != EXL_OK)
+        exl_qz_runner_free(r);
+    return st;
+}
+
+void exl_qz_runner_free(exl_qz_runner *r) {
+    if (r->cache)
+        exl_kv_cache_free(r->m, r->cache);
+    exl_free(r->pages);
+    exl_free(r->steps);
+    exl_free(r->buf);
+    exl_free(r->zeros);
+    memset(r, 0, sizeof *r);
+}
+
+/* What a step does with its sequences (r->steps[0 .. n_seqs)), whose hidden states are rows row0 .. row0 + rows of
+ * the calibration's. */
+typedef exl_status (*step_fn)(exl_qz_runner *r, void *ctx, int32_t n_seqs, int64_t row0, int32_t rows);
+
+/* Every step in order: sequences in order, each sequence's pieces in order; ids NULL: token 0 everywhere (a layer
+ * reads hidden states, not tokens). */
+static exl_status each_step(exl_qz_runner *r, const int32_t *ids, step_fn fn, void *ctx) {
+    for (int32_t s0 = 0; s0 < r->n_seqs; s0 += r->seqs_per_step) {
+        int32_t ns = r->n_seqs - s0 < r->seqs_per_step ? r->n_seqs - s0 : r->seqs_per_step;
+        for (int32_t off = 0; off < r->length; off += r->piece) {
+            int32_t n = r->length - off < r->piece ? r->length - off : r->piece;
+            for (int32_t i = 0; i < ns; i++)
+                r->steps[i] = (exl_seq_step){.ids = ids ? ids + (int64_t)(s0 + i) * r->length + off : r->zeros,
+                                             .n_new = n,
+                                             .n_past = off,
+                                             .pages = r->pages + (int64_t)i * r->pages_per_seq,
+                                             .n_pages = r->pages_per_seq};
+            /* several sequences a step only when each is whole: their rows follow each other */
+            EXL_TRY(fn(r, ctx, ns, (int64_t)s0 * r->length + off, ns * n));
+        }
+    }
+    return EXL_OK;
+}
+
+/* Rows row0 .. row0 + rows of the host's hidden states x to the forward's (m->fs.x), and back. */
+static exl_status upload_rows(exl_qz_runner *r, const float *x, int64_t row0, int32_t rows) {
+    size_t width = (size_t)r->m->cfg.hidden_size;
+    return r->m->be->ops->upload(r->m->be, r->m->fs.x, x + (size_t)row0 * width, (size_t)rows * width * sizeof(float));
+}
+
+static exl_status download_rows(exl_qz_runner *r, float *x, int64_t row0, int32_t rows) {
+    size_t width = (size_t)r->m->cfg.hidden_size;
+    return r->m->be->ops->download(r->m->be, x + (size_t)row0 * width, r->m->fs.x,
+                                   (size_t)rows * width * sizeof(float));
+}
+
+static exl_status embed_step(exl_qz_runner *r, void *ctx, int32_t n_seqs, int64_t row0, int32_t rows) {
+    EXL_TRY(exl_model_embed_step(r->m, r->cache, r->steps, n_seqs));
+    return download_rows(r, ctx, row0, rows);
+}
+
+exl_status exl_qz_run_embed(exl_qz_runner *r, const int32_t *ids, float *x) { return each_step(r, ids, embed_step, x); }
+
+typedef struct layer_ctx {
+    const exl_layer *layer;
+    int32_t li;
+    const float *x_in;
+    float *x_out;
+    exl_linear_hook hook;
+    void *user;
+} layer_ctx;
+
+static exl_status layer_step(exl_qz_runner *r, void *ctx, int32_t n_seqs, int64_t row0, int32_t rows) {
+    const layer_ctx *c = ctx;
+    EXL_TRY(upload_rows(r, c->x_in, row0, rows));
+    EXL_TRY(exl_model_layer_forward(r->m, c->layer, c->li, r->cache, r->steps, n_seqs, c->hook, c->user));
+    return c->x_out ? download_rows(r, c->x_out, row0, rows) : EXL_OK;
+}
+
+exl_status exl_qz_run_layer(exl_qz_runner *r, const exl_layer *layer, int32_t li, const float *x_in, float *x_out,
+                            exl_linear_hook hook, void *user) {
+    layer_ctx c = {layer, li, x_in, x_out, hook, user};
+    return each_step(r, NULL, layer_step, &c);
+}
+
+typedef struct head_ctx {
+    const float *x;
+    exl_linear_hook hook;
+    void *user;
+} head_ctx;
+
+static exl_status head_step(exl_qz_runner *r, void *ctx, int32_t n_seqs, int64_t row0, int32_t rows) {
+    const head_ctx *c = ctx;
+    EXL_TRY(upload_rows(r, c->x, row0, rows));
+    return exl_model_head_input(r->m, r->cache, r->steps, n_seqs, c->hook, c->user);
+}
+
+exl_status exl_qz_run_head(exl_qz_runner *r, const float *x, exl_linear_hook hook, void *user) {
+    head_ctx c = {x, hook, user};
+    return each_step(r, NULL, head_step, &c);
+}
+
+exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w, const float *x, int32_t rows) {
+    exl_qz_capture *c = user;
+    exl_backend *be = c->r->m->be;
+    for (int i = 0; i < 2; i++) {
+        if (w != c->w[i] || !c->h[i])
+            continue;
+        EXL_TRY(be->ops->download(be, c->r->buf, x, (size_t)rows * (size_t)c->h[i]->K * sizeof(float)));
+        EXL_TRY(exl_hessian_add(c->h[i], c->r->buf, rows, be));
+    }
+    return EXL_OK;
+}

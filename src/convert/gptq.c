@@ -1,0 +1,585 @@
+/* gptq.c - GPTQ (Frantar et al., "GPTQ: Accurate Post-Training Quantization for Generative
+ * Pre-trained Transformers", 2022) over W[K, N], with EXL2 or GPTQ scales.
+ *
+ * exl_gptq_prepare orders the rows (act-order: diag(H) descending) and factors the damped
+ * Hessian once: U, the upper Cholesky factor of (H + λI)⁻¹, serves every quantization of the
+ * linears that share H. exl_gptq_quantize takes the rows group by group, in blocks of at
+ * most 128 rows that never cross a group: row i is rounded and its error e = (w_i - q_i) /
+ * U[i,i] is subtracted from every later row j as U[i,j]·e, immediately inside the block and
+ * for the rows after it in one pass when the block is done. So a group's scales are fixed
+ * from its rows with every earlier error already spread into them. Work over rows and
+ * columns is split across the pool; the update of the rows after a block, a product
+ * W[rest] -= U[block, rest]ᵀ·E, is the backend's host_gemm (see qz.h). */
+#include "convert/qz.h"
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "format/quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BLOCK 128
+
+void exl_qz_layout_free(exl_qz_layout *l) {
+    exl_free(l->bits);
+    exl_free(l->rows);
+    l->bits = l->rows = NULL;
+    l->n_groups = 0;
+}
+
+void exl_qz_result_free(exl_qz_result *r) {
+    exl_free(r->perm);
+    exl_free(r->codes);
+    exl_free(r->scale_codes);
+    exl_free(r->scale_max);
+    exl_free(r->scales);
+    exl_free(r->zeros);
+    exl_free(r->Wq);
+    memset(r, 0, sizeof *r);
+}
+
+void exl_qz_hinv_free(exl_qz_hinv *h) {
+    exl_free(h->perm);
+    exl_free(h->U);
+    h->perm = NULL;
+    h->U = NULL;
+}
+
+/* ---- the inverse-Hessian factor
+ *
+ * With J the order reversal and J·A·J = M·Mᵀ (M lower), A⁻¹ = J·M⁻ᵀ·M⁻¹·J, so U = J·M⁻¹·J is
+ * upper with UᵀU = A⁻¹: one Cholesky factorization and one triangular inverse, both in place
+ * in double. Both go by blocks of NB columns, so that all but O(K²·NB) of their O(K³) work is
+ * products by gemm, split across the pool by rows. A is padded with the identity to Kp, a
+ * multiple of 8 (gemm's tile).
+ *
+ * The products stay in double on the CPU, not on the backend's fp32 host_gemm: simulated
+ * in fp32 they moved U by about 1e-7 (relative, twice its own float rounding) and left the
+ * codes unchanged, but every step would send the trailing matrix over the bus and back, and
+ * the O(K²·NB) panel work stays on the CPU anyway, so little time would be saved. */
+
+#define NB 128   /* columns per block */
+#define PANEL 64 /* rows per gemm call */
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define SIMD_CLONES
+#endif
+
+/* C [m, n] = (beta ? C : 0) + alpha·A [m, k]·B [k, n], row-major with leading dimensions lda,
+ * ldb, ldc; m % 4 == 0, n % 8 == 0, k > 0. Over slices of 256 of k and 64 rows of A, an 8-column
+ * strip of B is copied to a contiguous buffer and 4 x 8 tiles of C accumulate in registers. */
+SIMD_CLONES static void gemm(int64_t m, int64_t n, int64_t k, double alpha, const double *A, int64_t lda,
+                             const double *B, int64_t ldb, int beta, double *C, int64_t ldc) {
+    double bp[256][8];
+    for (int64_t p0 = 0; p0 < k; p0 += 256) {
+        int64_t kc = k - p0 < 256 ? k - p0 : 256;
+        int add = beta || p0 > 0;
+        for (int64_t i0 = 0; i0 < m; i0 += 64)
+            for (int64_t j = 0; j < n; j += 8) {
+                for (int64_t p = 0; p < kc; p++)
+                    memcpy(bp[p], B + (p0 + p) * ldb + j, sizeof bp[p]);
+                for (int64_t i = i0; i < m && i < i0 + 64; i += 4) {
+                    const double *a = A + i * lda + p0;
+                    double acc[4][8] = {{0}};
+                    for (int64_t p = 0; p < kc; p++)
+#pragma GCC unroll 4
+                        for (int r = 0; r < 4; r++)
+#pragma GCC unroll 8
+                            for (int q = 0; q < 8; q++)
+                                acc[r][q] += a[r * lda + p] * bp[p][q];
+                    for (int r = 0; r < 4; r++)
+                        for (int q = 0; q < 8; q++) {
+                            double *o = C + (i + r) * ldc + j + q;
+                            *o = (add ? *o : 0.0) + alpha * acc[r][q];
+                        }
+                }
+            }
+    }
+}
+
+/* Rows [r0, r1) of thread i of n over [0, len) when row r costs r + 1: equal shares of the
+ * triangle, in multiples of 4 (as len is). */
+static void split_tri(int64_t len, int i, int n, int64_t *r0, int64_t *r1) {
+    *r0 = (int64_t)((double)len * sqrt((double)i / n)) & ~(int64_t)3;
+    *r1 = i + 1 == n ? len : (int64_t)((double)len * sqrt((double)(i + 1) / n)) & ~(int64_t)3;
+}
+
+typedef struct fac_ctx {
+    double *A;          /* [Kp, Kp] */
+    double *W;          /* [Kp, NB] the panel transposed, or a product */
+    double *D;          /* [NB, NB] the diagonal block transposed, or its inverse */
+    int64_t Kp, b0, b1; /* the block: columns b0 .. b1 */
+} fac_ctx;
+
+/* Unblocked in-place lower Cholesky factor of the n x n block at A (leading dimension ld); -1
+ * when it is not positive definite. */
+static int chol_block(double *A, int64_t ld, int64_t n) {
+    for (int64_t j = 0; j < n; j++) {
+        const double *aj = A + j * ld;
+        double d = aj[j];
+        for (int64_t p = 0; p < j; p++)
+            d -= aj[p] * aj[p];
+        if (!(d > 0))
+            return -1;
+        d = sqrt(d);
+        A[j * ld + j] = d;
+        for (int64_t i = j + 1; i < n; i++) {
+            double *ai = A + i * ld, s = ai[j];
+            for (int64_t p = 0; p < j; p++)
+                s -= ai[p] * aj[p];
+            ai[j] = s / d;
+        }
+    }
+    return 0;
+}
+
+/* Rows b1 .. Kp of the block's columns, 8 at a time: L21 = A21·L11⁻ᵀ by substitution (D holds
+ * L11ᵀ), also stored transposed in W [nb, Kp - b1]. */
+static void chol_panel_task(void *ctx, int index, int count) {
+    const fac_ctx *c = ctx;
+    int64_t Kp = c->Kp, nb = c->b1 - c->b0, rows = Kp - c->b1;
+    long i0, i1;
+    exl_split_range((long)rows, index, count, 8, &i0, &i1);
+    double x[NB][8];
+    for (int64_t i = i0; i < i1; i += 8) {
+        double *a = c->A + (c->b1 + i) * Kp + c->b0;
+        for (int64_t j = 0; j < nb; j++)
+            for (int r = 0; r < 8; r++)
+                x[j][r] = a[r * Kp + j];
+        for (int64_t j = 0; j < nb; j++) {
+            const double *d = c->D + j * nb;
+            for (int r = 0; r < 8; r++)
+                x[j][r] /= d[j];
+            for (int64_t q = j + 1; q < nb; q++)
+                for (int r = 0; r < 8; r++)
+                    x[q][r] -= d[q] * x[j][r];
+            memcpy(c->W + j * rows + i, x[j], sizeof x[j]);
+        }
+        for (int64_t j = 0; j < nb; j++)
+            for (int r = 0; r < 8; r++)
+                a[r * Kp + j] = x[j][r];
+    }
+}
+
+/* A22 -= L21·L21ᵀ on this thread's rows (to the diagonal, by tiles: also a little above it). */
+static void chol_update_task(void *ctx, int index, int count) {
+    const fac_ctx *c = ctx;
+    int64_t Kp = c->Kp, nb = c->b1 - c->b0, rows = Kp - c->b1, r0, r1;
+    split_tri(rows, index, count, &r0, &r1);
+    for (int64_t a = r0; a < r1; a += PANEL) {
+        int64_t b = a + PANEL < r1 ? a + PANEL : r1;
+        double *ai = c->A + (c->b1 + a) * Kp;
+        gemm(b - a, (b + 7) & ~(int64_t)7, nb, -1.0, ai + c->b0, Kp, c->W, rows, 1, ai + c->b1, Kp);
+    }
+}
+
+/* Right-looking blocked Cholesky of c->A in place (lower); -1 when it is not positive definite. */
+static int cholesky(fac_ctx *c, exl_pool *pool) {
+    int64_t Kp = c->Kp;
+    for (c->b0 = 0; c->b0 < Kp; c->b0 = c->b1) {
+        c->b1 = c->b0 + NB < Kp ? c->b0 + NB : Kp;
+        int64_t nb = c->b1 - c->b0, rows = Kp - c->b1;
+        double *d = c->A + c->b0 * Kp + c->b0;
+        if (chol_block(d, Kp, nb))
+            return -1;
+        for (int64_t j = 0; j < nb; j++)
+            for (int64_t q = j; q < nb; q++)
+                c->D[j * nb + q] = d[q * Kp + j];
+        exl_pool_run_work(pool, chol_panel_task, c, rows * nb * nb / 2);
+        exl_pool_run_work(pool, chol_update_task, c, rows * rows * nb / 2);
+    }
+    return 0;
+}
+
+/* D [n, n] = the inverse of the lower n x n block at M (leading dimension ld), row by row. */
+static void tri_inv_block(const double *M, int64_t ld, int64_t n, double *D) {
+    memset(D, 0, (size_t)(n * n) * sizeof(double));
+    for (int64_t r = 0; r < n; r++) {
+        double *x = D + r * n;
+        const double *m = M + r * ld;
+        x[r] = 1.0;
+        for (int64_t p = 0; p < r; p++)
+            for (int64_t q = 0; q <= p; q++)
+                x[q] -= m[p] * D[p * n + q];
+        for (int64_t q = 0; q <= r; q++)
+            x[q] /= m[r];
+    }
+}
+
+/* W [Kp - b1, nb] = X·M[b1 .., block] on this thread's rows, X = A[b1 .., b1 ..] (lower). */
+static void inv_product_task(void *ctx, int index, int count) {
+    const fac_ctx *c = ctx;
+    int64_t Kp = c->Kp, nb = c->b1 - c->b0, rows = Kp - c->b1, r0, r1;
+    split_tri(rows, index, count, &r0, &r1);
+    const double *X = c->A + c->b1 * Kp + c->b1;
+    for (int64_t a = r0; a < r1; a += PANEL) {
+        int64_t b = a + PANEL < r1 ? a + PANEL : r1;
+        gemm(b - a, nb, b, 1.0, X + a * Kp, Kp, c->A + c->b1 * Kp + c->b0, Kp, 0, c->W + a * nb, nb);
+    }
+}
+
+/* A[b1 .., block] = -W·D on this thread's rows. */
+static void inv_scale_task(void *ctx, int index, int count) {
+    const fac_ctx *c = ctx;
+    int64_t Kp = c->Kp, nb = c->b1 - c->b0;
+    long i0, i1;
+    exl_split_range((long)(Kp - c->b1), index, count, 4, &i0, &i1);
+    gemm(i1 - i0, nb, nb, -1.0, c->W + i0 * nb, nb, c->D, nb, 0, c->A + (c->b1 + i0) * Kp + c->b0, Kp);
+}
+
+/* In-place inverse of the lower c->A (zero above the diagonal), by block columns from the
+ * right: with X the inverse of the part after a block, A[b1 .., block] = -X·A[b1 .., block]·D
+ * where D is the inverse of the block's diagonal part. */
+static void tri_inverse(fac_ctx *c, exl_pool *pool) {
+    int64_t Kp = c->Kp;
+    for (c->b0 = (Kp - 1) / NB * NB; c->b0 >= 0; c->b0 -= NB) {
+        c->b1 = c->b0 + NB < Kp ? c->b0 + NB : Kp;
+        int64_t nb = c->b1 - c->b0, rows = Kp - c->b1;
+        double *d = c->A + c->b0 * Kp + c->b0;
+        tri_inv_block(d, Kp, nb, c->D);
+        exl_pool_run_work(pool, inv_product_task, c, rows * rows * nb / 2);
+        exl_pool_run_work(pool, inv_scale_task, c, rows * nb * nb);
+        for (int64_t r = 0; r < nb; r++)
+            memcpy(d + r * Kp, c->D + r * nb, (size_t)nb * sizeof(double));
+    }
+}
+
+typedef struct diag_key {
+    float d;
+    int32_t i;
+} diag_key;
+
+static int cmp_diag_desc(const void *a, const void *b) {
+    const diag_key *x = a, *y = b;
+    return x->d > y->d ? -1 : x->d < y->d ? 1 : (x->i > y->i) - (x->i < y->i);
+}
+
+static exl_status make_perm(const exl_hessian *H, int act_order, int32_t *perm) {
+    int64_t K = H->K;
+    diag_key *k = exl_malloc((size_t)K * sizeof *k);
+    if (!k)
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < K; i++)
+        k[i] = (diag_key){act_order ? H->H[i * K + i] : 0.0f, (int32_t)i};
+    qsort(k, (size_t)K, sizeof *k, cmp_diag_desc);
+    for (int64_t i = 0; i < K; i++)
+        perm[i] = k[i].i;
+    exl_free(k);
+    return EXL_OK;
+}
+
+/* U of the permuted Hessian plus (EXL_QZ_DAMP + EXL_QZ_DAMP_PER_DIM·K/n) x its mean
+ * diagonal, n the rows it was accumulated from; the damping grows 4x (up to 8 times) while
+ * the factorization fails. */
+static exl_status factor(const exl_hessian *H, const int32_t *perm, exl_pool *pool, float *U) {
+    int64_t K = H->K, Kp = (K + 7) & ~(int64_t)7;
+    fac_ctx c = {exl_malloc((size_t)(Kp * Kp) * sizeof(double)), exl_malloc((size_t)(Kp * NB) * sizeof(double)),
+                 exl_malloc((size_t)(NB * NB) * sizeof(double)), Kp, 0, 0};
+    exl_status st = c.A && c.W && c.D ? EXL_OK
+                                      : exl_fail(EXL_ERR_NOMEM, "out of memory for the inverse Hessian (K = %lld)",
+                                                 (long long)K);
+    double mean = 0;
+    for (int64_t i = 0; i < K; i++)
+        mean += H->H[i * K + i];
+    mean = mean > 0 ? mean / (double)K : 1.0;
+    double damp = EXL_QZ_DAMP + EXL_QZ_DAMP_PER_DIM * (double)K / (double)(H->n > 0 ? H->n : 1);
+    int tries = 0;
+    for (; st == EXL_OK && tries < 8; tries++, damp *= 4) {
+        for (int64_t i = 0; i < Kp; i++) {
+            double *a = c.A + i * Kp;
+            memset(a, 0, (size_t)Kp * sizeof(double));
+            for (int64_t j = 0; i < K && j <= i; j++)
+                a[j] = H->H[(int64_t)perm[K - 1 - i] * K + perm[K - 1 - j]];
+            a[i] += i < K ? damp * mean : 1.0;
+        }
+        if (!cholesky(&c, pool))
+            break;
+    }
+    if (st == EXL_OK && tries == 8)
+        st = exl_fail(EXL_ERR_ARG, "the calibration Hessian is not positive definite even with damping");
+    if (st == EXL_OK) {
+        for (int64_t i = 0; i < Kp; i++) /* the updates by tiles wrote a little above the diagonal */
+            memset(c.A + i * Kp + i + 1, 0, (size_t)(Kp - i - 1) * sizeof(double));
+        tri_inverse(&c, pool);
+        for (int64_t i = 0; i < K; i++)
+            for (int64_t j = 0; j <= i; j++)
+                U[(K - 1 - i) * K + (K - 1 - j)] = (float)c.A[i * Kp + j];
+    }
+    exl_free(c.A);
+    exl_free(c.W);
+    exl_free(c.D);
+    return st;
+}
+
+exl_status exl_gptq_prepare(const exl_hessian *H, int act_order, exl_pool *pool, exl_qz_hinv *out) {
+    int64_t K = H->K;
+    out->K = K;
+    out->perm = exl_malloc((size_t)K * sizeof(int32_t));
+    out->U = exl_calloc((size_t)(K * K), sizeof(float));
+    exl_status st = out->perm && out->U ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory (K = %lld)", (long long)K);
+    if (st == EXL_OK)
+        st = make_perm(H, act_order, out->perm);
+    if (st == EXL_OK)
+        st = factor(H, out->perm, pool, out->U);
+    if (st != EXL_OK)
+        exl_qz_hinv_free(out);
+    return st;
+}
+
+/* ---- group scales */
+
+typedef struct qstate {
+    exl_qz_scheme scheme;
+    int64_t N;
+    int bits;
+    float *scale; /* [N] current group's scale per column */
+    float *zero;  /* [N] */
+} qstate;
+
+static inline float qdq(float w, float s, float z, int maxq, uint8_t *code) {
+    float q = s != 0.0f ? nearbyintf(w / s) + z : z;
+    q = q < 0 ? 0 : q > (float)maxq ? (float)maxq : q;
+    *code = (uint8_t)q;
+    return (q - z) * s;
+}
+
+/* GPTQ: min/max scale (and zero point) per column of the rows W[r0 .. r1). */
+static void gptq_group_params(qstate *qs, const float *W, int64_t r0, int64_t r1, int64_t g, exl_qz_result *out) {
+    int64_t N = qs->N;
+    int maxq = (1 << qs->bits) - 1, mid = 1 << (qs->bits - 1);
+    for (int64_t n = 0; n < N; n++) {
+        float lo = 0, hi = 0, s, z = (float)mid;
+        for (int64_t r = r0; r < r1; r++) {
+            float w = W[r * N + n];
+            lo = w < lo ? w : lo;
+            hi = w > hi ? w : hi;
+        }
+        if (qs->scheme == EXL_QZ_GPTQ_SYM) {
+            float m = -lo > hi ? -lo : hi;
+            s = m > 0 ? 2.0f * m / (float)maxq : 2.0f / (float)maxq;
+        } else {
+            if (lo == 0 && hi == 0)
+                lo = -1, hi = 1;
+            s = (hi - lo) / (float)maxq;
+            z = nearbyintf(-lo / s);
+            if (z < 1) { /* v1 checkpoints store zero - 1: keep it >= 0 */
+                z = 1;
+                s = hi / (float)(maxq - 1);
+            }
+            z = z > (float)maxq ? (float)maxq : z;
+        }
+        s = exl_f16_to_f32(exl_f32_to_f16(s));
+        out->zeros[g * N + n] = (uint8_t)z;
+        out->scales[g * N + n] = exl_f32_to_f16(s);
+        qs->scale[n] = s;
+        qs->zero[n] = z;
+    }
+}
+
+/* EXL2 scales of one group: one fp16 maximum and per column a 4-bit code c giving
+ * fp16(max/256)·(c+1)². The maximum is tried at EXL2_TRIES points around the smallest one
+ * that codes every column without clipping; for each, every column takes the code (of the
+ * few around its own no-clipping scale) with the least squared rounding error, and the
+ * maximum with the least total wins. */
+#define EXL2_TRIES 20
+typedef struct scale_ctx {
+    const float *W;
+    const float *ideal; /* [N] no-clipping scale per column */
+    int64_t N, r0, r1;
+    int bits;
+    uint16_t sm[EXL2_TRIES];
+    double *err;        /* [threads, EXL2_TRIES] */
+    uint8_t *codes;     /* [EXL2_TRIES, N] best code per column */
+} scale_ctx;
+
+static float column_err(const scale_ctx *c, int64_t n, float s) {
+    int maxq = (1 << c->bits) - 1;
+    float z = (float)(1 << (c->bits - 1)), err = 0;
+    uint8_t code;
+    for (int64_t r = c->r0; r < c->r1; r++) {
+        float w = c->W[r * c->N + n], d = w - qdq(w, s, z, maxq, &code);
+        err += d * d;
+    }
+    return err;
+}
+
+static void scale_task(void *ctx, int index, int count) {
+    const scale_ctx *c = ctx;
+    long n0, n1;
+    exl_split_range((long)c->N, index, count, 8, &n0, &n1);
+    double *err = c->err + (size_t)index * EXL2_TRIES;
+    for (int t = 0; t < EXL2_TRIES; t++) {
+        float smf = exl_f16_to_f32(c->sm[t]);
+        for (int64_t n = n0; n < n1; n++) {
+            int c0 = (int)nearbyintf(16.0f * sqrtf(c->ideal[n] / smf)) - 1;
+            float best = INFINITY;
+            int best_c = 15;
+            for (int k = c0 - 2; k <= c0 + 1; k++) {
+                if (k < 0 || k > 15)
+                    continue;
+                float e = column_err(c, n, exl_exl2_scale(c->sm[t], (uint32_t)k));
+                if (e < best)
+                    best = e, best_c = k;
+            }
+            c->codes[(size_t)t * c->N + n] = (uint8_t)best_c;
+            err[t] += best;
+        }
+    }
+}
+
+static exl_status exl2_group_params(qstate *qs, const float *W, int64_t r0, int64_t r1, int64_t g, exl_pool *pool,
+                                    exl_qz_result *out) {
+    int64_t N = qs->N;
+    int mid = 1 << (qs->bits - 1), threads = exl_pool_size(pool);
+    float smax = 0;
+    for (int64_t n = 0; n < N; n++) {
+        float lo = 0, hi = 0;
+        for (int64_t r = r0; r < r1; r++) {
+            float w = W[r * N + n];
+            lo = w < lo ? w : lo;
+            hi = w > hi ? w : hi;
+        }
+        float s1 = hi / (float)(mid - 1), s2 = -lo / (float)mid;
+        qs->scale[n] = s1 > s2 ? s1 : s2;
+        smax = qs->scale[n] > smax ? qs->scale[n] : smax;
+    }
+    scale_ctx c = {W, qs->scale, N, r0, r1, qs->bits, {0}, NULL, NULL};
+    c.err = exl_calloc((size_t)threads * EXL2_TRIES, sizeof(double));
+    c.codes = exl_malloc((size_t)EXL2_TRIES * N);
+    if (!c.err || !c.codes) {
+        exl_free(c.err);
+        exl_free(c.codes);
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    }
+    for (int t = 0; t < EXL2_TRIES; t++)
+        c.sm[t] = exl_f32_to_f16((smax > 0 ? smax : 1e-6f) * (0.65f + 0.025f * (float)t));
+    exl_pool_run_work(pool, scale_task, &c, EXL2_TRIES * 4 * (r1 - r0) * N);
+    int best = 0;
+    double best_err = INFINITY;
+    for (int t = 0; t < EXL2_TRIES; t++) {
+        double e = 0;
+        for (int i = 0; i < threads; i++)
+            e += c.err[(size_t)i * EXL2_TRIES + t];
+        if (e < best_err)
+            best_err = e, best = t;
+    }
+    out->scale_max[g] = c.sm[best];
+    for (int64_t n = 0; n < N; n++) {
+        uint8_t k = c.codes[(size_t)best * N + n];
+        out->scale_codes[g * N + n] = k;
+        qs->scale[n] = exl_exl2_scale(c.sm[best], k);
+        qs->zero[n] = (float)mid;
+    }
+    exl_free(c.err);
+    exl_free(c.codes);
+    return EXL_OK;
+}
+
+/* ---- quantizing the rows of a block, and the lazy update of the rows after it */
+
+static void quant_block(const qstate *qs, float *Wp, const float *U, float *E, int64_t K, int64_t i1, int64_t i2,
+                        uint8_t *codes) {
+    int64_t N = qs->N;
+    int maxq = (1 << qs->bits) - 1;
+    for (int64_t i = i1; i < i2; i++) {
+        float *w = Wp + i * N, *e = E + (i - i1) * N, d = U[i * K + i];
+        uint8_t *code = codes + i * N;
+        for (int64_t n = 0; n < N; n++) {
+            float q = qdq(w[n], qs->scale[n], qs->zero[n], maxq, &code[n]);
+            e[n] = (w[n] - q) / d;
+            w[n] = q;
+        }
+        for (int64_t j = i + 1; j < i2; j++) {
+            float u = U[i * K + j], *wj = Wp + j * N;
+            for (int64_t n = 0; n < N; n++)
+                wj[n] -= u * e[n];
+        }
+    }
+}
+
+/* W[i2 .. K) -= U[i1 .. i2, i2 .. K)ᵀ · E */
+static exl_status update_rest(float *W, const float *U, const float *E, int64_t K, int64_t N, int64_t i1, int64_t i2,
+                              exl_backend *be) {
+    return be->ops->host_gemm(be, 1, 0, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, 1.0f, W + i2 * N, N);
+}
+
+/* ---- driver */
+
+static exl_status alloc_result(exl_qz_result *r, int64_t K, int64_t N, int32_t G, exl_qz_scheme scheme) {
+    memset(r, 0, sizeof *r);
+    r->K = K;
+    r->N = N;
+    r->perm = exl_malloc((size_t)K * sizeof(int32_t));
+    r->codes = exl_malloc((size_t)(K * N));
+    r->Wq = exl_malloc((size_t)(K * N) * sizeof(float));
+    int ok = r->perm && r->codes && r->Wq;
+    if (scheme == EXL_QZ_EXL2) {
+        r->scale_codes = exl_malloc((size_t)(G * N));
+        r->scale_max = exl_malloc((size_t)G * sizeof(uint16_t));
+        ok = ok && r->scale_codes && r->scale_max;
+    } else {
+        r->scales = exl_malloc((size_t)(G * N) * sizeof(uint16_t));
+        r->zeros = exl_malloc((size_t)(G * N));
+        ok = ok && r->scales && r->zeros;
+    }
+    if (!ok) {
+        exl_qz_result_free(r);
+        return exl_fail(EXL_ERR_NOMEM, "out of memory quantizing a %lld x %lld matrix", (long long)K, (long long)N);
+    }
+    return EXL_OK;
+}
+
+/* Quantize the permuted rows Wp group by group (see the top of the file). */
+static exl_status gptq_rows(float *Wp, const exl_qz_hinv *h, qstate *qs, const exl_qz_layout *layout, exl_pool *pool,
+                            exl_backend *be, exl_qz_result *out) {
+    int64_t K = h->K, N = qs->N, r0 = 0;
+    float *E = exl_malloc((size_t)(BLOCK * N) * sizeof(float));
+    exl_status st = E ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int32_t g = 0; st == EXL_OK && g < layout->n_groups; g++) {
+        int64_t r1 = r0 + layout->rows[g];
+        qs->bits = layout->bits[g];
+        if (qs->scheme == EXL_QZ_EXL2)
+            st = exl2_group_params(qs, Wp, r0, r1, g, pool, out);
+        else
+            gptq_group_params(qs, Wp, r0, r1, g, out);
+        for (int64_t i1 = r0; st == EXL_OK && i1 < r1; i1 += BLOCK) {
+            int64_t i2 = i1 + BLOCK < r1 ? i1 + BLOCK : r1;
+            quant_block(qs, Wp, h->U, E, K, i1, i2, out->codes);
+            st = update_rest(Wp, h->U, E, K, N, i1, i2, be);
+        }
+        r0 = r1;
+    }
+    exl_free(E);
+    return st;
+}
+
+exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, exl_qz_scheme scheme,
+                             const exl_qz_layout *layout, exl_pool *pool, exl_backend *be, exl_qz_result *out) {
+    int64_t K = h->K, rows = 0;
+    for (int32_t g = 0; g < layout->n_groups; g++)
+        rows += layout->rows[g];
+    if (rows != K)
+        return exl_fail(EXL_ERR_ARG, "quantization groups cover %lld of %lld rows", (long long)rows, (long long)K);
+    EXL_TRY(alloc_result(out, K, N, layout->n_groups, scheme));
+    memcpy(out->perm, h->perm, (size_t)K * sizeof(int32_t));
+    float *Wp = exl_malloc((size_t)(K * N) * sizeof(float)), *sc = exl_malloc((size_t)N * 2 * sizeof(float));
+    exl_status st = Wp && sc ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    if (st == EXL_OK) {
+        for (int64_t r = 0; r < K; r++)
+            memcpy(Wp + r * N, W + (int64_t)h->perm[r] * N, (size_t)N * sizeof(float));
+        qstate qs = {scheme, N, 0, sc, sc + N};
+        st = gptq_rows(Wp, h, &qs, layout, pool, be, out);
+    }
+    for (int64_t r = 0; st == EXL_OK && r < K; r++)
+        memcpy(out->Wq + (int64_t)h->perm[r] * N, Wp + r * N, (size_t)N * sizeof(float));
+    exl_free(Wp);
+    exl_free(sc);
+    if (st != EXL_OK)
+        exl_qz_result_free(out);
+    return st;
+}

@@ -1,0 +1,44 @@
+/* hessian.c - H = 2/n · XᵀX of the inputs a linear layer saw during calibration. */
+#include "convert/qz.h"
+
+#include "base/alloc.h"
+#include "base/error.h"
+
+#include <string.h>
+
+exl_status exl_hessian_init(exl_hessian *h, int64_t K) {
+    h->K = K;
+    h->n = 0;
+    if (!(h->H = exl_calloc((size_t)(K * K), sizeof(float))))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory for a %lld x %lld Hessian", (long long)K, (long long)K);
+    return EXL_OK;
+}
+
+void exl_hessian_free(exl_hessian *h) {
+    exl_free(h->H);
+    h->H = NULL;
+}
+
+/* The whole of H (both triangles; exl_hessian_finish mirrors the upper one) += XᵀX at once;
+ * a fresh H (n = 0, all zeros) is not read. */
+exl_status exl_hessian_add(exl_hessian *h, const float *x, int64_t rows, exl_backend *be) {
+    int64_t K = h->K;
+    EXL_TRY(be->ops->host_gemm(be, 1, 0, K, K, rows, 1.0f, x, K, x, K, h->n ? 1.0f : 0.0f, h->H, K));
+    h->n += rows;
+    return EXL_OK;
+}
+
+void exl_hessian_finish(exl_hessian *h) {
+    int64_t K = h->K;
+    float s = h->n > 0 ? 2.0f / (float)h->n : 0.0f;
+    for (int64_t i = 0; i < K; i++)
+        for (int64_t j = i; j < K; j++)
+            h->H[j * K + i] = h->H[i * K + j] *= s;
+}
+
+void exl_hessian_identity(exl_hessian *h) {
+    memset(h->H, 0, (size_t)(h->K * h->K) * sizeof(float));
+    for (int64_t i = 0; i < h->K; i++)
+        h->H[i * h->K + i] = 1.0f;
+    h->n = 1;
+}

@@ -1,0 +1,866 @@
+/* quantize.c - exl_quantize: Hugging Face model -> EXL2 or GPTQ, layer by layer.
+ *
+ * The calibration rows' hidden states go through the model one decoder layer at a time, in the model's own
+ * forward pass (calib_run.c, model.h's exl_model_layer_forward), a hook adding each linear's inputs to its
+ * Hessian. EXL2 first measures (unless given a measurement.json): every candidate recipe of each block
+ * (self_attn, mlp) is quantized with GPTQ, the block run alone with the candidate's dequantized weights, and the
+ * relative error of the hidden states after it recorded, on the unquantized model's states (see measure_block);
+ * the optimizer then picks one recipe per block within the budget. The quantizing pass runs each layer on the
+ * states of the already-quantized layers before it, and inside a layer each linear sees the outputs of the
+ * already-quantized linears before it (o_proj after q/k/v, down after gate/up). Only one layer's fp32 weights
+ * and Hessians are held at a time. What a tensor is called and how a layer computes are the model's (model/);
+ * the output holds the quantized linears and every other tensor of the input as it is.
+ *
+ * Everything runs on the device parameter's backend: the forward passes, and the big products (Hessians, GPTQ
+ * updates) as its host_gemm, in fp32 on the GPU as on the CPU.
+ *
+ * Resuming: OUT_DIR/.exl-quant holds state.json (parameters, pass, next layer), the
+ * hidden states after the last finished layer, the partial measurement and one
+ * safetensors part per finished layer; the last step merges the parts and removes it. */
+#include "convert/qz.h"
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "base/str.h"
+#include "format/quant.h"
+#include "io/hf_config.h"
+#include "io/json_file.h"
+#include "model/model.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The linears of a decoder layer, in the order the blocks use them: attention q, k, v, o; MLP gate, up, down. */
+enum { LIN_Q, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN, N_LIN };
+
+typedef struct qz {
+    const exl_quantize_params *p;
+    exl_hf_config cfg;
+    exl_model *m;          /* the input model on the device parameter's backend */
+    exl_backend *be;       /* m's: forward passes, host_gemm */
+    exl_pool *pool;        /* the CPU backend's, or own_pool */
+    exl_pool *own_pool;
+    exl_qz_runner run;
+    char *work;            /* OUT_DIR/.exl-quant */
+    char sig[1024];        /* the parameters a resumed run must match */
+    int64_t T, H, qw, kvw, F;
+    int64_t K[N_LIN], N[N_LIN];
+    exl_qz_block_desc desc[2];
+    float *x;              /* [T, H] hidden states */
+    float *ref, *y;        /* [T, H] after a block: with the unquantized weights, with a candidate's */
+    /* the layer being quantized: each linear's tensor prefix, source, fp32 weights W[K, N] and bias */
+    const char *prefix[N_LIN];
+    exl_linear_src src[N_LIN];
+    float *W[N_LIN], *bias[N_LIN];
+    exl_qz_measurement meas;
+    int32_t *choice;       /* recipe per block */
+    exl_str report;
+} qz;
+
+/* ---- small helpers */
+
+static void progress(qz *q, const char *stage, int32_t done, int32_t total) {
+    if (q->p->progress)
+        q->p->progress(q->p->progress_user, stage, done, total);
+}
+
+static char *work_path(const qz *q, const char *name) { return exl_path_join(q->work, name); }
+
+/* the work file of layer l's quantized tensors */
+static char *layer_path(const qz *q, int l) {
+    char name[64];
+    snprintf(name, sizeof name, "layer_%05d.safetensors", l);
+    return work_path(q, name);
+}
+
+static double sq_dist(const float *a, const float *b, int64_t n) {
+    double e = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        e += d * d;
+    }
+    return e;
+}
+
+/* Round to nearest: no calibration, no forward passes, identity Hessians. */
+static int rtn(const qz *q) { return q->p->format == EXL_QUANT_GPTQ && q->p->rtn; }
+
+/* Layer l's linears (the model's) in LIN_ order. */
+static void layer_linears(const qz *q, int32_t l, exl_linear **w) {
+    const exl_layer *ml = &q->m->layers[l];
+    exl_linear *all[N_LIN] = {ml->q, ml->k, ml->v, ml->o, ml->gate, ml->up, ml->down};
+    memcpy(w, all, sizeof all);
+}
+
+/* Layer l with block k (0 attention, 1 MLP) alone (the other's input norm NULL), its linears w (LIN_ order); the
+ * layer's other weights (norms of heads, post-norms) its own. */
+static exl_layer block_layer(const qz *q, int32_t l, int k, exl_linear *const *w) {
+    exl_layer b = q->m->layers[l];
+    b.q = w[LIN_Q], b.k = w[LIN_K], b.v = w[LIN_V], b.o = w[LIN_O];
+    b.gate = w[LIN_GATE], b.up = w[LIN_UP], b.down = w[LIN_DOWN];
+    if (k == 0)
+        b.mlp_norm = NULL;
+    else
+        b.attn_norm = NULL;
+    return b;
+}
+
+/* What the quantizer cannot take of a model the forward runs (written to gap; empty: none): its blocks are attention
+ * of the four linears q, k, v, o and a dense MLP of gate, up, down. */
+static void quant_gap(const exl_hf_config *c, char *gap, size_t size) {
+    gap[0] = 0;
+    if (c->fused_qkv || c->fused_gate_up)
+        snprintf(gap, size, "fused qkv_proj / gate_up_proj linears");
+    for (int32_t i = 0; !gap[0] && i < c->n_layers; i++)
+        if (c->layers[i].moe)
+            snprintf(gap, size, "mixture-of-experts layers");
+}
+
+static void free_layer(qz *q) {
+    for (int i = 0; i < N_LIN; i++) {
+        exl_free(q->W[i]);
+        exl_free(q->bias[i]);
+        q->W[i] = q->bias[i] = NULL;
+    }
+}
+
+/* A linear's weights W[K, N] and bias (or NULL) in fp32. */
+static exl_status load_linear(const exl_linear_src *src, float **W, float **bias) {
+    int64_t K = src->in_features, N = src->out_features;
+    if (!(*W = exl_malloc((size_t)(K * N) * sizeof(float))))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory for a %lld x %lld linear", (long long)K, (long long)N);
+    EXL_TRY(exl_linear_dequant(src, *W));
+    if (!src->bias)
+        return EXL_OK;
+    if (!(*bias = exl_malloc((size_t)N * sizeof(float))))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int64_t n = 0; n < N; n++)
+        switch (src->bias_dtype) {
+        case EXL_DTYPE_F16: (*bias)[n] = exl_f16_to_f32(((const uint16_t *)src->bias)[n]); break;
+        case EXL_DTYPE_BF16: (*bias)[n] = exl_bf16_to_f32(((const uint16_t *)src->bias)[n]); break;
+        default: (*bias)[n] = ((const float *)src->bias)[n]; break;
+        }
+    return EXL_OK;
+}
+
+static exl_status load_layer(qz *q, int32_t l) {
+    exl_linear *w[N_LIN];
+    layer_linears(q, l, w);
+    for (int i = 0; i < N_LIN; i++) {
+        EXL_TRY(exl_model_linear_source(q->m, w[i], &q->prefix[i], &q->src[i]));
+        EXL_TRY(load_linear(&q->src[i], &q->W[i], &q->bias[i]));
+    }
+    return EXL_OK;
+}
+
+/* The GPTQ factor of a Hessian (EXL2 always in act-order); rounding to nearest takes the identity. */
+static exl_status hinv_of(qz *q, exl_hessian *h, exl_qz_hinv *hi) {
+    if (rtn(q))
+        exl_hessian_identity(h);
+    else
+        exl_hessian_finish(h);
+    return exl_gptq_prepare(h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
+}
+
+/* Run layer l's block (its linears w) over the hidden states x into x_out (NULL: none), adding the inputs of want[0]
+ * and want[1] (either NULL) to h[0] and h[1]. */
+static exl_status run_block(qz *q, int32_t l, int k, exl_linear *const *w, const float *x, float *x_out,
+                            const exl_linear *const *want, exl_hessian *const *h) {
+    exl_layer b = block_layer(q, l, k, w);
+    exl_qz_capture cap = {&q->run, {want ? want[0] : NULL, want ? want[1] : NULL}, {h ? h[0] : NULL, h ? h[1] : NULL}};
+    return exl_qz_run_layer(&q->run, &b, l, x, x_out, want ? exl_qz_capture_inputs : NULL, &cap);
+}
+
+/* ---- quantizing one linear */
+
+static exl_status quant_exl2(qz *q, const exl_qz_opt *o, const float *W, const exl_qz_hinv *h, int64_t N,
+                             exl_qz_result *r, exl_qz_layout *l) {
+    EXL_TRY(exl_exl2_layout(o, h->K, l));
+    exl_status st = exl_gptq_quantize(W, h, N, EXL_QZ_EXL2, l, q->pool, q->be, r);
+    if (st != EXL_OK)
+        exl_qz_layout_free(l);
+    return st;
+}
+
+/* Quantize linear (name, W, bias) into the part; *Wq receives the dequantized weights. */
+static exl_status emit_linear(qz *q, exl_qz_part *part, const char *name, const float *W, const float *bias,
+                              const exl_qz_hinv *h, int64_t N, const exl_qz_opt *o, float **Wq) {
+    int64_t K = h->K;
+    char tn[300];
+    exl_qz_result r;
+    exl_qz_layout l = {0};
+    exl_status st;
+    if (q->p->format == EXL_QUANT_EXL2) {
+        EXL_TRY(quant_exl2(q, o, W, h, N, &r, &l));
+        exl_exl2_tensors t;
+        st = exl_exl2_tensors_make(&r, &l, &t);
+        if (st == EXL_OK) {
+            int64_t s1[2] = {t.Q, t.Np}, s2[1] = {K}, s3[2] = {t.G, t.Np / 8}, s4[1] = {t.G}, s5[1] = {2 * t.G};
+            snprintf(tn, sizeof tn, "%s.q_weight", name);
+            st = exl_qz_part_own(part, tn, EXL_DTYPE_I32, 2, s1, t.q_weight);
+            snprintf(tn, sizeof tn, "%s.q_invperm", name);
+            exl_status s = exl_qz_part_own(part, tn, EXL_DTYPE_I32, 1, s2, t.q_invperm);
+            st = st ? st : s;
+            snprintf(tn, sizeof tn, "%s.q_scale", name);
+            s = exl_qz_part_own(part, tn, EXL_DTYPE_I32, 2, s3, t.q_scale);
+            st = st ? st : s;
+            snprintf(tn, sizeof tn, "%s.q_scale_max", name);
+            s = exl_qz_part_own(part, tn, EXL_DTYPE_F16, 1, s4, t.q_scale_max);
+            st = st ? st : s;
+            snprintf(tn, sizeof tn, "%s.q_groups", name);
+            s = exl_qz_part_own(part, tn, EXL_DTYPE_I16, 1, s5, t.q_groups);
+            st = st ? st : s;
+        }
+    } else {
+        int gs = q->p->group_size > 0 && q->p->group_size < K ? q->p->group_size : (int)K;
+        int32_t G = (int32_t)((K + gs - 1) / gs);
+        l.n_groups = G;
+        l.bits = exl_malloc((size_t)G * sizeof(int32_t));
+        l.rows = exl_malloc((size_t)G * sizeof(int32_t));
+        if (!l.bits || !l.rows) {
+            exl_qz_layout_free(&l);
+            return exl_fail(EXL_ERR_NOMEM, "out of memory");
+        }
+        for (int32_t g = 0; g < G; g++) {
+            l.bits[g] = q->p->bits;
+            l.rows[g] = (int32_t)(K - (int64_t)g * gs < gs ? K - (int64_t)g * gs : gs);
+        }
+        st = exl_gptq_quantize(W, h, N, q->p->sym ? EXL_QZ_GPTQ_SYM : EXL_QZ_GPTQ_ASYM, &l, q->pool, q->be, &r);
+        if (st != EXL_OK) {
+            exl_qz_layout_free(&l);
+            return st;
+        }
+        int b = q->p->bits;
+        uint8_t *codes = exl_malloc((size_t)(K * N)), *zs = exl_malloc((size_t)G * N);
+        int32_t *qweight = exl_malloc((size_t)(K * b / 32) * N * sizeof(int32_t));
+        int32_t *qzeros = exl_malloc((size_t)G * (N * b / 32) * sizeof(int32_t));
+        int32_t *g_idx = exl_malloc((size_t)K * sizeof(int32_t));
+        st = codes && zs && qweight && qzeros && g_idx ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+        if (st == EXL_OK) {
+            for (int64_t i = 0; i < K; i++) {
+                memcpy(codes + (int64_t)r.perm[i] * N, r.codes + i * N, (size_t)N);
+                g_idx[r.perm[i]] = (int32_t)(i / gs);
+            }
+            for (int64_t i = 0; i < G * N; i++)
+                zs[i] = (uint8_t)(r.zeros[i] - 1);
+            exl_gptq_pack(b, K, N, G, codes, zs, qweight, qzeros);
+            uint16_t *scales = r.scales;
+            r.scales = NULL;
+            int64_t s1[2] = {K * b / 32, N}, s2[2] = {G, N * b / 32}, s3[2] = {G, N}, s4[1] = {K};
+            snprintf(tn, sizeof tn, "%s.qweight", name);
+            st = exl_qz_part_own(part, tn, EXL_DTYPE_I32, 2, s1, qweight);
+            snprintf(tn, sizeof tn, "%s.qzeros", name);
+            exl_status s = exl_qz_part_own(part, tn, EXL_DTYPE_I32, 2, s2, qzeros);
+            st = st ? st : s;
+            snprintf(tn, sizeof tn, "%s.scales", name);
+            s = exl_qz_part_own(part, tn, EXL_DTYPE_F16, 2, s3, scales);
+            st = st ? st : s;
+            snprintf(tn, sizeof tn, "%s.g_idx", name);
+            s = exl_qz_part_own(part, tn, EXL_DTYPE_I32, 1, s4, g_idx);
+            st = st ? st : s;
+            qweight = qzeros = g_idx = NULL;
+        }
+        exl_free(codes);
+        exl_free(zs);
+        exl_free(qweight);
+        exl_free(qzeros);
+        exl_free(g_idx);
+    }
+    if (st == EXL_OK && bias) {
+        uint16_t *b16 = exl_malloc((size_t)N * sizeof(uint16_t));
+        if (!b16)
+            st = exl_fail(EXL_ERR_NOMEM, "out of memory");
+        for (int64_t n = 0; b16 && n < N; n++)
+            b16[n] = exl_f32_to_f16(bias[n]);
+        int64_t s1[1] = {N};
+        snprintf(tn, sizeof tn, "%s.bias", name);
+        if (b16)
+            st = exl_qz_part_own(part, tn, EXL_DTYPE_F16, 1, s1, b16);
+    }
+    if (st == EXL_OK) {
+        *Wq = r.Wq;
+        r.Wq = NULL;
+    }
+    exl_qz_result_free(&r);
+    exl_qz_layout_free(&l);
+    return st;
+}
+
+/* ---- the measuring pass (EXL2) */
+
+/* A linear's candidate weights, kept while the next candidate asks for the same recipe. */
+typedef struct wcache {
+    exl_qz_opt opt;
+    float *Wq;
+    exl_qz_trial t;
+} wcache;
+
+static void wcache_free(qz *q, wcache *c) {
+    exl_qz_trial_free(q->be, &c->t);
+    exl_free(c->Wq);
+    c->Wq = NULL;
+}
+
+static exl_status cached_quant(qz *q, wcache *c, const exl_qz_opt *o, int i, const exl_qz_hinv *h) {
+    if (c->Wq && !memcmp(&c->opt, o, sizeof *o))
+        return EXL_OK;
+    wcache_free(q, c);
+    exl_qz_result r;
+    exl_qz_layout l;
+    EXL_TRY(quant_exl2(q, o, q->W[i], h, q->N[i], &r, &l));
+    c->opt = *o;
+    c->Wq = r.Wq;
+    r.Wq = NULL;
+    exl_qz_result_free(&r);
+    exl_qz_layout_free(&l);
+    return exl_qz_trial_init(q->be, c->Wq, &q->src[i], &c->t);
+}
+
+/* Measure the candidates of block k (0 attention, 1 MLP) of layer l; x advances past it.
+ * A candidate's accuracy is 1 - the relative error of the hidden states after the block,
+ * residual included (ExLlamaV2's measure): the same output error counts for more where the
+ * residual stream is still small, early in the model, where it also has the most layers
+ * left to grow through. */
+static exl_status measure_block(qz *q, int32_t l, int k) {
+    int first = k ? LIN_GATE : LIN_Q, n = k ? 3 : 4, last = first + n - 1;
+    exl_hessian h_in = {0}, h_mid = {0};
+    exl_qz_hinv hi_in = {0}, hi_mid = {0};
+    wcache c[4] = {0};
+    exl_linear *own[N_LIN], *w[N_LIN];
+    layer_linears(q, l, own);
+    memcpy(w, own, sizeof w);
+    exl_qz_block_meas *bm = &q->meas.b[2 * l + k];
+    snprintf(bm->name, sizeof bm->name, "model.layers.%d.%s", l, q->desc[k].suffix);
+    /* the unquantized block: the states after it, its Hessians */
+    exl_status st = exl_hessian_init(&h_in, q->K[first]);
+    if (st == EXL_OK)
+        st = exl_hessian_init(&h_mid, q->K[last]);
+    const exl_linear *want[2] = {own[first], own[last]};
+    exl_hessian *h[2] = {&h_in, &h_mid};
+    if (st == EXL_OK)
+        st = run_block(q, l, k, own, q->x, q->ref, want, h);
+    if (st == EXL_OK)
+        st = hinv_of(q, &h_in, &hi_in);
+    if (st == EXL_OK)
+        st = hinv_of(q, &h_mid, &hi_mid);
+    exl_hessian_free(&h_in);
+    exl_hessian_free(&h_mid);
+    double norm = 0; /* of the hidden states after the block */
+    for (int64_t i = 0; st == EXL_OK && i < q->T * q->H; i++)
+        norm += (double)q->ref[i] * q->ref[i];
+    if (st == EXL_OK)
+        st = exl_qz_candidates(&q->desc[k], &bm->r, &bm->n);
+    for (int32_t r = 0; st == EXL_OK && r < bm->n; r++) {
+        for (int i = 0; st == EXL_OK && i < n; i++) {
+            st = cached_quant(q, &c[i], &bm->r[r].opt[i], first + i, first + i == last ? &hi_mid : &hi_in);
+            w[first + i] = c[i].t.w;
+        }
+        if (st == EXL_OK)
+            st = run_block(q, l, k, w, q->x, q->y, NULL, NULL);
+        if (st != EXL_OK)
+            break;
+        double err = norm > 0 ? sqrt(sq_dist(q->y, q->ref, q->T * q->H) / norm) : 0;
+        bm->r[r].accuracy = err < 1 ? 1 - err : 0;
+    }
+    for (int i = 0; i < 4; i++)
+        wcache_free(q, &c[i]);
+    exl_qz_hinv_free(&hi_in);
+    exl_qz_hinv_free(&hi_mid);
+    if (st == EXL_OK) {
+        float *t = q->x; /* the states after the block become the next block's input */
+        q->x = q->ref;
+        q->ref = t;
+        q->meas.n_blocks = 2 * l + k + 1;
+    }
+    return st;
+}
+
+/* ---- the quantizing pass */
+
+/* Quantize block k of layer l into the part: the linears before the last from the block's input, the last from
+ * its input with those quantized; x advances past the block with all of them quantized. */
+static exl_status quant_block(qz *q, exl_qz_part *part, int32_t l, int k) {
+    int first = k ? LIN_GATE : LIN_Q, n = k ? 3 : 4, last = first + n - 1;
+    exl_hessian h = {0};
+    exl_qz_hinv hi = {0};
+    float *Wq[N_LIN] = {0};
+    exl_qz_trial t[N_LIN] = {{0}};
+    exl_linear *w[N_LIN];
+    layer_linears(q, l, w);
+    const exl_qz_recipe *rc = q->choice ? &q->meas.b[2 * l + k].r[q->choice[2 * l + k]] : NULL;
+    exl_status st = EXL_OK;
+    for (int i = first; st == EXL_OK && i <= last; i++) {
+        if (i == first || i == last) { /* the Hessian of the inputs of the linears from i on */
+            const exl_linear *want[2] = {w[i], NULL};
+            exl_hessian *hs[2] = {&h, NULL};
+            st = exl_hessian_init(&h, q->K[i]);
+            if (st == EXL_OK && !rtn(q))
+                st = run_block(q, l, k, w, q->x, NULL, want, hs);
+            exl_qz_hinv_free(&hi);
+            if (st == EXL_OK)
+                st = hinv_of(q, &h, &hi);
+            exl_hessian_free(&h);
+        }
+        if (st == EXL_OK)
+            st = emit_linear(q, part, q->prefix[i], q->W[i], q->bias[i], &hi, q->N[i], rc ? &rc->opt[i - first] : NULL,
+                             &Wq[i]);
+        if (st == EXL_OK && !rtn(q))
+            st = exl_qz_trial_init(q->be, Wq[i], &q->src[i], &t[i]);
+        if (st == EXL_OK && !rtn(q))
+            w[i] = t[i].w;
+    }
+    exl_qz_hinv_free(&hi);
+    if (st == EXL_OK && !rtn(q))
+        st = run_block(q, l, k, w, q->x, q->x, NULL, NULL);
+    for (int i = 0; i < N_LIN; i++) {
+        exl_qz_trial_free(q->be, &t[i]);
+        exl_free(Wq[i]);
+    }
+    return st;
+}
+
+static exl_status quant_layer(qz *q, int32_t l) {
+    exl_qz_part part;
+    EXL_TRY(exl_qz_part_init(&part));
+    exl_status st = quant_block(q, &part, l, 0);
+    if (st == EXL_OK)
+        st = quant_block(q, &part, l, 1);
+    char *path = layer_path(q, l);
+    if (st == EXL_OK)
+        st = path ? exl_qz_part_write(&part, path) : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    exl_free(path);
+    exl_qz_part_free(&part);
+    return st;
+}
+
+/* A tensor of the input that a quantized linear replaces: the weight or bias of a decoder layer's linear, or of the
+ * head when EXL2 quantizes it. */
+static int replaced(const qz *q, const exl_st_tensor *t) {
+    for (int32_t i = 0; i < q->m->n_linears; i++) {
+        const exl_linear_record *r = &q->m->linears[i];
+        if (r->w == q->m->head && q->p->format != EXL_QUANT_EXL2)
+            continue;
+        if (t->data == r->src.dense.data || (r->src.bias && t->data == r->src.bias))
+            return 1;
+    }
+    return 0;
+}
+
+/* Every tensor no quantized linear replaces (embeddings, norms, an unquantized head), and the head quantized
+ * (EXL2: even when tied to the embeddings). */
+static exl_status write_head(qz *q) {
+    exl_qz_part part;
+    EXL_TRY(exl_qz_part_init(&part));
+    exl_status st = EXL_OK;
+    const exl_weights *wt = q->m->weights;
+    for (int f = 0; f < wt->n_files && st == EXL_OK; f++)
+        for (int i = 0; i < wt->files[f]->n_tensors && st == EXL_OK; i++)
+            if (!replaced(q, &wt->files[f]->tensors[i]))
+                st = exl_qz_part_copy(&part, wt, wt->files[f]->tensors[i].name);
+    if (st == EXL_OK && q->p->format == EXL_QUANT_EXL2) {
+        const char *prefix;
+        exl_linear_src src;
+        float *W = NULL, *bias = NULL, *Wq = NULL;
+        exl_hessian h = {0};
+        exl_qz_hinv hi = {0};
+        st = exl_model_linear_source(q->m, q->m->head, &prefix, &src);
+        if (st == EXL_OK)
+            st = load_linear(&src, &W, &bias);
+        if (st == EXL_OK)
+            st = exl_hessian_init(&h, q->H);
+        exl_qz_capture cap = {&q->run, {q->m->head, NULL}, {&h, NULL}};
+        if (st == EXL_OK)
+            st = exl_qz_run_head(&q->run, q->x, exl_qz_capture_inputs, &cap);
+        if (st == EXL_OK)
+            st = hinv_of(q, &h, &hi);
+        exl_qz_opt o = {1, {q->p->head_bits}, {1}, {32}};
+        if (st == EXL_OK)
+            st = emit_linear(q, &part, prefix, W, NULL, &hi, q->cfg.vocab_size, &o, &Wq);
+        exl_hessian_free(&h);
+        exl_qz_hinv_free(&hi);
+        exl_free(W);
+        exl_free(bias);
+        exl_free(Wq);
+    }
+    char *path = work_path(q, "head.safetensors");
+    if (st == EXL_OK)
+        st = path ? exl_qz_part_write(&part, path) : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    exl_free(path);
+    exl_qz_part_free(&part);
+    return st;
+}
+
+/* ---- state of a run (resumable) */
+
+static exl_status save_state(qz *q, int pass, int32_t next) {
+    char *xs = work_path(q, "states.bin"), *sj = work_path(q, "state.json"), tmp[4200];
+    exl_status st = xs && sj ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    if (st == EXL_OK) {
+        snprintf(tmp, sizeof tmp, "%s.tmp", xs);
+        FILE *f = fopen(tmp, "wb");
+        int ok = f && fwrite(q->x, sizeof(float), (size_t)(q->T * q->H), f) == (size_t)(q->T * q->H);
+        ok = f && !fclose(f) && ok;
+        if (!ok || rename(tmp, xs))
+            st = exl_fail(EXL_ERR_IO, "%s: cannot write", xs);
+    }
+    if (st == EXL_OK) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "parameters", q->sig);
+        cJSON_AddNumberToObject(j, "pass", pass);
+        cJSON_AddNumberToObject(j, "next_layer", next);
+        st = exl_qz_write_json(j, sj);
+        cJSON_Delete(j);
+    }
+    exl_free(xs);
+    exl_free(sj);
+    return st;
+}
+
+/* 1 with *pass, *next and q->x when OUT_DIR holds a run with the same parameters. */
+static exl_status load_state(qz *q, int *found, int *pass, int32_t *next) {
+    char *sj = work_path(q, "state.json"), *xs = work_path(q, "states.bin");
+    *found = 0;
+    cJSON *j = NULL;
+    exl_status st = sj && xs ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    if (st == EXL_OK && exl_file_exists(sj) && exl_json_read_file(sj, &j) == EXL_OK) {
+        const cJSON *ps = cJSON_GetObjectItemCaseSensitive(j, "parameters");
+        const cJSON *pa = cJSON_GetObjectItemCaseSensitive(j, "pass"), *nx = cJSON_GetObjectItemCaseSensitive(j, "next_layer");
+        if (!cJSON_IsString(ps) || strcmp(ps->valuestring, q->sig) || !cJSON_IsNumber(pa) || !cJSON_IsNumber(nx))
+            st = exl_fail(EXL_ERR_STATE, "%s holds an unfinished run with other parameters (%s); remove it or repeat them",
+                          q->p->out_dir, cJSON_IsString(ps) ? ps->valuestring : "?");
+        else {
+            FILE *f = fopen(xs, "rb");
+            int ok = f && fread(q->x, sizeof(float), (size_t)(q->T * q->H), f) == (size_t)(q->T * q->H);
+            if (f)
+                fclose(f);
+            if (!ok)
+                st = exl_fail(EXL_ERR_IO, "%s: missing or truncated", xs);
+            *found = ok;
+            *pass = pa->valueint;
+            *next = nx->valueint;
+        }
+    }
+    cJSON_Delete(j);
+    exl_free(sj);
+    exl_free(xs);
+    return st;
+}
+
+static int dir_is_empty(const char *path) {
+    DIR *d = opendir(path);
+    if (!d)
+        return 1;
+    struct dirent *e;
+    int empty = 1;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            empty = 0;
+    closedir(d);
+    return empty;
+}
+
+static exl_status remove_work(qz *q, int32_t n_layers) {
+    for (int32_t l = -4; l < n_layers; l++) {
+        static const char *const extra[] = {"states.bin", "state.json", "measurement.json", "head.safetensors"};
+        char *path = l < 0 ? work_path(q, extra[l + 4]) : layer_path(q, l);
+        if (path)
+            unlink(path);
+        exl_free(path);
+    }
+    return rmdir(q->work) ? exl_fail(EXL_ERR_IO, "%s: cannot remove", q->work) : EXL_OK;
+}
+
+/* ---- setup and the passes */
+
+static exl_status setup(qz *q) {
+    const exl_quantize_params *p = q->p;
+    if (!p->in_dir || !p->out_dir)
+        return exl_fail(EXL_ERR_ARG, "quantize: need an input and an output directory");
+    EXL_TRY(exl_hf_config_load(p->in_dir, &q->cfg));
+    if (q->cfg.quant.present)
+        return exl_fail(EXL_ERR_UNSUPPORTED, "%s is already quantized (%s); give an unquantized model", p->in_dir,
+                        q->cfg.quant.method);
+    char gap[96];
+    quant_gap(&q->cfg, gap, sizeof gap);
+    if (gap[0])
+        return exl_fail(EXL_ERR_UNSUPPORTED,
+                        "%s: a %s model: the quantizer takes attention of q, k, v, o and MLPs of gate, up, down, not %s",
+                        p->in_dir, q->cfg.model_type, gap);
+    if (p->format == EXL_QUANT_EXL2 && (p->head_bits < 2 || p->head_bits > 8 || p->head_bits == 7))
+        return exl_fail(EXL_ERR_ARG, "head bits must be 2-6 or 8 (got %d)", p->head_bits);
+    if (p->format == EXL_QUANT_GPTQ && p->bits != 2 && p->bits != 3 && p->bits != 4 && p->bits != 8)
+        return exl_fail(EXL_ERR_ARG, "GPTQ bits must be 2, 3, 4 or 8 (got %d)", p->bits);
+    if (p->rows < 1 || p->length < 2)
+        return exl_fail(EXL_ERR_ARG, "calibration needs rows >= 1 and length >= 2");
+    const exl_hf_config *c = &q->cfg;
+    q->H = c->hidden_size;
+    q->qw = (int64_t)c->n_heads * c->head_dim;
+    q->kvw = (int64_t)c->n_kv_heads * c->head_dim;
+    q->F = c->intermediate_size;
+    q->T = (int64_t)p->rows * p->length;
+    int64_t K[N_LIN] = {q->H, q->H, q->H, q->qw, q->H, q->H, q->F}, N[N_LIN] = {q->qw, q->kvw, q->kvw, q->H, q->F, q->F, q->H};
+    memcpy(q->K, K, sizeof K);
+    memcpy(q->N, N, sizeof N);
+    /* the blocks as measurement.json names them (ExLlamaV2's module keys) */
+    q->desc[0] = (exl_qz_block_desc){"self_attn", 4, {"q_proj", "k_proj", "v_proj", "o_proj"},
+                                     {K[0], K[1], K[2], K[3]}, {N[0], N[1], N[2], N[3]}};
+    q->desc[1] = (exl_qz_block_desc){"mlp", 3, {"gate_proj", "up_proj", "down_proj"}, {K[4], K[5], K[6]}, {N[4], N[5], N[6]}};
+    for (int i = 0; i < N_LIN; i++)
+        if (p->format == EXL_QUANT_EXL2 ? K[i] % 32 : (K[i] % 32 || N[i] * p->bits % 32))
+            return exl_fail(EXL_ERR_UNSUPPORTED, "%s: %s has %lld x %lld features; the packed layout needs multiples of 32",
+                            p->in_dir, i < 4 ? q->desc[0].names[i] : q->desc[1].names[i - 4], (long long)K[i],
+                            (long long)N[i]);
+    exl_str sig = EXL_STR_INIT;
+    char *in_abs = realpath(p->in_dir, NULL); /* a run is resumed only on the model it started on */
+    exl_str_printf(&sig, "model=%s layers=%d hidden=%d vocab=%d ", in_abs ? in_abs : p->in_dir, q->cfg.n_layers,
+                   q->cfg.hidden_size, q->cfg.vocab_size);
+    free(in_abs);
+    if (p->format == EXL_QUANT_EXL2)
+        exl_str_printf(&sig, "exl2 bpw=%.4f head_bits=%d measurement=%s", p->bpw, p->head_bits,
+                       p->measurement ? p->measurement : "-");
+    else
+        exl_str_printf(&sig, "gptq bits=%d group_size=%d act_order=%d sym=%d rtn=%d", p->bits, p->group_size,
+                       p->act_order, p->sym, p->rtn);
+    exl_str_printf(&sig, " rows=%d length=%d", p->rows, p->length);
+    for (int32_t i = 0; i < p->n_calibration; i++)
+        exl_str_printf(&sig, " %s", p->calibration[i]);
+    snprintf(q->sig, sizeof q->sig, "%s", sig.data ? sig.data : "");
+    exl_str_free(&sig);
+    if (!(q->work = exl_path_join(p->out_dir, ".exl-quant")))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    /* on the GPU when the device parameter gets one (AUTO without a GPU: the CPU, silently; CUDA
+     * without one: the error) */
+    exl_model_params mp = exl_model_default_params();
+    mp.device = p->device;
+    mp.n_threads = p->n_threads;
+    EXL_TRY(exl_model_load(p->in_dir, &mp, &q->m));
+    q->be = q->m->be;
+    /* GPTQ's own parallel work: on the CPU backend's threads where the model runs on the CPU */
+    if (!(q->pool = exl_backend_cpu_pool(q->be))) {
+        EXL_TRY(exl_pool_init(p->n_threads, &q->own_pool));
+        q->pool = q->own_pool;
+    }
+    exl_str_printf(&q->report, "device: %s\n", q->be->name);
+    EXL_TRY(exl_qz_runner_init(&q->run, q->m, p->rows, p->length));
+    size_t states = (size_t)(q->T * q->H) * sizeof(float);
+    if (!(q->x = exl_malloc(states)) || !(q->ref = exl_malloc(states)) || !(q->y = exl_malloc(states)))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory for %lld hidden states", (long long)q->T);
+    if (!(q->meas.b = exl_calloc((size_t)c->n_layers * 2, sizeof *q->meas.b)))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    return EXL_OK;
+}
+
+/* x = the calibration rows' embeddings (zeros when rounding to nearest). */
+static exl_status embed_rows(qz *q) {
+    int32_t *ids = NULL;
+    if (rtn(q)) {
+        memset(q->x, 0, (size_t)(q->T * q->H) * sizeof(float));
+        return EXL_OK;
+    }
+    EXL_TRY(exl_qz_calibration(q->p->in_dir, q->p->calibration, q->p->n_calibration, q->p->rows, q->p->length,
+                               q->cfg.vocab_size, &ids));
+    exl_status st = exl_qz_run_embed(&q->run, ids, q->x);
+    exl_free(ids);
+    return st;
+}
+
+static exl_status finish(qz *q) {
+    const exl_quantize_params *p = q->p;
+    int32_t L = q->cfg.n_layers;
+    char **parts = exl_calloc((size_t)L + 1, sizeof *parts);
+    exl_status st = parts ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int32_t l = 0; l <= L && st == EXL_OK; l++)
+        if (!(parts[l] = l < L ? layer_path(q, l) : work_path(q, "head.safetensors")))
+            st = exl_fail(EXL_ERR_NOMEM, "out of memory");
+    char *out = exl_path_join(p->out_dir, p->format == EXL_QUANT_EXL2 ? "output.safetensors" : "model.safetensors");
+    progress(q, "writing", 0, 1);
+    if (st == EXL_OK)
+        st = out ? exl_qz_merge(parts, L + 1, out) : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int32_t l = 0; parts && l <= L; l++)
+        exl_free(parts[l]);
+    exl_free(parts);
+    exl_free(out);
+    if (st == EXL_OK)
+        st = exl_qz_copy_files(p->in_dir, p->out_dir);
+    cJSON *qc = cJSON_CreateObject();
+    if (p->format == EXL_QUANT_EXL2) {
+        cJSON_AddStringToObject(qc, "quant_method", "exl2");
+        cJSON_AddStringToObject(qc, "version", "0.3.2");
+        cJSON_AddNumberToObject(qc, "bits", p->bpw);
+        cJSON_AddNumberToObject(qc, "head_bits", p->head_bits);
+        cJSON *cal = cJSON_AddObjectToObject(qc, "calibration");
+        cJSON_AddNumberToObject(cal, "rows", p->rows);
+        cJSON_AddNumberToObject(cal, "length", p->length);
+        cJSON_AddStringToObject(cal, "dataset", p->n_calibration ? p->calibration[0] : "");
+    } else {
+        cJSON_AddStringToObject(qc, "quant_method", "gptq");
+        cJSON_AddNumberToObject(qc, "bits", p->bits);
+        cJSON_AddNumberToObject(qc, "group_size", p->group_size);
+        cJSON_AddBoolToObject(qc, "desc_act", p->act_order);
+        cJSON_AddBoolToObject(qc, "sym", p->sym);
+        cJSON_AddStringToObject(qc, "checkpoint_format", "gptq");
+        char *qp = exl_path_join(p->out_dir, "quantize_config.json");
+        if (st == EXL_OK)
+            st = qp ? exl_qz_write_json(qc, qp) : exl_fail(EXL_ERR_NOMEM, "out of memory");
+        exl_free(qp);
+    }
+    if (st == EXL_OK)
+        st = exl_qz_write_config(p->in_dir, p->out_dir, qc);
+    else
+        cJSON_Delete(qc);
+    if (st == EXL_OK)
+        st = remove_work(q, L);
+    progress(q, "writing", 1, 1);
+    return st;
+}
+
+static void report_choice(qz *q) {
+    double bits = 0, weights = 0;
+    for (int32_t b = 0; b < q->meas.n_blocks; b++) {
+        const exl_qz_recipe *r = &q->meas.b[b].r[q->choice[b]];
+        const exl_qz_block_desc *d = &q->desc[b % 2];
+        double w = 0;
+        for (int32_t i = 0; i < d->n_linears; i++)
+            w += (double)d->K[i] * d->N[i];
+        bits += r->total_bits;
+        weights += w;
+        exl_str_printf(&q->report, "%-28s %.3f bpw, accuracy %.4f:", q->meas.b[b].name, r->total_bits / w, r->accuracy);
+        for (int32_t i = 0; i < d->n_linears; i++) {
+            exl_str_printf(&q->report, " %s", d->names[i]);
+            for (int32_t k = 0; k < r->opt[i].n; k++)
+                exl_str_printf(&q->report, "%s%d", k ? "/" : "=", r->opt[i].bits[k]);
+        }
+        exl_str_puts(&q->report, "\n");
+    }
+    exl_str_printf(&q->report, "decoder layers: %.4f bits per weight (target %.4f)\n", bits / weights, q->p->bpw);
+}
+
+static exl_status run(qz *q) {
+    const exl_quantize_params *p = q->p;
+    int32_t L = q->cfg.n_layers;
+    int found = 0, pass = 0;
+    int32_t next = 0;
+    struct stat sb;
+    if (!stat(q->work, &sb))
+        EXL_TRY(load_state(q, &found, &pass, &next));
+    if (!found && !dir_is_empty(p->out_dir))
+        return exl_fail(EXL_ERR_STATE, "%s: the output directory is not empty", p->out_dir);
+    if (!found) {
+        EXL_TRY(embed_rows(q));
+        if ((mkdir(p->out_dir, 0777) && errno != EEXIST) || (mkdir(q->work, 0777) && errno != EEXIST))
+            return exl_fail(EXL_ERR_IO, "%s: cannot create the directory", q->work);
+        pass = p->format == EXL_QUANT_EXL2 && !p->measurement ? 0 : 1;
+        next = 0;
+        EXL_TRY(save_state(q, pass, next));
+    }
+    char *mpath = work_path(q, "measurement.json");
+    if (!mpath)
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    const char *msrc = p->measurement ? p->measurement : mpath;
+    exl_status st = EXL_OK;
+    if (p->format == EXL_QUANT_EXL2 && (p->measurement || (pass == 0 && next > 0) || pass == 1)) {
+        int32_t done;
+        exl_qz_measurement_free(&q->meas);
+        st = exl_qz_measurement_load(msrc, q->desc, L, &q->meas, &done);
+        if (st == EXL_OK && (pass == 1 ? done < L : done < next))
+            st = exl_fail(EXL_ERR_FORMAT, "%s: measures %d of %d layers", msrc, done, pass == 1 ? L : next);
+        if (st == EXL_OK && pass == 0)
+            q->meas.n_blocks = 2 * next;
+        if (st == EXL_OK && !(q->meas.b = exl_realloc(q->meas.b, (size_t)L * 2 * sizeof *q->meas.b)))
+            st = exl_fail(EXL_ERR_NOMEM, "out of memory");
+        if (st == EXL_OK)
+            memset(q->meas.b + q->meas.n_blocks, 0, (size_t)(2 * L - q->meas.n_blocks) * sizeof *q->meas.b);
+    }
+    for (int32_t l = next; st == EXL_OK && pass == 0 && l < L; l++) {
+        progress(q, "measuring", l, L);
+        st = load_layer(q, l);
+        if (st == EXL_OK)
+            st = measure_block(q, l, 0);
+        if (st == EXL_OK)
+            st = measure_block(q, l, 1);
+        free_layer(q);
+        if (st == EXL_OK)
+            st = exl_qz_measurement_save(&q->meas, l, mpath);
+        if (st == EXL_OK && l + 1 < L)
+            st = save_state(q, 0, l + 1);
+        if (st == EXL_OK && l + 1 == L) {
+            progress(q, "measuring", L, L);
+            char *final = exl_path_join(p->out_dir, "measurement.json");
+            st = final ? exl_qz_measurement_save(&q->meas, L, final) : exl_fail(EXL_ERR_NOMEM, "out of memory");
+            exl_free(final);
+            if (st == EXL_OK)
+                st = embed_rows(q);
+            if (st == EXL_OK)
+                st = save_state(q, 1, 0);
+            pass = 1;
+            next = 0;
+        }
+    }
+    if (st == EXL_OK && p->format == EXL_QUANT_EXL2) {
+        if (!(q->choice = exl_malloc((size_t)L * 2 * sizeof(int32_t))))
+            st = exl_fail(EXL_ERR_NOMEM, "out of memory");
+        double weights = 0;
+        for (int k = 0; k < 2; k++)
+            for (int32_t i = 0; i < q->desc[k].n_linears; i++)
+                weights += (double)q->desc[k].K[i] * q->desc[k].N[i] * L;
+        if (st == EXL_OK && (st = exl_qz_optimize(&q->meas, p->bpw * weights, q->choice)) != EXL_OK)
+            st = exl_fail(EXL_ERR_ARG, "%.3f bits per weight cannot be reached: the smallest candidate recipes need more",
+                          p->bpw);
+        if (st == EXL_OK)
+            report_choice(q);
+    }
+    for (int32_t l = next; st == EXL_OK && l < L; l++) {
+        progress(q, "quantizing", l, L);
+        st = load_layer(q, l);
+        if (st == EXL_OK)
+            st = quant_layer(q, l);
+        free_layer(q);
+        if (st == EXL_OK)
+            st = save_state(q, 1, l + 1);
+    }
+    if (st == EXL_OK) {
+        progress(q, "quantizing", L, L);
+        st = write_head(q);
+    }
+    if (st == EXL_OK)
+        st = finish(q);
+    exl_free(mpath);
+    return st;
+}
+
+exl_quantize_params exl_quantize_default_params(void) {
+    return (exl_quantize_params){.format = EXL_QUANT_EXL2, .bpw = 4.0, .head_bits = 6, .bits = 4, .group_size = 128,
+                                 .rows = 32, .length = 512, .device = EXL_DEVICE_AUTO};
+}
+
+exl_status exl_quantize(const exl_quantize_params *params, char **report) {
+    if (report)
+        *report = NULL;
+    qz q = {0};
+    q.p = params;
+    exl_status st = setup(&q);
+    if (st == EXL_OK)
+        st = run(&q);
+    if (st == EXL_OK && report)
+        *report = exl_str_steal(&q.report);
+    exl_str_free(&q.report);
+    free_layer(&q);
+    exl_free(q.choice);
+    exl_qz_measurement_free(&q.meas);
+    exl_free(q.x);
+    exl_free(q.ref);
+    exl_free(q.y);
+    exl_qz_runner_free(&q.run);
+    exl_model_free(q.m);
+    if (q.own_pool)
+        exl_pool_free(q.own_pool);
+    exl_free(q.work);
+    return st;
+}
