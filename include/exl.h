@@ -140,6 +140,12 @@ int32_t exl_tokenizer_bos_id(const exl_tokenizer *tok);
 int32_t exl_tokenizer_eos_id(const exl_tokenizer *tok);
 int exl_tokenizer_is_special(const exl_tokenizer *tok, int32_t id);
 
+/* The bytes token id adds to decoded text after other tokens (what exl_detokenizer streams for it
+ * in the middle of a text): *len receives their count, of which at most cap are written to buf
+ * (call again with more room when *len > cap); -1 when the token never shows in the text (a
+ * special token, which decoding skips). */
+exl_status exl_tokenizer_token_bytes(const exl_tokenizer *tok, int32_t id, char *buf, int32_t cap, int32_t *len);
+
 /* Encode UTF-8 text as Hugging Face `tokenizer(text, add_special_tokens=add_special)`
  * does: added tokens in the text are always matched; add_special applies the
  * post-processor (BOS/EOS). *ids is allocated; free with exl_ids_free. */
@@ -165,6 +171,11 @@ exl_status exl_detokenizer_flush(exl_detokenizer *d, const char **text, size_t *
 typedef struct exl_chat_message {
     const char *role;    /* "system", "user", "assistant", "tool" */
     const char *content;
+    const char *tool_calls;   /* assistant: a JSON array of OpenAI tool calls ({"id", "type", "function":
+                               * {"name", "arguments"}}), or NULL; templates see each arguments string
+                               * parsed into an object */
+    const char *tool_call_id; /* tool: the call it answers, or NULL */
+    const char *name;         /* tool: the function that answered, or NULL */
 } exl_chat_message;
 
 /* Render the model's chat template (tokenizer_config.json `chat_template`, or a
@@ -190,6 +201,28 @@ typedef struct exl_chat_prompt {
 exl_status exl_chat_encode(const exl_tokenizer *tok, const exl_chat_message *messages, int32_t n_messages,
                            int add_generation_prompt, const char *tools_json, exl_chat_prompt *out);
 void exl_chat_prompt_free(exl_chat_prompt *prompt);
+
+/* ---------------------------------------------------------------- constrained decoding */
+
+/* What a job's output must match, compiled once into an automaton over bytes; each step, the
+ * tokens whose bytes would leave it are masked out before sampling, and end-of-sequence tokens are
+ * allowed only where the output is complete. A job ends when its output is complete and nothing
+ * more can follow. A constraint may be shared by the jobs of one generator (each takes a
+ * reference); it is then used by that generator's stepping thread only. */
+typedef enum exl_constraint_kind {
+    EXL_CONSTRAINT_GBNF,            /* a GBNF grammar (llama.cpp's notation), starting at rule `root` */
+    EXL_CONSTRAINT_REGEX,           /* a regular expression the whole output must match */
+    EXL_CONSTRAINT_JSON_SCHEMA,     /* a JSON Schema in the subset OpenAI's strict mode accepts; any other
+                                     * keyword is an error that names it */
+    EXL_CONSTRAINT_JSON_SCHEMA_LAX, /* the same, but keywords outside the subset are ignored */
+} exl_constraint_kind;
+
+typedef struct exl_constraint exl_constraint;
+
+/* Compile source[0..len); errors name what is wrong or unsupported (and where). */
+exl_status exl_constraint_compile(exl_constraint_kind kind, const char *source, size_t len, exl_constraint **out);
+/* Drop the caller's reference (jobs keep theirs). */
+void exl_constraint_free(exl_constraint *c);
 
 /* ---------------------------------------------------------------- generator */
 
@@ -274,6 +307,7 @@ typedef struct exl_job_params {
     int32_t logprobs;          /* report the log-probability of each token (model distribution) */
     int32_t top_logprobs;      /* and of the 0..20 most likely tokens at each position */
     int32_t priority;          /* higher runs first and is preempted last; default 0 */
+    exl_constraint *constraint; /* the output must match it (the job takes a reference); NULL: free text */
     exl_sampling sampling;
     void *user;                /* handed back in events */
 } exl_job_params;

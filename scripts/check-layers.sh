@@ -4,6 +4,7 @@
 #
 #   cli -> server -> generator -> convert -> model -> (backend/cpu, backend/cuda) -> backend -> format -> io -> base
 #   tokenizer -> jinja -> base
+#   constrain -> base   (generator, server and cli may include it)
 #
 # model/ and the folders above it never include a particular backend (backend/cpu, backend/cuda): they reach it
 # through the op table (docs/architecture.md).
@@ -28,11 +29,12 @@ declare -A allowed=(
     [backend/cuda]="backend format io base"
     [model]="backend format io base"
     [convert]="model backend format io base"
-    [generator]="convert model backend format io base tokenizer jinja"
+    [generator]="convert model backend format io base tokenizer jinja constrain"
+    [constrain]="base"
     [jinja]="base"
     [tokenizer]="jinja io base"
-    [server]="generator convert model backend format io base tokenizer jinja"
-    [cli]="server generator convert model backend format io base tokenizer jinja"
+    [server]="generator convert model backend format io base tokenizer jinja constrain"
+    [cli]="server generator convert model backend format io base tokenizer jinja constrain"
 )
 
 fail=0

@@ -20,9 +20,15 @@
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 13
+#define EXL_BACKEND_ABI 14
 
 typedef struct exl_backend exl_backend;
+
+/* Writes a HOST bitset of rows x exl_mask_words(vocab) words: bit (id % 32) of word id / 32 of a row
+ * set keeps that logit (mask_logits). */
+typedef exl_status (*exl_logit_mask_fn)(void *user, uint32_t *mask, int32_t rows);
+
+static inline int32_t exl_mask_words(int32_t vocab) { return (vocab + 31) / 32; }
 
 typedef struct exl_backend_ops {
     void (*destroy)(exl_backend *be);
@@ -115,6 +121,13 @@ typedef struct exl_backend_ops {
     /* Optional (NULL on the CPU, whose memory is the host's): the device memory free now and in all, as far as
      * this process may use it (a limit set for testing counts as the device's size). */
     exl_status (*memory)(exl_backend *be, size_t *free_bytes, size_t *total_bytes);
+    /* Constrained decoding: logits [rows, vocab] (backend memory) whose bit in the row's mask is clear
+     * become -inf. The backend first starts the work queued before (so the device computes while the
+     * host works), then calls fill(user, mask, rows) for the HOST bitset `mask` (room for rows x
+     * exl_mask_words(vocab) words), then copies it to the device and applies it there; it returns once
+     * `mask` may be reused. Samplers that read only the head (top_k) then see the masked logits. */
+    exl_status (*mask_logits)(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
+                              exl_logit_mask_fn fill, void *user);
 } exl_backend_ops;
 
 #define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */

@@ -76,7 +76,7 @@ static int add_message(chat *c, const char *role, const char *text, size_t len) 
     if (!s)
         return -1;
     c->texts[c->n_msgs] = s;
-    c->msgs[c->n_msgs++] = (exl_chat_message){role, s};
+    c->msgs[c->n_msgs++] = (exl_chat_message){.role = role, .content = s};
     return 0;
 }
 

@@ -17,7 +17,10 @@ static const char ABOUT[] =
 static const char NOTES[] =
     "Counting: a stop token (end of sequence) that ends a completion is a generated token, as in\n"
     "the server's usage.completion_tokens: it is the last of --json's \"tokens\" and --stats counts\n"
-    "it; it adds no text.";
+    "it; it adds no text.\n"
+    "Constraints (--grammar, --json-schema, --regex, one at a time): each token is drawn from those\n"
+    "that keep the output inside the constraint; the completion ends where the output is complete\n"
+    "and nothing may follow, or with end-of-sequence where it may end.";
 
 typedef struct {
     const char *prompt;
@@ -102,6 +105,62 @@ static exl_status generate(exl_generator *gen, run_item *items, int n, const exl
     return EXL_OK;
 }
 
+/* The whole of a file, NUL-terminated (free); NULL with errno when unreadable. */
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    while (f) {
+        if (n + 4096 + 1 > cap) {
+            char *b = realloc(buf, cap = 2 * cap + 4096 + 1);
+            if (!b)
+                break;
+            buf = b;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) {
+            int bad = ferror(f);
+            fclose(f);
+            if (bad)
+                break;
+            buf[n] = 0;
+            *len = n;
+            return buf;
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+/* The constraint the options ask for (*out NULL when none); 2 after a usage error. */
+static int load_constraint(const char *grammar, const char *schema, const char *regex, exl_constraint **out) {
+    *out = NULL;
+    if (!!grammar + !!schema + !!regex > 1) {
+        fprintf(stderr, "exl run: give at most one of --grammar, --json-schema and --regex\n");
+        return 2;
+    }
+    if (!grammar && !schema && !regex)
+        return 0;
+    size_t len = regex ? strlen(regex) : 0;
+    const char *path = grammar ? grammar : schema;
+    char *text = path ? read_file(path, &len) : NULL;
+    if (path && !text) {
+        fprintf(stderr, "exl run: cannot read %s\n", path);
+        return 1;
+    }
+    exl_constraint_kind kind = grammar  ? EXL_CONSTRAINT_GBNF
+                               : schema ? EXL_CONSTRAINT_JSON_SCHEMA
+                                        : EXL_CONSTRAINT_REGEX;
+    exl_status st = exl_constraint_compile(kind, text ? text : regex, len, out);
+    free(text);
+    if (st != EXL_OK) {
+        fprintf(stderr, "exl run: %s%s%s\n", path ? path : "", path ? ": " : "", exl_last_error());
+        return 1;
+    }
+    return 0;
+}
+
 /* The prompts as token ids; *longest: the most ids of one. */
 static exl_status tokenize(const exl_tokenizer *tok, run_item *items, int n, int32_t *longest) {
     *longest = 0;
@@ -123,6 +182,7 @@ int cmd_run(int argc, char **argv) {
     cli_list prompts = {0};
     long n_new = 128;
     int json = 0, stats = 0, ignore_eos = 0;
+    const char *grammar = NULL, *schema = NULL, *regex = NULL;
     const cli_option options[] = {
         {"-p", "--prompt", CLI_LIST, &prompts, "TEXT", .help = "a prompt to complete (repeat for a batch)",
          .required = 1},
@@ -131,6 +191,13 @@ int cmd_run(int argc, char **argv) {
         {NULL, "--json", CLI_FLAG, &json, NULL,
          .help = "print one JSON object per prompt:\n{\"prompt\", \"text\", \"tokens\", \"finish_reason\"}"},
         {NULL, "--stats", CLI_FLAG, &stats, NULL, .help = "print throughput and cache statistics to stderr"},
+        {NULL, "--grammar", CLI_STRING, &grammar, "FILE", .help = "the output follows this GBNF grammar (rule root)",
+         .default_text = ""},
+        {NULL, "--json-schema", CLI_STRING, &schema, "FILE",
+         .help = "the output is JSON valid under this schema\n(the subset OpenAI's strict mode takes)",
+         .default_text = ""},
+        {NULL, "--regex", CLI_STRING, &regex, "RE", .help = "the output matches this regular expression",
+         .default_text = ""},
     };
     const cli_command cmd = {"run", "-m DIR -p TEXT [-p TEXT ...] [options]", ABOUT, NOTES,
                              {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
@@ -140,10 +207,14 @@ int cmd_run(int argc, char **argv) {
     int rc = cli_parse(&cmd, argc, argv);
     if (rc == CLI_GO_ON)
         rc = cli_cache_get(&cache, "run");
+    exl_constraint *constraint = NULL;
+    if (rc == CLI_GO_ON && (rc = load_constraint(grammar, schema, regex, &constraint)) == 0)
+        rc = CLI_GO_ON;
     run_item *items = rc == CLI_GO_ON ? calloc((size_t)prompts.n, sizeof *items) : NULL;
     if (rc == CLI_GO_ON && !items)
         rc = cli_error(EXL_ERR_NOMEM);
     if (rc != CLI_GO_ON) {
+        exl_constraint_free(constraint);
         cli_list_free(&prompts);
         return rc;
     }
@@ -154,6 +225,7 @@ int cmd_run(int argc, char **argv) {
     jp.sampling = cli_sampling_get(&sampling);
     jp.ignore_eos = ignore_eos;
     jp.max_new_tokens = (int32_t)n_new;
+    jp.constraint = constraint;
 
     exl_model *m = NULL;
     exl_tokenizer *tok = NULL;
@@ -201,6 +273,7 @@ int cmd_run(int argc, char **argv) {
     free(items);
     cli_list_free(&prompts);
     exl_generator_free(gen);
+    exl_constraint_free(constraint);
     exl_tokenizer_free(tok);
     exl_model_free(m);
     return st == EXL_OK ? 0 : cli_error(st);

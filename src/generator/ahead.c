@@ -14,7 +14,7 @@
 #include <string.h>
 
 int exl_gen_greedy_at(const exl_generator *g, const exl_job *j, int32_t pos) {
-    if (j->logprobs || j->top_logprobs || pos - j->n_prompt < j->min_new)
+    if (j->constraint || j->logprobs || j->top_logprobs || pos - j->n_prompt < j->min_new) /* grammar: masks */
         return 0;
     for (int32_t i = 0; i < j->n_bans; i++)
         if (j->ban_pos[i] == pos)

@@ -177,6 +177,8 @@ void exl_generator_free(exl_generator *g) {
     exl_free(g->head_vals);
     exl_free(g->events);
     exl_free(g->event_jobs);
+    exl_token_trie_free(g->trie);
+    exl_free(g->masks);
     pthread_mutex_destroy(&g->mu);
     exl_free(g);
 }

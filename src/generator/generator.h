@@ -11,6 +11,8 @@
 #include <pthread.h>
 
 #include "base/str.h"
+#include "constrain/constraint.h"
+#include "constrain/token_trie.h"
 #include "exl.h"
 #include "generator/page_pool.h"
 #include "generator/sampler.h"
@@ -50,6 +52,11 @@ typedef struct exl_job {
     float *mu_hist, *lp;
     exl_token_logprob *top;
     int32_t *ban_pos, *ban_id, n_bans, cap_bans; /* tokens banned at a position (rewinds) */
+
+    /* constrained output (constrained.c): the matcher state after the tokens so far */
+    exl_constraint *constraint; /* a reference, or NULL */
+    int32_t cstate;
+    int cstarted; /* text the grammar forces before any token was written */
 
     /* text */
     exl_detokenizer *detok;
@@ -122,6 +129,9 @@ struct exl_generator {
     int32_t n_events, cap_events;
     exl_sampler_scratch scratch;
     exl_gen_ahead ahead;
+    /* constrained decoding (constrained.c), set up when a constrained job first comes */
+    exl_token_trie *trie; /* the vocabulary's byte strings */
+    uint32_t *masks;      /* [max_jobs + 1, exl_mask_words(vocab)]: the step's logit masks, a spare row */
 };
 
 /* ---- job lists (job.c) */
@@ -169,6 +179,8 @@ exl_status exl_job_text_init(exl_generator *g, exl_job *j);
 exl_status exl_job_text_update(exl_generator *g, exl_job *j, int32_t *banned_at);
 /* Rewind to generated token k (banned string): rebuild the detokenizer and held text. */
 exl_status exl_job_text_rewind(exl_generator *g, exl_job *j, int32_t k);
+/* Text the grammar forced in: the last n_ids tokens (just appended) stand for bytes[0..n). */
+exl_status exl_job_text_force(exl_generator *g, exl_job *j, const char *bytes, size_t n, int32_t n_ids);
 /* The job ends: emit what is held (up to a stop string if one matched). */
 exl_status exl_job_text_finish(exl_generator *g, exl_job *j);
 
@@ -183,7 +195,24 @@ void exl_sched_commit(exl_generator *g);
 /* Room for n events (-1 on allocation failure). */
 int exl_gen_reserve_events(exl_generator *g, int32_t n);
 
+/* ---- constrained output (constrained.c) */
+/* Whether a row of this step samples for a constrained job. */
+int exl_gen_step_constrained(const exl_generator *g);
+/* Before a constrained job's first step: the trie and masks (built once), then the text the grammar
+ * forces before the model can write anything. The job may end (complete, or failed). */
+exl_status exl_gen_constraint_start(exl_generator *g, exl_job *j);
+/* exl_logit_mask_fn over the step's rows (user: the generator). */
+exl_status exl_gen_fill_masks(void *user, uint32_t *masks, int32_t rows);
+/* Whether the step's mask of logit row `row` (a constrained job's) allows token id. */
+int exl_gen_constraint_allows(const exl_generator *g, int32_t row, int32_t id);
+/* After token id (not an end token) was appended and its text taken in: advance the grammar, end
+ * the job where the output is complete and nothing may follow, write the text it forces where no
+ * token can go on. */
+exl_status exl_gen_constraint_advance(exl_generator *g, exl_job *j, int32_t id);
+
 /* ---- stepping (step.c) */
+/* Whether id ends job j: its stop ids, and the eos ids unless it ignores them. */
+int exl_gen_is_stop(const exl_generator *g, const exl_job *j, int32_t id);
 /* End a job: text flushed, pages released, final event queued, moved to g->done. */
 exl_status exl_gen_finish(exl_generator *g, exl_job *j, exl_finish_reason why, const char *error);
 

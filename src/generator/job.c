@@ -110,6 +110,8 @@ static exl_status check_params(const exl_generator *g, const exl_job_params *p) 
             if (!lists[k][i] || !lists[k][i][0])
                 return exl_fail(EXL_ERR_ARG, "job: %s entry %d is empty", k ? "banned_strings" : "stop_strings", i);
     }
+    if (p->constraint && p->n_banned_strings)
+        return exl_fail(EXL_ERR_ARG, "job: banned_strings cannot be combined with a constraint");
     if (p->top_logprobs < 0 || p->top_logprobs > MAX_TOP_LOGPROBS)
         return exl_fail(EXL_ERR_ARG, "job: top_logprobs must be in 0..%d", MAX_TOP_LOGPROBS);
     return check_sampling(&p->sampling, g->vocab);
@@ -216,6 +218,10 @@ exl_status exl_job_create(exl_generator *g, const exl_job_params *p, exl_job **o
         j->top_logprobs = p->top_logprobs;
         j->n_tokens = j->n_prompt = n_ids;
         j->stop_token = -1;
+        if (p->constraint) {
+            j->constraint = exl_constraint_ref(p->constraint);
+            j->cstate = p->constraint->matcher.start;
+        }
         exl_sampler_init(&j->rng, &j->sampling);
         st = exl_job_text_init(g, j);
     }
@@ -247,6 +253,7 @@ void exl_job_free(exl_job *j) {
     exl_str_free(&j->held);
     exl_str_free(&j->ev_text);
     exl_free(j->error);
+    exl_constraint_free(j->constraint);
     exl_free(j);
 }
 

@@ -15,19 +15,23 @@
 
 static exl_status nomem(void) { return exl_fail(EXL_ERR_NOMEM, "out of memory"); }
 
-/* A fresh detokenizer that has seen the end of the prompt and generated tokens [0, k). */
-static exl_status restart_detok(exl_generator *g, exl_job *j, int32_t k) {
+/* A fresh detokenizer that has seen tokens [from, to) of the sequence (their text dropped). */
+static exl_status prime_detok(exl_generator *g, exl_job *j, int32_t from, int32_t to) {
     j->detok_ready = 0;
     exl_detokenizer_free(j->detok);
     j->detok = NULL;
     EXL_TRY(exl_detokenizer_init(g->tok, 1, &j->detok));
-    int32_t from = j->n_prompt > CONTEXT_TOKENS ? j->n_prompt - CONTEXT_TOKENS : 0;
     const char *text;
     size_t len;
-    for (int32_t i = from; i < j->n_prompt + k; i++)
+    for (int32_t i = from; i < to; i++)
         EXL_TRY(exl_detokenizer_push(j->detok, j->tokens[i], &text, &len));
     j->detok_ready = 1;
     return EXL_OK;
+}
+
+/* A fresh detokenizer that has seen the end of the prompt and generated tokens [0, k). */
+static exl_status restart_detok(exl_generator *g, exl_job *j, int32_t k) {
+    return prime_detok(g, j, j->n_prompt > CONTEXT_TOKENS ? j->n_prompt - CONTEXT_TOKENS : 0, j->n_prompt + k);
 }
 
 exl_status exl_job_text_init(exl_generator *g, exl_job *j) { return restart_detok(g, j, 0); }
@@ -51,15 +55,9 @@ static int32_t token_at(const exl_job *j, int64_t at) {
     return k;
 }
 
-exl_status exl_job_text_update(exl_generator *g, exl_job *j, int32_t *banned_at) {
-    int32_t k = j->n_tokens - j->n_prompt - 1;
-    const char *text;
-    size_t len;
+/* The held text grew: look for stop and banned strings, emit what is final. */
+static exl_status settle(exl_job *j, int32_t *banned_at) {
     *banned_at = -1;
-    EXL_TRY(exl_detokenizer_push(j->detok, j->tokens[j->n_tokens - 1], &text, &len));
-    if (exl_str_append(&j->held, text, len))
-        return nomem();
-    j->text_end[k] = j->emitted + (int64_t)j->held.len;
     const char *h = j->held.data ? j->held.data : "";
     int32_t stop_i = 0, ban_i = 0;
     int64_t s = exl_strings_find(&j->stop, h, j->held.len, &stop_i);
@@ -82,6 +80,37 @@ exl_status exl_job_text_update(exl_generator *g, exl_job *j, int32_t *banned_at)
         from_ban = start > j->emitted ? (size_t)(start - j->emitted) : 0;
     }
     return emit(j, from < from_ban ? from : from_ban);
+}
+
+exl_status exl_job_text_update(exl_generator *g, exl_job *j, int32_t *banned_at) {
+    int32_t k = j->n_tokens - j->n_prompt - 1;
+    const char *text;
+    size_t len;
+    EXL_TRY(exl_detokenizer_push(j->detok, j->tokens[j->n_tokens - 1], &text, &len));
+    if (exl_str_append(&j->held, text, len))
+        return nomem();
+    j->text_end[k] = j->emitted + (int64_t)j->held.len;
+    return settle(j, banned_at);
+}
+
+exl_status exl_job_text_force(exl_generator *g, exl_job *j, const char *bytes, size_t n, int32_t n_ids) {
+    const char *text;
+    size_t len;
+    if (j->detok_ready) { /* the text of the tokens before, all of it: the forced tokens start afresh */
+        EXL_TRY(exl_detokenizer_flush(j->detok, &text, &len));
+        if (exl_str_append(&j->held, text, len))
+            return nomem();
+    }
+    if (exl_str_append(&j->held, bytes, n))
+        return nomem();
+    for (int32_t k = j->n_tokens - j->n_prompt - n_ids; k < j->n_tokens - j->n_prompt; k++)
+        j->text_end[k] = j->emitted + (int64_t)j->held.len;
+    /* the forced tokens as the new context: text is forced only where no token can write the next
+     * byte, so the vocabulary has no byte tokens for it and the forced tokens end on whole
+     * characters, leaving nothing pending that the next push would emit */
+    EXL_TRY(prime_detok(g, j, j->n_tokens - n_ids, j->n_tokens));
+    int32_t banned_at;
+    return settle(j, &banned_at);
 }
 
 exl_status exl_job_text_rewind(exl_generator *g, exl_job *j, int32_t k) {

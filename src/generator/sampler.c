@@ -249,19 +249,25 @@ static int32_t top_k_logits(const float *logits, int32_t vocab, int32_t k, exl_c
     return m == k ? m : -1;
 }
 
-/* Every finite logit as a weight exp((l - max) / T), in id order; *best gets the argmax. */
+/* Every finite logit as a weight exp((l - max) / T), in id order; *best gets the argmax. Both loops
+ * are free of data-dependent branches: masked (-inf) logits, scattered over the vocabulary by a
+ * constraint, would make such branches mispredict. */
 static int32_t all_weights(const float *logits, int32_t vocab, float temperature, exl_candidate *c, int32_t *best) {
+    float lmax = -INFINITY;
     *best = -1;
     for (int32_t i = 0; i < vocab; i++)
-        if (logits[i] > -INFINITY && (*best < 0 || logits[i] > logits[*best]))
+        if (logits[i] > lmax) { /* rarely taken: a new maximum */
+            lmax = logits[i];
             *best = i;
+        }
     if (*best < 0 || temperature <= 0)
         return 0;
-    float inv_t = 1.0f / temperature, lmax = logits[*best];
+    float inv_t = 1.0f / temperature;
     int32_t n = 0;
-    for (int32_t i = 0; i < vocab; i++)
-        if (logits[i] > -INFINITY)
-            c[n++] = (exl_candidate){i, expf((logits[i] - lmax) * inv_t)};
+    for (int32_t i = 0; i < vocab; i++) {
+        c[n] = (exl_candidate){i, expf((logits[i] - lmax) * inv_t)};
+        n += logits[i] > -INFINITY;
+    }
     return n;
 }
 

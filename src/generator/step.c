@@ -33,7 +33,7 @@ exl_status exl_gen_finish(exl_generator *g, exl_job *j, exl_finish_reason why, c
 
 /* ---------------------------------------------------------------- sampling one job */
 
-static int is_stop(const exl_generator *g, const exl_job *j, int32_t id) {
+int exl_gen_is_stop(const exl_generator *g, const exl_job *j, int32_t id) {
     for (int32_t i = 0; i < j->n_stop_ids; i++)
         if (j->stop_ids[i] == id)
             return 1;
@@ -133,8 +133,10 @@ static int32_t step_head_size(const exl_generator *g) {
     return k;
 }
 
-/* The next token from the full logits (modified), or from the head (ids, vals sorted). */
-static exl_status sample_job(exl_generator *g, exl_job *j, float *logits, const int32_t *ids, const float *vals) {
+/* The next token from the full logits (modified), or from the head (ids, vals sorted); row: the job's
+ * row of logits in the step (its mask's, when constrained). */
+static exl_status sample_job(exl_generator *g, exl_job *j, int32_t row, float *logits, const int32_t *ids,
+                             const float *vals) {
     int32_t k = j->n_tokens - j->n_prompt, pos = j->n_tokens;
     float *raw = NULL;
     if (logits && (j->logprobs || j->top_logprobs)) {
@@ -146,19 +148,19 @@ static exl_status sample_job(exl_generator *g, exl_job *j, float *logits, const 
             logits[j->ban_id[i]] = -INFINITY;
     if (logits && k < j->min_new)
         for (int32_t id = 0; id < g->vocab; id++)
-            if (is_stop(g, j, id))
+            if (exl_gen_is_stop(g, j, id))
                 logits[id] = -INFINITY;
     j->mu_hist[k] = j->rng.mu;
     int32_t id = logits ? exl_sampler_sample(&j->sampling, &j->rng, logits, g->vocab, j->tokens, j->n_tokens,
                                              &g->scratch)
                         : exl_sampler_sample_head(&j->sampling, &j->rng, ids, vals, &g->scratch);
-    if (id < 0)
+    if (id < 0 || (j->constraint && !exl_gen_constraint_allows(g, row, id)))
         return exl_gen_finish(g, j, EXL_FINISH_ERROR, "every token is banned at this position");
     if (raw)
         record_logprobs(g, j, raw, id, k);
     j->tokens[j->n_tokens++] = id;
     g->stats.tokens_generated++;
-    if (is_stop(g, j, id)) {
+    if (exl_gen_is_stop(g, j, id)) {
         j->stop_token = id;
         return exl_gen_finish(g, j, EXL_FINISH_STOP, NULL);
     }
@@ -168,6 +170,8 @@ static exl_status sample_job(exl_generator *g, exl_job *j, float *logits, const 
         return rewind_job(g, j, banned_at);
     if (j->stop_string)
         return exl_gen_finish(g, j, EXL_FINISH_STOP, NULL);
+    if (j->constraint) /* ends the job where the output is complete or the length is reached */
+        return exl_gen_constraint_advance(g, j, id);
     if (k + 1 >= j->max_new)
         return exl_gen_finish(g, j, EXL_FINISH_LENGTH, NULL);
     return EXL_OK;
@@ -247,6 +251,11 @@ static exl_status run_step(exl_generator *g) {
     for (int32_t i = g->waiting.n - 1; i >= 0; i--)
         if (g->waiting.v[i]->cancel_seen)
             EXL_TRY(exl_gen_finish(g, g->waiting.v[i], EXL_FINISH_CANCELLED, NULL));
+    for (int32_t i = g->waiting.n - 1; i >= 0; i--) { /* new constrained jobs: what the grammar forces first */
+        exl_job *j = g->waiting.v[i];
+        if (j->constraint && !j->cstarted && exl_gen_constraint_start(g, j) != EXL_OK && j->state != EXL_JOB_DONE)
+            EXL_TRY(exl_gen_finish(g, j, EXL_FINISH_ERROR, exl_last_error()));
+    }
     for (int32_t i = g->running.n - 1; i >= 0; i--)
         if (g->running.v[i]->cancel_seen)
             EXL_TRY(exl_gen_finish(g, g->running.v[i], EXL_FINISH_CANCELLED, NULL));
@@ -267,6 +276,9 @@ static exl_status run_step(exl_generator *g) {
             exl_gen_ahead_queue(g);
             st = exl_model_argmax_wait(g->model, ticket, g->ahead.ids, rows);
         }
+    } else if (exl_gen_step_constrained(g)) { /* the masks are filled while the device runs */
+        st = exl_model_forward_masked(g->model, g->cache, g->steps, g->n_step, exl_gen_fill_masks, g, g->masks, head,
+                                      g->head_ids, g->head_vals, g->logits);
     } else {
         st = head ? exl_model_forward_top_k(g->model, g->cache, g->steps, g->n_step, head, g->head_ids, g->head_vals)
                   : exl_model_forward(g->model, g->cache, g->steps, g->n_step, g->logits);
@@ -292,9 +304,9 @@ static exl_status run_step(exl_generator *g) {
         if (!g->steps[s].want_logits)
             continue;
         size_t at = (size_t)row * (head ? head : g->vocab);
-        exl_status js = greedy ? sample_job(g, j, NULL, g->ahead.ids + row, &no_val)
-                        : head ? sample_job(g, j, NULL, g->head_ids + at, g->head_vals + at)
-                               : sample_job(g, j, g->logits + at, NULL, NULL);
+        exl_status js = greedy ? sample_job(g, j, row, NULL, g->ahead.ids + row, &no_val)
+                        : head ? sample_job(g, j, row, NULL, g->head_ids + at, g->head_vals + at)
+                               : sample_job(g, j, row, g->logits + at, NULL, NULL);
         row++;
         if (js != EXL_OK && j->state != EXL_JOB_DONE) /* never leave a job without its next token */
             exl_gen_finish(g, j, EXL_FINISH_ERROR, exl_last_error());

@@ -146,6 +146,14 @@ int32_t exl_model_top_k_max(const exl_model *m);
  * without moving the whole vocabulary. */
 exl_status exl_model_forward_top_k(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                    int32_t k, int32_t *ids, float *vals);
+/* Constrained decoding (forward_masked.c): as exl_model_forward (k 0: the logits into `logits`) or
+ * exl_model_forward_top_k (k > 0: the head into ids / vals), with the logits of each row masked
+ * first. fill(user, masks, rows) writes the rows' bitsets into the HOST buffer masks (rows x
+ * exl_mask_words(vocab) words, bit set: keep); it is called once the step is under way, so on an
+ * asynchronous device the host computes the masks while the device computes the logits. */
+exl_status exl_model_forward_masked(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                    exl_logit_mask_fn fill, void *user, uint32_t *masks, int32_t k, int32_t *ids,
+                                    float *vals, float *logits);
 /* Greedy decode that runs ahead of the host. As exl_model_forward, but it only queues the step:
  * each row that wants logits gets the lowest id of its largest logit (-1 where every logit is
  * -inf or NaN), fetched by exl_model_argmax_wait(*ticket) (n: those rows, at most

@@ -11,12 +11,19 @@
  * refused up front (400, response_too_large).
  * A client that leaves has its reply freed by the HTTP layer, which cancels its jobs and
  * so releases their cache pages; a half-closed connection counts as a client that left
- * (nothing tells the two apart). */
+ * (nothing tells the two apart).
+ *
+ * Structured output: response_format json_object / json_schema and tool_choice required / a
+ * named function become one constraint per request (all its choices share it). With tools
+ * offered (tool_choice not none) each reply is parsed for tool calls in the model's format
+ * (tools.h); streamed, content goes out while no call can have started, and the calls go out
+ * as delta.tool_calls chunks once the choice is done. */
 #include "server/routes.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
 #include "server/openai_response.h"
+#include "server/tools.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -40,6 +47,12 @@ typedef struct oai_run {
     double *last_token;       /* [n_choices]: when each choice's latest token came, 0 = none yet */
     int any_token;
     int opened;               /* streams: the opening chunks are out */
+    exl_constraint *constraint; /* response_format or a forced tool call; NULL: free text */
+    int tool_mode;              /* tools offered: replies are parsed for calls */
+    exl_tool_format tool_fmt;
+    exl_chat_message *msgs;     /* the conversation as the template gets it, when it differs from the request's */
+    exl_str *owned;             /* texts msgs points at */
+    int32_t n_owned;
 } oai_run;
 
 /* ---------------------------------------------------------------- life of a run */
@@ -101,7 +114,13 @@ static void run_free(oai_run *r) {
     for (int32_t i = 0; r->choices && i < r->n_choices; i++) {
         exl_str_free(&r->choices[i].text);
         cJSON_Delete(r->choices[i].logprobs);
+        exl_tool_calls_free(&r->choices[i].calls);
     }
+    exl_constraint_free(r->constraint);
+    for (int32_t i = 0; i < r->n_owned; i++)
+        exl_str_free(&r->owned[i]);
+    exl_free(r->owned);
+    exl_free(r->msgs);
     exl_free(r->choices);
     exl_free(r->last_token);
     exl_oai_request_free(&r->req);
@@ -110,11 +129,112 @@ static void run_free(oai_run *r) {
 
 static int nomem(exl_oai_error *err) { return exl_oai_fail(err, 500, "server_error", NULL, NULL, "out of memory"); }
 
+/* ---------------------------------------------------------------- tools */
+
+/* A new owned text (a slot in r->owned); NULL when out of memory. */
+static exl_str *owned_text(oai_run *r) {
+    exl_str *o = exl_realloc(r->owned, (size_t)(r->n_owned + 1) * sizeof *o);
+    if (!o)
+        return NULL;
+    r->owned = o;
+    o[r->n_owned] = (exl_str)EXL_STR_INIT;
+    return &o[r->n_owned++];
+}
+
+/* For a template that takes no tools: the calls of an assistant message written into its content
+ * the way exl's tool prompt asks for them. */
+static int calls_as_text(oai_run *r, exl_chat_message *m) {
+    cJSON *calls = cJSON_Parse(m->tool_calls);
+    exl_str *t = owned_text(r);
+    int fail = !calls || !t || exl_str_puts(t, m->content);
+    for (const cJSON *c = calls ? calls->child : NULL; c && !fail; c = c->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        fail = exl_str_printf(t, "%s<tool_call>\n{\"name\": \"%s\", \"arguments\": %s}\n</tool_call>",
+                              t->len ? "\n" : "", cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring,
+                              cJSON_IsString(args) && *args->valuestring ? args->valuestring : "{}");
+    }
+    cJSON_Delete(calls);
+    if (fail)
+        return -1;
+    m->content = t->data ? t->data : "";
+    m->tool_calls = NULL;
+    return 0;
+}
+
+/* The conversation for a template that takes no tools: exl's tool prompt in the system message,
+ * past calls as text. */
+static int generic_messages(oai_run *r, exl_oai_error *err) {
+    const exl_oai_request *q = &r->req;
+    int add_system = r->tool_mode && strcmp(q->messages[0].role, "system");
+    int32_t n = q->n_messages + add_system;
+    r->msgs = exl_calloc((size_t)n, sizeof *r->msgs);
+    if (!r->msgs)
+        return nomem(err);
+    memcpy(r->msgs + add_system, q->messages, (size_t)q->n_messages * sizeof *r->msgs);
+    if (r->tool_mode) {
+        exl_str *p = owned_text(r);
+        if (!p || exl_tools_prompt(q->tools, p) != EXL_OK ||
+            (!add_system && (exl_str_puts(p, "\n\n") || exl_str_puts(p, q->messages[0].content))))
+            return nomem(err);
+        r->msgs[0] = (exl_chat_message){.role = "system", .content = p->data};
+    }
+    for (int32_t i = 0; i < n; i++)
+        if (r->msgs[i].tool_calls && calls_as_text(r, &r->msgs[i]))
+            return nomem(err);
+    return 0;
+}
+
+/* The constraint of the request, compiled once for all its choices. */
+static int make_constraint(oai_run *r, exl_oai_error *err) {
+    const exl_oai_request *q = &r->req;
+    exl_str text = EXL_STR_INIT;
+    exl_constraint_kind kind = EXL_CONSTRAINT_GBNF;
+    const char *param = "response_format";
+    exl_status st = EXL_OK;
+    if (q->tool_choice == EXL_OAI_TOOLS_REQUIRED || q->tool_choice == EXL_OAI_TOOLS_NAMED) {
+        param = "tools";
+        st = exl_tools_grammar(q->tools, q->tool_choice == EXL_OAI_TOOLS_NAMED ? q->tool_name : NULL,
+                               q->parallel_tool_calls, r->tool_fmt, &text);
+    } else if (q->format == EXL_OAI_FORMAT_JSON_OBJECT) {
+        kind = EXL_CONSTRAINT_JSON_SCHEMA_LAX;
+        st = exl_str_puts(&text, "{\"type\": \"object\"}") ? exl_fail(EXL_ERR_NOMEM, "out of memory") : EXL_OK;
+    } else if (q->format == EXL_OAI_FORMAT_JSON_SCHEMA) {
+        kind = q->schema_strict ? EXL_CONSTRAINT_JSON_SCHEMA : EXL_CONSTRAINT_JSON_SCHEMA_LAX;
+        char *s = cJSON_PrintUnformatted(q->schema);
+        st = !s || exl_str_puts(&text, s) ? exl_fail(EXL_ERR_NOMEM, "out of memory") : EXL_OK;
+        cJSON_free(s);
+    } else {
+        return 0;
+    }
+    if (st == EXL_OK)
+        st = exl_constraint_compile(kind, text.data, text.len, &r->constraint);
+    exl_str_free(&text);
+    if (st == EXL_ERR_NOMEM)
+        return nomem(err);
+    return st == EXL_OK ? 0 : exl_oai_bad_param(err, param, "%s", exl_last_error());
+}
+
 /* ---------------------------------------------------------------- prompts */
 
-/* Chat: the conversation as exl_chat_encode makes it a prompt. */
+/* Chat: the conversation as exl_chat_encode makes it a prompt, with the tools offered. */
 static int chat_prompt(oai_run *r, exl_oai_error *err) {
-    exl_status st = exl_chat_encode(r->srv->tok, r->req.messages, r->req.n_messages, 1, NULL, &r->chat);
+    const exl_oai_request *q = &r->req;
+    int history_calls = 0;
+    for (int32_t i = 0; i < q->n_messages; i++)
+        history_calls |= q->messages[i].tool_calls != NULL;
+    r->tool_mode = q->tools && q->tool_choice != EXL_OAI_TOOLS_NONE;
+    r->tool_fmt = r->tool_mode || history_calls ? exl_tools_detect(r->srv->tok) : EXL_TOOLS_GENERIC;
+    char *tools_json = NULL;
+    if (r->tool_fmt == EXL_TOOLS_GENERIC && (r->tool_mode || history_calls)) {
+        if (generic_messages(r, err))
+            return -1;
+    } else if (r->tool_mode && !(tools_json = cJSON_PrintUnformatted(q->tools))) {
+        return nomem(err);
+    }
+    int32_t n = r->msgs ? q->n_messages + (r->tool_mode && strcmp(q->messages[0].role, "system")) : q->n_messages;
+    exl_status st = exl_chat_encode(r->srv->tok, r->msgs ? r->msgs : q->messages, n, 1, tools_json, &r->chat);
+    cJSON_free(tools_json);
     if (st != EXL_OK)
         return st == EXL_ERR_NOMEM ? nomem(err) : exl_oai_bad_param(err, "messages", "%s", exl_last_error());
     r->prompt_ids[0] = r->chat.ids;
@@ -225,6 +345,7 @@ static int submit_jobs(oai_run *r, exl_http_conn *conn, exl_oai_error *err) {
         jp.logprobs = q->logprobs;
         jp.top_logprobs = q->top_logprobs;
         jp.sampling = q->sampling;
+        jp.constraint = r->constraint;
         /* the n choices of one seed differ from each other, and repeat across requests */
         jp.sampling.seed = q->has_seed ? q->sampling.seed + (uint64_t)k
                                        : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + atomic_fetch_add(&srv->next_id, 1);
@@ -233,6 +354,36 @@ static int submit_jobs(oai_run *r, exl_http_conn *conn, exl_oai_error *err) {
     }
     exl_oai_usage u = usage_of(r);
     atomic_fetch_add(&srv->metrics.prompt_tokens, (unsigned long long)u.prompt_tokens);
+    return 0;
+}
+
+/* Streamed with tools offered: the content that no call can follow any more. */
+static int stream_tool_content(oai_run *r, int32_t index, size_t upto, const cJSON *lp, exl_str *out) {
+    exl_oai_choice *c = &r->choices[index];
+    if (upto <= c->streamed)
+        return 0;
+    int rc = exl_oai_chunk_append(out, &r->hdr, index, 0, c->text.data + c->streamed, upto - c->streamed, lp, NULL,
+                                  r->req.include_usage);
+    c->streamed = upto;
+    return rc;
+}
+
+/* A choice with tools offered is done: its calls (and the content before them, when streamed). */
+static int finish_tools(oai_run *r, int32_t index, exl_str *out) {
+    exl_oai_choice *c = &r->choices[index];
+    const char *text = c->text.data ? c->text.data : "";
+    if (exl_tools_parse(text, c->text.len, r->tool_fmt, r->req.tools, &c->calls) != EXL_OK)
+        return -1;
+    if (!r->req.stream)
+        return 0;
+    size_t content = c->calls.n ? c->calls.content_len : c->text.len;
+    while (c->calls.n && content > c->streamed && strchr(" \t\r\n", text[content - 1]))
+        content--;
+    if (stream_tool_content(r, index, content, NULL, out))
+        return -1;
+    for (int32_t k = 0; k < c->calls.n; k++)
+        if (exl_oai_tool_chunks_append(out, &r->hdr, index, k, &c->calls.v[k], r->req.include_usage))
+            return -1;
     return 0;
 }
 
@@ -253,7 +404,10 @@ static int absorb(oai_run *r, exl_stream_event *e, exl_str *out, exl_oai_error *
         }
     }
     int rc = 0;
-    if (r->req.stream && (e->text_len || (delta_lp && e->n_ids > (e->finish == EXL_FINISH_STOP))))
+    if (r->req.stream && r->tool_mode)
+        rc = stream_tool_content(r, e->index, exl_tools_content_safe(c->text.data, c->text.len, r->tool_fmt), delta_lp,
+                                 out);
+    else if (r->req.stream && (e->text_len || (delta_lp && e->n_ids > (e->finish == EXL_FINISH_STOP))))
         rc = exl_oai_chunk_append(out, &r->hdr, e->index, 0, e->text, e->text_len, delta_lp, NULL,
                                   r->req.include_usage);
     if (delta_lp != c->logprobs)
@@ -270,8 +424,11 @@ static int absorb(oai_run *r, exl_stream_event *e, exl_str *out, exl_oai_error *
                             e->error ? e->error : "unknown error");
     if (e->finish == EXL_FINISH_CANCELLED)
         return exl_oai_fail(err, 503, "server_error", NULL, NULL, "the server is shutting down");
+    if (r->tool_mode && finish_tools(r, e->index, out))
+        return nomem(err);
+    const char *finish = c->calls.n ? "tool_calls" : exl_oai_finish_str(e->finish);
     if (r->req.stream && exl_oai_chunk_append(out, &r->hdr, e->index, 0, r->req.kind == EXL_OAI_CHAT ? NULL : "",
-                                              0, NULL, exl_oai_finish_str(e->finish), r->req.include_usage))
+                                              0, NULL, finish, r->req.include_usage))
         return nomem(err);
     return 0;
 }
@@ -365,7 +522,7 @@ static int start(oai_run *r, const exl_http_request *req, exl_oai_error *err) {
         return exl_oai_fail(err, 404, "invalid_request_error", "model", "model_not_found",
                             "The model '%.200s' does not exist (this server has '%s')", r->req.model,
                             srv->model_name);
-    return make_prompts(r, err) || submit_jobs(r, req->conn, err) ? -1 : 0;
+    return make_prompts(r, err) || make_constraint(r, err) || submit_jobs(r, req->conn, err) ? -1 : 0;
 }
 
 void exl_completions(exl_server *srv, exl_oai_kind kind, const exl_http_request *req, exl_http_reply *reply) {

@@ -2,9 +2,10 @@
  * Field names and ranges follow the OpenAI API reference; top_k, min_p, typical_p and
  * repetition_penalty are extensions (as in vLLM). Unknown fields are ignored; fields
  * that would change the output in ways exl does not implement (echo, suffix, best_of,
- * tools, response_format, store, modalities other than text, stream_options without a
- * stream) are refused rather than silently dropped. U+0000 is refused anywhere in the
- * body: cJSON's strings end at it, so it would cut a prompt short unseen. */
+ * legacy functions, tools on /v1/completions, store, modalities other than text,
+ * stream_options without a stream) are refused rather than silently dropped. U+0000 is
+ * refused anywhere in the body: cJSON's strings end at it, so it would cut a prompt short
+ * unseen. */
 #include "server/openai_request.h"
 
 #include "base/alloc.h"
@@ -156,6 +157,34 @@ static int message_content(const cJSON *c, int i, char **out, exl_oai_error *err
     return *out ? 0 : nomem(err);
 }
 
+/* An assistant message's tool_calls (kept as JSON text), a tool message's tool_call_id and name. */
+static int message_tools(const cJSON *e, int i, exl_chat_message *m, char **calls_json, exl_oai_error *err) {
+    const cJSON *calls = field(e, "tool_calls"), *id = field(e, "tool_call_id"), *name = field(e, "name");
+    if ((id && !cJSON_IsString(id)) || (name && !cJSON_IsString(name)))
+        return exl_oai_bad_param(err, "messages", "messages[%d]: tool_call_id and name must be strings", i);
+    m->tool_call_id = id ? id->valuestring : NULL;
+    m->name = name && !strcmp(m->role, "tool") ? name->valuestring : NULL;
+    if (!calls)
+        return 0;
+    if (strcmp(m->role, "assistant") || !cJSON_IsArray(calls))
+        return exl_oai_bad_param(err, "messages", "messages[%d].tool_calls must be a list, on an assistant message", i);
+    for (const cJSON *c = calls->child; c; c = c->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *fname = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (!cJSON_IsString(fname) || (args && !cJSON_IsString(args)))
+            return exl_oai_bad_param(err, "messages",
+                                     "messages[%d].tool_calls: each needs function.name and function.arguments "
+                                     "(a string)",
+                                     i);
+    }
+    char *s = cJSON_PrintUnformatted(calls);
+    *calls_json = s ? exl_strdup(s) : NULL;
+    cJSON_free(s);
+    m->tool_calls = *calls_json;
+    return *calls_json ? 0 : nomem(err);
+}
+
 static int parse_messages(exl_oai_request *r, exl_oai_error *err) {
     static const char *const roles[] = {"system", "user", "assistant", "tool", "developer"};
     const cJSON *m = field(r->root, "messages");
@@ -164,7 +193,8 @@ static int parse_messages(exl_oai_request *r, exl_oai_error *err) {
         return exl_oai_bad_param(err, "messages", "'messages' must be a non-empty list");
     r->messages = exl_calloc((size_t)n, sizeof *r->messages);
     r->contents = exl_calloc((size_t)n, sizeof *r->contents);
-    if (!r->messages || !r->contents)
+    r->tool_calls = exl_calloc((size_t)n, sizeof *r->tool_calls);
+    if (!r->messages || !r->contents || !r->tool_calls)
         return nomem(err);
     int i = 0;
     for (const cJSON *e = m->child; e; e = e->next, i++) {
@@ -181,6 +211,8 @@ static int parse_messages(exl_oai_request *r, exl_oai_error *err) {
         /* "developer" is the newer name of "system"; templates know only the latter */
         r->messages[i].role = k == 4 ? "system" : roles[k];
         r->messages[i].content = r->contents[i];
+        if (message_tools(e, i, &r->messages[i], &r->tool_calls[i], err))
+            return -1;
     }
     return 0;
 }
@@ -310,6 +342,122 @@ static int parse_logprobs(exl_oai_request *r, exl_oai_error *err) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- tools and response_format */
+
+static int valid_name(const char *s) {
+    size_t n = strlen(s);
+    if (n < 1 || n > 64)
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' ||
+              *s == '-'))
+            return 0;
+    return 1;
+}
+
+static int parse_tool_list(exl_oai_request *r, exl_oai_error *err) {
+    const cJSON *tools = field(r->root, "tools");
+    if (!tools)
+        return 0;
+    if (r->kind != EXL_OAI_CHAT)
+        return exl_oai_bad_param(err, "tools", "'tools' are supported on /v1/chat/completions only");
+    if (!cJSON_IsArray(tools))
+        return exl_oai_bad_param(err, "tools", "'tools' must be a list of function tools");
+    int i = 0;
+    for (const cJSON *t = tools->child; t; t = t->next, i++) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *params = field(fn, "parameters"), *desc = field(fn, "description"), *strict = field(fn, "strict");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsObject(fn))
+            return exl_oai_bad_param(err, "tools", "tools[%d] must be {\"type\": \"function\", \"function\": {...}}",
+                                     i);
+        if (!cJSON_IsString(name) || !valid_name(name->valuestring))
+            return exl_oai_bad_param(err, "tools", "tools[%d].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -",
+                                     i);
+        if ((params && !cJSON_IsObject(params)) || (desc && !cJSON_IsString(desc)) || (strict && !cJSON_IsBool(strict)))
+            return exl_oai_bad_param(err, "tools",
+                                     "tools[%d].function: parameters must be an object, description a string, "
+                                     "strict a boolean",
+                                     i);
+        for (const cJSON *u = tools->child; u != t; u = u->next)
+            if (!strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(u, "function"), "name")
+                            ->valuestring,
+                        name->valuestring))
+                return exl_oai_bad_param(err, "tools", "two tools are named '%s'", name->valuestring);
+    }
+    r->tools = i ? tools : NULL;
+    return 0;
+}
+
+static int parse_tool_choice(exl_oai_request *r, exl_oai_error *err) {
+    const cJSON *c = field(r->root, "tool_choice");
+    r->tool_choice = r->tools ? EXL_OAI_TOOLS_AUTO : EXL_OAI_TOOLS_NONE;
+    r->parallel_tool_calls = 1;
+    if (opt_bool(r->root, "parallel_tool_calls", &r->parallel_tool_calls, err) < 0)
+        return -1;
+    if (!c)
+        return 0;
+    if (cJSON_IsString(c)) {
+        static const char *const names[] = {"none", "auto", "required"};
+        int k = 0;
+        while (k < 3 && strcmp(c->valuestring, names[k]))
+            k++;
+        if (k == 3)
+            return exl_oai_bad_param(err, "tool_choice", "'tool_choice' must be none, auto, required or a function");
+        r->tool_choice = (exl_oai_tool_choice)k;
+    } else {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(c, "type");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "function"), "name");
+        if (!cJSON_IsObject(c) || !cJSON_IsString(type) || strcmp(type->valuestring, "function") ||
+            !cJSON_IsString(name))
+            return exl_oai_bad_param(err, "tool_choice",
+                                     "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
+                                     "\"function\": {\"name\": ...}}");
+        r->tool_choice = EXL_OAI_TOOLS_NAMED;
+        r->tool_name = name->valuestring;
+    }
+    if (r->tool_choice != EXL_OAI_TOOLS_NONE && !r->tools)
+        return exl_oai_bad_param(err, "tool_choice", "'tool_choice' other than none needs 'tools'");
+    int found = r->tool_choice != EXL_OAI_TOOLS_NAMED;
+    for (const cJSON *t = r->tools ? r->tools->child : NULL; t && !found; t = t->next)
+        found = !strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name")
+                            ->valuestring,
+                        r->tool_name);
+    if (!found)
+        return exl_oai_bad_param(err, "tool_choice", "no tool is named '%.64s'", r->tool_name);
+    return 0;
+}
+
+static int parse_response_format(exl_oai_request *r, exl_oai_error *err) {
+    const cJSON *f = field(r->root, "response_format");
+    r->format = EXL_OAI_FORMAT_TEXT;
+    if (!f)
+        return 0;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(f, "type");
+    if (!cJSON_IsObject(f) || !cJSON_IsString(type))
+        return exl_oai_bad_param(err, "response_format", "'response_format' must be an object with a 'type'");
+    if (!strcmp(type->valuestring, "text"))
+        return 0;
+    if (!strcmp(type->valuestring, "json_object")) {
+        r->format = EXL_OAI_FORMAT_JSON_OBJECT;
+        return 0;
+    }
+    if (strcmp(type->valuestring, "json_schema"))
+        return exl_oai_bad_param(err, "response_format",
+                                 "response_format.type must be text, json_object or json_schema");
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(f, "json_schema");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema"), *strict = field(js, "strict");
+    if (!cJSON_IsObject(js) || !(cJSON_IsObject(schema) || cJSON_IsBool(schema)) || (strict && !cJSON_IsBool(strict)))
+        return exl_oai_bad_param(err, "response_format",
+                                 "response_format.json_schema must be {\"name\": ..., \"schema\": {...}, "
+                                 "\"strict\": true or false}");
+    r->format = EXL_OAI_FORMAT_JSON_SCHEMA;
+    r->schema = schema;
+    r->schema_strict = cJSON_IsTrue(strict);
+    return 0;
+}
+
 static int refuse_unsupported(const cJSON *root, exl_oai_error *err) {
     const cJSON *f;
     if (cJSON_IsTrue(field(root, "echo")))
@@ -318,13 +466,8 @@ static int refuse_unsupported(const cJSON *root, exl_oai_error *err) {
         return exl_oai_bad_param(err, "suffix", "'suffix' is not supported");
     if ((f = field(root, "best_of")) && !(cJSON_IsNumber(f) && f->valuedouble == 1))
         return exl_oai_bad_param(err, "best_of", "'best_of' other than 1 is not supported");
-    if ((f = field(root, "tools")) && cJSON_GetArraySize(f) > 0)
-        return exl_oai_bad_param(err, "tools", "'tools' are not supported");
     if ((f = field(root, "functions")) && cJSON_GetArraySize(f) > 0)
-        return exl_oai_bad_param(err, "functions", "'functions' are not supported");
-    const cJSON *type = (f = field(root, "response_format")) ? cJSON_GetObjectItemCaseSensitive(f, "type") : NULL;
-    if (f && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
-        return exl_oai_bad_param(err, "response_format", "only response_format {\"type\": \"text\"} is supported");
+        return exl_oai_bad_param(err, "functions", "the legacy 'functions' are not supported: use 'tools'");
     return 0;
 }
 
@@ -381,6 +524,8 @@ static int parse_fields(exl_oai_request *r, int32_t vocab, exl_oai_error *err) {
     if (refuse_ignored(r, err))
         return -1;
     if (parse_stop(r, err) || parse_sampling(r, err) || parse_logit_bias(r, vocab, err) || parse_logprobs(r, err))
+        return -1;
+    if (parse_tool_list(r, err) || parse_tool_choice(r, err) || parse_response_format(r, err))
         return -1;
     return 0;
 }
@@ -442,7 +587,10 @@ void exl_oai_request_free(exl_oai_request *r) {
     exl_free(r->prompts);
     for (int32_t i = 0; r->contents && i < r->n_messages; i++)
         exl_free(r->contents[i]);
+    for (int32_t i = 0; r->tool_calls && i < r->n_messages; i++)
+        exl_free(r->tool_calls[i]);
     exl_free(r->contents);
+    exl_free(r->tool_calls);
     exl_free(r->messages);
     exl_free(r->bias);
     cJSON_Delete(r->root);

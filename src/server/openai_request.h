@@ -21,6 +21,21 @@ typedef struct exl_oai_prompt {
     int32_t n_ids;
 } exl_oai_prompt;
 
+/* tool_choice */
+typedef enum exl_oai_tool_choice {
+    EXL_OAI_TOOLS_NONE,     /* no tools offered, or "none": plain text */
+    EXL_OAI_TOOLS_AUTO,     /* the model may call tools: its reply is parsed for calls */
+    EXL_OAI_TOOLS_REQUIRED, /* it must call one or more (a grammar enforces it) */
+    EXL_OAI_TOOLS_NAMED,    /* it must call tool_name */
+} exl_oai_tool_choice;
+
+/* response_format */
+typedef enum exl_oai_format {
+    EXL_OAI_FORMAT_TEXT,
+    EXL_OAI_FORMAT_JSON_OBJECT,
+    EXL_OAI_FORMAT_JSON_SCHEMA,
+} exl_oai_format;
+
 typedef struct exl_oai_request {
     exl_oai_kind kind;
     cJSON *root;                /* the parsed body; strings below point into it */
@@ -29,7 +44,15 @@ typedef struct exl_oai_request {
     int32_t n_prompts;
     exl_chat_message *messages; /* chat */
     char **contents;            /* owned message texts (content parts joined) */
+    char **tool_calls;          /* owned: each assistant message's tool_calls as JSON text, or NULL */
     int32_t n_messages;
+    const cJSON *tools;         /* chat: the tools list, NULL when none */
+    exl_oai_tool_choice tool_choice;
+    const char *tool_name;      /* EXL_OAI_TOOLS_NAMED: the function */
+    int parallel_tool_calls;
+    exl_oai_format format;
+    const cJSON *schema;        /* EXL_OAI_FORMAT_JSON_SCHEMA: the schema */
+    int schema_strict;
     int32_t max_tokens;         /* 0 = not given */
     int32_t n;
     const char *stop[EXL_OAI_MAX_STOP];

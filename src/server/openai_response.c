@@ -86,6 +86,51 @@ static int json_number(exl_str *out, double v) {
     return exl_str_puts(out, buf);
 }
 
+void exl_oai_call_id(const exl_oai_header *h, int32_t index, int32_t k, char out[32]) {
+    static const char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    uint64_t x = 1469598103934665603ull;
+    for (const char *p = h->id; *p; p++)
+        x = (x ^ (unsigned char)*p) * 1099511628211ull;
+    x ^= ((uint64_t)index << 32) ^ (uint64_t)k;
+    memcpy(out, "call_", 5);
+    for (int i = 0; i < 24; i++) { /* splitmix64 steps */
+        uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        out[5 + i] = digits[(z ^ (z >> 31)) % 62];
+    }
+    out[29] = 0;
+}
+
+/* {"id", "type": "function", "function": {"name", "arguments"}} (id, name NULL: left out) */
+static cJSON *call_object(const char *id, const char *name, const char *args, int32_t stream_index) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *fn = NULL;
+    int ok = o && (stream_index < 0 || cJSON_AddNumberToObject(o, "index", stream_index)) &&
+             (!id || (cJSON_AddStringToObject(o, "id", id) && cJSON_AddStringToObject(o, "type", "function"))) &&
+             (fn = cJSON_AddObjectToObject(o, "function")) && (!name || cJSON_AddStringToObject(fn, "name", name)) &&
+             cJSON_AddStringToObject(fn, "arguments", args);
+    if (ok)
+        return o;
+    cJSON_Delete(o);
+    return NULL;
+}
+
+static cJSON *tool_calls_array(const exl_oai_header *h, int32_t index, const exl_tool_calls *calls) {
+    cJSON *a = cJSON_CreateArray();
+    for (int32_t k = 0; a && k < calls->n; k++) {
+        char id[32];
+        exl_oai_call_id(h, index, k, id);
+        cJSON *c = call_object(id, calls->v[k].name, calls->v[k].arguments, -1);
+        if (!c || !cJSON_AddItemToArray(a, c)) {
+            cJSON_Delete(c);
+            cJSON_Delete(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
 /* ---------------------------------------------------------------- log-probabilities */
 
 cJSON *exl_oai_logprobs_new(exl_oai_kind kind) {
@@ -279,12 +324,30 @@ static cJSON *choice_object(const exl_oai_header *h, int32_t index, const exl_oa
     cJSON *o = cJSON_CreateObject();
     if (!o || !cJSON_AddNumberToObject(o, "index", index))
         goto fail;
-    cJSON *text = exl_json_string(c->text.data ? c->text.data : "", c->text.len);
-    if (h->kind == EXL_OAI_CHAT) {
+    const char *body = c->text.data ? c->text.data : "";
+    cJSON *text = NULL;
+    if (h->kind == EXL_OAI_CHAT && c->calls.n) { /* the text before the calls is the content, if any */
+        size_t end = c->calls.content_len;
+        while (end && strchr(" \t\r\n", body[end - 1]))
+            end--;
+        cJSON *m = cJSON_AddObjectToObject(o, "message");
+        text = end ? exl_json_string(body, end) : cJSON_CreateNull();
+        cJSON *calls = tool_calls_array(h, index, &c->calls);
+        if (!m || !text || !calls || !cJSON_AddStringToObject(m, "role", "assistant") ||
+            !cJSON_AddItemToObject(m, "content", text)) {
+            cJSON_Delete(calls);
+            goto fail_text;
+        }
+        if (!cJSON_AddItemToObject(m, "tool_calls", calls)) {
+            cJSON_Delete(calls);
+            goto fail;
+        }
+    } else if (h->kind == EXL_OAI_CHAT) {
+        text = exl_json_string(body, c->text.len);
         cJSON *m = cJSON_AddObjectToObject(o, "message");
         if (!m || !cJSON_AddStringToObject(m, "role", "assistant") || !cJSON_AddItemToObject(m, "content", text))
             goto fail_text;
-    } else if (!cJSON_AddItemToObject(o, "text", text)) {
+    } else if (!(text = exl_json_string(body, c->text.len)) || !cJSON_AddItemToObject(o, "text", text)) {
         goto fail_text;
     }
     cJSON *lp = c->logprobs ? cJSON_Duplicate(c->logprobs, 1) : cJSON_CreateNull();
@@ -292,7 +355,7 @@ static cJSON *choice_object(const exl_oai_header *h, int32_t index, const exl_oa
         cJSON_Delete(lp);
         goto fail;
     }
-    if (cJSON_AddStringToObject(o, "finish_reason", exl_oai_finish_str(c->finish)))
+    if (cJSON_AddStringToObject(o, "finish_reason", c->calls.n ? "tool_calls" : exl_oai_finish_str(c->finish)))
         return o;
     goto fail;
 fail_text:
@@ -383,6 +446,46 @@ int exl_oai_chunk_append(exl_str *out, const exl_oai_header *h, int32_t index, i
         return -1;
     }
     return append_event(out, o);
+}
+
+/* One chunk whose delta holds one tool call entry. */
+static int tool_chunk(exl_str *out, const exl_oai_header *h, int32_t index, cJSON *entry, int with_usage) {
+    cJSON *o = header_object(h, 1);
+    cJSON *arr = o ? cJSON_AddArrayToObject(o, "choices") : NULL;
+    cJSON *c = arr ? cJSON_CreateObject() : NULL;
+    cJSON *d = c && cJSON_AddItemToArray(arr, c) && cJSON_AddNumberToObject(c, "index", index)
+                   ? cJSON_AddObjectToObject(c, "delta")
+                   : NULL;
+    cJSON *calls = d ? cJSON_AddArrayToObject(d, "tool_calls") : NULL;
+    if (!calls || !cJSON_AddItemToArray(calls, entry) || !cJSON_AddNullToObject(c, "logprobs") ||
+        !cJSON_AddNullToObject(c, "finish_reason") || (with_usage && !cJSON_AddNullToObject(o, "usage"))) {
+        if (!calls)
+            cJSON_Delete(entry);
+        cJSON_Delete(o);
+        return -1;
+    }
+    return append_event(out, o);
+}
+
+int exl_oai_tool_chunks_append(exl_str *out, const exl_oai_header *h, int32_t index, int32_t k,
+                               const exl_tool_call *call, int with_usage) {
+    char id[32];
+    exl_oai_call_id(h, index, k, id);
+    cJSON *head = call_object(id, call->name, "", k);
+    if (!head || tool_chunk(out, h, index, head, with_usage))
+        return -1;
+    size_t n = strlen(call->arguments), piece = 24, len;
+    for (size_t at = 0; at < n; at += len) { /* pieces on character boundaries */
+        len = n - at < piece ? n - at : piece;
+        while (at + len < n && ((unsigned char)call->arguments[at + len] & 0xc0) == 0x80)
+            len++;
+        char *part = exl_strndup(call->arguments + at, len);
+        cJSON *entry = part ? call_object(NULL, NULL, part, k) : NULL;
+        exl_free(part);
+        if (!entry || tool_chunk(out, h, index, entry, with_usage))
+            return -1;
+    }
+    return 0;
 }
 
 int exl_oai_usage_chunk_append(exl_str *out, const exl_oai_header *h, const exl_oai_usage *usage) {

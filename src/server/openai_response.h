@@ -7,6 +7,7 @@
 #include "base/str.h"
 #include "server/openai_request.h"
 #include "server/stream.h"
+#include "server/tools.h"
 
 #include <cjson/cJSON.h>
 
@@ -24,6 +25,8 @@ typedef struct exl_oai_choice {
     cJSON *logprobs;   /* NULL unless requested */
     exl_finish_reason finish;
     int32_t n_generated;
+    exl_tool_calls calls; /* parsed from the text when tools were offered; then finish_reason "tool_calls" */
+    size_t streamed;      /* tools offered: bytes of text already sent as content */
 } exl_oai_choice;
 
 typedef struct exl_oai_usage {
@@ -53,6 +56,12 @@ char *exl_oai_response_json(const exl_oai_header *h, const exl_oai_choice *choic
  * opens a choice. with_usage adds "usage": null (stream_options.include_usage). */
 int exl_oai_chunk_append(exl_str *out, const exl_oai_header *h, int32_t index, int role, const char *text,
                          size_t text_len, const cJSON *lp, const char *finish, int with_usage);
+/* The id of tool call k of choice `index` ("call_" and 24 letters and digits, from the response id). */
+void exl_oai_call_id(const exl_oai_header *h, int32_t index, int32_t k, char out[32]);
+/* The chunks of one tool call: its id, type and name with empty arguments, then the arguments in
+ * pieces (as a client reassembles them). */
+int exl_oai_tool_chunks_append(exl_str *out, const exl_oai_header *h, int32_t index, int32_t k,
+                               const exl_tool_call *call, int with_usage);
 /* The closing usage chunk (no choices). */
 int exl_oai_usage_chunk_append(exl_str *out, const exl_oai_header *h, const exl_oai_usage *usage);
 

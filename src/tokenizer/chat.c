@@ -52,6 +52,28 @@ void exl_chat_template_free(exl_chat_template *ct) {
     exl_free(ct);
 }
 
+/* A message's tool calls as templates expect them: each function's arguments string parsed (when
+ * it is JSON) into the object templates write with tojson. */
+static exl_status add_tool_calls(cJSON *m, const char *json, int32_t i) {
+    cJSON *calls = cJSON_Parse(json);
+    if (!cJSON_IsArray(calls)) {
+        cJSON_Delete(calls);
+        return exl_fail(EXL_ERR_ARG, "chat message %d: tool_calls must be a JSON array", (int)i);
+    }
+    for (cJSON *c = calls->child; c; c = c->next) {
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        if (parsed && !cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed))
+            cJSON_Delete(parsed);
+    }
+    if (!cJSON_AddItemToObject(m, "tool_calls", calls)) {
+        cJSON_Delete(calls);
+        return exl_fail(EXL_ERR_NOMEM, "chat template: out of memory");
+    }
+    return EXL_OK;
+}
+
 static exl_status build_context(const exl_chat_template *ct, const exl_chat_message *messages, int32_t n_messages,
                                 int add_generation_prompt, const char *tools_json, cJSON *ctx) {
     cJSON *msgs = cJSON_AddArrayToObject(ctx, "messages");
@@ -67,6 +89,11 @@ static exl_status build_context(const exl_chat_template *ct, const exl_chat_mess
                 cJSON_Delete(m);
             return exl_fail(EXL_ERR_NOMEM, "chat template: out of memory");
         }
+        if (messages[i].tool_calls)
+            EXL_TRY(add_tool_calls(m, messages[i].tool_calls, i));
+        if ((messages[i].tool_call_id && !cJSON_AddStringToObject(m, "tool_call_id", messages[i].tool_call_id)) ||
+            (messages[i].name && !cJSON_AddStringToObject(m, "name", messages[i].name)))
+            return exl_fail(EXL_ERR_NOMEM, "chat template: out of memory");
     }
     cJSON *tools = NULL;
     if (tools_json) {

@@ -38,8 +38,8 @@ static int check_reference(const char *name, int *total) {
         const cJSON *e;
         cJSON_ArrayForEach(e, msgs) {
             if (n < 16)
-                m[n++] = (exl_chat_message){cJSON_GetObjectItem(e, "role")->valuestring,
-                                            cJSON_GetObjectItem(e, "content")->valuestring};
+                m[n++] = (exl_chat_message){.role = cJSON_GetObjectItem(e, "role")->valuestring,
+                                            .content = cJSON_GetObjectItem(e, "content")->valuestring};
         }
         int agp = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
         const char *want = cJSON_GetObjectItem(c, "text")->valuestring;
@@ -94,7 +94,7 @@ EXL_TEST(tools_are_rendered) {
     exl_chat_template *ct;
     REQUIRE_OK(exl_chat_template_init(src, NULL, "<|im_end|>", &ct));
     exl_free(src);
-    exl_chat_message m[] = {{"user", "Weather in Paris?"}};
+    exl_chat_message m[] = {{.role = "user", .content = "Weather in Paris?"}};
     const char *tools = "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
                         "\"description\": \"Get the weather \\u2600\", \"parameters\": {\"type\": \"object\"}}}]";
     char *out;
@@ -117,7 +117,7 @@ EXL_TEST(template_exceptions_become_errors) {
     exl_chat_template *ct;
     REQUIRE_OK(exl_chat_template_init(src, "<s>", "</s>", &ct));
     exl_free(src);
-    exl_chat_message m[] = {{"user", "a"}, {"user", "b"}};
+    exl_chat_message m[] = {{.role = "user", .content = "a"}, {.role = "user", .content = "b"}};
     char *out = NULL;
     CHECK(exl_chat_template_render(ct, m, 2, 1, NULL, &out) == EXL_ERR_ARG && !out);
     CHECK(!strcmp(exl_last_error(),
@@ -128,7 +128,7 @@ EXL_TEST(template_exceptions_become_errors) {
 EXL_TEST(fallback_is_chatml) {
     exl_chat_template *ct;
     REQUIRE_OK(exl_chat_template_init(NULL, NULL, NULL, &ct));
-    exl_chat_message m[] = {{"system", "S"}, {"user", "Hi"}};
+    exl_chat_message m[] = {{.role = "system", .content = "S"}, {.role = "user", .content = "Hi"}};
     char *out;
     REQUIRE_OK(exl_chat_template_render(ct, m, 2, 1, NULL, &out));
     CHECK(!strcmp(out, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"));
@@ -144,7 +144,7 @@ EXL_TEST(bad_templates_and_arguments) {
     CHECK(exl_chat_template_init("{% for m in messages %}", NULL, NULL, &ct) == EXL_ERR_FORMAT && !ct);
     CHECK(strstr(exl_last_error(), "chat template:1:24: expected 'else' or 'endfor', got end of template") != NULL);
     REQUIRE_OK(exl_chat_template_init(NULL, NULL, NULL, &ct));
-    exl_chat_message m[] = {{"user", NULL}};
+    exl_chat_message m[] = {{.role = "user", .content = NULL}};
     char *out = NULL;
     CHECK(exl_chat_template_render(ct, m, 1, 0, NULL, &out) == EXL_ERR_ARG && !out);
     CHECK(exl_chat_template_render(ct, NULL, -1, 0, NULL, &out) == EXL_ERR_ARG);
@@ -156,7 +156,7 @@ EXL_TEST(bad_templates_and_arguments) {
 EXL_TEST(encode_fallback_adds_bos_and_stop_string) {
     exl_tokenizer *tok;
     REQUIRE_OK(exl_tokenizer_load(exl_test_shared("models/tinystories-656k"), &tok));
-    exl_chat_message m[] = {{"user", "Hi"}};
+    exl_chat_message m[] = {{.role = "user", .content = "Hi"}};
     exl_chat_prompt p;
     REQUIRE_OK(exl_chat_encode(tok, m, 1, 1, NULL, &p));
     int32_t *ids, n;
@@ -181,7 +181,7 @@ EXL_TEST(encode_fallback_stops_on_marker_token) {
     REQUIRE(symlink(exl_test_shared("tokenizers/qwen3/tokenizer.json"), path) == 0);
     exl_tokenizer *tok;
     REQUIRE_OK(exl_tokenizer_load(dir, &tok));
-    exl_chat_message m[] = {{"user", "Hi"}};
+    exl_chat_message m[] = {{.role = "user", .content = "Hi"}};
     exl_chat_prompt p;
     REQUIRE_OK(exl_chat_encode(tok, m, 1, 1, NULL, &p));
     CHECK(p.stop_id >= 0 && exl_tokenizer_is_special(tok, p.stop_id));

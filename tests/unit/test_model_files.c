@@ -348,7 +348,7 @@ EXL_TEST(chat_template_jinja_file) {
                "{%- if add_generation_prompt %}[assistant]{% endif %}");
     exl_tokenizer *tok;
     REQUIRE_OK(exl_tokenizer_load(dir, &tok));
-    exl_chat_message msgs[] = {{"system", "Be brief."}, {"user", "Hi"}};
+    exl_chat_message msgs[] = {{.role = "system", .content = "Be brief."}, {.role = "user", .content = "Hi"}};
     char *text = NULL;
     REQUIRE_OK(exl_chat_apply(tok, msgs, 2, 1, NULL, &text));
     CHECK_MSG(!strcmp(text, "[system] Be brief.\n[user] Hi\n[assistant]"), "rendered: %s", text);

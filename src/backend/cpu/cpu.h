@@ -64,5 +64,8 @@ void exl_cpu_moe_experts(exl_backend *be, const exl_moe_experts_node *n);
 exl_status exl_cpu_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                              int64_t ldc);
+/* constrained decoding's logit masks (cpu_mask.c) */
+exl_status exl_cpu_mask_logits(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
+                               exl_logit_mask_fn fill, void *user);
 
 #endif

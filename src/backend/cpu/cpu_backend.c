@@ -121,6 +121,7 @@ static const exl_backend_ops cpu_ops = {
     .moe_route = exl_cpu_moe_route,
     .moe_experts = exl_cpu_moe_experts,
     .host_gemm = exl_cpu_host_gemm,
+    .mask_logits = exl_cpu_mask_logits,
 };
 
 exl_pool *exl_backend_cpu_pool(exl_backend *be) { return be->ops == &cpu_ops ? exl_cpu(be)->pool : NULL; }

@@ -151,6 +151,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->gemv_partial);
     cudaFree(cb->gemv_counters);
     cudaFree(cb->top_k_buf);
+    cudaFree(cb->mask_buf);
     cudaFree(cb->host_gemm_buf);
     free(cb->moe_host);
     exl_cuda_argmax_free(cb);
@@ -323,6 +324,7 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_softcap,    exl_cuda_row_gate,  exl_cuda_moe_route, exl_cuda_moe_experts,
     exl_cuda_graph_run,  exl_cuda_host_gemm, exl_cuda_top_k,   exl_cuda_argmax,  exl_cuda_argmax_wait,
     cu_memory,
+    exl_cuda_mask_logits,
 };
 
 /* ---- creation */

@@ -65,6 +65,8 @@ typedef struct exl_cuda_backend {
     size_t fused_scratch_bytes;
     void *top_k_buf;        /* top_k results: ids, then values */
     size_t top_k_bytes;
+    void *mask_buf;         /* mask_logits' bitsets (cuda_mask.cu) */
+    size_t mask_bytes;
     /* greedy tokens for decode ahead of the host (cuda_argmax.cu) */
     int32_t *argmax_ring;   /* page-locked, mapped: [EXL_ARGMAX_KEEP][EXL_ARGMAX_ROWS] results */
     unsigned *argmax_state; /* device: argmax launches so far, blocks done in the current one */
@@ -360,6 +362,8 @@ exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const floa
                           int32_t vocab, int32_t k);
 int64_t exl_cuda_argmax(exl_backend *be, int32_t *ids, const float *logits, int32_t rows, int32_t vocab);
 exl_status exl_cuda_argmax_wait(exl_backend *be, int64_t ticket, int32_t *ids, int32_t rows);
+exl_status exl_cuda_mask_logits(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
+                                exl_logit_mask_fn fill, void *user);
 
 /* ---- argmax (cuda_argmax.cu) */
 
