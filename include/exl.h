@@ -27,13 +27,13 @@ extern "C" {
 
 typedef enum exl_status {
     EXL_OK = 0,
-    EXL_ERR_IO,           /* a file is missing, unreadable or truncated */
-    EXL_ERR_FORMAT,       /* a file is readable but its content is malformed */
-    EXL_ERR_UNSUPPORTED,  /* well-formed but not something exl can run */
-    EXL_ERR_NOMEM,        /* an allocation failed (host or device) */
-    EXL_ERR_ARG,          /* a caller passed an invalid argument */
-    EXL_ERR_DEVICE,       /* the accelerator or its driver failed */
-    EXL_ERR_STATE,        /* the call is not valid in the object's current state */
+    EXL_ERR_IO,          /* a file is missing, unreadable or truncated */
+    EXL_ERR_FORMAT,      /* a file is readable but its content is malformed */
+    EXL_ERR_UNSUPPORTED, /* well-formed but not something exl can run */
+    EXL_ERR_NOMEM,       /* an allocation failed (host or device) */
+    EXL_ERR_ARG,         /* a caller passed an invalid argument */
+    EXL_ERR_DEVICE,      /* the accelerator or its driver failed */
+    EXL_ERR_STATE,       /* the call is not valid in the object's current state */
 } exl_status;
 
 /* The name of a status code, e.g. "format error". */
@@ -48,13 +48,13 @@ typedef struct exl_model exl_model;
 typedef enum exl_device {
     EXL_DEVICE_AUTO = 0, /* GPU when one is usable, else CPU */
     EXL_DEVICE_CPU,
-    EXL_DEVICE_CUDA,     /* insist on the GPU: failing to get one is an error */
+    EXL_DEVICE_CUDA, /* insist on the GPU: failing to get one is an error */
 } exl_device;
 
 typedef struct exl_model_params {
     exl_device device;
-    int32_t n_threads;   /* CPU worker threads; 0 = one per core */
-    int32_t load_only;   /* check and map the weights for exl_model_describe / _report only (`exl info`): also
+    int32_t n_threads; /* CPU worker threads; 0 = one per core */
+    int32_t load_only; /* check and map the weights for exl_model_describe / _report only (`exl info`): also
                           * architectures exl cannot run yet load, and nothing can be evaluated */
 } exl_model_params;
 
@@ -65,7 +65,7 @@ exl_status exl_model_load(const char *dir, const exl_model_params *params, exl_m
 void exl_model_free(exl_model *model);
 
 typedef struct exl_model_desc {
-    char arch[32];             /* config.json's model_type: "llama", "qwen3", "mixtral", ... */
+    char arch[32]; /* config.json's model_type: "llama", "qwen3", "mixtral", ... */
     int32_t vocab_size;
     int32_t hidden_size;
     int32_t intermediate_size;
@@ -74,14 +74,14 @@ typedef struct exl_model_desc {
     int32_t n_kv_heads;
     int32_t head_dim;
     int32_t max_position_embeddings;
-    int32_t bos_token_id;      /* -1 if none */
+    int32_t bos_token_id; /* -1 if none */
     int32_t n_eos_token_ids;
     int32_t eos_token_ids[8];
     int32_t tied_embeddings;
-    char backend[16];          /* "cpu" or "cuda" */
-    int32_t max_step_tokens;   /* tokens one forward step takes (512 on the CPU, 2048 on CUDA) */
-    uint64_t decode_bytes;     /* weight bytes read per decoded token (all but the embedding table) */
-    uint64_t file_bytes;       /* size of the weight files */
+    char backend[16];        /* "cpu" or "cuda" */
+    int32_t max_step_tokens; /* tokens one forward step takes (512 on the CPU, 2048 on CUDA) */
+    uint64_t decode_bytes;   /* weight bytes read per decoded token (all but the embedding table) */
+    uint64_t file_bytes;     /* size of the weight files */
     /* generation_config.json's sampling defaults; < 0 where it sets none */
     int32_t gen_do_sample;
     float gen_temperature, gen_top_p, gen_min_p, gen_repetition_penalty;
@@ -118,8 +118,7 @@ int32_t exl_session_length(const exl_session *session);
 /* Append n tokens and run them through the model. If logits is not NULL it receives
  * the fp32 logits of every appended position, n * vocab_size floats, row-major. If
  * last_logits is not NULL it receives only the last position's vocab_size floats. */
-exl_status exl_session_eval(exl_session *session, const int32_t *ids, int32_t n,
-                            float *logits, float *last_logits);
+exl_status exl_session_eval(exl_session *session, const int32_t *ids, int32_t n, float *logits, float *last_logits);
 
 /* Write one fp32 matrix [rows, cols] as a safetensors file holding a single tensor. */
 exl_status exl_tensor_save(const char *path, const char *name, const float *data, int32_t rows, int32_t cols);
@@ -149,12 +148,11 @@ exl_status exl_tokenizer_token_bytes(const exl_tokenizer *tok, int32_t id, char 
 /* Encode UTF-8 text as Hugging Face `tokenizer(text, add_special_tokens=add_special)`
  * does: added tokens in the text are always matched; add_special applies the
  * post-processor (BOS/EOS). *ids is allocated; free with exl_ids_free. */
-exl_status exl_tokenizer_encode(const exl_tokenizer *tok, const char *text, size_t len, int add_special,
-                                int32_t **ids, int32_t *n_ids);
+exl_status exl_tokenizer_encode(const exl_tokenizer *tok, const char *text, size_t len, int add_special, int32_t **ids,
+                                int32_t *n_ids);
 void exl_ids_free(int32_t *ids);
 /* Decode like `tokenizer.decode(ids, skip_special_tokens=skip_special)`; free with exl_string_free. */
-exl_status exl_tokenizer_decode(const exl_tokenizer *tok, const int32_t *ids, int32_t n, int skip_special,
-                                char **text);
+exl_status exl_tokenizer_decode(const exl_tokenizer *tok, const int32_t *ids, int32_t n, int skip_special, char **text);
 
 /* Streaming decode: push ids one at a time; each push yields the text that is now
  * final (never a partial UTF-8 character). The concatenation of all yields plus
@@ -169,7 +167,7 @@ exl_status exl_detokenizer_flush(exl_detokenizer *d, const char **text, size_t *
 /* ---------------------------------------------------------------- chat templates */
 
 typedef struct exl_chat_message {
-    const char *role;    /* "system", "user", "assistant", "tool" */
+    const char *role; /* "system", "user", "assistant", "tool" */
     const char *content;
     const char *tool_calls;   /* assistant: a JSON array of OpenAI tool calls ({"id", "type", "function":
                                * {"name", "arguments"}}), or NULL; templates see each arguments string
@@ -192,7 +190,7 @@ exl_status exl_chat_apply(const exl_tokenizer *tok, const exl_chat_message *mess
  * when it is one token of the vocabulary (a special token never shows in the text, so only the id
  * can stop on it). With a template both are unset: the model's eos ids end the reply. */
 typedef struct exl_chat_prompt {
-    int32_t *ids;            /* the prompt; free the whole struct with exl_chat_prompt_free */
+    int32_t *ids; /* the prompt; free the whole struct with exl_chat_prompt_free */
     int32_t n_ids;
     const char *stop_string; /* a static string, or NULL */
     int32_t stop_id;         /* -1 when none */
@@ -267,22 +265,22 @@ typedef struct exl_logit_bias {
  * (or Mirostat v2 instead of the filters), then a draw from the job's own random
  * stream, so a seed gives the same text whatever else runs in the batch. */
 typedef struct exl_sampling {
-    float temperature;        /* 0 = greedy (argmax, lowest id on ties); default 1 */
-    int32_t top_k;            /* keep the k most likely tokens; 0 = off */
-    float top_p;              /* keep the smallest set reaching probability top_p; 1 = off */
-    float min_p;              /* drop tokens below min_p times the top probability; 0 = off */
-    float typical_p;          /* locally typical sampling (Meister et al.); 1 = off */
-    float tfs_z;              /* tail-free sampling; 1 = off */
-    int32_t mirostat;         /* 0 = off, 2 = Mirostat v2 (the filters above are then unused) */
-    float mirostat_tau;       /* target surprise in bits; default 5 */
-    float mirostat_eta;       /* learning rate; default 0.1 */
-    float repetition_penalty; /* divide positive / multiply negative logits of seen tokens; 1 = off */
-    float frequency_penalty;  /* subtract this times the token's count; 0 = off */
-    float presence_penalty;   /* subtract this from every seen token; 0 = off */
-    int32_t penalty_range;    /* "seen" = the last N tokens of prompt + completion; 0 = all */
+    float temperature;                /* 0 = greedy (argmax, lowest id on ties); default 1 */
+    int32_t top_k;                    /* keep the k most likely tokens; 0 = off */
+    float top_p;                      /* keep the smallest set reaching probability top_p; 1 = off */
+    float min_p;                      /* drop tokens below min_p times the top probability; 0 = off */
+    float typical_p;                  /* locally typical sampling (Meister et al.); 1 = off */
+    float tfs_z;                      /* tail-free sampling; 1 = off */
+    int32_t mirostat;                 /* 0 = off, 2 = Mirostat v2 (the filters above are then unused) */
+    float mirostat_tau;               /* target surprise in bits; default 5 */
+    float mirostat_eta;               /* learning rate; default 0.1 */
+    float repetition_penalty;         /* divide positive / multiply negative logits of seen tokens; 1 = off */
+    float frequency_penalty;          /* subtract this times the token's count; 0 = off */
+    float presence_penalty;           /* subtract this from every seen token; 0 = off */
+    int32_t penalty_range;            /* "seen" = the last N tokens of prompt + completion; 0 = all */
     const exl_logit_bias *logit_bias; /* copied at submit */
     int32_t n_logit_bias;
-    uint64_t seed;            /* seeds the job's random stream (0 is a seed like any other) */
+    uint64_t seed; /* seeds the job's random stream (0 is a seed like any other) */
 } exl_sampling;
 
 /* The one set of sampling defaults: exl run, exl chat and the server (for the fields a request
@@ -291,25 +289,25 @@ typedef struct exl_sampling {
 exl_sampling exl_sampling_default(void);
 
 typedef struct exl_job_params {
-    const int32_t *ids;        /* the prompt as token ids, or NULL to use text */
+    const int32_t *ids; /* the prompt as token ids, or NULL to use text */
     int32_t n_ids;
-    const char *text;          /* the prompt as UTF-8 text (when ids is NULL) */
-    int32_t add_special;       /* text: apply the tokenizer's post-processor (BOS); default 1 */
-    int32_t max_new_tokens;    /* default 256 */
-    int32_t min_new_tokens;    /* stop tokens are suppressed before this many; default 0 */
-    const int32_t *stop_ids;   /* stop tokens besides the model's and tokenizer's eos ids */
+    const char *text;        /* the prompt as UTF-8 text (when ids is NULL) */
+    int32_t add_special;     /* text: apply the tokenizer's post-processor (BOS); default 1 */
+    int32_t max_new_tokens;  /* default 256 */
+    int32_t min_new_tokens;  /* stop tokens are suppressed before this many; default 0 */
+    const int32_t *stop_ids; /* stop tokens besides the model's and tokenizer's eos ids */
     int32_t n_stop_ids;
-    int32_t ignore_eos;        /* do not stop on the eos ids (stop_ids still apply) */
-    const char *const *stop_strings;   /* end the completion before the first match */
+    int32_t ignore_eos;              /* do not stop on the eos ids (stop_ids still apply) */
+    const char *const *stop_strings; /* end the completion before the first match */
     int32_t n_stop_strings;
     const char *const *banned_strings; /* never produced: on a match the job rewinds and resamples */
     int32_t n_banned_strings;
-    int32_t logprobs;          /* report the log-probability of each token (model distribution) */
-    int32_t top_logprobs;      /* and of the 0..20 most likely tokens at each position */
-    int32_t priority;          /* higher runs first and is preempted last; default 0 */
+    int32_t logprobs;           /* report the log-probability of each token (model distribution) */
+    int32_t top_logprobs;       /* and of the 0..20 most likely tokens at each position */
+    int32_t priority;           /* higher runs first and is preempted last; default 0 */
     exl_constraint *constraint; /* the output must match it (the job takes a reference); NULL: free text */
     exl_sampling sampling;
-    void *user;                /* handed back in events */
+    void *user; /* handed back in events */
 } exl_job_params;
 
 exl_job_params exl_job_default_params(void);
@@ -334,20 +332,20 @@ typedef struct exl_token_logprob {
 typedef struct exl_gen_event {
     uint64_t job;
     void *user;
-    const char *text;         /* new completion text, NUL-terminated */
+    const char *text; /* new completion text, NUL-terminated */
     size_t text_len;
-    const int32_t *ids;       /* new tokens (a stop token included) */
+    const int32_t *ids; /* new tokens (a stop token included) */
     int32_t n_ids;
-    const float *logprobs;    /* [n_ids] when requested, else NULL */
+    const float *logprobs;                 /* [n_ids] when requested, else NULL */
     const exl_token_logprob *top_logprobs; /* [n_ids * n_top_logprobs], most likely first */
     int32_t n_top_logprobs;
     exl_finish_reason finish;
-    int32_t stop_token;       /* the stop token that ended the job, else -1 */
-    const char *stop_string;  /* the stop string that ended it, else NULL */
+    int32_t stop_token;      /* the stop token that ended the job, else -1 */
+    const char *stop_string; /* the stop string that ended it, else NULL */
     int32_t n_prompt_tokens;
-    int32_t n_cached_tokens;  /* prompt tokens found in the prefix cache at admission */
-    int32_t n_generated;      /* tokens generated so far */
-    const char *error;        /* the message when finish is EXL_FINISH_ERROR */
+    int32_t n_cached_tokens; /* prompt tokens found in the prefix cache at admission */
+    int32_t n_generated;     /* tokens generated so far */
+    const char *error;       /* the message when finish is EXL_FINISH_ERROR */
 } exl_gen_event;
 
 /* params NULL: the defaults. tok is used for text prompts, stop/banned strings and the
@@ -375,15 +373,15 @@ typedef struct exl_generator_stats {
     int64_t pages_shared;      /* full pages reused from the prefix cache */
     int64_t pages_copied;      /* partly matching pages copied from the prefix cache */
     int64_t preemptions;
-    int64_t rewinds;           /* resamples forced by banned strings */
+    int64_t rewinds; /* resamples forced by banned strings */
     int64_t jobs_submitted, jobs_finished;
     int32_t jobs_waiting, jobs_running;
     int32_t pages_total;
-    int32_t pages_used;        /* held by jobs */
-    int32_t pages_cached;      /* held by no job, keeping K/V for the prefix cache */
-    int32_t pages_free;        /* empty */
-    double seconds_forward;    /* wall time in the model's forward pass (logits on the host included) */
-    double seconds_sampling;   /* wall time sampling, detokenizing and checking stop conditions */
+    int32_t pages_used;      /* held by jobs */
+    int32_t pages_cached;    /* held by no job, keeping K/V for the prefix cache */
+    int32_t pages_free;      /* empty */
+    double seconds_forward;  /* wall time in the model's forward pass (logits on the host included) */
+    double seconds_sampling; /* wall time sampling, detokenizing and checking stop conditions */
 } exl_generator_stats;
 
 /* A snapshot as of the end of the last step. */
@@ -416,20 +414,20 @@ exl_status exl_cache_fit_tokens(exl_model *model, int32_t k_bits, int32_t v_bits
 typedef enum exl_quant_format { EXL_QUANT_EXL2 = 0, EXL_QUANT_GPTQ } exl_quant_format;
 
 typedef struct exl_quantize_params {
-    const char *in_dir, *out_dir;      /* out_dir must be absent, empty, or an unfinished run */
+    const char *in_dir, *out_dir; /* out_dir must be absent, empty, or an unfinished run */
     exl_quant_format format;
-    double bpw;                        /* EXL2: decoder-layer bits per weight; default 4.0 */
-    int32_t head_bits;                 /* EXL2: bits of lm_head (2-6 or 8); default 6 */
-    const char *measurement;           /* EXL2: reuse this measurement.json (skips the measuring pass) */
-    int32_t bits;                      /* GPTQ: 2, 3, 4 or 8; default 4 */
-    int32_t group_size;                /* GPTQ: default 128; -1 = one group */
-    int32_t act_order, sym;            /* GPTQ: default 0, 0 */
-    int32_t rtn;                       /* GPTQ: round to nearest (no Hessian; calibration unused) */
-    const char *const *calibration;    /* UTF-8 text files */
+    double bpw;                     /* EXL2: decoder-layer bits per weight; default 4.0 */
+    int32_t head_bits;              /* EXL2: bits of lm_head (2-6 or 8); default 6 */
+    const char *measurement;        /* EXL2: reuse this measurement.json (skips the measuring pass) */
+    int32_t bits;                   /* GPTQ: 2, 3, 4 or 8; default 4 */
+    int32_t group_size;             /* GPTQ: default 128; -1 = one group */
+    int32_t act_order, sym;         /* GPTQ: default 0, 0 */
+    int32_t rtn;                    /* GPTQ: round to nearest (no Hessian; calibration unused) */
+    const char *const *calibration; /* UTF-8 text files */
     int32_t n_calibration;
-    int32_t rows, length;              /* calibration rows of `length` tokens; default 32 x 512 */
-    int32_t n_threads;                 /* 0 = one per core */
-    exl_device device;                 /* default AUTO: the GPU when one is usable, else the CPU */
+    int32_t rows, length; /* calibration rows of `length` tokens; default 32 x 512 */
+    int32_t n_threads;    /* 0 = one per core */
+    exl_device device;    /* default AUTO: the GPU when one is usable, else the CPU */
     /* called as work advances (stage: "measuring", "quantizing", "writing") */
     void (*progress)(void *user, const char *stage, int32_t done, int32_t total);
     void *progress_user;

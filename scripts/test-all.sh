@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test-all.sh - the whole test suite: a release build with every unit test (CTest), the same
+# test-all.sh - the whole test suite: the format check, a release build with every unit test (CTest), the same
 # tests under ASan+UBSan, and a short run of every libFuzzer target. The last line is
 # CTest's summary of the release run. Set EXL_FUZZ_SECONDS (default 20) per fuzz target.
 set -euo pipefail
@@ -16,6 +16,9 @@ if [ ! -d "$shared/models" ]; then
         "../shared, or set EXL_SHARED=/path/to/shared" >&2
     exit 1
 fi
+
+echo "== format (clang-format with .clang-format)"
+scripts/check-format.sh
 
 echo "== release build"
 # CI builds one CUDA architecture (when the toolkit is present) to catch compile errors

@@ -118,8 +118,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--head-dim")) {
             p.head_dim = atoi(v);
             head_dim_given = 1;
-        }
-        else if (!strcmp(a, "--tied")) {
+        } else if (!strcmp(a, "--tied")) {
             p.tied = 1;
             i--;
         } else if (!strcmp(a, "--dtype"))
@@ -141,8 +140,8 @@ int main(int argc, char **argv) {
         p.head_dim = p.hidden / p.heads;
     int esz = !strcmp(dtype, "f32") ? 4 : 2;
     const char *st_dtype = !strcmp(dtype, "f32") ? "F32" : !strcmp(dtype, "bf16") ? "BF16" : "F16";
-    if (!out || p.hidden < 1 || p.layers < 1 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads ||
-        p.ffn < 1 || p.vocab < 1 || p.head_dim < 2 || shard_mb < 1 || !(std > 0) ||
+    if (!out || p.hidden < 1 || p.layers < 1 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads || p.ffn < 1 ||
+        p.vocab < 1 || p.head_dim < 2 || shard_mb < 1 || !(std > 0) ||
         (strcmp(dtype, "f16") && strcmp(dtype, "bf16") && strcmp(dtype, "f32"))) {
         fprintf(stderr, "make_random_model: need -o DIR and a valid shape (see --help)\n");
         return 2;
@@ -162,9 +161,9 @@ int main(int argc, char **argv) {
         struct {
             const char *suffix;
             int64_t r, c;
-        } lin[] = {{"self_attn.q_proj.weight", q, p.hidden},      {"self_attn.k_proj.weight", kv, p.hidden},
-                   {"self_attn.v_proj.weight", kv, p.hidden},     {"self_attn.o_proj.weight", p.hidden, q},
-                   {"mlp.gate_proj.weight", p.ffn, p.hidden},     {"mlp.up_proj.weight", p.ffn, p.hidden},
+        } lin[] = {{"self_attn.q_proj.weight", q, p.hidden},  {"self_attn.k_proj.weight", kv, p.hidden},
+                   {"self_attn.v_proj.weight", kv, p.hidden}, {"self_attn.o_proj.weight", p.hidden, q},
+                   {"mlp.gate_proj.weight", p.ffn, p.hidden}, {"mlp.up_proj.weight", p.ffn, p.hidden},
                    {"mlp.down_proj.weight", p.hidden, p.ffn}};
         for (int k = 0; k < 7; k++) {
             tensor_spec *t = &specs[n++];
@@ -216,7 +215,9 @@ int main(int argc, char **argv) {
             "  \"rope_theta\": 10000.0,\n  \"tie_word_embeddings\": %s,\n  \"bos_token_id\": 1,\n"
             "  \"eos_token_id\": 2,\n  \"hidden_act\": \"silu\",\n  \"torch_dtype\": \"%s\"\n}\n",
             p.hidden, p.ffn, p.layers, p.heads, p.kv_heads, p.head_dim, p.vocab, p.tied ? "true" : "false",
-            !strcmp(dtype, "f32") ? "float32" : !strcmp(dtype, "bf16") ? "bfloat16" : "float16");
+            !strcmp(dtype, "f32")    ? "float32"
+            : !strcmp(dtype, "bf16") ? "bfloat16"
+                                     : "float16");
     fclose(f);
 
     /* ---- shards */
@@ -249,11 +250,11 @@ int main(int argc, char **argv) {
                 hdr = realloc(hdr, hcap);
             }
             if (specs[i].cols)
-                hlen += (size_t)snprintf(hdr + hlen, hcap - hlen,
-                                         "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]}",
-                                         hlen > 1 ? "," : "", specs[i].name, st_dtype, (long long)specs[i].rows,
-                                         (long long)specs[i].cols, (unsigned long long)off,
-                                         (unsigned long long)(off + bytes));
+                hlen += (size_t)
+                    snprintf(hdr + hlen, hcap - hlen,
+                             "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]}",
+                             hlen > 1 ? "," : "", specs[i].name, st_dtype, (long long)specs[i].rows,
+                             (long long)specs[i].cols, (unsigned long long)off, (unsigned long long)(off + bytes));
             else
                 hlen += (size_t)snprintf(hdr + hlen, hcap - hlen,
                                          "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%llu,%llu]}",
@@ -314,8 +315,8 @@ int main(int argc, char **argv) {
         fclose(index);
     }
     if (tok_from) {
-        const char *files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                               "tokenizer.model", "generation_config.json"};
+        const char *files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                               "generation_config.json"};
         for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
             char src[4096];
             snprintf(src, sizeof src, "%s/%s", tok_from, files[i]);

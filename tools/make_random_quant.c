@@ -6,8 +6,8 @@
  * with scales giving weights of std ~0.02; embeddings and norms are fp16. Tensors are
  * generated one layer at a time and written through the safetensors writer. */
 #include "base/half.h"
-#include "io/safetensors.h"
 #include "format/quant.h"
+#include "io/safetensors.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -30,7 +30,8 @@ static size_t n_keep, cap_keep;
 
 static void *alloc_kept(size_t n) {
     void *p = malloc(n ? n : 1);
-    if (!p || (n_keep == cap_keep && !(keep = realloc(keep, (cap_keep = cap_keep ? 2 * cap_keep : 256) * sizeof *keep)))) {
+    if (!p ||
+        (n_keep == cap_keep && !(keep = realloc(keep, (cap_keep = cap_keep ? 2 * cap_keep : 256) * sizeof *keep)))) {
         fprintf(stderr, "make_random_quant: out of memory\n");
         exit(1);
     }
@@ -201,7 +202,8 @@ int main(int argc, char **argv) {
     exl_st_writer *w;
     if (exl_st_writer_init(&w) != EXL_OK)
         return 1;
-    add(w, "model.embed_tokens.weight", EXL_DTYPE_F16, 2, vocab, hidden, random_f16((int64_t)vocab * hidden, 0, 0.035f));
+    add(w, "model.embed_tokens.weight", EXL_DTYPE_F16, 2, vocab, hidden,
+        random_f16((int64_t)vocab * hidden, 0, 0.035f));
     add(w, "model.norm.weight", EXL_DTYPE_F16, 1, hidden, 0, random_f16(hidden, 1, 0.1f));
     for (int l = 0; l < layers; l++) {
         struct {

@@ -49,8 +49,7 @@ typedef struct exl_backend_ops {
 
     /* ops: all pointers are backend memory; x, out are [rows, width] fp32 */
     /* out[r] = table[ids[r]] * scale, where table is a dense linear of [vocab, width] */
-    void (*embed)(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
-                  float scale);
+    void (*embed)(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows, float scale);
     /* out may be x */
     void (*rmsnorm)(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
                     float eps);
@@ -61,20 +60,19 @@ typedef struct exl_backend_ops {
     void (*rope)(exl_backend *be, float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
                  int32_t rot_dim, const float *inv_freq, float attn_factor);
     /* write rows of k and v ([rows, n_kv_heads * head_dim]) to their cache slots, in b's kv format */
-    void (*kv_store)(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
-                     const exl_batch *b, int32_t kv_width);
+    void (*kv_store)(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v, const exl_batch *b,
+                     int32_t kv_width);
     /* causal attention of each sequence's new queries over its paged cache; k and v are the new
      * rows' keys (after rope) and values ([rows, n_kv_heads * head_dim], fp32, already stored),
      * which a backend whose cache is coarser than fp32 may read instead of their cached copies */
-    void (*attention)(exl_backend *be, float *out, const float *q, const float *k, const float *v,
-                      const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape);
+    void (*attention)(exl_backend *be, float *out, const float *q, const float *k, const float *v, const void *k_cache,
+                      const void *v_cache, const exl_batch *b, const exl_attn_shape *shape);
     /* gate = act(gate) * up over [rows, width] */
     void (*glu)(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
     /* x += y over n values */
     void (*add)(exl_backend *be, float *x, const float *y, int64_t n);
     /* out[i] = x[idx[i]] for rows of width */
-    void (*gather_rows)(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
-                        int32_t width);
+    void (*gather_rows)(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n, int32_t width);
     /* out[r] = x[r, col .. col + width - 1] for rows of x_width */
     void (*copy_cols)(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
                       int32_t col);

@@ -79,8 +79,8 @@ typedef struct exl_batch {
     int32_t max_q, max_kv;
     /* host copies */
     const exl_attn_seq *seqs;
-    const int32_t *pos;          /* [n_rows] position of each row */
-    const int32_t *slots;        /* [n_rows] cache slot (page * page_size + offset) of each row */
+    const int32_t *pos;   /* [n_rows] position of each row */
+    const int32_t *slots; /* [n_rows] cache slot (page * page_size + offset) of each row */
     /* backend copies (identical pointers on the CPU) */
     const exl_attn_seq *d_seqs;
     const int32_t *d_ids, *d_pos, *d_slots, *d_page_tables;
@@ -181,8 +181,8 @@ typedef struct exl_matmul_node {
 
 typedef struct exl_rope_node {
     float *x;
-    const int32_t *pos;      /* [rows] */
-    const float *inv_freq;   /* [rot_dim / 2]; cos and sin are multiplied by attn_factor */
+    const int32_t *pos;    /* [rows] */
+    const float *inv_freq; /* [rot_dim / 2]; cos and sin are multiplied by attn_factor */
     int32_t rows, n_heads, head_dim, rot_dim;
     float attn_factor;
 } exl_rope_node;

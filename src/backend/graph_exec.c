@@ -11,8 +11,10 @@ static exl_status run_matmul(exl_backend *be, const exl_graph *g, const exl_node
     }
     int64_t n = (int64_t)m->rows * m->out_features;
     if (!g->tmp || g->tmp_floats < n || g->tmp == m->x || g->tmp == m->out)
-        return exl_fail(EXL_ERR_ARG, "graph: layer %d: an accumulating matmul of %lld floats without a tmp buffer "
-                        "for it", node->tag.layer, (long long)n);
+        return exl_fail(EXL_ERR_ARG,
+                        "graph: layer %d: an accumulating matmul of %lld floats without a tmp buffer "
+                        "for it",
+                        node->tag.layer, (long long)n);
     be->ops->matmul(be, g->tmp, m->x, m->w, m->rows);
     be->ops->add(be, m->out, g->tmp, n);
     return EXL_OK;

@@ -11,11 +11,11 @@ exl_status exl_fail(exl_status st, const char *fmt, ...) __attribute__((format(p
 exl_status exl_fail_prefix(exl_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void exl_error_clear(void);
 
-#define EXL_TRY(expr)                        \
-    do {                                     \
-        exl_status exl_try_st_ = (expr);     \
-        if (exl_try_st_ != EXL_OK)           \
-            return exl_try_st_;              \
+#define EXL_TRY(expr)                    \
+    do {                                 \
+        exl_status exl_try_st_ = (expr); \
+        if (exl_try_st_ != EXL_OK)       \
+            return exl_try_st_;          \
     } while (0)
 
 #endif

@@ -11,7 +11,8 @@ typedef struct exl_str {
     size_t cap;
 } exl_str;
 
-#define EXL_STR_INIT {NULL, 0, 0}
+#define EXL_STR_INIT \
+    { NULL, 0, 0 }
 
 /* All appenders return 0 on success, -1 on allocation failure (the string is unchanged). */
 int exl_str_reserve(exl_str *s, size_t extra);

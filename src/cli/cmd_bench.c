@@ -70,7 +70,10 @@ int cmd_bench(int argc, char **argv) {
         {"-p", NULL, CLI_LONG, &prompt, "PROMPT_TOKENS", .help = "tokens in the timed prefill", .lo = 1, .hi = 1 << 20},
         {"-n", NULL, CLI_LONG, &gen, "N", .help = "decode steps", .lo = 1, .hi = 1 << 20},
     };
-    const cli_command cmd = {"bench", "-m DIR [-p PROMPT_TOKENS] [-n N] [options]", ABOUT, NULL,
+    const cli_command cmd = {"bench",
+                             "-m DIR [-p PROMPT_TOKENS] [-n N] [options]",
+                             ABOUT,
+                             NULL,
                              {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
                               cli_cache_group(&cache, CLI_CACHE_BITS, NULL)}};
     int rc = cli_parse(&cmd, argc, argv);

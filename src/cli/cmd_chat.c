@@ -227,7 +227,10 @@ int cmd_chat(int argc, char **argv) {
         {NULL, "--ctx", CLI_INT, &c.ctx, "N", .help = "conversation window in tokens", .lo = 8, .hi = 1 << 24,
          .default_text = "the model's, at most 4096"},
     };
-    const cli_command cmd = {"chat", "-m DIR [options]", ABOUT, NULL,
+    const cli_command cmd = {"chat",
+                             "-m DIR [options]",
+                             ABOUT,
+                             NULL,
                              {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
                               cli_sampling_group(&sampling),
                               cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS, "the window's")}};

@@ -14,7 +14,10 @@ int cmd_info(int argc, char **argv) {
     const cli_option options[] = {
         {NULL, "--verbose", CLI_FLAG, &verbose, NULL, .help = "one line per linear layer instead of one per kind"},
     };
-    const cli_command cmd = {"info", "-m DIR [--verbose]", ABOUT, NULL,
+    const cli_command cmd = {"info",
+                             "-m DIR [--verbose]",
+                             ABOUT,
+                             NULL,
                              {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_DIR)}};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc != CLI_GO_ON)

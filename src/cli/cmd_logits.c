@@ -39,10 +39,12 @@ int cmd_logits(int argc, char **argv) {
         {NULL, "--ids", CLI_STRING, &ids_arg, "LIST", .help = "the token ids, comma-separated (1,2,3)", .required = 1},
         {"-o", "--output", CLI_STRING, &out, "FILE", .help = "the safetensors file to write", .required = 1},
     };
-    const cli_command cmd = {"logits", "-m DIR --ids 1,2,3 -o OUT.safetensors [options]",
+    const cli_command cmd = {"logits",
+                             "-m DIR --ids 1,2,3 -o OUT.safetensors [options]",
                              "Run the token ids through the model in one pass and write one fp32 tensor named\n"
                              "\"logits\" of shape [n_ids, vocab]: the logits at every position.",
-                             NULL, {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL)}};
+                             NULL,
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL)}};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc != CLI_GO_ON)
         return rc;

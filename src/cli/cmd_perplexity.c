@@ -50,11 +50,13 @@ int cmd_perplexity(int argc, char **argv) {
          .default_text = "N"},
         {NULL, "--max-windows", CLI_LONG, &max_windows, "K", .help = "stop after K windows", .lo = 1, .hi = 1L << 40,
          .default_text = "all"},
-        {NULL, "--chunk", CLI_LONG, &chunk, "C", .help = "tokens of a window evaluated at once", .lo = 1,
-         .hi = 1 << 20, .default_text = "N"},
+        {NULL, "--chunk", CLI_LONG, &chunk, "C", .help = "tokens of a window evaluated at once", .lo = 1, .hi = 1 << 20,
+         .default_text = "N"},
     };
-    const cli_command cmd = {"perplexity", "-m DIR -f FILE [--ctx N] [--stride S] [--max-windows K] [options]",
-                             "The perplexity of the model on a text file, over sliding windows.", NOTES,
+    const cli_command cmd = {"perplexity",
+                             "-m DIR -f FILE [--ctx N] [--stride S] [--max-windows K] [options]",
+                             "The perplexity of the model on a text file, over sliding windows.",
+                             NOTES,
                              {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
                               cli_cache_group(&cache, CLI_CACHE_BITS, NULL)}};
     int rc = cli_parse(&cmd, argc, argv);

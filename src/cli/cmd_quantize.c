@@ -57,7 +57,9 @@ int cmd_quantize(int argc, char **argv) {
         {NULL, "--rtn", CLI_FLAG, &p.rtn, NULL, .help = "round to nearest (no Hessian, no calibration)"},
     };
     const cli_command cmd = {"quantize",
-                             "-i HF_DIR -o OUT_DIR --format exl2|gptq --calibration FILE... [options]", ABOUT, NULL,
+                             "-i HF_DIR -o OUT_DIR --format exl2|gptq --calibration FILE... [options]",
+                             ABOUT,
+                             NULL,
                              {CLI_GROUP("options", options), CLI_GROUP("exl2 options", exl2),
                               CLI_GROUP("gptq options", gptq), cli_model_group(&model, CLI_MODEL_DEVICE)}};
     int rc = cli_parse(&cmd, argc, argv);

@@ -165,8 +165,8 @@ static int load_constraint(const char *grammar, const char *schema, const char *
 static exl_status tokenize(const exl_tokenizer *tok, run_item *items, int n, int32_t *longest) {
     *longest = 0;
     for (int i = 0; i < n; i++) {
-        exl_status st = exl_tokenizer_encode(tok, items[i].prompt, strlen(items[i].prompt), 1,
-                                             &items[i].prompt_ids, &items[i].n_prompt_ids);
+        exl_status st = exl_tokenizer_encode(tok, items[i].prompt, strlen(items[i].prompt), 1, &items[i].prompt_ids,
+                                             &items[i].n_prompt_ids);
         if (st != EXL_OK)
             return st;
         if (items[i].n_prompt_ids > *longest)
@@ -199,11 +199,13 @@ int cmd_run(int argc, char **argv) {
         {NULL, "--regex", CLI_STRING, &regex, "RE", .help = "the output matches this regular expression",
          .default_text = ""},
     };
-    const cli_command cmd = {"run", "-m DIR -p TEXT [-p TEXT ...] [options]", ABOUT, NOTES,
-                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
-                              cli_sampling_group(&sampling),
-                              cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS,
-                                              "the longest prompt and -n, at least 16384")}};
+    const cli_command cmd = {
+        "run",
+        "-m DIR -p TEXT [-p TEXT ...] [options]",
+        ABOUT,
+        NOTES,
+        {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL), cli_sampling_group(&sampling),
+         cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS, "the longest prompt and -n, at least 16384")}};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc == CLI_GO_ON)
         rc = cli_cache_get(&cache, "run");

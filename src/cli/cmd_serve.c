@@ -57,8 +57,8 @@ int cmd_serve(int argc, char **argv) {
     long max_body = (long)sp.max_body, max_response_tokens = (long)sp.max_response_tokens;
     const cli_option options[] = {
         {NULL, "--host", CLI_STRING, &sp.host, "ADDR", .help = "address to listen on"},
-        {NULL, "--port", CLI_INT, &sp.port, "N", .help = "TCP port; 0 = any free port, printed at start",
-         .lo = 0, .hi = 65535},
+        {NULL, "--port", CLI_INT, &sp.port, "N", .help = "TCP port; 0 = any free port, printed at start", .lo = 0,
+         .hi = 65535},
         {NULL, "--api-key", CLI_STRING, &sp.api_key, "KEY",
          .help = "require 'Authorization: Bearer KEY' on all but /health and /metrics"},
         {NULL, "--model-name", CLI_STRING, &sp.model_name, "NAME", .help = "the model id clients use",
@@ -69,7 +69,8 @@ int cmd_serve(int argc, char **argv) {
          .help = "tokens per sequence, prompt + completion", .default_text = "the model's maximum, at most 4096"},
         {NULL, "--max-body", CLI_LONG, &max_body, "BYTES", .help = "largest request body", .lo = 1, .hi = 1L << 30},
         {NULL, "--max-response-tokens", CLI_LONG, &max_response_tokens, "N", .lo = 1, .hi = 1L << 40,
-         .help = "refuse a request that may make more than N entries:\nchoices x max_tokens x (1 + logprob entries per token)"},
+         .help =
+             "refuse a request that may make more than N entries:\nchoices x max_tokens x (1 + logprob entries per token)"},
         {NULL, "--cors-origin", CLI_STRING, &sp.cors_origin, "ORIGIN",
          .help = "let browser pages from ORIGIN call the API\n(\"*\", or a comma-separated list of origins)",
          .default_text = "no CORS headers"},
@@ -89,11 +90,13 @@ int cmd_serve(int argc, char **argv) {
         {NULL, "--http-threads", CLI_INT, &sp.http_workers, "N", .lo = 1, .hi = 256,
          .help = "threads that parse requests and format answers"},
     };
-    const cli_command cmd = {"serve", "-m DIR [options]", ABOUT, NULL,
-                             {CLI_GROUP("options", options), CLI_GROUP("connections", connections),
-                              cli_model_group(&model, CLI_MODEL_ALL),
-                              cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS | CLI_CACHE_MEMORY,
-                                              "what fits in memory")}};
+    const cli_command cmd = {
+        "serve",
+        "-m DIR [options]",
+        ABOUT,
+        NULL,
+        {CLI_GROUP("options", options), CLI_GROUP("connections", connections), cli_model_group(&model, CLI_MODEL_ALL),
+         cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS | CLI_CACHE_MEMORY, "what fits in memory")}};
     model.params.device = sp.device;
     model.params.n_threads = sp.n_threads;
     int rc = cli_parse(&cmd, argc, argv);

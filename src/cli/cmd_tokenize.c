@@ -71,10 +71,12 @@ int cmd_tokenize(int argc, char **argv) {
         {NULL, "--jsonl", CLI_FLAG, &jsonl, NULL,
          .help = "every input line is one JSON string; print one JSON array of ids per line"},
     };
-    const cli_command cmd = {"tokenize", "-m DIR [--special] [--jsonl]",
+    const cli_command cmd = {"tokenize",
+                             "-m DIR [--special] [--jsonl]",
                              "Read UTF-8 text on stdin and print its token ids, separated by spaces, on one line.\n"
                              "DIR holds tokenizer.json (or tokenizer.model) and tokenizer_config.json.",
-                             NULL, {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_DIR)}};
+                             NULL,
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_DIR)}};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc != CLI_GO_ON)
         return rc;

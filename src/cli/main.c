@@ -36,8 +36,9 @@ static const command commands[] = {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "exl %s - fast inference for quantized LLMs (EXL2, GPTQ, fp16/bf16)\n\n"
-               "usage: exl <command> [options]   (exl <command> --help for details)\n\ncommands:\n",
+    fprintf(f,
+            "exl %s - fast inference for quantized LLMs (EXL2, GPTQ, fp16/bf16)\n\n"
+            "usage: exl <command> [options]   (exl <command> --help for details)\n\ncommands:\n",
             EXL_VERSION_STRING);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);

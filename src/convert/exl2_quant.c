@@ -80,8 +80,7 @@ exl_status exl_exl2_tensors_make(const exl_qz_result *r, const exl_qz_layout *l,
         exl_exl2_tensors_free(t);
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     }
-    exl_exl2_pack(K, N, l->n_groups, l->bits, l->rows, r->codes, r->scale_codes, t->q_weight, t->q_scale,
-                  t->q_groups);
+    exl_exl2_pack(K, N, l->n_groups, l->bits, l->rows, r->codes, r->scale_codes, t->q_weight, t->q_scale, t->q_groups);
     for (int64_t i = 0; i < K; i++)
         t->q_invperm[r->perm[i]] = (int32_t)i;
     memcpy(t->q_scale_max, r->scale_max, (size_t)t->G * sizeof(uint16_t));

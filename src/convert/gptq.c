@@ -278,11 +278,15 @@ static exl_status make_perm(const exl_hessian *H, int act_order, int32_t *perm) 
  * the factorization fails. */
 static exl_status factor(const exl_hessian *H, const int32_t *perm, exl_pool *pool, float *U) {
     int64_t K = H->K, Kp = (K + 7) & ~(int64_t)7;
-    fac_ctx c = {exl_malloc((size_t)(Kp * Kp) * sizeof(double)), exl_malloc((size_t)(Kp * NB) * sizeof(double)),
-                 exl_malloc((size_t)(NB * NB) * sizeof(double)), Kp, 0, 0};
-    exl_status st = c.A && c.W && c.D ? EXL_OK
-                                      : exl_fail(EXL_ERR_NOMEM, "out of memory for the inverse Hessian (K = %lld)",
-                                                 (long long)K);
+    fac_ctx c = {exl_malloc((size_t)(Kp * Kp) * sizeof(double)),
+                 exl_malloc((size_t)(Kp * NB) * sizeof(double)),
+                 exl_malloc((size_t)(NB * NB) * sizeof(double)),
+                 Kp,
+                 0,
+                 0};
+    exl_status st = c.A && c.W && c.D
+                        ? EXL_OK
+                        : exl_fail(EXL_ERR_NOMEM, "out of memory for the inverse Hessian (K = %lld)", (long long)K);
     double mean = 0;
     for (int64_t i = 0; i < K; i++)
         mean += H->H[i * K + i];
@@ -393,8 +397,8 @@ typedef struct scale_ctx {
     int64_t N, r0, r1;
     int bits;
     uint16_t sm[EXL2_TRIES];
-    double *err;        /* [threads, EXL2_TRIES] */
-    uint8_t *codes;     /* [EXL2_TRIES, N] best code per column */
+    double *err;    /* [threads, EXL2_TRIES] */
+    uint8_t *codes; /* [EXL2_TRIES, N] best code per column */
 } scale_ctx;
 
 static float column_err(const scale_ctx *c, int64_t n, float s) {

@@ -43,24 +43,24 @@ enum { LIN_Q, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN, N_LIN };
 typedef struct qz {
     const exl_quantize_params *p;
     exl_hf_config cfg;
-    exl_model *m;          /* the input model on the device parameter's backend */
-    exl_backend *be;       /* m's: forward passes, host_gemm */
-    exl_pool *pool;        /* the CPU backend's, or own_pool */
+    exl_model *m;    /* the input model on the device parameter's backend */
+    exl_backend *be; /* m's: forward passes, host_gemm */
+    exl_pool *pool;  /* the CPU backend's, or own_pool */
     exl_pool *own_pool;
     exl_qz_runner run;
-    char *work;            /* OUT_DIR/.exl-quant */
-    char sig[1024];        /* the parameters a resumed run must match */
+    char *work;     /* OUT_DIR/.exl-quant */
+    char sig[1024]; /* the parameters a resumed run must match */
     int64_t T, H, qw, kvw, F;
     int64_t K[N_LIN], N[N_LIN];
     exl_qz_block_desc desc[2];
-    float *x;              /* [T, H] hidden states */
-    float *ref, *y;        /* [T, H] after a block: with the unquantized weights, with a candidate's */
+    float *x;       /* [T, H] hidden states */
+    float *ref, *y; /* [T, H] after a block: with the unquantized weights, with a candidate's */
     /* the layer being quantized: each linear's tensor prefix, source, fp32 weights W[K, N] and bias */
     const char *prefix[N_LIN];
     exl_linear_src src[N_LIN];
     float *W[N_LIN], *bias[N_LIN];
     exl_qz_measurement meas;
-    int32_t *choice;       /* recipe per block */
+    int32_t *choice; /* recipe per block */
     exl_str report;
 } qz;
 
@@ -531,9 +531,11 @@ static exl_status load_state(qz *q, int *found, int *pass, int32_t *next) {
     exl_status st = sj && xs ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
     if (st == EXL_OK && exl_file_exists(sj) && exl_json_read_file(sj, &j) == EXL_OK) {
         const cJSON *ps = cJSON_GetObjectItemCaseSensitive(j, "parameters");
-        const cJSON *pa = cJSON_GetObjectItemCaseSensitive(j, "pass"), *nx = cJSON_GetObjectItemCaseSensitive(j, "next_layer");
+        const cJSON *pa = cJSON_GetObjectItemCaseSensitive(j, "pass"),
+                    *nx = cJSON_GetObjectItemCaseSensitive(j, "next_layer");
         if (!cJSON_IsString(ps) || strcmp(ps->valuestring, q->sig) || !cJSON_IsNumber(pa) || !cJSON_IsNumber(nx))
-            st = exl_fail(EXL_ERR_STATE, "%s holds an unfinished run with other parameters (%s); remove it or repeat them",
+            st = exl_fail(EXL_ERR_STATE,
+                          "%s holds an unfinished run with other parameters (%s); remove it or repeat them",
                           q->p->out_dir, cJSON_IsString(ps) ? ps->valuestring : "?");
         else {
             FILE *f = fopen(xs, "rb");
@@ -590,9 +592,10 @@ static exl_status setup(qz *q) {
     char gap[96];
     quant_gap(&q->cfg, gap, sizeof gap);
     if (gap[0])
-        return exl_fail(EXL_ERR_UNSUPPORTED,
-                        "%s: a %s model: the quantizer takes attention of q, k, v, o and MLPs of gate, up, down, not %s",
-                        p->in_dir, q->cfg.model_type, gap);
+        return exl_fail(
+            EXL_ERR_UNSUPPORTED,
+            "%s: a %s model: the quantizer takes attention of q, k, v, o and MLPs of gate, up, down, not %s", p->in_dir,
+            q->cfg.model_type, gap);
     if (p->format == EXL_QUANT_EXL2 && (p->head_bits < 2 || p->head_bits > 8 || p->head_bits == 7))
         return exl_fail(EXL_ERR_ARG, "head bits must be 2-6 or 8 (got %d)", p->head_bits);
     if (p->format == EXL_QUANT_GPTQ && p->bits != 2 && p->bits != 3 && p->bits != 4 && p->bits != 8)
@@ -605,18 +608,20 @@ static exl_status setup(qz *q) {
     q->kvw = (int64_t)c->n_kv_heads * c->head_dim;
     q->F = c->intermediate_size;
     q->T = (int64_t)p->rows * p->length;
-    int64_t K[N_LIN] = {q->H, q->H, q->H, q->qw, q->H, q->H, q->F}, N[N_LIN] = {q->qw, q->kvw, q->kvw, q->H, q->F, q->F, q->H};
+    int64_t K[N_LIN] = {q->H, q->H, q->H, q->qw, q->H, q->H, q->F},
+            N[N_LIN] = {q->qw, q->kvw, q->kvw, q->H, q->F, q->F, q->H};
     memcpy(q->K, K, sizeof K);
     memcpy(q->N, N, sizeof N);
     /* the blocks as measurement.json names them (ExLlamaV2's module keys) */
-    q->desc[0] = (exl_qz_block_desc){"self_attn", 4, {"q_proj", "k_proj", "v_proj", "o_proj"},
-                                     {K[0], K[1], K[2], K[3]}, {N[0], N[1], N[2], N[3]}};
-    q->desc[1] = (exl_qz_block_desc){"mlp", 3, {"gate_proj", "up_proj", "down_proj"}, {K[4], K[5], K[6]}, {N[4], N[5], N[6]}};
+    q->desc[0] = (exl_qz_block_desc){
+        "self_attn", 4, {"q_proj", "k_proj", "v_proj", "o_proj"}, {K[0], K[1], K[2], K[3]}, {N[0], N[1], N[2], N[3]}};
+    q->desc[1] =
+        (exl_qz_block_desc){"mlp", 3, {"gate_proj", "up_proj", "down_proj"}, {K[4], K[5], K[6]}, {N[4], N[5], N[6]}};
     for (int i = 0; i < N_LIN; i++)
         if (p->format == EXL_QUANT_EXL2 ? K[i] % 32 : (K[i] % 32 || N[i] * p->bits % 32))
-            return exl_fail(EXL_ERR_UNSUPPORTED, "%s: %s has %lld x %lld features; the packed layout needs multiples of 32",
-                            p->in_dir, i < 4 ? q->desc[0].names[i] : q->desc[1].names[i - 4], (long long)K[i],
-                            (long long)N[i]);
+            return exl_fail(EXL_ERR_UNSUPPORTED,
+                            "%s: %s has %lld x %lld features; the packed layout needs multiples of 32", p->in_dir,
+                            i < 4 ? q->desc[0].names[i] : q->desc[1].names[i - 4], (long long)K[i], (long long)N[i]);
     exl_str sig = EXL_STR_INIT;
     char *in_abs = realpath(p->in_dir, NULL); /* a run is resumed only on the model it started on */
     exl_str_printf(&sig, "model=%s layers=%d hidden=%d vocab=%d ", in_abs ? in_abs : p->in_dir, q->cfg.n_layers,
@@ -811,8 +816,8 @@ static exl_status run(qz *q) {
             for (int32_t i = 0; i < q->desc[k].n_linears; i++)
                 weights += (double)q->desc[k].K[i] * q->desc[k].N[i] * L;
         if (st == EXL_OK && (st = exl_qz_optimize(&q->meas, p->bpw * weights, q->choice)) != EXL_OK)
-            st = exl_fail(EXL_ERR_ARG, "%.3f bits per weight cannot be reached: the smallest candidate recipes need more",
-                          p->bpw);
+            st = exl_fail(EXL_ERR_ARG,
+                          "%.3f bits per weight cannot be reached: the smallest candidate recipes need more", p->bpw);
         if (st == EXL_OK)
             report_choice(q);
     }
@@ -836,8 +841,14 @@ static exl_status run(qz *q) {
 }
 
 exl_quantize_params exl_quantize_default_params(void) {
-    return (exl_quantize_params){.format = EXL_QUANT_EXL2, .bpw = 4.0, .head_bits = 6, .bits = 4, .group_size = 128,
-                                 .rows = 32, .length = 512, .device = EXL_DEVICE_AUTO};
+    return (exl_quantize_params){.format = EXL_QUANT_EXL2,
+                                 .bpw = 4.0,
+                                 .head_bits = 6,
+                                 .bits = 4,
+                                 .group_size = 128,
+                                 .rows = 32,
+                                 .length = 512,
+                                 .device = EXL_DEVICE_AUTO};
 }
 
 exl_status exl_quantize(const exl_quantize_params *params, char **report) {

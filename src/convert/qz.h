@@ -35,8 +35,8 @@
 
 typedef struct exl_hessian {
     int64_t K;
-    int64_t n;  /* rows accumulated */
-    float *H;   /* [K, K], sum of x xᵀ until exl_hessian_finish scales it by 2/n */
+    int64_t n; /* rows accumulated */
+    float *H;  /* [K, K], sum of x xᵀ until exl_hessian_finish scales it by 2/n */
 } exl_hessian;
 
 exl_status exl_hessian_init(exl_hessian *h, int64_t K);
@@ -127,26 +127,26 @@ void exl_exl2_tensors_free(exl_exl2_tensors *t);
 
 /* The linears of a block: attention (q, k, v, o) or MLP (gate, up, down). */
 typedef struct exl_qz_block_desc {
-    const char *suffix;     /* "self_attn" / "mlp" */
+    const char *suffix; /* "self_attn" / "mlp" */
     int32_t n_linears;
-    const char *names[4];   /* "q_proj", ... */
+    const char *names[4]; /* "q_proj", ... */
     int64_t K[4], N[4];
 } exl_qz_block_desc;
 
 typedef struct exl_qz_recipe {
-    double accuracy;   /* 1 - relative error of the block's output */
+    double accuracy; /* 1 - relative error of the block's output */
     double total_bits;
     exl_qz_opt opt[4]; /* per linear, in block order */
 } exl_qz_recipe;
 
 typedef struct exl_qz_block_meas {
-    char name[96];     /* model.layers.N.self_attn */
+    char name[96]; /* model.layers.N.self_attn */
     int32_t n;
     exl_qz_recipe *r;
 } exl_qz_block_meas;
 
 typedef struct exl_qz_measurement {
-    int32_t n_blocks;  /* 2 per decoder layer */
+    int32_t n_blocks; /* 2 per decoder layer */
     exl_qz_block_meas *b;
 } exl_qz_measurement;
 
@@ -182,10 +182,10 @@ typedef struct exl_qz_runner {
     int32_t seqs_per_step; /* whole sequences a step takes, or 1 */
     int32_t piece;         /* tokens of a sequence a step takes */
     int32_t pages_per_seq;
-    int32_t *pages;        /* [seqs_per_step][pages_per_seq] */
-    exl_seq_step *steps;   /* [seqs_per_step] */
-    float *buf;            /* [step rows, widest linear input]: a hook's rows on the host */
-    int32_t *zeros;        /* [piece] the token ids of a layer's steps */
+    int32_t *pages;      /* [seqs_per_step][pages_per_seq] */
+    exl_seq_step *steps; /* [seqs_per_step] */
+    float *buf;          /* [step rows, widest linear input]: a hook's rows on the host */
+    int32_t *zeros;      /* [piece] the token ids of a layer's steps */
 } exl_qz_runner;
 
 exl_status exl_qz_runner_init(exl_qz_runner *r, exl_model *m, int32_t n_seqs, int32_t length);
@@ -211,7 +211,7 @@ exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w,
 
 /* A backend linear of weights W [K, N] (fp32, in x out) with like's shape and bias. */
 typedef struct exl_qz_trial {
-    float *wt;     /* W in the Hugging Face layout [N, K], which w may read */
+    float *wt; /* W in the Hugging Face layout [N, K], which w may read */
     exl_linear *w;
 } exl_qz_trial;
 exl_status exl_qz_trial_init(exl_backend *be, const float *W, const exl_linear_src *like, exl_qz_trial *out);

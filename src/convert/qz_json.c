@@ -26,7 +26,8 @@ static cJSON *opt_json(const exl_qz_opt *o) {
 }
 
 exl_status exl_qz_measurement_save(const exl_qz_measurement *m, int32_t last_layer, const char *path) {
-    static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"}, *mlp[] = {"gate_proj", "up_proj", "down_proj"};
+    static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"},
+                      *mlp[] = {"gate_proj", "up_proj", "down_proj"};
     cJSON *root = cJSON_CreateObject(), *meas = cJSON_AddObjectToObject(root, "measurement");
     for (int32_t b = 0; b < m->n_blocks; b++) {
         const exl_qz_block_meas *bm = &m->b[b];
@@ -65,8 +66,9 @@ static exl_status opt_parse(const char *path, const char *what, const cJSON *j, 
         if (!cJSON_IsNumber(b) || !cJSON_IsNumber(p) || !cJSON_IsNumber(g) || b->valueint < 2 || b->valueint > 8 ||
             b->valueint == 7 || (w && b->valueint >= o->bits[w - 1]) || g->valueint < 32 || g->valueint % 32 ||
             p->valuedouble < 0 || p->valuedouble > 1)
-            return exl_fail(EXL_ERR_FORMAT, "%s: %s: bad width %d (bits 2-6 or 8, descending; group size a multiple of 32)",
-                            path, what, w);
+            return exl_fail(EXL_ERR_FORMAT,
+                            "%s: %s: bad width %d (bits 2-6 or 8, descending; group size a multiple of 32)", path, what,
+                            w);
         o->bits[w] = b->valueint;
         o->prop[w] = p->valuedouble;
         o->gs[w] = g->valueint;

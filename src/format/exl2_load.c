@@ -44,8 +44,8 @@ exl_status exl_exl2_check(const exl_linear_src *src) {
         int32_t r = e->q_invperm[k];
         if (r < 0 || r >= K || seen[r]) {
             exl_free(seen);
-            return exl_fail(EXL_ERR_FORMAT, "%s.q_invperm: not a permutation (entry %lld is %d%s)", name,
-                            (long long)k, r, r >= 0 && r < K ? ", repeated" : ", out of range");
+            return exl_fail(EXL_ERR_FORMAT, "%s.q_invperm: not a permutation (entry %lld is %d%s)", name, (long long)k,
+                            r, r >= 0 && r < K ? ", repeated" : ", out of range");
         }
         seen[r] = 1;
     }

@@ -19,21 +19,20 @@ exl_status exl_gptq_check(const exl_linear_src *src) {
     const char *name = src->name ? src->name : "linear";
     int64_t K = src->in_features, N = src->out_features;
     if (!gptq_bits_ok(q->bits))
-        return exl_fail(EXL_ERR_UNSUPPORTED, "%s.qweight: %d-bit GPTQ is not supported (2, 3, 4 and 8 bits are)",
-                        name, q->bits);
+        return exl_fail(EXL_ERR_UNSUPPORTED, "%s.qweight: %d-bit GPTQ is not supported (2, 3, 4 and 8 bits are)", name,
+                        q->bits);
     if (K * q->bits % 32 || N * q->bits % 32)
         return exl_fail(EXL_ERR_FORMAT, "%s.qweight: %lld x %lld weights do not fill whole %d-bit words", name,
                         (long long)K, (long long)N, q->bits);
     if (q->group_size < 1 || q->n_groups < 1)
         return exl_fail(EXL_ERR_FORMAT, "%s: GPTQ group size %d with %d groups", name, q->group_size, q->n_groups);
     if (q->zero_offset != 0 && q->zero_offset != 1)
-        return exl_fail(EXL_ERR_FORMAT, "%s: GPTQ zero offset %d (1 for gptq, 0 for gptq_v2)", name,
-                        q->zero_offset);
+        return exl_fail(EXL_ERR_FORMAT, "%s: GPTQ zero offset %d (1 for gptq, 0 for gptq_v2)", name, q->zero_offset);
     if (q->g_idx) {
         for (int64_t k = 0; k < K; k++)
             if (q->g_idx[k] < 0 || q->g_idx[k] >= q->n_groups)
-                return exl_fail(EXL_ERR_FORMAT, "%s.g_idx: row %lld is in group %d, outside 0..%d", name,
-                                (long long)k, q->g_idx[k], q->n_groups - 1);
+                return exl_fail(EXL_ERR_FORMAT, "%s.g_idx: row %lld is in group %d, outside 0..%d", name, (long long)k,
+                                q->g_idx[k], q->n_groups - 1);
     } else if ((K - 1) / q->group_size >= q->n_groups) {
         return exl_fail(EXL_ERR_FORMAT, "%s.scales: %d groups cannot cover %lld rows in groups of %d", name,
                         q->n_groups, (long long)K, q->group_size);
@@ -48,8 +47,7 @@ static exl_status get(const exl_weights *w, const char *prefix, const char *suff
     return exl_weights_get(w, name, 1u << dtype, n_dims, shape, t);
 }
 
-exl_status exl_gptq_load(const exl_weights *w, const exl_quant_config *cfg, const char *prefix,
-                         exl_linear_src *src) {
+exl_status exl_gptq_load(const exl_weights *w, const exl_quant_config *cfg, const char *prefix, exl_linear_src *src) {
     int64_t K = src->in_features, N = src->out_features;
     if (!cfg || !cfg->present || strcmp(cfg->method, "gptq"))
         return exl_fail(EXL_ERR_FORMAT,

@@ -22,8 +22,7 @@
 exl_status exl_exl2_load(const exl_weights *w, const char *prefix, exl_linear_src *src);
 /* Find <prefix>.qweight, qzeros, scales, g_idx (optional), check them against the
  * quantization config q (bits, group_size, checkpoint_format) and fill src->gptq. */
-exl_status exl_gptq_load(const exl_weights *w, const exl_quant_config *q, const char *prefix,
-                         exl_linear_src *src);
+exl_status exl_gptq_load(const exl_weights *w, const exl_quant_config *q, const char *prefix, exl_linear_src *src);
 
 /* Validate the contents of an EXL2 / GPTQ source whose array sizes already match its
  * fields (in_features, out_features, q_rows, n_groups, ...): bit widths, group layout,
@@ -53,8 +52,8 @@ void exl_gptq_pack(int bits, int64_t K, int64_t N, int32_t n_groups, const uint8
 /* ---- statistics (`exl info`) */
 
 typedef struct exl_quant_stats {
-    double bits;          /* storage bits by the formats' counting rule (docs/formats.md) */
-    int64_t weights;      /* in_features * out_features */
+    double bits;             /* storage bits by the formats' counting rule (docs/formats.md) */
+    int64_t weights;         /* in_features * out_features */
     int64_t rows_by_bits[9]; /* input rows coded with b bits, b = 0..8 (0: unquantized) */
 } exl_quant_stats;
 

@@ -16,9 +16,11 @@
 /* ---------------------------------------------------------------- defaults */
 
 exl_generator_params exl_generator_default_params(void) {
-    return (exl_generator_params){
-        .n_pages = DEFAULT_PAGES, .page_size = DEFAULT_PAGE_SIZE, .prefix_cache = 1, .cache_k_bits = 16,
-        .cache_v_bits = 16};
+    return (exl_generator_params){.n_pages = DEFAULT_PAGES,
+                                  .page_size = DEFAULT_PAGE_SIZE,
+                                  .prefix_cache = 1,
+                                  .cache_k_bits = 16,
+                                  .cache_v_bits = 16};
 }
 
 exl_sampling exl_sampling_default(void) {
@@ -234,8 +236,8 @@ exl_status exl_generator_cancel(exl_generator *g, uint64_t job) {
         if (g->alive.v[i]->id == job)
             found = g->alive.v[i]->cancel = 1;
     pthread_mutex_unlock(&g->mu);
-    return found ? EXL_OK : exl_fail(EXL_ERR_ARG, "generator: no job %llu is waiting or running",
-                                     (unsigned long long)job);
+    return found ? EXL_OK
+                 : exl_fail(EXL_ERR_ARG, "generator: no job %llu is waiting or running", (unsigned long long)job);
 }
 
 int32_t exl_generator_pending(exl_generator *g) {

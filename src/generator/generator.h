@@ -60,11 +60,11 @@ typedef struct exl_job {
 
     /* text */
     exl_detokenizer *detok;
-    int detok_ready;     /* primed; 0 after a failed restart */
-    exl_str held;        /* decoded text not emitted yet */
-    int64_t emitted;     /* bytes of completion text emitted */
-    int64_t *text_end;   /* per generated token: bytes of text decoded through it */
-    int32_t n_reported;  /* generated tokens handed out in events */
+    int detok_ready;    /* primed; 0 after a failed restart */
+    exl_str held;       /* decoded text not emitted yet */
+    int64_t emitted;    /* bytes of completion text emitted */
+    int64_t *text_end;  /* per generated token: bytes of text decoded through it */
+    int32_t n_reported; /* generated tokens handed out in events */
 
     /* how it ended */
     exl_finish_reason finish;
@@ -119,9 +119,9 @@ struct exl_generator {
     exl_seq_step *steps;
     exl_job **step_jobs;
     int32_t n_step;
-    float *logits;         /* [max_jobs, vocab] */
-    int32_t head_max;      /* largest head the model selects on its device (0: none) */
-    int32_t *head_ids;     /* [max_jobs, head_max]: the largest logits, when a step needs no more */
+    float *logits;     /* [max_jobs, vocab] */
+    int32_t head_max;  /* largest head the model selects on its device (0: none) */
+    int32_t *head_ids; /* [max_jobs, head_max]: the largest logits, when a step needs no more */
     float *head_vals;
     float *raw;            /* [vocab]: a job's logits before processing (log-probabilities) */
     exl_gen_event *events; /* at most one per job alive */

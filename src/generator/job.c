@@ -68,8 +68,8 @@ static exl_status check_sampling(const exl_sampling *s, int32_t vocab) {
         return exl_fail(EXL_ERR_ARG, "job: min_p must be in [0, 1]");
     if (s->mirostat != 0 && s->mirostat != 2)
         return exl_fail(EXL_ERR_ARG, "job: mirostat must be 0 (off) or 2 (Mirostat v2), not %d", s->mirostat);
-    if (s->mirostat && (!(s->mirostat_tau > 0) || !(s->mirostat_eta >= 0) || !isfinite(s->mirostat_tau) ||
-                        !isfinite(s->mirostat_eta)))
+    if (s->mirostat &&
+        (!(s->mirostat_tau > 0) || !(s->mirostat_eta >= 0) || !isfinite(s->mirostat_tau) || !isfinite(s->mirostat_eta)))
         return exl_fail(EXL_ERR_ARG, "job: mirostat needs tau > 0 and eta >= 0");
     if (!(s->repetition_penalty > 0) || !isfinite(s->repetition_penalty) || !isfinite(s->frequency_penalty) ||
         !isfinite(s->presence_penalty))
@@ -141,8 +141,7 @@ static void free_strings(exl_string_set *set) {
     exl_free(set->len);
 }
 
-static exl_status alloc_job(exl_generator *g, const exl_job_params *p, const int32_t *ids, int32_t n_ids,
-                            exl_job *j) {
+static exl_status alloc_job(exl_generator *g, const exl_job_params *p, const int32_t *ids, int32_t n_ids, exl_job *j) {
     int32_t ps = g->params.page_size;
     int64_t capacity = (int64_t)g->params.n_pages * ps;
     if ((int64_t)n_ids + p->max_new_tokens > capacity)
@@ -163,9 +162,8 @@ static exl_status alloc_job(exl_generator *g, const exl_job_params *p, const int
         j->stop_ids = exl_malloc((size_t)p->n_stop_ids * sizeof *j->stop_ids);
     if (p->sampling.n_logit_bias)
         j->logit_bias = exl_malloc((size_t)p->sampling.n_logit_bias * sizeof *j->logit_bias);
-    if (!j->tokens || !j->pages || !j->chain || !j->mu_hist || !j->lp || !j->text_end ||
-        (p->top_logprobs && !j->top) || (p->n_stop_ids && !j->stop_ids) ||
-        (p->sampling.n_logit_bias && !j->logit_bias) ||
+    if (!j->tokens || !j->pages || !j->chain || !j->mu_hist || !j->lp || !j->text_end || (p->top_logprobs && !j->top) ||
+        (p->n_stop_ids && !j->stop_ids) || (p->sampling.n_logit_bias && !j->logit_bias) ||
         copy_strings(&j->stop, p->stop_strings, p->n_stop_strings) ||
         copy_strings(&j->banned, p->banned_strings, p->n_banned_strings))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");

@@ -21,11 +21,11 @@
 
 typedef struct exl_page_pool {
     int32_t n_pages, page_size;
-    int32_t *ref;       /* jobs holding the page */
-    int32_t *n_valid;   /* leading slots whose K/V are computed */
-    int32_t *tokens;    /* [n_pages * page_size]: the token in each valid slot */
-    uint64_t *parent;   /* chain hash of the tokens before the page */
-    uint64_t *hash;     /* chain hash including the page when registered, else 0 */
+    int32_t *ref;                 /* jobs holding the page */
+    int32_t *n_valid;             /* leading slots whose K/V are computed */
+    int32_t *tokens;              /* [n_pages * page_size]: the token in each valid slot */
+    uint64_t *parent;             /* chain hash of the tokens before the page */
+    uint64_t *hash;               /* chain hash including the page when registered, else 0 */
     int32_t *lru_prev, *lru_next; /* cached pages, oldest at lru_head */
     int32_t lru_head, lru_tail, n_cached;
     int32_t *free_list, n_free;

@@ -63,8 +63,8 @@ double exl_sampler_uniform(exl_sampler_state *st) { /* xoshiro256** */
 
 /* ---------------------------------------------------------------- logits processing */
 
-void exl_sampler_process(const exl_sampling *p, float *logits, int32_t vocab, const int32_t *history,
-                         int32_t n_history, exl_sampler_scratch *s) {
+void exl_sampler_process(const exl_sampling *p, float *logits, int32_t vocab, const int32_t *history, int32_t n_history,
+                         exl_sampler_scratch *s) {
     for (int32_t i = 0; i < p->n_logit_bias; i++)
         logits[p->logit_bias[i].id] += p->logit_bias[i].bias;
     if (p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f)
@@ -294,8 +294,8 @@ static int32_t filter_head(const exl_sampling *p, exl_candidate *c, int32_t n, e
     return later_filters(p, c, n, n, s);
 }
 
-int32_t exl_sampler_filter(const exl_sampling *p, const exl_sampler_state *st, const float *logits,
-                           int32_t vocab, exl_sampler_scratch *s) {
+int32_t exl_sampler_filter(const exl_sampling *p, const exl_sampler_state *st, const float *logits, int32_t vocab,
+                           exl_sampler_scratch *s) {
     exl_candidate *c = s->cand;
     int32_t n;
     if (p->temperature > 0 && p->mirostat != 2 && p->top_k > 0 && p->top_k < vocab &&

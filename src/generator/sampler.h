@@ -28,9 +28,9 @@ typedef struct exl_candidate {
 /* Per-thread work space for a vocabulary (reused by every job). */
 typedef struct exl_sampler_scratch {
     int32_t vocab;
-    exl_candidate *cand; /* [vocab] */
+    exl_candidate *cand;  /* [vocab] */
     exl_candidate *order; /* [vocab] */
-    int32_t *counts;     /* [vocab], zero between calls */
+    int32_t *counts;      /* [vocab], zero between calls */
 } exl_sampler_scratch;
 
 exl_status exl_sampler_scratch_init(exl_sampler_scratch *s, int32_t vocab);
@@ -43,13 +43,13 @@ double exl_sampler_uniform(exl_sampler_state *st);
 
 /* Logit bias, then repetition / frequency / presence penalties over the last
  * penalty_range tokens of history (all of it when 0). */
-void exl_sampler_process(const exl_sampling *p, float *logits, int32_t vocab, const int32_t *history,
-                         int32_t n_history, exl_sampler_scratch *s);
+void exl_sampler_process(const exl_sampling *p, float *logits, int32_t vocab, const int32_t *history, int32_t n_history,
+                         exl_sampler_scratch *s);
 /* Temperature, softmax and the filters; the survivors are s->cand[0..n) with weights
  * (not normalized). Greedy (temperature 0) leaves the argmax alone. Returns n, 0 when
  * every token is banned (-inf). */
-int32_t exl_sampler_filter(const exl_sampling *p, const exl_sampler_state *st, const float *logits,
-                           int32_t vocab, exl_sampler_scratch *s);
+int32_t exl_sampler_filter(const exl_sampling *p, const exl_sampler_state *st, const float *logits, int32_t vocab,
+                           exl_sampler_scratch *s);
 /* Draw one of s->cand[0..n) in proportion to its weight and update Mirostat's mu. */
 int32_t exl_sampler_draw(const exl_sampling *p, exl_sampler_state *st, const exl_sampler_scratch *s, int32_t n);
 /* All three stages on logits (modified); -1 when every token is banned. */

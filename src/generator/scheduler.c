@@ -153,8 +153,8 @@ exl_status exl_sched_plan(exl_generator *g) {
         if (!j->step_tokens)
             continue;
         int32_t end = j->n_cached + j->step_tokens;
-        g->steps[g->n_step] = (exl_seq_step){j->tokens + j->n_cached, j->step_tokens, j->n_cached, j->pages,
-                                             j->n_pages, end == j->n_tokens};
+        g->steps[g->n_step] = (exl_seq_step){j->tokens + j->n_cached, j->step_tokens, j->n_cached, j->pages, j->n_pages,
+                                             end == j->n_tokens};
         g->step_jobs[g->n_step++] = j;
     }
     return EXL_OK;

@@ -151,9 +151,9 @@ static exl_status sample_job(exl_generator *g, exl_job *j, int32_t row, float *l
             if (exl_gen_is_stop(g, j, id))
                 logits[id] = -INFINITY;
     j->mu_hist[k] = j->rng.mu;
-    int32_t id = logits ? exl_sampler_sample(&j->sampling, &j->rng, logits, g->vocab, j->tokens, j->n_tokens,
-                                             &g->scratch)
-                        : exl_sampler_sample_head(&j->sampling, &j->rng, ids, vals, &g->scratch);
+    int32_t id = logits
+                     ? exl_sampler_sample(&j->sampling, &j->rng, logits, g->vocab, j->tokens, j->n_tokens, &g->scratch)
+                     : exl_sampler_sample_head(&j->sampling, &j->rng, ids, vals, &g->scratch);
     if (id < 0 || (j->constraint && !exl_gen_constraint_allows(g, row, id)))
         return exl_gen_finish(g, j, EXL_FINISH_ERROR, "every token is banned at this position");
     if (raw)
@@ -265,7 +265,7 @@ static exl_status run_step(exl_generator *g) {
         return EXL_OK;
     double t0 = now_seconds();
     int greedy = ticket >= 0 || exl_gen_greedy_step(g); /* the device picks the tokens */
-    int32_t head = greedy ? 0 : step_head_size(g);       /* > 0: only the head of each row comes back */
+    int32_t head = greedy ? 0 : step_head_size(g);      /* > 0: only the head of each row comes back */
     exl_status st;
     if (greedy) {
         int32_t rows = 0;

@@ -7,9 +7,9 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[EXL_DTYPE_COUNT] = {
-    [EXL_DTYPE_F32] = {"F32", 4}, [EXL_DTYPE_F16] = {"F16", 2}, [EXL_DTYPE_BF16] = {"BF16", 2},
-    [EXL_DTYPE_F64] = {"F64", 8}, [EXL_DTYPE_I64] = {"I64", 8}, [EXL_DTYPE_I32] = {"I32", 4},
-    [EXL_DTYPE_I16] = {"I16", 2}, [EXL_DTYPE_I8] = {"I8", 1},   [EXL_DTYPE_U8] = {"U8", 1},
+    [EXL_DTYPE_F32] = {"F32", 4},   [EXL_DTYPE_F16] = {"F16", 2}, [EXL_DTYPE_BF16] = {"BF16", 2},
+    [EXL_DTYPE_F64] = {"F64", 8},   [EXL_DTYPE_I64] = {"I64", 8}, [EXL_DTYPE_I32] = {"I32", 4},
+    [EXL_DTYPE_I16] = {"I16", 2},   [EXL_DTYPE_I8] = {"I8", 1},   [EXL_DTYPE_U8] = {"U8", 1},
     [EXL_DTYPE_BOOL] = {"BOOL", 1},
 };
 

@@ -32,10 +32,8 @@ static const arch_info archs[] = {
     {"gemma3_text", "Gemma3ForCausalLM", EXL_ARCH_GEMMA3, 262208, 2304, 9216, 26, 8, 4, 256, 131072, 1e-6, 1, 2, 1},
     {"phi3", "Phi3ForCausalLM", EXL_ARCH_PHI3, 32064, 3072, 8192, 32, 32, 0, 0, 4096, 1e-5, 0, 1, 32000},
     {"mixtral", "MixtralForCausalLM", EXL_ARCH_MIXTRAL, 32000, 4096, 14336, 32, 32, 8, 0, 131072, 1e-5, 0, 1, 2},
-    {"qwen3_moe", "Qwen3MoeForCausalLM", EXL_ARCH_QWEN3_MOE, 151936, 2048, 6144, 24, 32, 4, 0, 32768, 1e-6, 0, -1,
-     -1},
-    {"qwen2_moe", "Qwen2MoeForCausalLM", EXL_ARCH_QWEN2_MOE, 151936, 2048, 5632, 24, 16, 16, 0, 32768, 1e-6, 0, -1,
-     -1},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", EXL_ARCH_QWEN3_MOE, 151936, 2048, 6144, 24, 32, 4, 0, 32768, 1e-6, 0, -1, -1},
+    {"qwen2_moe", "Qwen2MoeForCausalLM", EXL_ARCH_QWEN2_MOE, 151936, 2048, 5632, 24, 16, 16, 0, 32768, 1e-6, 0, -1, -1},
 };
 #define N_ARCHS ((int)(sizeof archs / sizeof archs[0]))
 
@@ -122,9 +120,8 @@ static exl_status parse_sizes(const exl_jctx *c, const cJSON *o, const arch_info
     cfg->n_kv_heads = a->kv_heads && !exl_jis_null(o, "num_key_value_heads") ? a->kv_heads : cfg->n_heads;
     EXL_TRY(exl_jget_int(c, o, "num_key_value_heads", 0, 1, 4096, &cfg->n_kv_heads));
     if (cfg->n_heads % cfg->n_kv_heads)
-        return exl_fail(EXL_ERR_FORMAT,
-                        "%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", c->file,
-                        cfg->n_heads, cfg->n_kv_heads);
+        return exl_fail(EXL_ERR_FORMAT, "%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)",
+                        c->file, cfg->n_heads, cfg->n_kv_heads);
     cfg->head_dim = a->head_dim && !exl_jis_null(o, "head_dim") ? a->head_dim : cfg->hidden_size / cfg->n_heads;
     EXL_TRY(exl_jget_int(c, o, "head_dim", 0, 1, 4096, &cfg->head_dim));
     if (cfg->head_dim < 2 || cfg->head_dim % 2)
@@ -239,8 +236,8 @@ exl_status exl_hf_quant_parse(const char *name, const cJSON *q, exl_quant_config
     if (!method)
         method = "gptq"; /* quantize_config.json carries no method */
     if (strcmp(method, "gptq") && strcmp(method, "exl2"))
-        return exl_fail(EXL_ERR_UNSUPPORTED, "%s: unsupported quantization method '%s' (exl reads exl2 and gptq)",
-                        name, method);
+        return exl_fail(EXL_ERR_UNSUPPORTED, "%s: unsupported quantization method '%s' (exl reads exl2 and gptq)", name,
+                        method);
     out->present = 1;
     snprintf(out->method, sizeof out->method, "%s", method);
     if (!strcmp(method, "exl2")) {

@@ -60,12 +60,12 @@ typedef struct exl_layer_config {
 } exl_layer_config;
 
 typedef struct exl_moe_config {
-    int32_t n_experts;      /* 0 = a dense model */
-    int32_t top_k;          /* experts per token */
-    int32_t expert_ffn;     /* each expert's intermediate size (Mixtral: intermediate_size) */
-    int norm_topk_prob;     /* renormalize the top-k routing weights to sum to 1 */
-    int32_t shared_ffn;     /* Qwen2-MoE: the shared expert's intermediate size; 0 = none */
-    int32_t n_moe_layers;   /* layers with a sparse block (the others run a dense MLP of intermediate_size) */
+    int32_t n_experts;    /* 0 = a dense model */
+    int32_t top_k;        /* experts per token */
+    int32_t expert_ffn;   /* each expert's intermediate size (Mixtral: intermediate_size) */
+    int norm_topk_prob;   /* renormalize the top-k routing weights to sum to 1 */
+    int32_t shared_ffn;   /* Qwen2-MoE: the shared expert's intermediate size; 0 = none */
+    int32_t n_moe_layers; /* layers with a sparse block (the others run a dense MLP of intermediate_size) */
 } exl_moe_config;
 
 /* generation_config.json's defaults for sampling (the CLI and server may use them); unset: < 0 */
@@ -79,13 +79,13 @@ typedef struct exl_generation_config {
 
 typedef struct exl_quant_config {
     int present;
-    char method[16];    /* "exl2", "gptq" */
-    int bits;           /* gptq */
-    int group_size;     /* gptq; -1 = one group */
-    int desc_act;       /* gptq */
-    int sym;            /* gptq */
-    int gptq_v2;        /* checkpoint_format == "gptq_v2" */
-    double exl2_bits;   /* exl2: decoder bits per weight */
+    char method[16];  /* "exl2", "gptq" */
+    int bits;         /* gptq */
+    int group_size;   /* gptq; -1 = one group */
+    int desc_act;     /* gptq */
+    int sym;          /* gptq */
+    int gptq_v2;      /* checkpoint_format == "gptq_v2" */
+    double exl2_bits; /* exl2: decoder bits per weight */
     double exl2_head_bits;
 } exl_quant_config;
 
@@ -101,16 +101,16 @@ typedef struct exl_hf_config {
     exl_act act;
     int tie_embeddings;
     int qkv_bias, o_bias, mlp_bias;
-    int qk_norm;                /* q_norm / k_norm: RMSNorm over each head (Qwen3, Gemma 3) */
-    int sandwich_norms;         /* post-attention and pre/post feed-forward norms (Gemma 2, 3) */
-    int fused_qkv, fused_gate_up; /* qkv_proj and gate_up_proj (Phi-3) */
-    int norm_plus_one;          /* RMSNorm scales by (1 + w) and embeddings by sqrt(hidden) (Gemma family) */
-    double query_pre_attn_scalar; /* attention scores scale by its inverse square root; 0 = head_dim */
+    int qk_norm;                        /* q_norm / k_norm: RMSNorm over each head (Qwen3, Gemma 3) */
+    int sandwich_norms;                 /* post-attention and pre/post feed-forward norms (Gemma 2, 3) */
+    int fused_qkv, fused_gate_up;       /* qkv_proj and gate_up_proj (Phi-3) */
+    int norm_plus_one;                  /* RMSNorm scales by (1 + w) and embeddings by sqrt(hidden) (Gemma family) */
+    double query_pre_attn_scalar;       /* attention scores scale by its inverse square root; 0 = head_dim */
     double attn_softcap, final_softcap; /* tanh soft-capping of attention scores / logits; 0 = none */
-    int32_t sliding_window;     /* the sliding layers' window; 0 = no layer slides (see layers[]) */
+    int32_t sliding_window;             /* the sliding layers' window; 0 = no layer slides (see layers[]) */
     exl_layer_config layers[EXL_MAX_LAYERS];
     exl_moe_config moe;
-    int32_t bos_token_id;   /* -1 = none */
+    int32_t bos_token_id; /* -1 = none */
     int32_t n_eos;
     int32_t eos_token_ids[8];
     char torch_dtype[16];

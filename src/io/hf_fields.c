@@ -79,8 +79,8 @@ exl_status exl_jget_nums(const exl_jctx *c, const cJSON *o, const char *key, flo
         return exl_fail(EXL_ERR_FORMAT, "%s: field \"%s%s\" must be a list of numbers", c->file, c->section, key);
     for (const cJSON *e = j->child; e; e = e->next) {
         if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble) || fabs(e->valuedouble) > 1e30)
-            return exl_fail(EXL_ERR_FORMAT, "%s: field \"%s%s\" must be a list of finite numbers", c->file,
-                            c->section, key);
+            return exl_fail(EXL_ERR_FORMAT, "%s: field \"%s%s\" must be a list of finite numbers", c->file, c->section,
+                            key);
         if (*n == max)
             return exl_fail(EXL_ERR_UNSUPPORTED, "%s: field \"%s%s\" has more than %d entries", c->file, c->section,
                             key, max);

@@ -53,8 +53,8 @@ static exl_status read_layer_types(const exl_jctx *c, const cJSON *types, exl_hf
                             c->file, c->section, i, e->valuestring);
     }
     if (i != cfg->n_layers)
-        return exl_fail(EXL_ERR_FORMAT, "%s: field \"%slayer_types\" has %d entries for %d layers", c->file,
-                        c->section, i, cfg->n_layers);
+        return exl_fail(EXL_ERR_FORMAT, "%s: field \"%slayer_types\" has %d entries for %d layers", c->file, c->section,
+                        i, cfg->n_layers);
     return EXL_OK;
 }
 
@@ -146,17 +146,10 @@ static exl_status qwen_moe_layers(const exl_jctx *c, const cJSON *o, exl_hf_conf
 exl_status exl_hf_parse_moe(const exl_jctx *c, const cJSON *o, exl_hf_config *cfg) {
     exl_moe_config *moe = &cfg->moe;
     switch (cfg->arch) {
-    case EXL_ARCH_MIXTRAL:
-        *moe = (exl_moe_config){8, 2, cfg->intermediate_size, 1, 0, 0};
-        break;
-    case EXL_ARCH_QWEN3_MOE:
-        *moe = (exl_moe_config){128, 8, 768, 0, 0, 0};
-        break;
-    case EXL_ARCH_QWEN2_MOE:
-        *moe = (exl_moe_config){60, 4, 1408, 0, 5632, 0};
-        break;
-    default:
-        return EXL_OK;
+    case EXL_ARCH_MIXTRAL: *moe = (exl_moe_config){8, 2, cfg->intermediate_size, 1, 0, 0}; break;
+    case EXL_ARCH_QWEN3_MOE: *moe = (exl_moe_config){128, 8, 768, 0, 0, 0}; break;
+    case EXL_ARCH_QWEN2_MOE: *moe = (exl_moe_config){60, 4, 1408, 0, 5632, 0}; break;
+    default: return EXL_OK;
     }
     EXL_TRY(parse_expert_count(c, o, cfg));
     EXL_TRY(exl_jget_int(c, o, "num_experts_per_tok", 0, 1, 1 << 16, &moe->top_k));

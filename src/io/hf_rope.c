@@ -140,8 +140,10 @@ static exl_status parse_type_entry(const exl_jctx *c, const cJSON *p, const char
     const cJSON *s;
     EXL_TRY(exl_jget_obj(c, p, type, &s));
     if (!s && any_layer(cfg, !strcmp(type, "sliding_attention")))
-        return exl_fail(EXL_ERR_FORMAT, "%s: \"rope_parameters\" has no entry for layer type \"%s\", which "
-                        "layer_types uses", c->file, type);
+        return exl_fail(EXL_ERR_FORMAT,
+                        "%s: \"rope_parameters\" has no entry for layer type \"%s\", which "
+                        "layer_types uses",
+                        c->file, type);
     return parse_one(&tc, s, top, theta_default, cfg, r);
 }
 

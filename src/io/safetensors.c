@@ -67,8 +67,7 @@ static exl_status parse_tensor(const char *path, const cJSON *item, uint64_t dat
     for (int i = 0; i < nd; i++) {
         uint64_t d;
         if (json_uint(cJSON_GetArrayItem(shape, i), &d) || d > INT64_MAX)
-            return exl_fail(EXL_ERR_FORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", path,
-                            name, i);
+            return exl_fail(EXL_ERR_FORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, i);
         t->shape[i] = (int64_t)d;
         if (d && numel > UINT64_MAX / d)
             overflow = 1;
@@ -77,8 +76,8 @@ static exl_status parse_tensor(const char *path, const cJSON *item, uint64_t dat
     uint64_t b, e;
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || json_uint(cJSON_GetArrayItem(offs, 0), &b) ||
         json_uint(cJSON_GetArrayItem(offs, 1), &e) || b > e)
-        return exl_fail(EXL_ERR_FORMAT, "%s: tensor '%s': data_offsets must be [begin, end] with begin <= end",
-                        path, name);
+        return exl_fail(EXL_ERR_FORMAT, "%s: tensor '%s': data_offsets must be [begin, end] with begin <= end", path,
+                        name);
     if (e > data_size)
         return exl_fail(EXL_ERR_FORMAT,
                         "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the data (%llu bytes); "
@@ -86,8 +85,9 @@ static exl_status parse_tensor(const char *path, const cJSON *item, uint64_t dat
                         path, name, (unsigned long long)b, (unsigned long long)e, (unsigned long long)data_size);
     uint64_t esz = exl_dtype_size(t->dtype);
     if (overflow || numel > UINT64_MAX / esz || numel * esz != e - b)
-        return exl_fail(EXL_ERR_FORMAT, "%s: tensor '%s': shape and dtype %s need %llu bytes but data_offsets span %llu",
-                        path, name, exl_dtype_name(t->dtype), overflow ? 0ull : (unsigned long long)(numel * esz),
+        return exl_fail(EXL_ERR_FORMAT,
+                        "%s: tensor '%s': shape and dtype %s need %llu bytes but data_offsets span %llu", path, name,
+                        exl_dtype_name(t->dtype), overflow ? 0ull : (unsigned long long)(numel * esz),
                         (unsigned long long)(e - b));
     t->offset = b;
     t->nbytes = e - b;
@@ -105,8 +105,7 @@ exl_status exl_st_parse(const char *path, const uint8_t *buf, size_t size, exl_s
         return exl_fail(EXL_ERR_FORMAT, "%s: header length %llu runs past the end of the file (%zu bytes)", path,
                         (unsigned long long)hlen, size);
     if (hlen > MAX_HEADER_BYTES)
-        return exl_fail(EXL_ERR_FORMAT, "%s: header length %llu is implausibly large", path,
-                        (unsigned long long)hlen);
+        return exl_fail(EXL_ERR_FORMAT, "%s: header length %llu is implausibly large", path, (unsigned long long)hlen);
     cJSON *root = cJSON_ParseWithLength((const char *)buf + 8, (size_t)hlen);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
@@ -147,8 +146,7 @@ exl_status exl_st_parse(const char *path, const uint8_t *buf, size_t size, exl_s
         qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_tensor);
         for (int i = 1; i < f->n_tensors; i++)
             if (!strcmp(f->tensors[i - 1].name, f->tensors[i].name)) {
-                st = exl_fail(EXL_ERR_FORMAT, "%s: tensor '%s' appears twice in the header", path,
-                              f->tensors[i].name);
+                st = exl_fail(EXL_ERR_FORMAT, "%s: tensor '%s' appears twice in the header", path, f->tensors[i].name);
                 break;
             }
     }

@@ -14,10 +14,10 @@ typedef struct exl_st_tensor {
     exl_dtype dtype;
     int n_dims;
     int64_t shape[EXL_MAX_DIMS];
-    uint64_t offset;     /* from the start of the data section */
+    uint64_t offset; /* from the start of the data section */
     uint64_t nbytes;
-    const void *data;    /* inside the mapping (NULL for header-only parses) */
-    const char *path;    /* the file it lives in */
+    const void *data; /* inside the mapping (NULL for header-only parses) */
+    const char *path; /* the file it lives in */
 } exl_st_tensor;
 
 typedef struct exl_st_file {
@@ -45,8 +45,8 @@ int64_t exl_st_numel(const exl_st_tensor *t);
  * pointers at write time, which must stay valid until then). */
 typedef struct exl_st_writer exl_st_writer;
 exl_status exl_st_writer_init(exl_st_writer **out);
-exl_status exl_st_writer_add(exl_st_writer *w, const char *name, exl_dtype dtype, int n_dims,
-                             const int64_t *shape, const void *data);
+exl_status exl_st_writer_add(exl_st_writer *w, const char *name, exl_dtype dtype, int n_dims, const int64_t *shape,
+                             const void *data);
 exl_status exl_st_writer_write(exl_st_writer *w, const char *path);
 /* Set the header's __metadata__ to {"format": "pt"} (what transformers and AutoGPTQ write). */
 void exl_st_writer_format_pt(exl_st_writer *w);

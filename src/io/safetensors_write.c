@@ -31,8 +31,8 @@ exl_status exl_st_writer_init(exl_st_writer **out) {
     return *out ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "safetensors writer: out of memory");
 }
 
-exl_status exl_st_writer_add(exl_st_writer *w, const char *name, exl_dtype dtype, int n_dims,
-                             const int64_t *shape, const void *data) {
+exl_status exl_st_writer_add(exl_st_writer *w, const char *name, exl_dtype dtype, int n_dims, const int64_t *shape,
+                             const void *data) {
     if (n_dims < 0 || n_dims > EXL_MAX_DIMS)
         return exl_fail(EXL_ERR_ARG, "safetensors writer: %s: bad rank %d", name, n_dims);
     if (w->n == w->cap) {

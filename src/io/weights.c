@@ -27,8 +27,7 @@ static exl_status add_file(exl_weights *w, const char *path) {
 
 /* The shard file named by a weight_map entry, checked to be a plain name in the model directory. */
 static exl_status shard_name(const char *index_path, const cJSON *it) {
-    if (!cJSON_IsString(it) || strchr(it->valuestring, '/') || !strcmp(it->valuestring, "..") ||
-        !it->valuestring[0])
+    if (!cJSON_IsString(it) || strchr(it->valuestring, '/') || !strcmp(it->valuestring, "..") || !it->valuestring[0])
         return exl_fail(EXL_ERR_FORMAT, "%s: weight_map entry '%s' is not a file name in the model directory",
                         index_path, it->string);
     return EXL_OK;
@@ -217,8 +216,7 @@ exl_status exl_weights_get(const exl_weights *w, const char *name, unsigned allo
     const exl_st_tensor *t = exl_weights_find(w, name);
     *out = NULL;
     if (!t)
-        return exl_fail(EXL_ERR_FORMAT, "%s: missing tensor '%s'", w->n_files ? w->files[0]->path : "weights",
-                        name);
+        return exl_fail(EXL_ERR_FORMAT, "%s: missing tensor '%s'", w->n_files ? w->files[0]->path : "weights", name);
     if (!(allowed_dtypes & (1u << t->dtype)))
         return exl_fail(EXL_ERR_FORMAT, "%s: tensor '%s' has dtype %s, which is not valid for it", t->path, name,
                         exl_dtype_name(t->dtype));

@@ -28,9 +28,9 @@ typedef struct exl_jinja exl_jinja;
 
 /* Bounds on one render; zero fields take the defaults below. */
 typedef struct exl_jinja_limits {
-    uint64_t max_steps;  /* evaluated nodes + loop iterations + copied elements */
-    size_t max_bytes;    /* the output, and any one string or list built on the way */
-    int32_t max_calls;   /* nesting of macro calls */
+    uint64_t max_steps; /* evaluated nodes + loop iterations + copied elements */
+    size_t max_bytes;   /* the output, and any one string or list built on the way */
+    int32_t max_calls;  /* nesting of macro calls */
 } exl_jinja_limits;
 
 #define EXL_JINJA_DEFAULT_STEPS 20000000u
@@ -47,7 +47,6 @@ void exl_jinja_free(exl_jinja *t);
  * integral and within +-2^53 become ints, others floats. *out is a NUL-terminated string
  * to free with exl_free. raise_exception(msg) fails with EXL_ERR_ARG and exactly msg as
  * the message; other errors carry "name:line:col: ". limits may be NULL. */
-exl_status exl_jinja_render(const exl_jinja *t, const cJSON *context, const exl_jinja_limits *limits,
-                            char **out);
+exl_status exl_jinja_render(const exl_jinja *t, const cJSON *context, const exl_jinja_limits *limits, char **out);
 
 #endif

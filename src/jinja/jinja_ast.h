@@ -19,19 +19,19 @@ typedef enum exl_jtok_type {
     EXL_JTOK_BLOCK_BEGIN, /* {% */
     EXL_JTOK_BLOCK_END,   /* %} */
     EXL_JTOK_NAME,
-    EXL_JTOK_STRING,      /* sval/slen: the unescaped text */
+    EXL_JTOK_STRING, /* sval/slen: the unescaped text */
     EXL_JTOK_INT,
     EXL_JTOK_FLOAT,
-    EXL_JTOK_OP,          /* p/len: the operator's spelling */
+    EXL_JTOK_OP, /* p/len: the operator's spelling */
     EXL_JTOK_EOF,
 } exl_jtok_type;
 
 typedef struct exl_jtok {
     exl_jtok_type type;
-    size_t pos;        /* offset in the (normalized) source */
-    const char *p;     /* TEXT, NAME, OP: the bytes in the source */
+    size_t pos;    /* offset in the (normalized) source */
+    const char *p; /* TEXT, NAME, OP: the bytes in the source */
     size_t len;
-    char *sval;        /* STRING: allocated */
+    char *sval; /* STRING: allocated */
     size_t slen;
     int64_t ival;
     double fval;
@@ -46,35 +46,35 @@ typedef struct exl_jtoks {
 
 typedef enum exl_jnode_kind {
     /* statements */
-    EXL_JN_BLOCK,    /* kids: statements */
-    EXL_JN_TEXT,     /* lit */
-    EXL_JN_OUTPUT,   /* kids[0] */
-    EXL_JN_IF,       /* cond, then BLOCK, else BLOCK or NULL */
-    EXL_JN_FOR,      /* target, iterable, filter or NULL, body, else or NULL */
-    EXL_JN_SET,      /* target, value (flag: value is a BLOCK to capture) */
-    EXL_JN_MACRO,    /* name; body, then (param NAME, default or NULL) pairs */
+    EXL_JN_BLOCK,  /* kids: statements */
+    EXL_JN_TEXT,   /* lit */
+    EXL_JN_OUTPUT, /* kids[0] */
+    EXL_JN_IF,     /* cond, then BLOCK, else BLOCK or NULL */
+    EXL_JN_FOR,    /* target, iterable, filter or NULL, body, else or NULL */
+    EXL_JN_SET,    /* target, value (flag: value is a BLOCK to capture) */
+    EXL_JN_MACRO,  /* name; body, then (param NAME, default or NULL) pairs */
     EXL_JN_BREAK,
     EXL_JN_CONTINUE,
     /* expressions */
-    EXL_JN_LIT,      /* lit */
-    EXL_JN_NAME,     /* name */
-    EXL_JN_ATTR,     /* kids[0].name */
-    EXL_JN_ITEM,     /* kids[0][kids[1]] */
-    EXL_JN_SLICE,    /* kids[0][start:stop:step], absent parts NULL */
-    EXL_JN_CALL,     /* kids[0](kids[1..]), kw[i] names keyword arguments */
-    EXL_JN_FILTER,   /* kids[0] | name(kids[1..]) */
-    EXL_JN_TEST,     /* kids[0] is [not] name(kids[1..]); flag: negated */
-    EXL_JN_NEG,      /* -kids[0] */
-    EXL_JN_POS,      /* +kids[0] */
+    EXL_JN_LIT,    /* lit */
+    EXL_JN_NAME,   /* name */
+    EXL_JN_ATTR,   /* kids[0].name */
+    EXL_JN_ITEM,   /* kids[0][kids[1]] */
+    EXL_JN_SLICE,  /* kids[0][start:stop:step], absent parts NULL */
+    EXL_JN_CALL,   /* kids[0](kids[1..]), kw[i] names keyword arguments */
+    EXL_JN_FILTER, /* kids[0] | name(kids[1..]) */
+    EXL_JN_TEST,   /* kids[0] is [not] name(kids[1..]); flag: negated */
+    EXL_JN_NEG,    /* -kids[0] */
+    EXL_JN_POS,    /* +kids[0] */
     EXL_JN_NOT,
     EXL_JN_AND,
     EXL_JN_OR,
-    EXL_JN_BINARY,   /* op: an exl_jop */
-    EXL_JN_COMPARE,  /* kids[0] ops[0] kids[1] ops[1] kids[2] ... */
-    EXL_JN_COND,     /* kids[0] if kids[1] else kids[2] (NULL: undefined) */
+    EXL_JN_BINARY,  /* op: an exl_jop */
+    EXL_JN_COMPARE, /* kids[0] ops[0] kids[1] ops[1] kids[2] ... */
+    EXL_JN_COND,    /* kids[0] if kids[1] else kids[2] (NULL: undefined) */
     EXL_JN_LIST,
     EXL_JN_TUPLE,
-    EXL_JN_DICT,     /* key, value, key, value, ... */
+    EXL_JN_DICT, /* key, value, key, value, ... */
 } exl_jnode_kind;
 
 typedef enum exl_jop {
@@ -98,20 +98,20 @@ typedef enum exl_jop {
 
 typedef struct exl_jnode {
     exl_jnode_kind kind;
-    int op;               /* BINARY */
+    int op; /* BINARY */
     int flag;
-    size_t pos;           /* source offset, for messages */
+    size_t pos; /* source offset, for messages */
     char *name;
-    exl_jv lit;           /* immortal */
+    exl_jv lit; /* immortal */
     struct exl_jnode **kids;
     size_t n_kids;
-    char **kw;            /* NULL, or one (possibly NULL) keyword name per kid */
-    unsigned char *ops;   /* COMPARE: n_kids - 1 operators */
+    char **kw;          /* NULL, or one (possibly NULL) keyword name per kid */
+    unsigned char *ops; /* COMPARE: n_kids - 1 operators */
 } exl_jnode;
 
 struct exl_jinja {
     char *name;
-    char *src;            /* normalized source: \r\n and \r as \n, no trailing newline */
+    char *src; /* normalized source: \r\n and \r as \n, no trailing newline */
     size_t len;
     exl_jnode *root;
 };

@@ -43,8 +43,7 @@ exl_status exl_jctx_charge(exl_jctx *c, const exl_jnode *at, uint64_t units) {
 
 exl_status exl_jctx_check_size(exl_jctx *c, const exl_jnode *at, size_t bytes) {
     if (bytes > c->lim.max_bytes)
-        return exl_jctx_fail(c, at, EXL_ERR_UNSUPPORTED, "value or output larger than %zu bytes",
-                             c->lim.max_bytes);
+        return exl_jctx_fail(c, at, EXL_ERR_UNSUPPORTED, "value or output larger than %zu bytes", c->lim.max_bytes);
     return exl_jctx_charge(c, at, bytes / 64);
 }
 
@@ -322,8 +321,8 @@ exl_status exl_jctx_iterate(exl_jctx *c, const exl_jnode *at, exl_jv v, exl_jv *
 /* ---------------------------------------------------------------- operators */
 
 static exl_status type_error(exl_jctx *c, const exl_jnode *at, const char *op, exl_jv a, exl_jv b) {
-    return exl_jctx_fail(c, at, EXL_ERR_ARG, "unsupported operand types for %s: '%s' and '%s'", op,
-                         exl_jv_type_name(a), exl_jv_type_name(b));
+    return exl_jctx_fail(c, at, EXL_ERR_ARG, "unsupported operand types for %s: '%s' and '%s'", op, exl_jv_type_name(a),
+                         exl_jv_type_name(b));
 }
 
 static int is_intlike(exl_jv v) { return v.type == EXL_JV_INT || v.type == EXL_JV_BOOL; }
@@ -488,8 +487,7 @@ static exl_status contains(exl_jctx *c, const exl_jnode *at, exl_jv item, exl_jv
         *out = item.type == EXL_JV_STR && exl_jdict_get(seq.u.d, item.u.s->data, item.u.s->len);
         return EXL_OK;
     case EXL_JV_UNDEF: return exl_jctx_fail(c, at, EXL_ERR_ARG, "'%s' is undefined", undef_name(seq));
-    default:
-        return exl_jctx_fail(c, at, EXL_ERR_ARG, "argument of type '%s' is not iterable", exl_jv_type_name(seq));
+    default: return exl_jctx_fail(c, at, EXL_ERR_ARG, "argument of type '%s' is not iterable", exl_jv_type_name(seq));
     }
 }
 
@@ -499,12 +497,15 @@ static exl_status compare(exl_jctx *c, const exl_jnode *at, int op, exl_jv a, ex
     case EXL_JOP_EQ: *out = exl_jv_equal(a, b); return EXL_OK;
     case EXL_JOP_NE: *out = !exl_jv_equal(a, b); return EXL_OK;
     case EXL_JOP_IN: return contains(c, at, a, b, out);
-    case EXL_JOP_NOTIN: EXL_TRY(contains(c, at, a, b, out)); *out = !*out; return EXL_OK;
+    case EXL_JOP_NOTIN:
+        EXL_TRY(contains(c, at, a, b, out));
+        *out = !*out;
+        return EXL_OK;
     default: break;
     }
     if (exl_jv_compare(a, b, &cmp) != EXL_OK) {
-        static const char *const sym[] = {[EXL_JOP_LT] = "<", [EXL_JOP_LE] = "<=", [EXL_JOP_GT] = ">",
-                                          [EXL_JOP_GE] = ">="};
+        static const char *const sym[] = {
+            [EXL_JOP_LT] = "<", [EXL_JOP_LE] = "<=", [EXL_JOP_GT] = ">", [EXL_JOP_GE] = ">="};
         return exl_jctx_fail(c, at, EXL_ERR_ARG, "'%s' not supported between '%s' and '%s'", sym[op],
                              exl_jv_type_name(a), exl_jv_type_name(b));
     }
@@ -557,8 +558,7 @@ exl_status exl_jctx_call_macro(exl_jctx *c, const exl_jnode *at, exl_jv macro, c
         }
     }
     if (n_pos > n_params)
-        return exl_jctx_fail(c, at, EXL_ERR_ARG, "macro '%s' takes not more than %zu argument(s)", m->name,
-                             n_params);
+        return exl_jctx_fail(c, at, EXL_ERR_ARG, "macro '%s' takes not more than %zu argument(s)", m->name, n_params);
     size_t saved_floor = c->floor;
     EXL_TRY(push_frame(c, at));
     c->floor = c->n_frames - 1;
@@ -608,8 +608,7 @@ static exl_status eval_call(exl_jctx *c, const exl_jnode *n, exl_jv *out) {
             if (st == EXL_OK && f.type == EXL_JV_MACRO)
                 st = exl_jctx_call_macro(c, n, f, &a, out);
             else if (st == EXL_OK)
-                st = exl_jctx_fail(c, n, EXL_ERR_ARG, "'%s' has no method '%s'", exl_jv_type_name(obj),
-                                   callee->name);
+                st = exl_jctx_fail(c, n, EXL_ERR_ARG, "'%s' has no method '%s'", exl_jv_type_name(obj), callee->name);
             exl_jv_free(f);
         }
     } else if (st == EXL_OK) {

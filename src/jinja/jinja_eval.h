@@ -12,8 +12,8 @@ enum { EXL_JFLOW_NONE, EXL_JFLOW_BREAK, EXL_JFLOW_CONTINUE };
 
 typedef struct exl_jctx {
     const exl_jinja *t;
-    exl_str out;           /* where output goes (swapped while a macro or block set runs) */
-    exl_jdict **frames;    /* frames[0]: the context and top-level sets */
+    exl_str out;        /* where output goes (swapped while a macro or block set runs) */
+    exl_jdict **frames; /* frames[0]: the context and top-level sets */
     size_t n_frames, cap_frames;
     size_t floor;          /* frames below this (except 0) are hidden: a macro's scope */
     exl_jdict *namespaces; /* every namespace() of this render */
@@ -52,20 +52,19 @@ exl_status exl_jctx_iterate(exl_jctx *c, const struct exl_jnode *at, exl_jv v, e
 /* Attribute lookup as `v.name` (dict key, namespace attribute, loop field). */
 exl_status exl_jctx_getattr(exl_jctx *c, const struct exl_jnode *at, exl_jv v, const char *name, exl_jv *out);
 /* Call a macro value with arguments. */
-exl_status exl_jctx_call_macro(exl_jctx *c, const struct exl_jnode *at, exl_jv macro, const exl_jargs *a,
-                               exl_jv *out);
+exl_status exl_jctx_call_macro(exl_jctx *c, const struct exl_jnode *at, exl_jv macro, const exl_jargs *a, exl_jv *out);
 
 /* ---- implemented in jinja_filters.c, jinja_tests.c, jinja_methods.c */
-exl_status exl_jinja_filter(exl_jctx *c, const struct exl_jnode *at, const char *name, exl_jv self,
-                            const exl_jargs *a, exl_jv *out);
-exl_status exl_jinja_test(exl_jctx *c, const struct exl_jnode *at, const char *name, exl_jv self,
-                          const exl_jargs *a, int *out);
+exl_status exl_jinja_filter(exl_jctx *c, const struct exl_jnode *at, const char *name, exl_jv self, const exl_jargs *a,
+                            exl_jv *out);
+exl_status exl_jinja_test(exl_jctx *c, const struct exl_jnode *at, const char *name, exl_jv self, const exl_jargs *a,
+                          int *out);
 /* *found = 0 (and EXL_OK) when self's type has no such method. */
-exl_status exl_jinja_method(exl_jctx *c, const struct exl_jnode *at, exl_jv self, const char *name,
-                            const exl_jargs *a, exl_jv *out, int *found);
-/* Global functions: range, namespace, dict, raise_exception, strftime_now. *found as above. */
-exl_status exl_jinja_global(exl_jctx *c, const struct exl_jnode *at, const char *name, const exl_jargs *a,
+exl_status exl_jinja_method(exl_jctx *c, const struct exl_jnode *at, exl_jv self, const char *name, const exl_jargs *a,
                             exl_jv *out, int *found);
+/* Global functions: range, namespace, dict, raise_exception, strftime_now. *found as above. */
+exl_status exl_jinja_global(exl_jctx *c, const struct exl_jnode *at, const char *name, const exl_jargs *a, exl_jv *out,
+                            int *found);
 
 /* ---- jinja_json.c */
 exl_status exl_jv_from_json(const cJSON *j, exl_jv *out);
@@ -86,8 +85,8 @@ typedef enum exl_jcase {
 } exl_jcase;
 exl_status exl_jtext_case(const char *s, size_t n, exl_jcase mode, exl_str *out);
 /* Python str.strip/lstrip/rstrip: chars NULL strips whitespace. left/right select sides. */
-void exl_jtext_strip(const char *s, size_t n, const char *chars, size_t nchars, int left, int right,
-                     size_t *start, size_t *len);
+void exl_jtext_strip(const char *s, size_t n, const char *chars, size_t nchars, int left, int right, size_t *start,
+                     size_t *len);
 /* Is the code point Python whitespace (str.isspace)? */
 int exl_jtext_is_space(uint32_t cp);
 

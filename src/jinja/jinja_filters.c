@@ -142,8 +142,12 @@ static exl_status f_escape(exl_jctx *c, const exl_jnode *at, exl_jv self, const 
     int err = exl_str_append(&b, "", 0);
     for (size_t i = 0; i < s.u.s->len && !err; i++) {
         char ch = s.u.s->data[i];
-        const char *rep = ch == '&' ? "&amp;" : ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '"' ? "&#34;"
-                        : ch == '\'' ? "&#39;" : NULL;
+        const char *rep = ch == '&'    ? "&amp;"
+                          : ch == '<'  ? "&lt;"
+                          : ch == '>'  ? "&gt;"
+                          : ch == '"'  ? "&#34;"
+                          : ch == '\'' ? "&#39;"
+                                       : NULL;
         err = rep ? exl_str_puts(&b, rep) : exl_str_putc(&b, ch);
     }
     exl_jv_free(s);
@@ -212,7 +216,8 @@ static exl_status f_tojson(exl_jctx *c, const exl_jnode *at, exl_jv self, const 
     if (ind && ind->type == EXL_JV_INT)
         indent = ind->u.i < 0 ? 0 : ind->u.i > 64 ? 64 : (int)ind->u.i;
     exl_str b = EXL_STR_INIT;
-    exl_status st = exl_str_append(&b, "", 0) ? EXL_ERR_NOMEM : exl_jv_write_json(self, indent, flag_arg(a, 99, "sort_keys"), &b);
+    exl_status st = exl_str_append(&b, "", 0) ? EXL_ERR_NOMEM
+                                              : exl_jv_write_json(self, indent, flag_arg(a, 99, "sort_keys"), &b);
     if (st) {
         exl_str_free(&b);
         if (st == EXL_ERR_NOMEM)
@@ -338,8 +343,7 @@ static exl_status f_last(exl_jctx *c, const exl_jnode *at, exl_jv self, const ex
 
 /* Apply per-item work to a materialized sequence: map (kind 0), select/reject by test
  * on the item (1/2) or on an attribute (3/4). */
-static exl_status transform(exl_jctx *c, const exl_jnode *at, exl_jv self, const exl_jargs *a, int kind,
-                            exl_jv *out) {
+static exl_status transform(exl_jctx *c, const exl_jnode *at, exl_jv self, const exl_jargs *a, int kind, exl_jv *out) {
     exl_jv items;
     EXL_TRY(exl_jctx_iterate(c, at, self, &items));
     if (exl_jv_list(0, out)) {
@@ -453,8 +457,8 @@ static exl_status sort_key(exl_jctx *c, const exl_jnode *at, exl_jv item, const 
 }
 
 /* Stable merge sort of idx[0..n) by keys. */
-static exl_status merge_sort(exl_jctx *c, const exl_jnode *at, const exl_jv *keys, size_t *idx, size_t *tmp,
-                             size_t n, int reverse) {
+static exl_status merge_sort(exl_jctx *c, const exl_jnode *at, const exl_jv *keys, size_t *idx, size_t *tmp, size_t n,
+                             int reverse) {
     if (n < 2)
         return EXL_OK;
     size_t h = n / 2;
@@ -648,24 +652,18 @@ static const struct {
     const char *name;
     filter_fn fn;
 } FILTERS[] = {
-    {"abs", f_abs},           {"attr", f_attr},
-    {"capitalize", f_capitalize}, {"count", f_length},
-    {"d", f_default},         {"default", f_default},
-    {"dictsort", f_dictsort}, {"e", f_escape},
-    {"escape", f_escape},     {"first", f_first},
-    {"float", f_float},       {"indent", f_indent},
-    {"int", f_int},           {"items", f_items},
-    {"join", f_join},         {"last", f_last},
-    {"length", f_length},     {"list", f_list},
-    {"lower", f_lower},       {"map", f_map},
-    {"max", f_max},           {"min", f_min},
-    {"reject", f_reject},     {"rejectattr", f_rejectattr},
-    {"replace", f_replace},   {"reverse", f_reverse},
-    {"round", f_round},       {"safe", f_safe},
-    {"select", f_select},     {"selectattr", f_selectattr},
-    {"sort", f_sort},         {"string", f_string},
-    {"sum", f_sum},           {"title", f_title},
-    {"tojson", f_tojson},     {"trim", f_trim},
+    {"abs", f_abs},           {"attr", f_attr},       {"capitalize", f_capitalize},
+    {"count", f_length},      {"d", f_default},       {"default", f_default},
+    {"dictsort", f_dictsort}, {"e", f_escape},        {"escape", f_escape},
+    {"first", f_first},       {"float", f_float},     {"indent", f_indent},
+    {"int", f_int},           {"items", f_items},     {"join", f_join},
+    {"last", f_last},         {"length", f_length},   {"list", f_list},
+    {"lower", f_lower},       {"map", f_map},         {"max", f_max},
+    {"min", f_min},           {"reject", f_reject},   {"rejectattr", f_rejectattr},
+    {"replace", f_replace},   {"reverse", f_reverse}, {"round", f_round},
+    {"safe", f_safe},         {"select", f_select},   {"selectattr", f_selectattr},
+    {"sort", f_sort},         {"string", f_string},   {"sum", f_sum},
+    {"title", f_title},       {"tojson", f_tojson},   {"trim", f_trim},
     {"unique", f_unique},     {"upper", f_upper},
 };
 

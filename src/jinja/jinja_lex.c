@@ -145,8 +145,8 @@ static exl_status lex_string(lexer *lx, size_t *pos) {
         }
     }
     buf[o] = 0;
-    exl_jtok tok = {.type = EXL_JTOK_STRING, .pos = start, .p = lx->s + start, .len = i + 1 - start,
-                    .sval = buf, .slen = o};
+    exl_jtok tok = {
+        .type = EXL_JTOK_STRING, .pos = start, .p = lx->s + start, .len = i + 1 - start, .sval = buf, .slen = o};
     *pos = i + 1;
     return push(lx, tok);
 }
@@ -182,7 +182,9 @@ static exl_status lex_number(lexer *lx, size_t *pos) {
             buf[o++] = lx->s[j];
         }
     buf[o] = 0;
-    exl_jtok tok = {.type = is_float ? EXL_JTOK_FLOAT : EXL_JTOK_INT, .pos = start, .p = lx->s + start,
+    exl_jtok tok = {.type = is_float ? EXL_JTOK_FLOAT : EXL_JTOK_INT,
+                    .pos = start,
+                    .p = lx->s + start,
                     .len = i - start};
     if (is_float) {
         tok.fval = strtod(buf, NULL);
@@ -199,8 +201,8 @@ static exl_status lex_number(lexer *lx, size_t *pos) {
 
 /* ---------------------------------------------------------------- tags */
 
-static const char *const OPS[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<", ">",
-                                  "=", "(", ")", "[", "]", "{", "}", ",", ".", ":", "|"};
+static const char *const OPS[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<",
+                                  ">",  "=",  "(",  ")",  "[",  "]",  "{", "}", ",", ".", ":", "|"};
 
 /* Tokens of one {{ }} or {% %} tag starting after its opening marker. On return *pos is
  * past the end marker, *strip_after says it was -}} / -%}, *keep_nl that it was +%}. */
@@ -212,8 +214,9 @@ static exl_status lex_tag(lexer *lx, size_t *pos, int is_block, int *strip_after
         while (i < lx->n && is_space(lx->s[i]))
             i++;
         if (i >= lx->n)
-            return lex_fail(lx, i, is_block ? "unexpected end of template, expected '%}'"
-                                            : "unexpected end of template, expected '}}'");
+            return lex_fail(lx, i,
+                            is_block ? "unexpected end of template, expected '%}'"
+                                     : "unexpected end of template, expected '}}'");
         const char *c = lx->s + i;
         size_t left = lx->n - i;
         if (depth == 0) {

@@ -15,8 +15,7 @@
 static exl_status want_str(exl_jctx *c, const exl_jnode *at, const exl_jv *v, const char *what) {
     if (v && v->type == EXL_JV_STR)
         return EXL_OK;
-    return exl_jctx_fail(c, at, EXL_ERR_ARG, "%s must be a string, not %s", what,
-                         v ? exl_jv_type_name(*v) : "missing");
+    return exl_jctx_fail(c, at, EXL_ERR_ARG, "%s must be a string, not %s", what, v ? exl_jv_type_name(*v) : "missing");
 }
 
 static exl_status new_str(exl_jctx *c, const exl_jnode *at, const char *s, size_t n, exl_jv *out) {
@@ -49,8 +48,7 @@ static int64_t int_arg(const exl_jv *v, int64_t def) {
 
 /* ---------------------------------------------------------------- str methods */
 
-static exl_status str_split(exl_jctx *c, const exl_jnode *at, const exl_jstr *s, const exl_jargs *a,
-                            exl_jv *out) {
+static exl_status str_split(exl_jctx *c, const exl_jnode *at, const exl_jstr *s, const exl_jargs *a, exl_jv *out) {
     const exl_jv *sep = exl_jargs_get(a, 0, "sep");
     int64_t max = int_arg(exl_jargs_get(a, 1, "maxsplit"), -1);
     if (sep && sep->type == EXL_JV_NONE)
@@ -320,8 +318,8 @@ static exl_status str_method(exl_jctx *c, const exl_jnode *at, const exl_jstr *s
 
 /* ---------------------------------------------------------------- dict and loop methods */
 
-static exl_status dict_method(exl_jctx *c, const exl_jnode *at, const exl_jdict *d, const char *m,
-                              const exl_jargs *a, exl_jv *out, int *found) {
+static exl_status dict_method(exl_jctx *c, const exl_jnode *at, const exl_jdict *d, const char *m, const exl_jargs *a,
+                              exl_jv *out, int *found) {
     *found = 1;
     if (!strcmp(m, "get")) {
         const exl_jv *k = exl_jargs_get(a, 0, NULL), *def = exl_jargs_get(a, 1, "default");
@@ -380,8 +378,8 @@ exl_status exl_jinja_method(exl_jctx *c, const exl_jnode *at, exl_jv self, const
             *out = exl_jv_ref(a->v[self.u.loop->index0 % a->n]);
         }
         return EXL_OK;
-    case EXL_JV_UNDEF: return exl_jctx_fail(c, at, EXL_ERR_ARG, "'%s' is undefined",
-                                            self.u.undef_name ? self.u.undef_name : "value");
+    case EXL_JV_UNDEF:
+        return exl_jctx_fail(c, at, EXL_ERR_ARG, "'%s' is undefined", self.u.undef_name ? self.u.undef_name : "value");
     default: return EXL_OK;
     }
 }
@@ -404,10 +402,11 @@ static exl_status global_range(exl_jctx *c, const exl_jnode *at, const exl_jargs
     }
     if (step == 0)
         return exl_jctx_fail(c, at, EXL_ERR_ARG, "range() step must not be zero");
-    double count = step > 0 ? ((double)stop - (double)start) / (double)step : ((double)start - (double)stop) / (double)-step;
+    double count = step > 0 ? ((double)stop - (double)start) / (double)step
+                            : ((double)start - (double)stop) / (double)-step;
     if (count > 0)
-        EXL_TRY(exl_jctx_check_size(c, at, count * sizeof(exl_jv) > (double)SIZE_MAX / 2 ? SIZE_MAX
-                                                                                         : (size_t)(count + 1) * sizeof(exl_jv)));
+        EXL_TRY(exl_jctx_check_size(
+            c, at, count * sizeof(exl_jv) > (double)SIZE_MAX / 2 ? SIZE_MAX : (size_t)(count + 1) * sizeof(exl_jv)));
     EXL_TRY(new_list(c, at, out));
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
         if (exl_jlist_push(out->u.l, exl_jv_int(i))) {

@@ -462,11 +462,10 @@ static exl_jnode *parse_filter_or_test(parser *p, exl_jnode *operand, exl_jnode_
     }
     /* A test takes one argument without parentheses: `x is divisibleby 3`. */
     exl_jtok *a = cur(p);
-    if (kind == EXL_JN_TEST &&
-        ((a->type == EXL_JTOK_NAME && !is_kw(p, "else") && !is_kw(p, "or") && !is_kw(p, "and") &&
-          !is_kw(p, "if") && !is_kw(p, "is") && !is_kw(p, "in") && !is_kw(p, "not")) ||
-         a->type == EXL_JTOK_STRING || a->type == EXL_JTOK_INT || a->type == EXL_JTOK_FLOAT || is_op(p, "[") ||
-         is_op(p, "{"))) {
+    if (kind == EXL_JN_TEST && ((a->type == EXL_JTOK_NAME && !is_kw(p, "else") && !is_kw(p, "or") && !is_kw(p, "and") &&
+                                 !is_kw(p, "if") && !is_kw(p, "is") && !is_kw(p, "in") && !is_kw(p, "not")) ||
+                                a->type == EXL_JTOK_STRING || a->type == EXL_JTOK_INT || a->type == EXL_JTOK_FLOAT ||
+                                is_op(p, "[") || is_op(p, "{"))) {
         if (add(p, n, parse_postfix(p, parse_primary(p)))) {
             exl_jnode_free(n);
             return NULL;
@@ -530,8 +529,8 @@ static exl_jnode *parse_pow(parser *p) {
     return parse_binary(p, ops, parse_unary_f);
 }
 static exl_jnode *parse_math2(parser *p) {
-    static const binop ops[] = {{"*", EXL_JOP_MUL}, {"//", EXL_JOP_FLOORDIV}, {"/", EXL_JOP_DIV}, {"%", EXL_JOP_MOD},
-                                {NULL, 0}};
+    static const binop ops[] = {
+        {"*", EXL_JOP_MUL}, {"//", EXL_JOP_FLOORDIV}, {"/", EXL_JOP_DIV}, {"%", EXL_JOP_MOD}, {NULL, 0}};
     return parse_binary(p, ops, parse_pow);
 }
 static exl_jnode *parse_concat(parser *p) {
@@ -887,8 +886,8 @@ static exl_jnode *parse_statement(parser *p) {
         exl_jnode *body = expect_end(p) ? parse_body(p, endgen, &which) : NULL;
         return end_tag(p, body) ? NULL : body;
     }
-    static const char *const unsupported[] = {"include", "extends", "import", "from", "block", "call",
-                                              "filter", "with", "autoescape", NULL};
+    static const char *const unsupported[] = {"include", "extends", "import", "from",       "block",
+                                              "call",    "filter",  "with",   "autoescape", NULL};
     for (const char *const *u = unsupported; *u; u++)
         if (tok_is(t, EXL_JTOK_NAME, *u))
             return fail_at(p, pos, EXL_ERR_UNSUPPORTED, "the '%s' tag is not supported", *u);

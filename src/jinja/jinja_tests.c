@@ -4,12 +4,12 @@
 
 #include <string.h>
 
-static int cmp_test(exl_jctx *c, const exl_jnode *at, const char *name, exl_jv self, const exl_jv *other,
-                    int *out, exl_status *st) {
+static int cmp_test(exl_jctx *c, const exl_jnode *at, const char *name, exl_jv self, const exl_jv *other, int *out,
+                    exl_status *st) {
     static const struct {
         const char *names[3];
         int ord; /* 0: ==, 1: !=, 2: <, 3: <=, 4: >, 5: >= */
-    } tests[] = {{{"eq", "equalto", "=="}, 0}, {{"ne", "!=", NULL}, 1},   {{"lt", "lessthan", "<"}, 2},
+    } tests[] = {{{"eq", "equalto", "=="}, 0}, {{"ne", "!=", NULL}, 1},         {{"lt", "lessthan", "<"}, 2},
                  {{"le", "<=", NULL}, 3},      {{"gt", "greaterthan", ">"}, 4}, {{"ge", ">=", NULL}, 5}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         for (int k = 0; k < 3; k++) {

@@ -94,8 +94,8 @@ static int in_set(int32_t cp, const char *chars, size_t nchars) {
     return 0;
 }
 
-void exl_jtext_strip(const char *s, size_t n, const char *chars, size_t nchars, int left, int right,
-                     size_t *start, size_t *len) {
+void exl_jtext_strip(const char *s, size_t n, const char *chars, size_t nchars, int left, int right, size_t *start,
+                     size_t *len) {
     size_t a = 0, b = n;
     while (left && a < b) {
         int32_t cp;

@@ -53,7 +53,7 @@ typedef struct exl_jdict {
     size_t n, cap;
     exl_jstr **keys;
     exl_jv *vals;
-    size_t *index;             /* open-addressing hash of key positions + 1, from 16 keys on */
+    size_t *index; /* open-addressing hash of key positions + 1, from 16 keys on */
     size_t index_cap;
     struct exl_jdict *next_ns; /* namespaces only: the render's chain */
 } exl_jdict;
@@ -83,11 +83,26 @@ struct exl_jv {
 };
 
 /* ---- construction */
-static inline exl_jv exl_jv_undef(const char *name) { exl_jv v = {EXL_JV_UNDEF, {.undef_name = name}}; return v; }
-static inline exl_jv exl_jv_none(void) { exl_jv v = {EXL_JV_NONE, {.i = 0}}; return v; }
-static inline exl_jv exl_jv_bool(int b) { exl_jv v = {EXL_JV_BOOL, {.b = b != 0}}; return v; }
-static inline exl_jv exl_jv_int(int64_t i) { exl_jv v = {EXL_JV_INT, {.i = i}}; return v; }
-static inline exl_jv exl_jv_float(double f) { exl_jv v = {EXL_JV_FLOAT, {.f = f}}; return v; }
+static inline exl_jv exl_jv_undef(const char *name) {
+    exl_jv v = {EXL_JV_UNDEF, {.undef_name = name}};
+    return v;
+}
+static inline exl_jv exl_jv_none(void) {
+    exl_jv v = {EXL_JV_NONE, {.i = 0}};
+    return v;
+}
+static inline exl_jv exl_jv_bool(int b) {
+    exl_jv v = {EXL_JV_BOOL, {.b = b != 0}};
+    return v;
+}
+static inline exl_jv exl_jv_int(int64_t i) {
+    exl_jv v = {EXL_JV_INT, {.i = i}};
+    return v;
+}
+static inline exl_jv exl_jv_float(double f) {
+    exl_jv v = {EXL_JV_FLOAT, {.f = f}};
+    return v;
+}
 
 /* A new string value holding a copy of s[0..n). */
 exl_status exl_jv_str(const char *s, size_t n, exl_jv *out);

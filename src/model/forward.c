@@ -8,9 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-
 int32_t exl_model_max_rows(const exl_model *m) { return m->fs.max_rows; }
-
 
 static exl_status alloc_buf(exl_model *m, void **p, size_t bytes) {
     *p = m->be->ops->alloc(m->be, bytes);
@@ -87,10 +85,27 @@ exl_status exl_model_alloc_forward(exl_model *m) {
 void exl_model_free_forward(exl_model *m) {
     exl_backend *be = m->be;
     exl_forward_scratch *s = &m->fs;
-    void *bufs[] = {s->x,      s->h,        s->q,          s->k,         s->v,           s->attn,
-                    s->gate,   s->up,       s->sel,        s->logits,    s->table,       s->rope[0].inv_freq,
-                    s->rope[1].inv_freq,    s->fused,      s->router,    s->route_weights, s->route_ids,
-                    s->moe_xs, s->moe_gate, s->moe_up,     s->moe_slots};
+    void *bufs[] = {s->x,
+                    s->h,
+                    s->q,
+                    s->k,
+                    s->v,
+                    s->attn,
+                    s->gate,
+                    s->up,
+                    s->sel,
+                    s->logits,
+                    s->table,
+                    s->rope[0].inv_freq,
+                    s->rope[1].inv_freq,
+                    s->fused,
+                    s->router,
+                    s->route_weights,
+                    s->route_ids,
+                    s->moe_xs,
+                    s->moe_gate,
+                    s->moe_up,
+                    s->moe_slots};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
@@ -183,8 +198,8 @@ static exl_status check_fed(const exl_model *m, const exl_seq_step *steps, int32
     return EXL_OK;
 }
 
-static exl_status check_steps(const exl_model *m, const exl_kv_cache *cache, const exl_seq_step *steps,
-                              int32_t n_seqs, int32_t *rows, int32_t *pages, int32_t *n_logits) {
+static exl_status check_steps(const exl_model *m, const exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                              int32_t *rows, int32_t *pages, int32_t *n_logits) {
     *rows = *pages = *n_logits = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
         const exl_seq_step *st = &steps[i];
@@ -270,8 +285,8 @@ static exl_status build_batch(exl_model *m, const exl_kv_cache *cache, const exl
 
 /* ---- the step's graph (backend/graph.h) */
 
-exl_status exl_model_begin_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
-                                int ahead, int32_t *n_logits) {
+exl_status exl_model_begin_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs, int ahead,
+                                int32_t *n_logits) {
     int32_t rows, n_pages;
     int fed;
     EXL_TRY(check_fed(m, steps, n_seqs, &fed));

@@ -84,8 +84,7 @@ static exl_status load_dense_mlp(exl_model *m, const char *prefix, exl_layer *l)
     }
     EXL_TRY(exl_model_load_linear(m, NAME("mlp.gate_up_proj"), c->hidden_size, 2 * (int64_t)c->intermediate_size,
                                   c->mlp_bias, &l->gate_up));
-    return exl_model_load_linear(m, NAME("mlp.down_proj"), c->intermediate_size, c->hidden_size, c->mlp_bias,
-                                 &l->down);
+    return exl_model_load_linear(m, NAME("mlp.down_proj"), c->intermediate_size, c->hidden_size, c->mlp_bias, &l->down);
 }
 
 /* Mixtral: block_sparse_moe.{gate, experts.N.w1/w2/w3}; Qwen MoE: mlp.{gate, experts.N.*_proj, shared_expert.*,

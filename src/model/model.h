@@ -11,17 +11,17 @@ typedef struct exl_layer {
     exl_vector *attn_norm; /* input_layernorm */
     exl_vector *mlp_norm;  /* the norm before the MLP: post_attention_layernorm, Gemma 2/3's pre_feedforward */
     exl_linear *q, *k, *v, *o;
-    exl_linear *qkv;       /* cfg.fused_qkv (Phi-3): one linear giving q, then k, then v (q, k, v are NULL) */
+    exl_linear *qkv;             /* cfg.fused_qkv (Phi-3): one linear giving q, then k, then v (q, k, v are NULL) */
     exl_vector *q_norm, *k_norm; /* cfg.qk_norm: RMSNorm weights of head_dim, applied to each head */
     exl_vector *post_attn_norm;  /* cfg.sandwich_norms: on the attention output before the residual add */
     exl_vector *post_mlp_norm;   /* cfg.sandwich_norms: on the MLP output before the residual add */
     /* dense MLP (a layer that is not MoE) */
     exl_linear *gate, *up, *down;
-    exl_linear *gate_up;   /* cfg.fused_gate_up (Phi-3): gate rows, then up rows (gate, up are NULL) */
+    exl_linear *gate_up; /* cfg.fused_gate_up (Phi-3): gate rows, then up rows (gate, up are NULL) */
     /* mixture of experts (cfg.layers[i].moe) */
-    exl_linear *router;    /* hidden -> n_experts logits */
-    exl_expert *experts;   /* cfg.moe.n_experts of them */
-    exl_expert shared;     /* Qwen2-MoE: the shared expert every token runs (cfg.moe.shared_ffn) */
+    exl_linear *router;      /* hidden -> n_experts logits */
+    exl_expert *experts;     /* cfg.moe.n_experts of them */
+    exl_expert shared;       /* Qwen2-MoE: the shared expert every token runs (cfg.moe.shared_ffn) */
     exl_linear *shared_gate; /* Qwen2-MoE: hidden -> 1, the sigmoid weight of the shared expert's output */
 } exl_layer;
 
@@ -119,13 +119,13 @@ exl_status exl_kv_cache_check_fits(const exl_model *m, int64_t bytes, int64_t to
 
 /* One sequence's part of a forward step, as the caller (session, generator) sees it. */
 typedef struct exl_seq_step {
-    const int32_t *ids;   /* n_new host token ids; NULL: the token exl_model_forward_argmax chose in
+    const int32_t *ids; /* n_new host token ids; NULL: the token exl_model_forward_argmax chose in
                            * the step before for this sequence's row (see there) */
     int32_t n_new;
     int32_t n_past;       /* tokens already in the cache */
     const int32_t *pages; /* host page table covering n_past + n_new tokens */
     int32_t n_pages;
-    int want_logits;      /* 0: none, 1: last new token only, 2: every new token */
+    int want_logits; /* 0: none, 1: last new token only, 2: every new token */
 } exl_seq_step;
 
 /* The rows of logits a sequence's step asks for. */
@@ -174,13 +174,12 @@ exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const 
  *   nodes added: the embedding, exl_model_layer_graph for each layer, the head (exl_model_forward_to_logits),
  *   or any part of that (exl_model_layer_forward: one layer);
  *   exl_model_run_graph. */
-exl_status exl_model_begin_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
-                                int ahead, int32_t *n_logits);
+exl_status exl_model_begin_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs, int ahead,
+                                int32_t *n_logits);
 /* Append decoder layer li, with weights l (the model's own or others of the same shapes; a block whose input norm,
  * attn_norm or mlp_norm, is NULL left out) and the cache's layer li, over the hidden states in m->fs.x of g's batch,
  * to g (layer_graph.c). */
-exl_status exl_model_layer_graph(exl_model *m, const exl_layer *l, int32_t li, const exl_kv_cache *cache,
-                                 exl_graph *g);
+exl_status exl_model_layer_graph(exl_model *m, const exl_layer *l, int32_t li, const exl_kv_cache *cache, exl_graph *g);
 /* Run g: with a hook, node by node through the generic executor (no backend fusions), calling it before each
  * matmul; without, through the backend's graph_run where it has one. */
 exl_status exl_model_run_graph(exl_model *m, const exl_graph *g, exl_linear_hook hook, void *user);

@@ -51,7 +51,9 @@ static exl_status embedding_source(const exl_model *m, const char *prefix, exl_l
     snprintf(name, sizeof name, "%sembed_tokens.weight", prefix);
     int64_t shape[2] = {c->vocab_size, c->hidden_size};
     EXL_TRY(exl_weights_get(m->weights, name, EXL_DTYPES_FLOAT, 2, shape, &t));
-    *src = (exl_linear_src){.kind = EXL_LINEAR_DENSE, .in_features = c->hidden_size, .out_features = c->vocab_size,
+    *src = (exl_linear_src){.kind = EXL_LINEAR_DENSE,
+                            .in_features = c->hidden_size,
+                            .out_features = c->vocab_size,
                             .dense = {t->dtype, t->data}};
     return EXL_OK;
 }
@@ -91,8 +93,8 @@ static exl_status load_embedding(exl_model *m, const char *prefix) {
 static exl_status check_config(const exl_model *m) {
     const exl_hf_config *c = &m->cfg;
     if (c->head_dim > 1024)
-        return exl_fail(EXL_ERR_UNSUPPORTED, "%s/config.json: head_dim %d is larger than exl supports (1024)",
-                        m->dir, c->head_dim);
+        return exl_fail(EXL_ERR_UNSUPPORTED, "%s/config.json: head_dim %d is larger than exl supports (1024)", m->dir,
+                        c->head_dim);
     if (m->rot_dim < 2 || m->rot_dim > c->head_dim)
         return exl_fail(EXL_ERR_FORMAT, "%s/config.json: partial_rotary_factor gives a rotary size of %d", m->dir,
                         m->rot_dim);

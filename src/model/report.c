@@ -84,12 +84,12 @@ static void kind_of(const char *name, char *out, size_t cap) {
 /* The linear layers of one kind. */
 typedef struct linear_group {
     char kind[64];
-    const char *formats[4];  /* "EXL2", "GPTQ" or a dense dtype's name, in order of appearance */
+    const char *formats[4]; /* "EXL2", "GPTQ" or a dense dtype's name, in order of appearance */
     int32_t n_formats, count;
-    int64_t in, out;         /* -1: not the same in every layer */
+    int64_t in, out; /* -1: not the same in every layer */
     double bpw_min, bpw_max;
-    int bits_min, bits_max;  /* code widths (0: none quantized) */
-    double bits;             /* storage, all layers */
+    int bits_min, bits_max; /* code widths (0: none quantized) */
+    double bits;            /* storage, all layers */
 } linear_group;
 
 static void group_add(linear_group *g, const exl_linear_src *src, const exl_quant_stats *st) {
@@ -141,8 +141,8 @@ static int group_line(exl_str *s, const linear_group *g, int kind_width) {
         snprintf(size, sizeof size, "%.2f MiB", bytes / 1048576);
     else
         snprintf(size, sizeof size, "%.1f KiB", bytes / 1024);
-    return exl_str_printf(s, "  %-*s %5d  %-10s %s %-12s %-6s %s\n", kind_width, g->kind, (int)g->count, formats,
-                          shape, bpw, codes, size);
+    return exl_str_printf(s, "  %-*s %5d  %-10s %s %-12s %-6s %s\n", kind_width, g->kind, (int)g->count, formats, shape,
+                          bpw, codes, size);
 }
 
 /* One line per kind of linear layer: count, formats, shape, bits per weight (range), code widths, size. */
@@ -282,8 +282,8 @@ static int layout_lines(exl_str *s, const exl_hf_config *c) {
     if (c->moe.n_experts) {
         const exl_moe_config *e = &c->moe;
         bad |= exl_str_printf(s, "experts:      %d per MoE layer, top-%d%s, expert ffn %d, %d of %d layers MoE",
-                              e->n_experts, e->top_k, e->norm_topk_prob ? " (weights renormalized)" : "",
-                              e->expert_ffn, e->n_moe_layers, c->n_layers);
+                              e->n_experts, e->top_k, e->norm_topk_prob ? " (weights renormalized)" : "", e->expert_ffn,
+                              e->n_moe_layers, c->n_layers);
         if (e->shared_ffn)
             bad |= exl_str_printf(s, ", shared expert ffn %d with a sigmoid gate", e->shared_ffn);
         bad |= exl_str_putc(s, '\n');

@@ -3,9 +3,7 @@
 
 #include <math.h>
 
-static double yarn_mscale(double scale, double mscale) {
-    return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
-}
+static double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0; }
 
 static double yarn_correction_dim(double rotations, int32_t dim, double base, double max_pos) {
     return (dim * log(max_pos / (rotations * 2 * M_PI))) / (2 * log(base));
@@ -27,8 +25,7 @@ void exl_rope_frequencies(const exl_hf_config *cfg, const exl_rope_config *r, in
 
     switch (r->type) {
     case EXL_ROPE_DEFAULT:
-    case EXL_ROPE_DYNAMIC:
-        break;
+    case EXL_ROPE_DYNAMIC: break;
     case EXL_ROPE_LINEAR:
         for (int32_t i = 0; i < half; i++)
             inv_freq[i] = inv_freq[i] / (float)r->factor;

@@ -37,21 +37,21 @@ typedef struct oai_run {
     exl_oai_header hdr;
     exl_stream *stream;
     int32_t n_prompts;
-    exl_chat_prompt chat;     /* chat: the prompt (prompt_ids[0] points at its ids) and its stops */
-    int32_t **prompt_ids;     /* [n_prompts]; owned for completions */
+    exl_chat_prompt chat; /* chat: the prompt (prompt_ids[0] points at its ids) and its stops */
+    int32_t **prompt_ids; /* [n_prompts]; owned for completions */
     int32_t *prompt_len;
     int32_t n_choices;
-    exl_oai_choice *choices;  /* [n_choices] */
+    exl_oai_choice *choices; /* [n_choices] */
     int32_t n_done;
-    double received;          /* when the request arrived, for the time to first token */
-    double *last_token;       /* [n_choices]: when each choice's latest token came, 0 = none yet */
+    double received;    /* when the request arrived, for the time to first token */
+    double *last_token; /* [n_choices]: when each choice's latest token came, 0 = none yet */
     int any_token;
-    int opened;               /* streams: the opening chunks are out */
+    int opened;                 /* streams: the opening chunks are out */
     exl_constraint *constraint; /* response_format or a forced tool call; NULL: free text */
     int tool_mode;              /* tools offered: replies are parsed for calls */
     exl_tool_format tool_fmt;
-    exl_chat_message *msgs;     /* the conversation as the template gets it, when it differs from the request's */
-    exl_str *owned;             /* texts msgs points at */
+    exl_chat_message *msgs; /* the conversation as the template gets it, when it differs from the request's */
+    exl_str *owned;         /* texts msgs points at */
     int32_t n_owned;
 } oai_run;
 
@@ -288,7 +288,6 @@ static exl_oai_usage usage_of(const oai_run *r) {
     return u;
 }
 
-
 static int32_t max_new_tokens(const oai_run *r, int32_t choice) {
     const exl_oai_request *q = &r->req;
     int32_t room = r->srv->ctx - r->prompt_len[choice / q->n];
@@ -347,8 +346,9 @@ static int submit_jobs(oai_run *r, exl_http_conn *conn, exl_oai_error *err) {
         jp.sampling = q->sampling;
         jp.constraint = r->constraint;
         /* the n choices of one seed differ from each other, and repeat across requests */
-        jp.sampling.seed = q->has_seed ? q->sampling.seed + (uint64_t)k
-                                       : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + atomic_fetch_add(&srv->next_id, 1);
+        jp.sampling.seed = q->has_seed
+                               ? q->sampling.seed + (uint64_t)k
+                               : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + atomic_fetch_add(&srv->next_id, 1);
         if (exl_engine_submit(srv->engine, &jp, &r->stream->slots[i]) != EXL_OK)
             return exl_oai_bad_param(err, NULL, "%s", exl_last_error());
     }
@@ -427,8 +427,8 @@ static int absorb(oai_run *r, exl_stream_event *e, exl_str *out, exl_oai_error *
     if (r->tool_mode && finish_tools(r, e->index, out))
         return nomem(err);
     const char *finish = c->calls.n ? "tool_calls" : exl_oai_finish_str(e->finish);
-    if (r->req.stream && exl_oai_chunk_append(out, &r->hdr, e->index, 0, r->req.kind == EXL_OAI_CHAT ? NULL : "",
-                                              0, NULL, finish, r->req.include_usage))
+    if (r->req.stream && exl_oai_chunk_append(out, &r->hdr, e->index, 0, r->req.kind == EXL_OAI_CHAT ? NULL : "", 0,
+                                              NULL, finish, r->req.include_usage))
         return nomem(err);
     return 0;
 }
@@ -520,8 +520,7 @@ static int start(oai_run *r, const exl_http_request *req, exl_oai_error *err) {
         return -1;
     if (r->req.model && strcmp(r->req.model, srv->model_name))
         return exl_oai_fail(err, 404, "invalid_request_error", "model", "model_not_found",
-                            "The model '%.200s' does not exist (this server has '%s')", r->req.model,
-                            srv->model_name);
+                            "The model '%.200s' does not exist (this server has '%s')", r->req.model, srv->model_name);
     return make_prompts(r, err) || make_constraint(r, err) || submit_jobs(r, req->conn, err) ? -1 : 0;
 }
 

@@ -18,7 +18,7 @@
 
 #define READ_CHUNK 16384
 #define LINGER_S 3.0
-#define READS_PER_EVENT 16 /* then the event thread moves on to other connections */
+#define READS_PER_EVENT 16        /* then the event thread moves on to other connections */
 #define BODY_BUDGET (256LL << 20) /* request bodies held at once, at least (4 x max_body when more) */
 
 exl_http_conn *http_conn_new(exl_http *h, int fd, http_peer *peer) {

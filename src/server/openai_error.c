@@ -19,8 +19,8 @@ __attribute__((format(printf, 6, 0))) static int vfail(exl_oai_error *err, int s
     return -1;
 }
 
-int exl_oai_fail(exl_oai_error *err, int status, const char *type, const char *param, const char *code,
-                 const char *fmt, ...) {
+int exl_oai_fail(exl_oai_error *err, int status, const char *type, const char *param, const char *code, const char *fmt,
+                 ...) {
     va_list ap;
     va_start(ap, fmt);
     vfail(err, status, type, param, code, fmt, ap);

@@ -25,8 +25,7 @@ static const cJSON *field(const cJSON *root, const char *name) {
 }
 
 /* 1 when set, 0 when absent, -1 (err filled) when of the wrong type or out of [lo, hi]. */
-static int opt_number(const cJSON *root, const char *name, double lo, double hi, double *out,
-                      exl_oai_error *err) {
+static int opt_number(const cJSON *root, const char *name, double lo, double hi, double *out, exl_oai_error *err) {
     const cJSON *f = field(root, name);
     if (!f)
         return 0;
@@ -71,9 +70,7 @@ static int opt_string(const cJSON *root, const char *name, const char **out, exl
     return 1;
 }
 
-static int nomem(exl_oai_error *err) {
-    return exl_oai_fail(err, 500, "server_error", NULL, NULL, "out of memory");
-}
+static int nomem(exl_oai_error *err) { return exl_oai_fail(err, 500, "server_error", NULL, NULL, "out of memory"); }
 
 /* ---------------------------------------------------------------- prompts and messages */
 
@@ -258,8 +255,8 @@ static int parse_logit_bias(exl_oai_request *r, int32_t vocab, exl_oai_error *er
         char *end;
         long id = strtol(e->string, &end, 10);
         if (!*e->string || *end || id < 0 || id >= vocab)
-            return exl_oai_bad_param(err, "logit_bias", "logit_bias key '%.64s' is not a token id in 0..%d",
-                                     e->string, (int)vocab - 1);
+            return exl_oai_bad_param(err, "logit_bias", "logit_bias key '%.64s' is not a token id in 0..%d", e->string,
+                                     (int)vocab - 1);
         if (!cJSON_IsNumber(e) || !(e->valuedouble >= -100 && e->valuedouble <= 100))
             return exl_oai_bad_param(err, "logit_bias", "logit_bias values must be numbers in [-100, 100]");
         exl_logit_bias *lb = &r->bias[r->sampling.n_logit_bias++];
@@ -421,9 +418,9 @@ static int parse_tool_choice(exl_oai_request *r, exl_oai_error *err) {
         return exl_oai_bad_param(err, "tool_choice", "'tool_choice' other than none needs 'tools'");
     int found = r->tool_choice != EXL_OAI_TOOLS_NAMED;
     for (const cJSON *t = r->tools ? r->tools->child : NULL; t && !found; t = t->next)
-        found = !strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name")
-                            ->valuestring,
-                        r->tool_name);
+        found = !strcmp(
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name")->valuestring,
+            r->tool_name);
     if (!found)
         return exl_oai_bad_param(err, "tool_choice", "no tool is named '%.64s'", r->tool_name);
     return 0;

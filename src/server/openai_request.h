@@ -38,30 +38,30 @@ typedef enum exl_oai_format {
 
 typedef struct exl_oai_request {
     exl_oai_kind kind;
-    cJSON *root;                /* the parsed body; strings below point into it */
-    const char *model;          /* NULL when not given */
-    exl_oai_prompt *prompts;    /* completions: one per prompt */
+    cJSON *root;             /* the parsed body; strings below point into it */
+    const char *model;       /* NULL when not given */
+    exl_oai_prompt *prompts; /* completions: one per prompt */
     int32_t n_prompts;
     exl_chat_message *messages; /* chat */
     char **contents;            /* owned message texts (content parts joined) */
     char **tool_calls;          /* owned: each assistant message's tool_calls as JSON text, or NULL */
     int32_t n_messages;
-    const cJSON *tools;         /* chat: the tools list, NULL when none */
+    const cJSON *tools; /* chat: the tools list, NULL when none */
     exl_oai_tool_choice tool_choice;
-    const char *tool_name;      /* EXL_OAI_TOOLS_NAMED: the function */
+    const char *tool_name; /* EXL_OAI_TOOLS_NAMED: the function */
     int parallel_tool_calls;
     exl_oai_format format;
-    const cJSON *schema;        /* EXL_OAI_FORMAT_JSON_SCHEMA: the schema */
+    const cJSON *schema; /* EXL_OAI_FORMAT_JSON_SCHEMA: the schema */
     int schema_strict;
-    int32_t max_tokens;         /* 0 = not given */
+    int32_t max_tokens; /* 0 = not given */
     int32_t n;
     const char *stop[EXL_OAI_MAX_STOP];
     int32_t n_stop;
     int has_seed;
     int stream, include_usage;
-    int logprobs;               /* report log-probabilities */
+    int logprobs; /* report log-probabilities */
     int32_t top_logprobs;
-    exl_sampling sampling;      /* seed set when has_seed; logit_bias points at `bias` */
+    exl_sampling sampling; /* seed set when has_seed; logit_bias points at `bias` */
     exl_logit_bias *bias;
 } exl_oai_request;
 

@@ -137,10 +137,10 @@ cJSON *exl_oai_logprobs_new(exl_oai_kind kind) {
     cJSON *o = cJSON_CreateObject();
     if (!o)
         return NULL;
-    int ok = kind == EXL_OAI_CHAT ? cJSON_AddArrayToObject(o, "content") != NULL
-                                  : cJSON_AddArrayToObject(o, "tokens") && cJSON_AddArrayToObject(o, "token_logprobs") &&
-                                        cJSON_AddArrayToObject(o, "top_logprobs") &&
-                                        cJSON_AddArrayToObject(o, "text_offset");
+    int ok = kind == EXL_OAI_CHAT
+                 ? cJSON_AddArrayToObject(o, "content") != NULL
+                 : cJSON_AddArrayToObject(o, "tokens") && cJSON_AddArrayToObject(o, "token_logprobs") &&
+                       cJSON_AddArrayToObject(o, "top_logprobs") && cJSON_AddArrayToObject(o, "text_offset");
     if (ok)
         return o;
     cJSON_Delete(o);
@@ -313,7 +313,8 @@ int exl_oai_logprobs_add(cJSON *lp, exl_oai_kind kind, const exl_tokenizer *tok,
         n--; /* the end-of-sequence token is not part of the text */
     cJSON *content = cJSON_GetObjectItemCaseSensitive(lp, "content");
     for (int32_t i = 0; i < n; i++)
-        if (kind == EXL_OAI_CHAT ? add_chat_token(content, tok, e, i) : add_completion_token(lp, tok, e, i, &text_offset))
+        if (kind == EXL_OAI_CHAT ? add_chat_token(content, tok, e, i)
+                                 : add_completion_token(lp, tok, e, i, &text_offset))
             return -1;
     return 0;
 }

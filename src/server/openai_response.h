@@ -3,8 +3,8 @@
 #ifndef EXL_SERVER_OPENAI_RESPONSE_H
 #define EXL_SERVER_OPENAI_RESPONSE_H
 
-#include "exl.h"
 #include "base/str.h"
+#include "exl.h"
 #include "server/openai_request.h"
 #include "server/stream.h"
 #include "server/tools.h"
@@ -22,7 +22,7 @@ typedef struct exl_oai_header {
 /* One choice as it accumulates (non-streaming responses). */
 typedef struct exl_oai_choice {
     exl_str text;
-    cJSON *logprobs;   /* NULL unless requested */
+    cJSON *logprobs; /* NULL unless requested */
     exl_finish_reason finish;
     int32_t n_generated;
     exl_tool_calls calls; /* parsed from the text when tools were offered; then finish_reason "tool_calls" */

@@ -39,8 +39,8 @@ static exl_status check_params(const exl_server_params *p) {
         return exl_fail(EXL_ERR_ARG, "server: port must be in 0..65535");
     if (p->max_jobs < 1 || p->max_jobs > 256)
         return exl_fail(EXL_ERR_ARG, "server: max_jobs must be in 1..256");
-    if (p->ctx < 0 || p->max_body < 1 || p->max_connections < 1 || p->request_timeout_s < 1 ||
-        p->idle_timeout_s < 1 || p->max_response_tokens < 1 || p->cache_tokens < 0)
+    if (p->ctx < 0 || p->max_body < 1 || p->max_connections < 1 || p->request_timeout_s < 1 || p->idle_timeout_s < 1 ||
+        p->max_response_tokens < 1 || p->cache_tokens < 0)
         return exl_fail(EXL_ERR_ARG, "server: ctx, max_body, max_connections, request_timeout_s, idle_timeout_s, "
                                      "max_response_tokens and cache_tokens must be positive");
     if (p->max_client_connections < 0 || p->drain_timeout_s < 0)
@@ -115,9 +115,10 @@ static exl_status load(exl_server *srv) {
                         "server: the tokenizer in %s has token ids up to %d, but the model's vocabulary has %d "
                         "(a tokenizer for another model?)",
                         p->model_dir, (int)exl_tokenizer_vocab_size(srv->tok) - 1, (int)srv->vocab);
-    srv->ctx = p->ctx ? p->ctx : d.max_position_embeddings > 0 && d.max_position_embeddings < DEFAULT_CTX_CAP
-                                     ? d.max_position_embeddings
-                                     : DEFAULT_CTX_CAP;
+    srv->ctx = p->ctx ? p->ctx
+               : d.max_position_embeddings > 0 && d.max_position_embeddings < DEFAULT_CTX_CAP
+                   ? d.max_position_embeddings
+                   : DEFAULT_CTX_CAP;
     if (srv->ctx < 2)
         return exl_fail(EXL_ERR_ARG, "server: ctx must be at least 2 tokens");
     return start_engine(srv);

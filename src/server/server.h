@@ -25,33 +25,33 @@ typedef void (*exl_server_log_fn)(void *ctx, const char *line);
 
 typedef struct exl_server_params {
     const char *model_dir;
-    const char *model_name;  /* the model id served; NULL = the directory's base name */
-    const char *host;        /* address to bind; default "127.0.0.1" */
-    int32_t port;            /* 0 = any free port (see exl_server_port); default 8000 */
-    const char *api_key;     /* required as "Authorization: Bearer KEY" (any case of "Bearer") on all but
+    const char *model_name; /* the model id served; NULL = the directory's base name */
+    const char *host;       /* address to bind; default "127.0.0.1" */
+    int32_t port;           /* 0 = any free port (see exl_server_port); default 8000 */
+    const char *api_key;    /* required as "Authorization: Bearer KEY" (any case of "Bearer") on all but
                                 /health and /metrics; NULL = open */
-    int32_t max_jobs;        /* jobs decoding at once (more wait); default 32 */
-    int32_t ctx;             /* tokens per sequence, prompt + completion; 0 = the model's
+    int32_t max_jobs;       /* jobs decoding at once (more wait); default 32 */
+    int32_t ctx;            /* tokens per sequence, prompt + completion; 0 = the model's
                                 max_position_embeddings capped at 4096 */
-    int64_t cache_tokens;    /* KV cache tokens, shared by the jobs (pages are taken as they grow); 0 = what
+    int64_t cache_tokens;   /* KV cache tokens, shared by the jobs (pages are taken as they grow); 0 = what
                                 fits in memory (exl_cache_fit_tokens) */
-    float gpu_memory;        /* with cache_tokens 0: exl_cache_fit_tokens's memory_fraction; 0 = its default */
+    float gpu_memory;       /* with cache_tokens 0: exl_cache_fit_tokens's memory_fraction; 0 = its default */
     int32_t cache_k_bits, cache_v_bits; /* bits per cached key and value: 16 (default), 8, 6, 4 */
     exl_device device;
-    int32_t n_threads;       /* CPU threads; 0 = one per core */
-    int64_t max_body;        /* request body limit in bytes (413 beyond); default 4 MiB */
-    int32_t max_connections; /* open connections in all (503 beyond); default 1024 */
+    int32_t n_threads;              /* CPU threads; 0 = one per core */
+    int64_t max_body;               /* request body limit in bytes (413 beyond); default 4 MiB */
+    int32_t max_connections;        /* open connections in all (503 beyond); default 1024 */
     int32_t max_client_connections; /* per client address (429 beyond); 0 = no cap; default 512 */
     int32_t request_timeout_s;      /* a request's head and body must arrive within this from its
                                        first byte (408); default 10 */
-    int32_t idle_timeout_s;  /* idle keep-alive connections, and writes that make no progress; default 60 */
-    int32_t drain_timeout_s; /* on stop, how long requests in progress may go on; default 5 */
-    int32_t http_workers;    /* threads running the handlers; default 4 */
-    int64_t max_response_tokens; /* the most a request may ask for: choices x max_tokens x (1 + logprob
+    int32_t idle_timeout_s;         /* idle keep-alive connections, and writes that make no progress; default 60 */
+    int32_t drain_timeout_s;        /* on stop, how long requests in progress may go on; default 5 */
+    int32_t http_workers;           /* threads running the handlers; default 4 */
+    int64_t max_response_tokens;    /* the most a request may ask for: choices x max_tokens x (1 + logprob
                                     entries per token), 400 beyond; default 524288 */
-    const char *cors_origin; /* Access-Control-Allow-Origin: "*" or a comma-separated list of origins;
+    const char *cors_origin;        /* Access-Control-Allow-Origin: "*" or a comma-separated list of origins;
                                 NULL = no CORS */
-    exl_server_log_fn log;   /* may be NULL */
+    exl_server_log_fn log;          /* may be NULL */
     void *log_ctx;
 } exl_server_params;
 

@@ -24,11 +24,11 @@ struct exl_server {
     int32_t ctx;
     exl_server_cache cache;
     int32_t port;
-    long long started;        /* unix seconds: the model's "created" */
-    atomic_int draining;      /* new requests are refused (503) */
-    atomic_ullong next_id;    /* response ids and default seeds */
+    long long started;     /* unix seconds: the model's "created" */
+    atomic_int draining;   /* new requests are refused (503) */
+    atomic_ullong next_id; /* response ids and default seeds */
     exl_metrics metrics;
-    pthread_mutex_t runs_mu;  /* the completions in progress, to cancel on stop */
+    pthread_mutex_t runs_mu; /* the completions in progress, to cancel on stop */
     struct oai_run *runs;
 };
 

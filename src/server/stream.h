@@ -18,9 +18,9 @@ typedef struct exl_stream exl_stream;
 /* One job's slot: the `user` pointer handed to the generator. */
 typedef struct exl_stream_slot {
     exl_stream *stream;
-    int32_t index;   /* the choice index */
-    uint64_t job;    /* 0 until submitted */
-    int finished;    /* its final event was popped (HTTP side only) */
+    int32_t index; /* the choice index */
+    uint64_t job;  /* 0 until submitted */
+    int finished;  /* its final event was popped (HTTP side only) */
 } exl_stream_slot;
 
 /* A copied event. */
@@ -37,14 +37,14 @@ typedef struct exl_stream_event {
     int32_t stop_token;
     int32_t n_prompt_tokens, n_cached_tokens, n_generated;
     char *error;
-    double time;                     /* when the engine pushed it (exl_http_now's clock) */
+    double time; /* when the engine pushed it (exl_http_now's clock) */
 } exl_stream_event;
 
 struct exl_stream {
     pthread_mutex_t mu;
     exl_stream_event *head, *tail;
     int refs;
-    int lost;   /* an event could not be copied (out of memory): the request fails */
+    int lost;                /* an event could not be copied (out of memory): the request fails */
     void (*wake)(void *ctx); /* called (under mu) after each push; NULL = nobody to tell */
     void *wake_ctx;
     int32_t n_slots;

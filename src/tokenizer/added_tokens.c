@@ -37,8 +37,14 @@ exl_status exl_tok_add_token(exl_tokenizer *tok, const char *path, int32_t id, c
     if (!a)
         return exl_fail(EXL_ERR_NOMEM, "%s: out of memory", path);
     tok->added = a;
-    a[tok->n_added++] = (exl_tok_added){id, match, (uint32_t)match_len, (uint8_t)!!special, (uint8_t)!!lstrip,
-                                        (uint8_t)!!rstrip, (uint8_t)!!normalized, (uint8_t)!!single_word};
+    a[tok->n_added++] = (exl_tok_added){id,
+                                        match,
+                                        (uint32_t)match_len,
+                                        (uint8_t) !!special,
+                                        (uint8_t) !!lstrip,
+                                        (uint8_t) !!rstrip,
+                                        (uint8_t) !!normalized,
+                                        (uint8_t) !!single_word};
     /* Decoding sees the (normalized) match string; skip_special only drops a token whose
      * string is its own content, as `tokenizers` does. */
     tok->text[id] = text;
@@ -119,13 +125,18 @@ static int is_word_cp(int32_t cp) {
     if (cp == '_')
         return 1;
     switch (utf8proc_category(cp)) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
-        return 1;
-    default:
-        return 0;
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_PC: return 1;
+    default: return 0;
     }
 }
 

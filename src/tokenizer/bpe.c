@@ -187,8 +187,7 @@ static exl_status merge_word(const exl_tokenizer *tok, exl_tok_work *w, const ch
 
 /* ---------------------------------------------------------------- cache + entry */
 
-static exl_status bpe_uncached(const exl_tokenizer *tok, exl_tok_work *w, const char *s, size_t n,
-                               exl_tok_ids *out) {
+static exl_status bpe_uncached(const exl_tokenizer *tok, exl_tok_work *w, const char *s, size_t n, exl_tok_ids *out) {
     if (tok->ignore_merges) {
         int32_t id = exl_strmap_get(&tok->vocab, s, n);
         if (id >= 0)

@@ -117,9 +117,8 @@ static exl_status build_context(const exl_chat_template *ct, const exl_chat_mess
     return EXL_OK;
 }
 
-exl_status exl_chat_template_render(const exl_chat_template *ct, const exl_chat_message *messages,
-                                    int32_t n_messages, int add_generation_prompt, const char *tools_json,
-                                    char **text) {
+exl_status exl_chat_template_render(const exl_chat_template *ct, const exl_chat_message *messages, int32_t n_messages,
+                                    int add_generation_prompt, const char *tools_json, char **text) {
     *text = NULL;
     if (n_messages < 0 || (n_messages > 0 && !messages))
         return exl_fail(EXL_ERR_ARG, "chat template: invalid message list");

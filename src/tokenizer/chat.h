@@ -22,8 +22,7 @@ void exl_chat_template_free(exl_chat_template *ct);
  * array, or none when tools_json is NULL: transformers passes tools=None) and
  * `documents` (none). *text is freed with exl_string_free. A template's
  * raise_exception(msg) fails with EXL_ERR_ARG and msg as the message. */
-exl_status exl_chat_template_render(const exl_chat_template *ct, const exl_chat_message *messages,
-                                    int32_t n_messages, int add_generation_prompt, const char *tools_json,
-                                    char **text);
+exl_status exl_chat_template_render(const exl_chat_template *ct, const exl_chat_message *messages, int32_t n_messages,
+                                    int add_generation_prompt, const char *tools_json, char **text);
 
 #endif

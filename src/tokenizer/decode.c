@@ -52,7 +52,10 @@ static int byte_token(const char *s, size_t n) {
     int v = 0;
     for (int i = 3; i < 5; i++) {
         char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0)
             return -1;
         v = v * 16 + d;
@@ -211,8 +214,8 @@ static exl_status dec_bytelevel(const strlist *in, strlist *out, exl_str *tmp) {
     return EXL_OK;
 }
 
-exl_status exl_tok_decode_strings(const exl_tokenizer *tok, const char *const *strs, const uint32_t *lens,
-                                  size_t n, exl_str *out) {
+exl_status exl_tok_decode_strings(const exl_tokenizer *tok, const char *const *strs, const uint32_t *lens, size_t n,
+                                  exl_str *out) {
     if (!tok->has_decoder) {
         for (size_t i = 0; i < n; i++)
             if ((i && exl_str_putc(out, ' ')) || exl_str_append(out, strs[i], lens[i]))
@@ -318,8 +321,8 @@ struct exl_detokenizer {
     int has_bytefallback, has_bytelevel;
     int32_t *ids; /* the window: ids[0..n), decoded from ctx on */
     size_t n, cap;
-    size_t ctx;   /* first id of the context that is re-decoded */
-    size_t read;  /* ids before this one are emitted */
+    size_t ctx;  /* first id of the context that is re-decoded */
+    size_t read; /* ids before this one are emitted */
     exl_str prev, cur, out;
 };
 

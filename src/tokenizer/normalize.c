@@ -34,7 +34,8 @@ static exl_status unicode_form(const char *s, size_t n, utf8proc_option_t opts, 
     if (got >= 0)
         got = utf8proc_reencode(buf, got, opts);
     exl_status st = got < 0 ? exl_fail(EXL_ERR_ARG, "normalizer: %s", utf8proc_errmsg(got))
-                            : exl_str_append(out, (const char *)buf, (size_t)got) ? nomem() : EXL_OK;
+                    : exl_str_append(out, (const char *)buf, (size_t)got) ? nomem()
+                                                                          : EXL_OK;
     exl_free(buf);
     return st;
 }

@@ -86,9 +86,7 @@ int exl_bytelevel_byte(int32_t cp) {
 
 #define SEG_MATCH 0x80000000u
 
-static int push_match(void *ctx, size_t start, size_t end) {
-    return exl_tok_ranges_push(ctx, start, end - start);
-}
+static int push_match(void *ctx, size_t start, size_t end) { return exl_tok_ranges_push(ctx, start, end - start); }
 
 static exl_status find_literal(exl_tok_work *w, const char *s, size_t n, const char *lit, size_t ln) {
     size_t pos = 0;

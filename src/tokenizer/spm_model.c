@@ -102,9 +102,7 @@ typedef struct spm {
     int identity, has_charsmap; /* normalizer name "identity"; a precompiled map present */
 } spm;
 
-static exl_status bad(const char *path, const char *what) {
-    return exl_fail(EXL_ERR_FORMAT, "%s: %s", path, what);
-}
+static exl_status bad(const char *path, const char *what) { return exl_fail(EXL_ERR_FORMAT, "%s: %s", path, what); }
 
 static exl_status parse_piece(const char *path, const pb_field *f, spm_piece *out) {
     pb r = {f->buf, f->buf + f->len};
@@ -370,8 +368,8 @@ static exl_status build(exl_tokenizer *tok, const char *path, const spm *m, int 
     return EXL_OK;
 }
 
-exl_status exl_tok_load_spm(exl_tokenizer *tok, const char *path, const unsigned char *data, size_t len,
-                            int add_bos, int add_eos) {
+exl_status exl_tok_load_spm(exl_tokenizer *tok, const char *path, const unsigned char *data, size_t len, int add_bos,
+                            int add_eos) {
     spm m = {0};
     m.model_type = MODEL_UNIGRAM;
     m.unk_id = 0;

@@ -51,8 +51,7 @@ static exl_status get_str(const loader *L, const cJSON *obj, const char *key, co
     return EXL_OK;
 }
 
-static exl_status get_bool(const loader *L, const cJSON *obj, const char *key, const char *where, int dflt,
-                           int *out) {
+static exl_status get_bool(const loader *L, const cJSON *obj, const char *key, const char *where, int dflt, int *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     *out = dflt;
     if (!v || cJSON_IsNull(v))
@@ -150,8 +149,7 @@ static exl_status get_prepend_scheme(const loader *L, const cJSON *obj, const ch
     return EXL_OK;
 }
 
-static exl_status get_replacement(const loader *L, const cJSON *obj, const char *where, const char **out,
-                                  size_t *len) {
+static exl_status get_replacement(const loader *L, const cJSON *obj, const char *where, const char **out, size_t *len) {
     const char *r;
     EXL_TRY(get_str(L, obj, "replacement", where, 0, &r));
     if (!r)
@@ -187,8 +185,8 @@ typedef exl_status (*component_fn)(const loader *L, const cJSON *n, const char *
 /* The common head of a normalizer, pre-tokenizer, post-processor or decoder: an object with a
  * "type". A "Sequence" has each entry of its `list_key` array parsed by fn, and *type is set
  * to NULL; otherwise *type is the component's type for the caller to handle. */
-static exl_status parse_component(const loader *L, const cJSON *n, const char *where, int depth,
-                                  const char *list_key, component_fn fn, const char **type) {
+static exl_status parse_component(const loader *L, const cJSON *n, const char *where, int depth, const char *list_key,
+                                  component_fn fn, const char **type) {
     *type = NULL;
     if (depth > 16)
         return bad(L, where, "nested too deeply");
@@ -314,8 +312,7 @@ static exl_status parse_pretok(const loader *L, const cJSON *n, const char *wher
         o->kind = EXL_TOK_PRE_PUNCT;
         EXL_TRY(get_behavior(L, n, where, EXL_TOK_SPLIT_ISOLATED, &o->behavior));
     } else {
-        return exl_fail(EXL_ERR_UNSUPPORTED, "%s: %s: pre-tokenizer type '%s' is not supported", L->path, where,
-                        type);
+        return exl_fail(EXL_ERR_UNSUPPORTED, "%s: %s: pre-tokenizer type '%s' is not supported", L->path, where, type);
     }
     return EXL_OK;
 }
@@ -453,8 +450,8 @@ static exl_status max_id_of(const loader *L, const cJSON *vocab, const cJSON *ad
     for (const cJSON *v = vocab->child; v; v = v->next) {
         if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < MAX_TOKEN_ID) ||
             v->valuedouble != (double)(int64_t)v->valuedouble) /* the range before the cast */
-            return exl_fail(EXL_ERR_FORMAT, "%s: model.vocab: id of '%.40s' is not an integer in [0, %d)",
-                            L->path, v->string, MAX_TOKEN_ID);
+            return exl_fail(EXL_ERR_FORMAT, "%s: model.vocab: id of '%.40s' is not an integer in [0, %d)", L->path,
+                            v->string, MAX_TOKEN_ID);
         if ((int32_t)v->valuedouble > mx)
             mx = (int32_t)v->valuedouble;
     }
@@ -506,8 +503,9 @@ static exl_status add_merge(const loader *L, exl_str *key, int i, const char *a,
         return nomem(L);
     int32_t id = exl_strmap_get(&tok->vocab, key->data, key->len);
     if (ia < 0 || ib < 0 || id < 0)
-        return exl_fail(EXL_ERR_FORMAT, "%s: model.merges[%d]: '%.40s' + '%.40s' uses a token missing from the vocabulary",
-                        L->path, i, a, b);
+        return exl_fail(EXL_ERR_FORMAT,
+                        "%s: model.merges[%d]: '%.40s' + '%.40s' uses a token missing from the vocabulary", L->path, i,
+                        a, b);
     if (exl_pairmap_put(&tok->merges, ia, ib, (uint32_t)i, id))
         return nomem(L);
     return EXL_OK;
@@ -624,8 +622,7 @@ exl_status exl_tok_load_json(exl_tokenizer *tok, const char *path, const char *d
     else if (!cJSON_IsObject(model))
         st = bad(&L, "model", "missing or not an object");
     else if (cJSON_IsString(mtype) && strcmp(mtype->valuestring, "BPE"))
-        st = exl_fail(EXL_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE)", path,
-                      mtype->valuestring);
+        st = exl_fail(EXL_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE)", path, mtype->valuestring);
     else if (!cJSON_IsObject(vocab))
         st = bad(&L, "model.vocab", "missing or not an object (only BPE models are supported)");
     else if (added && !cJSON_IsArray(added) && !cJSON_IsNull(added))

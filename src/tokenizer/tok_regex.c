@@ -10,7 +10,8 @@
 /* Oniguruma's \s is Unicode White_Space; PCRE2 also counts U+180E, so spell it out.
  * Its \w takes marks too, which PCRE2's does not (before 10.43). */
 #define WORD_SET "\\p{L}\\p{M}\\p{Nd}\\p{Nl}\\p{Pc}"
-#define SPACE_SET "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+#define SPACE_SET \
+    "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
 static int translate(const char *src, size_t len, exl_str *out) {
     int in_class = 0;

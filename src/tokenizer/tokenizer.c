@@ -13,7 +13,6 @@
 #include "base/error.h"
 #include "io/json_file.h"
 
-
 /* ---------------------------------------------------------------- files */
 
 /* Read a whole file; *data is NUL-terminated. Returns EXL_ERR_IO (ENOENT kept in errno). */
@@ -423,8 +422,8 @@ static exl_status encode_text(const exl_tokenizer *tok, exl_tok_work *w, const c
     return st;
 }
 
-exl_status exl_tokenizer_encode(const exl_tokenizer *tok, const char *text, size_t len, int add_special,
-                                int32_t **ids, int32_t *n_ids) {
+exl_status exl_tokenizer_encode(const exl_tokenizer *tok, const char *text, size_t len, int add_special, int32_t **ids,
+                                int32_t *n_ids) {
     if (!tok || (!text && len) || !ids || !n_ids)
         return exl_fail(EXL_ERR_ARG, "exl_tokenizer_encode: NULL argument");
     *ids = NULL;

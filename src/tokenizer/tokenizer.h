@@ -93,7 +93,7 @@ typedef enum exl_tok_norm_kind {
     EXL_TOK_NORM_NFKC,
     EXL_TOK_NORM_NFKD,
     EXL_TOK_NORM_LOWERCASE,
-    EXL_TOK_NORM_STRIP,          /* a = left, b = right */
+    EXL_TOK_NORM_STRIP, /* a = left, b = right */
     EXL_TOK_NORM_STRIP_ACCENTS,
     EXL_TOK_NORM_REPLACE,        /* pattern -> content */
     EXL_TOK_NORM_PREPEND,        /* content */
@@ -109,12 +109,12 @@ typedef struct exl_tok_norm {
 } exl_tok_norm;
 
 typedef enum exl_tok_pretok_kind {
-    EXL_TOK_PRE_SPLIT,       /* pattern, behavior, invert */
-    EXL_TOK_PRE_BYTELEVEL,   /* a = add_prefix_space, b = use_regex */
-    EXL_TOK_PRE_METASPACE,   /* content = replacement, a = prepend scheme, b = split */
-    EXL_TOK_PRE_DIGITS,      /* a = individual digits */
-    EXL_TOK_PRE_WSPLIT,      /* split on whitespace */
-    EXL_TOK_PRE_PUNCT,       /* behavior */
+    EXL_TOK_PRE_SPLIT,     /* pattern, behavior, invert */
+    EXL_TOK_PRE_BYTELEVEL, /* a = add_prefix_space, b = use_regex */
+    EXL_TOK_PRE_METASPACE, /* content = replacement, a = prepend scheme, b = split */
+    EXL_TOK_PRE_DIGITS,    /* a = individual digits */
+    EXL_TOK_PRE_WSPLIT,    /* split on whitespace */
+    EXL_TOK_PRE_PUNCT,     /* behavior */
 } exl_tok_pretok_kind;
 
 enum { EXL_TOK_PREPEND_ALWAYS, EXL_TOK_PREPEND_FIRST, EXL_TOK_PREPEND_NEVER };
@@ -131,11 +131,11 @@ typedef struct exl_tok_pretok {
 
 typedef enum exl_tok_dec_kind {
     EXL_TOK_DEC_BYTELEVEL,
-    EXL_TOK_DEC_REPLACE,      /* pattern -> content */
+    EXL_TOK_DEC_REPLACE, /* pattern -> content */
     EXL_TOK_DEC_BYTEFALLBACK,
     EXL_TOK_DEC_FUSE,
-    EXL_TOK_DEC_STRIP,        /* content (one char), a = start, b = stop */
-    EXL_TOK_DEC_METASPACE,    /* content = replacement, a = prepend scheme */
+    EXL_TOK_DEC_STRIP,     /* content (one char), a = start, b = stop */
+    EXL_TOK_DEC_METASPACE, /* content = replacement, a = prepend scheme */
 } exl_tok_dec_kind;
 
 typedef struct exl_tok_dec {
@@ -171,7 +171,7 @@ typedef struct exl_tok_trie {
 /* Per-token flags. */
 enum {
     EXL_TOK_F_SPECIAL = 2,
-    EXL_TOK_F_SKIP = 4,  /* dropped by decode(skip_special) */
+    EXL_TOK_F_SKIP = 4, /* dropped by decode(skip_special) */
 };
 
 /* ---------------------------------------------------------------- the tokenizer */
@@ -180,22 +180,22 @@ struct exl_tokenizer {
     char *path; /* the file the vocabulary came from (for messages) */
     exl_tok_arena arena;
 
-    int32_t n_vocab;             /* highest id + 1 */
-    const char **text;           /* per id: vocabulary text (NULL for a hole) */
+    int32_t n_vocab;   /* highest id + 1 */
+    const char **text; /* per id: vocabulary text (NULL for a hole) */
     uint32_t *text_len;
-    const char **dec_text;       /* per id: the string the decoders see */
+    const char **dec_text; /* per id: the string the decoders see */
     uint32_t *dec_len;
     uint8_t *flags;
 
     /* BPE model */
-    exl_strmap vocab;            /* model vocabulary text -> id */
+    exl_strmap vocab; /* model vocabulary text -> id */
     exl_pairmap merges;
-    int32_t unk_id;              /* -1: none */
+    int32_t unk_id; /* -1: none */
     int byte_fallback, fuse_unk, ignore_merges;
-    const char *subword_prefix;  /* continuing_subword_prefix ("" if none) */
-    const char *word_suffix;     /* end_of_word_suffix ("" if none) */
-    int32_t byte_ids[256];       /* <0xXX> tokens, -1 when missing */
-    exl_pairmap char_pairs;      /* code point pairs adjacent inside some token: BPE
+    const char *subword_prefix; /* continuing_subword_prefix ("" if none) */
+    const char *word_suffix;    /* end_of_word_suffix ("" if none) */
+    int32_t byte_ids[256];      /* <0xXX> tokens, -1 when missing */
+    exl_pairmap char_pairs;     /* code point pairs adjacent inside some token: BPE
                                     may cut a long word between any other pair */
 
     /* added tokens */
@@ -212,13 +212,13 @@ struct exl_tokenizer {
     int32_t n_post_prefix, n_post_suffix;
     exl_tok_dec *decs;
     int32_t n_decs;
-    int has_decoder;             /* no decoder: tokens are joined with spaces */
-    int stream_exact;            /* every decoder lets exl_detokenizer stream */
+    int has_decoder;  /* no decoder: tokens are joined with spaces */
+    int stream_exact; /* every decoder lets exl_detokenizer stream */
 
     /* tokenizer_config.json */
     int32_t bos_id, eos_id;
-    char *bos_text, *eos_text;   /* exl_malloc'd or NULL */
-    char *chat_template;         /* exl_malloc'd or NULL */
+    char *bos_text, *eos_text; /* exl_malloc'd or NULL */
+    char *chat_template;       /* exl_malloc'd or NULL */
 };
 
 /* ---------------------------------------------------------------- between files */
@@ -226,8 +226,8 @@ struct exl_tokenizer {
 /* Parse tokenizer.json (whole text) into tok (path is used in messages). */
 exl_status exl_tok_load_json(exl_tokenizer *tok, const char *path, const char *data, size_t len);
 /* Parse a SentencePiece tokenizer.model. add_bos/add_eos set the post-processor. */
-exl_status exl_tok_load_spm(exl_tokenizer *tok, const char *path, const unsigned char *data, size_t len,
-                            int add_bos, int add_eos);
+exl_status exl_tok_load_spm(exl_tokenizer *tok, const char *path, const unsigned char *data, size_t len, int add_bos,
+                            int add_eos);
 
 /* Allocate the per-id tables for ids 0..n-1 (all holes). */
 exl_status exl_tok_alloc_ids(exl_tokenizer *tok, int32_t n, const char *path);
@@ -269,7 +269,7 @@ typedef struct exl_tok_work {
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit;
-    exl_tok_ranges seg;     /* split segments; bit 31 of len marks a pattern match */
+    exl_tok_ranges seg; /* split segments; bit 31 of len marks a pattern match */
     exl_str tmp;
     /* BPE */
     void *sym;
@@ -314,8 +314,8 @@ exl_status exl_tok_regex_each(const pcre2_code *re, exl_tok_work *w, const char 
                               int (*fn)(void *ctx, size_t start, size_t end), void *ctx);
 
 /* Decode a list of token strings with the decoder chain, appending to out. */
-exl_status exl_tok_decode_strings(const exl_tokenizer *tok, const char *const *strs, const uint32_t *lens,
-                                  size_t n, exl_str *out);
+exl_status exl_tok_decode_strings(const exl_tokenizer *tok, const char *const *strs, const uint32_t *lens, size_t n,
+                                  exl_str *out);
 
 /* For the chat-template code: tokenizer_config.json's chat_template (or
  * chat_template.jinja), and the BOS/EOS token texts; NULL when absent. */

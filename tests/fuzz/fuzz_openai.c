@@ -1,8 +1,8 @@
 /* fuzz_openai.c - libFuzzer target: OpenAI request bodies (completions and chat) on
  * arbitrary bytes, through UTF-8 checking, JSON parsing and every field check, and the
  * error object built for whatever is refused. */
-#include "fuzz.h"
 #include "base/alloc.h"
+#include "fuzz.h"
 #include "server/openai_request.h"
 
 #include <stddef.h>

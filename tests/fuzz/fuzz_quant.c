@@ -12,8 +12,8 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "io/weights.h"
 #include "format/quant.h"
+#include "io/weights.h"
 
 /* the tensors' bytes, owned here (exl_st_tensor's data is const: it points into mappings) */
 static uint8_t *owned[16];
@@ -25,8 +25,8 @@ typedef struct {
 
 static uint8_t next(src_bytes *s) { return s->n ? s->p[s->i++ % s->n] : 0; }
 
-static exl_st_tensor *add(exl_st_tensor *ts, int *n, char *name, exl_dtype dt, int nd, int64_t d0,
-                          int64_t d1, src_bytes *in) {
+static exl_st_tensor *add(exl_st_tensor *ts, int *n, char *name, exl_dtype dt, int nd, int64_t d0, int64_t d1,
+                          src_bytes *in) {
     exl_st_tensor *t = &ts[(*n)++];
     memset(t, 0, sizeof *t);
     t->name = name;

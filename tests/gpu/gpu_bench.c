@@ -21,20 +21,20 @@
 #include <string.h>
 #include <time.h>
 
-#define CK(call)                                                                                             \
-    do {                                                                                                     \
-        cudaError_t e_ = (call);                                                                             \
-        if (e_ != cudaSuccess) {                                                                             \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                      \
-            exit(1);                                                                                         \
-        }                                                                                                    \
+#define CK(call)                                                                        \
+    do {                                                                                \
+        cudaError_t e_ = (call);                                                        \
+        if (e_ != cudaSuccess) {                                                        \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+            exit(1);                                                                    \
+        }                                                                               \
     } while (0)
-#define EK(call)                                                                                             \
-    do {                                                                                                     \
-        if ((call) != EXL_OK) {                                                                              \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, exl_last_error());                            \
-            exit(1);                                                                                         \
-        }                                                                                                    \
+#define EK(call)                                                                  \
+    do {                                                                          \
+        if ((call) != EXL_OK) {                                                   \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, exl_last_error()); \
+            exit(1);                                                              \
+        }                                                                         \
     } while (0)
 
 static uint64_t rng = 0x1234567887654321ull;
@@ -121,8 +121,7 @@ typedef struct {
 static uint16_t *dense_pool; /* random fp16 values, reused for every dense matrix */
 static size_t dense_pool_n;
 
-static void linear(exl_model *m, model_info *mi, const char *kind, int head, int64_t K, int64_t N,
-                   exl_linear **out) {
+static void linear(exl_model *m, model_info *mi, const char *kind, int head, int64_t K, int64_t N, exl_linear **out) {
     exl_linear_src src = {0};
     qgen g;
     memset(&g, 0, sizeof g);
@@ -383,9 +382,9 @@ int main(int argc, char **argv) {
         double params = n_layers * (2.0 * 4096 * 4096 + 2.0 * 4096 * kvw + 3.0 * 4096 * c->intermediate_size) +
                         4096.0 * c->vocab_size;
         double pre_bound = tflops / (2 * params);
-        printf("| %s, %d layers | %.2f | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.1f%% | %.0f | %.1f%% |\n", kinds[k],
-               n_layers, mi.file_bytes / 1e9, d128, d2048, a128, a2048, bound, 100 * d128 / bound, 100 * a128 / bound,
-               pre, 100 * pre / pre_bound);
+        printf("| %s, %d layers | %.2f | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.1f%% | %.0f | %.1f%% |\n",
+               kinds[k], n_layers, mi.file_bytes / 1e9, d128, d2048, a128, a2048, bound, 100 * d128 / bound,
+               100 * a128 / bound, pre, 100 * pre / pre_bound);
         fprintf(stderr, "%s: load %.1f s, device bytes/token %.2f GB\n", kinds[k], load_s, mi.device_bytes / 1e9);
         /* per-shape GEMV efficiency (one op, back to back, no forward overhead) */
         struct {
@@ -408,19 +407,21 @@ int main(int argc, char **argv) {
                 bytes = shapes[s].K * shapes[s].N * (head ? 6 : 4) / 8.0 + shapes[s].K / 128 * shapes[s].N * 2.0;
             else
                 bytes = shapes[s].K * shapes[s].N / 2.0 + shapes[s].K / 128 * shapes[s].N * 4.0;
-            fprintf(stderr, "  %-22s %8.1f us  %6.0f GB/s  (%.0f%% of copy)", shapes[s].name, us,
-                    bytes / us / 1e3, 100 * bytes / (us * 1e-6) / bw);
+            fprintf(stderr, "  %-22s %8.1f us  %6.0f GB/s  (%.0f%% of copy)", shapes[s].name, us, bytes / us / 1e3,
+                    100 * bytes / (us * 1e-6) / bw);
             /* many rows (batched decode, prefill chunks): time and tensor-core rate */
             const int32_t many[5] = {16, 32, 64, 256, 1024};
             for (int i = 0; i < 5; i++) {
                 int32_t rows = many[i];
                 double t = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, rows, 0);
-                fprintf(stderr, "  | %d rows %.1f us %.0f TFLOP/s", rows, t, 2.0 * rows * shapes[s].K * shapes[s].N / t / 1e6);
+                fprintf(stderr, "  | %d rows %.1f us %.0f TFLOP/s", rows, t,
+                        2.0 * rows * shapes[s].K * shapes[s].N / t / 1e6);
             }
             fprintf(stderr, "\n  %-22s as decode rows:", "");
             const int32_t dec[5] = {4, 8, 16, 32, 64};
             for (int i = 0; i < 5; i++)
-                fprintf(stderr, "  | %d rows %.1f us", dec[i], matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, dec[i], 1));
+                fprintf(stderr, "  | %d rows %.1f us", dec[i],
+                        matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, dec[i], 1));
             fprintf(stderr, "\n");
         }
         exl_kv_cache_free(m, cache);

@@ -73,8 +73,8 @@ static inline void qgen_exl2(qgen *g, int32_t K, int32_t N, int n_groups, const 
 
 /* GPTQ, `bits` wide, groups of group_size; act_order: a random g_idx (each group still
  * group_size rows); zero_offset 1 (v1) or 0 (v2). */
-static inline void qgen_gptq(qgen *g, int32_t K, int32_t N, int bits, int group_size, int act_order,
-                             int zero_offset, uint64_t *s) {
+static inline void qgen_gptq(qgen *g, int32_t K, int32_t N, int bits, int group_size, int act_order, int zero_offset,
+                             uint64_t *s) {
     memset(g, 0, sizeof *g);
     int G = (K + group_size - 1) / group_size;
     int32_t *qw = malloc((size_t)K * bits / 32 * N * 4), *qz = malloc((size_t)G * N * bits / 32 * 4);

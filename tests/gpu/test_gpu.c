@@ -209,8 +209,11 @@ static void test_dense_matmul(void) {
                 cpu->ops->matmul(cpu, oc, xc, lc, rows);
                 gpu->ops->matmul(gpu, og, xg, lg, rows);
                 char name[64];
-                snprintf(name, sizeof name, "matmul %s K=%d rows=%d", d == 0 ? "F16" : d == 1 ? "BF16" : "F32", K,
-                         rows);
+                snprintf(name, sizeof name, "matmul %s K=%d rows=%d",
+                         d == 0   ? "F16"
+                         : d == 1 ? "BF16"
+                                  : "F32",
+                         K, rows);
                 /* the GPU keeps weights in fp16 and, from 2 rows, feeds cuBLAS fp16 activations (hi + lo) */
                 report(name, cmp_dev(og, oc, rows * N), rows > 1 || d > 0 ? 3e-3 : 1e-3);
             }
@@ -324,8 +327,8 @@ static void test_attention_quantized(void) {
     do {                                                                                                               \
         exl_kv_format f = {widths[w][0], widths[w][1], exl_kv_group(hd)};                                              \
         snprintf(name, sizeof name, "attention K%d/V%d %s", widths[w][0], widths[w][1], what);                         \
-        attention_case_kv(name, heads, kv_heads, hd, window, softcap, specs, (int)(sizeof specs / sizeof specs[0]),    \
-                          f, 3e-3);                                                                                    \
+        attention_case_kv(name, heads, kv_heads, hd, window, softcap, specs, (int)(sizeof specs / sizeof specs[0]), f, \
+                          3e-3);                                                                                       \
     } while (0)
         QCASE("decode GQA hd64", 8, 2, 64, 0, 0.0f, dec);
         QCASE("decode 3 rows hd128", 4, 4, 128, 0, 0.0f, dec3);
@@ -513,8 +516,14 @@ static void fixture_exl2(const char *shared, const char *model, const char *laye
         s.kind = EXL_LINEAR_EXL2;
         s.in_features = inv->shape[0];
         s.out_features = qw->shape[1];
-        s.exl2 = (exl_exl2_src){qw->data, inv->data, qs->data, qm->data, qg->data, (int32_t)qw->shape[0],
-                                (int32_t)qw->shape[1], (int32_t)qm->shape[0]};
+        s.exl2 = (exl_exl2_src){qw->data,
+                                inv->data,
+                                qs->data,
+                                qm->data,
+                                qg->data,
+                                (int32_t)qw->shape[0],
+                                (int32_t)qw->shape[1],
+                                (int32_t)qm->shape[0]};
         s.name = layer;
         snprintf(name, sizeof name, "exl2 %s %s", model + 10, layer + (strncmp(layer, "model.", 6) ? 0 : 15));
         quant_case(name, &s);
@@ -540,8 +549,8 @@ static void fixture_gptq(const char *shared, const char *model, const char *laye
         s.kind = EXL_LINEAR_GPTQ;
         s.in_features = qw->shape[0] * 8;
         s.out_features = qw->shape[1];
-        s.gptq = (exl_gptq_src){qw->data, qz->data, sc->data, gi ? gi->data : NULL, 4, group_size,
-                                (int32_t)sc->shape[0], 1};
+        s.gptq =
+            (exl_gptq_src){qw->data, qz->data, sc->data, gi ? gi->data : NULL, 4, group_size, (int32_t)sc->shape[0], 1};
         s.name = layer;
         snprintf(name, sizeof name, "gptq %s %s", model + 10, layer + 15);
         quant_case(name, &s);
@@ -863,7 +872,8 @@ static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32
     float *out[2];
     uint16_t *kc_h[2], *vc_h[2];
     for (int fused = 0; fused < 2; fused++) {
-        float *qd = put(gpu, q, rows * nh * hd * 4), *kd = put(gpu, k, rows * kvw * 4), *vd = put(gpu, v, rows * kvw * 4);
+        float *qd = put(gpu, q, rows * nh * hd * 4), *kd = put(gpu, k, rows * kvw * 4),
+              *vd = put(gpu, v, rows * kvw * 4);
         void *kc = put(gpu, past, cache_elems * 2), *vc = put(gpu, past, cache_elems * 2);
         float *od = gpu->ops->alloc(gpu, (size_t)rows * nh * hd * 4), *ob = put(gpu, obase, rows * on * 4);
         float *tmp = gpu->ops->alloc(gpu, (size_t)rows * on * 4);
@@ -876,8 +886,7 @@ static void rope_attention_case(const char *name, int32_t nh, int32_t nkv, int32
         add_node(&gr, (exl_node){.op = EXL_OP_ATTENTION, .attention = {od, qd, kd, vd, kc, vc, sh}});
         if (with_o)
             add_node(&gr, (exl_node){.op = EXL_OP_MATMUL, .matmul = {ob, od, ol, rows, nh * hd, on, 1}});
-        require(exl_graph_output(&gr, with_o ? ob : od, with_o ? rows * on : rows * nh * hd) == EXL_OK,
-                "graph output");
+        require(exl_graph_output(&gr, with_o ? ob : od, with_o ? rows * on : rows * nh * hd) == EXL_OK, "graph output");
         require((fused ? gpu->ops->graph_run(gpu, &gr) : exl_graph_exec(gpu, &gr, NULL, NULL)) == EXL_OK, "graph");
         exl_graph_free(&gr);
         out[fused] = with_o ? NULL : get(gpu, od, rows * nh * hd); /* with o_proj: in its order */
@@ -952,8 +961,8 @@ static void layer_step(exl_model **m, exl_kv_cache **cache, int32_t li, const ex
     for (int r = 0; r < LAYER_RUNS; r++) {
         exl_backend *be = m[r]->be;
         require(be->ops->upload(be, m[r]->fs.x, x, (size_t)rows * hid * 4) == EXL_OK, "upload x");
-        require(exl_model_layer_forward(m[r], &m[r]->layers[li], li, cache[r], st, n_seqs,
-                                        r == 0 ? NULL : count_linear, hooked) == EXL_OK,
+        require(exl_model_layer_forward(m[r], &m[r]->layers[li], li, cache[r], st, n_seqs, r == 0 ? NULL : count_linear,
+                                        hooked) == EXL_OK,
                 "layer forward");
         got[r] = get(be, m[r]->fs.x, (int64_t)rows * hid);
     }
@@ -1023,12 +1032,25 @@ static void test_layer_graphs(const char *shared) {
 /* ---- whole models against the reference logits */
 
 static void test_models(const char *shared) {
-    const char *models[] = {"tinystories-656k", "rand-llama", "rand-qwen2", "rand-gemma", "rand-linrope",
-                            "rand-llama3rope", "rand-yarn", "rand-llama-exl2-3.0bpw-h6", "rand-llama-exl2-5.0bpw-h8",
-                            "rand-qwen2-exl2-4.0bpw-h6", "rand-gemma-exl2-4.0bpw-h6",
-                            "rand-llama-gptq-4bit-g32-actorder-asym", "rand-llama-gptq-4bit-g64-sym",
-                            "tinystories-656k-gptq-4bit-g32-actorder-asym", "rand-qwen3", "rand-gemma3",
-                            "rand-phi3", "rand-mixtral", "rand-qwen3moe"};
+    const char *models[] = {"tinystories-656k",
+                            "rand-llama",
+                            "rand-qwen2",
+                            "rand-gemma",
+                            "rand-linrope",
+                            "rand-llama3rope",
+                            "rand-yarn",
+                            "rand-llama-exl2-3.0bpw-h6",
+                            "rand-llama-exl2-5.0bpw-h8",
+                            "rand-qwen2-exl2-4.0bpw-h6",
+                            "rand-gemma-exl2-4.0bpw-h6",
+                            "rand-llama-gptq-4bit-g32-actorder-asym",
+                            "rand-llama-gptq-4bit-g64-sym",
+                            "tinystories-656k-gptq-4bit-g32-actorder-asym",
+                            "rand-qwen3",
+                            "rand-gemma3",
+                            "rand-phi3",
+                            "rand-mixtral",
+                            "rand-qwen3moe"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         char dir[1024], ref[1024], name[128];
         snprintf(dir, sizeof dir, "%s/models/%s", shared, models[i]);
@@ -1205,8 +1227,7 @@ static void test_decode(const char *shared, const char *model) {
     exl_session *s;
     require(exl_session_init(m, n, &s) == EXL_OK, "session");
     for (int32_t t = 0; t < n; t++)
-        require(exl_session_eval(s, (const int32_t *)ids->data + t, 1, out + (int64_t)t * d.vocab_size, NULL) ==
-                    EXL_OK,
+        require(exl_session_eval(s, (const int32_t *)ids->data + t, 1, out + (int64_t)t * d.vocab_size, NULL) == EXL_OK,
                 "decode eval");
     double worst = 0;
     score_decode(rf, out, d.vocab_size, &worst, &mism);
@@ -1277,7 +1298,7 @@ typedef struct {
     int ta, tb;
     int64_t M, N, K, pad; /* pad: extra columns of every operand's leading dimension */
     float alpha, beta;
-    int xtx;              /* B is A (the Hessian's XᵀX) */
+    int xtx; /* B is A (the Hessian's XᵀX) */
 } gemm_case;
 
 /* The worst |C - ref| over |alpha|·Σ|a·b| + |beta·c0| (ref in double), or 1 when C's padding
@@ -1547,7 +1568,9 @@ static void test_head_sampling(const char *shared) {
         int nh = generate(m, tok, &sp, 0, head), nf = generate(m, tok, &sp, 1, full);
         char name[96];
         snprintf(name, sizeof name, "generator head path == full logits (%s)",
-                 c == 0 ? "greedy" : c == 1 ? "top-k 40, top-p 0.9" : "top-k 64, top-p 0.9");
+                 c == 0   ? "greedy"
+                 : c == 1 ? "top-k 40, top-p 0.9"
+                          : "top-k 64, top-p 0.9");
         report(name, nh == 24 && nf == 24 ? (double)memcmp(head, full, sizeof head) != 0 : 1.0, 0);
     }
     exl_tokenizer_free(tok);
@@ -1569,7 +1592,7 @@ static void argmax_case(int32_t rows, int32_t vocab, int special, int repeat) {
     float *x = rnd((int64_t)rows * vocab, -10, 10);
     for (int64_t i = 0; special && i < (int64_t)rows * vocab; i++)
         x[i] = floorf(x[i]); /* ties at the top */
-    if (special) { /* a row of -inf, one of NaN but one value */
+    if (special) {           /* a row of -inf, one of NaN but one value */
         for (int32_t i = 0; i < vocab; i++)
             x[i] = -INFINITY, x[(int64_t)(rows - 1) * vocab + i] = NAN;
         x[(int64_t)(rows - 1) * vocab + vocab / 2] = -3;

@@ -30,8 +30,8 @@ static void shuffle(int32_t *v, int64_t n, uint32_t *s) {
 
 /* ---- EXL2 */
 
-int tq_exl2_make(tq_exl2 *t, int64_t K, int64_t N, int32_t G, const int32_t *bits, const int32_t *rows,
-                 int with_bias, uint32_t seed) {
+int tq_exl2_make(tq_exl2 *t, int64_t K, int64_t N, int32_t G, const int32_t *bits, const int32_t *rows, int with_bias,
+                 uint32_t seed) {
     uint32_t s = seed | 1;
     memset(t, 0, sizeof *t);
     t->K = K;
@@ -88,8 +88,8 @@ void tq_exl2_src(const tq_exl2 *t, exl_linear_src *src) {
     src->in_features = t->K;
     src->out_features = t->N;
     src->name = "test.exl2";
-    src->exl2 = (exl_exl2_src){t->q_weight, t->q_invperm, t->q_scale, t->q_scale_max, t->q_groups,
-                               t->Q,        (int32_t)t->Np, t->G};
+    src->exl2 = (exl_exl2_src){t->q_weight, t->q_invperm, t->q_scale,     t->q_scale_max,
+                               t->q_groups, t->Q,         (int32_t)t->Np, t->G};
     src->bias = t->bias;
     src->bias_dtype = EXL_DTYPE_F16;
 }

@@ -18,8 +18,8 @@ typedef struct tq_exl2 {
     float *W; /* [K, N] */
 } tq_exl2;
 
-int tq_exl2_make(tq_exl2 *t, int64_t K, int64_t N, int32_t G, const int32_t *bits, const int32_t *rows,
-                 int with_bias, uint32_t seed);
+int tq_exl2_make(tq_exl2 *t, int64_t K, int64_t N, int32_t G, const int32_t *bits, const int32_t *rows, int with_bias,
+                 uint32_t seed);
 void tq_exl2_src(const tq_exl2 *t, exl_linear_src *src);
 void tq_exl2_free(tq_exl2 *t);
 

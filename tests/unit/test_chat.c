@@ -120,8 +120,9 @@ EXL_TEST(template_exceptions_become_errors) {
     exl_chat_message m[] = {{.role = "user", .content = "a"}, {.role = "user", .content = "b"}};
     char *out = NULL;
     CHECK(exl_chat_template_render(ct, m, 2, 1, NULL, &out) == EXL_ERR_ARG && !out);
-    CHECK(!strcmp(exl_last_error(),
-                  "After the optional system message, conversation roles must alternate user/assistant/user/assistant/..."));
+    CHECK(!strcmp(
+        exl_last_error(),
+        "After the optional system message, conversation roles must alternate user/assistant/user/assistant/..."));
     exl_chat_template_free(ct);
 }
 

@@ -122,8 +122,8 @@ EXL_TEST(errors_exit_nonzero_with_one_line) {
 }
 
 EXL_TEST(every_command_has_help) {
-    const char *cmds[] = {"info", "logits", "bench", "perplexity", "tokenize", "run", "chat", "serve", "quantize",
-                          "version"};
+    const char *cmds[] = {"info", "logits", "bench", "perplexity", "tokenize",
+                          "run",  "chat",   "serve", "quantize",   "version"};
     char cmd[4096], text[8192];
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         snprintf(cmd, sizeof cmd, "%s %s --help 2>&1", EXL_CLI_PATH, cmds[i]);

@@ -164,8 +164,8 @@ EXL_TEST(gemma3_multimodal_checkpoint) {
 }
 
 /* Phi-3.5-mini style: longrope factor lists, the original context outside rope_scaling */
-#define PHI3_LONGROPE                                                                                            \
-    "{'model_type': 'phi3', 'hidden_size': 256, 'num_attention_heads': 4, 'num_hidden_layers': 2, "             \
+#define PHI3_LONGROPE                                                                                              \
+    "{'model_type': 'phi3', 'hidden_size': 256, 'num_attention_heads': 4, 'num_hidden_layers': 2, "                \
     "'max_position_embeddings': 131072, 'original_max_position_embeddings': 4096, 'partial_rotary_factor': 0.75, " \
     "'sliding_window': 262144, 'rope_scaling': {'type': '%s', 'short_factor': [%s], 'long_factor': [%s]}}"
 
@@ -265,11 +265,10 @@ EXL_TEST(unsupported_values_are_errors) {
                  "\"num_local_experts\" is 0");
     expect_error("{'model_type': 'qwen3_moe', 'num_experts': 4, 'num_experts_per_tok': 6}", EXL_ERR_FORMAT,
                  "\"num_experts_per_tok\" = 6 exceeds the 4 experts", NULL);
-    expect_error("{'model_type': 'qwen3_moe', 'num_experts': 4, 'num_local_experts': 8}", EXL_ERR_FORMAT,
-                 "disagree", NULL);
-    expect_error("{'model_type': 'qwen3_moe', 'num_hidden_layers': 2, 'mlp_only_layers': [2]}", EXL_ERR_FORMAT,
-                 "\"mlp_only_layers\" must list layer indices below 2",
+    expect_error("{'model_type': 'qwen3_moe', 'num_experts': 4, 'num_local_experts': 8}", EXL_ERR_FORMAT, "disagree",
                  NULL);
+    expect_error("{'model_type': 'qwen3_moe', 'num_hidden_layers': 2, 'mlp_only_layers': [2]}", EXL_ERR_FORMAT,
+                 "\"mlp_only_layers\" must list layer indices below 2", NULL);
     expect_error("{'model_type': 'gemma3_text', 'num_hidden_layers': 2, 'rope_parameters': {'full_attention': "
                  "{'rope_type': 'default'}}}",
                  EXL_ERR_FORMAT, "no entry for layer type \"sliding_attention\"", NULL);

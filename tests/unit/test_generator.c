@@ -53,8 +53,8 @@ static void check_same(const int32_t *got, int32_t n_got, const int32_t *want, i
     for (int32_t i = 0; i < n_want && i < n_got && first < 0; i++)
         if (got[i] != want[i])
             first = i;
-    CHECK_MSG(n_got == n_want && first < 0, "%s: %d tokens vs %d expected, first difference at %d", what, n_got,
-              n_want, first);
+    CHECK_MSG(n_got == n_want && first < 0, "%s: %d tokens vs %d expected, first difference at %d", what, n_got, n_want,
+              first);
 }
 
 EXL_TEST(reference_greedy_api) {
@@ -195,8 +195,8 @@ EXL_TEST(seed_determinism_across_batches) {
     REQUIRE(m);
     enum { N = 6 };
     exl_job_params p[N];
-    static const char *texts[N] = {"Once upon a time", "Tom had a red ball", "The sun", "A cat and a dog",
-                                   "She was happy because", "Lily"};
+    static const char *texts[N] = {"Once upon a time", "Tom had a red ball",    "The sun",
+                                   "A cat and a dog",  "She was happy because", "Lily"};
     for (int i = 0; i < N; i++) {
         p[i] = exl_job_default_params();
         p[i].text = texts[i];
@@ -207,8 +207,8 @@ EXL_TEST(seed_determinism_across_batches) {
         p[i].max_new_tokens = 40;
         p[i].ignore_eos = 1;
     }
-    gu_result *alone = calloc(1, sizeof *alone), *crowd = calloc(N, sizeof *crowd),
-              *tight = calloc(N, sizeof *tight), *other = calloc(1, sizeof *other);
+    gu_result *alone = calloc(1, sizeof *alone), *crowd = calloc(N, sizeof *crowd), *tight = calloc(N, sizeof *tight),
+              *other = calloc(1, sizeof *other);
     exl_generator *g = gu_generator(m, tok, 0, 0, 0);
     REQUIRE_OK(gu_run(g, &p[0], 1, alone));
     REQUIRE_OK(gu_run(g, p, N, crowd));

@@ -76,14 +76,14 @@ EXL_TEST(same_tokens_with_and_without_decode_ahead) {
     static const char *const stops[] = {" the"};
     enum { N = 8 };
     sched_job jobs[N] = {
-        {0, -1, greedy("Once upon a time", 120)},     /* alone at first, then with others */
-        {0, -1, greedy("Tom had a red ball", 25)},    /* ends on its length */
-        {5, -1, greedy("The sun", 60)},               /* joins while the others decode */
-        {12, -1, greedy("A cat and a dog", 20)},      /* sampled, below */
+        {0, -1, greedy("Once upon a time", 120)},      /* alone at first, then with others */
+        {0, -1, greedy("Tom had a red ball", 25)},     /* ends on its length */
+        {5, -1, greedy("The sun", 60)},                /* joins while the others decode */
+        {12, -1, greedy("A cat and a dog", 20)},       /* sampled, below */
         {3, 20, greedy("She was happy because", 100)}, /* cancelled */
-        {30, -1, greedy("Lily", 40)},                 /* min_new: not argmax alone at first */
-        {40, -1, greedy("Ben and Mia", 12)},          /* log-probabilities: never argmax alone */
-        {45, -1, greedy("One day", 70)},              /* a stop string */
+        {30, -1, greedy("Lily", 40)},                  /* min_new: not argmax alone at first */
+        {40, -1, greedy("Ben and Mia", 12)},           /* log-probabilities: never argmax alone */
+        {45, -1, greedy("One day", 70)},               /* a stop string */
     };
     jobs[3].p.sampling.temperature = 0.8f;
     jobs[3].p.sampling.top_k = 40;
@@ -172,8 +172,8 @@ EXL_TEST(model_fed_chain_matches_plain_forwards) {
     /* misuse */
     int32_t id;
     CHECK(exl_model_argmax_wait(m, t[STEPS - EXL_ARGMAX_KEEP], &id, 1) == EXL_ERR_ARG); /* too old */
-    CHECK(exl_model_argmax_wait(m, t[STEPS], &id, 2) == EXL_ERR_ARG);                 /* wrong rows */
-    CHECK(exl_model_argmax_wait(m, t[STEPS] + 1, &id, 1) == EXL_ERR_ARG);             /* not issued */
+    CHECK(exl_model_argmax_wait(m, t[STEPS], &id, 2) == EXL_ERR_ARG);                   /* wrong rows */
+    CHECK(exl_model_argmax_wait(m, t[STEPS] + 1, &id, 1) == EXL_ERR_ARG);               /* not issued */
     exl_seq_step two[2] = {{NULL, 1, PROMPT + STEPS, pages, 4, 1}, {NULL, 1, 0, pages + 4, 1, 1}};
     CHECK(exl_model_forward_argmax(m, cache, two, 2, &t[0]) == EXL_ERR_ARG); /* the step before chose 1 */
     CHECK(strstr(exl_last_error(), "chose 1") != NULL);

@@ -56,10 +56,10 @@ EXL_TEST(stop_strings) {
         const char *stops[2];
         const char *text, *which;
     } cases[] = {
-        {{"le gi", NULL}, ", a litt", "le gi"},         /* across the "little" / "girl" tokens */
+        {{"le gi", NULL}, ", a litt", "le gi"}, /* across the "little" / "girl" tokens */
         {{"Lily", NULL}, ", a little girl named ", "Lily"},
-        {{"house", "girl"}, ", a little ", "girl"},     /* the earliest match wins */
-        {{"zebra", NULL}, NULL, NULL},                  /* never matches: runs to length */
+        {{"house", "girl"}, ", a little ", "girl"}, /* the earliest match wins */
+        {{"zebra", NULL}, NULL, NULL},              /* never matches: runs to length */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         exl_job_params p = once_greedy(48);

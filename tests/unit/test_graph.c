@@ -86,8 +86,8 @@ EXL_TEST(node_access) {
     exl_node at = {.op = EXL_OP_ATTENTION, .attention = {a, b, c, c, NULL, NULL, {4, 2, 8, 16, 0, 1.0f, 0.0f}}};
     x = exl_node_access_of(&at, 2);
     CHECK(x.n_reads == 3 && x.reads[0].n == 64 && x.reads[1].n == 32 && x.n_writes == 1 && x.writes[0].n == 64);
-    CHECK(exl_spans_overlap((exl_span){a, 8}, (exl_span){a + 7, 1}) && !exl_spans_overlap((exl_span){a, 8},
-                                                                                        (exl_span){a + 8, 4}));
+    CHECK(exl_spans_overlap((exl_span){a, 8}, (exl_span){a + 7, 1}) &&
+          !exl_spans_overlap((exl_span){a, 8}, (exl_span){a + 8, 4}));
 }
 
 EXL_TEST(accumulate_needs_tmp) {

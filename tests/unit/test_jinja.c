@@ -28,23 +28,23 @@ static const char *CTX = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi
                          "\"s\": \"h\\u00e9llo w\\u00f6rld\", \"d\": {\"b\": 1, \"a\": [1, 2, {\"x\": null}]}, "
                          "\"e\": [], \"t\": true}";
 
-#define EXPECT(src, want)                                                                      \
-    do {                                                                                       \
-        exl_status st_;                                                                        \
-        char *got_ = render(src, CTX, &st_);                                                   \
-        CHECK_MSG(got_ && !strcmp(got_, want), "%s\n      got  %s\n      want %s", src,       \
-                  got_ ? got_ : exl_last_error(), want);                                       \
-        exl_free(got_);                                                                        \
+#define EXPECT(src, want)                                                               \
+    do {                                                                                \
+        exl_status st_;                                                                 \
+        char *got_ = render(src, CTX, &st_);                                            \
+        CHECK_MSG(got_ && !strcmp(got_, want), "%s\n      got  %s\n      want %s", src, \
+                  got_ ? got_ : exl_last_error(), want);                                \
+        exl_free(got_);                                                                 \
     } while (0)
 
 /* The render fails with status st and a message containing msg. */
-#define EXPECT_FAIL(src, st, msg)                                                              \
-    do {                                                                                       \
-        exl_status st_;                                                                        \
-        char *got_ = render(src, CTX, &st_);                                                   \
+#define EXPECT_FAIL(src, st, msg)                                                                      \
+    do {                                                                                               \
+        exl_status st_;                                                                                \
+        char *got_ = render(src, CTX, &st_);                                                           \
         CHECK_MSG(!got_ && st_ == (st) && strstr(exl_last_error(), msg), "%s\n      got %s / %s", src, \
-                  got_ ? got_ : exl_status_str(st_), exl_last_error());                        \
-        exl_free(got_);                                                                        \
+                  got_ ? got_ : exl_status_str(st_), exl_last_error());                                \
+        exl_free(got_);                                                                                \
     } while (0)
 
 EXL_TEST(literals_and_operators) {
@@ -60,7 +60,8 @@ EXL_TEST(literals_and_operators) {
     EXPECT("{{ not n }} {{ n and 'y' }} {{ 0 or 'z' }}", "False y z");
     EXPECT("{{ 'a' if n > 2 else 'b' }} {{ 'a' if n > 5 }}| {{ n if false else 'z' }}", "a | z");
     EXPECT("{{ ['it\\'s', \"a\\\"b\", 'e\"f\\'g'] }}", "[\"it's\", 'a\"b', 'e\"f\\'g']");
-    EXPECT("{{ 'tab\\there' }} {{ '\\u00e9\\x41' }} {{ 'a' 'b' }}", "tab\there \xc3\xa9" "A ab");
+    EXPECT("{{ 'tab\\there' }} {{ '\\u00e9\\x41' }} {{ 'a' 'b' }}", "tab\there \xc3\xa9"
+                                                                    "A ab");
 }
 
 EXL_TEST(subscripts_and_slices) {
@@ -112,7 +113,8 @@ EXL_TEST(whitespace_control) {
 EXL_TEST(filters) {
     EXPECT("{{ 'hello world-foo(bar' | title }} {{ 'hello world-foo(bar'.title() }} {{ 'ab cd'|capitalize }}",
            "Hello World-Foo(Bar Hello World-Foo(Bar Ab cd");
-    EXPECT("{{ s|upper }} {{ 'ÀB'|lower }}", "H\xc3\x89LLO W\xc3\x96RLD \xc3\xa0" "b");
+    EXPECT("{{ s|upper }} {{ 'ÀB'|lower }}", "H\xc3\x89LLO W\xc3\x96RLD \xc3\xa0"
+                                             "b");
     EXPECT("{{ messages|selectattr('role', 'equalto', 'user')|list|length }} "
            "{{ messages|map(attribute='role')|join(', ') }} "
            "{{ messages|rejectattr('role','eq','user')|map(attribute='content')|list }}",
@@ -194,8 +196,11 @@ EXL_TEST(runtime_errors) {
 
 EXL_TEST(hostile_templates_hit_limits) {
     char deep[1024];
-    snprintf(deep, sizeof deep, "{{ %.*s1%.*s }}", 300, "((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((",
-             300, "))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))");
+    snprintf(
+        deep, sizeof deep, "{{ %.*s1%.*s }}", 300,
+        "((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((",
+        300,
+        "))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))");
     EXPECT_FAIL(deep, EXL_ERR_FORMAT, "nesting deeper than");
     EXPECT_FAIL("{{ 'a' * 1000000000 }}", EXL_ERR_UNSUPPORTED, "larger than");
     EXPECT_FAIL("{% set ns = namespace(x='ab') %}{% for i in range(100) %}{% set ns.x = ns.x + ns.x %}{% endfor %}",

@@ -93,7 +93,8 @@ EXL_TEST(gemma3_tensors) {
                                         "rope:         default, theta 1e+06",
                                         "rope sliding: default, theta 10000",
                                         "RMSNorm (1 + w), q/k norms per head, post-attention and pre/post feed-forward",
-                                        "scores scaled by 1/sqrt(64)", NULL};
+                                        "scores scaled by 1/sqrt(64)",
+                                        NULL};
     check_report(m, facts);
     exl_model_free(m);
     check_runs(exl_test_shared("models/rand-gemma3"));
@@ -212,9 +213,10 @@ EXL_TEST(gemma3_multimodal_text_model) {
     char *text = mu_read_file(a, NULL);
     REQUIRE(text);
     char *config = malloc(strlen(text) + 256);
-    sprintf(config, "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": \"gemma3\", "
-                    "\"eos_token_id\": [2, 106], \"vision_config\": {\"model_type\": \"siglip_vision_model\"}, "
-                    "\"text_config\": %s}",
+    sprintf(config,
+            "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": \"gemma3\", "
+            "\"eos_token_id\": [2, 106], \"vision_config\": {\"model_type\": \"siglip_vision_model\"}, "
+            "\"text_config\": %s}",
             text);
     write_text(dir, "config.json", config);
     free(config);
@@ -291,7 +293,7 @@ EXL_TEST(stale_index_uses_the_directory_files) {
                "\"model.layers.0.mlp.up_proj.weight\": \"output.safetensors\"}}");
     st = load(dir, 0, &stale);
     CHECK_MSG(st == EXL_ERR_FORMAT && strstr(exl_last_error(), "'model.layers.0.mlp.up_proj.weight' is listed for "
-                                                                 "output.safetensors but that file does not hold it"),
+                                                               "output.safetensors but that file does not hold it"),
               "%s: %s", exl_status_str(st), exl_last_error());
     exl_model_free(stale);
 }

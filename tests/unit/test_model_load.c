@@ -34,8 +34,8 @@ static float *full_logits(exl_model *m, const int32_t *ids, int32_t n) {
     return out;
 }
 
-static const int32_t test_ids[] = {1, 80, 147, 201, 282, 57, 313, 598, 303, 1049, 1468, 267, 628, 333, 94, 1210,
-                                   263, 251, 604, 94, 1030, 94, 1030, 94, 436, 220, 1053, 615, 303, 328, 552, 319};
+static const int32_t test_ids[] = {1,   80,  147, 201, 282,  57, 313,  598, 303, 1049, 1468, 267, 628, 333, 94,  1210,
+                                   263, 251, 604, 94,  1030, 94, 1030, 94,  436, 220,  1053, 615, 303, 328, 552, 319};
 #define N_TEST_IDS ((int32_t)(sizeof test_ids / sizeof test_ids[0]))
 
 static void check_incremental(const char *model) {
@@ -319,7 +319,7 @@ EXL_TEST(unknown_architecture) {
 EXL_TEST(unsupported_rope_type) {
     make_copy();
     edit_config("\"rope_theta\": 10000.0,", "\"rope_theta\": 10000.0, \"rope_scaling\": {\"rope_type\": \"mrope\", "
-                                           "\"factor\": 2.0},");
+                                            "\"factor\": 2.0},");
     expect_error(EXL_ERR_UNSUPPORTED, "config.json",
                  "\"rope_scaling.rope_type\" = 'mrope' is an unsupported rope type");
 }

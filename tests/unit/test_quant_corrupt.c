@@ -5,8 +5,8 @@
 #include "test.h"
 
 #include "base/half.h"
-#include "io/weights.h"
 #include "format/quant.h"
+#include "io/weights.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -82,9 +82,7 @@ EXL_TEST(gptq_tinystories) { check_model("tinystories-656k-gptq-4bit-g32-actorde
 
 /* The reference was computed (2026-11-27) from every unquantized tensor as the file stores it:
  * ExLlamaV2 writes Gemma's norms as fp16(1 + w) - 1, so the file is the model to match. */
-EXL_TEST(exl2_gemma) {
-    check_model("rand-gemma-exl2-4.0bpw-h6");
-}
+EXL_TEST(exl2_gemma) { check_model("rand-gemma-exl2-4.0bpw-h6"); }
 
 /* `exl info`: per layer format and code widths, and the decoder's bits per weight, which
  * ExLlamaV2 targeted at 3.0 (its config's "bits") for this fixture. */

@@ -38,8 +38,8 @@ static void check_gptq(int bits, int32_t gs, int g_idx_mode, int sym, int v2, in
     int rows[] = {1, 3, 70};
     for (int i = 0; i < 3 && st == EXL_OK; i++) {
         double e = tq_kernel_err(&src, t.W, NULL, rows[i], 17u + (uint32_t)i);
-        CHECK_MSG(e >= 0 && e <= KERNEL_TOL, "gptq %d-bit gs %d g_idx %d sym %d v2 %d rows %d: kernel error %.3e",
-                  bits, gs, g_idx_mode, sym, v2, rows[i], e);
+        CHECK_MSG(e >= 0 && e <= KERNEL_TOL, "gptq %d-bit gs %d g_idx %d sym %d v2 %d rows %d: kernel error %.3e", bits,
+                  gs, g_idx_mode, sym, v2, rows[i], e);
     }
     free(w);
     tq_gptq_free(&t);

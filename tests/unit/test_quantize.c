@@ -31,11 +31,11 @@
 #include "test.h"
 
 #include "base/half.h"
+#include "convert/qz.h"
+#include "format/quant.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
-#include "format/quant.h"
-#include "convert/qz.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -167,14 +167,14 @@ static const char *small_dir(void) {
     static const char *lin[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                  "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
     static const int64_t out_f[7] = {64, 32, 32, 64, 128, 128, 64}, in_f[7] = {64, 64, 64, 64, 64, 64, 128};
-#define ADD(nm, d0, d1, ndims, isnorm)                                                                                 \
-    do {                                                                                                               \
-        snprintf(t[n].name, sizeof t[n].name, "%s", nm);                                                               \
-        t[n].shape[0] = d0;                                                                                            \
-        t[n].shape[1] = d1;                                                                                            \
-        t[n].nd = ndims;                                                                                               \
-        t[n].norm = isnorm;                                                                                            \
-        n++;                                                                                                           \
+#define ADD(nm, d0, d1, ndims, isnorm)                   \
+    do {                                                 \
+        snprintf(t[n].name, sizeof t[n].name, "%s", nm); \
+        t[n].shape[0] = d0;                              \
+        t[n].shape[1] = d1;                              \
+        t[n].nd = ndims;                                 \
+        t[n].norm = isnorm;                              \
+        n++;                                             \
     } while (0)
     char nm[96];
     ADD("model.embed_tokens.weight", 2056, 64, 2, 0);

@@ -53,8 +53,7 @@ static void check_distribution(const exl_sampling *p, const float *logits, int32
     }
     for (int32_t i = 0; i < vocab; i++) {
         double f = (double)counts[i] / DRAWS;
-        CHECK_MSG(fabs(f - want[i]) < TOL, "%s: token %d drawn %.4f of the time, expected %.4f", what, i, f,
-                  want[i]);
+        CHECK_MSG(fabs(f - want[i]) < TOL, "%s: token %d drawn %.4f of the time, expected %.4f", what, i, f, want[i]);
     }
     exl_sampler_scratch_free(&s);
 }
@@ -87,8 +86,8 @@ EXL_TEST(bias_and_penalties) {
     const int32_t history[] = {3, 1, 2, 1, 3, 3}; /* 3 x3, 1 x2, 2 x1 */
     exl_sampler_scratch s = scratch_for(6);
     exl_sampler_process(&p, l, 6, history, 6, &s);
-    CHECK(l[0] == 2.5f);                    /* bias only */
-    CHECK(l[1] == 2.0f / 2 - 1.0f - 0.25f); /* positive: divided */
+    CHECK(l[0] == 2.5f);                     /* bias only */
+    CHECK(l[1] == 2.0f / 2 - 1.0f - 0.25f);  /* positive: divided */
     CHECK(l[2] == -2.0f * 2 - 0.5f - 0.25f); /* negative: multiplied */
     CHECK(l[3] == 4.0f / 2 - 1.5f - 0.25f);
     CHECK(l[4] == -INFINITY && l[5] == 1.0f);

@@ -230,8 +230,8 @@ static void check_spm(const char *name, const char *dir, int skip_leading_space)
             continue;
         int32_t *ids, n;
         REQUIRE_OK(exl_tokenizer_encode(tok, text, strlen(text), 1, &ids, &n));
-        CHECK_MSG(ids_equal(ids, n, cJSON_GetObjectItem(c, "ids_special")), "%s (.model): case \"%.40s\" differs",
-                  name, text);
+        CHECK_MSG(ids_equal(ids, n, cJSON_GetObjectItem(c, "ids_special")), "%s (.model): case \"%.40s\" differs", name,
+                  text);
         exl_ids_free(ids);
         char *dec;
         int32_t *want = json_ids(cJSON_GetObjectItem(c, "ids_special"), &n);

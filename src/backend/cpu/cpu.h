@@ -33,26 +33,23 @@ static inline exl_cpu_backend *exl_cpu(exl_backend *be) { return (exl_cpu_backen
 /* x·W + b for EXL2 / GPTQ weights (cpu_qmatmul.c) */
 void exl_cpu_qmatmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
 void exl_cpu_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
-void exl_cpu_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
-                   float scale);
-void exl_cpu_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows,
-                     int32_t width, float eps);
+void exl_cpu_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows, float scale);
+void exl_cpu_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
+                     float eps);
 void exl_cpu_rope(exl_backend *be, float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
                   int32_t rot_dim, const float *inv_freq, float attn_factor);
-void exl_cpu_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
-                      const exl_batch *b, int32_t kv_width);
-void exl_cpu_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
-                       const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape);
+void exl_cpu_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v, const exl_batch *b,
+                      int32_t kv_width);
+void exl_cpu_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v, const void *k_cache,
+                       const void *v_cache, const exl_batch *b, const exl_attn_shape *shape);
 /* kv_store and attention for a cache with a quantized side (cpu_kv_quant.c) */
 void exl_cpu_kv_store_quant(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                             const exl_batch *b, int32_t kv_width);
 void exl_cpu_attention_quant(exl_backend *be, float *out, const float *q, const float *k, const float *v,
-                             const void *k_cache, const void *v_cache, const exl_batch *b,
-                             const exl_attn_shape *shape);
+                             const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape);
 void exl_cpu_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
 void exl_cpu_add(exl_backend *be, float *x, const float *y, int64_t n);
-void exl_cpu_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
-                         int32_t width);
+void exl_cpu_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n, int32_t width);
 void exl_cpu_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
                        int32_t col);
 void exl_cpu_softcap(exl_backend *be, float *x, int64_t n, float cap);

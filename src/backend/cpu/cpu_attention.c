@@ -12,8 +12,8 @@
 
 #define KEY_CHUNK 64
 
-void exl_cpu_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
-                      const exl_batch *b, int32_t kv_width) {
+void exl_cpu_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v, const exl_batch *b,
+                      int32_t kv_width) {
     if (exl_kv_quantized(b->kv.k_bits) || exl_kv_quantized(b->kv.v_bits)) {
         exl_cpu_kv_store_quant(be, k_cache, v_cache, k, v, b, kv_width);
         return;
@@ -105,14 +105,13 @@ static void attention_task(void *p, int ti, int tn) {
     }
 }
 
-void exl_cpu_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
-                       const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape) {
+void exl_cpu_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v, const void *k_cache,
+                       const void *v_cache, const exl_batch *b, const exl_attn_shape *shape) {
     if (exl_kv_quantized(b->kv.k_bits) || exl_kv_quantized(b->kv.v_bits)) {
         exl_cpu_attention_quant(be, out, q, k, v, k_cache, v_cache, b, shape);
         return;
     }
     (void)k, (void)v; /* the cache is fp32: the new rows' cached copies are exact */
     attn_job j = {exl_cpu(be), out, q, k_cache, v_cache, b, shape, (int64_t)b->n_rows * shape->n_heads};
-    exl_pool_run_work(exl_cpu(be)->pool, attention_task, &j,
-                      j.n_items * (int64_t)b->max_kv * shape->head_dim * 2);
+    exl_pool_run_work(exl_cpu(be)->pool, attention_task, &j, j.n_items * (int64_t)b->max_kv * shape->head_dim * 2);
 }

@@ -75,8 +75,7 @@ static void cpu_linear_free(exl_backend *be, exl_linear *w) {
     exl_free(w);
 }
 
-static exl_status cpu_vector_init(exl_backend *be, const exl_dense_src *src, int64_t n, float add,
-                                  exl_vector **out) {
+static exl_status cpu_vector_init(exl_backend *be, const exl_dense_src *src, int64_t n, float add, exl_vector **out) {
     exl_vector *v = exl_calloc(1, sizeof *v);
     if (!v || !(v->v = exl_malloc((size_t)n * sizeof(float)))) {
         exl_free(v);

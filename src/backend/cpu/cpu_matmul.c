@@ -56,8 +56,8 @@ static void dense_block(const matmul_job *j, long n0, long n1) {
             }
             for (int r = 0; r < nr; r++)
                 for (int c = 0; c < nc; c++)
-                    j->out[(int64_t)(r0 + r) * N + n + c] =
-                        acc[r * EXL_CPU_NC + c] + (j->w->bias ? j->w->bias[n + c] : 0.0f);
+                    j->out[(int64_t)(r0 + r) * N + n + c] = acc[r * EXL_CPU_NC + c] +
+                                                            (j->w->bias ? j->w->bias[n + c] : 0.0f);
         }
     }
 }

@@ -54,8 +54,8 @@ static void rmsnorm_task(void *p, int ti, int tn) {
     }
 }
 
-void exl_cpu_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows,
-                     int32_t width, float eps) {
+void exl_cpu_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
+                     float eps) {
     rmsnorm_job j = {out, x, w->v, rows, width, eps};
     exl_pool_run_work(exl_cpu(be)->pool, rmsnorm_task, &j, (int64_t)rows * width * 4);
 }
@@ -120,8 +120,7 @@ void exl_cpu_add(exl_backend *be, float *x, const float *y, int64_t n) {
         x[i] += y[i];
 }
 
-void exl_cpu_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
-                         int32_t width) {
+void exl_cpu_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n, int32_t width) {
     for (int32_t i = 0; i < n; i++)
         memcpy(out + (int64_t)i * width, x + (int64_t)idx[i] * width, (size_t)width * sizeof(float));
 }

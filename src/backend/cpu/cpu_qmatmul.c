@@ -15,8 +15,8 @@
 
 #include <string.h>
 
-#define QROWS 64   /* activation rows accumulated per pass over the weights */
-#define QACC 8192  /* floats of accumulators per thread: [rows][block columns] */
+#define QROWS 64  /* activation rows accumulated per pass over the weights */
+#define QACC 8192 /* floats of accumulators per thread: [rows][block columns] */
 
 typedef struct {
     const exl_cpu_qkernels *qk;
@@ -28,8 +28,8 @@ typedef struct {
 
 /* scale[i] and zero[i] of group g for columns n0 + i, i < width (0 beyond); zeros are
  * relative to the code midpoint 2^(b-1), as the kernels take them. */
-static void group_params(const exl_linear *w, const exl_cpu_qkernels *qk, const exl_qgroup *grp, int64_t n0,
-                         int width, float *scale, float *zero) {
+static void group_params(const exl_linear *w, const exl_cpu_qkernels *qk, const exl_qgroup *grp, int64_t n0, int width,
+                         float *scale, float *zero) {
     const exl_linear_src *s = &w->src;
     int tile = qk->tile;
     if (s->kind == EXL_LINEAR_EXL2) {

@@ -11,9 +11,9 @@ typedef struct exl_cpu_qmat {
     int64_t ld;           /* words between stream rows: n_padded (EXL2) or out_features (GPTQ) */
     exl_qgroup *groups;
     int32_t n_groups;
-    int32_t *perm;        /* [in_features] activation row of each kernel row */
-    int32_t *repacked;    /* GPTQ with unsorted g_idx: qweight with rows sorted by group */
-    float *lut;           /* EXL2: [n_groups][16] scale of each 4-bit scale code */
+    int32_t *perm;     /* [in_features] activation row of each kernel row */
+    int32_t *repacked; /* GPTQ with unsorted g_idx: qweight with rows sorted by group */
+    float *lut;        /* EXL2: [n_groups][16] scale of each 4-bit scale code */
 } exl_cpu_qmat;
 
 /* Build the view of a source validated by format/ (exl_exl2_check / exl_gptq_check). */

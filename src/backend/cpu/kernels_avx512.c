@@ -45,51 +45,50 @@ DEFINE_DOT(dot_bf16, uint16_t, load_bf16)
  * as DEFINE_DOT does it (two accumulators over 32-wide steps, the tail masked into the
  * first), so the block and dot kernels give bit-identical results. */
 #define UNROLL _Pragma("GCC unroll 4")
-#define DEFINE_BLOCK(name, wtype, loadv)                                                                      \
-    static inline __attribute__((always_inline)) void name##_nr(int NR, const float *x, int64_t ldx,         \
+#define DEFINE_BLOCK(name, wtype, loadv)                                                                        \
+    static inline __attribute__((always_inline)) void name##_nr(int NR, const float *x, int64_t ldx,            \
                                                                 const wtype *const *w, int64_t k, float *out) { \
-        __m512 a0[EXL_CPU_MAX_NR][EXL_CPU_NC], a1[EXL_CPU_MAX_NR][EXL_CPU_NC];                               \
-        UNROLL for (int r = 0; r < NR; r++) UNROLL for (int c = 0; c < EXL_CPU_NC; c++) a0[r][c] = a1[r][c] = \
-            _mm512_setzero_ps();                                                                             \
-        int64_t i = 0;                                                                                       \
-        for (; i + 32 <= k; i += 32) {                                                                       \
-            __m512 w0[EXL_CPU_NC], w1[EXL_CPU_NC];                                                           \
-            UNROLL for (int c = 0; c < EXL_CPU_NC; c++) {                                                    \
-                w0[c] = loadv(w[c] + i, 0xffff);                                                             \
-                w1[c] = loadv(w[c] + i + 16, 0xffff);                                                        \
-            }                                                                                                \
-            UNROLL for (int r = 0; r < NR; r++) {                                                            \
-                __m512 x0 = _mm512_loadu_ps(x + r * ldx + i), x1 = _mm512_loadu_ps(x + r * ldx + i + 16);    \
-                UNROLL for (int c = 0; c < EXL_CPU_NC; c++) {                                                \
-                    a0[r][c] = _mm512_fmadd_ps(x0, w0[c], a0[r][c]);                                         \
-                    a1[r][c] = _mm512_fmadd_ps(x1, w1[c], a1[r][c]);                                         \
-                }                                                                                            \
-            }                                                                                                \
-        }                                                                                                    \
-        for (; i < k; i += 16) {                                                                             \
-            __mmask16 m = k - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k - i)) - 1);                \
-            __m512 w0[EXL_CPU_NC];                                                                           \
-            UNROLL for (int c = 0; c < EXL_CPU_NC; c++) w0[c] = loadv(w[c] + i, m);                          \
-            UNROLL for (int r = 0; r < NR; r++) {                                                            \
-                __m512 x0 = _mm512_maskz_loadu_ps(m, x + r * ldx + i);                                       \
-                UNROLL for (int c = 0; c < EXL_CPU_NC; c++) a0[r][c] = _mm512_fmadd_ps(x0, w0[c], a0[r][c]); \
-            }                                                                                                \
-        }                                                                                                    \
-        UNROLL for (int r = 0; r < NR; r++) UNROLL for (int c = 0; c < EXL_CPU_NC; c++)                      \
-            out[r * EXL_CPU_NC + c] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r][c], a1[r][c]));               \
-    }                                                                                                        \
-    static void name(const float *x, int64_t ldx, int nr, const wtype *const *w, int64_t k, float *out) {    \
-        switch (nr) {                                                                                        \
-        case 1: name##_nr(1, x, ldx, w, k, out); break;                                                      \
-        case 2: name##_nr(2, x, ldx, w, k, out); break;                                                      \
-        case 3: name##_nr(3, x, ldx, w, k, out); break;                                                      \
-        default: name##_nr(4, x, ldx, w, k, out); break;                                                     \
-        }                                                                                                    \
+        __m512 a0[EXL_CPU_MAX_NR][EXL_CPU_NC], a1[EXL_CPU_MAX_NR][EXL_CPU_NC];                                  \
+        UNROLL for (int r = 0; r < NR; r++) UNROLL for (int c = 0; c < EXL_CPU_NC; c++)                         \
+            a0[r][c] = a1[r][c] = _mm512_setzero_ps();                                                          \
+        int64_t i = 0;                                                                                          \
+        for (; i + 32 <= k; i += 32) {                                                                          \
+            __m512 w0[EXL_CPU_NC], w1[EXL_CPU_NC];                                                              \
+            UNROLL for (int c = 0; c < EXL_CPU_NC; c++) {                                                       \
+                w0[c] = loadv(w[c] + i, 0xffff);                                                                \
+                w1[c] = loadv(w[c] + i + 16, 0xffff);                                                           \
+            }                                                                                                   \
+            UNROLL for (int r = 0; r < NR; r++) {                                                               \
+                __m512 x0 = _mm512_loadu_ps(x + r * ldx + i), x1 = _mm512_loadu_ps(x + r * ldx + i + 16);       \
+                UNROLL for (int c = 0; c < EXL_CPU_NC; c++) {                                                   \
+                    a0[r][c] = _mm512_fmadd_ps(x0, w0[c], a0[r][c]);                                            \
+                    a1[r][c] = _mm512_fmadd_ps(x1, w1[c], a1[r][c]);                                            \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (; i < k; i += 16) {                                                                                \
+            __mmask16 m = k - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k - i)) - 1);                   \
+            __m512 w0[EXL_CPU_NC];                                                                              \
+            UNROLL for (int c = 0; c < EXL_CPU_NC; c++) w0[c] = loadv(w[c] + i, m);                             \
+            UNROLL for (int r = 0; r < NR; r++) {                                                               \
+                __m512 x0 = _mm512_maskz_loadu_ps(m, x + r * ldx + i);                                          \
+                UNROLL for (int c = 0; c < EXL_CPU_NC; c++) a0[r][c] = _mm512_fmadd_ps(x0, w0[c], a0[r][c]);    \
+            }                                                                                                   \
+        }                                                                                                       \
+        UNROLL for (int r = 0; r < NR; r++) UNROLL for (int c = 0; c < EXL_CPU_NC; c++)                         \
+            out[r * EXL_CPU_NC + c] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r][c], a1[r][c]));                  \
+    }                                                                                                           \
+    static void name(const float *x, int64_t ldx, int nr, const wtype *const *w, int64_t k, float *out) {       \
+        switch (nr) {                                                                                           \
+        case 1: name##_nr(1, x, ldx, w, k, out); break;                                                         \
+        case 2: name##_nr(2, x, ldx, w, k, out); break;                                                         \
+        case 3: name##_nr(3, x, ldx, w, k, out); break;                                                         \
+        default: name##_nr(4, x, ldx, w, k, out); break;                                                        \
+        }                                                                                                       \
     }
 
 DEFINE_BLOCK(block_f32, float, load_f32)
 DEFINE_BLOCK(block_f16, uint16_t, load_f16)
 DEFINE_BLOCK(block_bf16, uint16_t, load_bf16)
 
-const exl_cpu_kernels exl_cpu_kernels_avx512 = {"avx512",  dot_f32,   dot_f16,   dot_bf16,
-                                                block_f32, block_f16, block_bf16};
+const exl_cpu_kernels exl_cpu_kernels_avx512 = {"avx512", dot_f32, dot_f16, dot_bf16, block_f32, block_f16, block_bf16};

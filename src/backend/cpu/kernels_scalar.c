@@ -5,19 +5,19 @@
 
 #include <stddef.h>
 
-#define DEFINE_DOT(name, wtype, load)                                                              \
-    static void name(const float *x, int64_t ldx, int nr, const wtype *w, int64_t k, float *out) { \
-        for (int r = 0; r < nr; r++) {                                                             \
-            const float *xr = x + r * ldx;                                                         \
-            float acc[8] = {0};                                                                    \
-            int64_t i = 0;                                                                         \
-            for (; i + 8 <= k; i += 8)                                                             \
-                for (int j = 0; j < 8; j++)                                                        \
-                    acc[j] += xr[i + j] * load(w[i + j]);                                          \
-            for (; i < k; i++)                                                                     \
-                acc[0] += xr[i] * load(w[i]);                                                      \
+#define DEFINE_DOT(name, wtype, load)                                                                   \
+    static void name(const float *x, int64_t ldx, int nr, const wtype *w, int64_t k, float *out) {      \
+        for (int r = 0; r < nr; r++) {                                                                  \
+            const float *xr = x + r * ldx;                                                              \
+            float acc[8] = {0};                                                                         \
+            int64_t i = 0;                                                                              \
+            for (; i + 8 <= k; i += 8)                                                                  \
+                for (int j = 0; j < 8; j++)                                                             \
+                    acc[j] += xr[i + j] * load(w[i + j]);                                               \
+            for (; i < k; i++)                                                                          \
+                acc[0] += xr[i] * load(w[i]);                                                           \
             out[r] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])); \
-        }                                                                                          \
+        }                                                                                               \
     }
 
 #define LOAD_F32(v) (v)

@@ -18,11 +18,11 @@
 #include <stdint.h>
 
 typedef struct exl_qgroup {
-    int32_t g;      /* index of the group's scales and zeros */
-    int32_t bits;   /* 2..8 */
-    int64_t row0;   /* first kernel row: activations are x[perm[row]] */
+    int32_t g;    /* index of the group's scales and zeros */
+    int32_t bits; /* 2..8 */
+    int64_t row0; /* first kernel row: activations are x[perm[row]] */
     int64_t n_rows;
-    int64_t bit0;   /* stream bit of row0's code */
+    int64_t bit0; /* stream bit of row0's code */
 } exl_qgroup;
 
 #define EXL_QTILE_MAX 64 /* the widest tile of any table */
@@ -35,8 +35,8 @@ typedef struct exl_cpu_qkernels {
     /* words: the first stream word of the tile's first column; stream rows are ld words
      * apart; columns >= width are neither read nor meaningful. x rows are ldx apart;
      * acc is [nr] rows of tile values, lda floats apart; scale and zero (relative to 2^(b-1)) hold tile values. */
-    void (*group)(const exl_qgroup *g, const int32_t *words, int64_t ld, int width, const int32_t *perm,
-                  const float *x, int64_t ldx, int nr, const float *scale, const float *zero, float *acc, int64_t lda);
+    void (*group)(const exl_qgroup *g, const int32_t *words, int64_t ld, int width, const int32_t *perm, const float *x,
+                  int64_t ldx, int nr, const float *scale, const float *zero, float *acc, int64_t lda);
     /* dst[i] = fp16 src[i] as fp32 */
     void (*f16_to_f32)(const uint16_t *src, float *dst, int n);
 } exl_cpu_qkernels;

@@ -22,9 +22,9 @@
 #error "define the vector macros and QKERNEL_NAME before including qkernels_impl.h"
 #endif
 
-#define QNV 4              /* vectors per tile */
-#define QTILE (QNV * VL)   /* columns per tile */
-#define QPREFETCH 4        /* chunks ahead to prefetch */
+#define QNV 4            /* vectors per tile */
+#define QTILE (QNV * VL) /* columns per tile */
+#define QPREFETCH 4      /* chunks ahead to prefetch */
 #define QINLINE static inline __attribute__((always_inline))
 
 /* Centered codes (code - 2^(b-1)) at one stream bit position for VL columns, read one at
@@ -83,7 +83,7 @@ QINLINE void q_row_any(int B, int NR, const int32_t *w, int64_t ld, const vmask 
 QINLINE void q_chunk4(int NR, const int32_t *wc, int64_t ld, const vmask *m, const int32_t *perm, const float *x,
                       int64_t ldx, vflt acc[][QNV], float *xs) {
 #pragma GCC unroll 4
-    for (int v = 0; v < QNV; v += 64 / (VL * 4) > 0 ? 64 / (VL * 4) : 1)
+    for (int v = 0; v<QNV; v += 64 / (VL * 4)> 0 ? 64 / (VL * 4) : 1)
         __builtin_prefetch(wc + (int64_t)QPREFETCH * ld + v * VL);
     vint lo[QNV], hi[QNV];
 #pragma GCC unroll 4
@@ -142,7 +142,7 @@ QINLINE void q_group(int B, int NR, const exl_qgroup *g, const int32_t *w, int64
 #pragma GCC unroll 5
         for (int c = 0; c < CW; c++)
 #pragma GCC unroll 4
-            for (int v = 0; v < QNV; v += 64 / (VL * 4) > 0 ? 64 / (VL * 4) : 1)
+            for (int v = 0; v<QNV; v += 64 / (VL * 4)> 0 ? 64 / (VL * 4) : 1)
                 __builtin_prefetch(wc + ((int64_t)QPREFETCH * CW + c) * ld + v * VL);
         vint wv[5 * QNV];
 #pragma GCC unroll 5
@@ -173,18 +173,18 @@ QINLINE void q_group(int B, int NR, const exl_qgroup *g, const int32_t *w, int64
 }
 
 /* One instantiation per (width, rows) pair, so all shifts and loop bounds are constants. */
-#define Q_WIDTHS(NR)                                                                                  \
-    static void q_group_nr##NR(const exl_qgroup *g, const int32_t *w, int64_t ld, const vmask *m,     \
-                               const int32_t *perm, const float *x, int64_t ldx, const float *scale,  \
-                               const float *zero, float *out, int64_t lda) {                          \
-        switch (g->bits) {                                                                            \
-        case 2: q_group(2, NR, g, w, ld, m, perm, x, ldx, scale, zero, out, lda); break;              \
-        case 3: q_group(3, NR, g, w, ld, m, perm, x, ldx, scale, zero, out, lda); break;              \
-        case 4: q_group(4, NR, g, w, ld, m, perm, x, ldx, scale, zero, out, lda); break;              \
-        case 5: q_group(5, NR, g, w, ld, m, perm, x, ldx, scale, zero, out, lda); break;              \
-        case 6: q_group(6, NR, g, w, ld, m, perm, x, ldx, scale, zero, out, lda); break;              \
-        default: q_group(8, NR, g, w, ld, m, perm, x, ldx, scale, zero, out, lda); break;             \
-        }                                                                                             \
+#define Q_WIDTHS(NR)                                                                                                   \
+    static void q_group_nr##NR(const exl_qgroup *g, const int32_t *w, int64_t ld, const vmask *m, const int32_t *perm, \
+                               const float *x, int64_t ldx, const float *scale, const float *zero, float *out,         \
+                               int64_t lda) {                                                                          \
+        switch (g->bits) {                                                                                             \
+        case 2: q_group(2, NR, g, w, ld, m, perm, x, ldx, scale, zero, out, lda); break;                               \
+        case 3: q_group(3, NR, g, w, ld, m, perm, x, ldx, scale, zero, out, lda); break;                               \
+        case 4: q_group(4, NR, g, w, ld, m, perm, x, ldx, scale, zero, out, lda); break;                               \
+        case 5: q_group(5, NR, g, w, ld, m, perm, x, ldx, scale, zero, out, lda); break;                               \
+        case 6: q_group(6, NR, g, w, ld, m, perm, x, ldx, scale, zero, out, lda); break;                               \
+        default: q_group(8, NR, g, w, ld, m, perm, x, ldx, scale, zero, out, lda); break;                              \
+        }                                                                                                              \
     }
 
 Q_WIDTHS(1)

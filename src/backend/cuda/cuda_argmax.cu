@@ -19,7 +19,7 @@ __device__ __forceinline__ bool beats(float v, int32_t i, float bv, int32_t bi) 
 }
 
 __global__ void __launch_bounds__(ARGMAX_THREADS)
-argmax_kernel(int32_t *ids, int32_t *ring, unsigned *state, const float *logits, int32_t vocab) {
+    argmax_kernel(int32_t *ids, int32_t *ring, unsigned *state, const float *logits, int32_t vocab) {
     exl_pdl_start();
     __shared__ float s_v[ARGMAX_THREADS / 32];
     __shared__ int32_t s_i[ARGMAX_THREADS / 32];

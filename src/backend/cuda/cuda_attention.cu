@@ -24,7 +24,7 @@
 #define ATT_WARPS 4
 /* the fast decode kernel's V row stride in halves, and its shared memory for W warps */
 #define FAST_VS(hd) ((hd) + 8)
-#define FAST_SMEM(hd, w) ((size_t)(w) * KEY_BLOCK * FAST_VS(hd) * sizeof(__half))
+#define FAST_SMEM(hd, w) ((size_t)(w)*KEY_BLOCK * FAST_VS(hd) * sizeof(__half))
 /* contexts of up to SHORT_WARPS * KEY_BLOCK keys: one split of SHORT_WARPS warps, a key block each
  * (no combine), where the GPU gives a block their shared memory (exl_cuda_attention_init) */
 #define SHORT_WARPS 8
@@ -252,9 +252,9 @@ __device__ __forceinline__ void load_query(const float *q, float *qs, const deco
 }
 
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
-                   const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
-                   int keys_per_split) {
+    attn_decode_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
+                       const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
+                       int keys_per_split) {
     exl_pdl_start();
     __shared__ float qs[MAX_HEAD_DIM];
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
@@ -338,10 +338,10 @@ __device__ __forceinline__ void fetch_key(const __half *kc, const __half *vc, in
  * head) writes them to their cache slot for later steps; no other block reads that slot in
  * this step. */
 typedef struct decode_rope {
-    const float *k, *v;     /* this step's keys (before rope) and values, [rows, kv width] */
-    const float *inv_freq;  /* half of them */
+    const float *k, *v;    /* this step's keys (before rope) and values, [rows, kv width] */
+    const float *inv_freq; /* half of them */
     float attn_factor;
-    int half;               /* rot_dim / 2 */
+    int half; /* rot_dim / 2 */
     out_order oo;
 } decode_rope;
 
@@ -360,12 +360,12 @@ __device__ __forceinline__ float rope_of(float xi, float xp, int i, int half, co
 
 template <int HD, int W, bool ROPE>
 __global__ void __launch_bounds__(W * 32)
-attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
-                        const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
-                        int keys_per_split, decode_rope rp) {
+    attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half *kc, const __half *vc,
+                            const exl_attn_seq *seqs, int n_seqs, const int32_t *page_tables, exl_attn_shape sh,
+                            int keys_per_split, decode_rope rp) {
     exl_pdl_trigger();
-    constexpr int VS = FAST_VS(HD); /* V row stride in halves (16-byte pad) */
-    constexpr int PPL = HD / 64; /* half2 output pairs per lane */
+    constexpr int VS = FAST_VS(HD);                  /* V row stride in halves (16-byte pad) */
+    constexpr int PPL = HD / 64;                     /* half2 output pairs per lane */
     extern __shared__ __align__(16) __half vt_dyn[]; /* [W][KEY_BLOCK][VS]: past 48 KiB for W = 8 */
     __half(*vt)[KEY_BLOCK][VS] = (__half(*)[KEY_BLOCK][VS])vt_dyn;
     __shared__ __align__(16) float qs[HD];
@@ -377,8 +377,8 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
     const int k0 = d.k0, k1 = d.k1;
     const int32_t *pages = d.pages;
     /* where this thread's output element goes (o_proj's slot order: a table read, so before the wait) */
-    const int64_t first_at =
-        threadIdx.x < HD ? out_at(rp.oo, ((int64_t)row * sh.n_heads + head) * HD + threadIdx.x) : -1;
+    const int64_t first_at = threadIdx.x < HD ? out_at(rp.oo, ((int64_t)row * sh.n_heads + head) * HD + threadIdx.x)
+                                              : -1;
 
     uint4 kr[HD / 8];
     int t0 = k0 + warp * KEY_BLOCK;
@@ -398,7 +398,8 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
     if constexpr (ROPE) {
         __syncthreads();
         const float *qr = q + ((int64_t)row * sh.n_heads + head) * HD;
-        const float *kr32 = rp.k + (int64_t)row * kvw + (int64_t)kvh * HD, *vr32 = rp.v + (int64_t)row * kvw + (int64_t)kvh * HD;
+        const float *kr32 = rp.k + (int64_t)row * kvw + (int64_t)kvh * HD,
+                    *vr32 = rp.v + (int64_t)row * kvw + (int64_t)kvh * HD;
         for (int i = threadIdx.x; i < HD; i += W * 32) {
             /* the five loads issued together (rope_at's branches had made them three round trips) */
             const int o = rope_partner(i, rp.half);
@@ -489,14 +490,15 @@ attn_decode_fast_kernel(float *out, float *partial, const float *q, const __half
     merge_warps_fixed<W, HD>(out, partial, wm, wl, wacc, (int64_t)row * sh.n_heads + head, split, rp.oo, first_at);
 }
 
-typedef void (*decode_fast_fn)(float *, float *, const float *, const __half *, const __half *,
-                               const exl_attn_seq *, int, const int32_t *, exl_attn_shape, int, decode_rope);
+typedef void (*decode_fast_fn)(float *, float *, const float *, const __half *, const __half *, const exl_attn_seq *,
+                               int, const int32_t *, exl_attn_shape, int, decode_rope);
 
 /* the fast decode kernel for head_dim hd (64 or 128): one split of SHORT_WARPS, or ATT_WARPS a split */
 template <bool ROPE>
 static decode_fast_fn fast_kernel(int hd, bool short_ctx) {
     if (hd == 128)
-        return short_ctx ? attn_decode_fast_kernel<128, SHORT_WARPS, ROPE> : attn_decode_fast_kernel<128, ATT_WARPS, ROPE>;
+        return short_ctx ? attn_decode_fast_kernel<128, SHORT_WARPS, ROPE>
+                         : attn_decode_fast_kernel<128, ATT_WARPS, ROPE>;
     return short_ctx ? attn_decode_fast_kernel<64, SHORT_WARPS, ROPE> : attn_decode_fast_kernel<64, ATT_WARPS, ROPE>;
 }
 
@@ -528,14 +530,14 @@ __global__ void attn_combine_kernel(float *out, const float *partial, int hd, in
  * (fp32, as computed) rather than from their fp16 copies in the cache, so a prompt's
  * attention over itself carries no fp16 rounding. */
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-attn_prefill_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc, const __half *vc,
-                    const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
+    attn_prefill_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc, const __half *vc,
+                        const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
     exl_pdl_start();
     extern __shared__ float smem[];
-    const int hd = sh.head_dim, ks = hd + 4; /* K/V row stride in floats (16-byte pad) */
-    float *qs = smem;                                    /* [Q_TILE][hd] */
-    float *ps = qs + Q_TILE * hd;                        /* [ATT_WARPS][4][KEY_BLOCK] */
-    float *kt = ps + ATT_WARPS * 4 * KEY_BLOCK;          /* [KEY_BLOCK][ks] */
+    const int hd = sh.head_dim, ks = hd + 4;    /* K/V row stride in floats (16-byte pad) */
+    float *qs = smem;                           /* [Q_TILE][hd] */
+    float *ps = qs + Q_TILE * hd;               /* [ATT_WARPS][4][KEY_BLOCK] */
+    float *kt = ps + ATT_WARPS * 4 * KEY_BLOCK; /* [KEY_BLOCK][ks] */
     float *vt = kt + KEY_BLOCK * ks;
     __shared__ int64_t slots[KEY_BLOCK];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -658,16 +660,17 @@ struct prefill_tile {
 
 template <int HD, int BK>
 __global__ void __launch_bounds__(256)
-attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc,
-                          const __half *vc, const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
+    attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc,
+                              const __half *vc, const exl_attn_seq *seqs, const int32_t *page_tables,
+                              exl_attn_shape sh) {
     using T = prefill_tile<HD, BK>;
     constexpr int KPT = T::KPT, DPT = T::DPT, VS = T::VS, PS = T::PS;
     exl_pdl_start();
     extern __shared__ float smem[];
-    float *qs = smem;          /* [HD][TQ], scaled */
-    float *kt = qs + HD * TQ;  /* [HD][BK] */
-    float *vt = kt + HD * BK;  /* [BK][VS] */
-    float *pt = vt + BK * VS;  /* [BK][PS] */
+    float *qs = smem;         /* [HD][TQ], scaled */
+    float *kt = qs + HD * TQ; /* [HD][BK] */
+    float *vt = kt + HD * BK; /* [BK][VS] */
+    float *pt = vt + BK * VS; /* [BK][PS] */
     const int tq = threadIdx.x / 16, tk = threadIdx.x % 16;
     prefill_block P;
     if (!prefill_place(seqs, page_tables, sh, TQ, BK, &P))
@@ -796,7 +799,7 @@ attn_prefill_tiled_kernel(float *out, const float *q, const float *k, const floa
 #pragma unroll
         for (int g = 0; g < DPT / 4; g++)
             *(float4 *)(o + g * 64 + tk * 4) = make_float4(acc[i][4 * g] * inv, acc[i][4 * g + 1] * inv,
-                                                          acc[i][4 * g + 2] * inv, acc[i][4 * g + 3] * inv);
+                                                           acc[i][4 * g + 2] * inv, acc[i][4 * g + 3] * inv);
     }
 }
 
@@ -846,8 +849,8 @@ struct tc_tile {
 
 template <int HD>
 __global__ void __launch_bounds__(TC_WARPS * 32)
-attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc, const __half *vc,
-                       const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
+    attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc,
+                           const __half *vc, const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
     constexpr int RS = tc_tile<HD>::RS, NT = TC_BK / 8, DT = HD / 8;
     exl_pdl_start();
     extern __shared__ __align__(16) __half tsm[];
@@ -955,7 +958,7 @@ attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *
 #pragma unroll
         for (int n = 0; n < DT; n++)
             o[n][0] *= corr[0], o[n][1] *= corr[0], o[n][2] *= corr[1], o[n][3] *= corr[1];
-        /* O += P V, 16 keys a step: the score accumulators of n-tiles 2kk, 2kk + 1 are P's A fragment */
+            /* O += P V, 16 keys a step: the score accumulators of n-tiles 2kk, 2kk + 1 are P's A fragment */
 #pragma unroll
         for (int kk = 0; kk < TC_BK / 16; kk++) {
             uint32_t ph[4], pl[4];
@@ -994,16 +997,16 @@ static void launch_prefill_tc(exl_cuda_backend *cb, float *out, const float *q, 
     const size_t smem = tc_tile<HD>::smem_bytes;
     static size_t allowed = 48 * 1024;
     if (smem > allowed) {
-        if (cudaFuncSetAttribute(attn_prefill_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem) != cudaSuccess) {
+        if (cudaFuncSetAttribute(attn_prefill_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+            cudaSuccess) {
             exl_cuda_check_launch(cb, "attention shared memory");
             return;
         }
         allowed = smem;
     }
     dim3 grid((unsigned)((b->max_q + TC_BQ - 1) / TC_BQ), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
-    exl_cuda_launch(cb, attn_prefill_tc_kernel<HD>, grid, dim3(TC_WARPS * 32), smem, out, q, k, v, kc, vc,
-                    b->d_seqs, b->d_page_tables, *sh);
+    exl_cuda_launch(cb, attn_prefill_tc_kernel<HD>, grid, dim3(TC_WARPS * 32), smem, out, q, k, v, kc, vc, b->d_seqs,
+                    b->d_page_tables, *sh);
     exl_cuda_check_launch(cb, "prefill attention (tensor cores)");
 }
 
@@ -1066,15 +1069,14 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
     if (b->max_q > EXL_CUDA_DECODE_MAX_Q) {
         size_t smem = (size_t)Q_TILE * sh->head_dim * sizeof(float) + ATT_WARPS * 4 * KEY_BLOCK * sizeof(float) +
                       2 * KEY_BLOCK * (size_t)(sh->head_dim + 4) * sizeof(float);
-        if (smem > 48 * 1024 &&
-            cudaFuncSetAttribute(attn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-                cudaSuccess) {
+        if (smem > 48 * 1024 && cudaFuncSetAttribute(attn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     (int)smem) != cudaSuccess) {
             exl_cuda_check_launch(cb, "attention shared memory");
             return;
         }
         dim3 grid((unsigned)((b->max_q + Q_TILE - 1) / Q_TILE), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
-        exl_cuda_launch(cb, attn_prefill_kernel, grid, dim3(ATT_WARPS * 32), smem, out, q, k, v, kc, vc,
-                b->d_seqs, b->d_page_tables, *sh);
+        exl_cuda_launch(cb, attn_prefill_kernel, grid, dim3(ATT_WARPS * 32), smem, out, q, k, v, kc, vc, b->d_seqs,
+                        b->d_page_tables, *sh);
         exl_cuda_check_launch(cb, "prefill attention");
         return;
     }
@@ -1102,24 +1104,25 @@ static void launch_decode(exl_cuda_backend *cb, float *out, const float *q, cons
         kps = (kps + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
         splits = (max_kv + kps - 1) / kps;
     }
-    if (splits > 1 && !exl_cuda_ensure(cb, (void **)&cb->attn_partial, &cb->attn_partial_bytes,
-                                       (size_t)items * splits * (sh->head_dim + 2) * sizeof(float),
-                                       "attention partials"))
+    if (splits > 1 &&
+        !exl_cuda_ensure(cb, (void **)&cb->attn_partial, &cb->attn_partial_bytes,
+                         (size_t)items * splits * (sh->head_dim + 2) * sizeof(float), "attention partials"))
         return;
     const dim3 grid((unsigned)items, (unsigned)splits);
     if (fast) {
         const int w = short_ctx ? SHORT_WARPS : ATT_WARPS;
-        const decode_fast_fn k = rp ? fast_kernel<true>(sh->head_dim, short_ctx) : fast_kernel<false>(sh->head_dim, short_ctx);
+        const decode_fast_fn k = rp ? fast_kernel<true>(sh->head_dim, short_ctx)
+                                    : fast_kernel<false>(sh->head_dim, short_ctx);
         exl_cuda_launch(cb, k, grid, dim3(w * 32), FAST_SMEM(sh->head_dim, w), out, cb->attn_partial, q, kc, vc,
-                b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps, rp ? *rp : decode_rope{});
+                        b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps, rp ? *rp : decode_rope{});
     } else {
-        exl_cuda_launch(cb, attn_decode_kernel, grid, dim3(ATT_WARPS * 32), 0, out, cb->attn_partial, q, kc,
-                vc, b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
+        exl_cuda_launch(cb, attn_decode_kernel, grid, dim3(ATT_WARPS * 32), 0, out, cb->attn_partial, q, kc, vc,
+                        b->d_seqs, b->n_seqs, b->d_page_tables, *sh, kps);
     }
     exl_cuda_check_launch(cb, "decode attention");
     if (splits > 1) {
         exl_cuda_launch(cb, attn_combine_kernel, dim3((unsigned)items), dim3(128), 0, out, cb->attn_partial,
-                sh->head_dim, splits, rp ? rp->oo : out_order{});
+                        sh->head_dim, splits, rp ? rp->oo : out_order{});
         exl_cuda_check_launch(cb, "attention combine");
     }
 }
@@ -1159,9 +1162,11 @@ void exl_cuda_attention_init(void) {
     short_kernels_ok = 1;
     for (int hd = 64; hd <= 128; hd += 64)
         short_kernels_ok = short_kernels_ok &&
-                           cudaFuncSetAttribute(fast_kernel<false>(hd, true), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           cudaFuncSetAttribute(fast_kernel<false>(hd, true),
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)FAST_SMEM(hd, SHORT_WARPS)) == cudaSuccess &&
-                           cudaFuncSetAttribute(fast_kernel<true>(hd, true), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           cudaFuncSetAttribute(fast_kernel<true>(hd, true),
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)FAST_SMEM(hd, SHORT_WARPS)) == cudaSuccess;
     cudaGetLastError();
 }

@@ -103,8 +103,7 @@ exl_status exl_cuda_malloc(void **p, size_t bytes, const char *what) {
     if (e == cudaErrorMemoryAllocation)
         return exl_cuda_fail(EXL_ERR_NOMEM, "out of GPU memory allocating %.1f MiB for %s (%.1f of %.1f MiB free)",
                              bytes / 1048576.0, what, free_b / 1048576.0, total_b / 1048576.0);
-    return exl_cuda_fail(EXL_ERR_DEVICE, "CUDA: allocating %zu bytes for %s: %s", bytes, what,
-                         cudaGetErrorString(e));
+    return exl_cuda_fail(EXL_ERR_DEVICE, "CUDA: allocating %zu bytes for %s: %s", bytes, what, cudaGetErrorString(e));
 }
 
 int exl_cuda_ensure(exl_cuda_backend *cb, void **buf, size_t *have, size_t bytes, const char *what) {
@@ -118,8 +117,7 @@ int exl_cuda_ensure(exl_cuda_backend *cb, void **buf, size_t *have, size_t bytes
         *have = 0;
     }
     if (exl_cuda_malloc(buf, bytes, what) != EXL_OK) {
-        exl_cuda_set_sticky(cb, EXL_ERR_NOMEM, "out of GPU memory allocating %.1f MiB for %s", bytes / 1048576.0,
-                            what);
+        exl_cuda_set_sticky(cb, EXL_ERR_NOMEM, "out of GPU memory allocating %.1f MiB for %s", bytes / 1048576.0, what);
         return 0;
     }
     *have = bytes;
@@ -263,8 +261,7 @@ static exl_status cu_linear_init(exl_backend *be, const exl_linear_src *src, exl
     exl_cuda_backend *cb = exl_cuda(be);
     *out = NULL;
     exl_cuda_graph_finish(cb);
-    if (src->in_features < 1 || src->out_features < 1 || src->in_features > INT32_MAX ||
-        src->out_features > INT32_MAX)
+    if (src->in_features < 1 || src->out_features < 1 || src->in_features > INT32_MAX || src->out_features > INT32_MAX)
         return exl_cuda_fail(EXL_ERR_ARG, "%s: bad shape", src->name ? src->name : "linear");
     exl_linear *w = (exl_linear *)calloc(1, sizeof *w);
     if (!w)
@@ -292,8 +289,7 @@ static exl_status cu_linear_init(exl_backend *be, const exl_linear_src *src, exl
     return EXL_OK;
 }
 
-static exl_status cu_vector_init(exl_backend *be, const exl_dense_src *src, int64_t n, float add,
-                                 exl_vector **out) {
+static exl_status cu_vector_init(exl_backend *be, const exl_dense_src *src, int64_t n, float add, exl_vector **out) {
     exl_cuda_graph_finish(exl_cuda(be));
     exl_vector *v = (exl_vector *)calloc(1, sizeof *v);
     if (!v)
@@ -317,12 +313,35 @@ static void cu_vector_free(exl_backend *be, exl_vector *v) {
 }
 
 static const exl_backend_ops cuda_ops = {
-    cu_destroy,          cu_alloc,           cu_free,          cu_upload,        cu_download,
-    cu_synchronize,      cu_linear_init,     cu_linear_free,   cu_vector_init,   cu_vector_free,
-    exl_cuda_embed,      exl_cuda_rmsnorm,   exl_cuda_matmul,  exl_cuda_rope,    exl_cuda_kv_store,
-    exl_cuda_attention,  exl_cuda_glu,       exl_cuda_add,     exl_cuda_gather_rows, exl_cuda_copy_cols,
-    exl_cuda_softcap,    exl_cuda_row_gate,  exl_cuda_moe_route, exl_cuda_moe_experts,
-    exl_cuda_graph_run,  exl_cuda_host_gemm, exl_cuda_top_k,   exl_cuda_argmax,  exl_cuda_argmax_wait,
+    cu_destroy,
+    cu_alloc,
+    cu_free,
+    cu_upload,
+    cu_download,
+    cu_synchronize,
+    cu_linear_init,
+    cu_linear_free,
+    cu_vector_init,
+    cu_vector_free,
+    exl_cuda_embed,
+    exl_cuda_rmsnorm,
+    exl_cuda_matmul,
+    exl_cuda_rope,
+    exl_cuda_kv_store,
+    exl_cuda_attention,
+    exl_cuda_glu,
+    exl_cuda_add,
+    exl_cuda_gather_rows,
+    exl_cuda_copy_cols,
+    exl_cuda_softcap,
+    exl_cuda_row_gate,
+    exl_cuda_moe_route,
+    exl_cuda_moe_experts,
+    exl_cuda_graph_run,
+    exl_cuda_host_gemm,
+    exl_cuda_top_k,
+    exl_cuda_argmax,
+    exl_cuda_argmax_wait,
     cu_memory,
     exl_cuda_mask_logits,
 };

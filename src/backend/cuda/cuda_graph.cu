@@ -233,8 +233,7 @@ void exl_cuda_add(exl_backend *be, float *x, const float *y, int64_t n) {
     exl_cuda_run_add(be, x, y, n);
 }
 
-void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
-                          int32_t width) {
+void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n, int32_t width) {
     exl_cuda_graph_finish(exl_cuda(be));
     exl_cuda_run_gather_rows(be, out, x, idx, n, width);
 }

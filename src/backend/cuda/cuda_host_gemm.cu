@@ -29,8 +29,8 @@ static cudaError_t copy_block(exl_cuda_backend *cb, float *dst, int64_t dld, con
     size_t w = (size_t)cols * sizeof(float);
     if (dld == cols && sld == cols)
         return cudaMemcpyAsync(dst, src, w * (size_t)rows, kind, cb->stream);
-    return cudaMemcpy2DAsync(dst, (size_t)dld * sizeof(float), src, (size_t)sld * sizeof(float), w, (size_t)rows,
-                             kind, cb->stream);
+    return cudaMemcpy2DAsync(dst, (size_t)dld * sizeof(float), src, (size_t)sld * sizeof(float), w, (size_t)rows, kind,
+                             cb->stream);
 }
 
 static exl_status put_block(exl_cuda_backend *cb, float *dst, const float *src, int64_t ld, int64_t rows,
@@ -73,8 +73,8 @@ exl_status exl_cuda_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t
         return EXL_OK;
     }
     if (M < 1 || N < 1 || K < 1 || N > INT32_MAX)
-        return exl_cuda_fail(EXL_ERR_ARG, "host_gemm: unsupported shape %lld x %lld x %lld", (long long)M,
-                             (long long)N, (long long)K);
+        return exl_cuda_fail(EXL_ERR_ARG, "host_gemm: unsupported shape %lld x %lld x %lld", (long long)M, (long long)N,
+                             (long long)K);
     exl_cuda_graph_finish(cb);
     int64_t lim = limit_floats();
     int64_t kc = min64(K, lim / N > 1 ? lim / N : 1), wide = N > kc ? N : kc;
@@ -92,8 +92,7 @@ exl_status exl_cuda_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t
             EXL_TRY(trans_a ? put_block(cb, dA, A + k0 * lda + m0, lda, kr, mr)
                             : put_block(cb, dA, A + m0 * lda + k0, lda, mr, kr));
             if (m0 == 0 || kc < K) /* with one K chunk, op(B) stays on the device */
-                EXL_TRY(trans_b ? put_block(cb, dB, B + k0, ldb, N, kr)
-                                : put_block(cb, dB, B + k0 * ldb, ldb, kr, N));
+                EXL_TRY(trans_b ? put_block(cb, dB, B + k0, ldb, N, kr) : put_block(cb, dB, B + k0 * ldb, ldb, kr, N));
             EXL_TRY(gemm_chunk(cb, trans_a, trans_b, mr, N, kr, alpha, dA, dB, k0 ? 1.0f : beta, dC));
         }
         EXL_TRY(get_block(cb, C + m0 * ldc, ldc, dC, mr, N));

@@ -24,11 +24,11 @@ extern "C" {
 /* Record a message through the core's error sink and return st. */
 exl_status exl_cuda_fail(exl_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-#define EXL_TRY(expr)                        \
-    do {                                     \
-        exl_status exl_try_st_ = (expr);     \
-        if (exl_try_st_ != EXL_OK)           \
-            return exl_try_st_;              \
+#define EXL_TRY(expr)                    \
+    do {                                 \
+        exl_status exl_try_st_ = (expr); \
+        if (exl_try_st_ != EXL_OK)       \
+            return exl_try_st_;          \
     } while (0)
 
 /* the plan of a step's graph, and its CUDA graph (cuda_plan.cu, cuda_graph.cu) */
@@ -38,53 +38,53 @@ typedef struct exl_cuda_backend {
     exl_backend base;
     int device;
     int n_sms;
-    int sm_major;           /* compute capability, major */
-    int pdl;                /* programmatic dependent launch (sm_90+): see exl_cuda_launch */
-    int deterministic;      /* EXL_CUDA_DETERMINISTIC=1: split-K sums added in a fixed order (cuda_qgemv.cu) */
+    int sm_major;               /* compute capability, major */
+    int pdl;                    /* programmatic dependent launch (sm_90+): see exl_cuda_launch */
+    int deterministic;          /* EXL_CUDA_DETERMINISTIC=1: split-K sums added in a fixed order (cuda_qgemv.cu) */
     int prefill_attention_fp32; /* EXL_CUDA_PREFILL_ATTENTION=fp32: prompts' attention on CUDA cores
                                  * (cuda_attention.cu), not on tensor cores */
-    int32_t dequant_rows;   /* quantized matmuls of this many rows go through cuda_qgemm.cu */
+    int32_t dequant_rows;       /* quantized matmuls of this many rows go through cuda_qgemm.cu */
     cudaStream_t stream;
     cublasHandle_t cublas;
-    exl_status sticky;      /* first asynchronous failure, EXL_OK if none */
+    exl_status sticky; /* first asynchronous failure, EXL_OK if none */
     char sticky_msg[512];
     /* scratch, grown on demand (never inside a steady decode loop) */
-    void *scratch;          /* fp16 activations (hi and lo parts) for the many-row paths */
+    void *scratch; /* fp16 activations (hi and lo parts) for the many-row paths */
     size_t scratch_bytes;
-    float *gemv_partial;    /* split-K partial sums of the GEMV kernels */
+    float *gemv_partial; /* split-K partial sums of the GEMV kernels */
     size_t gemv_partial_bytes;
     unsigned *gemv_counters; /* per column tile arrival counters (self-resetting) */
     size_t gemv_counter_count;
-    float *attn_partial;    /* split-K partials of decode attention */
+    float *attn_partial; /* split-K partials of decode attention */
     size_t attn_partial_bytes;
-    __half *dequant;        /* quantized weights decoded to fp16 hi and lo for cuBLAS (cuda_qgemm.cu) */
+    __half *dequant; /* quantized weights decoded to fp16 hi and lo for cuBLAS (cuda_qgemm.cu) */
     size_t dequant_bytes;
-    float *gemm_parts;      /* the stacked products of both activation parts (exl_cuda_gemm_parts) */
+    float *gemm_parts; /* the stacked products of both activation parts (exl_cuda_gemm_parts) */
     size_t gemm_parts_bytes;
-    float *fused_scratch;   /* the unfused path of a fused matmul: normed input, products */
+    float *fused_scratch; /* the unfused path of a fused matmul: normed input, products */
     size_t fused_scratch_bytes;
-    void *top_k_buf;        /* top_k results: ids, then values */
+    void *top_k_buf; /* top_k results: ids, then values */
     size_t top_k_bytes;
-    void *mask_buf;         /* mask_logits' bitsets (cuda_mask.cu) */
+    void *mask_buf; /* mask_logits' bitsets (cuda_mask.cu) */
     size_t mask_bytes;
     /* greedy tokens for decode ahead of the host (cuda_argmax.cu) */
-    int32_t *argmax_ring;   /* page-locked, mapped: [EXL_ARGMAX_KEEP][EXL_ARGMAX_ROWS] results */
-    unsigned *argmax_state; /* device: argmax launches so far, blocks done in the current one */
+    int32_t *argmax_ring;                     /* page-locked, mapped: [EXL_ARGMAX_KEEP][EXL_ARGMAX_ROWS] results */
+    unsigned *argmax_state;                   /* device: argmax launches so far, blocks done in the current one */
     cudaEvent_t argmax_done[EXL_ARGMAX_KEEP]; /* recorded after the launch holding each ticket */
     int32_t argmax_rows[EXL_ARGMAX_KEEP];
     int64_t argmax_issued, argmax_marked; /* tickets handed out; of those, with their event recorded */
     /* steps (cuda_graph.cu): graph_run compiles a step's graph into a plan; the plan of the last decode
      * step is kept with its CUDA graph, which is replayed while the steps' graphs stay the same */
-    int step_state;         /* idle, replay (a cached step matched), capture */
-    int graphs_off;         /* EXL_CUDA_GRAPHS=0, or after a graph API failure */
-    exl_cuda_plan *cached;  /* the step the CUDA graph exec holds */
-    exl_cuda_plan *direct;  /* steps run launch by launch (prompts) */
-    int cached_valid;       /* exec holds cached's launches, then the tail's argmax if set */
+    int step_state;        /* idle, replay (a cached step matched), capture */
+    int graphs_off;        /* EXL_CUDA_GRAPHS=0, or after a graph API failure */
+    exl_cuda_plan *cached; /* the step the CUDA graph exec holds */
+    exl_cuda_plan *direct; /* steps run launch by launch (prompts) */
+    int cached_valid;      /* exec holds cached's launches, then the tail's argmax if set */
     struct {
         int32_t *ids;
         const float *logits;
         int32_t rows, vocab;
-        int set, seen;      /* seen: the step in flight has called it as the cached one did */
+        int set, seen; /* seen: the step in flight has called it as the cached one did */
     } tail;
     cudaGraphExec_t exec;
     /* the routes of a mixture of experts on the host (cuda_moe.cu) */
@@ -109,19 +109,19 @@ int exl_cuda_ensure(exl_cuda_backend *cb, void **buf, size_t *have, size_t bytes
 /* A cudaMalloc that fails with a clear out-of-memory message. */
 exl_status exl_cuda_malloc(void **p, size_t bytes, const char *what);
 
-#define CUDA_CHECK(call, what)                                                                             \
-    do {                                                                                                   \
-        cudaError_t e_ = (call);                                                                           \
-        if (e_ != cudaSuccess)                                                                             \
-            return exl_cuda_fail(e_ == cudaErrorMemoryAllocation ? EXL_ERR_NOMEM : EXL_ERR_DEVICE,        \
-                                 "CUDA: %s: %s", what, cudaGetErrorString(e_));                            \
+#define CUDA_CHECK(call, what)                                                                                     \
+    do {                                                                                                           \
+        cudaError_t e_ = (call);                                                                                   \
+        if (e_ != cudaSuccess)                                                                                     \
+            return exl_cuda_fail(e_ == cudaErrorMemoryAllocation ? EXL_ERR_NOMEM : EXL_ERR_DEVICE, "CUDA: %s: %s", \
+                                 what, cudaGetErrorString(e_));                                                    \
     } while (0)
 
-#define CUBLAS_CHECK_STICKY(cb, call, what)                                                                \
-    do {                                                                                                   \
-        cublasStatus_t s_ = (call);                                                                        \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                   \
-            exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "cuBLAS: %s: %s", what, cublasGetStatusString(s_));    \
+#define CUBLAS_CHECK_STICKY(cb, call, what)                                                             \
+    do {                                                                                                \
+        cublasStatus_t s_ = (call);                                                                     \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                \
+            exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "cuBLAS: %s: %s", what, cublasGetStatusString(s_)); \
     } while (0)
 
 /* ---- weights */
@@ -135,12 +135,12 @@ exl_status exl_cuda_malloc(void **p, size_t bytes, const char *what);
  * W[slot, n] = (code - zero) * scale[group, n]. */
 typedef struct exl_qmatrix {
     int32_t n_chunks, n_pad, n_groups, word_rows;
-    uint32_t *qw;        /* [n_pad / EXL_QW_TILE][word_rows][EXL_QW_TILE]: column tiles one after another */
-    int4 *chunks;        /* [n_chunks]: word row, bits, group, 0 */
-    __half *scales;      /* [n_groups, n_pad] */
-    __half *zeros;       /* [n_groups, n_pad] (GPTQ) or NULL (EXL2: zero = 2^(bits-1)) */
-    int32_t *slot_src;   /* [n_chunks * 32] */
-    int32_t *slot_of;    /* [in]: the slot of each input row, where the slots are exactly the rows
+    uint32_t *qw;      /* [n_pad / EXL_QW_TILE][word_rows][EXL_QW_TILE]: column tiles one after another */
+    int4 *chunks;      /* [n_chunks]: word row, bits, group, 0 */
+    __half *scales;    /* [n_groups, n_pad] */
+    __half *zeros;     /* [n_groups, n_pad] (GPTQ) or NULL (EXL2: zero = 2^(bits-1)) */
+    int32_t *slot_src; /* [n_chunks * 32] */
+    int32_t *slot_of;  /* [in]: the slot of each input row, where the slots are exactly the rows
                           * (in % 32 == 0), else NULL: a GLU producer may store in that order */
 } exl_qmatrix;
 
@@ -158,9 +158,9 @@ __device__ __forceinline__ const uint32_t *exl_qw_col(const exl_qmatrix &q, int 
 struct exl_linear {
     exl_linear_kind kind;
     int32_t in, out;
-    __half *w;           /* dense: [out, in] fp16 */
-    exl_qmatrix q;       /* quantized */
-    float *bias;         /* [out] or NULL */
+    __half *w;     /* dense: [out, in] fp16 */
+    exl_qmatrix q; /* quantized */
+    float *bias;   /* [out] or NULL */
 };
 
 struct exl_vector {
@@ -184,10 +184,10 @@ void exl_cuda_qmatrix_free(exl_qmatrix *q);
 typedef struct exl_cuda_fused_mm {
     int32_t rows, n;
     int32_t in_features, out_features[3]; /* of the linears, for the unfused path */
-    const float *x;         /* [rows, in] */
-    const exl_vector *norm; /* or NULL */
+    const float *x;                       /* [rows, in] */
+    const exl_vector *norm;               /* or NULL */
     float eps;
-    const float *up;        /* [rows, in], or NULL */
+    const float *up; /* [rows, in], or NULL */
     int32_t act;
     int32_t accumulate;
     int32_t decode;         /* 1: the rows are tokens of decode steps, whose xin may be rounded to fp16 (as
@@ -265,9 +265,8 @@ typedef struct exl_cuda_f16w {
     int trans;
     int64_t ld;
 } exl_cuda_f16w;
-void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __half *xh, int32_t xparts,
-                         int32_t rows, int32_t K, const exl_cuda_f16w *w, int32_t n, const float *bias,
-                         int accumulate);
+void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __half *xh, int32_t xparts, int32_t rows,
+                         int32_t K, const exl_cuda_f16w *w, int32_t n, const float *bias, int accumulate);
 float *exl_cuda_gemm_stacked(exl_cuda_backend *cb, const __half *xh, int32_t xparts, int32_t rows, int32_t K,
                              const exl_cuda_f16w *w, int32_t n, int *parts);
 void exl_cuda_parts_sum(exl_cuda_backend *cb, float *out, int64_t ldo, const float *c, int64_t ldc, int32_t n,
@@ -276,17 +275,16 @@ void exl_cuda_parts_sum(exl_cuda_backend *cb, float *out, int64_t ldo, const flo
 void exl_cuda_split_half(exl_cuda_backend *cb, __half *dst, const float *x, int32_t rows, int32_t width);
 void exl_cuda_run_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
                         float scale);
-void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows,
-                          int32_t width, float eps);
-void exl_cuda_run_rope(exl_backend *be, float *x, const int32_t *pos, int32_t rows, int32_t n_heads,
-                       int32_t head_dim, int32_t rot_dim, const float *inv_freq, float attn_factor);
+void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
+                          float eps);
+void exl_cuda_run_rope(exl_backend *be, float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
+                       int32_t rot_dim, const float *inv_freq, float attn_factor);
 void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                            const exl_batch *b, int32_t kv_width);
 /* at backend creation: the decode attention kernels' attributes (not allowed inside a graph capture) */
 void exl_cuda_attention_init(void);
 void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v,
-                            const void *k_cache, const void *v_cache, const exl_batch *b,
-                            const exl_attn_shape *shape);
+                            const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape);
 void exl_cuda_run_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
 void exl_cuda_run_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
@@ -307,8 +305,8 @@ void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float
 int exl_cuda_kv_quantized(const exl_batch *b);
 void exl_cuda_run_kv_store_quant(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                                  const exl_batch *b, int32_t kv_width);
-void exl_cuda_run_rope_kv_store_quant(exl_backend *be, float *q, float *k, const float *v, void *k_cache,
-                                      void *v_cache, const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
+void exl_cuda_run_rope_kv_store_quant(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
+                                      const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim,
                                       const float *inv_freq, float attn_factor);
 void exl_cuda_run_attention_quant(exl_backend *be, float *out, const float *q, const float *k, const float *v,
                                   const void *k_cache, const void *v_cache, const exl_batch *b,
@@ -349,8 +347,7 @@ void exl_cuda_attention(exl_backend *be, float *out, const float *q, const float
                         const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape);
 void exl_cuda_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
 void exl_cuda_add(exl_backend *be, float *x, const float *y, int64_t n);
-void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
-                          int32_t width);
+void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n, int32_t width);
 void exl_cuda_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
                         int32_t col);
 void exl_cuda_softcap(exl_backend *be, float *x, int64_t n, float cap);
@@ -358,8 +355,8 @@ void exl_cuda_row_gate(exl_backend *be, float *x, const float *g, int32_t rows, 
 void exl_cuda_moe_route(exl_backend *be, const exl_moe_route_node *n);
 void exl_cuda_moe_experts(exl_backend *be, const exl_moe_experts_node *n);
 exl_status exl_cuda_graph_run(exl_backend *be, const exl_graph *g);
-exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows,
-                          int32_t vocab, int32_t k);
+exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows, int32_t vocab,
+                          int32_t k);
 int64_t exl_cuda_argmax(exl_backend *be, int32_t *ids, const float *logits, int32_t rows, int32_t vocab);
 exl_status exl_cuda_argmax_wait(exl_backend *be, int64_t ticket, int32_t *ids, int32_t rows);
 exl_status exl_cuda_mask_logits(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
@@ -392,9 +389,9 @@ typedef struct exl_cuda_plan_item {
 } exl_cuda_plan_item;
 
 struct exl_cuda_plan {
-    exl_node *nodes;  /* the graph's, each copied field by field into zeroed memory (compared as bytes) */
+    exl_node *nodes; /* the graph's, each copied field by field into zeroed memory (compared as bytes) */
     int32_t n_nodes, cap_nodes;
-    exl_batch batch;  /* the graph's, device side only, max_kv rounded up to EXL_CUDA_KV_BUCKET */
+    exl_batch batch; /* the graph's, device side only, max_kv rounded up to EXL_CUDA_KV_BUCKET */
     int32_t has_batch;
     exl_cuda_plan_item *launches;
     int32_t n_launches, cap_launches;

@@ -17,7 +17,7 @@
  * a 4096x4096 matrix took 31.7 us here against 15.1 for 16 rows through cuBLAS) */
 
 __global__ void __launch_bounds__(DENSE_WARPS * 32)
-dense_gemv_kernel(float *out, const float *x, const __half *w, int32_t in, int32_t n_out, const float *bias) {
+    dense_gemv_kernel(float *out, const float *x, const __half *w, int32_t in, int32_t n_out, const float *bias) {
     exl_pdl_start();
     int lane = threadIdx.x % 32;
     int n = blockIdx.x * DENSE_WARPS + threadIdx.x / 32;
@@ -36,8 +36,8 @@ dense_gemv_kernel(float *out, const float *x, const __half *w, int32_t in, int32
             f[i] = __half22float2(h[i]);
         const float4 *xr = (const float4 *)(x + k);
         float4 a = __ldg(xr), b = __ldg(xr + 1);
-        acc += f[0].x * a.x + f[0].y * a.y + f[1].x * a.z + f[1].y * a.w + f[2].x * b.x + f[2].y * b.y +
-               f[3].x * b.z + f[3].y * b.w;
+        acc += f[0].x * a.x + f[0].y * a.y + f[1].x * a.z + f[1].y * a.w + f[2].x * b.x + f[2].y * b.y + f[3].x * b.z +
+               f[3].y * b.w;
     }
     for (int32_t k = vec_end + lane; k < in; k += 32)
         acc += __half2float(wr[k]) * x[k];
@@ -86,29 +86,27 @@ static void gemm_ex(exl_cuda_backend *cb, float *c, int64_t ldc, const __half *x
                     const __half *a, const exl_cuda_f16w *w, int32_t n, float alpha, int accumulate) {
     const float one = 1.0f, zero = 0.0f;
     CUBLAS_CHECK_STICKY(cb,
-                        cublasGemmEx(cb->cublas, w->trans ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, cols, K,
-                                     &alpha, a, CUDA_R_16F, (int)w->ld, xh, CUDA_R_16F, K,
-                                     accumulate ? &one : &zero, c, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT),
+                        cublasGemmEx(cb->cublas, w->trans ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, cols, K, &alpha,
+                                     a, CUDA_R_16F, (int)w->ld, xh, CUDA_R_16F, K, accumulate ? &one : &zero, c,
+                                     CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                         "GEMM");
 }
 
 float *exl_cuda_gemm_stacked(exl_cuda_backend *cb, const __half *xh, int32_t xparts, int32_t rows, int32_t K,
                              const exl_cuda_f16w *w, int32_t n, int *parts) {
     *parts = xparts + (w->lo ? 1 : 0);
-    if (!exl_cuda_ensure(cb, (void **)&cb->gemm_parts, &cb->gemm_parts_bytes,
-                         (size_t)*parts * rows * n * sizeof(float), "matmul products"))
+    if (!exl_cuda_ensure(cb, (void **)&cb->gemm_parts, &cb->gemm_parts_bytes, (size_t)*parts * rows * n * sizeof(float),
+                         "matmul products"))
         return NULL;
     gemm_ex(cb, cb->gemm_parts, n, xh, xparts * rows, K, w->hi, w, n, 1.0f, 0);
     if (w->lo)
-        gemm_ex(cb, cb->gemm_parts + (int64_t)xparts * rows * n, n, xh, rows, K, w->lo, w, n,
-                1.0f / EXL_CUDA_LO_SCALE, 0);
+        gemm_ex(cb, cb->gemm_parts + (int64_t)xparts * rows * n, n, xh, rows, K, w->lo, w, n, 1.0f / EXL_CUDA_LO_SCALE,
+                0);
     return cb->gemm_parts;
 }
 
-void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __half *xh, int32_t xparts,
-                         int32_t rows, int32_t K, const exl_cuda_f16w *w, int32_t n, const float *bias,
-                         int accumulate) {
+void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __half *xh, int32_t xparts, int32_t rows,
+                         int32_t K, const exl_cuda_f16w *w, int32_t n, const float *bias, int accumulate) {
     if (rows <= EXL_CUDA_STACK_ROWS) {
         int parts;
         const float *c = exl_cuda_gemm_stacked(cb, xh, xparts, rows, K, w, n, &parts);

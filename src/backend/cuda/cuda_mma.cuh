@@ -6,8 +6,8 @@
 #include "backend/cuda/cuda_internal.h"
 
 /* c += a · b for one m16n8k16 tile (two m16n8k8 before sm_80). */
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
 #if __CUDA_ARCH__ >= 800
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
@@ -30,7 +30,7 @@ __device__ __forceinline__ void mma16816a(float (&c)[4], const uint32_t (&a)[4],
 
 /* Four 8x8 fp16 matrices from shared memory (lane l gives the address of row l % 8 of matrix
  * l / 8), as mma fragments; Trans: each matrix transposed (sm_75+). */
-#define EXL_LDSM_X4(op)                                                                                      \
+#define EXL_LDSM_X4(op) \
     asm volatile(op " {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a))
 template <bool Trans>
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __half *p) {

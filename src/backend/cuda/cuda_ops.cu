@@ -18,7 +18,7 @@ __global__ void embed_kernel(float *out, const __half *table, const int32_t *ids
 }
 
 void exl_cuda_run_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
-                    float scale) {
+                        float scale) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (rows < 1)
         return;
@@ -61,7 +61,7 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int32
 }
 
 void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
-                      float eps) {
+                          float eps) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (rows < 1)
         return;
@@ -71,8 +71,8 @@ void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl
 
 /* ---- rope (NeoX pairs i, i + rot_dim/2): one thread per (row, head, pair) */
 
-__global__ void rope_kernel(float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
-                            int32_t half, const float *inv_freq, float attn_factor) {
+__global__ void rope_kernel(float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim, int32_t half,
+                            const float *inv_freq, float attn_factor) {
     exl_pdl_start();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)rows * n_heads * half)
@@ -91,13 +91,13 @@ __global__ void rope_kernel(float *x, const int32_t *pos, int32_t rows, int32_t 
 }
 
 void exl_cuda_run_rope(exl_backend *be, float *x, const int32_t *pos, int32_t rows, int32_t n_heads, int32_t head_dim,
-                   int32_t rot_dim, const float *inv_freq, float attn_factor) {
+                       int32_t rot_dim, const float *inv_freq, float attn_factor) {
     exl_cuda_backend *cb = exl_cuda(be);
     int64_t n = (int64_t)rows * n_heads * (rot_dim / 2);
     if (n < 1)
         return;
     exl_cuda_launch(cb, rope_kernel, dim3(blocks_for(n, ROW_THREADS)), dim3(ROW_THREADS), 0, x, pos, rows, n_heads,
-            head_dim, rot_dim / 2, inv_freq, attn_factor);
+                    head_dim, rot_dim / 2, inv_freq, attn_factor);
     exl_cuda_check_launch(cb, "rope");
 }
 
@@ -146,7 +146,7 @@ __global__ void gather_rows_kernel(float *out, const float *x, const int32_t *id
 }
 
 void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n,
-                          int32_t width) {
+                              int32_t width) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (n < 1)
         return;
@@ -220,7 +220,7 @@ __global__ void kv_store_kernel(__half *kc, __half *vc, const float *k, const fl
 }
 
 void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
-                       const exl_batch *b, int32_t kv_width) {
+                           const exl_batch *b, int32_t kv_width) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (exl_cuda_kv_quantized(b)) {
         exl_cuda_run_kv_store_quant(be, k_cache, v_cache, k, v, b, kv_width);
@@ -229,8 +229,8 @@ void exl_cuda_run_kv_store(exl_backend *be, void *k_cache, void *v_cache, const 
     if (b->n_rows < 1)
         return;
     dim3 grid(blocks_for(kv_width, ROW_THREADS), (unsigned)b->n_rows);
-    exl_cuda_launch(cb, kv_store_kernel, grid, dim3(ROW_THREADS), 0, (__half *)k_cache, (__half *)v_cache, k,
-            v, b->d_slots, kv_width);
+    exl_cuda_launch(cb, kv_store_kernel, grid, dim3(ROW_THREADS), 0, (__half *)k_cache, (__half *)v_cache, k, v,
+                    b->d_slots, kv_width);
     exl_cuda_check_launch(cb, "kv_store");
 }
 
@@ -285,8 +285,8 @@ void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float
         return;
     int64_t n = (int64_t)(sh->n_heads + sh->n_kv_heads) * (rot_dim / 2) + 2 * (int64_t)sh->n_kv_heads * sh->head_dim;
     dim3 grid(blocks_for(n, ROW_THREADS), (unsigned)b->n_rows);
-    exl_cuda_launch(cb, rope_kv_store_kernel, grid, dim3(ROW_THREADS), 0, q, k, v, (__half *)k_cache,
-            (__half *)v_cache, b->d_pos, b->d_slots, sh->n_heads, sh->n_kv_heads, sh->head_dim, rot_dim / 2,
-            inv_freq, attn_factor);
+    exl_cuda_launch(cb, rope_kv_store_kernel, grid, dim3(ROW_THREADS), 0, q, k, v, (__half *)k_cache, (__half *)v_cache,
+                    b->d_pos, b->d_slots, sh->n_heads, sh->n_kv_heads, sh->head_dim, rot_dim / 2, inv_freq,
+                    attn_factor);
     exl_cuda_check_launch(cb, "rope + KV store");
 }

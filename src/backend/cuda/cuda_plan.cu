@@ -307,17 +307,15 @@ static int32_t try_rope(compiler *c, int32_t i, int *oom) {
     if (q->pos != p->batch.d_pos || k->pos != p->batch.d_pos || q->rows != rows || k->rows != rows ||
         q->inv_freq != k->inv_freq || q->rot_dim != k->rot_dim || q->head_dim != k->head_dim ||
         q->attn_factor != k->attn_factor || k->x != kv->k || kv->width != k->n_heads * k->head_dim ||
-        exl_spans_overlap(span(q->x, (int64_t)rows * q->n_heads * q->head_dim),
-                          span(k->x, (int64_t)rows * kv->width)))
+        exl_spans_overlap(span(q->x, (int64_t)rows * q->n_heads * q->head_dim), span(k->x, (int64_t)rows * kv->width)))
         return 0;
     int32_t n = 3;
     exl_cuda_item_kind kind = EXL_CUDA_RUN_ROPE_KV_STORE;
     if (i + 3 < p->n_nodes && p->nodes[i + 3].op == EXL_OP_ATTENTION) {
         const exl_attention_node *a = &p->nodes[i + 3].attention;
         const int fuses = exl_cuda_rope_attention_fuses(c->cb, &p->batch, &a->shape, q->rot_dim);
-        if (a->q == q->x && a->k == kv->k && a->v == kv->v && a->k_cache == kv->k_cache &&
-            a->v_cache == kv->v_cache && a->shape.n_heads == q->n_heads && a->shape.n_kv_heads == k->n_heads &&
-            a->shape.head_dim == q->head_dim &&
+        if (a->q == q->x && a->k == kv->k && a->v == kv->v && a->k_cache == kv->k_cache && a->v_cache == kv->v_cache &&
+            a->shape.n_heads == q->n_heads && a->shape.n_kv_heads == k->n_heads && a->shape.head_dim == q->head_dim &&
             (!fuses || (dead_after(c, i + 3, span(q->x, (int64_t)rows * q->n_heads * q->head_dim)) &&
                         dead_after(c, i + 3, span(k->x, (int64_t)rows * kv->width)))))
             n = 4, kind = EXL_CUDA_RUN_ROPE_ATTENTION;
@@ -518,8 +516,8 @@ static void run_node(exl_cuda_backend *cb, const exl_cuda_plan *p, const exl_nod
                              n->rmsnorm.eps);
         break;
     case EXL_OP_ROPE:
-        exl_cuda_run_rope(be, n->rope.x, n->rope.pos, n->rope.rows, n->rope.n_heads, n->rope.head_dim,
-                          n->rope.rot_dim, n->rope.inv_freq, n->rope.attn_factor);
+        exl_cuda_run_rope(be, n->rope.x, n->rope.pos, n->rope.rows, n->rope.n_heads, n->rope.head_dim, n->rope.rot_dim,
+                          n->rope.inv_freq, n->rope.attn_factor);
         break;
     case EXL_OP_KV_STORE:
         exl_cuda_run_kv_store(be, n->kv_store.k_cache, n->kv_store.v_cache, n->kv_store.k, n->kv_store.v, &p->batch,
@@ -560,8 +558,8 @@ void exl_cuda_plan_run(exl_cuda_backend *cb, const exl_cuda_plan *p) {
         case EXL_CUDA_RUN_NODE: run_node(cb, p, n); break;
         case EXL_CUDA_RUN_MATMUL: {
             size_t need = exl_cuda_fused_scratch_need(cb, &l->mm) * sizeof(float);
-            if (!need || exl_cuda_ensure(cb, (void **)&cb->fused_scratch, &cb->fused_scratch_bytes, need,
-                                         "matmul scratch"))
+            if (!need ||
+                exl_cuda_ensure(cb, (void **)&cb->fused_scratch, &cb->fused_scratch_bytes, need, "matmul scratch"))
                 exl_cuda_run_matmul_fused(be, &l->mm);
             break;
         }
@@ -579,8 +577,8 @@ void exl_cuda_plan_run(exl_cuda_backend *cb, const exl_cuda_plan *p) {
             const exl_rope_node *q = &n[0].rope, *k = &n[1].rope;
             const exl_kv_store_node *kv = &n[2].kv_store;
             const exl_attention_node *a = &n[3].attention;
-            exl_cuda_run_rope_attention(be, a->out, q->x, k->x, kv->v, kv->k_cache, kv->v_cache, &p->batch,
-                                        &a->shape, q->rot_dim, q->inv_freq, q->attn_factor, l->out_order);
+            exl_cuda_run_rope_attention(be, a->out, q->x, k->x, kv->v, kv->k_cache, kv->v_cache, &p->batch, &a->shape,
+                                        q->rot_dim, q->inv_freq, q->attn_factor, l->out_order);
             break;
         }
         }

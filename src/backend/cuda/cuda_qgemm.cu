@@ -12,9 +12,9 @@
  * reference logits; with lo the products hi·hi, lo·hi and hi·lo keep ~22 bits. */
 #include "backend/cuda/cuda_qdecode.cuh"
 
-#define DQ_COLS 256          /* columns a block decodes: 64 threads x DQ_COLS_T */
-#define DQ_COLS_T 4          /* columns a thread decodes (one 16-byte load per word row) */
-#define DQ_SUBS 4            /* chunks a block decodes, one per 64 threads */
+#define DQ_COLS 256                    /* columns a block decodes: 64 threads x DQ_COLS_T */
+#define DQ_COLS_T 4                    /* columns a thread decodes (one 16-byte load per word row) */
+#define DQ_SUBS 4                      /* chunks a block decodes, one per 64 threads */
 #define SLAB_BYTES ((size_t)256 << 20) /* fp16 weights (hi and lo) decoded at once, at most */
 
 /* (q - z) of slots 2p, 2p + 1 of one column's chunk of B-bit codes w (pair order of
@@ -28,8 +28,8 @@ __device__ __forceinline__ __half2 pair_at(const uint32_t (&w)[B], int p, __half
  * exact in fp32; hi = fp16(w), lo = fp16((w - hi) · EXL_CUDA_LO_SCALE). One 8-byte store per
  * row and part. */
 template <int B>
-__device__ __forceinline__ void dequant_chunk(const exl_qmatrix &q, int4 meta, int chunk, int col0, int n0,
-                                              int32_t end, int32_t ld, int64_t lo_at, __half *dst) {
+__device__ __forceinline__ void dequant_chunk(const exl_qmatrix &q, int4 meta, int chunk, int col0, int n0, int32_t end,
+                                              int32_t ld, int64_t lo_at, __half *dst) {
     uint32_t w[DQ_COLS_T][B];
 #pragma unroll
     for (int i = 0; i < B; i++) {
@@ -141,15 +141,14 @@ void exl_cuda_qgemm(exl_cuda_backend *cb, int n, float *const *out, const exl_li
         int n_parts;
         const float *c = exl_cuda_gemm_stacked(cb, xh, parts, rows, K, &fw, (int32_t)slab, &n_parts);
         for (int64_t i = 0, at = 0; c && i < n; at += w[i]->q.n_pad, i++)
-            exl_cuda_parts_sum(cb, out[i], w[i]->out, c + at, slab, w[i]->out, rows, n_parts, w[i]->bias,
-                               accumulate);
+            exl_cuda_parts_sum(cb, out[i], w[i]->out, c + at, slab, w[i]->out, rows, n_parts, w[i]->bias, accumulate);
         return;
     }
     for (int i = 0; i < n; i++)
         for (int32_t n0 = 0, N = w[i]->out; n0 < N; n0 += (int32_t)slab) {
             int32_t width = N - n0 < slab ? N - n0 : (int32_t)slab;
             dequant(cb, cb->dequant, &w[i]->q, n0, n0 + width, (int32_t)slab, lo_at);
-            exl_cuda_gemm_parts(cb, out[i] + n0, N, xh, parts, rows, K, &fw, width,
-                                w[i]->bias ? w[i]->bias + n0 : NULL, accumulate);
+            exl_cuda_gemm_parts(cb, out[i] + n0, N, xh, parts, rows, K, &fw, width, w[i]->bias ? w[i]->bias + n0 : NULL,
+                                accumulate);
         }
 }

@@ -51,7 +51,7 @@ typedef struct gemv_mat {
     float *out;
     const float *bias;
     int32_t n_out;
-    int32_t tile_end;  /* column tiles of this and the earlier matrices */
+    int32_t tile_end; /* column tiles of this and the earlier matrices */
 } gemv_mat;
 
 typedef struct gemv_args {
@@ -68,8 +68,8 @@ typedef struct gemv_args {
                          * onto outputs an earlier launch zeroed) */
     float *clear[3];    /* zeroed by this launch for a later one (exl_cuda_fused_mm.clear) */
     int64_t n_clear[3];
-    const int32_t *out_map; /* output column c goes to out_map[c] (a GLU's inputs in its slot order) */
-    int32_t x_slots;    /* x (and up) are in the slot order of the (one) matrix: slot s reads row s */
+    const int32_t *out_map;    /* output column c goes to out_map[c] (a GLU's inputs in its slot order) */
+    int32_t x_slots;           /* x (and up) are in the slot order of the (one) matrix: slot s reads row s */
     const __half *kv_k, *kv_v; /* exl_cuda_fused_mm.kv, where this launch asks L2 for those rows */
     const exl_attn_seq *kv_seqs;
     const int32_t *kv_pages;
@@ -175,8 +175,8 @@ __device__ void kv_prefetch(const gemv_args &a) {
 
 template <int R, int B>
 __device__ __forceinline__ void gemv_chunk(const uint32_t *wcol, int64_t n_pad, int col0, int4 meta,
-                                           const __half *scales, const __half *zeros, const __half2 *xs,
-                                           int xs_stride, float (&acc)[R][4]) {
+                                           const __half *scales, const __half *zeros, const __half2 *xs, int xs_stride,
+                                           float (&acc)[R][4]) {
     uint4 wv[B];
 #pragma unroll
     for (int i = 0; i < B; i++)

@@ -29,11 +29,11 @@
 
 #define MMA_WARPS 8
 #define MMA_COLS (MMA_WARPS * 16)
-#define MAX_MT 4 /* m16 tiles of rows per block at most */
-#define N_STAGES 3 /* stage buffers in the ring: two copies in flight while one is multiplied */
-#define FRAG_HALVES 512 /* one m16 tile of one chunk: 2 k steps x 32 lanes x 8 halves */
-#define MAX_WORDS 6                          /* code words a thread reads per column and chunk */
-#define W_STRIDE (MMA_COLS + 8)              /* words per staged word row; +8 spreads t over banks */
+#define MAX_MT 4                /* m16 tiles of rows per block at most */
+#define N_STAGES 3              /* stage buffers in the ring: two copies in flight while one is multiplied */
+#define FRAG_HALVES 512         /* one m16 tile of one chunk: 2 k steps x 32 lanes x 8 halves */
+#define MAX_WORDS 6             /* code words a thread reads per column and chunk */
+#define W_STRIDE (MMA_COLS + 8) /* words per staged word row; +8 spreads t over banks */
 
 __device__ __forceinline__ uint32_t half2_bits(__half2 h) {
     uint32_t u;
@@ -134,8 +134,7 @@ typedef struct qmma_args {
 __device__ __forceinline__ int meta_bits(int2 m) { return m.y & 255; }
 __device__ __forceinline__ int meta_group(int2 m) { return m.y >> 8; }
 
-__device__ __forceinline__ void load_group(const qmma_args &a, int2 meta, int col_base, int g, int t,
-                                           group_regs &r) {
+__device__ __forceinline__ void load_group(const qmma_args &a, int2 meta, int col_base, int g, int t, group_regs &r) {
     const uint32_t n_pad = (uint32_t)a.q.n_pad, at = (uint32_t)meta_group(meta) * n_pad + col_base;
     r.group = meta_group(meta);
 #pragma unroll
@@ -424,8 +423,7 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
                                                       {qmma_blocks_per_sm<4, 1>, qmma_blocks_per_sm<4, 2>}};
     const exl_qmatrix *q = &w->q;
     int64_t total = (int64_t)(rows + 15) / 16 * q->n_chunks * FRAG_HALVES; /* halves per part */
-    if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)total * sizeof(__half),
-                         "fp16 activations"))
+    if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)total * sizeof(__half), "fp16 activations"))
         return;
     const int mt = rows <= 16 ? 1 : rows <= 32 ? 2 : MAX_MT, mi = mt == 1 ? 0 : mt == 2 ? 1 : 2;
     __half *xh = (__half *)cb->scratch;
@@ -467,7 +465,7 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
     if (!exl_cuda_check_launch(cb, "quantized matmul (tensor cores)") || a.direct)
         return;
     int64_t n_sums = (int64_t)rows * w->out;
-    exl_cuda_launch(cb, qmma_reduce_kernel, dim3((unsigned)((n_sums + 255) / 256)), dim3(256), 0, out,
-                    cb->gemv_partial, w->bias, rows, w->out, q->n_pad, splits, accumulate);
+    exl_cuda_launch(cb, qmma_reduce_kernel, dim3((unsigned)((n_sums + 255) / 256)), dim3(256), 0, out, cb->gemv_partial,
+                    w->bias, rows, w->out, q->n_pad, splits, accumulate);
     exl_cuda_check_launch(cb, "quantized matmul (split sums)");
 }

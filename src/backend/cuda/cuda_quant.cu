@@ -193,8 +193,7 @@ static exl_status exl2_layout(const exl_linear_src *src, int64_t n_pad, layout *
         if (g.q_end <= g.q_row || g.q_end > e->q_rows || ((g.q_end - g.q_row) * 32) % b)
             return exl_cuda_fail(EXL_ERR_FORMAT, "%s: group %d has a bad q_weight row range", name, g.index);
         if (g.row + g.n_rows > K)
-            return exl_cuda_fail(EXL_ERR_FORMAT, "%s: groups hold more rows than the %lld inputs", name,
-                                 (long long)K);
+            return exl_cuda_fail(EXL_ERR_FORMAT, "%s: groups hold more rows than the %lld inputs", name, (long long)K);
         segment *s = &l->seg[l->n_segments++];
         s->bits = b;
         s->group = g.index;
@@ -204,8 +203,8 @@ static exl_status exl2_layout(const exl_linear_src *src, int64_t n_pad, layout *
         for (int64_t j = 0; j < g.n_rows; j++)
             l->bits_buf[g.row + j] = g.q_row * 32 + j * b;
         for (int64_t n = 0; n < N; n++)
-            l->scales[(int64_t)g.index * n_pad + n] =
-                exl_exl2_scale_f16(e->q_scale_max[g.index], exl_exl2_scale_code(e, g.index, n));
+            l->scales[(int64_t)g.index * n_pad + n] = exl_exl2_scale_f16(e->q_scale_max[g.index],
+                                                                         exl_exl2_scale_code(e, g.index, n));
     }
     if (g.row != K) /* the walk's row: every group's rows */
         return exl_cuda_fail(EXL_ERR_FORMAT, "%s: groups hold %lld rows, expected %lld", name, (long long)g.row,

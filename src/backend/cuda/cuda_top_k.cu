@@ -16,7 +16,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 }
 
 __global__ void __launch_bounds__(TOPK_THREADS)
-top_k_kernel(int32_t *ids, float *vals, const float *logits, int32_t vocab, int32_t k) {
+    top_k_kernel(int32_t *ids, float *vals, const float *logits, int32_t vocab, int32_t k) {
     exl_pdl_start();
     __shared__ unsigned hist[256];
     __shared__ uint32_t s_prefix;
@@ -103,16 +103,15 @@ top_k_kernel(int32_t *ids, float *vals, const float *logits, int32_t vocab, int3
     }
 }
 
-exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows,
-                          int32_t vocab, int32_t k) {
+exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows, int32_t vocab,
+                          int32_t k) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (k < 1 || k > EXL_TOP_K_MAX || k > vocab)
         return exl_cuda_fail(EXL_ERR_ARG, "top_k: k = %d is outside 1 .. %d", k,
                              vocab < EXL_TOP_K_MAX ? vocab : EXL_TOP_K_MAX);
     exl_cuda_graph_finish(cb);
     size_t n = (size_t)rows * k;
-    if (!exl_cuda_ensure(cb, &cb->top_k_buf, &cb->top_k_bytes, n * (sizeof(int32_t) + sizeof(float)),
-                         "top-k results"))
+    if (!exl_cuda_ensure(cb, &cb->top_k_buf, &cb->top_k_bytes, n * (sizeof(int32_t) + sizeof(float)), "top-k results"))
         return exl_cuda_take_sticky(cb);
     int32_t *d_ids = (int32_t *)cb->top_k_buf;
     float *d_vals = (float *)(d_ids + n);
