@@ -316,7 +316,8 @@ static void capped_attention_case(const char *name, int32_t heads, int32_t kv_he
 /* The same over quantized caches (cuda_kv_quant.cu against cpu_kv_quant.c): both quantize the same keys and values
  * (a code may round the other way where the GPU's fused multiply-add differs), the full-precision side is fp16 on
  * the GPU. Every pair of widths in decode (with splits past 256 keys) and prefill, head_dim 16 (groups of 16) to
- * 256, sliding windows, soft-capped scores. */
+ * 256, sliding windows, soft-capped scores; head_dim 64 and 128 take the register-fetch decode kernel and (sm_80+)
+ * the tensor-core prompt kernel, the others the plain ones. */
 static void test_attention_quantized(void) {
     static const int32_t widths[][2] = {{8, 8}, {6, 6}, {4, 4}, {8, 4}, {4, 8}, {16, 4}, {4, 16}, {6, 16}};
     seq_spec dec[2] = {{37, 1}, {0, 1}}, dec3[2] = {{100, 3}, {5, 2}}, pre[2] = {{37, 20}, {0, 13}};
@@ -339,6 +340,8 @@ static void test_attention_quantized(void) {
         QCASE("prefill GQA hd64", 8, 2, 64, 0, 0.0f, pre);
         QCASE("prefill hd16", 8, 4, 16, 0, 0.0f, pre);
         QCASE("prefill ctx 400 hd256", 2, 1, 256, 0, 0.0f, longp);
+        QCASE("prefill ctx 400 hd128 (tensor cores)", 4, 2, 128, 0, 0.0f, longp);
+        QCASE("decode ctx 2048 GQA hd64", 8, 2, 64, 0, 0.0f, longd);
         QCASE("prefill sliding window 10", 4, 2, 64, 10, 0.0f, pre);
         QCASE("prefill softcap 3 window 10 hd256", 2, 1, 256, 10, 3.0f, pre);
 #undef QCASE

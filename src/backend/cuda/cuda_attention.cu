@@ -8,13 +8,15 @@
  * rows into shared memory at once (attn_decode_fast_kernel), and up to 256 keys take one
  * split of 8 warps with no merge; in steps of one new token a sequence it also does the rope
  * and KV-cache store of that token (exl_cuda_run_rope_attention). Prefill: for head_dim 64 and
- * 128 on sm_80+, tensor cores with fp16 hi + lo operands (attn_prefill_tc_kernel, ~22 bits);
+ * 128 on sm_80+, tensor cores with fp16 hi + lo operands (attn_prefill_tc_kernel, ~22 bits; its tile source reads
+ * the fp16 cache, or a quantized one for cuda_kv_quant.cu);
  * else for head_dim 64, 128 and 256 a block takes 64 queries of one head and 32-64 keys at a
  * time, each thread a 4 x 2-4 tile of scores and 4 rows of the output
  * (attn_prefill_tiled_kernel); other head dims, 16 queries a block and 32 keys at a time,
  * shared by its 4 warps (4 queries each). Soft-capped scores (Gemma 2) take the plain decode and prefill kernels
  * (attn_decode_kernel, attn_prefill_kernel), the only ones that cap them. Keys outside a layer's sliding window are
  * skipped by all. fp32 arithmetic outside the tensor cores. */
+#include "backend/cuda/cuda_kv_side.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
 #include <math.h>
@@ -847,10 +849,123 @@ struct tc_tile {
     static constexpr size_t smem_bytes = (size_t)6 * 64 * RS * sizeof(__half); /* Q, K, V: hi and lo */
 };
 
+/* The tensor-core kernel's tile sources: TC_BK keys from t0 into the K and V tiles as hi and lo. From the fp16 cache,
+ * a thread takes 4 dimensions of a key at a time (load_kv4). */
 template <int HD>
+struct tc_fp16_src {
+    const __half *kc, *vc;
+    __device__ __forceinline__ void load(const prefill_block &P, int page_size, int t0, const float *k, const float *v,
+                                         __half *kh, __half *kl, __half *vh, __half *vl) const {
+        constexpr int RS = tc_tile<HD>::RS;
+        for (int i = threadIdx.x; i < TC_BK * (HD / 4); i += TC_WARPS * 32) {
+            const int j = i / (HD / 4), c = i % (HD / 4) * 4;
+            float4 kf, vf; /* from the fp16 cache: exact in hi */
+            load_kv4(P, page_size, HD, t0 + j, c, k, v, kc, vc, &kf, &vf);
+            store_split4(kh + j * RS + c, kl + j * RS + c, kf);
+            store_split4(vh + j * RS + c, vl + j * RS + c, vf);
+        }
+    }
+};
+
+/* x (32 values) becomes its Hadamard rotation over 32, in registers (hadamard_lanes' order and scale) */
+__device__ __forceinline__ void fwht32(float (&x)[32]) {
+#pragma unroll
+    for (int len = 1; len < 32; len <<= 1)
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            if (!(i & len)) {
+                const float a = x[i], b = x[i + len];
+                x[i] = a + b, x[i + len] = a - b;
+            }
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        x[i] *= 0.17677669529663687f; /* 1 / sqrt(32) */
+}
+
+/* the 32 codes of BITS at w (4-byte aligned) read back: (c - z) s */
+template <int BITS>
+__device__ __forceinline__ void tc_dequant32(const uint32_t *w, float s, float (&x)[32]) {
+    uint32_t ww[BITS];
+#pragma unroll
+    for (int i = 0; i < BITS; i++)
+        ww[i] = __ldg(w + i);
+    const float z = 0.5f * (float)((1 << BITS) - 1);
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        x[i] = (qk_code<BITS>(ww, i) - z) * s;
+}
+
+/* Dimensions 32 g .. 32 g + 31 of key `key` of P's KV head from side s: this step's rows from the fp32 rows (as
+ * computed), earlier ones from the cache (fp16, or decoded and turned back), zeros past P.last. */
+template <int HD>
+__device__ __forceinline__ void tc_group(const prefill_block &P, int page_size, int key, int g, const float *rows,
+                                         const qk_side &s, float (&x)[32]) {
+    if (key > P.last) {
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            x[i] = 0.0f;
+    } else if (key >= P.past) {
+        const float4 *r = (const float4 *)(rows + (int64_t)(P.seq.q_start + key - P.past) * P.kvw +
+                                           (int64_t)P.kvh * HD + 32 * g);
+#pragma unroll
+        for (int c = 0; c < 8; c++) {
+            const float4 f = r[c];
+            x[4 * c] = f.x, x[4 * c + 1] = f.y, x[4 * c + 2] = f.z, x[4 * c + 3] = f.w;
+        }
+    } else {
+        const unsigned char *sp = s.base + key_slot(P.pages, key, page_size) * s.slot_bytes;
+        const int64_t at = (int64_t)P.kvh * HD + 32 * g; /* the group's first value in the row */
+        if (s.bits == 16) {
+            const uint4 *h = (const uint4 *)(sp + at * 2);
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const uint4 raw = h[c];
+                __half2 hh[4];
+                memcpy(hh, &raw, 16);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float2 f = __half22float2(hh[e]);
+                    x[8 * c + 2 * e] = f.x, x[8 * c + 2 * e + 1] = f.y;
+                }
+            }
+            return;
+        }
+        const float sc = __half2float(((const __half *)(sp + s.codes_bytes))[at / 32]);
+        const uint32_t *w = (const uint32_t *)(sp + at * s.bits / 8);
+        if (s.bits == 8)
+            tc_dequant32<8>(w, sc, x);
+        else if (s.bits == 6)
+            tc_dequant32<6>(w, sc, x);
+        else
+            tc_dequant32<4>(w, sc, x);
+        fwht32(x);
+    }
+}
+
+/* From a cache with a quantized side (groups of 32): a thread takes a group of 32 dimensions of a key at a time, the
+ * unit its codes are rotated in. */
+template <int HD>
+struct tc_quant_src {
+    qk_side ks, vs;
+    __device__ __forceinline__ void load(const prefill_block &P, int page_size, int t0, const float *k, const float *v,
+                                         __half *kh, __half *kl, __half *vh, __half *vl) const {
+        constexpr int RS = tc_tile<HD>::RS, G = HD / 32;
+        for (int i = threadIdx.x; i < 2 * TC_BK * G; i += TC_WARPS * 32) {
+            const int is_v = i >= TC_BK * G, u = is_v ? i - TC_BK * G : i, j = u / G, g = u % G;
+            float x[32];
+            tc_group<HD>(P, page_size, t0 + j, g, is_v ? v : k, is_v ? vs : ks, x);
+            __half *hi = (is_v ? vh : kh) + j * RS + 32 * g, *lo = (is_v ? vl : kl) + j * RS + 32 * g;
+#pragma unroll
+            for (int c = 0; c < 8; c++)
+                store_split4(hi + 4 * c, lo + 4 * c, make_float4(x[4 * c], x[4 * c + 1], x[4 * c + 2], x[4 * c + 3]));
+        }
+    }
+};
+
+template <int HD, class SRC>
 __global__ void __launch_bounds__(TC_WARPS * 32)
-    attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc,
-                           const __half *vc, const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
+    attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *v, SRC src,
+                           const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
     constexpr int RS = tc_tile<HD>::RS, NT = TC_BK / 8, DT = HD / 8;
     exl_pdl_start();
     extern __shared__ __align__(16) __half tsm[];
@@ -890,13 +1005,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 
     for (int t0 = P.first; t0 <= P.last; t0 += TC_BK) {
         __syncthreads(); /* the previous tile is no longer read (and Q is in, the first time) */
-        for (int i = threadIdx.x; i < TC_BK * (HD / 4); i += TC_WARPS * 32) {
-            const int j = i / (HD / 4), c = i % (HD / 4) * 4;
-            float4 kf, vf; /* from the fp16 cache: exact in hi */
-            load_kv4(P, sh.page_size, HD, t0 + j, c, k, v, kc, vc, &kf, &vf);
-            store_split4(kh + j * RS + c, kl + j * RS + c, kf);
-            store_split4(vh + j * RS + c, vl + j * RS + c, vf);
-        }
+        src.load(P, sh.page_size, t0, k, v, kh, kl, vh, vl);
         __syncthreads();
         if (t0 > warp_last || t0 + TC_BK <= warp_first)
             continue; /* no key of this tile is seen by the warp's rows */
@@ -991,21 +1100,21 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     }
 }
 
-template <int HD>
-static void launch_prefill_tc(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v,
-                              const __half *kc, const __half *vc, const exl_batch *b, const exl_attn_shape *sh) {
+template <int HD, class SRC>
+static void launch_prefill_tc(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v, SRC src,
+                              const exl_batch *b, const exl_attn_shape *sh) {
     const size_t smem = tc_tile<HD>::smem_bytes;
     static size_t allowed = 48 * 1024;
     if (smem > allowed) {
-        if (cudaFuncSetAttribute(attn_prefill_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-            cudaSuccess) {
+        if (cudaFuncSetAttribute(attn_prefill_tc_kernel<HD, SRC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem) != cudaSuccess) {
             exl_cuda_check_launch(cb, "attention shared memory");
             return;
         }
         allowed = smem;
     }
     dim3 grid((unsigned)((b->max_q + TC_BQ - 1) / TC_BQ), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
-    exl_cuda_launch(cb, attn_prefill_tc_kernel<HD>, grid, dim3(TC_WARPS * 32), smem, out, q, k, v, kc, vc, b->d_seqs,
+    exl_cuda_launch(cb, attn_prefill_tc_kernel<HD, SRC>, grid, dim3(TC_WARPS * 32), smem, out, q, k, v, src, b->d_seqs,
                     b->d_page_tables, *sh);
     exl_cuda_check_launch(cb, "prefill attention (tensor cores)");
 }
@@ -1055,9 +1164,9 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
     if (b->max_q > EXL_CUDA_DECODE_MAX_Q && tiled) {
         const int tc = cb->sm_major >= 8 && !cb->prefill_attention_fp32;
         if (sh->head_dim == 64 && tc)
-            launch_prefill_tc<64>(cb, out, q, k, v, kc, vc, b, sh);
+            launch_prefill_tc<64>(cb, out, q, k, v, tc_fp16_src<64>{kc, vc}, b, sh);
         else if (sh->head_dim == 128 && tc)
-            launch_prefill_tc<128>(cb, out, q, k, v, kc, vc, b, sh);
+            launch_prefill_tc<128>(cb, out, q, k, v, tc_fp16_src<128>{kc, vc}, b, sh);
         else if (sh->head_dim == 64)
             launch_prefill_tiled<64, 64>(cb, out, q, k, v, kc, vc, b, sh);
         else if (sh->head_dim == 128)
@@ -1125,6 +1234,19 @@ static void launch_decode(exl_cuda_backend *cb, float *out, const float *q, cons
                         sh->head_dim, splits, rp ? rp->oo : out_order{});
         exl_cuda_check_launch(cb, "attention combine");
     }
+}
+
+int exl_cuda_prefill_tc_quant(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v,
+                              const qk_side &ks, const qk_side &vs, const exl_batch *b, const exl_attn_shape *sh) {
+    if (cb->sm_major < 8 || cb->prefill_attention_fp32 || b->kv.group != 32 || sh->softcap > 0.0f || b->n_rows < 1)
+        return 0;
+    if (sh->head_dim == 64)
+        launch_prefill_tc<64>(cb, out, q, k, v, tc_quant_src<64>{ks, vs}, b, sh);
+    else if (sh->head_dim == 128)
+        launch_prefill_tc<128>(cb, out, q, k, v, tc_quant_src<128>{ks, vs}, b, sh);
+    else
+        return 0;
+    return 1;
 }
 
 int exl_cuda_rope_attention_fuses(const exl_cuda_backend *cb, const exl_batch *b, const exl_attn_shape *sh,
