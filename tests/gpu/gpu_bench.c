@@ -6,10 +6,12 @@
  * bandwidth of decode rows 1, 2, 4, 8, 16 and the time and tensor-core rate of prompt rows.
  *
  * usage: gpu_bench [fp16|exl2|gptq|exl2-8b ...] [--layers N] [--bits B] [--profile] [--prefill-only]
+ *        [--kernels-only]
  *        (default: exl2 gptq fp16 exl2-8b)
  * --bits: the EXL2 layers' code width, 2-8 (default 4; the head is 6 bits).
  * --profile: only a 128-token prompt and 3 decode steps of the first kind (for ncu).
- * --prefill-only: only the prefill columns (for an A/B of EXL_CUDA_EXACT_PREFILL=1, the ~22-bit prompt path). */
+ * --prefill-only: only the prefill columns (for an A/B of EXL_CUDA_EXACT_PREFILL=1, the ~22-bit prompt path).
+ * --kernels-only: only the per-matrix times (for an A/B of EXL_CUDA_GEMV_MMA_ROWS=17, the old split of rows). */
 #include "model/model.h"
 
 #include "base/alloc.h"
@@ -318,7 +320,7 @@ static double matmul_us(exl_model *m, const exl_linear *w, int64_t K, int64_t N,
 int main(int argc, char **argv) {
     const char *kinds[8];
     int n_kinds = 0, n_layers = 32;
-    int profile = 0, prefill_only = 0;
+    int profile = 0, prefill_only = 0, kernels_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc)
             n_layers = atoi(argv[++i]);
@@ -328,6 +330,8 @@ int main(int argc, char **argv) {
             profile = 1;
         else if (!strcmp(argv[i], "--prefill-only"))
             prefill_only = 1;
+        else if (!strcmp(argv[i], "--kernels-only"))
+            kernels_only = 1;
         else if (n_kinds < 8)
             kinds[n_kinds++] = argv[i];
     }
@@ -375,15 +379,18 @@ int main(int argc, char **argv) {
             return 0;
         }
         double d128 = 0, d2048 = 0, a128 = 0, a2048 = 0;
-        if (!prefill_only) {
+        if (!prefill_only && !kernels_only) {
             d128 = decode_speed(m, cache, pages, n_pages, 128, logits);
             d2048 = decode_speed(m, cache, pages, n_pages, 2048, logits);
             a128 = decode_ahead_speed(m, cache, pages, n_pages, 132);
             a2048 = decode_ahead_speed(m, cache, pages, n_pages, 2052);
         }
-        double pre512 = prefill_speed(m, cache, pages, n_pages, logits, 512);
-        double pre = prefill_speed(m, cache, pages, n_pages, logits, 2048);
-        double pre8k = prefill_speed(m, cache, pages, n_pages, logits, 8192);
+        double pre512 = 0, pre = 0, pre8k = 0;
+        if (!kernels_only) {
+            pre512 = prefill_speed(m, cache, pages, n_pages, logits, 512);
+            pre = prefill_speed(m, cache, pages, n_pages, logits, 2048);
+            pre8k = prefill_speed(m, cache, pages, n_pages, logits, 8192);
+        }
         double bound = bw / mi.file_bytes;
         const exl_hf_config *c = &m->cfg;
         double kvw = (double)c->n_kv_heads * c->head_dim;

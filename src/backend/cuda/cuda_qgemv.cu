@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
  * contiguous bytes a word row) and decodes its quarter of those four columns: column 4g + j is column g of n-tile
  * j, whose C fragment holds columns 8t + j and 8t + 4 + j. The activations are gathered into shared memory in slot
  * pair order as for qgemv_kernel, which is the mma A fragment order: pairs 4t .. 4t + 3 of a row are one 16-byte
- * load. The next chunk's words, scales and zeros are loaded while the current one is multiplied; the first chunk's
+ * load. The chunks a few ahead of the one being multiplied are asked of L2; the first chunk's words are loaded
  * before griddepcontrol.wait. The launcher applies an RMSNorm first (a separate launch: every block would read
  * all rows whole). */
 
@@ -459,18 +459,24 @@ __device__ __forceinline__ void mma_load(const exl_qmatrix &q, const uint32_t *w
     k.z = q.zeros ? __ldg((const uint2 *)(q.zeros + g0 + 4 * g)) : make_uint2(0u, 0u);
 }
 
-/* Chunks asked of L2 ahead of the one loaded into registers: a lane's load has few bytes in flight (16 a word
- * row), so the loads of the chunks after it should find their lines in L2. */
-#define MMA_L2_AHEAD 2
+/* Chunks asked of L2 ahead of the one loaded into registers: a lane has one chunk's words in flight at a time (16
+ * bytes a word row; holding the next chunk's too made the kernel spill), so they should come from L2. */
+#define MMA_L2_AHEAD 3
 
-/* with `ask`, the word rows t, t + 4 of chunk's 128-byte line of the warp's 32 columns asked of L2 (lanes g == 0) */
-__device__ __forceinline__ void mma_l2_prefetch(const exl_qmatrix &q, const uint32_t *wcol, int chunk, bool ask,
-                                                int t) {
+/* with `ask` (lanes g == 0), chunk's word rows t, t + 4 of the warp's 32 columns (a 128-byte line each) asked of
+ * L2, and by lane t == 0 the line of their scales (and zeros) in its group */
+__device__ __forceinline__ void mma_l2_prefetch(const exl_qmatrix &q, const uint32_t *wcol, int chunk, int col,
+                                                bool ask, int t) {
     if (!ask)
         return;
     const int4 m = __ldg(q.chunks + chunk);
     for (int i = t; i < m.y; i += 4)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(wcol + (int64_t)(m.x + i) * EXL_QW_TILE));
+    const int64_t g0 = (int64_t)m.z * q.n_pad + col;
+    if (t == 0)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(q.scales + g0));
+    if (t == 1 && q.zeros)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(q.zeros + g0));
 }
 
 /* acc[j] += the chunk's products for n-tile j, scaled per column; af: the A fragments of its two k steps */
@@ -522,12 +528,15 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid
     if (n_loc > 0)
         mma_load(q, wcol, c0, col, g, t, cur);
     for (int lc = 1; lc <= MMA_L2_AHEAD; lc++)
-        mma_l2_prefetch(q, wcol, c0 + lc, lc < n_loc && g == 0, t);
+        mma_l2_prefetch(q, wcol, c0 + lc, col, lc < n_loc && g == 0, t);
     exl_pdl_start();
-    for (int i = tid; i < n_loc * 16; i += GEMV_THREADS) {
+    /* every (row, pair) an item of its own, so that a thread's loads are in flight together */
+    const int n_pairs = n_loc * 16;
+#pragma unroll 2
+    for (int at = tid; at < R * n_pairs; at += GEMV_THREADS) {
+        const int r = at / n_pairs, i = at - r * n_pairs;
         const int2 sp = slot_pair(a, q, c0, i);
-        for (int r = 0; r < R; r++)
-            xs[r * xs_stride + i] = __floats2half2_rn(input_raw(a, r, sp.x), input_raw(a, r, sp.y));
+        xs[r * xs_stride + i] = __floats2half2_rn(input_raw(a, r, sp.x), input_raw(a, r, sp.y));
     }
     __syncthreads();
 
@@ -539,11 +548,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid
             acc[j][e] = 0.0f;
     const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
     for (int lc = 0; lc < n_loc; lc++) {
-        mma_chunk nxt;
-        const bool more = lc + 1 < n_loc;
-        if (more)
-            mma_load(q, wcol, c0 + lc + 1, col, g, t, nxt);
-        mma_l2_prefetch(q, wcol, c0 + lc + 1 + MMA_L2_AHEAD, lc + 1 + MMA_L2_AHEAD < n_loc && g == 0, t);
+        if (lc > 0)
+            mma_load(q, wcol, c0 + lc, col, g, t, cur);
+        mma_l2_prefetch(q, wcol, c0 + lc + MMA_L2_AHEAD, col, lc + MMA_L2_AHEAD < n_loc && g == 0, t);
         /* A: rows g and g + 8, pairs 4t .. 4t + 3 (k step s: pairs 4t + 2s, 4t + 2s + 1) */
         const uint4 x0 = g < R ? *(const uint4 *)(xs + g * xs_stride + lc * 16 + 4 * t) : zero4;
         const uint4 x1 = g + 8 < R ? *(const uint4 *)(xs + (g + 8) * xs_stride + lc * 16 + 4 * t) : zero4;
@@ -561,8 +568,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid
             mma_chunk_step<2>(cur, t, gptq, af, acc);
         else
             mma_chunk_step<4>(cur, t, gptq, af, acc);
-        if (more)
-            cur = nxt;
     }
     if (a.kv_k && tid == 0)
         kv_prefetch(a);
