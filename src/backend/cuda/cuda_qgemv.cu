@@ -1,7 +1,8 @@
 /* cuda_qgemv.cu - fused dequantize + GEMV for few rows (the decode case) over up to three
  * quantized matrices that share their input, with the layer's neighbours fused in: the
  * input's RMSNorm or GLU is applied while the activations are gathered, and the result
- * can be added to the output (the residual).
+ * can be added to the output (the residual). One row (up to 4 with EXL_CUDA_GEMV_MMA_ROWS) on CUDA cores,
+ * qgemv_kernel, described here; 2-16 rows on tensor cores, qgemv_mma_kernel (its own section below).
  *
  * Grid: x = column tiles of 256 (64 threads x 4 columns, 16-byte loads) of all the matrices
  * one after another, y = a split of the input chunks; at most BLOCKS_PER_SM blocks an SM.
