@@ -2,12 +2,16 @@
  * (Llama-2-7B: hidden 4096, 32 layers, 32 heads, ffn 11008, vocab 32000) on the CUDA
  * backend, against the device's own copy bandwidth and fp16 GEMM rate measured in the
  * same run. The weights are generated in memory (EXL2 / GPTQ in their file layouts) and
- * the model is driven through the real forward pass (exl_model_forward).
+ * the model is driven through the real forward pass (exl_model_forward). Per matrix shape (stderr): the time and
+ * bandwidth of decode rows 1, 2, 4, 8, 16 and the time and tensor-core rate of prompt rows.
  *
- * usage: gpu_bench [fp16|exl2|gptq|exl2-8b ...] [--layers N] [--bits B] [--profile]
+ * usage: gpu_bench [fp16|exl2|gptq|exl2-8b ...] [--layers N] [--bits B] [--profile] [--prefill-only]
+ *        [--kernels-only]
  *        (default: exl2 gptq fp16 exl2-8b)
  * --bits: the EXL2 layers' code width, 2-8 (default 4; the head is 6 bits).
- * --profile: only a 128-token prompt and 3 decode steps of the first kind (for ncu). */
+ * --profile: only a 128-token prompt and 3 decode steps of the first kind (for ncu).
+ * --prefill-only: only the prefill columns (for an A/B of EXL_CUDA_EXACT_PREFILL=1, the ~22-bit prompt path).
+ * --kernels-only: only the per-matrix times (for an A/B of EXL_CUDA_GEMV_MMA_ROWS=17, the old split of rows). */
 #include "model/model.h"
 
 #include "base/alloc.h"
@@ -167,7 +171,7 @@ static exl_model *build_model(const char *kind, int32_t n_layers, model_info *mi
     snprintf(c->model_type, sizeof c->model_type, "llama");
     c->vocab_size = big ? 128256 : 32000, c->hidden_size = 4096, c->intermediate_size = big ? 14336 : 11008;
     c->n_layers = n_layers;
-    c->n_heads = 32, c->n_kv_heads = big ? 8 : 32, c->head_dim = 128, c->max_pos = 4096;
+    c->n_heads = 32, c->n_kv_heads = big ? 8 : 32, c->head_dim = 128, c->max_pos = 8192;
     c->rms_eps = 1e-5;
     c->rope.type = EXL_ROPE_DEFAULT;
     c->rope.theta = big ? 500000 : 10000;
@@ -215,11 +219,6 @@ static exl_model *build_model(const char *kind, int32_t n_layers, model_info *mi
 
 /* ---- timing the forward pass */
 
-typedef struct {
-    double decode_tps[2]; /* context 128, 2048 */
-    double prefill_tps;
-} speeds;
-
 /* Greedy decode as the generator runs it (generator/ahead.c): each step's token chosen on the
  * device and fed to the next step, which is queued before the host waits for the token before
  * it. Steps from position ctx; tokens/s over `steps` steps. */
@@ -263,21 +262,22 @@ static double decode_speed(exl_model *m, exl_kv_cache *cache, int32_t *pages, in
     return steps / (now() - t0);
 }
 
-/* a 2048-token prompt fed as the generator feeds it: pieces of the model's step size */
-static double prefill_speed(exl_model *m, exl_kv_cache *cache, int32_t *pages, int32_t n_pages, float *logits) {
+/* a prompt of `tokens` tokens fed as the generator feeds it: pieces of the model's step size */
+static double prefill_speed(exl_model *m, exl_kv_cache *cache, int32_t *pages, int32_t n_pages, float *logits,
+                            int32_t tokens) {
     const int32_t piece = exl_model_max_rows(m) < 2048 ? exl_model_max_rows(m) : 2048;
-    int32_t *ids = malloc(2048 * sizeof *ids);
-    for (int i = 0; i < 2048; i++)
+    int32_t *ids = malloc((size_t)tokens * sizeof *ids);
+    for (int i = 0; i < tokens; i++)
         ids[i] = (int32_t)(qg_next(&rng) % 32000);
     double best = 0;
     for (int rep = 0; rep < 3; rep++) {
         double t0 = now();
-        for (int32_t done = 0; done < 2048; done += piece) {
-            int32_t n = 2048 - done < piece ? 2048 - done : piece;
-            exl_seq_step st = {ids + done, n, done, pages, n_pages, done + n == 2048};
+        for (int32_t done = 0; done < tokens; done += piece) {
+            int32_t n = tokens - done < piece ? tokens - done : piece;
+            exl_seq_step st = {ids + done, n, done, pages, n_pages, done + n == tokens};
             EK(exl_model_forward(m, cache, &st, 1, logits));
         }
-        double tps = 2048 / (now() - t0);
+        double tps = tokens / (now() - t0);
         if (tps > best)
             best = tps;
     }
@@ -320,7 +320,7 @@ static double matmul_us(exl_model *m, const exl_linear *w, int64_t K, int64_t N,
 int main(int argc, char **argv) {
     const char *kinds[8];
     int n_kinds = 0, n_layers = 32;
-    int profile = 0;
+    int profile = 0, prefill_only = 0, kernels_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc)
             n_layers = atoi(argv[++i]);
@@ -328,6 +328,10 @@ int main(int argc, char **argv) {
             exl2_bits = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile"))
             profile = 1;
+        else if (!strcmp(argv[i], "--prefill-only"))
+            prefill_only = 1;
+        else if (!strcmp(argv[i], "--kernels-only"))
+            kernels_only = 1;
         else if (n_kinds < 8)
             kinds[n_kinds++] = argv[i];
     }
@@ -348,15 +352,18 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < dense_pool_n; i++)
         dense_pool[i] = exl_f32_to_f16((qg_uniform(&rng) - 0.5f) * 0.04f);
     float *logits = malloc((size_t)256 * 128256 * 4);
+    const char *exact = getenv("EXL_CUDA_EXACT_PREFILL");
+    printf("prompt matmuls: %s\n", exact && strcmp(exact, "0") ? "~22 bits (EXL_CUDA_EXACT_PREFILL=1)" : "fp16");
     printf("\n| model | GB/token (file) | decode t/s ctx 128 | ctx 2048 | greedy ahead ctx 128 | ctx 2048 | bound t/s "
-           "| of bound (128) | greedy ahead of bound (128) | prefill 2048 t/s | of tensor-core bound |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "| of bound (128) | greedy ahead of bound (128) | prefill 512 t/s | 2048 | 8192 | 2048 of tensor-core bound "
+           "(GEMM rate) | (990 TFLOP/s) |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < n_kinds; k++) {
         model_info mi;
         double t0 = now();
         exl_model *m = build_model(kinds[k], n_layers, &mi);
         double load_s = now() - t0;
-        int32_t n_pages = 9, pages[9];
+        int32_t n_pages = 33, pages[33]; /* 8192 tokens and a page */
         for (int i = 0; i < n_pages; i++)
             pages[i] = i;
         exl_kv_cache *cache;
@@ -371,20 +378,36 @@ int main(int argc, char **argv) {
             }
             return 0;
         }
-        double d128 = decode_speed(m, cache, pages, n_pages, 128, logits);
-        double d2048 = decode_speed(m, cache, pages, n_pages, 2048, logits);
-        double a128 = decode_ahead_speed(m, cache, pages, n_pages, 132);
-        double a2048 = decode_ahead_speed(m, cache, pages, n_pages, 2052);
-        double pre = prefill_speed(m, cache, pages, n_pages, logits);
+        double d128 = 0, d2048 = 0, a128 = 0, a2048 = 0;
+        if (!prefill_only && !kernels_only) {
+            d128 = decode_speed(m, cache, pages, n_pages, 128, logits);
+            d2048 = decode_speed(m, cache, pages, n_pages, 2048, logits);
+            a128 = decode_ahead_speed(m, cache, pages, n_pages, 132);
+            a2048 = decode_ahead_speed(m, cache, pages, n_pages, 2052);
+        }
+        double pre512 = 0, pre = 0, pre8k = 0;
+        if (!kernels_only) {
+            pre512 = prefill_speed(m, cache, pages, n_pages, logits, 512);
+            pre = prefill_speed(m, cache, pages, n_pages, logits, 2048);
+            pre8k = prefill_speed(m, cache, pages, n_pages, logits, 8192);
+        }
         double bound = bw / mi.file_bytes;
         const exl_hf_config *c = &m->cfg;
         double kvw = (double)c->n_kv_heads * c->head_dim;
         double params = n_layers * (2.0 * 4096 * 4096 + 2.0 * 4096 * kvw + 3.0 * 4096 * c->intermediate_size) +
                         4096.0 * c->vocab_size;
-        double pre_bound = tflops / (2 * params);
-        printf("| %s, %d layers | %.2f | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.1f%% | %.0f | %.1f%% |\n",
+        /* the matmuls' FLOPs only (attention not counted) */
+        double pre_bound = tflops / (2 * params), pre_bound_990 = 990e12 / (2 * params);
+        printf("| %s, %d layers | %.2f | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.1f%% | %.0f | %.0f | %.0f | "
+               "%.1f%% | %.1f%% |\n",
                kinds[k], n_layers, mi.file_bytes / 1e9, d128, d2048, a128, a2048, bound, 100 * d128 / bound,
-               100 * a128 / bound, pre, 100 * pre / pre_bound);
+               100 * a128 / bound, pre512, pre, pre8k, 100 * pre / pre_bound, 100 * pre / pre_bound_990);
+        fflush(stdout);
+        if (prefill_only) {
+            exl_kv_cache_free(m, cache);
+            exl_model_free(m);
+            continue;
+        }
         fprintf(stderr, "%s: load %.1f s, device bytes/token %.2f GB\n", kinds[k], load_s, mi.device_bytes / 1e9);
         /* per-shape GEMV efficiency (one op, back to back, no forward overhead) */
         struct {
@@ -409,7 +432,7 @@ int main(int argc, char **argv) {
                 bytes = shapes[s].K * shapes[s].N / 2.0 + shapes[s].K / 128 * shapes[s].N * 4.0;
             fprintf(stderr, "  %-22s %8.1f us  %6.0f GB/s  (%.0f%% of copy)", shapes[s].name, us, bytes / us / 1e3,
                     100 * bytes / (us * 1e-6) / bw);
-            /* many rows (batched decode, prefill chunks): time and tensor-core rate */
+            /* prompt rows (prefill chunks): time and tensor-core rate */
             const int32_t many[5] = {16, 32, 64, 256, 1024};
             for (int i = 0; i < 5; i++) {
                 int32_t rows = many[i];
@@ -417,11 +440,15 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "  | %d rows %.1f us %.0f TFLOP/s", rows, t,
                         2.0 * rows * shapes[s].K * shapes[s].N / t / 1e6);
             }
+            /* decode rows (batched decode, speculative verification): the weights are read once for all of them */
             fprintf(stderr, "\n  %-22s as decode rows:", "");
-            const int32_t dec[5] = {4, 8, 16, 32, 64};
-            for (int i = 0; i < 5; i++)
-                fprintf(stderr, "  | %d rows %.1f us", dec[i],
-                        matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, dec[i], 1));
+            const int32_t dec[7] = {1, 2, 4, 8, 16, 32, 64};
+            double one = 0;
+            for (int i = 0; i < 7; i++) {
+                double t = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, dec[i], 1);
+                one = i == 0 ? t : one;
+                fprintf(stderr, "  | %d: %.1f us %.0f GB/s %.2fx", dec[i], t, bytes / t / 1e3, t / one);
+            }
             fprintf(stderr, "\n");
         }
         exl_kv_cache_free(m, cache);

@@ -19,17 +19,21 @@ for d in "$shared"/models/*/; do
     [ -f "$d"quantize_config.json ] && cp "$d"quantize_config.json ".gpu/shared/models/$n/"
     cp "$shared/reference/$n.logits.safetensors" .gpu/shared/reference/
 done
-# the quantizer test: rand-llama's tokenizer and the first 64 kB (whole lines) of a calibration text
-for f in tokenizer.json tokenizer_config.json special_tokens_map.json; do
-    cp "$shared/models/rand-llama/$f" .gpu/shared/models/rand-llama/
+# the quantizer test: rand-llama's tokenizer and the first 64 kB (whole lines) of a calibration text; the prompt
+# path's perplexity (bench/gpu_prefill_ppl.sh): its models' tokenizers and the first 200 kB of TinyStories
+for m in rand-llama tinystories-656k tinystories-656k-gptq-4bit-g32-actorder-asym rand-llama-exl2-5.0bpw-h8; do
+    for f in tokenizer.json tokenizer_config.json special_tokens_map.json; do
+        cp "$shared/models/$m/$f" ".gpu/shared/models/$m/"
+    done
 done
 mkdir -p .gpu/shared/data/calibration
 head -c 65536 "$shared/data/calibration/tiny.utf8" | sed '$d' >.gpu/shared/data/calibration/tiny.utf8
+head -c 200000 "$shared/data/tinystories_val.txt" | sed '$d' >.gpu/shared/data/tinystories_val.txt
 cmake -S . -B build-gpu -DEXL_CUDA=ON -DEXL_CUDA_ARCHS="$archs" >/dev/null
-cmake --build build-gpu -j"$(nproc)" --target test_gpu gpu_bench exl_cuda >/dev/null
-for f in test_gpu gpu_bench libexl_cuda.so; do strip -o ".gpu/bin/$f" "build-gpu/$f"; done
+cmake --build build-gpu -j"$(nproc)" --target test_gpu gpu_bench exl_cuda exl-cli >/dev/null
+for f in test_gpu gpu_bench exl libexl_cuda.so; do strip -o ".gpu/bin/$f" "build-gpu/$f"; done
 # run-time libraries of the core that a bare CUDA image may not have
-for lib in $(ldd build-gpu/test_gpu build-gpu/gpu_bench | awk '/=> \// {print $3}' | sort -u); do
+for lib in $(ldd build-gpu/test_gpu build-gpu/gpu_bench build-gpu/exl | awk '/=> \// {print $3}' | sort -u); do
     case $(basename "$lib") in
     libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | libgcc_s.so* | libstdc++.so* | libcublas*) ;;
     *) cp -L "$lib" .gpu/bin/ ;;

@@ -24,7 +24,10 @@
 #include <unistd.h>
 
 static int n_fail, n_ok;
-static exl_backend *cpu, *gpu;
+/* gpu: the backend the op checks run on: gpu_exact (created with EXL_CUDA_EXACT_PREFILL=1: many-row matmuls of
+ * prompt rows to ~22 bits) or gpu_fast (the default: plain fp16), while fast_prefill is set */
+static exl_backend *cpu, *gpu, *gpu_exact, *gpu_fast;
+static int fast_prefill;
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 void exl_test_failed(const char *file, int line, const char *fmt, ...) {
@@ -38,7 +41,7 @@ void exl_test_failed(const char *file, int line, const char *fmt, ...) {
 
 static void report(const char *name, double err, double tol) {
     int ok = err >= 0 && err <= tol && !isnan(err);
-    printf("%s %-44s %.3e (tol %.0e)\n", ok ? "ok  " : "FAIL", name, err, tol);
+    printf("%s %s%-44s %.3e (tol %.0e)\n", ok ? "ok  " : "FAIL", fast_prefill ? "fast prefill: " : "", name, err, tol);
     fflush(stdout);
     ok ? n_ok++ : n_fail++;
 }
@@ -467,9 +470,10 @@ static void quant_case(const char *name, const exl_linear_src *src) {
     float *w = qref_dequant(src);
     /* the GEMV (fp16 products) up to 4 rows; then the tensor-core kernel (exact weights, activations
      * to ~22 bits): one row tile, split-K, two row tiles; from 96 rows (EXL_CUDA_DEQUANT_ROWS) weights decoded to
-     * fp16 hi + lo and cuBLAS, the products stacked up to 256 rows, then one GEMM each */
-    enum { N_ROWS = 12, MAX_ROWS = 300 };
-    int32_t rows_list[N_ROWS] = {1, 2, 4, 8, 9, 17, 33, 65, 95, 96, 150, MAX_ROWS};
+     * fp16 hi + lo and cuBLAS, the products stacked up to 256 rows, then one GEMM each. fast_prefill: the GEMV
+     * from 2 to 16 rows on tensor cores (one launch), fp16 activations and weights decoded to plain fp16 */
+    enum { N_ROWS = 13, MAX_ROWS = 300 };
+    int32_t rows_list[N_ROWS] = {1, 2, 4, 8, 9, 16, 17, 33, 65, 95, 96, 150, MAX_ROWS};
     float *x = rnd(MAX_ROWS * K, -1, 1), *want = malloc(MAX_ROWS * N * 4);
     float *xg = put(gpu, x, MAX_ROWS * K * 4), *og = gpu->ops->alloc(gpu, MAX_ROWS * N * 4);
     for (int64_t r = 0; r < MAX_ROWS; r++)
@@ -485,7 +489,7 @@ static void quant_case(const char *name, const exl_linear_src *src) {
         float *got = get(gpu, og, rows * N);
         char full[96];
         snprintf(full, sizeof full, "%s rows=%d", name, rows);
-        report(full, ref_rel_err(got, want, rows * N), rows <= 4 ? 3e-3 : 1e-4);
+        report(full, ref_rel_err(got, want, rows * N), rows <= 4 || fast_prefill ? 3e-3 : 1e-4);
         free(got);
     }
     gpu->ops->free(gpu, xg), gpu->ops->free(gpu, og);
@@ -667,9 +671,9 @@ static void fused_case(const char *name, qgen *g, int n, int32_t rows, int mode,
     }
     char full[128];
     snprintf(full, sizeof full, "%s rows=%d%s", name, rows, decode ? " decode" : "");
-    /* prompt rows past the GEMV (4) keep the activations to ~22 bits; decode rows may round them to fp16, as the
-     * GEMV does */
-    report(full, worst, rows > 4 && !decode ? 1e-4 : 3e-3);
+    /* prompt rows past the GEMV (4) keep the activations to ~22 bits (but with fast_prefill); decode rows may round
+     * them to fp16, as the GEMV does */
+    report(full, worst, rows > 4 && !decode && !fast_prefill ? 1e-4 : 3e-3);
     exl_graph_free(&gr);
     gpu->ops->free(gpu, dx);
     if (dup)
@@ -687,17 +691,18 @@ static void test_fused(void) {
     int bits1[2] = {4, 3}, rows1[2] = {256, 256};
     qgen_exl2(&g[1], 512, 128, 2, bits1, rows1, &rng);
     qgen_gptq(&g[2], 512, 200, 4, 128, 1, 0, &rng);
-    /* the GEMV, the tensor-core kernel, fp16 weights side by side in one GEMM, one GEMM per part */
-    int32_t rl[6] = {1, 3, 13, 40, 200, 300};
+    /* the GEMV (from 2 rows on tensor cores), the tensor-core kernel, fp16 weights side by side in one GEMM, one
+     * GEMM per part */
+    int32_t rl[7] = {1, 3, 13, 16, 40, 200, 300};
     /* decode rows first: nothing a same-shaped prompt call left in the scratch buffers may help them */
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 7; i++)
         for (int decode = 1; decode >= 0; decode--)
             fused_case("graph rmsnorm + 3 matmuls (exl2, exl2, gptq)", g, 3, rl[i], 0, decode);
     for (int i = 0; i < 3; i++)
         qgen_free(&g[i]);
     int bits2[4] = {8, 4, 3, 2}, rows2[4] = {384, 320, 320, 352}; /* 1376 inputs: 43 chunks, two stages */
     qgen_exl2(&g[0], 1376, 96, 4, bits2, rows2, &rng);
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 7; i++)
         for (int decode = 1; decode >= 0; decode--)
             fused_case("graph glu + accumulating matmul (exl2 8/4/3/2)", g, 1, rl[i], 1, decode);
     qgen_free(&g[0]);
@@ -814,7 +819,7 @@ static void test_glu_chain(void) {
     qgen_exl2(&gu[0], 512, 384, 2, bits, rows, &rng);
     qgen_exl2(&gu[1], 512, 384, 2, bits, rows, &rng);
     qgen_exl2(&dn, 384, 160, 2, dbits, drows, &rng);
-    for (int32_t r = 1; r <= 3; r += 2)
+    for (int32_t r = 1; r <= 16; r += r < 3 ? 2 : 6)
         glu_chain_case(gu, &dn, r);
     for (int i = 0; i < 2; i++)
         qgen_free(&gu[i]);
@@ -1034,7 +1039,12 @@ static void test_layer_graphs(const char *shared) {
 
 /* ---- whole models against the reference logits */
 
+/* with fast_prefill, the models' default path (plain fp16 prompt matmuls); else EXL_CUDA_EXACT_PREFILL=1 */
 static void test_models(const char *shared) {
+    if (fast_prefill)
+        unsetenv("EXL_CUDA_EXACT_PREFILL");
+    else
+        setenv("EXL_CUDA_EXACT_PREFILL", "1", 1);
     const char *models[] = {"tinystories-656k",
                             "rand-llama",
                             "rand-qwen2",
@@ -1079,6 +1089,7 @@ static void test_models(const char *shared) {
         snprintf(name, sizeof name, "argmax mismatches %s", models[i]);
         report(name, npos > 0 ? mism : -1, 0);
     }
+    unsetenv("EXL_CUDA_EXACT_PREFILL");
 }
 
 /* ---- logits through a quantized KV cache: the GPU's against the CPU's, each through sessions of the same cache
@@ -1292,6 +1303,32 @@ static void test_decode_rows(const char *shared, const char *model) {
     exl_st_close(rf);
     free(out);
     free(step_out);
+}
+
+/* Decode steps of 2 to 16 sequences (the GEMV on tensor cores, one launch for all rows) against each sequence's
+ * step alone (one row: the plain GEMV), row by row (ref_decode_rows); with EXL_CUDA_GEMV_MMA_ROWS=17 the rows take
+ * the plain GEMV (up to 4) and cuda_qmma.cu as before it. */
+static void test_decode_batch_rows(const char *shared, const char *model, const char *mma_rows) {
+    char dir[1024], name[192];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
+    if (mma_rows)
+        setenv("EXL_CUDA_GEMV_MMA_ROWS", mma_rows, 1);
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    exl_model *m;
+    require(exl_model_load(dir, &p, &m) == EXL_OK, "load model");
+    unsetenv("EXL_CUDA_GEMV_MMA_ROWS");
+    const int32_t ks[] = {2, 3, 4, 5, 8, 9, 16};
+    int mism = 0, rows = 0;
+    double e = ref_decode_rows(m, ks, (int)(sizeof ks / sizeof ks[0]), &mism, &rows);
+    exl_model_free(m);
+    const char *how = mma_rows ? " (EXL_CUDA_GEMV_MMA_ROWS=" : "", *end = mma_rows ? ")" : "";
+    snprintf(name, sizeof name, "decode 2-16 rows == one row %s%s%s%s (%d rows)", model, how, mma_rows ? mma_rows : "",
+             end, rows);
+    report(name, rows == 47 ? e : -1, 5e-3);
+    snprintf(name, sizeof name, "decode 2-16 rows argmax mismatches %s%s%s%s", model, how, mma_rows ? mma_rows : "",
+             end);
+    report(name, rows == 47 ? mism : -1, 0);
 }
 
 /* ---- host_gemm (the quantizer's fp32 products on host memory) */
@@ -1734,7 +1771,11 @@ static void same_tokens_with_env_off(const char *shared, int n_jobs, const char 
 int main(int argc, char **argv) {
     const char *shared = argc > 1 ? argv[1] : "../shared";
     require(exl_backend_cpu_init(1, &cpu) == EXL_OK, "cpu backend");
-    require(exl_backend_init(EXL_DEVICE_CUDA, 0, &gpu) == EXL_OK, "cuda backend");
+    setenv("EXL_CUDA_EXACT_PREFILL", "1", 1);
+    require(exl_backend_init(EXL_DEVICE_CUDA, 0, &gpu_exact) == EXL_OK, "cuda backend");
+    unsetenv("EXL_CUDA_EXACT_PREFILL");
+    require(exl_backend_init(EXL_DEVICE_CUDA, 0, &gpu_fast) == EXL_OK, "cuda backend");
+    gpu = gpu_exact;
     /* errors from the library reach exl_last_error() */
     void *huge = gpu->ops->alloc(gpu, (size_t)1 << 50);
     int oom_ok = !huge && strstr(exl_last_error(), "out of GPU memory") != NULL;
@@ -1749,8 +1790,17 @@ int main(int argc, char **argv) {
     test_fused();
     test_rope_attention();
     test_glu_chain();
+    /* the op checks of the matmuls again on the default backend: plain fp16 for many prompt rows */
+    gpu = gpu_fast, fast_prefill = 1;
+    test_quant(shared);
+    test_fused();
+    test_glu_chain();
+    gpu = gpu_exact, fast_prefill = 0;
     test_layer_graphs(shared);
     test_models(shared);
+    fast_prefill = 1;
+    test_models(shared);
+    fast_prefill = 0;
     cache_formats_case(shared, "tinystories-656k");
     cache_formats_case(shared, "rand-llama");
     cache_formats_case(shared, "rand-llama-exl2-5.0bpw-h8");
@@ -1768,6 +1818,11 @@ int main(int argc, char **argv) {
     test_decode(shared, "rand-qwen3moe");
     test_decode_rows(shared, "rand-llama-exl2-5.0bpw-h8");
     test_decode_rows(shared, "rand-llama-gptq-4bit-g64-sym");
+    test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", NULL);
+    test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", NULL);
+    test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym", NULL);
+    test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6", NULL);
+    test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", "17");
     test_host_gemm();
     test_quantize_device(shared);
     test_head_sampling(shared);
@@ -1781,7 +1836,8 @@ int main(int argc, char **argv) {
     /* decode ahead is the default on CUDA (EXL_DECODE_AHEAD=0: step by step) */
     same_tokens_with_env_off(shared, 1, "EXL_DECODE_AHEAD", "decode ahead == step by step");
     same_tokens_with_env_off(shared, 12, "EXL_DECODE_AHEAD", "decode ahead == step by step");
-    gpu->ops->destroy(gpu);
+    gpu_exact->ops->destroy(gpu_exact);
+    gpu_fast->ops->destroy(gpu_fast);
     cpu->ops->destroy(cpu);
     printf("test_gpu: %d passed, %d failed\n", n_ok, n_fail);
     return n_fail ? 1 : 0;

@@ -147,6 +147,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->dequant);
     cudaFree(cb->gemm_parts);
     cudaFree(cb->gemv_partial);
+    cudaFree(cb->gemv_normed);
     cudaFree(cb->gemv_counters);
     cudaFree(cb->top_k_buf);
     cudaFree(cb->mask_buf);
@@ -380,6 +381,10 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
     const char *det = getenv("EXL_CUDA_DETERMINISTIC");
     cb->deterministic = det && strcmp(det, "0") != 0;
     cb->dequant_rows = dq && atoi(dq) > 0 ? atoi(dq) : EXL_CUDA_DEQUANT_ROWS_DEFAULT;
+    const char *mma_rows = getenv("EXL_CUDA_GEMV_MMA_ROWS");
+    cb->gemv_mma_rows = mma_rows && atoi(mma_rows) > 0 ? atoi(mma_rows) : EXL_CUDA_GEMV_MMA_ROWS_DEFAULT;
+    const char *exact = getenv("EXL_CUDA_EXACT_PREFILL");
+    cb->exact_prefill = exact && strcmp(exact, "0") != 0;
     e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(cb);

@@ -44,6 +44,10 @@ typedef struct exl_cuda_backend {
     int prefill_attention_fp32; /* EXL_CUDA_PREFILL_ATTENTION=fp32: prompts' attention on CUDA cores
                                  * (cuda_attention.cu), not on tensor cores */
     int32_t dequant_rows;       /* quantized matmuls of this many rows go through cuda_qgemm.cu */
+    int32_t gemv_mma_rows;      /* quantized matmuls of 2 .. EXL_CUDA_QGEMV_MAX_ROWS rows from this many on go through
+                                 * the GEMV on tensor cores (cuda_qgemv.cu; EXL_CUDA_GEMV_MMA_ROWS) */
+    int exact_prefill;          /* EXL_CUDA_EXACT_PREFILL=1: many-row matmuls of prompt rows keep ~22 bits (activations
+                                 * and decoded weights as fp16 hi + lo, cuda_matmul.cu); 0: plain fp16 */
     cudaStream_t stream;
     cublasHandle_t cublas;
     exl_status sticky; /* first asynchronous failure, EXL_OK if none */
@@ -53,6 +57,8 @@ typedef struct exl_cuda_backend {
     size_t scratch_bytes;
     float *gemv_partial; /* split-K partial sums of the GEMV kernels */
     size_t gemv_partial_bytes;
+    float *gemv_normed; /* the normed input of the GEMV on tensor cores */
+    size_t gemv_normed_bytes;
     unsigned *gemv_counters; /* per column tile arrival counters (self-resetting) */
     size_t gemv_counter_count;
     float *attn_partial; /* split-K partials of decode attention */
@@ -236,17 +242,17 @@ const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t wi
  * hi + lo (parts 2) or hi alone (parts 1); uses scratch */
 void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float *up, int act, const exl_linear *w,
                    int32_t rows, int accumulate, int parts);
-/* out_i[rows, out] (+)= x · w_i + b_i for n quantized matrices of one input width through
- * weights decoded to fp16 and cuBLAS (cuda_qgemm.cu): the many-row path from cb->dequant_rows
- * rows (EXL_CUDA_DEQUANT_ROWS, default EXL_CUDA_DEQUANT_ROWS_DEFAULT); uses scratch, dequant
- * and gemm_parts */
+/* f's matmuls (quantized, of one input width; its norm or GLU applied to x, not both) through weights decoded to
+ * fp16 and cuBLAS (cuda_qgemm.cu): the many-row path from cb->dequant_rows rows (EXL_CUDA_DEQUANT_ROWS, default
+ * EXL_CUDA_DEQUANT_ROWS_DEFAULT). The activations are multiplied as fp16 hi + lo (parts 2) or hi alone (parts 1);
+ * the weights are decoded as hi + lo with cb->exact_prefill, else as plain fp16. Uses scratch, dequant and
+ * gemm_parts. */
 #define EXL_CUDA_DEQUANT_ROWS_DEFAULT 96
 /* Tokens per forward step (exl_backend.step_rows): a prompt of 2048 tokens in one step decodes
  * each quantized matrix once for cuBLAS instead of four times (prefill 2048: 5596 -> 6938
  * tok/s on H100 against 512-token steps, bench/RESULTS.md) */
 #define EXL_CUDA_STEP_ROWS 2048
-void exl_cuda_qgemm(exl_cuda_backend *cb, int n, float *const *out, const exl_linear *const *w, const float *x,
-                    int32_t rows, int accumulate, int parts);
+void exl_cuda_qgemm(exl_cuda_backend *cb, const exl_cuda_fused_mm *f, int parts);
 /* Products of fp16 weights with the activations' two fp16 parts (cuda_matmul.cu). xh holds hi
  * then lo, each [rows, K]. The weights W are hi (+ lo / EXL_CUDA_LO_SCALE when lo is not NULL:
  * the decoded quantized weights, exact to ~22 bits), each fp16 [n, ld] row-major (trans = 1,
@@ -271,8 +277,10 @@ float *exl_cuda_gemm_stacked(exl_cuda_backend *cb, const __half *xh, int32_t xpa
                              const exl_cuda_f16w *w, int32_t n, int *parts);
 void exl_cuda_parts_sum(exl_cuda_backend *cb, float *out, int64_t ldo, const float *c, int64_t ldc, int32_t n,
                         int32_t rows, int parts, const float *bias, int accumulate);
-/* fp32 x [rows, width] as two fp16 matrices hi, lo: [2 * rows, width] (cuda_split_half.cu) */
-void exl_cuda_split_half(exl_cuda_backend *cb, __half *dst, const float *x, int32_t rows, int32_t width);
+/* xin = norm ? rmsnorm(x) * norm : up ? act(x) * up : x (fp32 [rows, width]) as fp16 hi [rows, width] at dst and,
+ * with parts 2, lo = fp16(xin - hi) [rows, width] after it (cuda_split_half.cu) */
+void exl_cuda_split_half(exl_cuda_backend *cb, __half *dst, const float *x, const exl_vector *norm, float eps,
+                         const float *up, int act, int32_t rows, int32_t width, int parts);
 void exl_cuda_run_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
                         float scale);
 void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
@@ -324,10 +332,13 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
  * (captured 16-64-job generator steps ran 3-11% faster than launched one by one,
  * bench/RESULTS.md); prompt pieces, which attention marks, run directly. */
 #define EXL_CUDA_GRAPH_MAX_ROWS 64
-/* Largest row count the quantized GEMV takes (one launch); more rows go to the tensor-core
- * kernel (cuda_qmma.cu), which reads the weights once for up to 32 rows (measured: 8 rows
- * of q_proj 29.8 us in the GEMV, 20.8 in cuda_qmma.cu; 4 rows 14.1 in the GEMV) */
-#define EXL_CUDA_QGEMV_MAX_ROWS 4
+/* Largest row count the quantized GEMV takes (cuda_qgemv.cu; one launch from cb->gemv_mma_rows rows, which
+ * multiplies on tensor cores and reads the weights once for all the rows; below, launches of up to 4 rows); more
+ * rows go to the tensor-core kernel of cuda_qmma.cu (its activation gather, split sums and one launch per matrix
+ * made 8 rows of gate_proj cost 2.3x one row: 25.9 us against 11.4). Speculative decoding verifies 5-9 rows a
+ * step, batched decode takes 2-16. */
+#define EXL_CUDA_QGEMV_MAX_ROWS 16
+#define EXL_CUDA_GEMV_MMA_ROWS_DEFAULT 2
 #define EXL_CUDA_DECODE_MAX_Q 4
 /* decode attention sizes its splits for max_kv rounded up to this, so a captured step can
  * be replayed for the next tokens */
