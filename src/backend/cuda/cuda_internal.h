@@ -328,7 +328,8 @@ typedef struct exl_cuda_moe_launch {
     int32_t act;
     float *out[2];
     const float *pair_weight;
-    int32_t split_ok; /* the input may be split over blocks whose sums are added atomically */
+    int32_t n_chunks;   /* quantized: the most input chunks of any expert's matrix of the launch */
+    int32_t out_zeroed; /* out[] is zero: the input may be split over blocks whose sums are added atomically */
 } exl_cuda_moe_launch;
 void exl_cuda_moe_gemv(exl_cuda_backend *cb, const exl_cuda_moe_launch *l);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,

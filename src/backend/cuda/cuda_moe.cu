@@ -179,7 +179,8 @@ void exl_cuda_moe_free(exl_cuda_backend *cb) {
     free(cb->moe_host);
 }
 
-/* 1 if the grouped kernels take every expert of n: each projection of one kind (dense or quantized) and shape */
+/* 1 if the grouped kernels take every expert of n: gate and up of one kind (dense or quantized), down of one, all
+ * of the node's shapes */
 static int experts_uniform(const exl_moe_experts_node *n) {
     const exl_expert *x0 = &n->experts[0];
     if (!x0->gate || !x0->up || !x0->down || (x0->gate->kind == EXL_LINEAR_DENSE) != (x0->up->kind == EXL_LINEAR_DENSE))
@@ -191,8 +192,7 @@ static int experts_uniform(const exl_moe_experts_node *n) {
             if (!m[i] || (m[i]->kind == EXL_LINEAR_DENSE) != (m0[i]->kind == EXL_LINEAR_DENSE) ||
                 m[i]->in != (i == 2 ? n->ffn : n->width) || m[i]->out != (i == 2 ? n->width : n->ffn))
                 return 0;
-            if (m[i]->kind != EXL_LINEAR_DENSE &&
-                (m[i]->q.n_chunks != m0[i]->q.n_chunks || m[i]->q.n_pad != m0[i]->q.n_pad))
+            if (m[i]->kind != EXL_LINEAR_DENSE && m[i]->q.n_pad != m0[i]->q.n_pad)
                 return 0;
         }
     }
@@ -207,16 +207,24 @@ int exl_cuda_moe_on_device(const exl_cuda_backend *cb, const exl_moe_experts_nod
 
 /* ---- the device path */
 
-/* One block, a thread an expert: each expert's pairs in pair order become its slots (slot_row, slot_pair, and
+/* Block 0, a thread an expert: each expert's pairs in pair order become its slots (slot_row, slot_pair, and
  * pair_slot for each pair, -1 for an id outside the experts), each expert chosen at all a group (in expert
- * order: g_expert, g_start, g_count; the groups after the last one get expert -1). */
+ * order: g_expert, g_start, g_count; the groups after the last one get expert -1). The other blocks zero the
+ * n_zero floats of zero0 and zero1 (gate and up, for the split sums the grouped GEMV adds onto them). */
 __global__ void moe_groups_kernel(int32_t *slot_row, int32_t *pair_slot, int32_t *slot_pair, int32_t *g_expert,
                                   int32_t *g_start, int32_t *g_count, const int32_t *ids, int32_t pairs,
-                                  int32_t n_experts, int32_t top_k, int32_t n_groups) {
+                                  int32_t n_experts, int32_t top_k, int32_t n_groups, float *zero0, float *zero1,
+                                  int64_t n_zero) {
     extern __shared__ int32_t sh_ids[]; /* [pairs] */
     __shared__ int2 scan[MAX_DEVICE_EXPERTS];
     exl_pdl_start();
     const int t = threadIdx.x;
+    if (blockIdx.x > 0) {
+        const int64_t stride = (int64_t)(gridDim.x - 1) * blockDim.x;
+        for (int64_t i = (int64_t)(blockIdx.x - 1) * blockDim.x + t; i < n_zero; i += stride)
+            zero0[i] = 0.0f, zero1[i] = 0.0f;
+        return;
+    }
     for (int p = t; p < pairs; p += blockDim.x) {
         const int32_t id = ids[p];
         sh_ids[p] = id;
@@ -273,6 +281,18 @@ static void combine(exl_cuda_backend *cb, const exl_moe_experts_node *n, const i
     exl_cuda_check_launch(cb, "moe combine");
 }
 
+/* the most input chunks of the experts' gate and up (down 0) or down_proj (1), where quantized */
+static int32_t most_chunks(const exl_moe_experts_node *n, int down) {
+    int32_t most = 0;
+    for (int32_t e = 0; e < n->n_experts; e++) {
+        const exl_linear *m[2] = {down ? n->experts[e].down : n->experts[e].gate, down ? NULL : n->experts[e].up};
+        for (int i = 0; i < 2; i++)
+            if (m[i] && m[i]->kind != EXL_LINEAR_DENSE && m[i]->q.n_chunks > most)
+                most = m[i]->q.n_chunks;
+    }
+    return most;
+}
+
 static void run_on_device(exl_cuda_backend *cb, const exl_moe_experts_node *n) {
     const exl_linear *mats = moe_table(cb, n);
     if (!mats)
@@ -285,23 +305,27 @@ static void run_on_device(exl_cuda_backend *cb, const exl_moe_experts_node *n) {
     int32_t *slot_row = n->slots, *pair_slot = n->slots + pairs;
     int32_t *slot_pair = cb->moe_groups, *g_expert = slot_pair + pairs, *g_start = g_expert + n_groups,
             *g_count = g_start + n_groups;
+    /* gate and up zeroed alongside, unless their sums are stored (EXL_CUDA_DETERMINISTIC=1) */
+    const int64_t n_zero = cb->deterministic ? 0 : (int64_t)pairs * n->ffn;
     const unsigned threads = (unsigned)((n->n_experts + 31) / 32 * 32);
-    exl_cuda_launch(cb, moe_groups_kernel, dim3(1), dim3(threads), (size_t)pairs * sizeof(int32_t), slot_row, pair_slot,
-                    slot_pair, g_expert, g_start, g_count, n->ids, pairs, n->n_experts, n->top_k, n_groups);
+    const unsigned zero_blocks = (unsigned)((n_zero + 8191) / 8192 < 64 ? (n_zero + 8191) / 8192 : 64);
+    exl_cuda_launch(cb, moe_groups_kernel, dim3(1 + zero_blocks), dim3(threads), (size_t)pairs * sizeof(int32_t),
+                    slot_row, pair_slot, slot_pair, g_expert, g_start, g_count, n->ids, pairs, n->n_experts, n->top_k,
+                    n_groups, n->gate, n->up, n_zero);
     if (!exl_cuda_check_launch(cb, "moe groups"))
         return;
     const exl_cuda_moe_groups groups = {g_expert, g_start, g_count, slot_row,    slot_pair,
                                         n_groups, pairs,   n->rows, n->n_experts};
     exl_cuda_moe_launch l;
     memset(&l, 0, sizeof l);
-    l.groups = &groups, l.mats = mats, l.act = n->act, l.split_ok = !cb->deterministic;
+    l.groups = &groups, l.mats = mats, l.act = n->act, l.out_zeroed = n_zero > 0;
     /* gate and up of each slot */
-    l.first = n->experts[0].gate, l.role0 = 0, l.n_roles = 2;
+    l.first = n->experts[0].gate, l.role0 = 0, l.n_roles = 2, l.n_chunks = most_chunks(n, 0);
     l.x = n->x, l.out[0] = n->gate, l.out[1] = n->up;
     exl_cuda_moe_gemv(cb, &l);
     /* down_proj of act(gate) * up, weighted onto the output (or each slot's, then combined in order) */
-    l.first = n->experts[0].down, l.role0 = 2, l.n_roles = 1;
-    l.x = n->gate, l.up = n->up, l.out[1] = NULL;
+    l.first = n->experts[0].down, l.role0 = 2, l.n_roles = 1, l.n_chunks = most_chunks(n, 1);
+    l.x = n->gate, l.up = n->up, l.out[1] = NULL, l.out_zeroed = 0;
     if (cb->deterministic) {
         l.out[0] = n->xs;
         exl_cuda_moe_gemv(cb, &l);

@@ -294,19 +294,15 @@ void exl_cuda_moe_gemv(exl_cuda_backend *cb, const exl_cuda_moe_launch *l) {
         a.col_blocks = (first->out + DENSE_WARPS - 1) / DENSE_WARPS;
     } else {
         a.col_blocks = first->q.n_pad / TILE;
-        const int n_chunks = first->q.n_chunks, max_split = n_chunks / (2 * SUBS) > 1 ? n_chunks / (2 * SUBS) : 1;
+        const int n_chunks = l->n_chunks, max_split = n_chunks / (2 * SUBS) > 1 ? n_chunks / (2 * SUBS) : 1;
         split = (int)(3.0 * cb->n_sms / (a.col_blocks * l->n_roles * active));
-        split = l->split_ok ? (split > max_split ? max_split : split < 1 ? 1 : split) : 1;
+        split = split > max_split ? max_split : split < 1 ? 1 : split;
+        /* a split's sums are added atomically: onto outputs zeroed for them, or weighted onto the layer's output */
+        split = l->out_zeroed || a.combine ? split : 1;
         a.chunks_per_block = (n_chunks + split - 1) / split;
         split = (n_chunks + a.chunks_per_block - 1) / a.chunks_per_block;
     }
     a.atomic = split > 1;
-    if (a.atomic && !a.combine)
-        for (int i = 0; i < l->n_roles; i++)
-            if (cudaMemsetAsync(l->out[i], 0, (size_t)g->pairs * a.n_out * sizeof(float), cb->stream) != cudaSuccess) {
-                exl_cuda_check_launch(cb, "moe zeroing");
-                return;
-            }
     const dim3 grid((unsigned)(a.col_blocks * l->n_roles), (unsigned)g->n_groups, (unsigned)split);
     switch (R) {
     case 1: launch_rows<1>(cb, a, dense, grid); break;
