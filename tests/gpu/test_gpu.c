@@ -1330,12 +1330,18 @@ static void test_decode(const char *shared, const char *model) {
  * (5e-3), the greedy tokens equal. For the mixtures of experts, whose routes turn a small difference into another
  * expert at a near tie, each stored position's errors are printed (GPU - CPU, GPU - reference, CPU - reference) with
  * the reference's gap between its two best logits. */
-static float *decode_all(exl_model *m, const int32_t *ids, int32_t n, int32_t vocab) {
+/* every token's logits, and into routes [n][top_k] the experts the last MoE layer chose for it */
+static float *decode_all(exl_model *m, const int32_t *ids, int32_t n, int32_t vocab, int32_t *routes) {
     float *out = malloc((size_t)n * vocab * sizeof *out);
+    const int32_t k = m->cfg.moe.top_k;
     exl_session *s;
     require(exl_session_init(m, n, &s) == EXL_OK, "session");
-    for (int32_t t = 0; t < n; t++)
+    for (int32_t t = 0; t < n; t++) {
         require(exl_session_eval(s, ids + t, 1, out + (int64_t)t * vocab, NULL) == EXL_OK, "decode eval");
+        require(m->be->ops->download(m->be, routes + (int64_t)t * k, m->fs.route_ids, (size_t)k * sizeof *routes) ==
+                    EXL_OK,
+                "routes");
+    }
     exl_session_free(s);
     return out;
 }
@@ -1355,15 +1361,21 @@ static void test_decode_vs_cpu(const char *shared, const char *model) {
     exl_model_desc d;
     exl_model_describe(mg, &d);
     const int32_t n = (int32_t)ids->shape[0], V = d.vocab_size;
-    float *g = decode_all(mg, (const int32_t *)ids->data, n, V), *c = decode_all(mc, (const int32_t *)ids->data, n, V);
+    const int32_t k = mg->cfg.moe.top_k;
+    int32_t *rg = malloc((size_t)n * k * sizeof *rg), *rc = malloc((size_t)n * k * sizeof *rc);
+    float *g = decode_all(mg, (const int32_t *)ids->data, n, V, rg);
+    float *c = decode_all(mc, (const int32_t *)ids->data, n, V, rc);
     double worst = 0;
-    int mism = 0;
+    int mism = 0, routes_differ = 0;
     for (int32_t t = 0; t < n; t++) {
         const float *gt = g + (int64_t)t * V, *ct = c + (int64_t)t * V;
         worst = fmax(worst, ref_rel_err(gt, ct, V));
         mism += ref_argmax(gt, V) != ref_argmax(ct, V);
+        routes_differ += memcmp(rg + (int64_t)t * k, rc + (int64_t)t * k, (size_t)k * sizeof *rg) != 0;
     }
-    printf("     %s per stored position: GPU-CPU / GPU-ref / CPU-ref error, ref top-2 gap, * = GPU argmax != CPU's\n",
+    printf("     %s: the last layer's experts differ from the CPU's at %d of %d positions\n", model, routes_differ, n);
+    printf("     %s per stored position: GPU-CPU / GPU-ref / CPU-ref error, ref top-2 gap, * = GPU argmax != CPU's,\n"
+           "     r = the last layer's experts != CPU's\n",
            model);
     for (int32_t r = 0; r < (int32_t)lg->shape[0]; r++) {
         const int32_t at = pos ? ((const int32_t *)pos->data)[r] : r;
@@ -1373,14 +1385,15 @@ static void test_decode_vs_cpu(const char *shared, const char *model) {
         float second = -INFINITY;
         for (int32_t v = 0; v < V; v++)
             second = v != best && want[v] > second ? want[v] : second;
-        printf("     pos %3d %.1e / %.1e / %.1e gap %.1e%s\n", at, ref_rel_err(gt, ct, V), ref_rel_err(gt, want, V),
-               ref_rel_err(ct, want, V), want[best] - second, ref_argmax(gt, V) != ref_argmax(ct, V) ? " *" : "");
+        printf("     pos %3d %.1e / %.1e / %.1e gap %.1e%s%s\n", at, ref_rel_err(gt, ct, V), ref_rel_err(gt, want, V),
+               ref_rel_err(ct, want, V), want[best] - second, ref_argmax(gt, V) != ref_argmax(ct, V) ? " *" : "",
+               memcmp(rg + (int64_t)at * k, rc + (int64_t)at * k, (size_t)k * sizeof *rg) ? " r" : "");
     }
     snprintf(name, sizeof name, "decode GPU vs CPU %s (%d pos)", model, n);
     report(name, worst, 5e-3);
     snprintf(name, sizeof name, "decode GPU vs CPU greedy mismatches %s", model);
     report(name, mism, 0);
-    free(g), free(c);
+    free(g), free(c), free(rg), free(rc);
     exl_model_free(mg);
     exl_model_free(mc);
     exl_st_close(rf);
