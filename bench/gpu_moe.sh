@@ -19,7 +19,8 @@ if [ ! -x "$bin/gpu_bench" ]; then
         cmake --build "$bin" -j"$(nproc)" --target gpu_bench exl_cuda >>"$out/moe_build.log" 2>&1 ||
         { tail -30 "$out/moe_build.log"; exit 1; }
 fi
-export LD_LIBRARY_PATH="$PWD/$bin:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+bin=$(cd "$bin" && pwd)
+export LD_LIBRARY_PATH="$bin:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 log=$out/moe.log
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$log"
 rc=0
