@@ -490,12 +490,22 @@ static void moe_case(const moe_spec *sp, int32_t rows, int renormalize) {
     report(name, cmp_dev(d[1].weights, d[0].weights, pairs), 1e-6);
     snprintf(name, sizeof name, "moe experts %s %d of %d rows=%d", kinds[sp->kind], sp->top_k, sp->experts, rows);
     report(name, cmp_added(d[1].out, d[0].out, out0, rows * sp->width), tol);
-    /* a decode step's graph: compiled, captured into a CUDA graph (after a first run that uploads the experts'
-     * table), replayed */
+    /* a decode step's graph: compiled and captured into a CUDA graph, replayed, then replayed with other router
+     * logits (other experts, other groups: the same launches) */
     if (rows <= 64)
-        for (int run = 0; run < 3; run++) {
+        for (int run = 0; run < 4; run++) {
+            if (run == 3) {
+                float *other = rnd(rows * sp->experts, -3, 3);
+                for (int bi = 0; bi < 2; bi++)
+                    require(bes[bi]->ops->upload(bes[bi], d[bi].logits, other, (size_t)rows * sp->experts * 4) ==
+                                EXL_OK,
+                            "upload");
+                moe_run(&d[0], sp, rows, renormalize, out0, 0);
+                free(other);
+            }
             moe_run(&d[1], sp, rows, renormalize, out0, 1);
-            snprintf(name, sizeof name, "moe graph run %d %s rows=%d", run, kinds[sp->kind], rows);
+            snprintf(name, sizeof name, "moe graph run %d%s %s rows=%d", run, run == 3 ? " (other routes)" : "",
+                     kinds[sp->kind], rows);
             report(name, cmp_added(d[1].out, d[0].out, out0, rows * sp->width), tol);
         }
     free(ig), free(ic);
