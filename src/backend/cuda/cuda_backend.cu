@@ -152,7 +152,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->top_k_buf);
     cudaFree(cb->mask_buf);
     cudaFree(cb->host_gemm_buf);
-    free(cb->moe_host);
+    exl_cuda_moe_free(cb);
     exl_cuda_argmax_free(cb);
     cublasDestroy(cb->cublas);
     cudaStreamDestroy(cb->stream);
@@ -380,6 +380,8 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
     cb->graphs_off = graphs && !strcmp(graphs, "0");
     const char *det = getenv("EXL_CUDA_DETERMINISTIC");
     cb->deterministic = det && strcmp(det, "0") != 0;
+    const char *moe = getenv("EXL_CUDA_MOE_DEVICE");
+    cb->moe_host_routes = moe && !strcmp(moe, "0");
     cb->dequant_rows = dq && atoi(dq) > 0 ? atoi(dq) : EXL_CUDA_DEQUANT_ROWS_DEFAULT;
     const char *mma_rows = getenv("EXL_CUDA_GEMV_MMA_ROWS");
     cb->gemv_mma_rows = mma_rows && atoi(mma_rows) > 0 ? atoi(mma_rows) : EXL_CUDA_GEMV_MMA_ROWS_DEFAULT;

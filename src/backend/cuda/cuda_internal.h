@@ -33,6 +33,8 @@ exl_status exl_cuda_fail(exl_status st, const char *fmt, ...) __attribute__((for
 
 /* the plan of a step's graph, and its CUDA graph (cuda_plan.cu, cuda_graph.cu) */
 typedef struct exl_cuda_plan exl_cuda_plan;
+/* a layer's experts as the grouped kernels read them (cuda_moe.cu) */
+typedef struct exl_cuda_moe_table exl_cuda_moe_table;
 
 typedef struct exl_cuda_backend {
     exl_backend base;
@@ -43,6 +45,8 @@ typedef struct exl_cuda_backend {
     int deterministic;          /* EXL_CUDA_DETERMINISTIC=1: split-K sums added in a fixed order (cuda_qgemv.cu) */
     int prefill_attention_fp32; /* EXL_CUDA_PREFILL_ATTENTION=fp32: prompts' attention on CUDA cores
                                  * (cuda_attention.cu), not on tensor cores */
+    int moe_host_routes;        /* EXL_CUDA_MOE_DEVICE=0: every mixture of experts waits for its routes on the
+                                 * host, as prompts do (cuda_moe.cu), decode steps too (never captured then) */
     int32_t dequant_rows;       /* quantized matmuls of this many rows go through cuda_qgemm.cu */
     int32_t gemv_mma_rows;      /* quantized matmuls of 2 .. EXL_CUDA_QGEMV_MAX_ROWS rows from this many on go through
                                  * the GEMV on tensor cores (cuda_qgemv.cu; EXL_CUDA_GEMV_MMA_ROWS) */
@@ -93,9 +97,14 @@ typedef struct exl_cuda_backend {
         int set, seen; /* seen: the step in flight has called it as the cached one did */
     } tail;
     cudaGraphExec_t exec;
-    /* the routes of a mixture of experts on the host (cuda_moe.cu) */
+    /* mixture of experts (cuda_moe.cu): the routes of a prompt step on the host; each layer's experts as a device
+     * table of their matrices; the device path's groups */
     int32_t *moe_host;
     size_t moe_host_count;
+    exl_cuda_moe_table *moe_tables;
+    int32_t n_moe_tables, cap_moe_tables;
+    int32_t *moe_groups;
+    size_t moe_groups_bytes;
     /* host_gemm staging (cuda_host_gemm.cu) */
     float *host_gemm_buf;
     size_t host_gemm_bytes;
@@ -301,10 +310,36 @@ void exl_cuda_run_copy_cols(exl_backend *be, float *out, const float *x, int32_t
                             int32_t col);
 void exl_cuda_run_softcap(exl_backend *be, float *x, int64_t n, float cap);
 void exl_cuda_run_row_gate(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width);
-/* mixture of experts (cuda_moe.cu); moe_experts waits for the routes on the host, so a step with it is never
- * captured into a CUDA graph */
+/* mixture of experts (cuda_moe.cu): moe_experts of a decode-sized step (exl_cuda_moe_on_device, and not a prompt
+ * piece) runs on the device alone, in launches a CUDA graph can hold; prompts wait for their routes on the host */
 void exl_cuda_run_moe_route(exl_backend *be, const exl_moe_route_node *n);
-void exl_cuda_run_moe_experts(exl_backend *be, const exl_moe_experts_node *n);
+void exl_cuda_run_moe_experts(exl_backend *be, const exl_moe_experts_node *n, int prompt);
+int exl_cuda_moe_on_device(const exl_cuda_backend *cb, const exl_moe_experts_node *n);
+void exl_cuda_moe_free(exl_cuda_backend *cb);
+/* A step's (row, choice) pairs grouped by expert (cuda_moe.cu): group g is expert expert[g] (-1: no group), its
+ * slots start[g] .. start[g] + count[g] - 1; a slot's row and pair (row * top_k + choice) */
+typedef struct exl_cuda_moe_groups {
+    const int32_t *expert, *start, *count; /* [n_groups] */
+    const int32_t *slot_row, *slot_pair;   /* [pairs] */
+    int32_t n_groups, pairs, rows, n_experts;
+} exl_cuda_moe_groups;
+/* One grouped GEMV launch (cuda_moe_gemv.cu): for each group's slots, out[i][slot] = xin · W_i of the group's
+ * expert (+ bias), for its matrices role0 .. role0 + n_roles - 1 (0 gate, 1 up, 2 down; gate and up together);
+ * xin = x[slot_row[slot]], or act(x[slot]) * up[slot] when up is set. With pair_weight, out[0] is the layer's
+ * output instead, [rows, out], and each slot's product times its pair's weight is added to its row. */
+typedef struct exl_cuda_moe_launch {
+    const exl_cuda_moe_groups *groups;
+    const exl_linear *mats;  /* the device table: [n_experts][3] */
+    const exl_linear *first; /* host: expert 0's matrix role0 (every expert's has its kind and shape) */
+    int32_t role0, n_roles;
+    const float *x, *up;
+    int32_t act;
+    float *out[2];
+    const float *pair_weight;
+    int32_t n_chunks;   /* quantized: the most input chunks of any expert's matrix of the launch */
+    int32_t out_zeroed; /* out[] is zero: the input may be split over blocks whose sums are added atomically */
+} exl_cuda_moe_launch;
+void exl_cuda_moe_gemv(exl_cuda_backend *cb, const exl_cuda_moe_launch *l);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor);

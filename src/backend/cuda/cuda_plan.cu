@@ -436,14 +436,16 @@ static int node_rows(const exl_node *n, int32_t batch_rows) {
     }
 }
 
+/* a step with prompt pieces: more than EXL_CUDA_DECODE_MAX_Q new tokens in a sequence */
+static int prompt_piece(const exl_cuda_plan *p) { return p->has_batch && p->batch.max_q > EXL_CUDA_DECODE_MAX_Q; }
+
 /* a decode-sized step: at most EXL_CUDA_GRAPH_MAX_ROWS rows and EXL_CUDA_DECODE_MAX_Q new tokens a sequence (prompt
- * pieces, which the attention marks, run directly), and no mixture of experts (which waits for its routes on the
- * host) */
-static int graphable(const exl_cuda_plan *p) {
+ * pieces, which the attention marks, run directly), its mixtures of experts on the device alone */
+static int graphable(const exl_cuda_backend *cb, const exl_cuda_plan *p) {
     for (int32_t i = 0; i < p->n_nodes; i++) {
         const exl_node *n = &p->nodes[i];
-        if (node_rows(n, p->batch.n_rows) > EXL_CUDA_GRAPH_MAX_ROWS ||
-            (n->op == EXL_OP_ATTENTION && p->batch.max_q > EXL_CUDA_DECODE_MAX_Q) || n->op == EXL_OP_MOE_EXPERTS)
+        if (node_rows(n, p->batch.n_rows) > EXL_CUDA_GRAPH_MAX_ROWS || (n->op == EXL_OP_ATTENTION && prompt_piece(p)) ||
+            (n->op == EXL_OP_MOE_EXPERTS && (prompt_piece(p) || !exl_cuda_moe_on_device(cb, &n->moe_experts))))
             return 0;
     }
     return 1;
@@ -471,7 +473,7 @@ exl_status exl_cuda_plan_compile(exl_cuda_backend *cb, const exl_graph *g, exl_c
                                  p->nodes[i].tag.layer);
     }
     p->n_nodes = g->n_nodes;
-    p->graphable = graphable(p);
+    p->graphable = graphable(cb, p);
     compiler c = {cb, g, p, p->batch.n_rows};
     int oom = 0;
     for (int32_t i = 0; i < p->n_nodes && !oom;) {
@@ -542,7 +544,7 @@ static void run_node(exl_cuda_backend *cb, const exl_cuda_plan *p, const exl_nod
         exl_cuda_run_row_gate(be, n->row_gate.x, n->row_gate.g, n->row_gate.rows, n->row_gate.width);
         break;
     case EXL_OP_MOE_ROUTE: exl_cuda_run_moe_route(be, &n->moe_route); break;
-    case EXL_OP_MOE_EXPERTS: exl_cuda_run_moe_experts(be, &n->moe_experts); break;
+    case EXL_OP_MOE_EXPERTS: exl_cuda_run_moe_experts(be, &n->moe_experts, prompt_piece(p)); break;
     case EXL_OP_MATMUL: /* compiled into EXL_CUDA_RUN_MATMUL launches, always */
         exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: a matmul node left out of the plan's matmuls");
         break;
