@@ -35,11 +35,16 @@ ok
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 [ "$(pkg-config --modversion exl)" = "$version" ] || fail "pkg-config --modversion exl: $(pkg-config --modversion exl)"
 cc=${CC:-cc}
+# a sanitizer build's library needs its runtime in the program too
+sanitize=
+if nm "$libdir/libexl.a" 2>/dev/null | grep __asan_ >/dev/null; then
+    sanitize=-fsanitize=address,undefined
+fi
 # shared: the library found by its soname through the rpath
-"$cc" -std=c11 -Wall -Wextra -Werror "$root/examples/generate.c" $(pkg-config --cflags --libs exl) \
+"$cc" $sanitize -std=c11 -Wall -Wextra -Werror "$root/examples/generate.c" $(pkg-config --cflags --libs exl) \
     -Wl,-rpath,"$libdir" -o "$prefix/generate" || fail "examples/generate.c does not build against libexl.so"
 # static: libexl.a and what pkg-config --static adds
-"$cc" -std=c11 -Wall -Wextra -Werror "$root/examples/generate.c" $(pkg-config --cflags exl) "$libdir/libexl.a" \
+"$cc" $sanitize -std=c11 -Wall -Wextra -Werror "$root/examples/generate.c" $(pkg-config --cflags exl) "$libdir/libexl.a" \
     $(pkg-config --static --libs exl | sed 's/-lexl\b//') -o "$prefix/generate-static" ||
     fail "examples/generate.c does not build against libexl.a"
 ldd "$prefix/generate" | grep -q "libexl.so.${version%.*} => $libdir/" || fail "generate does not load the installed libexl"
