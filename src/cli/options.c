@@ -298,8 +298,8 @@ cli_group cli_model_group(cli_model_args *a, int parts) {
     a->params = exl_model_default_params();
     const cli_option dir[] = {
         {"-m", "--model", CLI_STRING, &a->dir, "DIR", .required = a->dir == NULL,
-         .help =
-             "the model directory (config.json, *.safetensors, tokenizer);\nleft out: the embedded " CLI_DEFAULT_MODEL_NAME},
+         .help = "the model directory (config.json, *.safetensors, tokenizer);\n"
+                 "left out: the embedded " CLI_DEFAULT_MODEL_NAME},
     };
     const cli_option device[] = {
         {NULL, "--device", CLI_DEVICE, &a->params.device, "cpu|cuda|auto",
