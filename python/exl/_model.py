@@ -148,7 +148,8 @@ class Model:
 
     def close(self):
         """Free the model, its tokenizer and its generators (also done when it is garbage collected)."""
-        for g in list(self._generators):
+        # the own generator by its strong reference too: a garbage-collected cycle clears the weak ones first
+        for g in [self._generator, *self._generators] if getattr(self, "_generator", None) else list(self._generators):
             g.close()
         if self._tok:
             lib.exl_tokenizer_free(self._tok)
