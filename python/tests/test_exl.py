@@ -133,3 +133,15 @@ def test_gil_is_released_while_the_engine_runs(model):
     stop.set()
     t.join()
     assert counts[0] > 1000 and elapsed > 0
+
+
+def test_quantized_cache_and_device_options(shared):
+    m = exl.Model(os.path.join(shared, "models", "tinystories-656k"), device="cpu", cache_bits=(8, 4),
+                  cache_tokens=1024, max_jobs=4, threads=1)
+    try:
+        text = m.generate(PROMPT, max_tokens=24, temperature=0)
+        assert m.device == "cpu" and len(text) > 20
+    finally:
+        m.close()
+    with pytest.raises(exl.Error):
+        exl.Model(os.path.join(shared, "models", "tinystories-656k"), device="cpu", cache_bits=5)
