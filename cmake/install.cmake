@@ -53,7 +53,8 @@ else()
     DIRECTORIES ${CJSON_LIBRARY_DIRS} ${PCRE2_LIBRARY_DIRS} ${UTF8PROC_LIBRARY_DIRS}
     LIBRARY DESTINATION exl COMPONENT python)
   install(FILES ${EXL_MODEL_FILES} DESTINATION exl/models/tinystories-656k COMPONENT python)
-  if(EXL_CUDA_ENABLED)
+  if(EXL_CUDA_ENABLED) # -C cmake.define.EXL_CUDA=ON: the wheel builds target exl_shared only, so it pulls exl_cuda
+    add_dependencies(exl_shared exl_cuda)
     install(TARGETS exl_cuda LIBRARY DESTINATION exl COMPONENT python)
   endif()
 endif()
