@@ -7,7 +7,6 @@ number of threads can each follow their own jobs.
 import collections
 import ctypes
 import os
-import threading
 
 from . import _lib
 from ._lib import lib
