@@ -1,7 +1,8 @@
 /* registry.c - pick a backend: the CPU, or the CUDA library loaded at run time.
  *
  * The CUDA backend is a shared library (libexl_cuda.so) taken from $EXL_CUDA_LIBRARY if set,
- * else searched next to the running binary, then on the loader path. It exports
+ * else searched next to the running binary, in ../lib from it (an installed prefix), then on the
+ * loader path (the Python package sets $EXL_CUDA_LIBRARY to the one in its wheel). It exports
  * exl_backend_cuda_create and exl_backend_cuda_abi; a library built for another version of
  * the op table (EXL_BACKEND_ABI) is refused by name. Any failure to load it or to find a GPU
  * means "no GPU": AUTO falls back to the CPU, CUDA is an error.
@@ -38,9 +39,10 @@ static void *open_cuda_library(char *why, size_t why_len) {
     if (n > 0) {
         exe[n] = 0;
         char *slash = strrchr(exe, '/');
-        if (slash) {
+        /* beside the binary (a build tree), then in ../lib (an installed prefix) */
+        for (int installed = 0; slash && installed < 2; installed++) {
             char path[PATH_MAX + 32];
-            snprintf(path, sizeof path, "%.*s/libexl_cuda.so", (int)(slash - exe), exe);
+            snprintf(path, sizeof path, "%.*s/%slibexl_cuda.so", (int)(slash - exe), exe, installed ? "../lib/" : "");
             void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
             if (h)
                 return h;

@@ -3,6 +3,7 @@
 #include "options.h"
 
 #include "cli.h"
+#include "default_model.h"
 
 #include <errno.h>
 #include <math.h>
@@ -293,11 +294,12 @@ int cli_parse(const cli_command *cmd, int argc, char **argv) {
 /* ---------------------------------------------------------------- shared groups */
 
 cli_group cli_model_group(cli_model_args *a, int parts) {
-    a->dir = NULL;
+    a->dir = cli_default_model(); /* the embedded model, when this exl has it */
     a->params = exl_model_default_params();
     const cli_option dir[] = {
-        {"-m", "--model", CLI_STRING, &a->dir, "DIR", .required = 1,
-         .help = "the model directory (config.json, *.safetensors, tokenizer)"},
+        {"-m", "--model", CLI_STRING, &a->dir, "DIR", .required = a->dir == NULL,
+         .help = "the model directory (config.json, *.safetensors, tokenizer);\n"
+                 "left out: the embedded " CLI_DEFAULT_MODEL_NAME},
     };
     const cli_option device[] = {
         {NULL, "--device", CLI_DEVICE, &a->params.device, "cpu|cuda|auto",

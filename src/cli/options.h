@@ -69,7 +69,8 @@ int cli_parse(const cli_command *cmd, int argc, char **argv);
 /* Which options the model group has. */
 enum { CLI_MODEL_DIR = 1, CLI_MODEL_DEVICE = 2, CLI_MODEL_ALL = 3 };
 
-/* -m/--model DIR (required), --device, -t/--threads; the defaults are exl_model_default_params(). */
+/* -m/--model DIR (default: the embedded model, default_model.h), --device, -t/--threads; the defaults are
+ * exl_model_default_params(). */
 typedef struct cli_model_args {
     const char *dir;
     exl_model_params params;

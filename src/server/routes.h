@@ -17,6 +17,7 @@ typedef enum exl_route_kind {
     EXL_ROUTE_CHAT,
     EXL_ROUTE_TOKENIZE,
     EXL_ROUTE_DETOKENIZE,
+    EXL_ROUTE_CHAT_PAGE,
 } exl_route_kind;
 
 /* The route of a request by its path, method and Authorization header: 1 with *kind set, or 0
