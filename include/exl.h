@@ -56,6 +56,8 @@ typedef struct exl_model_params {
     int32_t n_threads; /* CPU worker threads; 0 = one per core */
     int32_t load_only; /* check and map the weights for exl_model_describe / _report only (`exl info`): also
                           * architectures exl cannot run yet load, and nothing can be evaluated */
+    int32_t tp;        /* tensor parallelism: split the model over this many devices (GPUs; CPU ranks share the
+                          * cores); 0 or 1 = one device (docs/parallel.md) */
 } exl_model_params;
 
 exl_model_params exl_model_default_params(void);

@@ -304,6 +304,9 @@ cli_group cli_model_group(cli_model_args *a, int parts) {
          .help = "auto takes the GPU when one is usable, else the CPU;\ncuda insists on the GPU"},
         {"-t", "--threads", CLI_INT, &a->params.n_threads, "N", .lo = 1, .hi = 1024, .help = "CPU worker threads",
          .default_text = "one per core"},
+        {NULL, "--tp", CLI_INT, &a->params.tp, "N", .lo = 1, .hi = 16, .default_text = "1",
+         .help =
+             "tensor parallelism: split the model over N devices\n(GPUs 0..N-1; on the CPU, N ranks share the cores)"},
     };
     _Static_assert(sizeof dir + sizeof device == sizeof a->options, "cli_model_args.options holds the group");
     int n = 0;

@@ -73,7 +73,7 @@ enum { CLI_MODEL_DIR = 1, CLI_MODEL_DEVICE = 2, CLI_MODEL_ALL = 3 };
 typedef struct cli_model_args {
     const char *dir;
     exl_model_params params;
-    cli_option options[3];
+    cli_option options[4];
 } cli_model_args;
 
 cli_group cli_model_group(cli_model_args *args, int parts);

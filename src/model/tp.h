@@ -1,0 +1,75 @@
+/* tp.h - tensor parallelism: one model over n ranks (devices), each a model of its own (exl_model with rank k)
+ * holding its shard of every layer (tp_load.c), its own backend, forward buffers and KV cache shard, driven by a
+ * thread of its own (rank 0: the caller's) through the same forward pass, whose graphs hold the collectives
+ * (backend/graph.h: all_reduce, gather_cols). See docs/parallel.md. */
+#ifndef EXL_MODEL_TP_H
+#define EXL_MODEL_TP_H
+
+#include "model/model.h"
+#include "model/shard.h"
+
+#include <pthread.h>
+
+/* How one decoder layer is split on a rank. */
+typedef struct exl_tp_layer {
+    int32_t ffn;      /* the dense MLP's (or each expert's) width on this rank */
+    int32_t o_gather; /* 1: the attention outputs are gathered and o_proj split by output columns (EXL2 act-order
+                         rows that do not follow the heads), 0: o_proj split by input and summed */
+} exl_tp_layer;
+
+typedef struct exl_tp_rank {
+    exl_model *m; /* ranks[0].m is the model the caller holds */
+    exl_tp_layer *layers;
+    exl_shard_mem mem;
+    /* forward buffers of max_rows rows: the summed partial outputs (MoE), zeros, the gathered attention output or
+     * a part of the hidden columns (o_gather), the rank's vocabulary slice of the logits */
+    float *partial, *zeros, *wide, *part, *head_part;
+    int32_t head_rows; /* rows head_part holds */
+    /* the worker (ranks >= 1) */
+    pthread_t thread;
+    int has_thread;
+    exl_status st;
+    char msg[512];
+} exl_tp_rank;
+
+typedef exl_status (*exl_tp_fn)(exl_model *rank_model, void *arg);
+typedef struct exl_tp exl_tp;
+
+struct exl_tp {
+    int32_t n;
+    exl_tp_rank *ranks;
+    exl_hf_config full; /* the model's own config (each rank's cfg has its own head and MLP widths) */
+    /* column splits, n + 1 boundaries each: the vocabulary (head), the attention output and the hidden size
+     * (o_gather layers) */
+    int32_t *vocab_cols, *attn_cols, *hidden_cols;
+    /* the workers' job: posted with a generation count, done when every worker has finished it */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int64_t job_gen;
+    int32_t busy;
+    int quit;
+    exl_tp_fn fn;
+    void *arg;
+};
+
+/* Load m (its config read, its weights mapped) over params->tp ranks (tp_load.c). */
+exl_status exl_tp_load(exl_model *m, const exl_model_params *params);
+/* Free the ranks other than 0, stop the workers; exl_tp_free_last then frees rank 0's shards and the rest, after
+ * the model freed its own weights handles. */
+void exl_tp_free_ranks(exl_model *m);
+void exl_tp_free_last(exl_model *m);
+/* Run fn(rank k's model, arg) on every rank at once, each on its own thread (rank 0 on the caller's), and return
+ * the first failure (its message on this thread); a failing rank aborts the others' collectives. */
+exl_status exl_tp_each(exl_model *m, exl_tp_fn fn, void *arg);
+/* The forward step over every rank (forward.c's exl_model_forward_to_logits for a model with ranks). */
+exl_status exl_tp_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                    int ahead, int32_t *n_logits);
+/* The head of a rank: its slice of the vocabulary, gathered into m->fs.logits (forward.c). */
+exl_status exl_tp_head_nodes(exl_model *m, int32_t n, exl_graph *g);
+/* The KV cache over the ranks (kv_cache.c): each rank's shard, chained through rank_next. */
+exl_status exl_tp_kv_cache_init(exl_model *m, int32_t n_pages, int32_t page_size, int32_t k_bits, int32_t v_bits,
+                                exl_kv_cache **out);
+void exl_tp_kv_cache_free(exl_model *m, exl_kv_cache *c);
+exl_status exl_tp_kv_cache_copy_page(exl_model *m, exl_kv_cache *c, int32_t src, int32_t dst, int32_t n_slots);
+
+#endif
