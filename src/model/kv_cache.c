@@ -22,10 +22,12 @@ exl_status exl_kv_cache_format(const exl_model *m, int32_t k_bits, int32_t v_bit
 }
 
 int64_t exl_kv_cache_token_bytes(const exl_model *m, const exl_kv_format *fmt) {
-    int32_t width = m->cfg.n_kv_heads * m->cfg.head_dim;
+    int32_t width = m->cfg.n_kv_heads * m->cfg.head_dim, layers = 0;
     size_t e = m->be->kv_elem_bytes;
-    return (int64_t)m->cfg.n_layers * (int64_t)(exl_kv_slot_bytes(width, fmt->k_bits, fmt->group, e) +
-                                                exl_kv_slot_bytes(width, fmt->v_bits, fmt->group, e));
+    for (int32_t i = 0; i < m->cfg.n_layers; i++) /* the layers on this device (a layer split holds some) */
+        layers += exl_tp_holds_layer(m, i);
+    return (int64_t)layers * (int64_t)(exl_kv_slot_bytes(width, fmt->k_bits, fmt->group, e) +
+                                       exl_kv_slot_bytes(width, fmt->v_bits, fmt->group, e));
 }
 
 exl_status exl_kv_cache_init(exl_model *m, int32_t n_pages, int32_t page_size, int32_t k_bits, int32_t v_bits,
@@ -75,6 +77,8 @@ exl_status exl_kv_cache_init_local(exl_model *m, int32_t n_pages, int32_t page_s
     }
     size_t slots = (size_t)n_pages * (size_t)page_size;
     for (int32_t i = 0; i < c->n_layers; i++) {
+        if (!exl_tp_holds_layer(m, i))
+            continue;
         c->k[i] = m->be->ops->alloc(m->be, slots * c->k_slot_bytes);
         c->v[i] = c->k[i] ? m->be->ops->alloc(m->be, slots * c->v_slot_bytes) : NULL;
         if (!c->v[i]) {
@@ -115,7 +119,7 @@ exl_status exl_kv_cache_copy_page_local(exl_model *m, exl_kv_cache *c, int32_t s
     for (int32_t l = 0; l < c->n_layers && st == EXL_OK; l++) {
         void *kv[2] = {c->k[l], c->v[l]};
         size_t slot_bytes[2] = {c->k_slot_bytes, c->v_slot_bytes};
-        for (int i = 0; i < 2 && st == EXL_OK; i++) {
+        for (int i = 0; i < 2 && st == EXL_OK && kv[i]; i++) {
             size_t page_bytes = (size_t)c->page_size * slot_bytes[i], bytes = (size_t)n_slots * slot_bytes[i];
             st = m->be->ops->download(m->be, tmp, (unsigned char *)kv[i] + (size_t)src * page_bytes, bytes);
             if (st == EXL_OK)

@@ -48,9 +48,12 @@ static exl_status add(exl_graph *g, int32_t li, exl_part part, float *x, const f
 
 /* ---- tensor parallelism */
 
-static const exl_tp_rank *tp_rank(const exl_model *m) { return m->tp ? &m->tp->ranks[m->rank] : NULL; }
+/* the rank's split of its layers: NULL on one device and in a layer split (whose ranks hold whole layers) */
+static const exl_tp_rank *tp_rank(const exl_model *m) { return m->tp && !m->tp->split ? &m->tp->ranks[m->rank] : NULL; }
 
-static exl_status all_reduce(exl_graph *g, int32_t li, exl_part part, float *x, int64_t n) {
+static exl_status all_reduce(exl_model *m, exl_graph *g, int32_t li, exl_part part, float *x, int64_t n) {
+    if (m->tp->no_comm)
+        return EXL_OK;
     const exl_node a = {.op = EXL_OP_ALL_REDUCE, .tag = {li, part}, .all_reduce = {x, n}};
     return exl_graph_add(g, &a);
 }
@@ -59,6 +62,8 @@ static exl_status all_reduce(exl_graph *g, int32_t li, exl_part part, float *x, 
 static exl_status gather_cols(exl_model *m, exl_graph *g, int32_t li, exl_part part, float *out, const float *x,
                               int32_t rows, const int32_t *cols, float *tmp) {
     int32_t n = m->tp->n;
+    if (m->tp->no_comm)
+        return EXL_OK;
     const exl_node a = {.op = EXL_OP_GATHER_COLS,
                         .tag = {li, part},
                         .gather_cols = {out, x, cols, rows, cols[n], n, m->rank, tmp}};
@@ -147,7 +152,7 @@ static exl_status attention_nodes(exl_model *m, const exl_layer *l, int32_t li, 
     }
     if (r) { /* the ranks' partial sums added up */
         EXL_TRY(matmul(g, li, EXL_PART_O, s->h, s->attn, l->o, rows, qw, hid, 0));
-        EXL_TRY(all_reduce(g, li, EXL_PART_ATTN_REDUCE, s->h, (int64_t)rows * hid));
+        EXL_TRY(all_reduce(m, g, li, EXL_PART_ATTN_REDUCE, s->h, (int64_t)rows * hid));
         return residual(m, g, li, EXL_PART_POST_ATTN_NORM, EXL_PART_ATTN_RESIDUAL, s->h, l->post_attn_norm);
     }
     if (!l->post_attn_norm)
@@ -180,7 +185,7 @@ static exl_status gated_mlp(exl_model *m, const exl_expert *e, const exl_linear 
 /* a rank's expert sums: added up over the ranks, then to the residual */
 static exl_status reduce_moe(exl_model *m, exl_graph *g, int32_t li, float *sum) {
     int64_t n = (int64_t)g->batch->n_rows * m->cfg.hidden_size;
-    EXL_TRY(all_reduce(g, li, EXL_PART_MLP_REDUCE, sum, n));
+    EXL_TRY(all_reduce(m, g, li, EXL_PART_MLP_REDUCE, sum, n));
     return add(g, li, EXL_PART_MLP_RESIDUAL, m->fs.x, sum, n);
 }
 
@@ -230,11 +235,11 @@ static exl_status mlp_nodes(exl_model *m, const exl_layer *l, int32_t li, exl_gr
         return moe_nodes(m, l, li, g);
     const exl_expert mlp = {l->gate, l->up, l->down};
     int32_t ffn = mlp_width(m, li, c->intermediate_size);
-    if (!l->post_mlp_norm && !m->tp)
+    if (!l->post_mlp_norm && !tp_rank(m))
         return gated_mlp(m, &mlp, l->gate_up, li, ffn, s->x, 1, g);
     EXL_TRY(gated_mlp(m, &mlp, l->gate_up, li, ffn, s->h, 0, g));
-    if (m->tp)
-        EXL_TRY(all_reduce(g, li, EXL_PART_MLP_REDUCE, s->h, (int64_t)g->batch->n_rows * c->hidden_size));
+    if (tp_rank(m))
+        EXL_TRY(all_reduce(m, g, li, EXL_PART_MLP_REDUCE, s->h, (int64_t)g->batch->n_rows * c->hidden_size));
     return residual(m, g, li, EXL_PART_POST_MLP_NORM, EXL_PART_MLP_RESIDUAL, s->h, l->post_mlp_norm);
 }
 

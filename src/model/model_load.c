@@ -11,7 +11,7 @@
 #include <string.h>
 
 exl_model_params exl_model_default_params(void) {
-    exl_model_params p = {EXL_DEVICE_AUTO, 0, 0, 0};
+    exl_model_params p = {EXL_DEVICE_AUTO, 0, 0, 0, {0}};
     return p;
 }
 
@@ -110,7 +110,7 @@ static exl_status check_config(const exl_model *m) {
 
 static exl_status load_weights(exl_model *m, const exl_model_params *p) {
     EXL_TRY(exl_weights_open(m->dir, &m->weights));
-    if (p->tp > 1 && !p->load_only)
+    if ((p->tp > 1 || p->gpu_split[0] > 0) && !p->load_only)
         return exl_tp_load(m, p);
     EXL_TRY(exl_backend_init(p->device, p->n_threads, &m->be));
     const char *prefix = exl_model_text_prefix(m->weights);

@@ -186,7 +186,7 @@ exl_status exl_tp_head_nodes(exl_model *m, int32_t n, exl_graph *g) {
          .tag = {-1, EXL_PART_HEAD_GATHER},
          .gather_cols = {m->fs.logits, r->head_part, tp->vocab_cols, n, vocab, tp->n, m->rank, staging}},
     };
-    for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++)
+    for (size_t i = 0; i < sizeof nodes / sizeof nodes[0] - (tp->no_comm != 0); i++)
         EXL_TRY(exl_graph_add(g, &nodes[i]));
     return EXL_OK;
 }
@@ -247,4 +247,83 @@ exl_status exl_tp_kv_cache_copy_page(exl_model *m, exl_kv_cache *c, int32_t src,
         shards[k] = c;
     cache_job j = {0, 0, 0, 0, shards, src, dst, n_slots};
     return exl_tp_each(m, rank_cache_copy, &j);
+}
+
+/* ---- the layer split */
+
+int exl_tp_holds_layer(const exl_model *m, int32_t li) {
+    const exl_tp *tp = m->tp;
+    return !tp || !tp->split || (li >= tp->layer_bounds[m->rank] && li < tp->layer_bounds[m->rank + 1]);
+}
+
+/* the rank's head-sized staging room for rows of logits (the gather's, on a device that stages) */
+static exl_status logit_staging(exl_model *m, int32_t n, float **out) {
+    exl_tp_rank *r = &m->tp->ranks[m->rank];
+    if (n > r->head_rows) {
+        if (r->head_part)
+            m->be->ops->free(m->be, r->head_part);
+        r->head_rows = 0;
+        size_t floats = (size_t)m->fs.max_logit_rows * (size_t)m->cfg.vocab_size;
+        if (!(r->head_part = m->be->ops->alloc(m->be, floats * sizeof(float))))
+            return EXL_ERR_NOMEM;
+        r->head_rows = m->fs.max_logit_rows;
+    }
+    *out = r->head_part;
+    return EXL_OK;
+}
+
+exl_status exl_tp_split_nodes(exl_model *m, const exl_kv_cache *cache, int32_t n_logits, exl_graph *g) {
+    exl_tp *tp = m->tp;
+    exl_forward_scratch *s = &m->fs;
+    const exl_hf_config *c = &m->cfg;
+    int32_t rows = s->batch.n_rows, hid = c->hidden_size, last = tp->n - 1;
+    if (m->rank == 0) {
+        const exl_node embed = {.op = EXL_OP_EMBED,
+                                .tag = {-1, EXL_PART_EMBED},
+                                .embed = {s->x, m->embed, s->batch.d_ids, rows, hid, m->embed_scale}};
+        EXL_TRY(exl_graph_add(g, &embed));
+    }
+    for (int32_t j = 0; j < tp->n; j++) {
+        for (int32_t i = tp->layer_bounds[j]; j == m->rank && i < tp->layer_bounds[j + 1]; i++)
+            EXL_TRY(exl_model_layer_graph(m, &m->layers[i], i, cache, g));
+        if (j == last)
+            break;
+        /* rank j's hidden states to every rank (h: free between layers, staging room) */
+        const exl_node send = {.op = EXL_OP_GATHER_COLS,
+                               .tag = {tp->layer_bounds[j + 1], EXL_PART_HEAD_GATHER},
+                               .gather_cols = {s->x, s->x, tp->send_hidden + (size_t)j * (tp->n + 1), rows, hid, tp->n,
+                                               m->rank, s->h}};
+        EXL_TRY(exl_graph_add(g, &send));
+    }
+    if (n_logits < 1)
+        return EXL_OK;
+    if (m->rank == last) {
+        const exl_node head[] = {
+            {.op = EXL_OP_GATHER_ROWS,
+             .tag = {-1, EXL_PART_LOGIT_ROWS},
+             .gather_rows = {s->sel, s->x, s->logit_rows, n_logits, hid, rows}},
+            {.op = EXL_OP_RMSNORM,
+             .tag = {-1, EXL_PART_FINAL_NORM},
+             .rmsnorm = {s->h, s->sel, m->final_norm, n_logits, hid, (float)c->rms_eps}},
+            {.op = EXL_OP_MATMUL,
+             .tag = {-1, EXL_PART_HEAD},
+             .matmul = {s->logits, s->h, m->head, n_logits, hid, c->vocab_size, 0}},
+        };
+        for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
+            EXL_TRY(exl_graph_add(g, &head[i]));
+        if (c->final_softcap > 0) {
+            const exl_node cap = {.op = EXL_OP_SOFTCAP,
+                                  .tag = {-1, EXL_PART_LOGIT_SOFTCAP},
+                                  .softcap = {s->logits, (int64_t)n_logits * c->vocab_size, (float)c->final_softcap}};
+            EXL_TRY(exl_graph_add(g, &cap));
+        }
+    }
+    float *staging;
+    EXL_TRY(logit_staging(m, n_logits, &staging));
+    const exl_node back = {.op = EXL_OP_GATHER_COLS,
+                           .tag = {-1, EXL_PART_HEAD_GATHER},
+                           .gather_cols = {s->logits, s->logits, tp->send_vocab, n_logits, c->vocab_size, tp->n,
+                                           m->rank, staging}};
+    EXL_TRY(exl_graph_add(g, &back));
+    return exl_graph_output(g, s->logits, (int64_t)n_logits * c->vocab_size);
 }

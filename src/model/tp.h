@@ -10,6 +10,12 @@
 
 #include <pthread.h>
 
+/* Two ways of spreading a model over ranks:
+ *   tensor parallelism (--tp N): every layer split over every rank, as above;
+ *   a layer split (--gpu-split A,B,...): rank k holds layers [layer_bounds[k], layer_bounds[k + 1]) whole (rank 0
+ *   the embedding, the last rank the head), runs them after the rank before it, whose hidden states it receives
+ *   through a gather_cols of which the sender owns every column; the logits come back to rank 0 the same way. */
+
 /* How one decoder layer is split on a rank. */
 typedef struct exl_tp_layer {
     int32_t ffn;      /* the dense MLP's (or each expert's) width on this rank */
@@ -37,11 +43,17 @@ typedef struct exl_tp exl_tp;
 
 struct exl_tp {
     int32_t n;
+    int no_comm; /* EXL_TP_NO_COMM=1: the graphs leave the collectives out (wrong results: for timing them by
+                  * difference, bench/gpu_tp.sh) */
     exl_tp_rank *ranks;
     exl_hf_config full; /* the model's own config (each rank's cfg has its own head and MLP widths) */
     /* column splits, n + 1 boundaries each: the vocabulary (head), the attention output and the hidden size
      * (o_gather layers) */
     int32_t *vocab_cols, *attn_cols, *hidden_cols;
+    /* the layer split (split 1): each rank's layers, and for each sender j the columns [(n + 1) * j ..) that make
+     * it own all of the hidden states, then the last rank all of the logits */
+    int split;
+    int32_t *layer_bounds, *send_hidden, *send_vocab;
     /* the workers' job: posted with a generation count, done when every worker has finished it */
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -64,6 +76,11 @@ exl_status exl_tp_each(exl_model *m, exl_tp_fn fn, void *arg);
 /* The forward step over every rank (forward.c's exl_model_forward_to_logits for a model with ranks). */
 exl_status exl_tp_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                     int ahead, int32_t *n_logits);
+/* 1 when model m (a rank, or a model of one device) holds decoder layer li (a layer split holds some). */
+int exl_tp_holds_layer(const exl_model *m, int32_t li);
+/* A layer split's step on a rank (forward.c): its layers between the hidden states' hand-overs, the head on the
+ * last rank, the logits handed to every rank. */
+exl_status exl_tp_split_nodes(exl_model *m, const exl_kv_cache *cache, int32_t n_logits, exl_graph *g);
 /* The head of a rank: its slice of the vocabulary, gathered into m->fs.logits (forward.c). */
 exl_status exl_tp_head_nodes(exl_model *m, int32_t n, exl_graph *g);
 /* The KV cache over the ranks (kv_cache.c): each rank's shard, chained through rank_next. */

@@ -10,16 +10,20 @@
 
 #define TOL 1e-4
 
-static void check_model(const char *name, int32_t tp) {
+static double compare(const char *name, const exl_model_params *p, int *mism, int *npos) {
     char dir[256], ref[256], dir_path[4096];
     snprintf(dir, sizeof dir, "models/%s", name);
     snprintf(ref, sizeof ref, "reference/%s.logits.safetensors", name);
     snprintf(dir_path, sizeof dir_path, "%s", exl_test_shared(dir));
+    return ref_compare_model(dir_path, exl_test_shared(ref), "logits", p, mism, npos);
+}
+
+static void check_model(const char *name, int32_t tp) {
     exl_model_params p = exl_model_default_params();
     p.device = EXL_DEVICE_CPU;
     p.tp = tp;
     int mism, npos;
-    double e = ref_compare_model(dir_path, exl_test_shared(ref), "logits", &p, &mism, &npos);
+    double e = compare(name, &p, &mism, &npos);
     printf("    %-40s --tp %d  %3d positions  max rel err %.2e  argmax mismatches %d\n", name, tp, npos, e, mism);
     CHECK_MSG(e >= 0 && e <= TOL, "%s --tp %d: max relative error %.3e > %.0e", name, tp, e, TOL);
     CHECK_MSG(npos > 0, "%s --tp %d: no positions compared", name, tp);
@@ -72,4 +76,35 @@ EXL_TEST(more_architectures) { /* fused q/k/v and gate/up, sandwich norms, 1 KV 
     check_model("rand-gemma", 2);
     check_model("rand-mixtral", 2);
     check_model("rand-llama-gptq-4bit-g64-sym", 2);
+}
+
+/* --gpu-split on CPU ranks: whole layers on each (GB shares small enough to spread the fixtures' few layers) */
+static void check_layer_split(const char *name, const float *split, int n) {
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CPU;
+    for (int i = 0; i < n; i++)
+        p.gpu_split[i] = split[i];
+    int mism, npos;
+    double e = compare(name, &p, &mism, &npos);
+    printf("    %-40s --gpu-split over %d  %3d positions  max rel err %.2e  argmax mismatches %d\n", name, n, npos, e,
+           mism);
+    CHECK_MSG(e >= 0 && e <= TOL && npos > 0, "%s --gpu-split: max relative error %.3e > %.0e", name, e, TOL);
+}
+
+EXL_TEST(layer_split) {
+    const float two[] = {0.0025f, 1}, three[] = {0.0025f, 0.0017f, 1}, none_first[] = {0.0003f, 1};
+    const float two_exl2[] = {0.0012f, 1};
+    check_layer_split("rand-llama", two, 2);    /* a layer each */
+    check_layer_split("rand-gemma3", three, 3); /* 1, 1 and 2 layers */
+    check_layer_split("rand-llama-exl2-3.0bpw-h6", two_exl2, 2);
+    check_layer_split("rand-qwen3moe", none_first, 2); /* every layer on the second device */
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CPU;
+    p.gpu_split[0] = p.gpu_split[1] = 0.0001f;
+    exl_model *m = NULL;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", exl_test_shared("models/rand-llama"));
+    CHECK(exl_model_load(dir, &p, &m) == EXL_ERR_NOMEM && !m); /* more than the shares hold */
+    CHECK(strstr(exl_last_error(), "--gpu-split") != NULL);
+    exl_model_free(m);
 }

@@ -138,6 +138,8 @@ void exl_cuda_run_gather_cols(exl_backend *be, const exl_gather_cols_node *g) {
     check(cb, nccl.group_start(), "group start");
     for (int32_t k = 0; k < g->n_ranks; k++) {
         size_t count = (size_t)g->rows * (g->cols[k + 1] - g->cols[k]);
+        if (!count) /* a rank without columns (a layer split's receivers): alike on every rank */
+            continue;
         float *dst = direct ? g->out + g->cols[k] : g->tmp + (size_t)g->rows * g->cols[k];
         check(cb, nccl.broadcast(k == g->rank ? g->x : dst, dst, count, NCCL_FLOAT32, k, comm, cb->stream),
               "gather (broadcast)");
@@ -145,6 +147,8 @@ void exl_cuda_run_gather_cols(exl_backend *be, const exl_gather_cols_node *g) {
     check(cb, nccl.group_end(), "group end");
     for (int32_t k = 0; !direct && k < g->n_ranks; k++) {
         size_t width = (size_t)(g->cols[k + 1] - g->cols[k]) * sizeof(float);
+        if (!width)
+            continue;
         cudaError_t e = cudaMemcpy2DAsync(g->out + g->cols[k], (size_t)g->out_width * sizeof(float),
                                           g->tmp + (size_t)g->rows * g->cols[k], width, width, (size_t)g->rows,
                                           cudaMemcpyDeviceToDevice, cb->stream);
