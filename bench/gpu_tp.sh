@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# gpu_tp.sh - tensor parallelism on a machine with 2-4 GPUs (NCCL from the CUDA image, libnccl.so.2; NVLink
-# multicast off): correctness of --tp 2 against the references, then speed on 1, 2 and 4 GPUs of random-weight
-# EXL2 4.0 bpw models of the Llama-2-70B and 7B shapes: prefill of 2048 tokens and decode at batch 1 (exl bench),
-# decode at batch 32 (generator_bench), the all-reduce's share of a decode step (EXL_CUDA_GRAPHS=0 timing with
-# and without the collectives is not separable here: see bench/LOG.md), and a model larger than one GPU's share.
-#
-# Prepare here (as gpu_generator_bench.sh): build-gpu with EXL_CUDA=ON, then copy exl, test_gpu, generator_bench,
-# make_random_quant, libexl_cuda.so and the core's shared libraries into .gputp/bin, the llama2 tokenizer into
-# .gputp/tok, and the fixtures (tests/gpu/prepare.sh) into .gpu/. On the GPU machine, from the repo root:
-#   bench/gpu_tp.sh            (carry .gputp and .gpu; results in $OUT)
+# gpu_tp.sh - tensor parallelism and the layer split on a machine with 2-4 GPUs (NCCL: libnccl.so.2 on the loader
+# path or $EXL_NCCL_LIBRARY; NVLink multicast off). Prepare here: bench/gpu_tp_prepare.sh && tests/gpu/prepare.sh;
+# then there, from the repo root: bench/gpu_tp.sh (carry .gputp, .gpu/bin, .gpu/fixtures-*.tar.gz). Logs in $OUT.
+#   1. correctness: the fixtures' logits with --tp 2 against the references (test_gpu, fp16 bound 5e-3, argmax
+#      equal: the bound one GPU is held to), and exl run --greedy with --tp 2 equal to one GPU's tokens;
+#   2. speed of random-weight EXL2 4.0 bpw models of the Llama-2-70B and 7B shapes on 1, 2 and 4 GPUs: prefill of
+#      2048 tokens and decode at batch 1 (exl bench), generation at batch 1 and 32 (generator_bench);
+#   3. the collectives' time per decode step: the same decode with EXL_TP_NO_COMM=1 (collectives left out, wrong
+#      tokens), the difference being their cost;
+#   4. --gpu-split with a model larger than one GPU's share: the 70B shape (~35 GB) with EXL_CUDA_MEMORY_LIMIT=24GiB
+#      (each GPU pretends to have 24 GiB): refused on one GPU, split 20,20 over two.
 set -uo pipefail
 out=${OUT:-.gputp/out}
 mkdir -p "$out"
@@ -17,33 +18,46 @@ export LD_LIBRARY_PATH=$PWD/$bin:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
 gpus=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
-ldconfig -p | grep -q libnccl.so.2 || echo "no libnccl.so.2 on the loader path: set EXL_NCCL_LIBRARY"
+ldconfig -p | grep -q libnccl.so.2 || [ -n "${EXL_NCCL_LIBRARY:-}" ] || echo "WARNING: no libnccl.so.2 on the loader path"
 
-# 1. correctness: every fixture with --tp 2 against the references (fp16 bound 5e-3, argmax equal)
+echo "==== 1. correctness"
 tests/gpu/run.sh --stage .gpu >/dev/null 2>&1
-EXL_TEST_TP=2 timeout 300 "$bin/test_gpu" .gpu/shared >"$out/test_gpu_tp2.log" 2>&1
+shared=.gpu/shared
+[ -d "$shared" ] || shared=${EXL_GPU_STAGE:-/tmp/exl-gpu-stage}/shared
+EXL_TEST_TP=2 timeout 300 "$bin/test_gpu" "$shared" >"$out/test_gpu_tp2.log" 2>&1
 grep -E "^(ok|FAIL|SKIP).*--tp" "$out/test_gpu_tp2.log"
+for tp in 1 2; do
+    "$bin/exl" run -m "$shared/models/rand-llama" --device cuda --tp $tp -p "Once upon a time" -p "The dog" -n 48 \
+        --greedy --json 2>/dev/null | md5sum | sed "s/-/greedy tokens, --tp $tp/"
+done
 
-# 2. speed: 70B and 7B shapes, EXL2 4.0 bpw, random weights
-make() { # dir hidden layers heads kv ffn vocab
+echo "==== 2. speed (tok/s)"
+make() { # dir hidden layers heads kv_heads ffn vocab
     [ -d "$1" ] || "$bin/make_random_quant" -o "$1" --format exl2 --bits 4 --hidden "$2" --layers "$3" --heads "$4" \
-        --kv-heads "$5" --ffn "$6" --vocab "$7" --tokenizer-from .gputp/tok >/dev/null
+        --kv-heads "$5" --ffn "$6" --vocab "$7" --tokenizer-from "$shared/models/rand-llama" >/dev/null
 }
-make /tmp/m70b 8192 80 64 8 28672 32000
 make /tmp/m7b 4096 32 32 32 11008 32000
-for m in /tmp/m7b /tmp/m70b; do
+make /tmp/m70b 8192 80 64 8 28672 32000
+du -sh /tmp/m7b /tmp/m70b
+for m in m7b m70b; do
     for tp in 1 2 4; do
         [ "$tp" -le "$gpus" ] || continue
-        echo "== $(basename $m) --tp $tp"
-        timeout 300 "$bin/exl" bench -m "$m" --device cuda --tp "$tp" -p 2048 -n 64 2>&1 | tee "$out/bench_$(basename $m)_tp$tp.log" | tail -4
-        EXL_BENCH_DEVICE=cuda EXL_BENCH_TP=$tp EXL_BENCH_TEMPERATURE=0 timeout 300 "$bin/generator_bench" "$m" 32 64 1 1 32 \
-            2>&1 | tee "$out/gen_$(basename $m)_tp$tp.log" | tail -2
+        echo "== $m --tp $tp"
+        timeout 300 "$bin/exl" bench -m /tmp/$m --device cuda --tp $tp -p 2048 -n 128 >"$out/bench_${m}_tp$tp.log" 2>&1
+        tail -4 "$out/bench_${m}_tp$tp.log"
+        EXL_BENCH_DEVICE=cuda EXL_BENCH_TP=$tp EXL_BENCH_TEMPERATURE=0 timeout 300 "$bin/generator_bench" /tmp/$m 32 64 \
+            1 1 32 >"$out/gen_${m}_tp$tp.log" 2>&1
+        tail -2 "$out/gen_${m}_tp$tp.log"
+        if [ "$tp" -gt 1 ]; then
+            echo "-- the same without the collectives (EXL_TP_NO_COMM=1): their cost is the difference"
+            EXL_TP_NO_COMM=1 timeout 300 "$bin/exl" bench -m /tmp/$m --device cuda --tp $tp -p 2048 -n 128 \
+                >"$out/bench_${m}_tp${tp}_nocomm.log" 2>&1
+            tail -4 "$out/bench_${m}_tp${tp}_nocomm.log"
+        fi
     done
 done
 
-# 3. the all-reduce's cost: NCCL's own all-reduce of a decode step's size (8192 floats) and a prefill's
-#    (2048 x 8192), timed by nccl-tests where the image has them
-command -v all_reduce_perf >/dev/null && all_reduce_perf -b 32K -e 64M -f 4 -g "$gpus" | tee "$out/nccl.log" | tail -12
-
-# 4. --gpu-split is not implemented yet (bench/LOG.md): a model larger than one GPU's share runs with --tp instead
-echo "== 70B fp16-sized check: /tmp/m70b at 4.0 bpw is ~35 GB; --tp $gpus puts $((35 / gpus)) GB on each GPU"
+echo "==== 4. --gpu-split with a model larger than one GPU's share (EXL_CUDA_MEMORY_LIMIT=24GiB)"
+export EXL_CUDA_MEMORY_LIMIT=24GiB
+timeout 300 "$bin/exl" bench -m /tmp/m70b --device cuda -p 512 -n 32 2>&1 | tail -2
+timeout 300 "$bin/exl" bench -m /tmp/m70b --device cuda --gpu-split 20,20 -p 512 -n 32 2>&1 | tail -6
