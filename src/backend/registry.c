@@ -72,13 +72,15 @@ exl_status exl_backend_init_ordinal(exl_device device, int ordinal, int n_thread
             cuda_set_sink_fn set_sink = (cuda_set_sink_fn)(uintptr_t)dlsym(lib, "exl_backend_cuda_set_error_sink");
             cuda_abi_fn abi = (cuda_abi_fn)(uintptr_t)dlsym(lib, "exl_backend_cuda_abi");
             int lib_abi = abi ? abi() : 1;
-            if (!create || !create_on || !set_sink) {
-                snprintf(why, sizeof why, "libexl_cuda.so lacks exl_backend_cuda_create(_on) or its error sink");
+            if (!create || !set_sink) {
+                snprintf(why, sizeof why, "libexl_cuda.so lacks exl_backend_cuda_create or its error sink");
             } else if (lib_abi != EXL_BACKEND_ABI) {
                 snprintf(why, sizeof why,
                          "libexl_cuda.so was built for another version of exl (backend interface %d; this exl "
                          "needs %d): install the libexl_cuda.so built with this exl",
                          lib_abi, EXL_BACKEND_ABI);
+            } else if (ordinal && !create_on) {
+                snprintf(why, sizeof why, "libexl_cuda.so lacks exl_backend_cuda_create_on (GPU %d)", ordinal);
             } else {
                 set_sink(core_error_sink);
                 exl_status st = ordinal ? create_on(ordinal, out) : create(out);
