@@ -6,6 +6,7 @@
 #      equal: the bound one GPU is held to), and exl run --greedy with --tp 2 equal to one GPU's tokens;
 #   2. speed of random-weight EXL2 4.0 bpw models of the Llama-2-70B and 7B shapes on 1, 2 and 4 GPUs: prefill of
 #      2048 tokens and decode at batch 1 (exl bench), generation at batch 1 and 32 (generator_bench);
+#   2b. with EXL_TP_P2P=1: the one-shot peer-to-peer all-reduce instead of NCCL for sizes up to 64K floats;
 #   3. the collectives' time per decode step: the same decode with EXL_TP_NO_COMM=1 (collectives left out, wrong
 #      tokens), the difference being their cost;
 #   4. --gpu-split with a model larger than one GPU's share: the 70B shape (~35 GB) with EXL_CUDA_MEMORY_LIMIT=24GiB
@@ -49,6 +50,10 @@ for m in m7b m70b; do
             1 1 32 >"$out/gen_${m}_tp$tp.log" 2>&1
         tail -2 "$out/gen_${m}_tp$tp.log"
         if [ "$tp" -gt 1 ]; then
+            echo "-- the same with the peer-to-peer all-reduce for small sizes (EXL_TP_P2P=1)"
+            EXL_TP_P2P=1 timeout 300 "$bin/exl" bench -m /tmp/$m --device cuda --tp $tp -p 2048 -n 128 \
+                >"$out/bench_${m}_tp${tp}_p2p.log" 2>&1
+            tail -4 "$out/bench_${m}_tp${tp}_p2p.log"
             echo "-- the same without the collectives (EXL_TP_NO_COMM=1): their cost is the difference"
             EXL_TP_NO_COMM=1 timeout 300 "$bin/exl" bench -m /tmp/$m --device cuda --tp $tp -p 2048 -n 128 \
                 >"$out/bench_${m}_tp${tp}_nocomm.log" 2>&1
