@@ -2,10 +2,12 @@
  * thread joined by the shared-memory communicator, against Hugging Face's fp32 logits (as test_reference, relative
  * L2 error <= 1e-4 at every stored position), the splits that cannot be made refused with a message, and greedy
  * generation equal to one device's. */
+#include "gen_util.h"
 #include "ref_util.h"
 #include "test.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define TOL 1e-4
@@ -107,4 +109,58 @@ EXL_TEST(layer_split) {
     CHECK(exl_model_load(dir, &p, &m) == EXL_ERR_NOMEM && !m); /* more than the shares hold */
     CHECK(strstr(exl_last_error(), "--gpu-split") != NULL);
     exl_model_free(m);
+}
+
+/* The generator over a split model: greedy jobs sharing a prefix (the prefix cache copies pages on every rank), run
+ * together (fed-token decode), give one device's tokens exactly. */
+static void generate(int32_t tp, const float *split, gu_result *res, int n) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", exl_test_shared("models/tinystories-656k"));
+    exl_model_params mp = exl_model_default_params();
+    mp.device = EXL_DEVICE_CPU;
+    mp.tp = tp;
+    for (int i = 0; split && i < 2; i++)
+        mp.gpu_split[i] = split[i];
+    exl_model *m = NULL;
+    exl_tokenizer *tok = NULL;
+    if (exl_model_load(dir, &mp, &m) != EXL_OK || exl_tokenizer_load(dir, &tok) != EXL_OK) {
+        exl_test_failed(__FILE__, __LINE__, "load: %s", exl_last_error());
+        exl_model_free(m);
+        return;
+    }
+    exl_generator *g = gu_generator(m, tok, 64, 16, 0);
+    int32_t prompts[4][40];
+    exl_job_params p[4];
+    for (int i = 0; i < n; i++) {
+        gu_random_ids(7, prompts[i], 40, 2048); /* the same 24 first tokens, then each its own */
+        gu_random_ids(100 + (uint64_t)i, prompts[i] + 24, 16, 2048);
+        p[i] = exl_job_default_params();
+        p[i].ids = prompts[i];
+        p[i].n_ids = 40;
+        p[i].sampling.temperature = 0;
+        p[i].max_new_tokens = 24;
+        p[i].ignore_eos = 1;
+    }
+    CHECK(g && gu_run(g, p, n, res) == EXL_OK);
+    exl_generator_free(g);
+    exl_tokenizer_free(tok);
+    exl_model_free(m);
+}
+
+EXL_TEST(generator) {
+    enum { N = 4 };
+    gu_result *one = calloc(N, sizeof *one), *two = calloc(N, sizeof *two), *split = calloc(N, sizeof *split);
+    REQUIRE(one && two && split);
+    const float halves[] = {0.0014f, 1}; /* a layer each */
+    generate(1, NULL, one, N);
+    generate(2, NULL, two, N);
+    generate(1, halves, split, N);
+    for (int i = 0; i < N; i++) {
+        CHECK(one[i].n_ids == 24 && two[i].n_ids == 24 && split[i].n_ids == 24);
+        CHECK_MSG(!memcmp(one[i].ids, two[i].ids, sizeof one[i].ids), "job %d: --tp 2 tokens differ", i);
+        CHECK_MSG(!memcmp(one[i].ids, split[i].ids, sizeof one[i].ids), "job %d: --gpu-split tokens differ", i);
+    }
+    free(one);
+    free(two);
+    free(split);
 }
