@@ -48,7 +48,6 @@ static void *worker(void *p) {
     return NULL;
 }
 
-exl_status exl_tp_start_workers(exl_tp *tp);
 exl_status exl_tp_start_workers(exl_tp *tp) {
     for (int32_t k = 1; k < tp->n; k++) {
         worker_arg *a = exl_malloc(sizeof *a);

@@ -64,7 +64,10 @@ struct exl_tp {
     void *arg;
 };
 
-/* Load m (its config read, its weights mapped) over params->tp ranks (tp_load.c). */
+/* Start the threads of ranks 1 .. n - 1 (tp.c), which wait for exl_tp_each's jobs. */
+exl_status exl_tp_start_workers(exl_tp *tp);
+/* Load m (its config read, its weights mapped) over params->tp ranks, or the devices of params->gpu_split
+ * (tp_load.c). */
 exl_status exl_tp_load(exl_model *m, const exl_model_params *params);
 /* Free the ranks other than 0, stop the workers; exl_tp_free_last then frees rank 0's shards and the rest, after
  * the model freed its own weights handles. */

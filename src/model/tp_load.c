@@ -21,8 +21,6 @@
 
 #define TP_MAX_RANKS 16
 
-exl_status exl_tp_start_workers(exl_tp *tp); /* tp.c */
-
 /* n + 1 boundaries of [0, total) in near-equal parts, multiples of unit where total allows it */
 static exl_status split_cols(int64_t total, int32_t n, int64_t unit, int32_t **out) {
     if (!(*out = exl_malloc((size_t)(n + 1) * sizeof(int32_t))))
