@@ -12,7 +12,7 @@
 
 static void run_job(exl_tp *tp, int32_t k) {
     exl_tp_rank *r = &tp->ranks[k];
-    r->st = tp->fn(r->m, tp->arg);
+    r->st = r->m ? tp->fn(r->m, tp->arg) : EXL_OK; /* a rank not made (its load failed early) has nothing to do */
     if (r->st != EXL_OK) {
         snprintf(r->msg, sizeof r->msg, "%s", exl_last_error());
         exl_backend *be = r->m->be;

@@ -470,6 +470,7 @@ static exl_status make_ranks(exl_model *m, int32_t n) {
     pthread_cond_init(&tp->cond, NULL);
     if (!(tp->ranks = exl_calloc((size_t)n, sizeof *tp->ranks)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    tp->ranks[0].m = m;
     const exl_hf_config *c = &m->cfg;
     EXL_TRY(split_cols(c->vocab_size, n, 32, &tp->vocab_cols));
     EXL_TRY(split_cols((int64_t)c->n_heads * c->head_dim, n, c->head_dim, &tp->attn_cols));
@@ -479,8 +480,6 @@ static exl_status make_ranks(exl_model *m, int32_t n) {
         if (!r)
             return exl_fail(EXL_ERR_NOMEM, "out of memory");
         tp->ranks[k].m = r;
-        if (!(tp->ranks[k].layers = exl_calloc((size_t)c->n_layers, sizeof *tp->ranks[k].layers)))
-            return exl_fail(EXL_ERR_NOMEM, "out of memory");
         if (k) {
             r->dir = m->dir; /* borrowed from rank 0, like the weights */
             r->cfg = m->cfg;
@@ -489,6 +488,8 @@ static exl_status make_ranks(exl_model *m, int32_t n) {
             r->tp = tp;
             r->rank = k;
         }
+        if (!(tp->ranks[k].layers = exl_calloc((size_t)c->n_layers, sizeof *tp->ranks[k].layers)))
+            return exl_fail(EXL_ERR_NOMEM, "out of memory");
     }
     return exl_tp_start_workers(tp);
 }

@@ -2,6 +2,7 @@
  * thread joined by the shared-memory communicator, against Hugging Face's fp32 logits (as test_reference, relative
  * L2 error <= 1e-4 at every stored position), the splits that cannot be made refused with a message, and greedy
  * generation equal to one device's. */
+#include "base/alloc.h"
 #include "gen_util.h"
 #include "ref_util.h"
 #include "test.h"
@@ -163,4 +164,37 @@ EXL_TEST(generator) {
     free(one);
     free(two);
     free(split);
+}
+
+/* Every host allocation of a --tp 2 and a --gpu-split load failing in turn (on whichever rank's thread makes it):
+ * the load fails cleanly with EXL_ERR_NOMEM (nothing left waiting or leaked), until none fails. */
+EXL_TEST(load_failures) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", exl_test_shared("models/tinystories-656k"));
+    for (int mode = 0; mode < 2; mode++) {
+        exl_model_params mp = exl_model_default_params();
+        mp.device = EXL_DEVICE_CPU;
+        if (mode)
+            mp.gpu_split[0] = 0.0014f, mp.gpu_split[1] = 1;
+        else
+            mp.tp = 2;
+        int failed = 0, loaded = 0;
+        for (long n = 0; n < 5000 && !loaded; n++) {
+            exl_model *m = NULL;
+            exl_alloc_fail_after(n);
+            exl_status st = exl_model_load(dir, &mp, &m);
+            exl_alloc_fail_after(-1);
+            if (st == EXL_OK) {
+                loaded = 1;
+                exl_model_free(m);
+                break;
+            }
+            CHECK_MSG(st == EXL_ERR_NOMEM && !m, "mode %d, failing allocation %ld: status %d: %s", mode, n, (int)st,
+                      exl_last_error());
+            failed++;
+        }
+        printf("    %s: %d failing allocations refused cleanly, then loaded\n", mode ? "--gpu-split" : "--tp 2",
+               failed);
+        CHECK(loaded && failed > 10);
+    }
 }
