@@ -66,6 +66,8 @@ struct exl_tp {
 
 /* Start the threads of ranks 1 .. n - 1 (tp.c), which wait for exl_tp_each's jobs. */
 exl_status exl_tp_start_workers(exl_tp *tp);
+/* CPU worker threads of each rank's backend: params' (or the cores) shared by the ranks (tp_load.c). */
+int exl_tp_rank_threads(const exl_tp *tp, const exl_model_params *params);
 /* Load m (its config read, its weights mapped) over params->tp ranks, or the devices of params->gpu_split
  * (tp_load.c). */
 exl_status exl_tp_load(exl_model *m, const exl_model_params *params);
@@ -79,6 +81,8 @@ exl_status exl_tp_each(exl_model *m, exl_tp_fn fn, void *arg);
 /* The forward step over every rank (forward.c's exl_model_forward_to_logits for a model with ranks). */
 exl_status exl_tp_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                     int ahead, int32_t *n_logits);
+/* A layer split's ranks (made, tp->n of them) load their layers (tp_split.c). */
+exl_status exl_tp_split_load(exl_model *m, const exl_model_params *params, const char *prefix);
 /* 1 when model m (a rank, or a model of one device) holds decoder layer li (a layer split holds some). */
 int exl_tp_holds_layer(const exl_model *m, int32_t li);
 /* A layer split's step on a rank (forward.c): its layers between the hidden states' hand-overs, the head on the

@@ -11,7 +11,6 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
-#include "base/notice.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -305,12 +304,16 @@ static exl_status alloc_buffers(exl_model *m) {
     return st;
 }
 
+int exl_tp_rank_threads(const exl_tp *tp, const exl_model_params *p) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = p->n_threads > 0 ? p->n_threads / tp->n : (int)(cores / tp->n);
+    return threads > 0 ? threads : 1;
+}
+
 static exl_status load_rank(exl_model *m, void *arg) {
     const rank_load *a = arg;
     exl_tp *tp = m->tp;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = a->p->n_threads > 0 ? a->p->n_threads / tp->n : (int)(cores / tp->n);
-    EXL_TRY(exl_backend_init_ordinal(a->p->device, m->rank, threads > 0 ? threads : 1, &m->be));
+    EXL_TRY(exl_backend_init_ordinal(a->p->device, m->rank, exl_tp_rank_threads(tp, a->p), &m->be));
     int32_t kvn, kv0;
     kv_heads(tp, m->rank, &kv0, &kvn);
     m->cfg.n_heads = tp->full.n_heads / tp->n;
@@ -329,114 +332,6 @@ static exl_status load_rank(exl_model *m, void *arg) {
     }
     EXL_TRY(exl_model_alloc_forward(m));
     return alloc_buffers(m);
-}
-
-/* ---- a layer split (--gpu-split): whole layers on each rank */
-
-static exl_status load_rank_layers(exl_model *m, void *arg) {
-    const rank_load *a = arg;
-    exl_tp *tp = m->tp;
-    int32_t last = tp->n - 1;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = a->p->n_threads > 0 ? a->p->n_threads / tp->n : (int)(cores / tp->n);
-    EXL_TRY(exl_backend_init_ordinal(a->p->device, m->rank, threads > 0 ? threads : 1, &m->be));
-    const exl_hf_config *c = &m->cfg;
-    exl_linear_src src;
-    char name[128];
-    if (m->rank == 0) {
-        EXL_TRY(exl_model_embedding_source(m, a->prefix, &src));
-        snprintf(name, sizeof name, "%sembed_tokens", a->prefix);
-        src.name = name;
-        EXL_TRY(m->be->ops->linear_init(m->be, &src, &m->embed));
-        m->embed_scale = c->norm_plus_one ? sqrtf((float)c->hidden_size) : 1.0f;
-    }
-    if (m->rank == last) {
-        const char *head = exl_model_head_name(m->weights);
-        if (head) {
-            EXL_TRY(exl_model_load_linear(m, head, c->hidden_size, c->vocab_size, 0, &m->head));
-        } else {
-            if (!c->tie_embeddings)
-                return exl_fail(EXL_ERR_FORMAT, "%s: missing tensor 'lm_head.weight' (tie_word_embeddings is false)",
-                                m->dir);
-            EXL_TRY(exl_model_embedding_source(m, a->prefix, &src));
-            src.name = "lm_head";
-            EXL_TRY(m->be->ops->linear_init(m->be, &src, &m->head));
-        }
-        snprintf(name, sizeof name, "%snorm.weight", a->prefix);
-        EXL_TRY(exl_model_load_norm(m, name, c->hidden_size, &m->final_norm));
-    }
-    if (!(m->layers = exl_calloc((size_t)c->n_layers, sizeof *m->layers)))
-        return exl_fail(EXL_ERR_NOMEM, "out of memory");
-    for (int32_t i = tp->layer_bounds[m->rank]; i < tp->layer_bounds[m->rank + 1]; i++)
-        EXL_TRY(exl_model_load_layer(m, a->prefix, i));
-    return exl_model_alloc_forward(m);
-}
-
-/* The bytes of each decoder layer's tensors ([n_layers]) and of the rest (embedding, head, final norm). */
-static void layer_bytes(const exl_model *m, const char *prefix, uint64_t *bytes, uint64_t *rest) {
-    size_t plen = strlen(prefix);
-    *rest = 0;
-    for (int f = 0; f < m->weights->n_files; f++)
-        for (int t = 0; t < m->weights->files[f]->n_tensors; t++) {
-            const exl_st_tensor *x = &m->weights->files[f]->tensors[t];
-            char *end;
-            if (!strncmp(x->name, prefix, plen) && !strncmp(x->name + plen, "layers.", 7)) {
-                long i = strtol(x->name + plen + 7, &end, 10);
-                if (end != x->name + plen + 7 && *end == '.' && i >= 0 && i < m->cfg.n_layers) {
-                    bytes[i] += x->nbytes;
-                    continue;
-                }
-            }
-            *rest += x->nbytes;
-        }
-}
-
-/* Layers in order onto the devices: each takes layers while its share (GiB) holds them; the embedding counts on
- * the first, the head on the last. */
-static exl_status plan_layers(exl_model *m, const exl_model_params *p, const char *prefix, int32_t n) {
-    exl_tp *tp = m->tp;
-    uint64_t *bytes = exl_calloc((size_t)m->cfg.n_layers, sizeof *bytes), rest;
-    if (!bytes || !(tp->layer_bounds = exl_calloc((size_t)n + 1, sizeof(int32_t)))) {
-        exl_free(bytes);
-        return exl_fail(EXL_ERR_NOMEM, "out of memory");
-    }
-    layer_bytes(m, prefix, bytes, &rest);
-    const double gib = 1024.0 * 1024.0 * 1024.0;
-    double used = (double)rest / 2; /* about half is the embedding (rank 0), half the head (the last rank) */
-    int32_t d = 0;
-    for (int32_t i = 0; i < m->cfg.n_layers; i++) {
-        while (d < n - 1 && used + (double)bytes[i] > p->gpu_split[d] * gib) {
-            tp->layer_bounds[++d] = i;
-            used = d == n - 1 ? (double)rest / 2 : 0;
-        }
-        used += (double)bytes[i];
-    }
-    for (int32_t k = d + 1; k <= n; k++)
-        tp->layer_bounds[k] = m->cfg.n_layers;
-    exl_free(bytes);
-    if (used > p->gpu_split[n - 1] * gib)
-        return exl_fail(EXL_ERR_NOMEM, "%s: --gpu-split: the model needs %.1f GB more than the split gives its devices",
-                        m->dir, (used - p->gpu_split[n - 1] * gib) / gib);
-    char text[512];
-    int len = snprintf(text, sizeof text, "--gpu-split: decoder layers");
-    for (int32_t k = 0; k < n && len > 0 && (size_t)len < sizeof text; k++) {
-        int32_t a = tp->layer_bounds[k], b = tp->layer_bounds[k + 1];
-        len += a < b ? snprintf(text + len, sizeof text - (size_t)len, "%s %d..%d on device %d", k ? "," : "", a, b - 1,
-                                k)
-                     : snprintf(text + len, sizeof text - (size_t)len, "%s none on device %d", k ? "," : "", k);
-    }
-    exl_notice("%s", text);
-    return EXL_OK;
-}
-
-/* the columns that make rank j own every one of width: [j] * (n + 1) for each sender j, and the last rank's */
-static exl_status sender_cols(int32_t n, int32_t width, int32_t senders, int32_t first, int32_t **out) {
-    if (!(*out = exl_malloc((size_t)senders * (n + 1) * sizeof(int32_t))))
-        return exl_fail(EXL_ERR_NOMEM, "out of memory");
-    for (int32_t s = 0; s < senders; s++)
-        for (int32_t k = 0; k <= n; k++)
-            (*out)[s * (n + 1) + k] = k <= first + s ? 0 : width;
-    return EXL_OK;
 }
 
 /* ---- the ranks */
@@ -510,11 +405,7 @@ exl_status exl_tp_load(exl_model *m, const exl_model_params *p) {
         if (layer_split < 2)
             return exl_fail(EXL_ERR_ARG, "--gpu-split: give the share of at least two devices");
         EXL_TRY(make_ranks(m, layer_split));
-        m->tp->split = 1;
-        EXL_TRY(plan_layers(m, p, a.prefix, layer_split));
-        EXL_TRY(sender_cols(layer_split, m->cfg.hidden_size, layer_split - 1, 0, &m->tp->send_hidden));
-        EXL_TRY(sender_cols(layer_split, m->cfg.vocab_size, 1, layer_split - 1, &m->tp->send_vocab));
-        EXL_TRY(exl_tp_each(m, load_rank_layers, &a));
+        EXL_TRY(exl_tp_split_load(m, p, a.prefix));
     } else {
         EXL_TRY(check_split(m, p->tp));
         EXL_TRY(make_ranks(m, p->tp));
