@@ -11,7 +11,12 @@
 #      tokens), the difference being their cost;
 #   4. --gpu-split with a model larger than one GPU's share: the 70B shape (~35 GB) with EXL_CUDA_MEMORY_LIMIT=24GiB
 #      (each GPU pretends to have 24 GiB): refused on one GPU, split 20,20 over two.
+# A device call lasts 10 minutes at most: run the parts one call each (the machine keeps /tmp while it is held):
+#   bench/gpu_tp.sh check; bench/gpu_tp.sh models; bench/gpu_tp.sh speed m7b; bench/gpu_tp.sh speed m70b;
+#   bench/gpu_tp.sh split        (no argument: all of them)
 set -uo pipefail
+what=${1:-all}
+model_arg=${2:-}
 out=${OUT:-.gputp/out}
 mkdir -p "$out"
 bin=.gputp/bin
@@ -21,26 +26,30 @@ gpus=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 ldconfig -p | grep -q libnccl.so.2 || [ -n "${EXL_NCCL_LIBRARY:-}" ] || echo "WARNING: no libnccl.so.2 on the loader path"
 
+check() {
 echo "==== 1. correctness"
 tests/gpu/run.sh --stage .gpu >/dev/null 2>&1
-shared=.gpu/shared
-[ -d "$shared" ] || shared=${EXL_GPU_STAGE:-/tmp/exl-gpu-stage}/shared
 EXL_TEST_TP=2 timeout 300 "$bin/test_gpu" "$shared" >"$out/test_gpu_tp2.log" 2>&1
 grep -E "^(ok|FAIL|SKIP).*--tp" "$out/test_gpu_tp2.log"
 for tp in 1 2; do
     "$bin/exl" run -m "$shared/models/rand-llama" --device cuda --tp $tp -p "Once upon a time" -p "The dog" -n 48 \
         --greedy --json 2>/dev/null | md5sum | sed "s/-/greedy tokens, --tp $tp/"
 done
+}
 
-echo "==== 2. speed (tok/s)"
 make() { # dir hidden layers heads kv_heads ffn vocab
     [ -d "$1" ] || "$bin/make_random_quant" -o "$1" --format exl2 --bits 4 --hidden "$2" --layers "$3" --heads "$4" \
         --kv-heads "$5" --ffn "$6" --vocab "$7" --tokenizer-from "$shared/models/rand-llama" >/dev/null
 }
-make /tmp/m7b 4096 32 32 32 11008 32000
-make /tmp/m70b 8192 80 64 8 28672 32000
-du -sh /tmp/m7b /tmp/m70b
-for m in m7b m70b; do
+models() {
+    make /tmp/m7b 4096 32 32 32 11008 32000
+    make /tmp/m70b 8192 80 64 8 28672 32000
+    du -sh /tmp/m7b /tmp/m70b
+}
+
+speed() { # model name (m7b or m70b)
+    m=$1
+    echo "==== 2. speed of $m (tok/s)"
     for tp in 1 2 4; do
         [ "$tp" -le "$gpus" ] || continue
         echo "== $m --tp $tp"
@@ -60,9 +69,22 @@ for m in m7b m70b; do
             tail -4 "$out/bench_${m}_tp${tp}_nocomm.log"
         fi
     done
-done
+}
 
+split() {
 echo "==== 4. --gpu-split with a model larger than one GPU's share (EXL_CUDA_MEMORY_LIMIT=24GiB)"
 export EXL_CUDA_MEMORY_LIMIT=24GiB
 timeout 300 "$bin/exl" bench -m /tmp/m70b --device cuda -p 512 -n 32 2>&1 | tail -2
 timeout 300 "$bin/exl" bench -m /tmp/m70b --device cuda --gpu-split 20,20 -p 512 -n 32 2>&1 | tail -6
+}
+
+shared=.gpu/shared
+[ -d "$shared" ] || shared=${EXL_GPU_STAGE:-/tmp/exl-gpu-stage}/shared
+case $what in
+check) check ;;
+models) models ;;
+speed) speed "$model_arg" ;;
+split) split ;;
+all) check && models && speed m7b && speed m70b && split ;;
+*) echo "usage: bench/gpu_tp.sh [check|models|speed m7b|speed m70b|split]" && exit 2 ;;
+esac
