@@ -99,8 +99,9 @@ static exl_status plan_layers(exl_model *m, const exl_model_params *p, const cha
         tp->layer_bounds[k] = m->cfg.n_layers;
     exl_free(bytes);
     if (used > p->gpu_split[n - 1] * gib)
-        return exl_fail(EXL_ERR_NOMEM, "%s: --gpu-split: the model needs %.1f GB more than the split gives its devices",
-                        m->dir, (used - p->gpu_split[n - 1] * gib) / gib);
+        return exl_fail(EXL_ERR_NOMEM,
+                        "%s: --gpu-split: the model needs %.1f MiB more than the split gives its devices", m->dir,
+                        (used - p->gpu_split[n - 1] * gib) / (1024.0 * 1024.0));
     char text[512];
     int len = snprintf(text, sizeof text, "--gpu-split: decoder layers");
     for (int32_t k = 0; k < n && len > 0 && (size_t)len < sizeof text; k++) {
