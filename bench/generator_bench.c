@@ -79,6 +79,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     exl_model_params mp = exl_model_default_params();
+    /* EXL_BENCH_TP=N splits the model over N devices (tensor parallelism) */
+    mp.tp = getenv("EXL_BENCH_TP") ? atoi(getenv("EXL_BENCH_TP")) : 0;
     /* EXL_BENCH_DEVICE=cuda runs the same benchmark on the GPU */
     const char *dev = getenv("EXL_BENCH_DEVICE");
     mp.device = dev && !strcmp(dev, "cuda") ? EXL_DEVICE_CUDA : EXL_DEVICE_CPU;

@@ -51,11 +51,17 @@ typedef enum exl_device {
     EXL_DEVICE_CUDA, /* insist on the GPU: failing to get one is an error */
 } exl_device;
 
+#define EXL_MAX_GPU_SPLIT 16 /* devices a layer split (exl_model_params.gpu_split) spans at most */
+
 typedef struct exl_model_params {
     exl_device device;
     int32_t n_threads; /* CPU worker threads; 0 = one per core */
     int32_t load_only; /* check and map the weights for exl_model_describe / _report only (`exl info`): also
                           * architectures exl cannot run yet load, and nothing can be evaluated */
+    int32_t tp;        /* tensor parallelism: split the model over this many devices (GPUs; CPU ranks share the
+                          * cores); 0 or 1 = one device (docs/parallel.md) */
+    float gpu_split[EXL_MAX_GPU_SPLIT]; /* layer split: GB of weights each device takes, whole layers in order
+                                         * (device k: GPU k, or CPU rank k); all 0 = none. Not with tp > 1 */
 } exl_model_params;
 
 exl_model_params exl_model_default_params(void);

@@ -20,7 +20,7 @@
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 14
+#define EXL_BACKEND_ABI 15
 
 typedef struct exl_backend exl_backend;
 
@@ -126,6 +126,17 @@ typedef struct exl_backend_ops {
      * `mask` may be reused. Samplers that read only the head (top_k) then see the masked logits. */
     exl_status (*mask_logits)(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
                               exl_logit_mask_fn fill, void *user);
+
+    /* Tensor parallelism (docs/parallel.md). comm_init, called on ranks[0] from one thread: the n backends (of
+     * this kind, one per device, rank k = ranks[k]) join one communicator that their all_reduce and gather_cols
+     * then use; the communicator goes with the last of them destroyed. abort: a rank failed between
+     * collectives: the others' waits end (the results are garbage) until the next comm_init or a call with
+     * resume set. The collectives are step ops (graph.h: all_reduce, gather_cols) that every rank runs in the
+     * same order, each from its own thread. */
+    exl_status (*comm_init)(exl_backend *const *ranks, int32_t n);
+    void (*comm_abort)(exl_backend *be, int resume);
+    void (*all_reduce)(exl_backend *be, float *x, int64_t n);
+    void (*gather_cols)(exl_backend *be, const exl_gather_cols_node *n);
 } exl_backend_ops;
 
 #define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */
@@ -148,5 +159,9 @@ struct exl_pool *exl_backend_cpu_pool(exl_backend *be);
 /* The backend for a device request: CUDA when asked for (error if unusable) or when
  * AUTO finds a usable GPU, else the CPU. */
 exl_status exl_backend_init(exl_device device, int n_threads, exl_backend **out);
+/* As exl_backend_init for device ordinal `ordinal` of its kind (tensor parallelism: call it from the thread that
+ * will use the backend; a GPU backend makes its device that thread's current one). The CPU has one device
+ * whatever the ordinal. */
+exl_status exl_backend_init_ordinal(exl_device device, int ordinal, int n_threads, exl_backend **out);
 
 #endif

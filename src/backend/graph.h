@@ -25,6 +25,10 @@
  *                renormalized over the chosen ones when asked)
  *   moe_experts  out[r] += sum over r's choices j of weights[r, j] *      x, out [rows, width]
  *                down_e(act(gate_e(x[r])) * up_e(x[r])), e = ids[r, j]
+ *   all_reduce   x = the sum of x over the ranks of a tensor-parallel      n floats
+ *                model (every rank's backend runs the same node)
+ *   gather_cols  out[r, cols[k] .. cols[k + 1]) = rank k's x[r] for every  x [rows, own width],
+ *                rank k (the ranks' column slices put side by side)       out [rows, out_width]
  *
  * The model builds a step's graph from parts that stand alone (model.h: the embedding, each decoder layer's nodes
  * by exl_model_layer_graph, the head), so a graph may be one layer as well as a whole step.
@@ -112,6 +116,8 @@ typedef enum exl_op {
     EXL_OP_ROW_GATE,
     EXL_OP_MOE_ROUTE,
     EXL_OP_MOE_EXPERTS,
+    EXL_OP_ALL_REDUCE,
+    EXL_OP_GATHER_COLS,
 } exl_op;
 
 /* Which part of the model a node is, for messages and hooks. */
@@ -148,6 +154,9 @@ typedef enum exl_part {
     EXL_PART_FINAL_NORM,
     EXL_PART_HEAD,
     EXL_PART_LOGIT_SOFTCAP,
+    EXL_PART_ATTN_REDUCE, /* tensor parallelism: the ranks' attention outputs summed or gathered */
+    EXL_PART_MLP_REDUCE,  /* the ranks' MLP outputs summed */
+    EXL_PART_HEAD_GATHER, /* the ranks' vocabulary slices of the logits */
 } exl_part;
 
 typedef struct exl_node_tag {
@@ -260,6 +269,21 @@ typedef struct exl_moe_experts_node {
     int32_t *slots;   /* [2 * rows * top_k] */
 } exl_moe_experts_node;
 
+/* Tensor parallelism (docs/parallel.md): the collectives over the ranks whose backends joined one communicator
+ * (backend.h: comm_init). Every rank's graph has the same collectives in the same order. */
+typedef struct exl_all_reduce_node {
+    float *x;
+    int64_t n;
+} exl_all_reduce_node;
+
+typedef struct exl_gather_cols_node {
+    float *out;          /* [rows, out_width] */
+    const float *x;      /* [rows, cols[rank + 1] - cols[rank]]: this rank's slice */
+    const int32_t *cols; /* host array of n_ranks + 1: rank k's columns of out are [cols[k], cols[k + 1]) */
+    int32_t rows, out_width, n_ranks, rank;
+    float *tmp; /* backend scratch of rows * out_width floats the backend may stage the slices in */
+} exl_gather_cols_node;
+
 typedef struct exl_node {
     exl_op op;
     exl_node_tag tag;
@@ -278,6 +302,8 @@ typedef struct exl_node {
         exl_row_gate_node row_gate;
         exl_moe_route_node moe_route;
         exl_moe_experts_node moe_experts;
+        exl_all_reduce_node all_reduce;
+        exl_gather_cols_node gather_cols;
     };
 } exl_node;
 
@@ -398,6 +424,16 @@ static inline exl_node_access exl_node_access_of(const exl_node *n, int32_t batc
         EXL_READS_(e->weights, (int64_t)e->rows * e->top_k);
         EXL_READS_(e->out, (int64_t)e->rows * e->width);
         EXL_WRITES_(e->out, (int64_t)e->rows * e->width);
+        break;
+    }
+    case EXL_OP_ALL_REDUCE:
+        EXL_READS_(n->all_reduce.x, n->all_reduce.n);
+        EXL_WRITES_(n->all_reduce.x, n->all_reduce.n);
+        break;
+    case EXL_OP_GATHER_COLS: {
+        const exl_gather_cols_node *c = &n->gather_cols;
+        EXL_READS_(c->x, (int64_t)c->rows * (c->cols[c->rank + 1] - c->cols[c->rank]));
+        EXL_WRITES_(c->out, (int64_t)c->rows * c->out_width);
         break;
     }
     }

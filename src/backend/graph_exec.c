@@ -74,6 +74,16 @@ exl_status exl_graph_exec(exl_backend *be, const exl_graph *g, exl_linear_hook h
                                 n->tag.layer);
             op->moe_experts(be, &n->moe_experts);
             break;
+        case EXL_OP_ALL_REDUCE:
+        case EXL_OP_GATHER_COLS:
+            if (!op->all_reduce || !op->gather_cols)
+                return exl_fail(EXL_ERR_UNSUPPORTED, "graph: the %s backend has no collectives (tensor parallelism)",
+                                be->name);
+            if (n->op == EXL_OP_ALL_REDUCE)
+                op->all_reduce(be, n->all_reduce.x, n->all_reduce.n);
+            else
+                op->gather_cols(be, &n->gather_cols);
+            break;
         }
     }
     return EXL_OK;

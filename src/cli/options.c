@@ -96,6 +96,7 @@ static void default_of(const cli_option *o, char *buf, size_t cap) {
     case CLI_DOUBLE: snprintf(buf, cap, "%g", *(double *)o->target); break;
     case CLI_SEED: snprintf(buf, cap, "%llu", (unsigned long long)*(uint64_t *)o->target); break;
     case CLI_DEVICE: snprintf(buf, cap, "%s", device_name(*(exl_device *)o->target)); break;
+    case CLI_SPLIT:
     case CLI_FLAG:
     case CLI_LIST:
     case CLI_LIST_REST: break;
@@ -227,6 +228,19 @@ static int set_value(const cli_command *cmd, const cli_option *o, const char *na
         return 0;
     }
     case CLI_DEVICE: return parse_device(v, o->target) ? bad_value(cmd, o, name, v) : 0;
+    case CLI_SPLIT: {
+        float *parts = o->target;
+        memset(parts, 0, EXL_MAX_GPU_SPLIT * sizeof(float));
+        for (int i = 0;; i++) {
+            double x = strtod(v, &end);
+            if (i == EXL_MAX_GPU_SPLIT || end == v || !isfinite(x) || x <= 0 || (*end && *end != ','))
+                return bad_value(cmd, o, name, v);
+            parts[i] = (float)x;
+            if (!*end)
+                return 0;
+            v = end + 1;
+        }
+    }
     }
     return 0;
 }
@@ -306,6 +320,12 @@ cli_group cli_model_group(cli_model_args *a, int parts) {
          .help = "auto takes the GPU when one is usable, else the CPU;\ncuda insists on the GPU"},
         {"-t", "--threads", CLI_INT, &a->params.n_threads, "N", .lo = 1, .hi = 1024, .help = "CPU worker threads",
          .default_text = "one per core"},
+        {NULL, "--tp", CLI_INT, &a->params.tp, "N", .lo = 1, .hi = 16, .default_text = "1",
+         .help =
+             "tensor parallelism: split the model over N devices\n(GPUs 0..N-1; on the CPU, N ranks share the cores)"},
+        {NULL, "--gpu-split", CLI_SPLIT, a->params.gpu_split, "A,B,...",
+         .help = "GB of weights for each device: whole layers placed on\nGPUs 0, 1, ... in order (a model larger than "
+                 "one GPU)"},
     };
     _Static_assert(sizeof dir + sizeof device == sizeof a->options, "cli_model_args.options holds the group");
     int n = 0;

@@ -18,6 +18,7 @@ typedef enum cli_kind {
     CLI_DOUBLE,    /* double in [lo, hi] */
     CLI_SEED,      /* uint64_t, any */
     CLI_DEVICE,    /* exl_device: cpu, cuda (or gpu), auto */
+    CLI_SPLIT,     /* float[EXL_MAX_GPU_SPLIT]: comma-separated positive numbers, the rest 0 */
 } cli_kind;
 
 typedef struct cli_list {
@@ -74,7 +75,7 @@ enum { CLI_MODEL_DIR = 1, CLI_MODEL_DEVICE = 2, CLI_MODEL_ALL = 3 };
 typedef struct cli_model_args {
     const char *dir;
     exl_model_params params;
-    cli_option options[3];
+    cli_option options[5];
 } cli_model_args;
 
 cli_group cli_model_group(cli_model_args *args, int parts);

@@ -1187,6 +1187,52 @@ static void test_models(const char *shared) {
     unsetenv("EXL_CUDA_EXACT_PREFILL");
 }
 
+/* ---- tensor parallelism: the fixtures split over $EXL_TEST_TP GPUs (default 2) through NCCL, against the same
+ * references and bound as one GPU; skipped where the machine has too few GPUs or no NCCL */
+static void test_models_tp(const char *shared) {
+    const char *models[] = {"tinystories-656k",
+                            "rand-llama",
+                            "rand-qwen2",
+                            "rand-gemma",
+                            "rand-llama-exl2-3.0bpw-h6",
+                            "rand-qwen2-exl2-4.0bpw-h6",
+                            "rand-llama-gptq-4bit-g32-actorder-asym",
+                            "rand-llama-gptq-4bit-g64-sym",
+                            "rand-qwen3",
+                            "rand-gemma3",
+                            "rand-phi3",
+                            "rand-mixtral",
+                            "rand-qwen3moe"};
+    const char *env = getenv("EXL_TEST_TP");
+    int32_t tp = env && atoi(env) > 1 ? atoi(env) : 2;
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        char dir[1024], ref[1024], name[128];
+        snprintf(dir, sizeof dir, "%s/models/%s", shared, models[i]);
+        snprintf(ref, sizeof ref, "%s/reference/%s.logits.safetensors", shared, models[i]);
+        exl_model_params p = exl_model_default_params();
+        p.device = EXL_DEVICE_CUDA;
+        p.tp = tp;
+        exl_model *m;
+        exl_status st = exl_model_load(dir, &p, &m);
+        if (st == EXL_ERR_UNSUPPORTED || st == EXL_ERR_DEVICE) {
+            printf("SKIP logits --tp %d %s: %s\n", tp, models[i], exl_last_error());
+            continue;
+        }
+        if (st != EXL_OK) {
+            printf("FAIL logits --tp %d %s: %s\n", tp, models[i], exl_last_error());
+            n_fail++;
+            continue;
+        }
+        exl_model_free(m);
+        int mism = 0, npos = 0;
+        double e = ref_compare_model(dir, ref, "logits", &p, &mism, &npos);
+        snprintf(name, sizeof name, "logits --tp %d %s (%d pos)", tp, models[i], npos);
+        report(name, e, 5e-3);
+        snprintf(name, sizeof name, "argmax mismatches --tp %d %s", tp, models[i]);
+        report(name, npos > 0 ? mism : -1, 0);
+    }
+}
+
 /* ---- logits through a quantized KV cache: the GPU's against the CPU's, each through sessions of the same cache
  * format fed in the same pieces (prompt pieces over earlier ones: prefill attention; then one token at a time:
  * decode). Quantization turns the GPU's small differences into a code rounded the other way now and then, so the
@@ -1969,6 +2015,7 @@ int main(int argc, char **argv) {
     fast_prefill = 1;
     test_models(shared);
     fast_prefill = 0;
+    test_models_tp(shared);
     cache_formats_case(shared, "tinystories-656k");
     cache_formats_case(shared, "rand-llama");
     cache_formats_case(shared, "rand-llama-exl2-5.0bpw-h8");

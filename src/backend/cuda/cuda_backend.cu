@@ -2,7 +2,8 @@
  *
  * Exported (C linkage, default visibility; everything else in the library is hidden):
  *   exl_backend_cuda_set_error_sink  - registry.c passes the core's error setter first
- *   exl_backend_cuda_create          - a backend on device 0, or a status with a message */
+ *   exl_backend_cuda_create          - a backend on device 0, or a status with a message
+ *   exl_backend_cuda_create_on       - the same on a given device, made current on the calling thread */
 #include "backend/cuda/cuda_internal.h"
 
 #include "base/half.h"
@@ -154,6 +155,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->host_gemm_buf);
     exl_cuda_moe_free(cb);
     exl_cuda_argmax_free(cb);
+    exl_cuda_comm_release(cb);
     cublasDestroy(cb->cublas);
     cudaStreamDestroy(cb->stream);
     free(cb);
@@ -345,11 +347,15 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_argmax_wait,
     cu_memory,
     exl_cuda_mask_logits,
+    exl_cuda_comm_init,
+    exl_cuda_comm_abort,
+    exl_cuda_all_reduce,
+    exl_cuda_gather_cols,
 };
 
 /* ---- creation */
 
-EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
+EXL_CUDA_EXPORT exl_status exl_backend_cuda_create_on(int device, exl_backend **out) {
     *out = NULL;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -357,12 +363,14 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
         return exl_cuda_fail(EXL_ERR_DEVICE, "no CUDA device: %s", cudaGetErrorString(e));
     if (n < 1)
         return exl_cuda_fail(EXL_ERR_DEVICE, "no CUDA device found");
+    if (device < 0 || device >= n)
+        return exl_cuda_fail(EXL_ERR_DEVICE, "no CUDA device %d (%d found)", device, n);
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0), "reading device properties");
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device), "reading device properties");
     if (prop.major * 10 + prop.minor < 75)
         return exl_cuda_fail(EXL_ERR_UNSUPPORTED, "GPU %s has compute capability %d.%d; exl needs 7.5 or newer",
                              prop.name, prop.major, prop.minor);
-    CUDA_CHECK(cudaSetDevice(0), "selecting device 0");
+    CUDA_CHECK(cudaSetDevice(device), "selecting the device");
     const char *limit = getenv("EXL_CUDA_MEMORY_LIMIT");
     memory_limit = limit && *limit ? parse_size(limit) : 0;
     if (limit && *limit && !memory_limit)
@@ -370,7 +378,7 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
     exl_cuda_backend *cb = (exl_cuda_backend *)calloc(1, sizeof *cb);
     if (!cb)
         return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory");
-    cb->device = 0;
+    cb->device = device;
     cb->n_sms = prop.multiProcessorCount;
     cb->sm_major = prop.major;
     const char *pa = getenv("EXL_CUDA_PREFILL_ATTENTION");
@@ -409,3 +417,5 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
     *out = &cb->base;
     return EXL_OK;
 }
+
+EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) { return exl_backend_cuda_create_on(0, out); }

@@ -36,9 +36,13 @@ typedef struct exl_cuda_plan exl_cuda_plan;
 /* a layer's experts as the grouped kernels read them (cuda_moe.cu) */
 typedef struct exl_cuda_moe_table exl_cuda_moe_table;
 
+typedef struct exl_cuda_comm exl_cuda_comm; /* tensor parallelism's NCCL communicators (cuda_comm.cu) */
+
 typedef struct exl_cuda_backend {
     exl_backend base;
     int device;
+    exl_cuda_comm *comm; /* the ranks' communicator, or NULL */
+    int32_t rank;
     int n_sms;
     int sm_major;               /* compute capability, major */
     int pdl;                    /* programmatic dependent launch (sm_90+): see exl_cuda_launch */
@@ -458,6 +462,16 @@ void exl_cuda_plan_free(exl_cuda_plan *p);
 
 /* End the step at a synchronisation point: launch what was captured or matched. */
 void exl_cuda_graph_finish(exl_cuda_backend *cb);
+
+/* tensor parallelism (cuda_comm.cu): the op table's entries, the launches a plan makes of the collectives' nodes,
+ * and the communicator's reference that a backend drops when destroyed */
+exl_status exl_cuda_comm_init(exl_backend *const *ranks, int32_t n);
+void exl_cuda_comm_abort(exl_backend *be, int resume);
+void exl_cuda_all_reduce(exl_backend *be, float *x, int64_t n);
+void exl_cuda_gather_cols(exl_backend *be, const exl_gather_cols_node *n);
+void exl_cuda_run_all_reduce(exl_backend *be, float *x, int64_t n);
+void exl_cuda_run_gather_cols(exl_backend *be, const exl_gather_cols_node *n);
+void exl_cuda_comm_release(exl_cuda_backend *cb);
 /* Something that cannot be captured (a buffer growing) is about to happen inside a step:
  * launch what was captured so far, drop the cached graph, run the rest of the step directly. */
 void exl_cuda_graph_flush(exl_cuda_backend *cb);

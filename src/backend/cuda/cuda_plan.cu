@@ -125,6 +125,14 @@ static exl_node canonical(const exl_node *n) {
         o.xs = a.xs, o.gate = a.gate, o.up = a.up, o.slots = a.slots;
         break;
     }
+    case EXL_OP_ALL_REDUCE: c.all_reduce.x = n->all_reduce.x, c.all_reduce.n = n->all_reduce.n; break;
+    case EXL_OP_GATHER_COLS: {
+        const exl_gather_cols_node &a = n->gather_cols;
+        exl_gather_cols_node &o = c.gather_cols;
+        o.out = a.out, o.x = a.x, o.cols = a.cols, o.rows = a.rows, o.out_width = a.out_width;
+        o.n_ranks = a.n_ranks, o.rank = a.rank, o.tmp = a.tmp;
+        break;
+    }
     }
     return c;
 }
@@ -430,7 +438,9 @@ static int node_rows(const exl_node *n, int32_t batch_rows) {
     case EXL_OP_ROW_GATE: return n->row_gate.rows;
     case EXL_OP_MOE_ROUTE: return n->moe_route.rows;
     case EXL_OP_MOE_EXPERTS: return n->moe_experts.rows;
+    case EXL_OP_GATHER_COLS: return n->gather_cols.rows;
     case EXL_OP_ADD:
+    case EXL_OP_ALL_REDUCE:
     case EXL_OP_SOFTCAP: return 0;
     default: return batch_rows;
     }
@@ -545,6 +555,8 @@ static void run_node(exl_cuda_backend *cb, const exl_cuda_plan *p, const exl_nod
         break;
     case EXL_OP_MOE_ROUTE: exl_cuda_run_moe_route(be, &n->moe_route); break;
     case EXL_OP_MOE_EXPERTS: exl_cuda_run_moe_experts(be, &n->moe_experts, prompt_piece(p)); break;
+    case EXL_OP_ALL_REDUCE: exl_cuda_run_all_reduce(be, n->all_reduce.x, n->all_reduce.n); break;
+    case EXL_OP_GATHER_COLS: exl_cuda_run_gather_cols(be, &n->gather_cols); break;
     case EXL_OP_MATMUL: /* compiled into EXL_CUDA_RUN_MATMUL launches, always */
         exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: a matmul node left out of the plan's matmuls");
         break;
