@@ -10,6 +10,7 @@
 
 static void cpu_destroy(exl_backend *be) {
     exl_pool_free(exl_cpu(be)->pool);
+    exl_free_aligned(exl_cpu(be)->sample_scratch);
     exl_free(be);
 }
 
@@ -121,6 +122,7 @@ static const exl_backend_ops cpu_ops = {
     .moe_experts = exl_cpu_moe_experts,
     .host_gemm = exl_cpu_host_gemm,
     .mask_logits = exl_cpu_mask_logits,
+    .sample = exl_cpu_sample,
 };
 
 exl_pool *exl_backend_cpu_pool(exl_backend *be) { return be->ops == &cpu_ops ? exl_cpu(be)->pool : NULL; }
