@@ -150,6 +150,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->gemv_counters);
     cudaFree(cb->top_k_buf);
     cudaFree(cb->mask_buf);
+    cudaFree(cb->sample_buf);
     cudaFree(cb->host_gemm_buf);
     free(cb->moe_host);
     exl_cuda_argmax_free(cb);
@@ -344,6 +345,7 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_argmax_wait,
     cu_memory,
     exl_cuda_mask_logits,
+    exl_cuda_sample,
 };
 
 /* ---- creation */
