@@ -210,7 +210,7 @@ EXL_TEST(op_matches_host_on_a_wide_vocabulary) {
     }
     logits[vocab + 5] = logits[vocab + 9] = 40; /* a tie at the top */
     logits[vocab + 11] = 39.5f;
-    compare_rows(logits, rows, vocab, 2, "128k vocabulary");
+    compare_rows(logits, rows, vocab, 1, "128k vocabulary");
     free(logits);
 }
 

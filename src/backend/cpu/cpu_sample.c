@@ -132,9 +132,45 @@ static int32_t typical_filter(sample_cand *c, int32_t n, float typical_p) {
     return select_prefix(c, n, mass_target(typical_p, total), 0) + 1;
 }
 
-/* One row; cand has room for vocab candidates, raw for vocab logits. */
+/* A row's weights: w (-1 for a -inf logit) and W per id, their sum; cand: room for candidates. */
+typedef struct sample_space {
+    const float *x;
+    int32_t vocab;
+    float *w;
+    uint64_t *wi;
+    uint64_t total;
+    sample_cand *cand;
+} sample_space;
+
+/* The candidates whose weight is at least thr into cand, in id order: *mass their W. */
+static int32_t gather(const sample_space *s, float thr, uint64_t *mass) {
+    int32_t m = 0;
+    uint64_t sum = 0;
+    for (int32_t i = 0; i < s->vocab; i++)
+        if (s->w[i] >= thr) {
+            s->cand[m++] = (sample_cand){float_key(s->x[i]), i, s->w[i], s->wi[i]};
+            sum += s->wi[i];
+        }
+    *mass = sum;
+    return m;
+}
+
+/* The heaviest candidates, enough to hold the first `count` in logit order (count > 0) or the first `mass` of W:
+ * every candidate of weight >= thr for thresholds 2^-6, 2^-12, ... down to every finite logit. Any candidate ranks
+ * after every heavier one, so the prefix sought lies among them. */
+static int32_t gather_head(const sample_space *s, int32_t count, uint64_t mass) {
+    uint64_t got;
+    for (float thr = 0x1p-6f; thr > 0x1p-120f; thr *= 0x1p-6f) {
+        int32_t m = gather(s, thr, &got);
+        if (count ? m >= count : got >= mass)
+            return m;
+    }
+    return gather(s, 0, &got);
+}
+
+/* One row; cand, w and wi have room for vocab entries, raw for vocab logits. */
 static exl_sample_result sample_row(const exl_sample_params *p, const exl_logit_edit *edits, float *x, int32_t vocab,
-                                    sample_cand *cand, float *raw) {
+                                    sample_space *s, float *raw) {
     exl_sample_result r = {.id = -1};
     float lse = 0;
     if (p->want_logprob) {
@@ -157,46 +193,66 @@ static exl_sample_result sample_row(const exl_sample_params *p, const exl_logit_
     } else {
         const float inv_t = 1.0f / p->temperature;
         const double scale = ldexp(1.0, exl_sample_shift(vocab));
-        int32_t n = 0;
-        for (int32_t i = 0; i < vocab; i++)
-            if (x[i] > -INFINITY) {
-                float w = expf((x[i] - lmax) * inv_t);
-                cand[n++] = (sample_cand){float_key(x[i]), i, w, (uint64_t)llrint((double)w * scale)};
-            }
+        s->x = x;
+        s->total = 0;
+        for (int32_t i = 0; i < vocab; i++) {
+            float w = x[i] > -INFINITY ? expf((x[i] - lmax) * inv_t) : -1.0f;
+            s->w[i] = w;
+            s->wi[i] = w > 0 ? (uint64_t)llrint((double)w * scale) : 0;
+            s->total += s->wi[i];
+        }
+        sample_cand *cand = s->cand;
+        int32_t n = -1;   /* -1: every finite logit (w, wi in id order); else cand[0..n) */
         int in_order = 0; /* 1: the draw goes by key */
         if (p->top_k > 0 && p->top_k < vocab && n_finite >= p->top_k) {
-            n = select_prefix(cand, n, (uint64_t)p->top_k, 1) + 1;
+            n = select_prefix(cand, gather_head(s, p->top_k, 0), (uint64_t)p->top_k, 1) + 1;
             in_order = 1;
         }
         if (p->top_p < 1.0f) {
-            n = select_prefix(cand, n, mass_target(p->top_p, total_mass(cand, n)), 0) + 1;
+            if (n < 0) {
+                uint64_t need = mass_target(p->top_p, s->total);
+                n = select_prefix(cand, gather_head(s, 0, need), need, 0) + 1;
+            } else {
+                n = select_prefix(cand, n, mass_target(p->top_p, total_mass(cand, n)), 0) + 1;
+            }
             in_order = 1;
         }
         if (p->min_p > 0.0f) {
+            uint64_t unused;
             int32_t m = 0;
-            for (int32_t i = 0; i < n; i++)
+            if (n < 0)
+                m = gather(s, p->min_p, &unused);
+            for (int32_t i = 0; n >= 0 && i < n; i++)
                 if (cand[i].w >= p->min_p)
                     cand[m++] = cand[i];
             n = m;
         }
         if (p->typical_p < 1.0f) {
-            n = typical_filter(cand, n, p->typical_p);
+            uint64_t unused;
+            n = typical_filter(cand, n < 0 ? gather(s, 0, &unused) : n, p->typical_p);
             in_order = 1;
         }
-        r.n_kept = n;
-        if (n == 1) {
-            r.id = cand[0].id;
+        r.n_kept = n < 0 ? n_finite : n;
+        if (r.n_kept == 1) {
+            r.id = n < 0 ? best : cand[0].id;
         } else {
-            uint64_t total = total_mass(cand, n), need = (uint64_t)floor(p->u * (double)total) + 1;
+            uint64_t total = n < 0 ? s->total : total_mass(cand, n);
+            uint64_t need = (uint64_t)floor(p->u * (double)total) + 1;
             need = need > total ? total : need;
             if (in_order) {
                 r.id = cand[select_prefix(cand, n, need, 0)].id;
-            } else { /* id order, as built */
+            } else if (n >= 0) { /* id order, as gathered */
                 uint64_t acc = 0;
                 int32_t i = 0;
                 while (i < n - 1 && (acc += cand[i].wi) < need)
                     i++;
                 r.id = cand[i].id;
+            } else { /* id order over the whole row; need <= total, so some W reaches it */
+                uint64_t acc = 0;
+                int32_t i = 0;
+                while ((acc += s->wi[i]) < need)
+                    i++;
+                r.id = i;
             }
         }
     }
@@ -211,16 +267,20 @@ typedef struct sample_job {
     int32_t rows, vocab;
     const exl_sample_params *params;
     const exl_logit_edit *edits;
-    sample_cand *cand; /* [pool size][vocab] */
-    float *raw;        /* [pool size][vocab] */
+    void *scratch; /* per pool index: vocab candidates, weights, fixed-point weights, raw logits */
 } sample_job;
+
+#define SAMPLE_ROW_BYTES (sizeof(sample_cand) + sizeof(float) + sizeof(uint64_t) + sizeof(float))
 
 static void sample_rows(void *ctx, int index, int count) {
     sample_job *t = ctx;
-    sample_cand *cand = t->cand + (size_t)index * t->vocab;
-    float *raw = t->raw + (size_t)index * t->vocab;
+    size_t v = (size_t)t->vocab;
+    sample_cand *cand = (sample_cand *)((char *)t->scratch + (size_t)index * v * SAMPLE_ROW_BYTES);
+    uint64_t *wi = (uint64_t *)(cand + v);
+    float *w = (float *)(wi + v), *raw = w + v;
+    sample_space s = {.vocab = t->vocab, .w = w, .wi = wi, .cand = cand};
     for (int32_t r = index; r < t->rows; r += count)
-        t->out[r] = sample_row(&t->params[r], t->edits, t->logits + (size_t)r * t->vocab, t->vocab, cand, raw);
+        t->out[r] = sample_row(&t->params[r], t->edits, t->logits + (size_t)r * v, t->vocab, &s, raw);
 }
 
 exl_status exl_cpu_sample(exl_backend *be, exl_sample_result *out, float *logits, int32_t rows, int32_t vocab,
@@ -237,7 +297,7 @@ exl_status exl_cpu_sample(exl_backend *be, exl_sample_result *out, float *logits
                                 vocab);
     }
     int n_pool = exl_pool_size(cb->pool);
-    size_t need = (size_t)n_pool * vocab * (sizeof(sample_cand) + sizeof(float));
+    size_t need = (size_t)n_pool * vocab * SAMPLE_ROW_BYTES;
     if (need > cb->sample_bytes) {
         exl_free_aligned(cb->sample_scratch);
         cb->sample_bytes = 0;
@@ -245,14 +305,7 @@ exl_status exl_cpu_sample(exl_backend *be, exl_sample_result *out, float *logits
             return exl_fail(EXL_ERR_NOMEM, "out of memory for sampling");
         cb->sample_bytes = need;
     }
-    sample_job t = {out,
-                    logits,
-                    rows,
-                    vocab,
-                    params,
-                    edits,
-                    cb->sample_scratch,
-                    (float *)((sample_cand *)cb->sample_scratch + (size_t)n_pool * vocab)};
+    sample_job t = {out, logits, rows, vocab, params, edits, cb->sample_scratch};
     exl_pool_run_work(cb->pool, sample_rows, &t, rows > 1 ? (int64_t)rows * vocab * 64 : 0);
     return EXL_OK;
 }
