@@ -5,7 +5,7 @@ inter-token latency (p50/p99) at several numbers of concurrent streaming clients
 Each client is an asyncio task that sends streaming /v1/completions requests one after
 another over raw HTTP/1.0 (no client library in the measurement) and times the SSE
 chunks: TTFT = request sent -> first chunk with text; ITL = gaps between later text
-chunks. End-of-sequence is banned (logit_bias) so every request makes max_tokens tokens.
+chunks. Requests ask for ignore_eos, so every one makes max_tokens tokens.
 Sampling: temperature 0.8 by default; --top-p / --top-k add those filters, --temperature 0 is greedy.
 
   python3 bench/server_load.py --exl build/exl -m ../shared/models/tinystories-656k
@@ -40,7 +40,7 @@ def pct(xs, p):
 
 
 async def one_request(host, port, key, prompt, max_tokens, sampling):
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True, "logit_bias": {"2": -100},
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
                        **sampling}).encode()
     head = (f"POST /v1/completions HTTP/1.0\r\nHost: {host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n" + (f"Authorization: Bearer {key}\r\n" if key else "") + "\r\n")

@@ -55,13 +55,14 @@ typedef struct exl_sample_result {
     int32_t reserved; /* keeps the struct 16 bytes on every side of the ABI */
 } exl_sample_result;
 
-/* The sample op's weights are fixed point, exp((l - max) / T) * 2^shift rounded, so that sums are exact and
- * equal on every backend: shift leaves room for a whole vocabulary of weights up to 1 in 63 bits. */
+/* The sample op's weights are fixed point, W = (uint64_t)(exp((l - max) / T) * 2^shift + 0.5), so that sums are
+ * exact and equal on every backend: shift leaves room for a whole vocabulary of weights up to 1 in 63 bits, and at
+ * most 52 keeps w * 2^shift + 0.5 exact in a double. */
 static inline int exl_sample_shift(int32_t vocab) {
     int bits = 0;
     while ((1ll << bits) < vocab)
         bits++;
-    return 63 - bits;
+    return 63 - bits < 52 ? 63 - bits : 52;
 }
 
 typedef struct exl_backend_ops {

@@ -4,7 +4,7 @@
  *   1. edits: the biases added in order, each penalized id l -> (l > 0 ? l / rep : l * rep) - freq * count - pres,
  *      the banned ids -> -inf. With want_logprob, the chosen token's log-probability is taken from the unedited row.
  *   2. the argmax (lowest id among equals) over the finite logits; temperature <= 0 picks it.
- *   3. weights w = expf((l - max) / T) as float, and in fixed point W = round(w * 2^exl_sample_shift(vocab)).
+ *   3. weights w = expf((l - max) / T) as float, and in fixed point W = (uint64_t)(w * 2^shift + 0.5) (backend.h).
  *      "Logit order" is larger logit first, lower id first among equals.
  *   4. top-k (0 < k < vocab, at least k finite logits): the first k in logit order.
  *   5. top-p: the shortest prefix in logit order whose W sum reaches ceil(top_p * total).
@@ -198,7 +198,7 @@ static exl_sample_result sample_row(const exl_sample_params *p, const exl_logit_
         for (int32_t i = 0; i < vocab; i++) {
             float w = x[i] > -INFINITY ? expf((x[i] - lmax) * inv_t) : -1.0f;
             s->w[i] = w;
-            s->wi[i] = w > 0 ? (uint64_t)llrint((double)w * scale) : 0;
+            s->wi[i] = w > 0 ? (uint64_t)((double)w * scale + 0.5) : 0;
             s->total += s->wi[i];
         }
         sample_cand *cand = s->cand;

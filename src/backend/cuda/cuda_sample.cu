@@ -37,7 +37,7 @@ __device__ __forceinline__ float sample_weight(const sample_row &r, float l) {
 }
 
 __device__ __forceinline__ uint64_t sample_fixed(const sample_row &r, float w) {
-    return __double2ull_rn((double)w * r.scale);
+    return __double2ull_rz((double)w * r.scale + 0.5); /* as the CPU's: exact, shift <= 52 */
 }
 
 __device__ __forceinline__ uint32_t typical_key(const sample_row &r, float w) {
