@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# serve_overhead.sh - the CPU proxy for the server's overhead (issue 31): the same work, 16 completions of 128 tokens
-# at temperature 0.8 + top-p 0.95 (and greedy), done by `exl run` as one batch and by `exl serve` for 16 concurrent
-# streaming clients (bench/server_load.py), both on one compute thread. Counted in CPU seconds of the exl process
-# (user + system), which unlike wall time does not depend on what else the shared machine runs; `exl run`'s start
-# (its run with -n 1) is taken off. Best of REPEATS (default 3). Prints a Markdown table and the two ratios:
+# serve_overhead.sh - the CPU proxy for the server's overhead (issue 31): the same work, 16 completions of NEW
+# (default 256) tokens at temperature 0.8 + top-p 0.95 (and greedy), done by `exl run` as one batch and by
+# `exl serve` for 16 concurrent streaming clients (bench/server_load.py), both on one compute thread. Counted in CPU
+# seconds of the exl process (user + system), which unlike wall time does not depend on what else the shared
+# machine runs; `exl run`'s start (its run with -n 1) is taken off. Best of REPEATS (default 3). Prints a Markdown
+# table and the ratios:
 #   server rate / exl run rate   (CPU per token of exl run / of the server; wanted >= 0.80)
 #   top-p cost / greedy cost     (exl run's CPU per token; wanted <= 1.15)
 # usage: bench/serve_overhead.sh [MODEL_DIR] [REPEATS]   (default ../shared/models/tinystories-656k, 3)
