@@ -233,7 +233,9 @@ static exl_sample_result sample_row(const exl_sample_params *p, const exl_logit_
             in_order = 1;
         }
         r.n_kept = n < 0 ? n_finite : n;
-        if (r.n_kept == 1) {
+        if (r.n_kept == 0) { /* min-p above 1 keeps nothing */
+            r.id = -1;
+        } else if (r.n_kept == 1) {
             r.id = n < 0 ? best : cand[0].id;
         } else {
             uint64_t total = n < 0 ? s->total : total_mass(cand, n);
@@ -256,7 +258,7 @@ static exl_sample_result sample_row(const exl_sample_params *p, const exl_logit_
             }
         }
     }
-    if (p->want_logprob)
+    if (p->want_logprob && r.id >= 0)
         r.logprob = raw[r.id] - lse;
     return r;
 }
