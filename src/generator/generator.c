@@ -171,6 +171,7 @@ void exl_generator_free(exl_generator *g) {
     exl_kv_cache_free(g->model, g->cache);
     exl_page_pool_free(&g->pool);
     exl_sampler_scratch_free(&g->scratch);
+    exl_gen_dsample_free(g);
     exl_free(g->steps);
     exl_free(g->step_jobs);
     exl_free(g->logits);

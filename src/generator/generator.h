@@ -95,6 +95,15 @@ typedef struct exl_gen_ahead {
     int64_t kept, dropped;        /* queued steps that were the next plan, and that were not */
 } exl_gen_ahead;
 
+/* Sampling on the backend (device_sample.c): the step's rows' settings, edits and results. */
+typedef struct exl_gen_dsample {
+    int checked, enabled;      /* EXL_DEVICE_SAMPLING: 0 off; default on where the backend has a sample op */
+    exl_sample_params *params; /* [max_jobs] */
+    exl_sample_result *out;    /* [max_jobs] */
+    exl_logit_edit *edits;
+    int32_t n_edits, cap_edits;
+} exl_gen_dsample;
+
 struct exl_generator {
     exl_model *model;
     const exl_tokenizer *tok;
@@ -129,6 +138,7 @@ struct exl_generator {
     int32_t n_events, cap_events;
     exl_sampler_scratch scratch;
     exl_gen_ahead ahead;
+    exl_gen_dsample dsample;
     /* constrained decoding (constrained.c), set up when a constrained job first comes */
     exl_token_trie *trie; /* the vocabulary's byte strings */
     uint32_t *masks;      /* [max_jobs + 1, exl_mask_words(vocab)]: the step's logit masks, a spare row */
@@ -169,6 +179,16 @@ void exl_gen_ahead_queue(exl_generator *g);
 void exl_gen_ahead_fed(exl_generator *g);
 /* Wait for a queued step and forget it (before the cache or its pages go). */
 void exl_gen_ahead_drop(exl_generator *g);
+
+/* ---- sampling on the backend (device_sample.c) */
+/* Whether the backend's sample op takes every row of the planned step (one row per job, settings it covers). */
+int exl_gen_dsample_step(exl_generator *g);
+/* Run the planned step, its rows sampled on the backend (masked first where a job is constrained). */
+exl_status exl_gen_dsample_forward(exl_generator *g);
+/* Job j's token from row `row` of the step just run (-1: every token banned); its random stream and
+ * log-probability brought up to date. */
+int32_t exl_gen_dsample_take(exl_generator *g, exl_job *j, int32_t row);
+void exl_gen_dsample_free(exl_generator *g);
 
 /* ---- text (job_text.c) */
 /* Prime the job's detokenizer with the end of its prompt (for spacing). */

@@ -133,8 +133,10 @@ static int32_t step_head_size(const exl_generator *g) {
     return k;
 }
 
-/* The next token from the full logits (modified), or from the head (ids, vals sorted); row: the job's
- * row of logits in the step (its mask's, when constrained). */
+static exl_status accept_token(exl_generator *g, exl_job *j, int32_t row, int32_t id);
+
+/* The next token from the full logits (modified), from the head (ids, vals sorted), or (all NULL) from the
+ * backend's sample op; row: the job's row of logits in the step (its mask's, when constrained). */
 static exl_status sample_job(exl_generator *g, exl_job *j, int32_t row, float *logits, const int32_t *ids,
                              const float *vals) {
     int32_t k = j->n_tokens - j->n_prompt, pos = j->n_tokens;
@@ -153,11 +155,18 @@ static exl_status sample_job(exl_generator *g, exl_job *j, int32_t row, float *l
     j->mu_hist[k] = j->rng.mu;
     int32_t id = logits
                      ? exl_sampler_sample(&j->sampling, &j->rng, logits, g->vocab, j->tokens, j->n_tokens, &g->scratch)
-                     : exl_sampler_sample_head(&j->sampling, &j->rng, ids, vals, &g->scratch);
+                 : ids ? exl_sampler_sample_head(&j->sampling, &j->rng, ids, vals, &g->scratch)
+                       : exl_gen_dsample_take(g, j, row);
+    if (raw && id >= 0)
+        record_logprobs(g, j, raw, id, k);
+    return accept_token(g, j, row, id);
+}
+
+/* Append the sampled token (-1: none could be) and see what follows: the job's end, a banned string. */
+static exl_status accept_token(exl_generator *g, exl_job *j, int32_t row, int32_t id) {
+    int32_t k = j->n_tokens - j->n_prompt;
     if (id < 0 || (j->constraint && !exl_gen_constraint_allows(g, row, id)))
         return exl_gen_finish(g, j, EXL_FINISH_ERROR, "every token is banned at this position");
-    if (raw)
-        record_logprobs(g, j, raw, id, k);
     j->tokens[j->n_tokens++] = id;
     g->stats.tokens_generated++;
     if (exl_gen_is_stop(g, j, id)) {
@@ -264,8 +273,9 @@ static exl_status run_step(exl_generator *g) {
     if (!g->n_step)
         return EXL_OK;
     double t0 = now_seconds();
-    int greedy = ticket >= 0 || exl_gen_greedy_step(g); /* the device picks the tokens */
-    int32_t head = greedy ? 0 : step_head_size(g);      /* > 0: only the head of each row comes back */
+    int greedy = ticket >= 0 || exl_gen_greedy_step(g);          /* the device picks the tokens */
+    int on_backend = !greedy && exl_gen_dsample_step(g);         /* the backend samples them */
+    int32_t head = greedy || on_backend ? 0 : step_head_size(g); /* > 0: only the head of each row comes back */
     exl_status st;
     if (greedy) {
         int32_t rows = 0;
@@ -276,6 +286,8 @@ static exl_status run_step(exl_generator *g) {
             exl_gen_ahead_queue(g);
             st = exl_model_argmax_wait(g->model, ticket, g->ahead.ids, rows);
         }
+    } else if (on_backend) {
+        st = exl_gen_dsample_forward(g);
     } else if (exl_gen_step_constrained(g)) { /* the masks are filled while the device runs */
         st = exl_model_forward_masked(g->model, g->cache, g->steps, g->n_step, exl_gen_fill_masks, g, g->masks, head,
                                       g->head_ids, g->head_vals, g->logits);
@@ -304,9 +316,10 @@ static exl_status run_step(exl_generator *g) {
         if (!g->steps[s].want_logits)
             continue;
         size_t at = (size_t)row * (head ? head : g->vocab);
-        exl_status js = greedy ? sample_job(g, j, row, NULL, g->ahead.ids + row, &no_val)
-                        : head ? sample_job(g, j, row, NULL, g->head_ids + at, g->head_vals + at)
-                               : sample_job(g, j, row, g->logits + at, NULL, NULL);
+        exl_status js = greedy       ? sample_job(g, j, row, NULL, g->ahead.ids + row, &no_val)
+                        : on_backend ? sample_job(g, j, row, NULL, NULL, NULL)
+                        : head       ? sample_job(g, j, row, NULL, g->head_ids + at, g->head_vals + at)
+                                     : sample_job(g, j, row, g->logits + at, NULL, NULL);
         row++;
         if (js != EXL_OK && j->state != EXL_JOB_DONE) /* never leave a job without its next token */
             exl_gen_finish(g, j, EXL_FINISH_ERROR, exl_last_error());

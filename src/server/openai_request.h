@@ -59,7 +59,8 @@ typedef struct exl_oai_request {
     int32_t n_stop;
     int has_seed;
     int stream, include_usage;
-    int logprobs; /* report log-probabilities */
+    int ignore_eos; /* extension (as vLLM's): go on past end-of-sequence, to max_tokens */
+    int logprobs;   /* report log-probabilities */
     int32_t top_logprobs;
     exl_sampling sampling; /* seed set when has_seed; logit_bias points at `bias` */
     exl_logit_bias *bias;
