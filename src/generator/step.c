@@ -133,23 +133,29 @@ static int32_t step_head_size(const exl_generator *g) {
     return k;
 }
 
+void exl_gen_prepare_logits(const exl_generator *g, const exl_job *j, float *logits) {
+    int32_t pos = j->n_tokens;
+    for (int32_t i = 0; i < j->n_bans; i++)
+        if (j->ban_pos[i] == pos)
+            logits[j->ban_id[i]] = -INFINITY;
+    if (pos - j->n_prompt < j->min_new)
+        for (int32_t id = 0; id < g->vocab; id++)
+            if (exl_gen_is_stop(g, j, id))
+                logits[id] = -INFINITY;
+}
+
 /* The next token from the full logits (modified), or from the head (ids, vals sorted); row: the job's
  * row of logits in the step (its mask's, when constrained). */
 static exl_status sample_job(exl_generator *g, exl_job *j, int32_t row, float *logits, const int32_t *ids,
                              const float *vals) {
-    int32_t k = j->n_tokens - j->n_prompt, pos = j->n_tokens;
+    int32_t k = j->n_tokens - j->n_prompt;
     float *raw = NULL;
     if (logits && (j->logprobs || j->top_logprobs)) {
         raw = g->raw;
         memcpy(raw, logits, (size_t)g->vocab * sizeof *raw);
     }
-    for (int32_t i = 0; logits && i < j->n_bans; i++)
-        if (j->ban_pos[i] == pos)
-            logits[j->ban_id[i]] = -INFINITY;
-    if (logits && k < j->min_new)
-        for (int32_t id = 0; id < g->vocab; id++)
-            if (exl_gen_is_stop(g, j, id))
-                logits[id] = -INFINITY;
+    if (logits)
+        exl_gen_prepare_logits(g, j, logits);
     j->mu_hist[k] = j->rng.mu;
     int32_t id = logits
                      ? exl_sampler_sample(&j->sampling, &j->rng, logits, g->vocab, j->tokens, j->n_tokens, &g->scratch)
@@ -158,6 +164,11 @@ static exl_status sample_job(exl_generator *g, exl_job *j, int32_t row, float *l
         return exl_gen_finish(g, j, EXL_FINISH_ERROR, "every token is banned at this position");
     if (raw)
         record_logprobs(g, j, raw, id, k);
+    return exl_gen_take_token(g, j, id);
+}
+
+exl_status exl_gen_take_token(exl_generator *g, exl_job *j, int32_t id) {
+    int32_t k = j->n_tokens - j->n_prompt;
     j->tokens[j->n_tokens++] = id;
     g->stats.tokens_generated++;
     if (exl_gen_is_stop(g, j, id)) {
@@ -204,6 +215,8 @@ static void add_event(exl_generator *g, exl_job *j) {
         .n_cached_tokens = j->n_cached_prompt,
         .n_generated = n_gen,
         .error = j->error,
+        .n_draft_proposed = j->spec.proposed,
+        .n_draft_accepted = j->spec.accepted,
     };
     g->event_jobs[g->n_events++] = j;
     j->n_reported = final;
@@ -260,6 +273,7 @@ static exl_status run_step(exl_generator *g) {
         if (g->running.v[i]->cancel_seen)
             EXL_TRY(exl_gen_finish(g, g->running.v[i], EXL_FINISH_CANCELLED, NULL));
     EXL_TRY(exl_sched_plan(g));
+    EXL_TRY(exl_spec_plan(g)); /* drafting jobs' decode rows carry their drafts */
     int64_t ticket = exl_gen_ahead_take(g); /* >= 0: the planned step was queued in the last one */
     if (!g->n_step)
         return EXL_OK;
@@ -304,10 +318,11 @@ static exl_status run_step(exl_generator *g) {
         if (!g->steps[s].want_logits)
             continue;
         size_t at = (size_t)row * (head ? head : g->vocab);
-        exl_status js = greedy ? sample_job(g, j, row, NULL, g->ahead.ids + row, &no_val)
+        exl_status js = g->steps[s].want_logits == 2 ? exl_spec_verify(g, j, &g->steps[s], g->logits + at)
+                        : greedy                     ? sample_job(g, j, row, NULL, g->ahead.ids + row, &no_val)
                         : head ? sample_job(g, j, row, NULL, g->head_ids + at, g->head_vals + at)
                                : sample_job(g, j, row, g->logits + at, NULL, NULL);
-        row++;
+        row += exl_seq_step_logit_rows(&g->steps[s]);
         if (js != EXL_OK && j->state != EXL_JOB_DONE) /* never leave a job without its next token */
             exl_gen_finish(g, j, EXL_FINISH_ERROR, exl_last_error());
         st = st == EXL_OK ? js : st;
