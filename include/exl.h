@@ -358,6 +358,7 @@ typedef struct exl_gen_event {
     int32_t n_cached_tokens; /* prompt tokens found in the prefix cache at admission */
     int32_t n_generated;     /* tokens generated so far */
     const char *error;       /* the message when finish is EXL_FINISH_ERROR */
+
     int32_t n_draft_proposed; /* speculative decoding: tokens drafted for this job so far */
     int32_t n_draft_accepted; /* and of those, accepted */
 } exl_gen_event;

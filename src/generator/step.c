@@ -273,7 +273,8 @@ static exl_status run_step(exl_generator *g) {
         if (g->running.v[i]->cancel_seen)
             EXL_TRY(exl_gen_finish(g, g->running.v[i], EXL_FINISH_CANCELLED, NULL));
     EXL_TRY(exl_sched_plan(g));
-    EXL_TRY(exl_spec_plan(g)); /* drafting jobs' decode rows carry their drafts */
+    /* drafting jobs' decode rows carry their drafts */
+    EXL_TRY(exl_spec_plan(g));
     int64_t ticket = exl_gen_ahead_take(g); /* >= 0: the planned step was queued in the last one */
     if (!g->n_step)
         return EXL_OK;
@@ -320,8 +321,8 @@ static exl_status run_step(exl_generator *g) {
         size_t at = (size_t)row * (head ? head : g->vocab);
         exl_status js = g->steps[s].want_logits == 2 ? exl_spec_verify(g, j, &g->steps[s], g->logits + at)
                         : greedy                     ? sample_job(g, j, row, NULL, g->ahead.ids + row, &no_val)
-                        : head ? sample_job(g, j, row, NULL, g->head_ids + at, g->head_vals + at)
-                               : sample_job(g, j, row, g->logits + at, NULL, NULL);
+                        : head                       ? sample_job(g, j, row, NULL, g->head_ids + at, g->head_vals + at)
+                                                     : sample_job(g, j, row, g->logits + at, NULL, NULL);
         row += exl_seq_step_logit_rows(&g->steps[s]);
         if (js != EXL_OK && j->state != EXL_JOB_DONE) /* never leave a job without its next token */
             exl_gen_finish(g, j, EXL_FINISH_ERROR, exl_last_error());

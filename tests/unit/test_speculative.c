@@ -47,8 +47,8 @@ static void check_same(const gu_result *a, const gu_result *b, int n, const char
     for (int i = 0; i < n; i++) {
         CHECK_MSG(a[i].n_ids == b[i].n_ids && !memcmp(a[i].ids, b[i].ids, sizeof a[i].ids[0] * (size_t)a[i].n_ids),
                   "%s, job %d: %d tokens plain, %d drafted", what, i, a[i].n_ids, b[i].n_ids);
-        CHECK_MSG(a[i].finish == b[i].finish && a[i].finish != EXL_FINISH_NONE, "%s, job %d: finish %d vs %d", what,
-                  i, a[i].finish, b[i].finish);
+        CHECK_MSG(a[i].finish == b[i].finish && a[i].finish != EXL_FINISH_NONE, "%s, job %d: finish %d vs %d", what, i,
+                  a[i].finish, b[i].finish);
         CHECK_MSG(a[i].text_len == b[i].text_len && !memcmp(a[i].text, b[i].text, a[i].text_len) &&
                       !strcmp(a[i].stop_string, b[i].stop_string) && a[i].stop_token == b[i].stop_token,
                   "%s, job %d: text or stop differ", what, i);
@@ -261,7 +261,8 @@ static double chi_square_limit(int32_t df) {
  * a draft whose distribution differs from the model's (its 4-bit GPTQ version, at a higher temperature). */
 EXL_TEST(speculative_sampling_keeps_the_distribution) {
     exl_tokenizer *tok, *dtok;
-    exl_model *m = gu_load("tinystories-656k", &tok), *d = gu_load("tinystories-656k-gptq-4bit-g32-actorder-asym", &dtok);
+    exl_model *m = gu_load("tinystories-656k", &tok),
+              *d = gu_load("tinystories-656k-gptq-4bit-g32-actorder-asym", &dtok);
     REQUIRE(m && d);
     REQUIRE(m->cfg.vocab_size == d->cfg.vocab_size);
     enum { RUNS = 1600, TOP = 6 };
@@ -394,8 +395,8 @@ EXL_TEST(rollback_leaves_the_cache_of_plain_decoding) {
     double worst = 0;
     for (int t = 0; t < 4; t++) {
         CHECK(a->top[t].id == b->top[t].id && a->top[t].id == c->top[t].id);
-        worst = fmax(worst, fmax(fabs(a->top[t].logprob - b->top[t].logprob),
-                                 fabs(a->top[t].logprob - c->top[t].logprob)));
+        worst = fmax(worst,
+                     fmax(fabs(a->top[t].logprob - b->top[t].logprob), fabs(a->top[t].logprob - c->top[t].logprob)));
     }
     printf("  largest log-probability difference %.3g\n", worst);
     CHECK(worst <= 1e-4);
