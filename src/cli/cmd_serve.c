@@ -116,6 +116,7 @@ int cmd_serve(int argc, char **argv) {
     sp.draft_model_dir = draft.model_dir;
     sp.draft_tokens = draft.tokens;
     sp.ngram = draft.ngram;
+    sp.draft_fixed = draft.fixed;
     sp.max_body = max_body;
     sp.max_response_tokens = max_response_tokens;
     sp.device = model.params.device;

@@ -15,6 +15,8 @@ cli_group cli_draft_group(cli_draft_args *a) {
                  "checks in one\nstep (the output is the same as without it)"},
         {NULL, "--draft-tokens", CLI_INT, &a->tokens, "K", .lo = 1, .hi = EXL_MAX_DRAFT_TOKENS, .default_text = "4",
          .help = "the most tokens proposed per step (fewer while few\nare accepted)"},
+        {NULL, "--draft-fixed", CLI_FLAG, &a->fixed, NULL,
+         .help = "propose K tokens every step, however many are\naccepted (for measurements)"},
         {NULL, "--ngram", CLI_INT, &a->ngram, "N", .lo = 1, .hi = 64, .default_text = "off",
          .help = "propose what followed the latest earlier occurrence\nof the last N tokens (prompt lookup), "
                  "before asking\nthe draft model"},
@@ -22,7 +24,7 @@ cli_group cli_draft_group(cli_draft_args *a) {
     _Static_assert(sizeof options == sizeof a->options, "cli_draft_args.options holds the group");
     for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
         a->options[i] = options[i];
-    return (cli_group){"speculative decoding", a->options, 3};
+    return (cli_group){"speculative decoding", a->options, (int)(sizeof options / sizeof options[0])};
 }
 
 int cli_draft_get(cli_draft_args *a, const char *cmd) {
@@ -44,5 +46,6 @@ exl_status cli_draft_apply(const cli_draft_args *a, const exl_model_params *para
     gp->draft_model = *draft;
     gp->draft_tokens = a->tokens;
     gp->ngram = a->ngram;
+    gp->draft_fixed = a->fixed;
     return EXL_OK;
 }

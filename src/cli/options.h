@@ -98,11 +98,12 @@ int cli_cache_get(cli_cache_args *args, const char *cmd);
  * gp->page_size, or one page of them all when fewer). */
 void cli_cache_apply(const cli_cache_args *args, exl_generator_params *gp);
 
-/* Speculative decoding (draft_args.c): --draft-model DIR, --draft-tokens K, --ngram N. */
+/* Speculative decoding (draft_args.c): --draft-model DIR, --draft-tokens K, --draft-fixed, --ngram N. */
 typedef struct cli_draft_args {
     const char *model_dir;
     int32_t tokens, ngram;
-    cli_option options[3];
+    int fixed;
+    cli_option options[4];
 } cli_draft_args;
 
 cli_group cli_draft_group(cli_draft_args *args);

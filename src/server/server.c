@@ -76,6 +76,7 @@ static exl_status start_engine(exl_server *srv) {
     gp.draft_model = srv->draft_model;
     gp.draft_tokens = p->draft_tokens;
     gp.ngram = p->ngram;
+    gp.draft_fixed = p->draft_fixed;
     int64_t tokens = p->cache_tokens, token_bytes, draft_bytes = 0;
     EXL_TRY(exl_cache_token_bytes(srv->model, gp.cache_k_bits, gp.cache_v_bits, &token_bytes));
     if (srv->draft_model) /* the draft's cache has as many pages, at 16 bits */
