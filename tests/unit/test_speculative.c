@@ -408,3 +408,45 @@ EXL_TEST(rollback_leaves_the_cache_of_plain_decoding) {
     exl_tokenizer_free(tok);
     exl_model_free(m);
 }
+
+/* ---------------------------------------------------------------- the command line */
+
+static int run_cli(const char *cmd, char *out, size_t cap) {
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    return pclose(p);
+}
+
+/* The "tokens" array of exl run --json's line (its text from '[' to ']'). */
+static const char *tokens_of(const char *json, char *out, size_t cap) {
+    const char *a = strstr(json, "\"tokens\":["), *b = a ? strchr(a, ']') : NULL;
+    snprintf(out, cap, "%.*s", a && b ? (int)(b - a) : 0, a ? a : "");
+    return out;
+}
+
+EXL_TEST(run_reports_drafts) {
+    char cmd[4096], plain[16384], spec[16384], stats[16384], a[8192], b[8192];
+    const char *dir = exl_test_shared("models/tinystories-656k");
+    snprintf(cmd, sizeof cmd, "%s run -m %s --device cpu --greedy -n 80 -p 'Once upon a time' --json 2>/dev/null",
+             EXL_CLI_PATH, dir);
+    CHECK(run_cli(cmd, plain, sizeof plain) == 0);
+    snprintf(cmd, sizeof cmd,
+             "%s run -m %s --device cpu --greedy -n 80 -p 'Once upon a time' --json --ngram 3 --draft-model %s "
+             "2>/dev/null",
+             EXL_CLI_PATH, dir, dir);
+    CHECK(run_cli(cmd, spec, sizeof spec) == 0);
+    CHECK_MSG(!strcmp(tokens_of(plain, a, sizeof a), tokens_of(spec, b, sizeof b)) && strlen(a) > 20,
+              "plain %s\ndrafted %s", plain, spec);
+    CHECK_MSG(strstr(spec, "\"draft_proposed\":") && strstr(spec, "\"draft_accepted\":") &&
+                  !strstr(plain, "draft_proposed"),
+              "%s", spec);
+    snprintf(cmd, sizeof cmd, "%s run -m %s --device cpu --greedy -n 40 -p 'Once' --ngram 2 --stats 2>&1 >/dev/null",
+             EXL_CLI_PATH, dir);
+    CHECK(run_cli(cmd, stats, sizeof stats) == 0);
+    CHECK_MSG(strstr(stats, "proposed") && strstr(stats, "acceptance rate"), "%s", stats);
+    snprintf(cmd, sizeof cmd, "%s run -m %s --device cpu -p x --draft-tokens 3 2>&1", EXL_CLI_PATH, dir);
+    CHECK(run_cli(cmd, stats, sizeof stats) != 0 && strstr(stats, "--draft-tokens needs"));
+}
