@@ -167,6 +167,69 @@ static exl_status draft_step(exl_generator *g, exl_job **jobs, int32_t n, int32_
     return EXL_OK;
 }
 
+/* ---------------------------------------------------------------- greedy drafts chained on the device */
+
+/* Whether job j's drafts are each the plain argmax of the draft's logits: greedy without logit bias or penalties,
+ * no bans ahead, stop tokens no longer suppressed. */
+static int plain_argmax(const exl_generator *g, const exl_job *j) {
+    if (exl_sampler_head_size(&j->sampling, g->vocab, 1) != 1 || j->n_tokens - j->n_prompt < j->min_new)
+        return 0;
+    for (int32_t i = 0; i < j->n_bans; i++)
+        if (j->ban_pos[i] >= j->n_tokens)
+            return 0;
+    return 1;
+}
+
+/* Every job drafts its k tokens as argmaxes in one chain of draft steps, each queued on the device before the host
+ * reads the tokens of the one before (exl_model_forward_argmax): when the jobs are greedy, draft as many each, and
+ * their catch-up fits one draft step. *done 0: not the case, nothing was run. */
+static exl_status draft_chain(exl_generator *g, exl_job **jobs, int32_t n, int *done) {
+    exl_spec *sp = g->spec;
+    int32_t k = jobs[0]->spec.n_draft, rows = 0, ps = g->pool.page_size;
+    *done = 0;
+    if (n > EXL_ARGMAX_ROWS || sp->draft_vocab > g->vocab)
+        return EXL_OK;
+    for (int32_t i = 0; i < n; i++) {
+        if (jobs[i]->spec.n_draft != k || !plain_argmax(g, jobs[i]))
+            return EXL_OK;
+        rows += jobs[i]->n_tokens - sp->d_pos[i];
+    }
+    if (rows > exl_model_max_rows(sp->draft))
+        return EXL_OK;
+    *done = 1;
+    int32_t ids[EXL_ARGMAX_ROWS];
+    int64_t ticket = -1, next = -1;
+    for (int32_t r = 0; r <= k; r++) {
+        if (r < k) { /* queue round r: the catch-up and last token, then each job's newest draft from the device */
+            for (int32_t i = 0; i < n; i++) {
+                exl_job *j = jobs[i];
+                sp->d_steps[i] = r == 0 ? (exl_seq_step){j->tokens + sp->d_pos[i],
+                                                         j->n_tokens - sp->d_pos[i],
+                                                         sp->d_pos[i],
+                                                         j->pages,
+                                                         j->n_pages,
+                                                         1}
+                                        : (exl_seq_step){NULL, 1, j->n_tokens + r - 1, j->pages, j->n_pages, 1};
+            }
+            EXL_TRY(exl_model_forward_argmax(sp->draft, sp->cache, sp->d_steps, n, &next));
+        }
+        if (r > 0) { /* round r - 1's tokens: draft r - 1 of each job */
+            EXL_TRY(exl_model_argmax_wait(sp->draft, ticket, ids, n));
+            for (int32_t i = 0; i < n; i++) {
+                exl_job *j = jobs[i];
+                if (ids[i] < 0 && j->spec.n_draft > r - 1) /* nothing to propose: the drafts so far stand */
+                    j->spec.n_draft = r - 1;
+                if (r - 1 < j->spec.n_draft)
+                    j->tokens[j->n_tokens + r - 1] = ids[i];
+            }
+        }
+        ticket = next;
+    }
+    for (int32_t i = 0; i < n; i++) /* fed: the sequence, then every draft but the last */
+        draft_note(sp, jobs[i], ps, sp->d_pos[i], jobs[i]->n_tokens + jobs[i]->spec.n_draft - 1);
+    return EXL_OK;
+}
+
 exl_status exl_draft_model_propose(exl_generator *g, exl_job **jobs, int32_t n) {
     exl_spec *sp = g->spec;
     EXL_TRY(assign_q_rows(g, jobs, n));
@@ -174,7 +237,9 @@ exl_status exl_draft_model_propose(exl_generator *g, exl_job **jobs, int32_t n) 
         sp->d_pos[i] = draft_cached(sp, jobs[i], g->pool.page_size, jobs[i]->n_tokens - 1);
         sp->d_rows[i] = 0;
     }
-    for (int32_t steps = 1; steps > 0;)
+    int done;
+    EXL_TRY(draft_chain(g, jobs, n, &done));
+    for (int32_t steps = !done; steps > 0;)
         EXL_TRY(draft_step(g, jobs, n, &steps));
     return EXL_OK;
 }
