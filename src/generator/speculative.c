@@ -111,10 +111,17 @@ static exl_status reserve(exl_generator *g, int32_t jobs, int32_t logit_rows) {
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     sp->cap_jobs = cap;
     if (logit_rows > g->cap_logit_rows) {
-        float *l = exl_realloc(g->logits, (size_t)logit_rows * g->vocab * sizeof *l);
-        if (!l)
+        size_t rows = (size_t)logit_rows, head = (size_t)(g->head_max ? g->head_max : 1);
+        float *l = exl_realloc(g->logits, rows * g->vocab * sizeof *l);
+        if (l)
+            g->logits = l;
+        int32_t *hi = l ? exl_realloc(g->head_ids, rows * head * sizeof *hi) : NULL;
+        if (hi)
+            g->head_ids = hi;
+        float *hv = hi ? exl_realloc(g->head_vals, rows * head * sizeof *hv) : NULL;
+        if (!hv)
             return exl_fail(EXL_ERR_NOMEM, "out of memory");
-        g->logits = l;
+        g->head_vals = hv;
         g->cap_logit_rows = logit_rows;
     }
     return EXL_OK;
@@ -223,7 +230,8 @@ static exl_status roll_back(exl_generator *g, exl_job *j, int32_t first_changed,
     return EXL_OK;
 }
 
-exl_status exl_spec_verify(exl_generator *g, exl_job *j, const exl_seq_step *st, float *logits) {
+exl_status exl_spec_verify(exl_generator *g, exl_job *j, const exl_seq_step *st, float *logits, int32_t head,
+                           const int32_t *ids, const float *vals) {
     exl_spec *sp = g->spec;
     int32_t T = j->n_tokens, k = st->n_new - 1, ps = g->pool.page_size;
     int32_t new_page = (T + ps - 1) / ps; /* pages taken for the drafts start here */
@@ -232,12 +240,18 @@ exl_status exl_spec_verify(exl_generator *g, exl_job *j, const exl_seq_step *st,
     const float *q = j->spec.q_row >= 0 ? sp->q + (size_t)j->spec.q_row * g->vocab : NULL;
     exl_status st_ = EXL_OK;
     for (int32_t i = 0; i <= k; i++) {
-        float *row = logits + (size_t)i * g->vocab;
-        exl_gen_prepare_logits(g, j, row);
         j->mu_hist[j->n_tokens - j->n_prompt] = j->rng.mu;
-        int32_t id = i < k && q ? sample_against(g, j, row, q + (size_t)i * g->vocab, drafts[i])
-                                : exl_sampler_sample(&j->sampling, &j->rng, row, g->vocab, j->tokens, j->n_tokens,
-                                                     &g->scratch);
+        int32_t id;
+        if (!logits) { /* the head suffices for these settings (as in plain decoding) */
+            id = exl_sampler_sample_head(&j->sampling, &j->rng, ids + (size_t)i * head, vals + (size_t)i * head,
+                                         &g->scratch);
+        } else {
+            float *row = logits + (size_t)i * g->vocab;
+            exl_gen_prepare_logits(g, j, row);
+            id = i < k && q
+                     ? sample_against(g, j, row, q + (size_t)i * g->vocab, drafts[i])
+                     : exl_sampler_sample(&j->sampling, &j->rng, row, g->vocab, j->tokens, j->n_tokens, &g->scratch);
+        }
         if (id < 0) {
             st_ = exl_gen_finish(g, j, EXL_FINISH_ERROR, "every token is banned at this position");
             break;

@@ -65,9 +65,11 @@ void exl_spec_job_init(const exl_generator *g, struct exl_job *j, const exl_job_
 /* After planning: each drafting job that decodes proposes up to its k tokens within the step's token budget and
  * the pages free now; its step then feeds them too, with logits for every row. */
 exl_status exl_spec_plan(exl_generator *g);
-/* After the forward: take the job's tokens from its step's rows of logits (logits [1 + drafts, vocab], modified),
- * accepting drafts while the model agrees, then roll back the rest and adapt k. */
-exl_status exl_spec_verify(exl_generator *g, struct exl_job *j, const exl_seq_step *st, float *logits);
+/* After the forward: take the job's tokens from its step's rows of logits (logits [1 + drafts, vocab], modified), or
+ * when logits is NULL from the head of each row (ids, vals [1 + drafts, head]), accepting drafts while the model
+ * agrees; then roll back the rest and adapt k. */
+exl_status exl_spec_verify(exl_generator *g, struct exl_job *j, const exl_seq_step *st, float *logits, int32_t head,
+                           const int32_t *ids, const float *vals);
 
 /* ---- draft_ngram.c */
 /* The k tokens that followed the latest earlier occurrence of the last n (ngram down to 1) of tokens[0..n_tokens)

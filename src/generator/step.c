@@ -125,7 +125,8 @@ static int32_t step_head_size(const exl_generator *g) {
     for (int32_t s = 0; s < g->n_step; s++) {
         if (!g->steps[s].want_logits)
             continue;
-        int32_t kj = g->steps[s].want_logits == 1 ? head_size(g, g->step_jobs[s]) : 0;
+        int32_t kj = g->steps[s].want_logits == 1 || g->step_jobs[s]->spec.q_row < 0 ? head_size(g, g->step_jobs[s])
+                                                                                     : 0; /* q: the full p */
         if (!kj)
             return 0;
         k = kj > k ? kj : k;
@@ -319,7 +320,8 @@ static exl_status run_step(exl_generator *g) {
         if (!g->steps[s].want_logits)
             continue;
         size_t at = (size_t)row * (head ? head : g->vocab);
-        exl_status js = g->steps[s].want_logits == 2 ? exl_spec_verify(g, j, &g->steps[s], g->logits + at)
+        exl_status js = g->steps[s].want_logits == 2 ? exl_spec_verify(g, j, &g->steps[s], head ? NULL : g->logits + at,
+                                                                       head, g->head_ids + at, g->head_vals + at)
                         : greedy                     ? sample_job(g, j, row, NULL, g->ahead.ids + row, &no_val)
                         : head                       ? sample_job(g, j, row, NULL, g->head_ids + at, g->head_vals + at)
                                                      : sample_job(g, j, row, g->logits + at, NULL, NULL);
