@@ -210,6 +210,14 @@ EXL_TEST(ngram_identity_rand_llama) {
     printf("  acceptance %.3f (%lld of %lld)\n", acceptance(&st), (long long)st.draft_accepted,
            (long long)st.draft_proposed);
     CHECK(st.draft_proposed > 0);
+    /* with greedy decode ahead (the default on CUDA): a step without drafts must not chain plain steps after it */
+    setenv("EXL_DECODE_AHEAD", "1", 1);
+    exl_generator_stats ahead;
+    run_jobs(m, tok, &cfg, p, N_RAND, spec, &ahead);
+    unsetenv("EXL_DECODE_AHEAD");
+    check_same(plain, spec, N_RAND, "n-gram, decode ahead on");
+    CHECK_MSG(ahead.draft_proposed == st.draft_proposed, "%lld drafts with decode ahead on, %lld without",
+              (long long)ahead.draft_proposed, (long long)st.draft_proposed);
     free(plain);
     free(spec);
     exl_tokenizer_free(tok);
