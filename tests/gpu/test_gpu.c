@@ -1784,9 +1784,16 @@ static void spec_case(const char *name, exl_model *m, exl_tokenizer *tok, exl_mo
     double acc = 0;
     int n = spec_generate(m, tok, draft, ngram, sp, got, &acc);
     int differ = 0;
-    for (int i = 0; i < SPEC_JOBS * SPEC_NEW; i++)
-        differ += got[i] != plain[i];
-    printf("     (%s: acceptance %.3f, %d of %d tokens differ)\n", name, acc, differ, SPEC_JOBS * SPEC_NEW);
+    char first[256] = "";
+    for (int j = 0, len = 0; j < SPEC_JOBS; j++) /* where each job's tokens part from plain decoding's */
+        for (int i = 0; i < SPEC_NEW; i++)
+            if (got[j * SPEC_NEW + i] != plain[j * SPEC_NEW + i]) {
+                differ += SPEC_NEW - i;
+                len += snprintf(first + len, sizeof first - (size_t)len, " job %d from token %d,", j, i);
+                break;
+            }
+    printf("     (%s: acceptance %.3f, %d of %d tokens differ:%s)\n", name, acc, differ, SPEC_JOBS * SPEC_NEW,
+           differ ? first : " none");
     report(name, n == SPEC_JOBS * SPEC_NEW && acc >= min_acceptance ? differ : 1.0 + differ, 0);
 }
 
