@@ -13,7 +13,7 @@
 
 typedef struct spec_cfg {
     exl_model *draft;
-    int32_t k, ngram, fixed, max_batch;
+    int32_t k, ngram, fixed, max_batch, n_pages;
 } spec_cfg;
 
 /* Run the jobs on a generator of 16-token pages with the drafting in cfg (NULL: plain decoding). */
@@ -29,6 +29,8 @@ static void run_jobs(exl_model *m, exl_tokenizer *tok, const spec_cfg *cfg, cons
         p.draft_fixed = cfg->fixed;
         if (cfg->max_batch)
             p.max_batch_tokens = p.max_jobs = cfg->max_batch;
+        if (cfg->n_pages)
+            p.n_pages = cfg->n_pages;
     }
     exl_generator *g = NULL;
     memset(res, 0, (size_t)n * sizeof *res);
@@ -92,7 +94,7 @@ EXL_TEST(greedy_identity_quantized_draft) {
     rand_jobs(m->cfg.vocab_size, p);
     gu_result *plain = calloc(N_RAND, sizeof *plain), *spec = calloc(N_RAND, sizeof *spec);
     run_jobs(m, tok, NULL, p, N_RAND, plain, NULL);
-    const spec_cfg cfgs[] = {{d, 4, 0, 0, 0}, {d, 8, 0, 1, 0}, {d, 3, 0, 1, 24}, {d, 5, 2, 0, 0}};
+    const spec_cfg cfgs[] = {{d, 4, 0, 0, 0, 0}, {d, 8, 0, 1, 0, 0}, {d, 3, 0, 1, 24, 0}, {d, 5, 2, 0, 0, 0}};
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
         exl_generator_stats st;
         run_jobs(m, tok, &cfgs[c], p, N_RAND, spec, &st);
@@ -122,7 +124,7 @@ EXL_TEST(model_drafting_for_itself_accepts_nearly_all) {
     gu_result *plain = calloc(N_RAND, sizeof *plain), *spec = calloc(N_RAND, sizeof *spec);
     run_jobs(m, tok, NULL, p, N_RAND, plain, NULL);
     exl_generator_stats st;
-    const spec_cfg cfg = {d, 4, 0, 1, 0};
+    const spec_cfg cfg = {d, 4, 0, 1, 0, 0};
     run_jobs(m, tok, &cfg, p, N_RAND, spec, &st);
     check_same(plain, spec, N_RAND, "self-draft");
     printf("  acceptance %.4f (%lld of %lld)\n", acceptance(&st), (long long)st.draft_accepted,
@@ -130,7 +132,7 @@ EXL_TEST(model_drafting_for_itself_accepts_nearly_all) {
     CHECK_MSG(st.draft_proposed > 100 && acceptance(&st) >= 0.95, "acceptance %.3f of %lld", acceptance(&st),
               (long long)st.draft_proposed);
     /* the same model object drafting for itself (its own draft cache) */
-    const spec_cfg same = {m, 4, 0, 1, 0};
+    const spec_cfg same = {m, 4, 0, 1, 0, 0};
     run_jobs(m, tok, &same, p, N_RAND, spec, &st);
     check_same(plain, spec, N_RAND, "same object");
     CHECK(acceptance(&st) >= 0.95);
@@ -176,7 +178,7 @@ EXL_TEST(ngram_identity_tinystories) {
     p[6].sampling.seed = 3;
     gu_result *plain = calloc(N, sizeof *plain), *spec = calloc(N, sizeof *spec);
     run_jobs(m, tok, NULL, p, N, plain, NULL);
-    const spec_cfg cfgs[] = {{NULL, 4, 3, 0, 0}, {NULL, 8, 2, 1, 0}, {NULL, 6, 4, 0, 40}};
+    const spec_cfg cfgs[] = {{NULL, 4, 3, 0, 0, 0}, {NULL, 8, 2, 1, 0, 0}, {NULL, 6, 4, 0, 40, 0}};
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
         exl_generator_stats st;
         run_jobs(m, tok, &cfgs[c], p, N, spec, &st);
@@ -195,6 +197,65 @@ EXL_TEST(ngram_identity_tinystories) {
     exl_model_free(m);
 }
 
+/* A draft model on greedy jobs with stop and banned strings, min_new_tokens, a shared prompt (prefix cache hits) and a
+ * cache so small that jobs are preempted and recomputed: what plain decoding gives with the same cache. */
+EXL_TEST(draft_model_with_stops_bans_prefixes_and_preemption) {
+    exl_tokenizer *tok, *dtok;
+    exl_model *m = gu_load("tinystories-656k", &tok),
+              *d = gu_load("tinystories-656k-gptq-4bit-g32-actorder-asym", &dtok);
+    REQUIRE(m && d);
+    static const char *const stops[] = {"happy"}, *const bans[] = {" the park", " Lily"};
+    enum { N = 8 };
+    static const char shared[] =
+        "Once upon a time, there was a little girl named Lily. She had a big red ball. One day";
+    const char *texts[N] = {shared,
+                            shared,
+                            shared,
+                            "Tom had a red ball. Tom",
+                            "The sun was",
+                            "One day, a cat",
+                            "Ben and Mia went to",
+                            "There was a big dog"};
+    exl_job_params p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = exl_job_default_params();
+        p[i].text = texts[i];
+        p[i].max_new_tokens = 90 + 7 * i;
+        p[i].sampling.temperature = 0;
+    }
+    p[1].stop_strings = stops;
+    p[1].n_stop_strings = 1;
+    p[2].banned_strings = bans;
+    p[2].n_banned_strings = 2;
+    p[3].min_new_tokens = 40;
+    p[4].ignore_eos = 1;
+    p[5].no_draft = 1;
+    gu_result *plain = calloc(N, sizeof *plain), *spec = calloc(N, sizeof *spec);
+    const spec_cfg small = {NULL, 0, 0, 0, 0, 24}; /* 24 pages of 16 tokens for 8 jobs of about 130 */
+    exl_generator_stats pst, st;
+    run_jobs(m, tok, &small, p, N, plain, &pst);
+    const spec_cfg cfgs[] = {{d, 4, 0, 0, 0, 24}, {d, 6, 3, 1, 0, 24}, {d, 3, 0, 0, 0, 0}};
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+        run_jobs(m, tok, &cfgs[c], p, N, spec, &st);
+        char what[64];
+        snprintf(what, sizeof what, "draft model config %zu", c);
+        check_same(plain, spec, N, what);
+        printf(
+            "  config %zu: acceptance %.3f (%lld of %lld), %lld preemptions (plain: %lld), %lld rewinds, %lld prefix "
+            "tokens\n",
+            c, acceptance(&st), (long long)st.draft_accepted, (long long)st.draft_proposed, (long long)st.preemptions,
+            (long long)pst.preemptions, (long long)st.rewinds, (long long)st.prefix_hit_tokens);
+        CHECK(st.draft_accepted > 0 && (c == 2 || st.preemptions > 0));
+    }
+    CHECK(pst.preemptions > 0 && pst.rewinds > 0);
+    free(plain);
+    free(spec);
+    exl_tokenizer_free(dtok);
+    exl_model_free(d);
+    exl_tokenizer_free(tok);
+    exl_model_free(m);
+}
+
 EXL_TEST(ngram_identity_rand_llama) {
     exl_tokenizer *tok;
     exl_model *m = gu_load("rand-llama", &tok);
@@ -204,7 +265,7 @@ EXL_TEST(ngram_identity_rand_llama) {
     gu_result *plain = calloc(N_RAND, sizeof *plain), *spec = calloc(N_RAND, sizeof *spec);
     run_jobs(m, tok, NULL, p, N_RAND, plain, NULL);
     exl_generator_stats st;
-    const spec_cfg cfg = {NULL, 5, 3, 0, 0};
+    const spec_cfg cfg = {NULL, 5, 3, 0, 0, 0};
     run_jobs(m, tok, &cfg, p, N_RAND, spec, &st);
     check_same(plain, spec, N_RAND, "n-gram");
     printf("  acceptance %.3f (%lld of %lld)\n", acceptance(&st), (long long)st.draft_accepted,
@@ -295,7 +356,7 @@ EXL_TEST(speculative_sampling_keeps_the_distribution) {
     for (int i = 0; i < RUNS; i++)
         p[i].sampling.seed = (uint64_t)i + 1 + RUNS; /* independent draws */
     exl_generator_stats st;
-    const spec_cfg cfg = {d, 2, 0, 1, 0};
+    const spec_cfg cfg = {d, 2, 0, 1, 0, 0};
     run_jobs(m, tok, &cfg, p, RUNS, spec, &st);
     gu_result *draft = calloc(RUNS, sizeof *draft); /* the test's power: the draft's own distribution differs */
     run_jobs(d, dtok, NULL, p, RUNS, draft, NULL);
@@ -394,7 +455,7 @@ EXL_TEST(rollback_leaves_the_cache_of_plain_decoding) {
     gu_result *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *c = calloc(1, sizeof *c);
     int32_t ca, cb, cc;
     probe_after(m, tok, NULL, prompt, 37, 90, a, &ca);
-    const spec_cfg model = {d, 8, 0, 1, 0}, ngram = {NULL, 6, 1, 1, 0}; /* long drafts: rejections */
+    const spec_cfg model = {d, 8, 0, 1, 0, 0}, ngram = {NULL, 6, 1, 1, 0, 0}; /* long drafts: rejections */
     probe_after(m, tok, &model, prompt, 37, 90, b, &cb);
     probe_after(m, tok, &ngram, prompt, 37, 90, c, &cc);
     /* the probe computed its last token alone: everything before came from the cache decoding wrote */
