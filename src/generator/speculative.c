@@ -87,7 +87,7 @@ static int grow_buf(void **buf, int32_t *cap, int32_t need, size_t elem) {
 }
 
 /* Pages for positions [0, end) of job j, taken while any is free or cached (never preempting): the
- * positions covered. Their parent hash is set once the tokens are final (fix_parents). */
+ * positions covered. Their parent hash is set once the tokens are final (set_parents). */
 static int32_t take_pages(exl_generator *g, exl_job *j, int32_t end) {
     int32_t ps = g->pool.page_size;
     while (j->n_pages * ps < end) {
