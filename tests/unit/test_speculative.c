@@ -3,6 +3,7 @@
  * and n-gram drafts, stop/banned strings and lengths as without drafting, jobs with and without drafting in one
  * step; speculative sampling against plain sampling (chi-square); the cache after rollbacks against plain
  * decoding's (logits compared). */
+#include "base/alloc.h"
 #include "gen_util.h"
 #include "generator/generator.h"
 #include "test.h"
@@ -472,6 +473,59 @@ EXL_TEST(rollback_leaves_the_cache_of_plain_decoding) {
     free(a);
     free(b);
     free(c);
+    exl_tokenizer_free(dtok);
+    exl_model_free(d);
+    exl_tokenizer_free(tok);
+    exl_model_free(m);
+}
+
+/* ---------------------------------------------------------------- allocation failures */
+
+/* Every allocation of a drafting generator's life failing in turn: an EXL_ERR_NOMEM, never a crash or a leak, and
+ * the jobs end. */
+EXL_TEST(allocation_failures) {
+    exl_tokenizer *tok, *dtok;
+    exl_model *m = gu_load("tinystories-656k", &tok),
+              *d = gu_load("tinystories-656k-gptq-4bit-g32-actorder-asym", &dtok);
+    REQUIRE(m && d);
+    exl_job_params p[2] = {exl_job_default_params(), exl_job_default_params()};
+    p[0].text = "Tom had a red ball. Tom had a red ball. Tom";
+    p[0].max_new_tokens = 20;
+    p[0].sampling.temperature = 0;
+    p[1].text = "Once upon a time";
+    p[1].max_new_tokens = 12;
+    p[1].sampling.top_k = 20;
+    int completed = 0, in_steps = 0; /* failures that landed in a step (after init and submit) */
+    for (long n = 0; n < 450; n++) {
+        exl_generator_params gp = exl_generator_default_params();
+        gp.n_pages = 8;
+        gp.page_size = 8;
+        gp.draft_model = d;
+        gp.draft_tokens = 4;
+        gp.ngram = 2;
+        exl_generator *g = NULL;
+        exl_alloc_fail_after(n);
+        exl_status st = exl_generator_init(m, tok, &gp, &g);
+        uint64_t id;
+        for (int i = 0; i < 2 && st == EXL_OK; i++)
+            st = exl_generator_submit(g, &p[i], &id);
+        int done = 0;
+        for (int s = 0; st != EXL_ERR_ARG && g && s < 200 && exl_generator_pending(g) > 0; s++) {
+            const exl_gen_event *ev;
+            int32_t k;
+            st = exl_generator_step(g, &ev, &k);
+            CHECK_MSG(st == EXL_OK || st == EXL_ERR_NOMEM, "failing allocation %ld: %s", n, exl_last_error());
+            in_steps += st == EXL_ERR_NOMEM;
+            for (int32_t e = 0; e < k; e++)
+                done += ev[e].finish != EXL_FINISH_NONE;
+        }
+        exl_alloc_fail_after(-1);
+        CHECK_MSG(!g || exl_generator_pending(g) == 0, "failing allocation %ld: a job never ended", n);
+        completed += done;
+        exl_generator_free(g);
+    }
+    printf("  %d jobs completed, %d steps failed\n", completed, in_steps);
+    CHECK(completed > 100 && in_steps > 10);
     exl_tokenizer_free(dtok);
     exl_model_free(d);
     exl_tokenizer_free(tok);
