@@ -51,6 +51,7 @@ EXL_CUDA_GRAPHS=0 timeout 120 "$bin/gpu_bench" exl2 >"$out/bench_nographs.log" 2
 echo "==== test_gpu (rc $test_rc): failures and skips"
 grep -E "^(FAIL|SKIP)" "$out/test_gpu.log" | head -40
 grep -E "^ok .*(logits|decode token)" "$out/test_gpu.log"
+grep -E "speculative" "$out/test_gpu.log"
 tail -1 "$out/test_gpu.log"
 echo "==== test_gpu with EXL_CUDA_DEQUANT_ROWS=1 (rc $dequant_rc)"
 grep -E "^(FAIL|SKIP)" "$out/test_gpu_dequant.log" | head -40
