@@ -122,6 +122,17 @@ static exl_status assign_q_rows(exl_generator *g, exl_job **jobs, int32_t n) {
     return EXL_OK;
 }
 
+/* Whether job j's drafts are each the plain argmax of the draft's logits: greedy without logit bias or penalties,
+ * no bans ahead, stop tokens no longer suppressed. */
+static int plain_argmax(const exl_generator *g, const exl_job *j) {
+    if (exl_sampler_head_size(&j->sampling, g->vocab, 1) != 1 || j->n_tokens - j->n_prompt < j->min_new)
+        return 0;
+    for (int32_t i = 0; i < j->n_bans; i++)
+        if (j->ban_pos[i] >= j->n_tokens)
+            return 0;
+    return 1;
+}
+
 /* One batched draft step: each job not done yet feeds its next tokens up to its newest draft (as many as the
  * draft's step takes), and those that reach it draft one more. Returns how many jobs took part (0: done). */
 static exl_status draft_step(exl_generator *g, exl_job **jobs, int32_t n, int32_t *n_steps) {
@@ -142,14 +153,21 @@ static exl_status draft_step(exl_generator *g, exl_job **jobs, int32_t n, int32_
     *n_steps = ns;
     if (!ns)
         return EXL_OK;
-    if (logit_rows > sp->cap_d_rows) {
+    /* greedy rows need only the draft's argmax: from the device's top-k where it has one */
+    int head = sp->draft_vocab <= g->vocab && exl_model_top_k_max(sp->draft) >= 1;
+    for (int32_t s = 0; s < ns && head; s++)
+        head = !sp->d_steps[s].want_logits || plain_argmax(g, jobs[sp->d_idx[s]]);
+    if (head) {
+        EXL_TRY(exl_model_forward_top_k(sp->draft, sp->cache, sp->d_steps, ns, 1, sp->d_head_ids, sp->d_head_vals));
+    } else if (logit_rows > sp->cap_d_rows) {
         float *l = exl_realloc(sp->d_logits, (size_t)logit_rows * sp->draft_vocab * sizeof *l);
         if (!l)
             return exl_fail(EXL_ERR_NOMEM, "out of memory");
         sp->d_logits = l;
         sp->cap_d_rows = logit_rows;
     }
-    EXL_TRY(exl_model_forward(sp->draft, sp->cache, sp->d_steps, ns, sp->d_logits));
+    if (!head)
+        EXL_TRY(exl_model_forward(sp->draft, sp->cache, sp->d_steps, ns, sp->d_logits));
     int32_t row = 0;
     for (int32_t s = 0; s < ns; s++) {
         int32_t i = sp->d_idx[s];
@@ -158,7 +176,8 @@ static exl_status draft_step(exl_generator *g, exl_job **jobs, int32_t n, int32_
         sp->d_pos[i] += sp->d_steps[s].n_new;
         if (!sp->d_steps[s].want_logits)
             continue;
-        int32_t id = pick(g, j, sp->d_rows[i], sp->d_logits + (size_t)row++ * sp->draft_vocab);
+        int32_t id = head ? sp->d_head_ids[row++]
+                          : pick(g, j, sp->d_rows[i], sp->d_logits + (size_t)row++ * sp->draft_vocab);
         if (id < 0) /* nothing to propose: the drafts so far stand */
             j->spec.n_draft = sp->d_rows[i];
         else
@@ -168,17 +187,6 @@ static exl_status draft_step(exl_generator *g, exl_job **jobs, int32_t n, int32_
 }
 
 /* ---------------------------------------------------------------- greedy drafts chained on the device */
-
-/* Whether job j's drafts are each the plain argmax of the draft's logits: greedy without logit bias or penalties,
- * no bans ahead, stop tokens no longer suppressed. */
-static int plain_argmax(const exl_generator *g, const exl_job *j) {
-    if (exl_sampler_head_size(&j->sampling, g->vocab, 1) != 1 || j->n_tokens - j->n_prompt < j->min_new)
-        return 0;
-    for (int32_t i = 0; i < j->n_bans; i++)
-        if (j->ban_pos[i] >= j->n_tokens)
-            return 0;
-    return 1;
-}
 
 /* Every job drafts its k tokens as argmaxes in one chain of draft steps, each queued on the device before the host
  * reads the tokens of the one before (exl_model_forward_argmax): when the jobs are greedy, draft as many each, and

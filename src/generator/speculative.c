@@ -54,6 +54,8 @@ void exl_spec_free(exl_generator *g) {
     exl_free(sp->d_pos);
     exl_free(sp->d_rows);
     exl_free(sp->d_idx);
+    exl_free(sp->d_head_ids);
+    exl_free(sp->d_head_vals);
     exl_free(sp->oracle);
     exl_free(sp);
     g->spec = NULL;
@@ -107,7 +109,9 @@ static exl_status reserve(exl_generator *g, int32_t jobs, int32_t logit_rows) {
         (cap = sp->cap_jobs, grow_buf((void **)&sp->d_steps, &cap, jobs, sizeof *sp->d_steps)) ||
         (cap = sp->cap_jobs, grow_buf((void **)&sp->d_pos, &cap, jobs, sizeof *sp->d_pos)) ||
         (cap = sp->cap_jobs, grow_buf((void **)&sp->d_rows, &cap, jobs, sizeof *sp->d_rows)) ||
-        (cap = sp->cap_jobs, grow_buf((void **)&sp->d_idx, &cap, jobs, sizeof *sp->d_idx)))
+        (cap = sp->cap_jobs, grow_buf((void **)&sp->d_idx, &cap, jobs, sizeof *sp->d_idx)) ||
+        (cap = sp->cap_jobs, grow_buf((void **)&sp->d_head_ids, &cap, jobs, sizeof *sp->d_head_ids)) ||
+        (cap = sp->cap_jobs, grow_buf((void **)&sp->d_head_vals, &cap, jobs, sizeof *sp->d_head_vals)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     sp->cap_jobs = cap;
     if (logit_rows > g->cap_logit_rows) {

@@ -49,6 +49,8 @@ typedef struct exl_spec {
     struct exl_job **jobs;
     exl_seq_step *d_steps;
     int32_t *d_pos, *d_rows, *d_idx;
+    int32_t *d_head_ids; /* a draft step's argmaxes (its top-1) */
+    float *d_head_vals;
     int32_t cap_jobs;
     /* test-only (draft_oracle.c): proposals replaced to agree with a known output at a set rate */
     double oracle_alpha;
