@@ -1,8 +1,7 @@
 /* spec_bench.c - speculative decoding's speed against plain decoding, one greedy job decoding alone, every variant
  * in one process (each model loaded once).
  * usage: spec_bench MODEL DRAFT [NEW_TOKENS] [cpu|cuda]
- * Rows (a Markdown table on stdout): plain decoding; the model drafting for itself (the same weights, a cache of
- * its own) at K = 1..8; DRAFT, whose proposals the test-only hook EXL_SPEC_TEST_ORACLE / EXL_SPEC_TEST_ALPHA
+ * Rows (a Markdown table on stdout): plain decoding; the model drafting for itself (a second copy) at K = 1..8; DRAFT, whose proposals the test-only hook EXL_SPEC_TEST_ORACLE / EXL_SPEC_TEST_ALPHA
  * (src/generator/draft_oracle.c) replaces to agree with plain decoding's tokens with probability alpha, at
  * alpha 0.5, 0.7, 0.8, 0.9, 1.0 and K = 2, 4, 8 (fixed) and adaptive K <= 8; n-gram drafting on a prompt asking
  * to repeat a passage (against plain decoding of that prompt). tok/s is decode only: from the first generated token
@@ -105,10 +104,10 @@ int main(int argc, char **argv) {
     n_new = n_new < 2 ? 2 : n_new > MAX_NEW ? MAX_NEW : n_new;
     exl_model_params mp = exl_model_default_params();
     mp.device = argc > 4 && !strcmp(argv[4], "cpu") ? EXL_DEVICE_CPU : EXL_DEVICE_CUDA;
-    exl_model *m = NULL, *d = NULL;
+    exl_model *m = NULL, *d = NULL, *self = NULL; /* self: a second copy, with a backend (and CUDA graphs) of its own */
     exl_tokenizer *tok = NULL;
     if (exl_model_load(argv[1], &mp, &m) != EXL_OK || exl_model_load(argv[2], &mp, &d) != EXL_OK ||
-        exl_tokenizer_load(argv[1], &tok) != EXL_OK) {
+        exl_model_load(argv[1], &mp, &self) != EXL_OK || exl_tokenizer_load(argv[1], &tok) != EXL_OK) {
         fprintf(stderr, "spec_bench: %s\n", exl_last_error());
         return 1;
     }
@@ -123,7 +122,7 @@ int main(int argc, char **argv) {
     rc |= decode(d, tok, PROMPT, n_new, NULL, 0, 0, 0, &r);
     printf("| the draft model alone | - | - | %.1f | - | - |\n", r.tps);
     for (int k = 1; k <= 8 && !rc; k++) {
-        rc |= decode(m, tok, PROMPT, n_new, m, k, 0, 1, &r);
+        rc |= decode(m, tok, PROMPT, n_new, self, k, 0, 1, &r);
         snprintf(k_text, sizeof k_text, "%d", k);
         row("self-draft", k_text, &r, plain.tps, &plain);
     }
@@ -159,6 +158,7 @@ int main(int argc, char **argv) {
     if (rc)
         fprintf(stderr, "spec_bench: %s\n", exl_last_error());
     exl_tokenizer_free(tok);
+    exl_model_free(self);
     exl_model_free(d);
     exl_model_free(m);
     return rc ? 1 : 0;
