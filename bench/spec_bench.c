@@ -1,5 +1,5 @@
 /* spec_bench.c - speculative decoding's speed against plain decoding, one greedy job decoding alone, every variant
- * in one process (each model loaded once).
+ * in one process.
  * usage: spec_bench MODEL DRAFT [NEW_TOKENS] [cpu|cuda]
  * Rows (a Markdown table on stdout): plain decoding; the model drafting for itself (a second copy) at K = 1..8; DRAFT, whose proposals the test-only hook EXL_SPEC_TEST_ORACLE / EXL_SPEC_TEST_ALPHA
  * (src/generator/draft_oracle.c) replaces to agree with plain decoding's tokens with probability alpha, at
