@@ -2,11 +2,12 @@
 # gpu_speculative.sh - speculative decoding on the GPU: a random 7B EXL2 4.0 bpw target (Llama-2-7B shape) and a small
 # random draft of the same vocabulary (hidden 1024, 4 layers, 4.0 bpw), both written by make_random_quant, measured by
 # bench/spec_bench.c in one process (the target loaded twice, once as its own draft): one greedy job of 256 tokens,
-# decode tok/s against plain decoding, for the model drafting for itself at K = 1..8 (acceptance 1.0 with a draft as dear as the model), the
-# random draft forced to agree at alpha = 0.5 .. 1.0 (the test-only hook EXL_SPEC_TEST_ORACLE / EXL_SPEC_TEST_ALPHA,
-# src/generator/draft_oracle.c, replaces its proposals by plain decoding's tokens with probability alpha) at K = 2, 4,
-# 8 and adaptive, and n-gram drafting on a prompt that asks to repeat a passage. Every row says whether its tokens are
-# plain decoding's. The table goes to $OUT/spec_table.md (for bench/RESULTS.md), the rest to $OUT/spec.log.
+# decode tok/s against plain decoding, for the model drafting for itself at K = 1..8 (acceptance 1.0 with a draft as
+# dear as the model), the random draft forced to agree at alpha = 0.5 .. 1.0 (the test-only hook
+# EXL_SPEC_TEST_ORACLE / EXL_SPEC_TEST_ALPHA, src/generator/draft_oracle.c, replaces its proposals by plain
+# decoding's tokens with probability alpha) at K = 2, 4, 8 and adaptive, and n-gram drafting on a prompt that asks to
+# repeat a passage. Every row says whether its tokens are plain decoding's. The table goes to $OUT/spec_table.md (for
+# bench/RESULTS.md), the rest to $OUT/spec.log.
 #
 # Preparing here (a CUDA build; binaries, libraries and the llama2 tokenizer go to .gpuspec/, git-ignored):
 #   bench/gpu_speculative.sh --prepare
