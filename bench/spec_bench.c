@@ -1,11 +1,12 @@
 /* spec_bench.c - speculative decoding's speed against plain decoding, one greedy job decoding alone, every variant
  * in one process.
  * usage: spec_bench MODEL DRAFT [NEW_TOKENS] [cpu|cuda]
- * Rows (a Markdown table on stdout): plain decoding; the model drafting for itself (a second copy) at K = 1..8; DRAFT, whose proposals the test-only hook EXL_SPEC_TEST_ORACLE / EXL_SPEC_TEST_ALPHA
- * (src/generator/draft_oracle.c) replaces to agree with plain decoding's tokens with probability alpha, at
- * alpha 0.5, 0.7, 0.8, 0.9, 1.0 and K = 2, 4, 8 (fixed) and adaptive K <= 8; n-gram drafting on a prompt asking
- * to repeat a passage (against plain decoding of that prompt). tok/s is decode only: from the first generated token
- * to the last, the best of two runs. Each row says whether its tokens are plain decoding's. */
+ * Rows (a Markdown table on stdout): plain decoding; the model drafting for itself (a second copy) at K = 1..8;
+ * DRAFT, whose proposals the test-only hook EXL_SPEC_TEST_ORACLE / EXL_SPEC_TEST_ALPHA (src/generator/draft_oracle.c)
+ * replaces to agree with plain decoding's tokens with probability alpha, at alpha 0.5, 0.7, 0.8, 0.9, 1.0 and
+ * K = 2, 4, 8 (fixed) and adaptive K <= 8; n-gram drafting on a prompt asking to repeat a passage (against plain
+ * decoding of that prompt). tok/s is decode only: from the first generated token to the last, the best of two runs.
+ * Each row says whether its tokens are plain decoding's. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "exl.h"
 
