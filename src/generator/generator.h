@@ -16,6 +16,7 @@
 #include "exl.h"
 #include "generator/page_pool.h"
 #include "generator/sampler.h"
+#include "generator/speculative.h"
 #include "generator/stop_strings.h"
 #include "model/model.h"
 
@@ -73,6 +74,8 @@ typedef struct exl_job {
     char *error;
 
     exl_str ev_text; /* this step's event text */
+
+    exl_spec_job spec; /* speculative decoding (speculative.c) */
 } exl_job;
 
 /* A growable list of job pointers. */
@@ -142,6 +145,9 @@ struct exl_generator {
     /* constrained decoding (constrained.c), set up when a constrained job first comes */
     exl_token_trie *trie; /* the vocabulary's byte strings */
     uint32_t *masks;      /* [max_jobs + 1, exl_mask_words(vocab)]: the step's logit masks, a spare row */
+
+    int32_t cap_logit_rows; /* rows of logits (speculative steps may need more than max_jobs) */
+    exl_spec *spec;         /* speculative decoding (speculative.c); NULL when off */
 };
 
 /* ---- job lists (job.c) */
@@ -233,6 +239,12 @@ exl_status exl_gen_constraint_advance(exl_generator *g, exl_job *j, int32_t id);
 /* ---- stepping (step.c) */
 /* Whether id ends job j: its stop ids, and the eos ids unless it ignores them. */
 int exl_gen_is_stop(const exl_generator *g, const exl_job *j, int32_t id);
+/* Before sampling job j's next token from its full logits: the tokens banned at that position and, before
+ * min_new_tokens, the stop tokens set to -inf. */
+void exl_gen_prepare_logits(const exl_generator *g, const exl_job *j, float *logits);
+/* Append the job's chosen next token id and apply what follows from it: a stop token, stop or banned strings
+ * (a rewind), the grammar, the length limit; the job may end. */
+exl_status exl_gen_take_token(exl_generator *g, exl_job *j, int32_t id);
 /* End a job: text flushed, pages released, final event queued, moved to g->done. */
 exl_status exl_gen_finish(exl_generator *g, exl_job *j, exl_finish_reason why, const char *error);
 

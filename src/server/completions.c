@@ -345,6 +345,7 @@ static int submit_jobs(oai_run *r, exl_http_conn *conn, exl_oai_error *err) {
         jp.top_logprobs = q->top_logprobs;
         jp.ignore_eos = q->ignore_eos;
         jp.sampling = q->sampling;
+        jp.no_draft = !q->speculative;
         jp.constraint = r->constraint;
         /* the n choices of one seed differ from each other, and repeat across requests */
         jp.sampling.seed = q->has_seed

@@ -317,7 +317,8 @@ static int parse_sampling(exl_oai_request *r, exl_oai_error *err) {
         r->has_seed = 1;
         s->seed = (uint64_t)i;
     }
-    return 0;
+    r->speculative = 1;
+    return opt_bool(root, "speculative", &r->speculative, err) < 0 ? -1 : 0;
 }
 
 static int parse_logprobs(exl_oai_request *r, exl_oai_error *err) {

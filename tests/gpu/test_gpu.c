@@ -2136,6 +2136,109 @@ static void test_device_sampling(const char *shared) {
     exl_model_free(m);
 }
 
+/* ---- speculative decoding on the GPU: greedy tokens of drafting jobs against plain decoding's on the same device
+ * (a quantized draft, the model drafting for itself, n-gram drafts; a job without drafting among them); seeded
+ * sampling with n-gram drafts (point masses) gives plain sampling's tokens */
+
+enum { SPEC_JOBS = 6, SPEC_NEW = 48 };
+
+static exl_model *load_cuda(const char *shared, const char *name) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared, name);
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    exl_model *m = NULL;
+    if (exl_model_load(dir, &p, &m) != EXL_OK)
+        printf("     (load %s: %s)\n", name, exl_last_error());
+    return m;
+}
+
+/* The tokens of SPEC_JOBS jobs on m into out[j * SPEC_NEW ...] (draft NULL and ngram 0: plain decoding); *acc: the
+ * share of drafts accepted. Returns the tokens collected, -1 on failure. */
+static int spec_generate(exl_model *m, exl_tokenizer *tok, exl_model *draft, int32_t ngram, const exl_sampling *sp,
+                         int32_t *out, double *acc) {
+    exl_generator_params gp = exl_generator_default_params();
+    gp.page_size = 16, gp.n_pages = 256;
+    gp.draft_model = draft, gp.ngram = ngram, gp.draft_tokens = draft || ngram ? 5 : 0;
+    exl_generator *g;
+    if (exl_generator_init(m, tok, &gp, &g) != EXL_OK)
+        return -1;
+    uint64_t ids[SPEC_JOBS];
+    int n = 0;
+    for (int j = 0; j < SPEC_JOBS && n >= 0; j++) {
+        int32_t prompt[64];
+        int32_t len = 5 + j * 11;
+        for (int i = 0; i < len; i++) /* the second half of the longer ones repeats the first */
+            prompt[i] = i == 0 ? 1 : len > 30 && i >= len / 2 ? prompt[i - len / 2 + 1] : 3 + (j * 131 + i * 17) % 1900;
+        exl_job_params jp = exl_job_default_params();
+        jp.ids = prompt, jp.n_ids = len, jp.max_new_tokens = SPEC_NEW, jp.ignore_eos = 1, jp.no_draft = j == 1;
+        jp.sampling = *sp;
+        jp.sampling.seed = 5 + (uint64_t)j;
+        if (exl_generator_submit(g, &jp, &ids[j]) != EXL_OK)
+            n = -1;
+    }
+    if (n == 0)
+        n = drain(g, ids, SPEC_JOBS, SPEC_NEW, out);
+    exl_generator_stats st;
+    exl_generator_stats_get(g, &st);
+    *acc = st.draft_proposed ? (double)st.draft_accepted / (double)st.draft_proposed : 0;
+    exl_generator_free(g);
+    return n;
+}
+
+static void spec_case(const char *name, exl_model *m, exl_tokenizer *tok, exl_model *draft, int32_t ngram,
+                      const exl_sampling *sp, const int32_t *plain, double min_acceptance) {
+    int32_t got[SPEC_JOBS * SPEC_NEW];
+    double acc = 0;
+    int n = spec_generate(m, tok, draft, ngram, sp, got, &acc);
+    int differ = 0;
+    char first[256] = "";
+    for (int j = 0, len = 0; j < SPEC_JOBS; j++) /* where each job's tokens part from plain decoding's */
+        for (int i = 0; i < SPEC_NEW; i++)
+            if (got[j * SPEC_NEW + i] != plain[j * SPEC_NEW + i]) {
+                differ += SPEC_NEW - i;
+                len += snprintf(first + len, sizeof first - (size_t)len, " job %d from token %d,", j, i);
+                break;
+            }
+    printf("     (%s: acceptance %.3f, %d of %d tokens differ:%s)\n", name, acc, differ, SPEC_JOBS * SPEC_NEW,
+           differ ? first : " none");
+    report(name, n == SPEC_JOBS * SPEC_NEW && acc >= min_acceptance ? differ : 1.0 + differ, 0);
+}
+
+static void test_speculative(const char *shared) {
+    char tok_dir[1024];
+    snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
+    exl_tokenizer *tok = NULL;
+    exl_model *m = load_cuda(shared, "rand-llama"), *q = load_cuda(shared, "rand-llama-exl2-5.0bpw-h8"),
+              *self = load_cuda(shared, "rand-llama");
+    if (!m || !q || !self || exl_tokenizer_load(tok_dir, &tok) != EXL_OK) {
+        printf("FAIL speculative decoding: %s\n", exl_last_error());
+        n_fail++;
+    } else {
+        exl_sampling greedy = exl_sampling_default(), sampled = exl_sampling_default();
+        greedy.temperature = 0;
+        sampled.temperature = 0.8f, sampled.top_k = 40;
+        int32_t plain[SPEC_JOBS * SPEC_NEW], plain_sampled[SPEC_JOBS * SPEC_NEW];
+        double acc;
+        if (spec_generate(m, tok, NULL, 0, &greedy, plain, &acc) != SPEC_JOBS * SPEC_NEW ||
+            spec_generate(m, tok, NULL, 0, &sampled, plain_sampled, &acc) != SPEC_JOBS * SPEC_NEW) {
+            printf("FAIL speculative decoding, plain runs: %s\n", exl_last_error());
+            n_fail++;
+        } else {
+            spec_case("speculative: quantized draft, greedy == plain", m, tok, q, 0, &greedy, plain, 0.05);
+            spec_case("speculative: self-draft (acceptance >= 0.95), greedy == plain", m, tok, self, 0, &greedy, plain,
+                      0.95);
+            spec_case("speculative: n-gram, greedy == plain", m, tok, NULL, 3, &greedy, plain, 0);
+            spec_case("speculative: n-gram then draft model, greedy == plain", m, tok, q, 2, &greedy, plain, 0.05);
+            spec_case("speculative: n-gram, seeded sampling == plain", m, tok, NULL, 3, &sampled, plain_sampled, 0);
+        }
+    }
+    exl_tokenizer_free(tok);
+    exl_model_free(self);
+    exl_model_free(q);
+    exl_model_free(m);
+}
+
 int main(int argc, char **argv) {
     const char *shared = argc > 1 ? argv[1] : "../shared";
     require(exl_backend_cpu_init(1, &cpu) == EXL_OK, "cpu backend");
@@ -2210,6 +2313,7 @@ int main(int argc, char **argv) {
     /* decode ahead is the default on CUDA (EXL_DECODE_AHEAD=0: step by step) */
     same_tokens_with_env_off(shared, 1, "EXL_DECODE_AHEAD", "decode ahead == step by step");
     same_tokens_with_env_off(shared, 12, "EXL_DECODE_AHEAD", "decode ahead == step by step");
+    test_speculative(shared);
     gpu_exact->ops->destroy(gpu_exact);
     gpu_fast->ops->destroy(gpu_fast);
     cpu->ops->destroy(cpu);
