@@ -139,7 +139,7 @@ exl_status exl_qz_run_head(exl_qz_runner *r, const float *x, exl_linear_hook hoo
 exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w, const float *x, int32_t rows) {
     exl_qz_capture *c = user;
     exl_backend *be = c->r->m->be;
-    for (int i = 0; i < 2; i++) {
+    for (int32_t i = 0; i < c->n; i++) {
         if (w != c->w[i] || !c->h[i])
             continue;
         EXL_TRY(be->ops->download(be, c->r->buf, x, (size_t)rows * (size_t)c->h[i]->K * sizeof(float)));
