@@ -37,6 +37,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* Calibration sequences the measuring pass scores each candidate recipe on (the Hessians and reference outputs take
+ * all of them). A block's relative output error is an average over many tokens: 8 sequences of 512 tokens pin it
+ * down well enough to rank recipes, and scoring is most of the measuring pass's time (33 candidates a block). */
+#define EVAL_SEQS 8
+
 typedef struct qz {
     const exl_quantize_params *p;
     exl_hf_config cfg;
@@ -52,7 +57,12 @@ typedef struct qz {
     const exl_qz_block_desc **block_desc; /* [2 * layers] */
     float *x;                             /* [T, H] hidden states */
     float *ref, *y;                       /* [T, H] after a block: with the unquantized weights, with a candidate's */
-    exl_qz_layer layer;                   /* the layer being quantized: its linears, their fp32 weights */
+    /* the measuring pass scores candidates on EVAL_SEQS of the calibration sequences, spread evenly (all of them
+     * when there are no more): their inputs, reference outputs and a candidate's outputs, and their runner */
+    int32_t n_eval;
+    float *xe, *refe, *ye;
+    exl_qz_runner run_eval;
+    exl_qz_layer layer; /* the layer being quantized: its linears, their fp32 weights */
     exl_qz_measurement meas;
     int32_t *choice; /* recipe per block */
     exl_qz_clock clock;
@@ -121,9 +131,10 @@ static exl_status hinv_of(qz *q, exl_hessian *h, exl_qz_hinv *hi) {
     return exl_gptq_prepare(h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
 }
 
-/* Run the layer's block k with linears w (as q->layer.lin) over the hidden states x into x_out (NULL: none), adding
- * the inputs of each linear i of the block with h[i - first] non-NULL to that Hessian. */
-static exl_status run_block(qz *q, int k, exl_linear *const *w, const float *x, float *x_out, exl_hessian *const *h) {
+/* Run the layer's block k with linears w (as q->layer.lin) over the hidden states x of r's sequences into x_out
+ * (NULL: none), adding the inputs of each linear i of the block with h[i - first] non-NULL to that Hessian. */
+static exl_status run_block_on(qz *q, exl_qz_runner *r, int k, exl_linear *const *w, const float *x, float *x_out,
+                               exl_hessian *const *h) {
     exl_qz_layer *L = &q->layer;
     exl_layer b = exl_qz_layer_block(L, k, w);
     int32_t first = L->first[k], n = L->first[k + 1] - first;
@@ -132,10 +143,22 @@ static exl_status run_block(qz *q, int k, exl_linear *const *w, const float *x, 
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; h && i < n; i++)
         want[i] = h[i] ? w[first + i] : NULL;
-    exl_qz_capture cap = {&q->run, n, want, h};
-    exl_status st = exl_qz_run_layer(&q->run, &b, L->li, x, x_out, h ? exl_qz_capture_inputs : NULL, &cap);
+    exl_qz_capture cap = {r, n, want, h};
+    exl_status st = exl_qz_run_layer(r, &b, L->li, x, x_out, h ? exl_qz_capture_inputs : NULL, &cap);
     exl_free(want);
     return st;
+}
+
+/* The same over all the calibration sequences. */
+static exl_status run_block(qz *q, int k, exl_linear *const *w, const float *x, float *x_out, exl_hessian *const *h) {
+    return run_block_on(q, &q->run, k, w, x, x_out, h);
+}
+
+/* The rows of the sequences candidates are scored on: sequence e of n_eval is calibration sequence e·rows/n_eval. */
+static void gather_eval(const qz *q, const float *from, float *to) {
+    size_t seq = (size_t)q->p->length * (size_t)q->H;
+    for (int32_t e = 0; e < q->n_eval; e++)
+        memcpy(to + e * seq, from + (size_t)((int64_t)e * q->p->rows / q->n_eval) * seq, seq * sizeof(float));
 }
 
 /* Hessians of block k's slots (all, or those of one stage), each fed by the first linear of its slot: hs[slot] and
@@ -353,7 +376,16 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
         st = hinv_of(q, &hs[s], &hi[s]);
     for (int32_t s = 0; hs && s < slots; s++)
         exl_hessian_free(&hs[s]);
-    double norm = st == EXL_OK ? sq_norm(q->ref, q->T * q->H) : 0; /* of the hidden states after the block */
+    /* candidates are scored on the evaluation sequences */
+    int64_t ne = (int64_t)q->n_eval * q->p->length * q->H;
+    const float *xe = q->x, *refe = q->ref;
+    float *ye = q->y;
+    if (q->xe) {
+        gather_eval(q, q->x, q->xe);
+        gather_eval(q, q->ref, q->refe);
+        xe = q->xe, refe = q->refe, ye = q->ye;
+    }
+    double norm = st == EXL_OK ? sq_norm(refe, ne) : 0; /* of the hidden states after the block */
     if (st == EXL_OK)
         st = exl_qz_candidates(bm->desc, &bm->r, &bm->n);
     for (int32_t r = 0; st == EXL_OK && r < bm->n; r++) {
@@ -363,10 +395,10 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
             w[first + i] = c[i].t.w;
         }
         if (st == EXL_OK)
-            st = run_block(q, k, w, q->x, q->y, NULL);
+            st = run_block_on(q, q->xe ? &q->run_eval : &q->run, k, w, xe, ye, NULL);
         if (st != EXL_OK)
             break;
-        bm->r[r].accuracy = accuracy_of(q->y, q->ref, q->T * q->H, norm);
+        bm->r[r].accuracy = accuracy_of(ye, refe, ne, norm);
         exl_qz_clock_step(&q->clock, (k + (double)(r + 1) / bm->n) / 2);
     }
     for (int32_t i = 0; c && i < n; i++)
@@ -710,6 +742,13 @@ static exl_status setup(qz *q) {
     size_t states = (size_t)(q->T * q->H) * sizeof(float);
     if (!(q->x = exl_malloc(states)) || !(q->ref = exl_malloc(states)) || !(q->y = exl_malloc(states)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory for %lld hidden states", (long long)q->T);
+    q->n_eval = p->rows < EVAL_SEQS ? p->rows : EVAL_SEQS;
+    if (p->format == EXL_QUANT_EXL2 && q->n_eval < p->rows) {
+        size_t eval = (size_t)q->n_eval * (size_t)p->length * (size_t)q->H * sizeof(float);
+        if (!(q->xe = exl_malloc(eval)) || !(q->refe = exl_malloc(eval)) || !(q->ye = exl_malloc(eval)))
+            return exl_fail(EXL_ERR_NOMEM, "out of memory for the evaluation rows");
+        EXL_TRY(exl_qz_runner_init(&q->run_eval, q->m, q->n_eval, p->length));
+    }
     if (!(q->meas.b = exl_calloc((size_t)c->n_layers * 2, sizeof *q->meas.b)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     return EXL_OK;
@@ -974,6 +1013,10 @@ exl_status exl_quantize(const exl_quantize_params *params, char **report) {
     exl_free(q.ref);
     exl_free(q.y);
     exl_qz_runner_free(&q.run);
+    exl_qz_runner_free(&q.run_eval);
+    exl_free(q.xe);
+    exl_free(q.refe);
+    exl_free(q.ye);
     exl_free(q.block_desc);
     exl_model_free(q.m);
     if (q.own_pool)

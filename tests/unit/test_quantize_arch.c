@@ -1,7 +1,7 @@
 /* test_quantize_arch.c - EXL2 quantization of fused linears and of experts, as ExLlamaV2's converter writes them:
  *
  *   - rand-phi3 (fused qkv_proj, gate_up_proj) and rand-qwen3moe (8 experts, top-2) at 4.0 bpw, head 6, with a
- *     small calibration (8 rows x 64 tokens of tiny.utf8): the output names the fused linears' parts (q_proj,
+ *     small calibration (12 rows x 64 tokens of tiny.utf8): the output names the fused linears' parts (q_proj,
  *     k_proj, v_proj; gate_proj, up_proj) and each expert (mlp.experts.N.gate_proj, ...) as ExLlamaV2 does, keeps
  *     the router unquantized, measures the experts as one block_sparse_moe (w1, w3, w2) in measurement.json, loads
  *     in exl, and its mean KL from the fp32 reference over sequence b's stored positions stays under 0.15 nats;
@@ -35,7 +35,7 @@ static exl_quantize_params arch_params(const char *model, const char *out) {
     p.out_dir = out;
     p.calibration = g_cal_list;
     p.n_calibration = 1;
-    p.rows = 8;
+    p.rows = 12; /* more than the 8 sequences the measuring pass scores candidates on */
     p.length = 64;
     p.n_threads = 2;
     p.device = EXL_DEVICE_CPU;
