@@ -73,6 +73,8 @@ static exl_status each_step(exl_qz_runner *r, const int32_t *ids, step_fn fn, vo
                                              .n_pages = r->pages_per_seq};
             /* several sequences a step only when each is whole: their rows follow each other */
             EXL_TRY(fn(r, ctx, ns, (int64_t)s0 * r->length + off, ns * n));
+            if (r->tick)
+                r->tick(r->tick_user);
         }
     }
     return EXL_OK;

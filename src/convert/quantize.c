@@ -4,12 +4,15 @@
  * forward pass (calib_run.c, model.h's exl_model_layer_forward), a hook adding each linear's inputs to its
  * Hessian. EXL2 first measures (unless given a measurement.json): every candidate recipe of each block
  * (self_attn, mlp) is quantized with GPTQ, the block run alone with the candidate's dequantized weights, and the
- * relative error of the hidden states after it recorded, on the unquantized model's states (see measure_block);
- * the optimizer then picks one recipe per block within the budget. The quantizing pass runs each layer on the
+ * relative error of the hidden states after it recorded, on the unquantized model's states (see measure_block;
+ * scored on EVAL_SEQS of the sequences); the optimizer then picks one recipe per block within the budget. The quantizing pass runs each layer on the
  * states of the already-quantized layers before it, and inside a layer each linear sees the outputs of the
  * already-quantized linears before it (o_proj after q/k/v, down after gate/up). Only one layer's fp32 weights
- * and Hessians are held at a time. What a tensor is called and how a layer computes are the model's (model/);
- * the output holds the quantized linears and every other tensor of the input as it is.
+ * and Hessians are held at a time. A layer's linears are qz_layer.c's: fused ones split into ExLlamaV2's parts,
+ * a mixture's experts one by one (each with the Hessian of the rows routed to it), measured as one block whose
+ * recipe every expert takes. How a layer computes is the model's (model/); the output holds the quantized
+ * linears and every other tensor of the input as it is (a mixture's router included). Progress goes to the
+ * status callback (qz_status.c).
  *
  * Everything runs on the device parameter's backend: the forward passes, and the big products (Hessians, GPTQ
  * updates) as its host_gemm, in fp32 on the GPU as on the CPU.
@@ -739,6 +742,8 @@ static exl_status setup(qz *q) {
     }
     exl_str_printf(&q->report, "device: %s\n", q->be->name);
     EXL_TRY(exl_qz_runner_init(&q->run, q->m, p->rows, p->length));
+    q->run.tick = exl_qz_clock_tick;
+    q->run.tick_user = &q->clock;
     size_t states = (size_t)(q->T * q->H) * sizeof(float);
     if (!(q->x = exl_malloc(states)) || !(q->ref = exl_malloc(states)) || !(q->y = exl_malloc(states)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory for %lld hidden states", (long long)q->T);
@@ -748,6 +753,8 @@ static exl_status setup(qz *q) {
         if (!(q->xe = exl_malloc(eval)) || !(q->refe = exl_malloc(eval)) || !(q->ye = exl_malloc(eval)))
             return exl_fail(EXL_ERR_NOMEM, "out of memory for the evaluation rows");
         EXL_TRY(exl_qz_runner_init(&q->run_eval, q->m, q->n_eval, p->length));
+        q->run_eval.tick = exl_qz_clock_tick;
+        q->run_eval.tick_user = &q->clock;
     }
     if (!(q->meas.b = exl_calloc((size_t)c->n_layers * 2, sizeof *q->meas.b)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");

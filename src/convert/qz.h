@@ -189,10 +189,12 @@ typedef struct exl_qz_runner {
     int32_t seqs_per_step; /* whole sequences a step takes, or 1 */
     int32_t piece;         /* tokens of a sequence a step takes */
     int32_t pages_per_seq;
-    int32_t *pages;      /* [seqs_per_step][pages_per_seq] */
-    exl_seq_step *steps; /* [seqs_per_step] */
-    float *buf;          /* [step rows, widest linear input]: a hook's rows on the host */
-    int32_t *zeros;      /* [piece] the token ids of a layer's steps */
+    int32_t *pages;           /* [seqs_per_step][pages_per_seq] */
+    exl_seq_step *steps;      /* [seqs_per_step] */
+    float *buf;               /* [step rows, widest linear input]: a hook's rows on the host */
+    int32_t *zeros;           /* [piece] the token ids of a layer's steps */
+    void (*tick)(void *user); /* NULL, or called after every step (progress) */
+    void *tick_user;
 } exl_qz_runner;
 
 exl_status exl_qz_runner_init(exl_qz_runner *r, exl_model *m, int32_t n_seqs, int32_t length);
@@ -280,6 +282,8 @@ void exl_qz_clock_plan(exl_qz_clock *c, int32_t measure_from, int32_t quant_from
 void exl_qz_clock_stage(exl_qz_clock *c, const char *stage, int32_t layer);
 /* fraction of the layer done. */
 void exl_qz_clock_step(exl_qz_clock *c, double fraction);
+/* Work goes on (a runner's tick: user is the clock): a status call when the last is half a second old. */
+void exl_qz_clock_tick(void *user);
 /* Block k of the layer is done: its accuracy (< 0: not measured) and bits per weight. */
 void exl_qz_clock_block(exl_qz_clock *c, int k, const char *name, double accuracy, double bpw);
 void exl_qz_clock_layer_done(exl_qz_clock *c);

@@ -1,6 +1,7 @@
 /* qz_status.c - where a quantization stands, for exl_quantize_params.status: the stage, the layer and how much of
  * it is done, the time so far and an estimate of the time left, and each finished layer with its blocks' accuracy
- * and bits. Calls come at most every half second within a layer, and always when a layer finishes.
+ * and bits. Calls come at most every half second within a layer (after a candidate or a linear, and after every
+ * forward step of the calibration rows), and always when a layer finishes.
  *
  * The estimate: the layers left to measure at the measuring pass's mean time per layer, and the layers left to
  * quantize (and the head, counted as one) at the quantizing pass's; before a pass has finished a layer its time per
@@ -102,6 +103,13 @@ void exl_qz_clock_step(exl_qz_clock *c, double fraction) {
     double t = now_s();
     c->fraction = fraction;
     if (t - c->last_call >= STEP_INTERVAL)
+        report(c, t, 0);
+}
+
+void exl_qz_clock_tick(void *user) {
+    exl_qz_clock *c = user;
+    double t = now_s();
+    if (c->stage && t - c->last_call >= STEP_INTERVAL)
         report(c, t, 0);
 }
 
