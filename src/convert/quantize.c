@@ -932,12 +932,14 @@ static exl_status run(qz *q) {
         if (st == EXL_OK)
             st = measure_block(q, l, 1);
         free_layer(q);
-        if (st == EXL_OK)
-            exl_qz_clock_layer_done(&q->clock);
+        /* a layer is reported once a run killed after it goes on from the next (the last: from its
+         * measurement.json, the states of the next pass not made yet) */
         if (st == EXL_OK)
             st = exl_qz_measurement_save(&q->meas, l, mpath);
         if (st == EXL_OK && l + 1 < L)
             st = save_state(q, 0, l + 1);
+        if (st == EXL_OK)
+            exl_qz_clock_layer_done(&q->clock);
         if (st == EXL_OK && l + 1 == L) {
             progress(q, "measuring", L, L);
             char *final = exl_path_join(p->out_dir, "measurement.json");
@@ -972,9 +974,9 @@ static exl_status run(qz *q) {
             st = quant_layer(q, l);
         free_layer(q);
         if (st == EXL_OK)
-            exl_qz_clock_layer_done(&q->clock);
-        if (st == EXL_OK)
             st = save_state(q, 1, l + 1);
+        if (st == EXL_OK)
+            exl_qz_clock_layer_done(&q->clock);
     }
     if (st == EXL_OK) {
         progress(q, "quantizing", L, L);
