@@ -436,6 +436,25 @@ exl_status exl_cache_fit_tokens(exl_model *model, int32_t k_bits, int32_t v_bits
  * same parameters (on any device). */
 typedef enum exl_quant_format { EXL_QUANT_EXL2 = 0, EXL_QUANT_GPTQ } exl_quant_format;
 
+/* Where a quantization stands. Stages: "calibrating", "measuring" and "quantizing" (decoder layers), "head",
+ * "writing". */
+typedef struct exl_quantize_status {
+    const char *stage;
+    int32_t layer, n_layers;   /* the layer being worked on, of the decoder's */
+    double layer_fraction;     /* of that layer done */
+    double elapsed, remaining; /* seconds: this run so far, and an estimate of what is left (< 0: none yet) */
+    double fraction;           /* of the run done (an estimate, by the time layers take) */
+    int32_t finished;          /* 1: `layer` just finished; seconds and the blocks below are its */
+    double seconds;            /* the finished layer's */
+    int32_t n_blocks;          /* attention, then the MLP or the experts */
+    struct {
+        const char *name; /* "self_attn", "mlp", "block_sparse_moe" */
+        double accuracy;  /* 1 - the relative error of the hidden states after the block (measuring: of the
+                                 * best recipe within the target bits per weight) */
+        double bpw;       /* measuring: that recipe's; quantizing: the chosen one's (stored bits per weight) */
+    } block[2];
+} exl_quantize_status;
+
 typedef struct exl_quantize_params {
     const char *in_dir, *out_dir; /* out_dir must be absent, empty, or an unfinished run */
     exl_quant_format format;
@@ -451,9 +470,12 @@ typedef struct exl_quantize_params {
     int32_t rows, length; /* calibration rows of `length` tokens; default 32 x 512 */
     int32_t n_threads;    /* 0 = one per core */
     exl_device device;    /* default AUTO: the GPU when one is usable, else the CPU */
-    /* called as work advances (stage: "measuring", "quantizing", "writing") */
+    /* called as work advances (stage: "measuring", "quantizing", "writing"; done: finished layers) */
     void (*progress)(void *user, const char *stage, int32_t done, int32_t total);
     void *progress_user;
+    /* called at least every few seconds of work, and once for each finished layer (exl_quantize_status) */
+    void (*status)(void *user, const exl_quantize_status *s);
+    void *status_user;
 } exl_quantize_params;
 
 exl_quantize_params exl_quantize_default_params(void);
