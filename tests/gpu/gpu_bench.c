@@ -466,7 +466,7 @@ static void moe_bench(int32_t n_layers, double bw, double tflops, float *logits)
     EK(exl_kv_cache_init(m, n_pages, 256, 16, 16, &cache));
     const double d128 = decode_speed(m, cache, pages, n_pages, 128, logits);
     const double a128 = decode_ahead_speed(m, cache, pages, n_pages, 132);
-    const double pre = prefill_speed(m, cache, pages, n_pages, logits);
+    const double pre = prefill_speed(m, cache, pages, n_pages, logits, 2048);
     const double b16 = decode_ahead_batch(m, cache, 16, 128, logits);
     /* bytes a step reads: every layer's attention and router, the experts its tokens chose, the head */
     const double step1 = n_layers * (mb.attn + mb.router + MOE_K * mb.expert) + mb.head;
