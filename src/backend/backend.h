@@ -20,7 +20,7 @@
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 15
+#define EXL_BACKEND_ABI 16
 
 typedef struct exl_backend exl_backend;
 
@@ -29,6 +29,41 @@ typedef struct exl_backend exl_backend;
 typedef exl_status (*exl_logit_mask_fn)(void *user, uint32_t *mask, int32_t rows);
 
 static inline int32_t exl_mask_words(int32_t vocab) { return (vocab + 31) / 32; }
+
+/* One row's settings for the sample op: generator/sampler.h's, for the settings that need no state across tokens.
+ * The row's logit edits are edits[first_edit ..]: n_bias biases (added in order: id, v = bias), then n_penalized
+ * distinct ids of the penalty window (v = its count there), then n_banned ids that become -inf. */
+typedef struct exl_sample_params {
+    float temperature; /* <= 0: the argmax */
+    int32_t top_k;     /* 0: off */
+    float top_p, min_p, typical_p;
+    float repetition_penalty, frequency_penalty, presence_penalty;
+    int32_t first_edit, n_bias, n_penalized, n_banned;
+    int32_t want_logprob; /* the chosen token's log-probability under the unedited logits */
+    double u;             /* a uniform number in [0, 1) from the row's random stream */
+} exl_sample_params;
+
+typedef struct exl_logit_edit {
+    int32_t id;
+    float v;
+} exl_logit_edit;
+
+typedef struct exl_sample_result {
+    int32_t id;       /* -1: every logit is -inf */
+    int32_t n_kept;   /* candidates left after the filters: u was used only when more than one */
+    float logprob;    /* when asked */
+    int32_t reserved; /* keeps the struct 16 bytes on every side of the ABI */
+} exl_sample_result;
+
+/* The sample op's weights are fixed point, W = (uint64_t)(exp((l - max) / T) * 2^shift + 0.5), so that sums are
+ * exact and equal on every backend: shift leaves room for a whole vocabulary of weights up to 1 in 63 bits, and at
+ * most 52 keeps w * 2^shift + 0.5 exact in a double. */
+static inline int exl_sample_shift(int32_t vocab) {
+    int bits = 0;
+    while ((1ll << bits) < vocab)
+        bits++;
+    return 63 - bits < 52 ? 63 - bits : 52;
+}
 
 typedef struct exl_backend_ops {
     void (*destroy)(exl_backend *be);
@@ -137,6 +172,13 @@ typedef struct exl_backend_ops {
     void (*comm_abort)(exl_backend *be, int resume);
     void (*all_reduce)(exl_backend *be, float *x, int64_t n);
     void (*gather_cols)(exl_backend *be, const exl_gather_cols_node *n);
+
+    /* Sampling where the logits are: for each of rows rows of logits [rows, vocab] (backend memory, edited in
+     * place), params[r] (HOST) and its edits (HOST, n_edits in all), one token into out[r] (HOST); returns when out
+     * is written. The result is defined exactly (the CPU's, backend/cpu/cpu_sample.c, is the reference), so every
+     * backend picks the same token up to the rounding of exp. */
+    exl_status (*sample)(exl_backend *be, exl_sample_result *out, float *logits, int32_t rows, int32_t vocab,
+                         const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits);
 } exl_backend_ops;
 
 #define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */

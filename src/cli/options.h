@@ -47,7 +47,7 @@ typedef struct cli_group {
 } cli_group;
 
 #define CLI_GROUP(title, table) ((cli_group){(title), (table), (int)(sizeof(table) / sizeof((table)[0]))})
-#define CLI_MAX_GROUPS 4
+#define CLI_MAX_GROUPS 5
 
 typedef struct cli_command {
     const char *name;  /* "run" */
@@ -99,6 +99,23 @@ int cli_cache_get(cli_cache_args *args, const char *cmd);
 /* A generator's cache as the group says: the bits, and with --cache-tokens the pages that hold them (pages of
  * gp->page_size, or one page of them all when fewer). */
 void cli_cache_apply(const cli_cache_args *args, exl_generator_params *gp);
+
+/* Speculative decoding (draft_args.c): --draft-model DIR, --draft-tokens K, --draft-fixed, --ngram N. */
+typedef struct cli_draft_args {
+    const char *model_dir;
+    int32_t tokens, ngram;
+    int fixed;
+    cli_option options[4];
+} cli_draft_args;
+
+cli_group cli_draft_group(cli_draft_args *args);
+/* After cli_parse: 2 after a usage error on stderr (--draft-tokens without a draft model or --ngram), else
+ * CLI_GO_ON. */
+int cli_draft_get(cli_draft_args *args, const char *cmd);
+/* Load the draft model (*draft, NULL without --draft-model) as the model was loaded (params), and set gp's
+ * drafting fields. */
+exl_status cli_draft_apply(const cli_draft_args *args, const exl_model_params *params, exl_model **draft,
+                           exl_generator_params *gp);
 
 /* --greedy, --temperature, --top-k, --top-p, --min-p, --repeat-penalty, --seed; the defaults are
  * the library's, exl_sampling_default() (the server's too), with the seed from the clock. */

@@ -162,6 +162,13 @@ exl_status exl_model_forward_top_k(exl_model *m, exl_kv_cache *cache, const exl_
 exl_status exl_model_forward_masked(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                     exl_logit_mask_fn fill, void *user, uint32_t *masks, int32_t k, int32_t *ids,
                                     float *vals, float *logits);
+/* Sampling on the backend (forward_sample.c): as exl_model_forward, but each row that wants logits gets one token
+ * from the backend's sample op (backend.h) with params[row] and its edits into out[row]; with fill (constrained
+ * decoding, as exl_model_forward_masked's) the logits are masked first. */
+exl_status exl_model_forward_sample(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                    exl_logit_mask_fn fill, void *user, uint32_t *masks,
+                                    const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits,
+                                    exl_sample_result *out);
 /* Greedy decode that runs ahead of the host. As exl_model_forward, but it only queues the step:
  * each row that wants logits gets the lowest id of its largest logit (-1 where every logit is
  * -inf or NaN), fetched by exl_model_argmax_wait(*ticket) (n: those rows, at most

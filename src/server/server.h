@@ -51,6 +51,10 @@ typedef struct exl_server_params {
                                     entries per token), 400 beyond; default 524288 */
     const char *cors_origin;        /* Access-Control-Allow-Origin: "*" or a comma-separated list of origins;
                                 NULL = no CORS */
+    const char *draft_model_dir;    /* speculative decoding: a draft model (same tokenizer), or NULL */
+    int32_t draft_tokens;           /* tokens drafted per step; 0 = no drafting (exl_generator_params) */
+    int32_t ngram;                  /* n-gram drafting (exl_generator_params.ngram); 0 = off */
+    int32_t draft_fixed;            /* exl_generator_params.draft_fixed */
     exl_server_log_fn log;          /* may be NULL */
     void *log_ctx;
 } exl_server_params;

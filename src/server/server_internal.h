@@ -17,6 +17,7 @@ struct exl_server {
     exl_server_params params; /* strings below replace the caller's */
     char *model_name, *host, *api_key, *cors_origin;
     exl_model *model;
+    exl_model *draft_model; /* speculative decoding, or NULL */
     exl_tokenizer *tok;
     exl_engine *engine;
     exl_http *http;

@@ -1,8 +1,8 @@
 #!/bin/bash
 # prepare.sh - fill .gpu/ (git-ignored) for a GPU machine that cannot see ../shared and may
 # lack the build dependencies: the fixtures it tests against (shared/: config, weights and
-# reference logits of every model, about 58 MB; rand-llama's tokenizer and a calibration
-# text for the quantizer test) and, built here, the GPU programs (bin/).
+# reference logits of every model, about 58 MB; the tokenizers of rand-llama, rand-phi3 and rand-qwen3moe and a
+# calibration text for the quantizer test) and, built here, the GPU programs (bin/).
 #
 # usage (here, from the repo root): tests/gpu/prepare.sh [SHARED_DIR] [CUDA_ARCHS]
 # then on the GPU machine: tests/gpu/run.sh   (carry .gpu/bin and .gpu/fixtures-N.tar.gz)
@@ -19,9 +19,11 @@ for d in "$shared"/models/*/; do
     [ -f "$d"quantize_config.json ] && cp "$d"quantize_config.json ".gpu/shared/models/$n/"
     cp "$shared/reference/$n.logits.safetensors" .gpu/shared/reference/
 done
-# the quantizer test: rand-llama's tokenizer and the first 64 kB (whole lines) of a calibration text; the prompt
-# path's perplexity (bench/gpu_prefill_ppl.sh): its models' tokenizers and the first 200 kB of TinyStories
-for m in rand-llama tinystories-656k tinystories-656k-gptq-4bit-g32-actorder-asym rand-llama-exl2-5.0bpw-h8; do
+# the quantizer test: the tokenizers of the models it quantizes and the first 64 kB (whole lines) of a calibration
+# text; the prompt path's perplexity (bench/gpu_prefill_ppl.sh): its models' tokenizers and the first 200 kB of
+# TinyStories
+for m in rand-llama rand-phi3 rand-qwen3moe tinystories-656k tinystories-656k-gptq-4bit-g32-actorder-asym \
+    rand-llama-exl2-5.0bpw-h8; do
     for f in tokenizer.json tokenizer_config.json special_tokens_map.json; do
         cp "$shared/models/$m/$f" ".gpu/shared/models/$m/"
     done

@@ -57,6 +57,7 @@ echo "==== test_gpu (rc $test_rc): failures and skips"
 grep -E "^(FAIL|SKIP)" "$out/test_gpu.log" | head -40
 grep -E "^ok .*(logits|decode token|decode 2-16 rows ==|GPU vs CPU)" "$out/test_gpu.log"
 grep -c "^ok   moe" "$out/test_gpu.log" | sed 's/^/mixture-of-experts op checks passed: /'
+grep -E "speculative" "$out/test_gpu.log"
 tail -1 "$out/test_gpu.log"
 echo "==== test_gpu with EXL_CUDA_DEQUANT_ROWS=1 (rc $dequant_rc)"
 grep -E "^(FAIL|SKIP)" "$out/test_gpu_dequant.log" | head -40

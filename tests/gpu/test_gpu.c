@@ -1648,11 +1648,11 @@ static void remove_dir(const char *dir) {
     rmdir(dir);
 }
 
-/* GPTQ 4-bit g128 of rand-llama (32 x 512 calibration tokens) on `device` into a new
+/* GPTQ 4-bit g128 of a model of ../shared (32 x 512 calibration tokens) on `device` into a new
  * directory (out); the wall time, or -1 after printing the failure. */
-static double quantize_on(const char *shared, exl_device device, char out[64]) {
+static double quantize_on(const char *shared, const char *name, exl_device device, char out[64]) {
     char model[1024], cal[1024], *report = NULL;
-    snprintf(model, sizeof model, "%s/models/rand-llama", shared);
+    snprintf(model, sizeof model, "%s/models/%s", shared, name);
     snprintf(cal, sizeof cal, "%s/data/calibration/tiny.utf8", shared);
     const char *files[1] = {cal};
     snprintf(out, 64, "/tmp/exl_test_gpu_XXXXXX");
@@ -1710,17 +1710,27 @@ static double same_codes(const char *dir_a, const char *dir_b) {
     return total ? (double)same / (double)total : -1;
 }
 
-/* The whole quantizer (GPTQ 4-bit g128 on rand-llama) with --device cuda and cpu: at least
- * 99% of the codes agree (the fp32 products round differently, which flips near-ties). */
+/* The whole quantizer (GPTQ 4-bit g128) with --device cuda and cpu: at least 99% of the codes agree on rand-llama
+ * (the fp32 products round differently, which flips near-ties); on rand-phi3 (fused linears split into their
+ * parts) and rand-qwen3moe (experts calibrated with the rows routed to them, through the executor's hook) at least
+ * 97% (a near-tie of the router sends a row to another expert). */
 static void test_quantize_device(const char *shared) {
-    char dir_gpu[64], dir_cpu[64];
-    double t_gpu = quantize_on(shared, EXL_DEVICE_CUDA, dir_gpu), t_cpu = quantize_on(shared, EXL_DEVICE_CPU, dir_cpu);
-    if (t_gpu >= 0 && t_cpu >= 0) {
-        report("quantize gptq4 g128 rand-llama: codes cuda != cpu", 1 - same_codes(dir_gpu, dir_cpu), 0.01);
-        printf("     quantize wall time: cuda %.2f s, cpu %.2f s\n", t_gpu, t_cpu);
+    static const struct {
+        const char *model;
+        double bound;
+    } runs[] = {{"rand-llama", 0.01}, {"rand-phi3", 0.03}, {"rand-qwen3moe", 0.03}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        char dir_gpu[64], dir_cpu[64], what[128];
+        double t_gpu = quantize_on(shared, runs[i].model, EXL_DEVICE_CUDA, dir_gpu),
+               t_cpu = quantize_on(shared, runs[i].model, EXL_DEVICE_CPU, dir_cpu);
+        if (t_gpu >= 0 && t_cpu >= 0) {
+            snprintf(what, sizeof what, "quantize gptq4 g128 %s: codes cuda != cpu", runs[i].model);
+            report(what, 1 - same_codes(dir_gpu, dir_cpu), runs[i].bound);
+            printf("     quantize wall time: cuda %.2f s, cpu %.2f s\n", t_gpu, t_cpu);
+        }
+        remove_dir(dir_gpu);
+        remove_dir(dir_cpu);
     }
-    remove_dir(dir_gpu);
-    remove_dir(dir_cpu);
 }
 
 /* ---- sampling from the head of the logits: the top_k op against a full sort, and the
@@ -1982,6 +1992,263 @@ static void same_tokens_with_env_off(const char *shared, int n_jobs, const char 
     free(a), free(b);
 }
 
+/* ---- sampling on the device: the sample op against the CPU's (the reference, which CTest's test_sample_op holds
+ * to the host sampler) and the host sampler itself, on the same rows, settings and random numbers; and the
+ * generator's tokens with EXL_DEVICE_SAMPLING on and off */
+
+/* Row r's settings (the server's, alone and together; r % 13) and edits: bias and bans on its likely tokens,
+ * penalties over a history. */
+static void sample_setting(int32_t r, const float *x, int32_t vocab, exl_sample_params *p, exl_logit_edit *e,
+                           int32_t *n_edits) {
+    int32_t top = host_argmax(x, vocab);
+    top = top < 0 ? 0 : top;
+    *p = (exl_sample_params){.temperature = 1, .top_p = 1, .typical_p = 1, .repetition_penalty = 1};
+    p->first_edit = *n_edits;
+    p->want_logprob = r % 2;
+    p->u = qg_uniform(&rng);
+    switch (r % 13) {
+    case 0: p->temperature = 0; break;
+    case 1: break;
+    case 2: p->temperature = 0.8f, p->top_p = 0.95f; break;
+    case 3: p->top_p = 0.5f; break;
+    case 4: p->temperature = 1.3f, p->top_k = 40; break;
+    case 5: p->temperature = 0.7f, p->top_k = 50, p->top_p = 0.9f, p->min_p = 0.05f; break;
+    case 6: p->min_p = 0.1f; break;
+    case 7: p->typical_p = 0.9f; break;
+    case 8: p->top_p = 0.9f, p->typical_p = 0.5f; break;
+    case 9:
+        p->temperature = 0.9f, p->repetition_penalty = 1.3f, p->frequency_penalty = 0.5f;
+        p->presence_penalty = 0.4f;
+        break;
+    case 10: p->temperature = 0, p->repetition_penalty = 1.5f; break;
+    case 11: p->top_p = 0.95f, p->top_k = 64; break;
+    default: p->temperature = 0.8f, p->top_p = 0.95f; break;
+    }
+    if (r % 13 >= 11) { /* bias on the top tokens, and in the last case a ban of the top one */
+        e[(*n_edits)++] = (exl_logit_edit){top, -2.5f};
+        e[(*n_edits)++] = (exl_logit_edit){(top + 3) % vocab, 3.0f};
+        p->n_bias = 2;
+    }
+    if (r % 13 == 9 || r % 13 == 10) { /* distinct ids of a history, with counts, the top one among them */
+        for (int32_t i = 0; i < 40; i++)
+            e[(*n_edits)++] = (exl_logit_edit){i == 0 ? top : (top + 5 + i * 37) % vocab, (float)(1 + i % 3)};
+        p->n_penalized = 40;
+    }
+    if (r % 13 == 12) {
+        e[(*n_edits)++] = (exl_logit_edit){top, 0};
+        e[(*n_edits)++] = (exl_logit_edit){(top + 1) % vocab, 0};
+        p->n_banned = 2;
+    }
+}
+
+static void sample_op_case(const char *what, const float *x, int32_t rows, int32_t vocab) {
+    exl_sample_params *params = malloc((size_t)rows * sizeof *params);
+    exl_logit_edit *edits = malloc((size_t)rows * 48 * sizeof *edits);
+    exl_sample_result *rg = malloc((size_t)rows * sizeof *rg), *rc = malloc((size_t)rows * sizeof *rc);
+    int32_t n_edits = 0;
+    for (int32_t r = 0; r < rows; r++)
+        sample_setting(r, x + (int64_t)r * vocab, vocab, &params[r], edits, &n_edits);
+    float *xg = put(gpu, x, (int64_t)rows * vocab * 4), *xc = put(cpu, x, (int64_t)rows * vocab * 4);
+    int bad = gpu->ops->sample(gpu, rg, xg, rows, vocab, params, edits, n_edits) != EXL_OK;
+    bad += cpu->ops->sample(cpu, rc, xc, rows, vocab, params, edits, n_edits) != EXL_OK;
+    if (bad)
+        printf("     (%s)\n", exl_last_error());
+    double lp_err = 0;
+    for (int32_t r = 0; r < rows && !bad; r++) {
+        int differ = rg[r].id != rc[r].id || (rg[r].n_kept > 1) != (rc[r].n_kept > 1);
+        if (differ)
+            printf("     row %d (setting %d): GPU %d (%d kept), CPU %d (%d kept)\n", r, r % 13, rg[r].id, rg[r].n_kept,
+                   rc[r].id, rc[r].n_kept);
+        bad += differ;
+        if (params[r].want_logprob && !differ)
+            lp_err = fmax(lp_err, fabs((double)rg[r].logprob - rc[r].logprob));
+    }
+    char name[96];
+    snprintf(name, sizeof name, "sample op == CPU's: %s", what);
+    report(name, bad, 0);
+    snprintf(name, sizeof name, "sample op log-probabilities: %s", what);
+    report(name, bad ? 1.0 : lp_err, 1e-4);
+    gpu->ops->free(gpu, xg);
+    cpu->ops->free(cpu, xc);
+    free(params), free(edits), free(rg), free(rc);
+}
+
+/* n sampled jobs through the generator, the first 24 tokens of each into out[24 j ..] (-1 on failure) */
+static int generate_sampled(exl_model *m, exl_tokenizer *tok, int n_jobs, int32_t *out) {
+    exl_generator *g;
+    if (exl_generator_init(m, tok, NULL, &g) != EXL_OK)
+        return -1;
+    uint64_t ids[64];
+    int n = 0;
+    exl_logit_bias bias[1] = {{13, 2.0f}};
+    for (int j = 0; j < n_jobs && n >= 0; j++) {
+        int32_t prompt[8];
+        for (int i = 0; i < 8; i++)
+            prompt[i] = 3 + (j * 131 + i * 17) % 400;
+        exl_job_params jp = exl_job_default_params();
+        jp.ids = prompt, jp.n_ids = 8, jp.max_new_tokens = 24, jp.ignore_eos = 1, jp.logprobs = j % 4 == 3;
+        jp.sampling.seed = 100 + (uint64_t)j;
+        jp.sampling.temperature = 0.8f, jp.sampling.top_p = 0.95f;
+        if (j % 4 == 1)
+            jp.sampling.top_p = 1, jp.sampling.min_p = 0.05f, jp.sampling.repetition_penalty = 1.2f;
+        if (j % 4 == 2)
+            jp.sampling.typical_p = 0.9f, jp.sampling.logit_bias = bias, jp.sampling.n_logit_bias = 1;
+        if (exl_generator_submit(g, &jp, &ids[j]) != EXL_OK)
+            n = -1;
+    }
+    if (n == 0)
+        n = drain(g, ids, n_jobs, 24, out);
+    exl_generator_free(g);
+    return n;
+}
+
+static void test_device_sampling(const char *shared) {
+    float *x = rnd(13 * 32000, -10, 10);
+    sample_op_case("13 rows x 32000", x, 13, 32000);
+    for (int64_t i = 0; i < 26 * 2048; i++)
+        x[i] = floorf(x[i] / 4); /* many ties */
+    sample_op_case("26 rows x 2048, ties", x, 26, 2048);
+    free(x);
+    x = rnd(13 * 128256, -4, 4);
+    sample_op_case("13 rows x 128256", x, 13, 128256);
+    free(x);
+    exl_st_file *rf;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/reference/tinystories-656k.logits.safetensors", shared);
+    if (exl_st_open(path, &rf) == EXL_OK) {
+        const exl_st_tensor *lg = exl_st_find(rf, "logits_0");
+        if (lg)
+            sample_op_case("tinystories reference logits", lg->data, (int32_t)lg->shape[0], (int32_t)lg->shape[1]);
+        exl_st_close(rf);
+    }
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/rand-llama", shared);
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    exl_model *m;
+    exl_tokenizer *tok;
+    if (exl_model_load(dir, &p, &m) != EXL_OK || exl_tokenizer_load(dir, &tok) != EXL_OK) {
+        printf("FAIL device sampling: %s\n", exl_last_error());
+        n_fail++;
+        return;
+    }
+    enum { JOBS = 12 };
+    int32_t a[JOBS * 24], b[JOBS * 24];
+    int na = generate_sampled(m, tok, JOBS, a);
+    setenv("EXL_DEVICE_SAMPLING", "0", 1);
+    int nb = generate_sampled(m, tok, JOBS, b);
+    unsetenv("EXL_DEVICE_SAMPLING");
+    if (na != JOBS * 24 || nb != na)
+        printf("     (%d and %d tokens of %d: %s)\n", na, nb, JOBS * 24, exl_last_error());
+    report("12 sampled jobs: on the device == on the host",
+           na == JOBS * 24 && nb == na ? (double)memcmp(a, b, sizeof a) != 0 : 1.0, 0);
+    exl_tokenizer_free(tok);
+    exl_model_free(m);
+}
+
+/* ---- speculative decoding on the GPU: greedy tokens of drafting jobs against plain decoding's on the same device
+ * (a quantized draft, the model drafting for itself, n-gram drafts; a job without drafting among them); seeded
+ * sampling with n-gram drafts (point masses) gives plain sampling's tokens */
+
+enum { SPEC_JOBS = 6, SPEC_NEW = 48 };
+
+static exl_model *load_cuda(const char *shared, const char *name) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared, name);
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    exl_model *m = NULL;
+    if (exl_model_load(dir, &p, &m) != EXL_OK)
+        printf("     (load %s: %s)\n", name, exl_last_error());
+    return m;
+}
+
+/* The tokens of SPEC_JOBS jobs on m into out[j * SPEC_NEW ...] (draft NULL and ngram 0: plain decoding); *acc: the
+ * share of drafts accepted. Returns the tokens collected, -1 on failure. */
+static int spec_generate(exl_model *m, exl_tokenizer *tok, exl_model *draft, int32_t ngram, const exl_sampling *sp,
+                         int32_t *out, double *acc) {
+    exl_generator_params gp = exl_generator_default_params();
+    gp.page_size = 16, gp.n_pages = 256;
+    gp.draft_model = draft, gp.ngram = ngram, gp.draft_tokens = draft || ngram ? 5 : 0;
+    exl_generator *g;
+    if (exl_generator_init(m, tok, &gp, &g) != EXL_OK)
+        return -1;
+    uint64_t ids[SPEC_JOBS];
+    int n = 0;
+    for (int j = 0; j < SPEC_JOBS && n >= 0; j++) {
+        int32_t prompt[64];
+        int32_t len = 5 + j * 11;
+        for (int i = 0; i < len; i++) /* the second half of the longer ones repeats the first */
+            prompt[i] = i == 0 ? 1 : len > 30 && i >= len / 2 ? prompt[i - len / 2 + 1] : 3 + (j * 131 + i * 17) % 1900;
+        exl_job_params jp = exl_job_default_params();
+        jp.ids = prompt, jp.n_ids = len, jp.max_new_tokens = SPEC_NEW, jp.ignore_eos = 1, jp.no_draft = j == 1;
+        jp.sampling = *sp;
+        jp.sampling.seed = 5 + (uint64_t)j;
+        if (exl_generator_submit(g, &jp, &ids[j]) != EXL_OK)
+            n = -1;
+    }
+    if (n == 0)
+        n = drain(g, ids, SPEC_JOBS, SPEC_NEW, out);
+    exl_generator_stats st;
+    exl_generator_stats_get(g, &st);
+    *acc = st.draft_proposed ? (double)st.draft_accepted / (double)st.draft_proposed : 0;
+    exl_generator_free(g);
+    return n;
+}
+
+static void spec_case(const char *name, exl_model *m, exl_tokenizer *tok, exl_model *draft, int32_t ngram,
+                      const exl_sampling *sp, const int32_t *plain, double min_acceptance) {
+    int32_t got[SPEC_JOBS * SPEC_NEW];
+    double acc = 0;
+    int n = spec_generate(m, tok, draft, ngram, sp, got, &acc);
+    int differ = 0;
+    char first[256] = "";
+    for (int j = 0, len = 0; j < SPEC_JOBS; j++) /* where each job's tokens part from plain decoding's */
+        for (int i = 0; i < SPEC_NEW; i++)
+            if (got[j * SPEC_NEW + i] != plain[j * SPEC_NEW + i]) {
+                differ += SPEC_NEW - i;
+                len += snprintf(first + len, sizeof first - (size_t)len, " job %d from token %d,", j, i);
+                break;
+            }
+    printf("     (%s: acceptance %.3f, %d of %d tokens differ:%s)\n", name, acc, differ, SPEC_JOBS * SPEC_NEW,
+           differ ? first : " none");
+    report(name, n == SPEC_JOBS * SPEC_NEW && acc >= min_acceptance ? differ : 1.0 + differ, 0);
+}
+
+static void test_speculative(const char *shared) {
+    char tok_dir[1024];
+    snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
+    exl_tokenizer *tok = NULL;
+    exl_model *m = load_cuda(shared, "rand-llama"), *q = load_cuda(shared, "rand-llama-exl2-5.0bpw-h8"),
+              *self = load_cuda(shared, "rand-llama");
+    if (!m || !q || !self || exl_tokenizer_load(tok_dir, &tok) != EXL_OK) {
+        printf("FAIL speculative decoding: %s\n", exl_last_error());
+        n_fail++;
+    } else {
+        exl_sampling greedy = exl_sampling_default(), sampled = exl_sampling_default();
+        greedy.temperature = 0;
+        sampled.temperature = 0.8f, sampled.top_k = 40;
+        int32_t plain[SPEC_JOBS * SPEC_NEW], plain_sampled[SPEC_JOBS * SPEC_NEW];
+        double acc;
+        if (spec_generate(m, tok, NULL, 0, &greedy, plain, &acc) != SPEC_JOBS * SPEC_NEW ||
+            spec_generate(m, tok, NULL, 0, &sampled, plain_sampled, &acc) != SPEC_JOBS * SPEC_NEW) {
+            printf("FAIL speculative decoding, plain runs: %s\n", exl_last_error());
+            n_fail++;
+        } else {
+            spec_case("speculative: quantized draft, greedy == plain", m, tok, q, 0, &greedy, plain, 0.05);
+            spec_case("speculative: self-draft (acceptance >= 0.95), greedy == plain", m, tok, self, 0, &greedy, plain,
+                      0.95);
+            spec_case("speculative: n-gram, greedy == plain", m, tok, NULL, 3, &greedy, plain, 0);
+            spec_case("speculative: n-gram then draft model, greedy == plain", m, tok, q, 2, &greedy, plain, 0.05);
+            spec_case("speculative: n-gram, seeded sampling == plain", m, tok, NULL, 3, &sampled, plain_sampled, 0);
+        }
+    }
+    exl_tokenizer_free(tok);
+    exl_model_free(self);
+    exl_model_free(q);
+    exl_model_free(m);
+}
+
 int main(int argc, char **argv) {
     const char *shared = argc > 1 ? argv[1] : "../shared";
     require(exl_backend_cpu_init(1, &cpu) == EXL_OK, "cpu backend");
@@ -2045,6 +2312,7 @@ int main(int argc, char **argv) {
     test_host_gemm();
     test_quantize_device(shared);
     test_head_sampling(shared);
+    test_device_sampling(shared);
     same_tokens_with_env_off(shared, 12, "EXL_CUDA_GRAPHS", "graph replay == launches one by one");
     same_tokens_with_env_off(shared, 40, "EXL_CUDA_GRAPHS", "graph replay == launches one by one");
     argmax_case(1, 32000, 0, 1);
@@ -2055,6 +2323,7 @@ int main(int argc, char **argv) {
     /* decode ahead is the default on CUDA (EXL_DECODE_AHEAD=0: step by step) */
     same_tokens_with_env_off(shared, 1, "EXL_DECODE_AHEAD", "decode ahead == step by step");
     same_tokens_with_env_off(shared, 12, "EXL_DECODE_AHEAD", "decode ahead == step by step");
+    test_speculative(shared);
     gpu_exact->ops->destroy(gpu_exact);
     gpu_fast->ops->destroy(gpu_fast);
     cpu->ops->destroy(cpu);

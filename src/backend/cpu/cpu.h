@@ -18,6 +18,8 @@ typedef struct exl_cpu_backend {
     const exl_cpu_qkernels *qk; /* same ISA as k */
     struct exl_host_comm *comm; /* tensor parallelism: the ranks' communicator (cpu_comm.c), or NULL */
     int32_t rank;
+    void *sample_scratch; /* the sample op's per-thread candidates and rows (cpu_sample.c) */
+    size_t sample_bytes;
 } exl_cpu_backend;
 
 struct exl_linear {
@@ -71,5 +73,8 @@ exl_status exl_cpu_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t 
 /* constrained decoding's logit masks (cpu_mask.c) */
 exl_status exl_cpu_mask_logits(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
                                exl_logit_mask_fn fill, void *user);
+/* backend.h's sample op, the reference for every backend (cpu_sample.c) */
+exl_status exl_cpu_sample(exl_backend *be, exl_sample_result *out, float *logits, int32_t rows, int32_t vocab,
+                          const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits);
 
 #endif

@@ -12,6 +12,7 @@
 static void cpu_destroy(exl_backend *be) {
     exl_pool_free(exl_cpu(be)->pool);
     exl_host_comm_release(exl_cpu(be)->comm);
+    exl_free_aligned(exl_cpu(be)->sample_scratch);
     exl_free(be);
 }
 
@@ -127,6 +128,7 @@ static const exl_backend_ops cpu_ops = {
     .comm_abort = exl_cpu_comm_abort,
     .all_reduce = exl_cpu_all_reduce,
     .gather_cols = exl_cpu_gather_cols,
+    .sample = exl_cpu_sample,
 };
 
 exl_pool *exl_backend_cpu_pool(exl_backend *be) { return be->ops == &cpu_ops ? exl_cpu(be)->pool : NULL; }

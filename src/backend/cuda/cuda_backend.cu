@@ -152,6 +152,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->gemv_counters);
     cudaFree(cb->top_k_buf);
     cudaFree(cb->mask_buf);
+    cudaFree(cb->sample_buf);
     cudaFree(cb->host_gemm_buf);
     exl_cuda_moe_free(cb);
     exl_cuda_argmax_free(cb);
@@ -351,6 +352,7 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_comm_abort,
     exl_cuda_all_reduce,
     exl_cuda_gather_cols,
+    exl_cuda_sample,
 };
 
 /* ---- creation */

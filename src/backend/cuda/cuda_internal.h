@@ -79,6 +79,8 @@ typedef struct exl_cuda_backend {
     size_t fused_scratch_bytes;
     void *top_k_buf; /* top_k results: ids, then values */
     size_t top_k_bytes;
+    void *sample_buf; /* the sample op's results, settings, edits (cuda_sample.cu) */
+    size_t sample_bytes;
     void *mask_buf; /* mask_logits' bitsets (cuda_mask.cu) */
     size_t mask_bytes;
     /* greedy tokens for decode ahead of the host (cuda_argmax.cu) */
@@ -411,6 +413,8 @@ int64_t exl_cuda_argmax(exl_backend *be, int32_t *ids, const float *logits, int3
 exl_status exl_cuda_argmax_wait(exl_backend *be, int64_t ticket, int32_t *ids, int32_t rows);
 exl_status exl_cuda_mask_logits(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
                                 exl_logit_mask_fn fill, void *user);
+exl_status exl_cuda_sample(exl_backend *be, exl_sample_result *out, float *logits, int32_t rows, int32_t vocab,
+                           const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits);
 
 /* ---- argmax (cuda_argmax.cu) */
 
