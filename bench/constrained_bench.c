@@ -6,8 +6,10 @@
  * time (default 1), timed from the moment every job of a batch has its first token to the batch's end: decode
  * only, prefill left out; tokens per second is the batch's throughput. The variants take turns, ROUNDS
  * times, and each keeps its fastest run (the machine's load drifts). Prints one Markdown table row per
- * variant: tokens decoded, forward steps, ms per token and per step, and the per-step ratio to the free
- * run (text the grammar writes itself adds tokens without steps).
+ * variant: tokens decoded, forward steps, ms per token and per step, the per-step ratio to the free run
+ * (text the grammar writes itself adds tokens without steps), and the host's share of a step: the
+ * generator's time after the forward pass (sampling every row, advancing the grammar, detokenizing),
+ * which on the GPU adds to the device's step time.
  * The constraints: free text inside JSON strings (few grammar states: their masks are computed once
  * and reused), a list of objects under a bounded schema (many states: strings of at most 24
  * characters and integer ranges), and a regular expression of words. */
@@ -52,7 +54,7 @@ static const variant VARIANTS[] = {
 /* A run of `batch` concurrent jobs (seeds first..first+batch-1): decode seconds and tokens from the moment every
  * job has its first token (all in decode) to the end, and the forward steps in that span. */
 static int run_batch(exl_generator *gen, exl_constraint *c, int new_tokens, int first, int batch, double *secs,
-                     int64_t *tokens, int64_t *steps) {
+                     int64_t *tokens, int64_t *steps, double *host_secs) {
     int32_t n_now[256] = {0}, n_start[256] = {0};
     for (int j = 0; j < batch; j++) {
         exl_job_params p = exl_job_default_params();
@@ -70,6 +72,7 @@ static int run_batch(exl_generator *gen, exl_constraint *c, int new_tokens, int 
     int started = 0, n_started = 0;
     exl_generator_stats st;
     int64_t step_start = 0;
+    double host_start = 0;
     while (exl_generator_pending(gen) > 0) {
         const exl_gen_event *ev;
         int32_t n_ev;
@@ -92,6 +95,7 @@ static int run_batch(exl_generator *gen, exl_constraint *c, int new_tokens, int 
             memcpy(n_start, n_now, sizeof n_start);
             exl_generator_stats_get(gen, &st);
             step_start = st.steps;
+            host_start = st.seconds_sampling;
         }
     }
     exl_generator_stats_get(gen, &st);
@@ -99,11 +103,12 @@ static int run_batch(exl_generator *gen, exl_constraint *c, int new_tokens, int 
     for (int j = 0; j < batch; j++)
         *tokens += n_now[j] - n_start[j];
     *steps += st.steps - step_start;
+    *host_secs += st.seconds_sampling - host_start;
     return 0;
 }
 
 typedef struct result {
-    double secs;
+    double secs, host_secs;
     int64_t tokens, steps;
 } result;
 
@@ -115,7 +120,7 @@ static int run_variant(exl_generator *gen, const variant *v, int new_tokens, int
     *out = (result){0};
     for (int s = 1; s <= seeds; s += batch)
         if (run_batch(gen, c, new_tokens, s, seeds - s + 1 < batch ? seeds - s + 1 : batch, &out->secs, &out->tokens,
-                      &out->steps)) {
+                      &out->steps, &out->host_secs)) {
             exl_constraint_free(c);
             return 1;
         }
@@ -157,16 +162,19 @@ int main(int argc, char **argv) {
                 x.secs / (double)(x.steps ? x.steps : 1) < best[v].secs / (double)(best[v].steps ? best[v].steps : 1))
                 best[v] = x;
         }
-    printf(
-        "| constraint | tokens | steps | ms/token | ms/step | tok/s | step vs free |\n|---|---|---|---|---|---|---|\n");
-    double free_ms = best[0].steps ? 1e3 * best[0].secs / (double)best[0].steps : 0;
+    printf("| constraint | tokens | steps | ms/token | ms/step | tok/s | step vs free | tok/s vs free | host ms/step "
+           "|\n|---|---|---|---|---|---|---|---|---|\n");
+    double free_ms = best[0].steps ? 1e3 * best[0].secs / (double)best[0].steps : 0,
+           free_tps = best[0].secs > 0 ? (double)best[0].tokens / best[0].secs : 0;
     for (int v = 0; v < N_VARIANTS; v++) {
         const result *x = &best[v];
         double ms = x->tokens ? 1e3 * x->secs / (double)x->tokens : 0,
-               ms_step = x->steps ? 1e3 * x->secs / (double)x->steps : 0;
-        printf("| %s | %lld | %lld | %.3f | %.3f | %.1f | %.2fx |\n", VARIANTS[v].name, (long long)x->tokens,
-               (long long)x->steps, ms, ms_step, x->secs > 0 ? (double)x->tokens / x->secs : 0,
-               free_ms > 0 ? ms_step / free_ms : 0);
+               ms_step = x->steps ? 1e3 * x->secs / (double)x->steps : 0,
+               host_step = x->steps ? 1e3 * x->host_secs / (double)x->steps : 0,
+               tps = x->secs > 0 ? (double)x->tokens / x->secs : 0;
+        printf("| %s | %lld | %lld | %.3f | %.3f | %.1f | %.2fx | %.2fx | %.3f |\n", VARIANTS[v].name,
+               (long long)x->tokens, (long long)x->steps, ms, ms_step, tps, free_ms > 0 ? ms_step / free_ms : 0,
+               free_tps > 0 ? tps / free_tps : 0, host_step);
     }
     exl_generator_free(gen);
     exl_tokenizer_free(tok);

@@ -9,7 +9,9 @@
 #      libutf8proc) -lm -lpthread -ldl -o .gpucon/bin/constrained_bench
 #   copy build-gpu/{make_random_quant,libexl_cuda.so} and the non-libc libraries ldd lists into .gpucon/bin, and
 #   ../shared/tokenizers/llama3/* into .gpucon/tok
-# usage on the GPU machine: bench/gpu_constrained.sh   (OUT defaults to .gpucon/out); prints two tables
+# usage on the GPU machine: bench/gpu_constrained.sh   (OUT defaults to .gpucon/out); prints four tables: batch 1
+# and 32 jobs with sampling on the device (the default), then both with EXL_DEVICE_SAMPLING=0 (the host sampler:
+# the path of Mirostat, tail-free and top_logprobs requests). HOST_SAMPLER=0 leaves the last two out.
 set -uo pipefail
 bin=${BIN:-.gpucon/bin}
 out=${OUT:-.gpucon/out}
@@ -24,3 +26,8 @@ echo "### batch 1 (128 tokens x 4 seeds, best of 3 rounds)"
 EXL_BENCH_DEVICE=cuda "$bin/constrained_bench" "$m" 128 4 3 1 2>>"$log"
 echo "### 32 concurrent jobs (128 tokens x 32 seeds, best of 3 rounds)"
 EXL_BENCH_DEVICE=cuda "$bin/constrained_bench" "$m" 128 32 3 32 2>>"$log"
+[ "${HOST_SAMPLER:-1}" = 0 ] && exit 0
+echo "### batch 1, host sampler (EXL_DEVICE_SAMPLING=0)"
+EXL_DEVICE_SAMPLING=0 EXL_BENCH_DEVICE=cuda "$bin/constrained_bench" "$m" 128 4 3 1 2>>"$log"
+echo "### 32 concurrent jobs, host sampler (EXL_DEVICE_SAMPLING=0)"
+EXL_DEVICE_SAMPLING=0 EXL_BENCH_DEVICE=cuda "$bin/constrained_bench" "$m" 128 32 3 32 2>>"$log"

@@ -1,5 +1,6 @@
 /* mask.c - token masks: a preorder walk of the token trie that carries the matcher state of each
- * depth and skips every subtree whose first byte the state cannot read. */
+ * depth and skips every subtree whose first byte the state cannot read; the same walk stops at the
+ * first token where only whether there is one matters. */
 #include "constrain/mask.h"
 
 #include "base/alloc.h"
@@ -16,6 +17,7 @@ static void drop_masks(exl_matcher *m) {
     m->mask_bytes = 0;
 }
 
+/* The tokens state s allows: set in bits and counted, or (bits NULL) *count 1 at the first one found, else 0. */
 static exl_status walk(exl_matcher *m, const exl_token_trie *t, int32_t s, uint32_t *bits, int32_t *count) {
     int32_t *at = exl_malloc((size_t)(t->max_depth + 1) * sizeof *at);
     if (!at)
@@ -36,6 +38,10 @@ static exl_status walk(exl_matcher *m, const exl_token_trie *t, int32_t s, uint3
             continue;
         }
         at[t->depth[i]] = next;
+        if (!bits && t->tok_n[i]) {
+            *count = 1;
+            break;
+        }
         *count += t->tok_n[i];
         for (int32_t k = 0; k < t->tok_n[i]; k++) {
             int32_t id = t->order[t->tok_first[i] + k];
@@ -73,5 +79,16 @@ exl_status exl_mask_get(exl_matcher *m, const exl_token_trie *t, int32_t s, cons
     m->states[s].mask_count = count;
     m->mask_bytes += bytes;
     *mask = bits;
+    return EXL_OK;
+}
+
+exl_status exl_mask_any(exl_matcher *m, const exl_token_trie *t, int32_t s, int *any) {
+    if (m->mask_vocab == t && m->states[s].mask) {
+        *any = m->states[s].mask_count > 0;
+        return EXL_OK;
+    }
+    int32_t found = 0;
+    EXL_TRY(walk(m, t, s, NULL, &found));
+    *any = found > 0;
     return EXL_OK;
 }

@@ -16,4 +16,8 @@ static inline int32_t exl_token_mask_words(int32_t vocab) { return (vocab + 31) 
  * accepting states). *mask stays valid until the next call on this matcher. */
 exl_status exl_mask_get(exl_matcher *m, const exl_token_trie *t, int32_t s, const uint32_t **mask);
 
+/* Whether state s allows some token of trie t: the cached mask's count, else a walk that stops at the
+ * first token (it leaves the mask to exl_mask_get, which a step calls while the device computes). */
+exl_status exl_mask_any(exl_matcher *m, const exl_token_trie *t, int32_t s, int *any);
+
 #endif

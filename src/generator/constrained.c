@@ -35,8 +35,7 @@ static exl_status prepare(exl_generator *g) {
     if (!g->trie)
         EXL_TRY(exl_token_trie_build(g->tok, g->vocab, &g->trie));
     if (!g->masks) {
-        /* a row per job of a step, and one for force_text */
-        g->masks = exl_malloc((size_t)(g->params.max_jobs + 1) * (size_t)exl_mask_words(g->vocab) * sizeof *g->masks);
+        g->masks = exl_malloc((size_t)g->params.max_jobs * (size_t)exl_mask_words(g->vocab) * sizeof *g->masks);
         if (!g->masks)
             return exl_fail(EXL_ERR_NOMEM, "out of memory");
     }
@@ -53,15 +52,13 @@ static int may_end(const exl_generator *g, const exl_job *j, int32_t s) {
 }
 
 /* The mask of state s for job j into row (its end tokens set where it may end). */
-static exl_status row_mask(exl_generator *g, exl_job *j, int32_t s, uint32_t *row, int *any) {
+static exl_status row_mask(exl_generator *g, exl_job *j, int32_t s, uint32_t *row) {
     const uint32_t *m;
     int32_t words = exl_mask_words(g->vocab);
     EXL_TRY(exl_mask_get(&j->constraint->matcher, g->trie, s, &m));
     memcpy(row, m, (size_t)words * sizeof *row);
-    *any = j->constraint->matcher.states[s].mask_count > 0;
     if (!may_end(g, j, s))
         return EXL_OK;
-    *any = 1;
     for (int32_t i = 0; i < j->n_stop_ids; i++)
         row[j->stop_ids[i] >> 5] |= 1u << (j->stop_ids[i] & 31);
     for (int32_t i = 0; !j->ignore_eos && i < g->n_eos; i++)
@@ -77,9 +74,8 @@ exl_status exl_gen_fill_masks(void *user, uint32_t *masks, int32_t rows) {
         int32_t n = exl_seq_step_logit_rows(&g->steps[s]);
         for (int32_t i = 0; i < n && r < rows; i++, r++) {
             uint32_t *row = masks + (size_t)r * (size_t)words;
-            int any;
             if (j->constraint && g->steps[s].want_logits == 1)
-                EXL_TRY(row_mask(g, j, j->cstate, row, &any));
+                EXL_TRY(row_mask(g, j, j->cstate, row));
             else
                 memset(row, 0xff, (size_t)words * sizeof *row);
         }
@@ -122,18 +118,20 @@ static exl_status choice_score(exl_generator *g, exl_job *j, int32_t s, int32_t 
 }
 
 /* Where no token can go on from the job's state: write the bytes the grammar leads to until one
- * can (or the output is complete), feed their tokens. */
+ * can (or the output is complete), feed their tokens. Whether one can is a walk that stops at the
+ * first token: a state's whole mask, on its first visit, is left to the next step's fill, which
+ * runs while the device computes (here it would add to the step). */
 static exl_status force_text(exl_generator *g, exl_job *j) {
     exl_matcher *m = &j->constraint->matcher;
-    uint32_t *row = g->masks + (size_t)g->params.max_jobs * (size_t)exl_mask_words(g->vocab);
     char bytes[MAX_FORCED + 4];
     size_t n = 0;
     int32_t s = j->cstate;
     for (;;) {
-        int any;
         if (exl_matcher_complete(m, s))
             break;
-        EXL_TRY(row_mask(g, j, s, row, &any));
+        int any = may_end(g, j, s);
+        if (!any)
+            EXL_TRY(exl_mask_any(m, g->trie, s, &any));
         if (any && exl_utf8_complete_prefix(bytes, n) == n)
             break;
         if (n >= MAX_FORCED)

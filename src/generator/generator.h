@@ -144,7 +144,7 @@ struct exl_generator {
     exl_gen_dsample dsample;
     /* constrained decoding (constrained.c), set up when a constrained job first comes */
     exl_token_trie *trie; /* the vocabulary's byte strings */
-    uint32_t *masks;      /* [max_jobs + 1, exl_mask_words(vocab)]: the step's logit masks, a spare row */
+    uint32_t *masks;      /* [max_jobs, exl_mask_words(vocab)]: the step's logit masks */
 
     int32_t cap_logit_rows; /* rows of logits (speculative steps may need more than max_jobs) */
     exl_spec *spec;         /* speculative decoding (speculative.c); NULL when off */

@@ -249,25 +249,29 @@ static int32_t top_k_logits(const float *logits, int32_t vocab, int32_t k, exl_c
     return m == k ? m : -1;
 }
 
-/* Every finite logit as a weight exp((l - max) / T), in id order; *best gets the argmax. Both loops
- * are free of data-dependent branches: masked (-inf) logits, scattered over the vocabulary by a
- * constraint, would make such branches mispredict. */
+/* Every finite logit as a weight exp((l - max) / T), in id order; *best gets the argmax. The first
+ * loop gathers the finite logits without a data-dependent branch (masked -inf logits lie scattered
+ * over the vocabulary where a constraint allows some of its tokens), so that expf sees finite
+ * arguments only: for -inf it takes a slow path whose branch mispredicts as often as the mask
+ * changes, which cost more than the weights of the allowed tokens themselves. */
 static int32_t all_weights(const float *logits, int32_t vocab, float temperature, exl_candidate *c, int32_t *best) {
     float lmax = -INFINITY;
+    int32_t n = 0;
     *best = -1;
-    for (int32_t i = 0; i < vocab; i++)
-        if (logits[i] > lmax) { /* rarely taken: a new maximum */
-            lmax = logits[i];
+    for (int32_t i = 0; i < vocab; i++) {
+        float l = logits[i];
+        c[n] = (exl_candidate){i, l}; /* kept when finite: n moves past it */
+        n += l > -INFINITY;
+        if (l > lmax) { /* rarely taken: a new maximum */
+            lmax = l;
             *best = i;
         }
+    }
     if (*best < 0 || temperature <= 0)
         return 0;
     float inv_t = 1.0f / temperature;
-    int32_t n = 0;
-    for (int32_t i = 0; i < vocab; i++) {
-        c[n] = (exl_candidate){i, expf((logits[i] - lmax) * inv_t)};
-        n += logits[i] > -INFINITY;
-    }
+    for (int32_t k = 0; k < n; k++)
+        c[k].p = expf((c[k].p - lmax) * inv_t);
     return n;
 }
 

@@ -224,10 +224,13 @@ EXL_TEST(int_range_exact) {
 
 /* ---------------------------------------------------------------- token trie and masks */
 
-/* Every token allowed by the mask of state st is exactly one whose bytes the matcher survives. */
+/* Every token allowed by the mask of state st is exactly one whose bytes the matcher survives, and
+ * exl_mask_any (asked first, before the mask is cached) says whether there is one. */
 static void check_mask_brute_force(exl_constraint *c, const exl_token_trie *t, int32_t st, const char *what,
                                    int expect_some) {
     const uint32_t *mask;
+    int any;
+    REQUIRE_OK(exl_mask_any(&c->matcher, t, st, &any));
     REQUIRE_OK(exl_mask_get(&c->matcher, t, st, &mask));
     int bad = 0, allowed = 0;
     for (int32_t id = 0; id < t->vocab && bad < 3; id++) {
@@ -243,6 +246,7 @@ static void check_mask_brute_force(exl_constraint *c, const exl_token_trie *t, i
         }
     }
     CHECK_MSG(allowed > 0 || !expect_some, "%s: nothing allowed", what);
+    CHECK_MSG(any == (allowed > 0), "%s: exl_mask_any says %d, the mask allows %d", what, any, allowed);
 }
 
 /* full_charset: the vocabulary spells every byte (the TinyStories one has no braces, brackets or

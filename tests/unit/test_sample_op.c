@@ -214,6 +214,20 @@ EXL_TEST(op_matches_host_on_a_wide_vocabulary) {
     free(logits);
 }
 
+/* Rows a constraint masked: -inf over two thirds of a wide vocabulary, scattered as a regex's mask is (both
+ * samplers gather the finite logits before their weights). */
+EXL_TEST(op_matches_host_on_masked_rows) {
+    const int32_t vocab = 128256, rows = 2;
+    float *logits = malloc((size_t)rows * vocab * sizeof *logits);
+    uint64_t x = 777;
+    for (int32_t i = 0; i < rows * vocab; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        logits[i] = (x >> 33) % 3 ? -INFINITY : (float)((double)(x >> 11) * 0x1.0p-53 * 8 - 4);
+    }
+    compare_rows(logits, rows, vocab, 1, "masked 128k vocabulary");
+    free(logits);
+}
+
 /* The generator on the CPU, sampled on the backend and on the host: same tokens and log-probabilities. */
 EXL_TEST(generator_same_tokens_either_way) {
     exl_tokenizer *tok;

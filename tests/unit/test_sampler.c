@@ -291,6 +291,53 @@ EXL_TEST(seed_fixes_the_draws) {
     exl_sampler_scratch_free(&s);
 }
 
+/* A row masked by a constraint (-inf scattered over the vocabulary) draws as the allowed tokens alone
+ * would, in id order: the same candidates, weights and random-stream use, for each filter. */
+EXL_TEST(masked_row_draws_as_the_allowed_tokens) {
+    enum { V = 4000 };
+    float *full = malloc(V * sizeof *full), *allowed = malloc(V * sizeof *allowed), *work = malloc(V * sizeof *work);
+    int32_t *id_of = malloc(V * sizeof *id_of), n = 0;
+    uint64_t x = 7;
+    for (int32_t i = 0; i < V; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        full[i] = (float)((x >> 40) % 1024) / 128.0f - 4.0f;
+        if ((x >> 20) % 3 == 0) { /* a third allowed, in no pattern */
+            id_of[n] = i;
+            allowed[n++] = full[i];
+        } else {
+            full[i] = -INFINITY;
+        }
+    }
+    exl_sampler_scratch s = scratch_for(V);
+    for (int setting = 0; setting < 4; setting++) {
+        exl_sampling p = exl_sampling_default();
+        p.seed = (uint64_t)setting;
+        if (setting == 1)
+            p.top_p = 0.8f;
+        else if (setting == 2)
+            p.min_p = 0.1f, p.temperature = 0.7f;
+        else if (setting == 3)
+            p.top_k = 2000; /* more than the tokens allowed: every finite logit */
+        exl_sampler_state a, b;
+        exl_sampler_init(&a, &p);
+        exl_sampler_init(&b, &p);
+        for (int d = 0; d < 200; d++) {
+            memcpy(work, full, V * sizeof *work);
+            int32_t got = exl_sampler_sample(&p, &a, work, V, NULL, 0, &s);
+            memcpy(work, allowed, (size_t)n * sizeof *work);
+            int32_t want = exl_sampler_sample(&p, &b, work, n, NULL, 0, &s);
+            REQUIRE(want >= 0 && want < n);
+            CHECK_MSG(got == id_of[want], "setting %d draw %d: token %d, the allowed tokens alone give %d", setting, d,
+                      got, id_of[want]);
+        }
+    }
+    exl_sampler_scratch_free(&s);
+    free(full);
+    free(allowed);
+    free(work);
+    free(id_of);
+}
+
 /* ---- the head path (a backend selects the largest logits, the host finishes): for every
  * setting it takes, the same token and the same random-stream use as the full logits */
 

@@ -132,7 +132,8 @@ static int32_t typical_filter(sample_cand *c, int32_t n, float typical_p) {
     return select_prefix(c, n, mass_target(typical_p, total), 0) + 1;
 }
 
-/* A row's weights: w (-1 for a -inf logit) and W per id, their sum; cand: room for candidates. */
+/* A row's weights: w (-1 for a -inf logit) and W per id, their sum; cand: room for candidates; finite: room for the
+ * ids of the finite logits. */
 typedef struct sample_space {
     const float *x;
     int32_t vocab;
@@ -140,6 +141,7 @@ typedef struct sample_space {
     uint64_t *wi;
     uint64_t total;
     sample_cand *cand;
+    int32_t *finite;
 } sample_space;
 
 /* The candidates whose weight is at least thr into cand, in id order: *mass their W. */
@@ -178,12 +180,17 @@ static exl_sample_result sample_row(const exl_sample_params *p, const exl_logit_
         memcpy(raw, x, (size_t)vocab * sizeof *raw);
     }
     apply_edits(p, edits + p->first_edit, x);
+    /* the argmax, and the finite logits' ids gathered without a data-dependent branch: a constraint's mask scatters
+     * -inf over the row, and a branch around expf per logit would mispredict wherever the mask changes */
     float lmax = -INFINITY;
     int32_t best = -1, n_finite = 0;
     for (int32_t i = 0; i < vocab; i++) {
         if (x[i] > lmax)
             lmax = x[i], best = i;
+        s->finite[n_finite] = i;
         n_finite += x[i] > -INFINITY;
+        s->w[i] = -1.0f;
+        s->wi[i] = 0;
     }
     if (best < 0)
         return r;
@@ -195,8 +202,9 @@ static exl_sample_result sample_row(const exl_sample_params *p, const exl_logit_
         const double scale = ldexp(1.0, exl_sample_shift(vocab));
         s->x = x;
         s->total = 0;
-        for (int32_t i = 0; i < vocab; i++) {
-            float w = x[i] > -INFINITY ? expf((x[i] - lmax) * inv_t) : -1.0f;
+        for (int32_t k = 0; k < n_finite; k++) {
+            int32_t i = s->finite[k];
+            float w = expf((x[i] - lmax) * inv_t);
             s->w[i] = w;
             s->wi[i] = w > 0 ? (uint64_t)((double)w * scale + 0.5) : 0;
             s->total += s->wi[i];
@@ -269,10 +277,10 @@ typedef struct sample_job {
     int32_t rows, vocab;
     const exl_sample_params *params;
     const exl_logit_edit *edits;
-    void *scratch; /* per pool index: vocab candidates, weights, fixed-point weights, raw logits */
+    void *scratch; /* per pool index: vocab candidates, fixed-point weights, weights, raw logits, finite ids */
 } sample_job;
 
-#define SAMPLE_ROW_BYTES (sizeof(sample_cand) + sizeof(float) + sizeof(uint64_t) + sizeof(float))
+#define SAMPLE_ROW_BYTES (sizeof(sample_cand) + sizeof(float) + sizeof(uint64_t) + sizeof(float) + sizeof(int32_t))
 
 static void sample_rows(void *ctx, int index, int count) {
     sample_job *t = ctx;
@@ -280,7 +288,7 @@ static void sample_rows(void *ctx, int index, int count) {
     sample_cand *cand = (sample_cand *)((char *)t->scratch + (size_t)index * v * SAMPLE_ROW_BYTES);
     uint64_t *wi = (uint64_t *)(cand + v);
     float *w = (float *)(wi + v), *raw = w + v;
-    sample_space s = {.vocab = t->vocab, .w = w, .wi = wi, .cand = cand};
+    sample_space s = {.vocab = t->vocab, .w = w, .wi = wi, .cand = cand, .finite = (int32_t *)(raw + v)};
     for (int32_t r = index; r < t->rows; r += count)
         t->out[r] = sample_row(&t->params[r], t->edits, t->logits + (size_t)r * v, t->vocab, &s, raw);
 }
