@@ -20,7 +20,7 @@
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 14
+#define EXL_BACKEND_ABI 15
 
 typedef struct exl_backend exl_backend;
 
@@ -126,6 +126,8 @@ typedef struct exl_backend_ops {
      * `mask` may be reused. Samplers that read only the head (top_k) then see the masked logits. */
     exl_status (*mask_logits)(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
                               exl_logit_mask_fn fill, void *user);
+    /* gathered low-rank adapter updates added to a linear's output (graph.h: lora) */
+    void (*lora)(exl_backend *be, const exl_lora_node *n);
 } exl_backend_ops;
 
 #define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */

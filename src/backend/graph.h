@@ -25,6 +25,9 @@
  *                renormalized over the chosen ones when asked)
  *   moe_experts  out[r] += sum over r's choices j of weights[r, j] *      x, out [rows, width]
  *                down_e(act(gate_e(x[r])) * up_e(x[r])), e = ids[r, j]
+ *   lora         out[r] += sum over r's adapter uses u of scale_u *       x [rows, in], out [rows, out_features]
+ *                (x[r] · A_u^T) · Bt_u, the adapters' low-rank
+ *                factors gathered per row (LoRA beside a linear)
  *
  * The model builds a step's graph from parts that stand alone (model.h: the embedding, each decoder layer's nodes
  * by exl_model_layer_graph, the head), so a graph may be one layer as well as a whole step.
@@ -112,6 +115,7 @@ typedef enum exl_op {
     EXL_OP_ROW_GATE,
     EXL_OP_MOE_ROUTE,
     EXL_OP_MOE_EXPERTS,
+    EXL_OP_LORA,
 } exl_op;
 
 /* Which part of the model a node is, for messages and hooks. */
@@ -260,6 +264,28 @@ typedef struct exl_moe_experts_node {
     int32_t *slots;   /* [2 * rows * top_k] */
 } exl_moe_experts_node;
 
+/* One adapter's factors for one projection (backend memory): the update of a row x is (x · A^T) · Bt, the adapter's
+ * scaling (alpha / r, or alpha / sqrt(r)) already in Bt. rank 0: the adapter leaves the projection alone. */
+typedef struct exl_lora_factors {
+    const float *a;  /* [rank, in] */
+    const float *bt; /* [rank, out] */
+    int32_t rank, pad_;
+} exl_lora_factors;
+
+/* Gathered low-rank updates (Punica / S-LoRA): each row uses its own adapters, the uses of row r being
+ * row_uses[r] .. row_uses[r + 1] - 1, one use u naming the adapter slot use_slot[u] (an entry of factors) and the
+ * weight use_scale[u]; use_row[u] is the row of use u. t is scratch of n_uses * max_rank floats. */
+typedef struct exl_lora_node {
+    float *out;                      /* [rows, out_features], added to */
+    const float *x;                  /* [rows, in_features] */
+    const exl_lora_factors *factors; /* backend memory, [n_slots] */
+    const int32_t *row_uses;         /* backend memory, [rows + 1] */
+    const int32_t *use_row, *use_slot;
+    const float *use_scale;
+    float *t;
+    int32_t rows, in_features, out_features, n_uses, max_rank;
+} exl_lora_node;
+
 typedef struct exl_node {
     exl_op op;
     exl_node_tag tag;
@@ -278,6 +304,7 @@ typedef struct exl_node {
         exl_row_gate_node row_gate;
         exl_moe_route_node moe_route;
         exl_moe_experts_node moe_experts;
+        exl_lora_node lora;
     };
 } exl_node;
 
@@ -400,6 +427,11 @@ static inline exl_node_access exl_node_access_of(const exl_node *n, int32_t batc
         EXL_WRITES_(e->out, (int64_t)e->rows * e->width);
         break;
     }
+    case EXL_OP_LORA:
+        EXL_READS_(n->lora.x, (int64_t)n->lora.rows * n->lora.in_features);
+        EXL_READS_(n->lora.out, (int64_t)n->lora.rows * n->lora.out_features);
+        EXL_WRITES_(n->lora.out, (int64_t)n->lora.rows * n->lora.out_features);
+        break;
     }
 #undef EXL_READS_
 #undef EXL_WRITES_

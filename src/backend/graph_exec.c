@@ -74,6 +74,7 @@ exl_status exl_graph_exec(exl_backend *be, const exl_graph *g, exl_linear_hook h
                                 n->tag.layer);
             op->moe_experts(be, &n->moe_experts);
             break;
+        case EXL_OP_LORA: op->lora(be, &n->lora); break;
         }
     }
     return EXL_OK;

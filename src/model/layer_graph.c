@@ -10,6 +10,7 @@
 #include "model/model.h"
 
 #include "base/error.h"
+#include "model/lora.h"
 
 #include <math.h>
 
@@ -60,9 +61,13 @@ static exl_status qkv_nodes(exl_model *m, const exl_layer *l, int32_t li, exl_gr
     if (!l->qkv) {
         EXL_TRY(matmul(g, li, EXL_PART_Q, s->q, s->h, l->q, rows, hid, qw, 0));
         EXL_TRY(matmul(g, li, EXL_PART_K, s->k, s->h, l->k, rows, hid, kvw, 0));
-        return matmul(g, li, EXL_PART_V, s->v, s->h, l->v, rows, hid, kvw, 0);
+        EXL_TRY(matmul(g, li, EXL_PART_V, s->v, s->h, l->v, rows, hid, kvw, 0));
+        EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_Q, l->q, s->q, s->h, hid, qw));
+        EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_K, l->k, s->k, s->h, hid, kvw));
+        return exl_lora_node_after(m, g, li, EXL_LORA_V, l->v, s->v, s->h, hid, kvw);
     }
     EXL_TRY(matmul(g, li, EXL_PART_QKV, s->fused, s->h, l->qkv, rows, hid, all, 0));
+    EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_QKV, l->qkv, s->fused, s->h, hid, all));
     EXL_TRY(copy_cols(g, li, EXL_PART_Q, s->q, s->fused, rows, qw, all, 0));
     EXL_TRY(copy_cols(g, li, EXL_PART_K, s->k, s->fused, rows, kvw, all, qw));
     return copy_cols(g, li, EXL_PART_V, s->v, s->fused, rows, kvw, all, qw + kvw);
@@ -106,9 +111,12 @@ static exl_status attention_nodes(exl_model *m, const exl_layer *l, int32_t li, 
     };
     for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++)
         EXL_TRY(exl_graph_add(g, &nodes[i]));
-    if (!l->post_attn_norm)
-        return matmul(g, li, EXL_PART_O, s->x, s->attn, l->o, rows, qw, hid, 1);
+    if (!l->post_attn_norm) {
+        EXL_TRY(matmul(g, li, EXL_PART_O, s->x, s->attn, l->o, rows, qw, hid, 1));
+        return exl_lora_node_after(m, g, li, EXL_LORA_O, l->o, s->x, s->attn, qw, hid);
+    }
     EXL_TRY(matmul(g, li, EXL_PART_O, s->h, s->attn, l->o, rows, qw, hid, 0));
+    EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_O, l->o, s->h, s->attn, qw, hid));
     return residual(m, g, li, EXL_PART_POST_ATTN_NORM, EXL_PART_ATTN_RESIDUAL, s->h, l->post_attn_norm);
 }
 
@@ -122,15 +130,19 @@ static exl_status gated_mlp(exl_model *m, const exl_expert *e, const exl_linear 
     int32_t rows = g->batch->n_rows, hid = m->cfg.hidden_size;
     if (gate_up) {
         EXL_TRY(matmul(g, li, EXL_PART_GATE_UP, s->fused, s->h, gate_up, rows, hid, 2 * ffn, 0));
+        EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_GATE_UP, gate_up, s->fused, s->h, hid, 2 * ffn));
         EXL_TRY(copy_cols(g, li, EXL_PART_GATE, s->gate, s->fused, rows, ffn, 2 * ffn, 0));
         EXL_TRY(copy_cols(g, li, EXL_PART_UP, s->up, s->fused, rows, ffn, 2 * ffn, ffn));
     } else {
         EXL_TRY(matmul(g, li, EXL_PART_GATE, s->gate, s->h, e->gate, rows, hid, ffn, 0));
         EXL_TRY(matmul(g, li, EXL_PART_UP, s->up, s->h, e->up, rows, hid, ffn, 0));
+        EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_GATE, e->gate, s->gate, s->h, hid, ffn));
+        EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_UP, e->up, s->up, s->h, hid, ffn));
     }
     const exl_node glu = {.op = EXL_OP_GLU, .tag = {li, EXL_PART_GLU}, .glu = {s->gate, s->up, rows, ffn, m->cfg.act}};
     EXL_TRY(exl_graph_add(g, &glu));
-    return matmul(g, li, EXL_PART_DOWN, out, s->gate, e->down, rows, ffn, hid, accumulate);
+    EXL_TRY(matmul(g, li, EXL_PART_DOWN, out, s->gate, e->down, rows, ffn, hid, accumulate));
+    return exl_lora_node_after(m, g, li, EXL_LORA_DOWN, e->down, out, s->gate, ffn, hid);
 }
 
 /* router, routes, the experts added to x; Qwen2-MoE's shared expert, scaled by the sigmoid of its gate, after */

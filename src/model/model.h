@@ -92,6 +92,7 @@ struct exl_model {
     float embed_scale;
     int32_t rot_dim;
     exl_forward_scratch fs;
+    struct exl_lora_state *lora; /* LoRA adapters (model/lora.h), NULL until one is loaded */
 };
 
 /* A paged KV cache: n_pages pages of page_size token slots per layer, keys and values stored as fmt says

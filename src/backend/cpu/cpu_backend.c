@@ -121,6 +121,7 @@ static const exl_backend_ops cpu_ops = {
     .moe_experts = exl_cpu_moe_experts,
     .host_gemm = exl_cpu_host_gemm,
     .mask_logits = exl_cpu_mask_logits,
+    .lora = exl_cpu_lora,
 };
 
 exl_pool *exl_backend_cpu_pool(exl_backend *be) { return be->ops == &cpu_ops ? exl_cpu(be)->pool : NULL; }
