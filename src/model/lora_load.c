@@ -267,13 +267,13 @@ static exl_status load(loader *L, exl_lora *lo) {
     EXL_TRY(st);
     EXL_TRY(check_architecture(L));
     EXL_TRY(collect_targets(L));
-    EXL_TRY(check_target_names(L));
     if (!(path = exl_path_join(L->dir, "adapter_model.safetensors")))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     st = exl_st_open(path, &L->file);
     exl_free(path);
     EXL_TRY(st);
     EXL_TRY(match_tensors(L));
+    EXL_TRY(check_target_names(L));
     EXL_TRY(check_pairs(L));
     if (!(lo->rank = exl_calloc((size_t)L->n_targets, sizeof *lo->rank)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");

@@ -1,0 +1,275 @@
+/* test_lora.c - LoRA adapters on the CPU: logits of PEFT's fixtures against the reference (alone, weighted together,
+ * on an EXL2 base), sequences with different adapters in one step, and the one-line errors for bad adapters. */
+#include "model/lora.h"
+#include "model_util.h"
+#include "test.h"
+
+#include "io/safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static exl_model *load_cpu(const char *name) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CPU;
+    exl_model *m = NULL;
+    if (exl_model_load(exl_test_shared(rel), &p, &m) != EXL_OK)
+        exl_test_failed(__FILE__, __LINE__, "load %s: %s", name, exl_last_error());
+    return m;
+}
+
+static exl_lora *load_adapter(exl_model *m, const char *name) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    exl_lora *lo = NULL;
+    if (exl_lora_load(m, exl_test_shared(rel), &lo) != EXL_OK)
+        exl_test_failed(__FILE__, __LINE__, "adapter %s: %s", name, exl_last_error());
+    return lo;
+}
+
+static exl_st_file *open_ref(void) {
+    exl_st_file *f = NULL;
+    if (exl_st_open(exl_test_shared("reference/rand-llama-lora.logits.safetensors"), &f) != EXL_OK)
+        exl_test_failed(__FILE__, __LINE__, "%s", exl_last_error());
+    return f;
+}
+
+/* the largest difference between the logits of sequence s of tag (fed `step` tokens a step) and the reference */
+static double seq_diff(exl_model *m, const exl_st_file *ref, const char *tag, const char *s, int32_t step) {
+    char key[64];
+    snprintf(key, sizeof key, "%s_ids_%s", tag, s);
+    const exl_st_tensor *ids = exl_st_find(ref, key);
+    snprintf(key, sizeof key, "%s_logits_%s", tag, s);
+    const exl_st_tensor *lg = exl_st_find(ref, key);
+    snprintf(key, sizeof key, "%s_pos_%s", tag, s);
+    const exl_st_tensor *pos = exl_st_find(ref, key);
+    int32_t n = ids ? (int32_t)ids->shape[0] : 0, vocab = m->cfg.vocab_size;
+    exl_session *ses = NULL;
+    float *out = malloc((size_t)n * vocab * sizeof *out);
+    double worst = -1;
+    if (lg && out && exl_session_init(m, n, &ses) == EXL_OK) {
+        worst = 0;
+        for (int32_t t = 0; t < n && worst >= 0; t += step) {
+            int32_t k = n - t < step ? n - t : step;
+            if (exl_session_eval(ses, (const int32_t *)ids->data + t, k, out + (int64_t)t * vocab, NULL) != EXL_OK)
+                worst = -1;
+        }
+        for (int32_t r = 0; worst >= 0 && r < (int32_t)lg->shape[0]; r++) {
+            int32_t p = pos ? ((const int32_t *)pos->data)[r] : r;
+            for (int32_t v = 0; v < vocab; v++) {
+                double d = fabs(out[(int64_t)p * vocab + v] - ((const float *)lg->data)[(int64_t)r * vocab + v]);
+                worst = d > worst ? d : worst;
+            }
+        }
+    }
+    exl_session_free(ses);
+    free(out);
+    return worst;
+}
+
+static void check_tag(exl_model *m, const exl_st_file *ref, const char *tag) {
+    double a = seq_diff(m, ref, tag, "a", 12), b = seq_diff(m, ref, tag, "b", 37), b1 = seq_diff(m, ref, tag, "b", 200);
+    CHECK_MSG(a >= 0 && a < 1e-4 && b >= 0 && b < 1e-4 && b1 >= 0 && b1 < 1e-4,
+              "%s: logits differ from PEFT's by %g (a), %g (b in steps of 37), %g (b at once)", tag, a, b, b1);
+}
+
+EXL_TEST(lora_logits_match_peft) {
+    exl_st_file *ref = open_ref();
+    exl_model *m = load_cpu("rand-llama");
+    REQUIRE(ref && m);
+    exl_lora *a1 = load_adapter(m, "rand-llama-lora-a1"), *a2 = load_adapter(m, "rand-llama-lora-a2");
+    REQUIRE(a1 && a2);
+    exl_lora_use one[1] = {{a1, 1}}, two[2] = {{a1, 0.5f}, {a2, 1}};
+    REQUIRE_OK(exl_model_set_lora(m, one, 1));
+    check_tag(m, ref, "a1");
+    one[0].lora = a2;
+    REQUIRE_OK(exl_model_set_lora(m, one, 1));
+    check_tag(m, ref, "a2");
+    REQUIRE_OK(exl_model_set_lora(m, two, 2));
+    check_tag(m, ref, "w");
+    exl_lora_free(a2); /* a1 stays loaded: freed with the model */
+    exl_model_free(m);
+
+    m = load_cpu("rand-llama-exl2-5.0bpw-h8");
+    REQUIRE(m);
+    a1 = load_adapter(m, "rand-llama-lora-a1");
+    REQUIRE(a1);
+    one[0].lora = a1;
+    REQUIRE_OK(exl_model_set_lora(m, one, 1));
+    check_tag(m, ref, "q");
+    exl_model_free(m);
+    exl_st_close(ref);
+}
+
+/* ---- sequences with different adapters in one step */
+
+EXL_TEST(lora_sets_per_sequence_in_one_step) {
+    exl_st_file *ref = open_ref();
+    exl_model *m = load_cpu("rand-llama");
+    REQUIRE(ref && m);
+    exl_lora *a1 = load_adapter(m, "rand-llama-lora-a1"), *a2 = load_adapter(m, "rand-llama-lora-a2");
+    REQUIRE(a1 && a2);
+    const exl_lora_use u1 = {a1, 1}, u2 = {a2, 1}, uw[2] = {{a1, 0.5f}, {a2, 1}};
+    exl_lora_set s1, s2, sw, none = {0};
+    REQUIRE_OK(exl_lora_set_make(m, &u1, 1, &s1));
+    REQUIRE_OK(exl_lora_set_make(m, &u2, 1, &s2));
+    REQUIRE_OK(exl_lora_set_make(m, uw, 2, &sw));
+    /* four copies of sequence a, each with its own set, in one step; the base's logits from a plain run */
+    const exl_st_tensor *ids = exl_st_find(ref, "a1_ids_a");
+    REQUIRE(ids);
+    const int32_t n = (int32_t)ids->shape[0], vocab = m->cfg.vocab_size;
+    exl_kv_cache *cache;
+    REQUIRE_OK(exl_kv_cache_init(m, 4, 16, 16, 16, &cache));
+    int32_t pages[4] = {0, 1, 2, 3};
+    exl_seq_step st[4];
+    for (int i = 0; i < 4; i++)
+        st[i] = (exl_seq_step){.ids = ids->data, .n_new = n, .pages = &pages[i], .n_pages = 1, .want_logits = 2};
+    const exl_lora_set *sets[4] = {&s1, &none, &s2, &sw};
+    float *out = malloc((size_t)4 * n * vocab * sizeof *out), *base = malloc((size_t)n * vocab * sizeof *base);
+    REQUIRE(out && base);
+    exl_lora_step_sets(m, sets, 4);
+    exl_status st_ = exl_model_forward(m, cache, st, 4, out);
+    CHECK_MSG(st_ == EXL_OK, "%s", exl_last_error());
+    st[0].pages = &pages[3];
+    CHECK(exl_model_forward(m, cache, st, 1, base) == EXL_OK); /* no sets given: the fallback, none */
+    static const char *const tags[4] = {"a1", NULL, "a2", "w"};
+    for (int i = 0; i < 4; i++) {
+        char key[32];
+        const float *want = base;
+        if (tags[i]) {
+            snprintf(key, sizeof key, "%s_logits_a", tags[i]);
+            const exl_st_tensor *lg = exl_st_find(ref, key);
+            want = lg ? lg->data : NULL;
+        }
+        double worst = want ? 0 : 1;
+        for (int64_t k = 0; want && k < (int64_t)n * vocab; k++) {
+            double d = fabs(out[(int64_t)i * n * vocab + k] - want[k]);
+            worst = d > worst ? d : worst;
+        }
+        CHECK_MSG(worst < 1e-4, "sequence %d (%s) differs by %g in a mixed step", i, tags[i] ? tags[i] : "base", worst);
+    }
+    free(out);
+    free(base);
+    exl_kv_cache_free(m, cache);
+    exl_model_free(m);
+    exl_st_close(ref);
+}
+
+/* ---- bad adapters */
+
+typedef void (*config_edit)(cJSON *config);
+
+/* dir: a1's config as edit changes it, and its tensors but `drop` */
+static int derive_adapter(const char *dir, config_edit edit, const char *drop) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_config.json", exl_test_shared("models/rand-llama-lora-a1"));
+    size_t len = 0;
+    char *text = mu_read_file(path, &len);
+    if (!text)
+        return 0;
+    cJSON *config = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!config)
+        return 0;
+    if (edit)
+        edit(config);
+    char *out = cJSON_Print(config);
+    cJSON_Delete(config);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    int ok = out && mu_write_file(path, out, strlen(out)) == 0;
+    free(out);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", exl_test_shared("models/rand-llama-lora-a1"));
+    exl_st_file *f = NULL;
+    exl_st_writer *w = NULL;
+    ok = ok && exl_st_open(path, &f) == EXL_OK && exl_st_writer_init(&w) == EXL_OK;
+    for (int i = 0; ok && i < f->n_tensors; i++) {
+        const exl_st_tensor *t = &f->tensors[i];
+        ok = (drop && !strcmp(t->name, drop)) ||
+             exl_st_writer_add(w, t->name, t->dtype, t->n_dims, t->shape, t->data) == EXL_OK;
+    }
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    ok = ok && exl_st_writer_write(w, path) == EXL_OK;
+    exl_st_writer_free(w);
+    exl_st_close(f);
+    return ok;
+}
+
+/* loading dir onto m fails with a one-line message holding each of the words */
+static void expect_error(exl_model *m, const char *dir, const char *const *words, int n_words, int line) {
+    exl_lora *lo = NULL;
+    exl_status st = exl_lora_load(m, dir, &lo);
+    const char *msg = exl_last_error();
+    int ok = st != EXL_OK && !lo && !strchr(msg, '\n');
+    for (int i = 0; i < n_words; i++)
+        ok &= strstr(msg, words[i]) != NULL;
+    if (!ok)
+        exl_test_failed(__FILE__, line, "adapter %s: status %s, message \"%s\"", dir, exl_status_str(st), msg);
+    exl_lora_free(lo);
+}
+
+#define EXPECT_ERROR(m, dir, ...)                                                            \
+    do {                                                                                     \
+        const char *const words_[] = {__VA_ARGS__};                                          \
+        expect_error((m), (dir), words_, (int)(sizeof words_ / sizeof words_[0]), __LINE__); \
+    } while (0)
+
+static void unknown_target(cJSON *c) {
+    cJSON_AddItemToArray(cJSON_GetObjectItem(c, "target_modules"), cJSON_CreateString("w_pack"));
+}
+static void save_head(cJSON *c) {
+    cJSON_ReplaceItemInObject(c, "modules_to_save", cJSON_CreateStringArray((const char *[]){"lm_head"}, 1));
+}
+static void no_mapping(cJSON *c) { cJSON_DeleteItemFromObject(c, "auto_mapping"); }
+static void dora(cJSON *c) { cJSON_ReplaceItemInObject(c, "use_dora", cJSON_CreateTrue()); }
+
+EXL_TEST(lora_bad_adapters_are_one_line_errors) {
+    exl_model *m = load_cpu("rand-llama");
+    REQUIRE(m);
+    const char *tmp = exl_test_tmpdir();
+    char dir[4096];
+    const char *v_b = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight";
+
+    snprintf(dir, sizeof dir, "%s/missing", tmp);
+    REQUIRE(mkdir(dir, 0755) == 0 && derive_adapter(dir, NULL, v_b));
+    EXPECT_ERROR(m, dir, dir, "missing tensor", v_b);
+
+    snprintf(dir, sizeof dir, "%s/unknown", tmp);
+    REQUIRE(mkdir(dir, 0755) == 0 && derive_adapter(dir, unknown_target, NULL));
+    EXPECT_ERROR(m, dir, dir, "target module \"w_pack\"");
+
+    snprintf(dir, sizeof dir, "%s/save", tmp);
+    REQUIRE(mkdir(dir, 0755) == 0 && derive_adapter(dir, save_head, NULL));
+    EXPECT_ERROR(m, dir, dir, "modules_to_save", "lm_head");
+
+    snprintf(dir, sizeof dir, "%s/dora", tmp);
+    REQUIRE(mkdir(dir, 0755) == 0 && derive_adapter(dir, dora, NULL));
+    EXPECT_ERROR(m, dir, dir, "DoRA");
+
+    snprintf(dir, sizeof dir, "%s/unmapped", tmp);
+    REQUIRE(mkdir(dir, 0755) == 0 && derive_adapter(dir, no_mapping, NULL));
+    exl_model_free(m);
+
+    /* another architecture: told by the config, or by the tensors where it says nothing */
+    m = load_cpu("rand-qwen2");
+    REQUIRE(m);
+    EXPECT_ERROR(m, exl_test_shared("models/rand-llama-lora-a1"), "rand-llama-lora-a1", "LlamaForCausalLM",
+                 "Qwen2ForCausalLM");
+    exl_model_free(m);
+    m = load_cpu("rand-phi3");
+    REQUIRE(m);
+    EXPECT_ERROR(m, dir, dir, "base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight",
+                 "no projection model.layers.0.self_attn.k_proj");
+    exl_model_free(m);
+    /* another hidden size (TinyStories is a Llama of 128) */
+    m = load_cpu("tinystories-656k");
+    REQUIRE(m);
+    EXPECT_ERROR(m, exl_test_shared("models/rand-llama-lora-a1"), "rand-llama-lora-a1",
+                 "base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight", "[8, 256]", "128 input features");
+    exl_model_free(m);
+}
