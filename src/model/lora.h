@@ -69,6 +69,8 @@ exl_status exl_lora_node_after(exl_model *m, exl_graph *g, int32_t li, exl_lora_
 const exl_linear *exl_lora_proj_linear(const exl_layer *l, exl_lora_proj p);
 /* A set from public uses: checked (adapters of this model, at most EXL_LORA_MAX_USES). */
 exl_status exl_lora_set_make(const exl_model *m, const exl_lora_use *uses, int32_t n, exl_lora_set *out);
+/* A job's set: uses when n > 0, else a copy of the model's fallback set. */
+exl_status exl_lora_job_set(const exl_model *m, const exl_lora_use *uses, int32_t n, exl_lora_set *out);
 /* A hash of a set (0 for the empty one), for the prefix cache's keys. */
 uint64_t exl_lora_set_hash(const exl_lora_set *s);
 /* Free the model's adapter state (at model free; every adapter must be freed before). */

@@ -178,3 +178,12 @@ exl_status exl_lora_load_spec(exl_model *m, const char *spec, exl_lora_use *use)
     *use = (exl_lora_use){lo, scale};
     return EXL_OK;
 }
+
+exl_status exl_lora_job_set(const exl_model *m, const exl_lora_use *uses, int32_t n, exl_lora_set *out) {
+    if (n != 0)
+        return exl_lora_set_make(m, uses, n, out);
+    memset(out, 0, sizeof *out);
+    if (m->lora)
+        *out = m->lora->fallback;
+    return EXL_OK;
+}

@@ -1,5 +1,6 @@
 /* test_lora.c - LoRA adapters on the CPU: logits of PEFT's fixtures against the reference (alone, weighted together,
  * on an EXL2 base), sequences with different adapters in one step, and the one-line errors for bad adapters. */
+#include "gen_util.h"
 #include "model/lora.h"
 #include "model_util.h"
 #include "test.h"
@@ -272,4 +273,64 @@ EXL_TEST(lora_bad_adapters_are_one_line_errors) {
     EXPECT_ERROR(m, exl_test_shared("models/rand-llama-lora-a1"), "rand-llama-lora-a1",
                  "base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight", "[8, 256]", "128 input features");
     exl_model_free(m);
+}
+
+/* ---- per-job adapters in the generator */
+
+/* greedy jobs for the four sets over one prompt, all at once (one step carries the four), equal to each run
+ * alone with the set as the model's; a later job of another set finds no pages of the prompt cached */
+EXL_TEST(lora_generator_jobs_with_different_adapters) {
+    exl_tokenizer *tok = NULL;
+    exl_model *m = gu_load("rand-llama", &tok);
+    REQUIRE(m && tok);
+    exl_lora *a1 = load_adapter(m, "rand-llama-lora-a1"), *a2 = load_adapter(m, "rand-llama-lora-a2");
+    REQUIRE(a1 && a2);
+    const exl_lora_use sets[4][2] = {{{a1, 1}}, {{0}}, {{a2, 1}}, {{a1, 0.5f}, {a2, 1}}};
+    const int32_t n_uses[4] = {1, 0, 1, 2};
+    int32_t prompt[40];
+    gu_random_ids(7, prompt, 40, m->cfg.vocab_size);
+    exl_job_params jp[4];
+    for (int i = 0; i < 4; i++) {
+        jp[i] = exl_job_default_params();
+        jp[i].ids = prompt, jp[i].n_ids = 40, jp[i].max_new_tokens = 24, jp[i].ignore_eos = 1;
+        jp[i].sampling.temperature = 0;
+        jp[i].lora = n_uses[i] ? sets[i] : NULL, jp[i].n_lora = n_uses[i];
+    }
+    gu_result *together = calloc(4, sizeof *together), *alone = calloc(1, sizeof *alone);
+    REQUIRE(together && alone);
+    exl_generator *g = gu_generator(m, tok, 32, 16, 0);
+    REQUIRE(g);
+    REQUIRE_OK(gu_run(g, jp, 4, together));
+    exl_generator_free(g);
+    for (int i = 0; i < 4; i++) {
+        REQUIRE_OK(exl_model_set_lora(m, sets[i], n_uses[i]));
+        exl_job_params solo = jp[i];
+        solo.lora = NULL, solo.n_lora = 0; /* the model's set */
+        g = gu_generator(m, tok, 32, 16, 0);
+        REQUIRE(g);
+        memset(alone, 0, sizeof *alone);
+        REQUIRE_OK(gu_run(g, &solo, 1, alone));
+        exl_generator_free(g);
+        CHECK_MSG(alone->n_ids == together[i].n_ids &&
+                      !memcmp(alone->ids, together[i].ids, (size_t)alone->n_ids * sizeof *alone->ids),
+                  "set %d: batched tokens differ from its run alone", i);
+    }
+    REQUIRE_OK(exl_model_set_lora(m, NULL, 0));
+    /* the prefix cache keeps adapters apart: base, then a1 (no hit), then a1 again (hits) */
+    g = gu_generator(m, tok, 32, 16, 0);
+    REQUIRE(g);
+    gu_result *r = calloc(3, sizeof *r);
+    REQUIRE(r);
+    const exl_job_params order[3] = {jp[1], jp[0], jp[0]};
+    for (int i = 0; i < 3; i++)
+        REQUIRE_OK(gu_run(g, &order[i], 1, &r[i]));
+    CHECK_MSG(r[1].n_cached == 0 && r[2].n_cached >= 32, "cached prompt tokens: a1 after the base %d, a1 again %d",
+              r[1].n_cached, r[2].n_cached);
+    CHECK(r[2].n_ids == together[0].n_ids && !memcmp(r[2].ids, together[0].ids, (size_t)r[2].n_ids * sizeof(int32_t)));
+    exl_generator_free(g);
+    free(r);
+    free(together);
+    free(alone);
+    exl_model_free(m);
+    exl_tokenizer_free(tok);
 }
