@@ -149,6 +149,8 @@ typedef struct exl_lora_use {
 
 /* The set sessions and jobs without one of their own run with (n 0: the base model); copied. */
 exl_status exl_model_set_lora(exl_model *model, const exl_lora_use *uses, int32_t n);
+/* Generator jobs holding the adapter now (submitted and not yet freed, which happens a step after they end). */
+int32_t exl_lora_users(const exl_lora *lora);
 /* Load "DIR[:SCALE]" (the command lines' --lora; scale 1 when none is given) into *use. */
 exl_status exl_lora_load_spec(exl_model *model, const char *spec, exl_lora_use *use);
 

@@ -205,6 +205,7 @@ exl_status exl_job_create(exl_generator *g, const exl_job_params *p, exl_job **o
         j->sampling = p->sampling;
         j->sampling.logit_bias = NULL;
         j->lora = lora;
+        exl_lora_set_hold(&j->lora, 1);
         uint64_t h = exl_lora_set_hash(&lora);
         j->root = h ? (EXL_HASH_ROOT ^ h) | 1 : EXL_HASH_ROOT;
         st = alloc_job(g, p, ids, n_ids, j);
@@ -239,6 +240,7 @@ exl_status exl_job_create(exl_generator *g, const exl_job_params *p, exl_job **o
 void exl_job_free(exl_job *j) {
     if (!j)
         return;
+    exl_lora_set_hold(&j->lora, -1);
     exl_free(j->tokens);
     exl_free(j->pages);
     exl_free(j->chain);

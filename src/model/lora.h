@@ -7,6 +7,8 @@
 
 #include "model/model.h"
 
+#include <stdatomic.h>
+
 /* Adapters loaded onto one model at once (each holds a slot of every projection's factor table). */
 #define EXL_LORA_SLOTS 64
 
@@ -43,6 +45,7 @@ struct exl_lora {
 /* The model's adapters and the state of the step being built. */
 typedef struct exl_lora_state {
     exl_lora *slots[EXL_LORA_SLOTS];
+    atomic_int users[EXL_LORA_SLOTS]; /* jobs holding each slot's adapter (exl_lora_set_hold) */
     exl_lora_factors *tables;             /* backend memory [n_layers * EXL_LORA_N_PROJ][EXL_LORA_SLOTS] */
     exl_lora_set fallback;                /* sequences without a set of their own (exl_model_set_lora) */
     const exl_lora_set *const *step_sets; /* the next steps' sequences' sets (exl_lora_step_sets); NULL: fallback */
@@ -71,6 +74,8 @@ const exl_linear *exl_lora_proj_linear(const exl_layer *l, exl_lora_proj p);
 exl_status exl_lora_set_make(const exl_model *m, const exl_lora_use *uses, int32_t n, exl_lora_set *out);
 /* A job's set: uses when n > 0, else a copy of the model's fallback set. */
 exl_status exl_lora_job_set(const exl_model *m, const exl_lora_use *uses, int32_t n, exl_lora_set *out);
+/* Count the set's adapters as held by one more (delta 1) or one less (-1) job. */
+void exl_lora_set_hold(const exl_lora_set *s, int delta);
 /* A hash of a set (0 for the empty one), for the prefix cache's keys. */
 uint64_t exl_lora_set_hash(const exl_lora_set *s);
 /* Free the model's adapter state (at model free; every adapter must be freed before). */

@@ -187,3 +187,10 @@ exl_status exl_lora_job_set(const exl_model *m, const exl_lora_use *uses, int32_
         *out = m->lora->fallback;
     return EXL_OK;
 }
+
+void exl_lora_set_hold(const exl_lora_set *s, int delta) {
+    for (int32_t i = 0; i < s->n; i++)
+        atomic_fetch_add(&s->uses[i].lora->m->lora->users[s->uses[i].lora->slot], delta);
+}
+
+int32_t exl_lora_users(const exl_lora *lo) { return atomic_load(&lo->m->lora->users[lo->slot]); }
