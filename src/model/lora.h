@@ -45,7 +45,7 @@ struct exl_lora {
 /* The model's adapters and the state of the step being built. */
 typedef struct exl_lora_state {
     exl_lora *slots[EXL_LORA_SLOTS];
-    atomic_int users[EXL_LORA_SLOTS]; /* jobs holding each slot's adapter (exl_lora_set_hold) */
+    atomic_int users[EXL_LORA_SLOTS];     /* jobs holding each slot's adapter (exl_lora_set_hold) */
     exl_lora_factors *tables;             /* backend memory [n_layers * EXL_LORA_N_PROJ][EXL_LORA_SLOTS] */
     exl_lora_set fallback;                /* sequences without a set of their own (exl_model_set_lora) */
     const exl_lora_set *const *step_sets; /* the next steps' sequences' sets (exl_lora_step_sets); NULL: fallback */
