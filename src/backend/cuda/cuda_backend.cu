@@ -344,6 +344,7 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_argmax_wait,
     cu_memory,
     exl_cuda_mask_logits,
+    exl_cuda_lora,
 };
 
 /* ---- creation */

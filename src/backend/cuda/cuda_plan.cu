@@ -125,6 +125,14 @@ static exl_node canonical(const exl_node *n) {
         o.xs = a.xs, o.gate = a.gate, o.up = a.up, o.slots = a.slots;
         break;
     }
+    case EXL_OP_LORA: {
+        const exl_lora_node &a = n->lora;
+        exl_lora_node &o = c.lora;
+        o.out = a.out, o.x = a.x, o.factors = a.factors, o.row_uses = a.row_uses, o.use_row = a.use_row;
+        o.use_slot = a.use_slot, o.use_scale = a.use_scale, o.t = a.t, o.rows = a.rows;
+        o.in_features = a.in_features, o.out_features = a.out_features, o.n_uses = a.n_uses, o.max_rank = a.max_rank;
+        break;
+    }
     }
     return c;
 }
@@ -543,6 +551,7 @@ static void run_node(exl_cuda_backend *cb, const exl_cuda_plan *p, const exl_nod
         break;
     case EXL_OP_MOE_ROUTE: exl_cuda_run_moe_route(be, &n->moe_route); break;
     case EXL_OP_MOE_EXPERTS: exl_cuda_run_moe_experts(be, &n->moe_experts); break;
+    case EXL_OP_LORA: exl_cuda_run_lora(be, &n->lora); break;
     case EXL_OP_MATMUL: /* compiled into EXL_CUDA_RUN_MATMUL launches, always */
         exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: a matmul node left out of the plan's matmuls");
         break;
