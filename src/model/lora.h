@@ -38,6 +38,8 @@ struct exl_lora {
     int32_t slot;  /* in the model's tables */
     uint64_t id;   /* unique in the process: a reloaded directory is another adapter */
     int32_t *rank; /* [n_layers * EXL_LORA_N_PROJ], 0 where it targets nothing */
+    int32_t *in;   /* [same]: the projection's input features */
+    size_t *at;    /* [same]: where its A is in mem (floats), Bt right after A */
     void *mem;     /* backend memory of all its factors */
     int32_t max_rank;
 };
@@ -58,6 +60,10 @@ typedef struct exl_lora_state {
     int32_t rows, n_uses, max_rank;
     unsigned char *targeted; /* [n_layers * EXL_LORA_N_PROJ]: some use of this step updates it */
 } exl_lora_state;
+
+/* An adapter from factors on the host: lo (calloc'd, its m, dir, rank, in, at filled; host as mem will hold it,
+ * floats in all) uploaded and entered in a free slot; on failure lo is freed. */
+exl_status exl_lora_install(exl_lora *lo, const float *host, size_t floats, exl_lora **out);
 
 /* The sets of the sequences of the steps that follow (n_seqs of them, in step order; NULL or n_seqs 0: every
  * sequence the model's fallback set). The array must stay valid until it is replaced. */

@@ -172,8 +172,8 @@ static float element(const exl_st_tensor *t, int64_t i) {
     }
 }
 
-/* the factors on the host, then in backend memory; the lora's ranks */
-static exl_status upload_factors(loader *L, exl_lora *lo) {
+/* the factors on the host (exl_malloc'd), as mem will hold them; the lora's ranks and offsets */
+static exl_status host_factors(loader *L, exl_lora *lo, float **host_out, size_t *floats_out) {
     size_t floats = 0;
     for (int i = 0; i < L->n_targets; i++) {
         target *g = &L->targets[i];
@@ -187,6 +187,8 @@ static exl_status upload_factors(loader *L, exl_lora *lo) {
     float *host = exl_malloc(floats * sizeof(float));
     if (!host)
         return exl_fail(EXL_ERR_NOMEM, "adapter %s: out of memory", L->dir);
+    *host_out = host;
+    *floats_out = floats;
     for (int i = 0; i < L->n_targets; i++) {
         const target *g = &L->targets[i];
         if (!g->a)
@@ -199,16 +201,10 @@ static exl_status upload_factors(loader *L, exl_lora *lo) {
             for (int64_t j = 0; j < rank; j++)
                 bt[j * g->out + o] = (float)(g->scaling * element(g->b, o * rank + j));
         lo->rank[i] = (int32_t)rank;
-        lo->max_rank = lo->max_rank > rank ? lo->max_rank : (int32_t)rank;
+        lo->in[i] = (int32_t)g->in;
+        lo->at[i] = g->at;
     }
-    exl_backend *be = L->m->be;
-    exl_status st = EXL_OK;
-    if (!(lo->mem = be->ops->alloc(be, floats * sizeof(float))))
-        st = exl_fail_prefix(EXL_ERR_NOMEM, "adapter %s", L->dir);
-    else
-        st = be->ops->upload(be, lo->mem, host, floats * sizeof(float));
-    exl_free(host);
-    return st;
+    return EXL_OK;
 }
 
 /* the model's adapter state and factor tables, on the first load */
@@ -230,33 +226,34 @@ static exl_status ensure_state(exl_model *m) {
     return st;
 }
 
+static void free_lora(exl_lora *lo) {
+    if (lo->mem)
+        lo->m->be->ops->free(lo->m->be, lo->mem);
+    exl_free(lo->rank);
+    exl_free(lo->in);
+    exl_free(lo->at);
+    exl_free(lo->dir);
+    exl_free(lo);
+}
+
 /* the lora's factors into its slot of every projection's table (or zeros: clear) */
 static exl_status write_slot(exl_lora *lo, int clear) {
     exl_model *m = lo->m;
     int n = m->cfg.n_layers * EXL_LORA_N_PROJ;
     const float *base = lo->mem;
-    size_t at = 0;
     for (int i = 0; i < n; i++) {
         exl_lora_factors f = {0};
-        if (lo->rank[i]) {
-            const exl_linear *w = exl_lora_proj_linear(&m->layers[i / EXL_LORA_N_PROJ],
-                                                       (exl_lora_proj)(i % EXL_LORA_N_PROJ));
-            const char *prefix;
-            exl_linear_src src;
-            EXL_TRY(exl_model_linear_source(m, w, &prefix, &src));
-            f.a = base + at;
-            f.bt = f.a + (size_t)lo->rank[i] * (size_t)src.in_features;
+        if (lo->rank[i] && !clear) {
+            f.a = base + lo->at[i];
+            f.bt = f.a + (size_t)lo->rank[i] * (size_t)lo->in[i];
             f.rank = lo->rank[i];
-            at += (size_t)lo->rank[i] * (size_t)(src.in_features + src.out_features);
         }
-        if (clear)
-            f = (exl_lora_factors){0};
         EXL_TRY(m->be->ops->upload(m->be, m->lora->tables + (size_t)i * EXL_LORA_SLOTS + lo->slot, &f, sizeof f));
     }
     return EXL_OK;
 }
 
-static exl_status load(loader *L, exl_lora *lo) {
+static exl_status load(loader *L, exl_lora *lo, float **host, size_t *floats) {
     char *path = exl_path_join(L->dir, "adapter_config.json"), *text = NULL;
     size_t len = 0;
     exl_status st = path ? exl_file_read(path, &text, &len) : exl_fail(EXL_ERR_NOMEM, "out of memory");
@@ -275,31 +272,43 @@ static exl_status load(loader *L, exl_lora *lo) {
     EXL_TRY(match_tensors(L));
     EXL_TRY(check_target_names(L));
     EXL_TRY(check_pairs(L));
-    if (!(lo->rank = exl_calloc((size_t)L->n_targets, sizeof *lo->rank)))
+    if (!(lo->rank = exl_calloc((size_t)L->n_targets, sizeof *lo->rank)) ||
+        !(lo->in = exl_calloc((size_t)L->n_targets, sizeof *lo->in)) ||
+        !(lo->at = exl_calloc((size_t)L->n_targets, sizeof *lo->at)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
-    EXL_TRY(upload_factors(L, lo));
-    EXL_TRY(ensure_state(L->m));
+    return host_factors(L, lo, host, floats);
+}
+
+exl_status exl_lora_install(exl_lora *lo, const float *host, size_t floats, exl_lora **out) {
+    static atomic_uint_fast64_t next_id = 1;
+    exl_model *m = lo->m;
+    exl_backend *be = m->be;
+    lo->id = atomic_fetch_add(&next_id, 1);
     lo->slot = -1;
-    for (int32_t s = 0; s < EXL_LORA_SLOTS && lo->slot < 0; s++)
-        if (!L->m->lora->slots[s])
+    for (int32_t i = 0; i < m->cfg.n_layers * EXL_LORA_N_PROJ; i++)
+        lo->max_rank = lo->rank[i] > lo->max_rank ? lo->rank[i] : lo->max_rank;
+    exl_status st = ensure_state(m);
+    if (st == EXL_OK && !(lo->mem = be->ops->alloc(be, floats * sizeof(float))))
+        st = exl_fail_prefix(EXL_ERR_NOMEM, "adapter %s", lo->dir);
+    if (st == EXL_OK)
+        st = be->ops->upload(be, lo->mem, host, floats * sizeof(float));
+    for (int32_t s = 0; st == EXL_OK && s < EXL_LORA_SLOTS && lo->slot < 0; s++)
+        if (!m->lora->slots[s])
             lo->slot = s;
-    if (lo->slot < 0)
-        return exl_fail(EXL_ERR_STATE, "adapter %s: %d adapters are loaded already", L->dir, EXL_LORA_SLOTS);
-    EXL_TRY(write_slot(lo, 0));
-    L->m->lora->slots[lo->slot] = lo;
+    if (st == EXL_OK && lo->slot < 0)
+        st = exl_fail(EXL_ERR_STATE, "adapter %s: %d adapters are loaded already", lo->dir, EXL_LORA_SLOTS);
+    if (st == EXL_OK)
+        st = write_slot(lo, 0);
+    if (st != EXL_OK) {
+        free_lora(lo);
+        return st;
+    }
+    m->lora->slots[lo->slot] = lo;
+    *out = lo;
     return EXL_OK;
 }
 
-static void free_lora(exl_lora *lo) {
-    if (lo->mem)
-        lo->m->be->ops->free(lo->m->be, lo->mem);
-    exl_free(lo->rank);
-    exl_free(lo->dir);
-    exl_free(lo);
-}
-
 exl_status exl_lora_load(exl_model *m, const char *dir, exl_lora **out) {
-    static atomic_uint_fast64_t next_id = 1;
     *out = NULL;
     if (!m->layers)
         return exl_fail(EXL_ERR_STATE, "adapter %s: the model was loaded for inspection only", dir);
@@ -309,19 +318,19 @@ exl_status exl_lora_load(exl_model *m, const char *dir, exl_lora **out) {
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     }
     lo->m = m;
-    lo->slot = -1;
-    lo->id = atomic_fetch_add(&next_id, 1);
     loader L = {.m = m, .dir = dir};
-    exl_status st = load(&L, lo);
+    float *host = NULL;
+    size_t floats = 0;
+    exl_status st = load(&L, lo, &host, &floats);
     exl_lora_config_free(&L.cfg);
     exl_st_close(L.file);
     exl_free(L.targets);
-    if (st != EXL_OK) {
+    if (st == EXL_OK)
+        st = exl_lora_install(lo, host, floats, out);
+    else
         free_lora(lo);
-        return st;
-    }
-    *out = lo;
-    return EXL_OK;
+    exl_free(host);
+    return st;
 }
 
 void exl_lora_free(exl_lora *lo) {
