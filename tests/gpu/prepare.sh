@@ -19,6 +19,12 @@ for d in "$shared"/models/*/; do
     [ -f "$d"quantize_config.json ] && cp "$d"quantize_config.json ".gpu/shared/models/$n/"
     cp "$shared/reference/$n.logits.safetensors" .gpu/shared/reference/
 done
+# the LoRA tests: PEFT's adapters for rand-llama and their reference logits (one file for both)
+for n in rand-llama-lora-a1 rand-llama-lora-a2; do
+    mkdir -p ".gpu/shared/models/$n"
+    cp "$shared/models/$n/adapter_config.json" "$shared/models/$n/adapter_model.safetensors" ".gpu/shared/models/$n/"
+done
+cp "$shared/reference/rand-llama-lora.logits.safetensors" .gpu/shared/reference/
 # the quantizer test: rand-llama's tokenizer and the first 64 kB (whole lines) of a calibration text
 for f in tokenizer.json tokenizer_config.json special_tokens_map.json; do
     cp "$shared/models/rand-llama/$f" .gpu/shared/models/rand-llama/
@@ -43,11 +49,13 @@ part=1 size=0 list=()
 pack() { [ ${#list[@]} -gt 0 ] && tar czf ".gpu/fixtures-$part.tar.gz" -C .gpu "${list[@]}"; part=$((part + 1)) size=0 list=(); }
 for d in .gpu/shared/models/*/; do
     n=$(basename "$d")
-    bytes=$(du -sb "$d" .gpu/shared/reference/"$n".logits.safetensors | awk '{s += $1} END {print s}')
+    ref=shared/reference/$n.logits.safetensors
+    [ -f ".gpu/$ref" ] || ref= # the LoRA adapters' reference goes with shared/data
+    bytes=$(du -sb "$d" ${ref:+".gpu/$ref"} | awk '{s += $1} END {print s}')
     [ $((size + bytes)) -gt 40000000 ] && pack
-    list+=("shared/models/$n" "shared/reference/$n.logits.safetensors")
+    list+=("shared/models/$n" ${ref:+"$ref"})
     size=$((size + bytes))
 done
-list+=(shared/data)
+list+=(shared/data shared/reference/rand-llama-lora.logits.safetensors)
 pack
 du -sh .gpu/bin .gpu/shared .gpu/fixtures-*.tar.gz
