@@ -32,10 +32,10 @@ done
 mkdir -p .gpu/shared/data/calibration
 head -c 65536 "$shared/data/calibration/tiny.utf8" | sed '$d' >.gpu/shared/data/calibration/tiny.utf8
 cmake -S . -B build-gpu -DEXL_CUDA=ON -DEXL_CUDA_ARCHS="$archs" >/dev/null
-cmake --build build-gpu -j"$(nproc)" --target test_gpu gpu_bench exl_cuda >/dev/null
-for f in test_gpu gpu_bench libexl_cuda.so; do strip -o ".gpu/bin/$f" "build-gpu/$f"; done
+cmake --build build-gpu -j"$(nproc)" --target test_gpu gpu_bench gpu_lora_bench exl_cuda >/dev/null
+for f in test_gpu gpu_bench gpu_lora_bench libexl_cuda.so; do strip -o ".gpu/bin/$f" "build-gpu/$f"; done
 # run-time libraries of the core that a bare CUDA image may not have
-for lib in $(ldd build-gpu/test_gpu build-gpu/gpu_bench | awk '/=> \// {print $3}' | sort -u); do
+for lib in $(ldd build-gpu/test_gpu build-gpu/gpu_bench build-gpu/gpu_lora_bench | awk '/=> \// {print $3}' | sort -u); do
     case $(basename "$lib") in
     libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | libgcc_s.so* | libstdc++.so* | libcublas*) ;;
     *) cp -L "$lib" .gpu/bin/ ;;
