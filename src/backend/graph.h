@@ -25,9 +25,9 @@
  *                renormalized over the chosen ones when asked)
  *   moe_experts  out[r] += sum over r's choices j of weights[r, j] *      x, out [rows, width]
  *                down_e(act(gate_e(x[r])) * up_e(x[r])), e = ids[r, j]
- *   lora         out[r] += sum over r's adapter uses u of scale_u *       x [rows, in], out [rows, out_features]
- *                (x[r] · A_u^T) · Bt_u, the adapters' low-rank
- *                factors gathered per row (LoRA beside a linear)
+ *   lora         out_i[r] += sum over r's adapter uses u of scale_u *     x [rows, in], out_i [rows, out_i]
+ *                (x[r] · A_iu^T) · Bt_iu for 1-3 projections i of x,
+ *                the adapters' low-rank factors gathered per row
  *
  * The model builds a step's graph from parts that stand alone (model.h: the embedding, each decoder layer's nodes
  * by exl_model_layer_graph, the head), so a graph may be one layer as well as a whole step.
@@ -272,18 +272,22 @@ typedef struct exl_lora_factors {
     int32_t rank, pad_;
 } exl_lora_factors;
 
-/* Gathered low-rank updates (Punica / S-LoRA): each row uses its own adapters, the uses of row r being
- * row_uses[r] .. row_uses[r + 1] - 1, one use u naming the adapter slot use_slot[u] (an entry of factors) and the
- * weight use_scale[u]; use_row[u] is the row of use u. t is scratch of n_uses * max_rank floats. */
+/* Gathered low-rank updates (Punica / S-LoRA) after 1-3 projections of one input (q, k and v; gate and up): each row
+ * uses its own adapters, the uses of row r being row_uses[r] .. row_uses[r + 1] - 1, one use u naming the adapter
+ * slot use_slot[u] (an entry of each projection's factors) and the weight use_scale[u]; use_row[u] is the row of
+ * use u. t is scratch of n_uses * n_out * max_rank floats. */
+#define EXL_LORA_MAX_OUT 3
 typedef struct exl_lora_node {
-    float *out;                      /* [rows, out_features], added to */
-    const float *x;                  /* [rows, in_features] */
-    const exl_lora_factors *factors; /* backend memory, [n_slots] */
-    const int32_t *row_uses;         /* backend memory, [rows + 1] */
+    float *out[EXL_LORA_MAX_OUT];                      /* [rows, out_features[i]], added to */
+    const exl_lora_factors *factors[EXL_LORA_MAX_OUT]; /* backend memory, [n_slots] each */
+    int32_t out_features[EXL_LORA_MAX_OUT];
+    int32_t n_out;
+    const float *x;          /* [rows, in_features] */
+    const int32_t *row_uses; /* backend memory, [rows + 1] */
     const int32_t *use_row, *use_slot;
     const float *use_scale;
     float *t;
-    int32_t rows, in_features, out_features, n_uses, max_rank;
+    int32_t rows, in_features, n_uses, max_rank;
 } exl_lora_node;
 
 typedef struct exl_node {
@@ -347,7 +351,7 @@ exl_status exl_graph_exec(struct exl_backend *be, const exl_graph *g, exl_linear
  * ids as spans of as many floats). A node that reads and writes a buffer (accumulate, rope, in place) lists it
  * among both. Inline: backends built apart from the core use it too. */
 typedef struct exl_node_access {
-    exl_span reads[4], writes[2];
+    exl_span reads[4], writes[3];
     int32_t n_reads, n_writes;
 } exl_node_access;
 
@@ -429,8 +433,10 @@ static inline exl_node_access exl_node_access_of(const exl_node *n, int32_t batc
     }
     case EXL_OP_LORA:
         EXL_READS_(n->lora.x, (int64_t)n->lora.rows * n->lora.in_features);
-        EXL_READS_(n->lora.out, (int64_t)n->lora.rows * n->lora.out_features);
-        EXL_WRITES_(n->lora.out, (int64_t)n->lora.rows * n->lora.out_features);
+        for (int32_t o = 0; o < n->lora.n_out && o < EXL_LORA_MAX_OUT; o++) {
+            EXL_READS_(n->lora.out[o], (int64_t)n->lora.rows * n->lora.out_features[o]);
+            EXL_WRITES_(n->lora.out[o], (int64_t)n->lora.rows * n->lora.out_features[o]);
+        }
         break;
     }
 #undef EXL_READS_

@@ -30,6 +30,12 @@ static exl_status matmul(exl_graph *g, int32_t li, exl_part part, float *out, co
     return exl_graph_add(g, &n);
 }
 
+/* the LoRA updates of one projection (model/lora.h) */
+static exl_status lora(exl_model *m, exl_graph *g, int32_t li, exl_lora_proj p, const exl_linear *w, float *out,
+                       const float *x, int32_t in, int32_t out_features) {
+    return exl_lora_nodes_after(m, g, li, 1, &p, &w, &out, &out_features, x, in);
+}
+
 /* columns [col, col + width) of x (rows of x_width) into out */
 static exl_status copy_cols(exl_graph *g, int32_t li, exl_part part, float *out, const float *x, int32_t rows,
                             int32_t width, int32_t x_width, int32_t col) {
@@ -62,12 +68,14 @@ static exl_status qkv_nodes(exl_model *m, const exl_layer *l, int32_t li, exl_gr
         EXL_TRY(matmul(g, li, EXL_PART_Q, s->q, s->h, l->q, rows, hid, qw, 0));
         EXL_TRY(matmul(g, li, EXL_PART_K, s->k, s->h, l->k, rows, hid, kvw, 0));
         EXL_TRY(matmul(g, li, EXL_PART_V, s->v, s->h, l->v, rows, hid, kvw, 0));
-        EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_Q, l->q, s->q, s->h, hid, qw));
-        EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_K, l->k, s->k, s->h, hid, kvw));
-        return exl_lora_node_after(m, g, li, EXL_LORA_V, l->v, s->v, s->h, hid, kvw);
+        const exl_lora_proj p[3] = {EXL_LORA_Q, EXL_LORA_K, EXL_LORA_V};
+        const exl_linear *const w[3] = {l->q, l->k, l->v};
+        float *const out[3] = {s->q, s->k, s->v};
+        const int32_t widths[3] = {qw, kvw, kvw};
+        return exl_lora_nodes_after(m, g, li, 3, p, w, out, widths, s->h, hid);
     }
     EXL_TRY(matmul(g, li, EXL_PART_QKV, s->fused, s->h, l->qkv, rows, hid, all, 0));
-    EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_QKV, l->qkv, s->fused, s->h, hid, all));
+    EXL_TRY(lora(m, g, li, EXL_LORA_QKV, l->qkv, s->fused, s->h, hid, all));
     EXL_TRY(copy_cols(g, li, EXL_PART_Q, s->q, s->fused, rows, qw, all, 0));
     EXL_TRY(copy_cols(g, li, EXL_PART_K, s->k, s->fused, rows, kvw, all, qw));
     return copy_cols(g, li, EXL_PART_V, s->v, s->fused, rows, kvw, all, qw + kvw);
@@ -113,10 +121,10 @@ static exl_status attention_nodes(exl_model *m, const exl_layer *l, int32_t li, 
         EXL_TRY(exl_graph_add(g, &nodes[i]));
     if (!l->post_attn_norm) {
         EXL_TRY(matmul(g, li, EXL_PART_O, s->x, s->attn, l->o, rows, qw, hid, 1));
-        return exl_lora_node_after(m, g, li, EXL_LORA_O, l->o, s->x, s->attn, qw, hid);
+        return lora(m, g, li, EXL_LORA_O, l->o, s->x, s->attn, qw, hid);
     }
     EXL_TRY(matmul(g, li, EXL_PART_O, s->h, s->attn, l->o, rows, qw, hid, 0));
-    EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_O, l->o, s->h, s->attn, qw, hid));
+    EXL_TRY(lora(m, g, li, EXL_LORA_O, l->o, s->h, s->attn, qw, hid));
     return residual(m, g, li, EXL_PART_POST_ATTN_NORM, EXL_PART_ATTN_RESIDUAL, s->h, l->post_attn_norm);
 }
 
@@ -130,19 +138,22 @@ static exl_status gated_mlp(exl_model *m, const exl_expert *e, const exl_linear 
     int32_t rows = g->batch->n_rows, hid = m->cfg.hidden_size;
     if (gate_up) {
         EXL_TRY(matmul(g, li, EXL_PART_GATE_UP, s->fused, s->h, gate_up, rows, hid, 2 * ffn, 0));
-        EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_GATE_UP, gate_up, s->fused, s->h, hid, 2 * ffn));
+        EXL_TRY(lora(m, g, li, EXL_LORA_GATE_UP, gate_up, s->fused, s->h, hid, 2 * ffn));
         EXL_TRY(copy_cols(g, li, EXL_PART_GATE, s->gate, s->fused, rows, ffn, 2 * ffn, 0));
         EXL_TRY(copy_cols(g, li, EXL_PART_UP, s->up, s->fused, rows, ffn, 2 * ffn, ffn));
     } else {
         EXL_TRY(matmul(g, li, EXL_PART_GATE, s->gate, s->h, e->gate, rows, hid, ffn, 0));
         EXL_TRY(matmul(g, li, EXL_PART_UP, s->up, s->h, e->up, rows, hid, ffn, 0));
-        EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_GATE, e->gate, s->gate, s->h, hid, ffn));
-        EXL_TRY(exl_lora_node_after(m, g, li, EXL_LORA_UP, e->up, s->up, s->h, hid, ffn));
+        const exl_lora_proj p[2] = {EXL_LORA_GATE, EXL_LORA_UP};
+        const exl_linear *const w[2] = {e->gate, e->up};
+        float *const outs[2] = {s->gate, s->up};
+        const int32_t widths[2] = {ffn, ffn};
+        EXL_TRY(exl_lora_nodes_after(m, g, li, 2, p, w, outs, widths, s->h, hid));
     }
     const exl_node glu = {.op = EXL_OP_GLU, .tag = {li, EXL_PART_GLU}, .glu = {s->gate, s->up, rows, ffn, m->cfg.act}};
     EXL_TRY(exl_graph_add(g, &glu));
     EXL_TRY(matmul(g, li, EXL_PART_DOWN, out, s->gate, e->down, rows, ffn, hid, accumulate));
-    return exl_lora_node_after(m, g, li, EXL_LORA_DOWN, e->down, out, s->gate, ffn, hid);
+    return lora(m, g, li, EXL_LORA_DOWN, e->down, out, s->gate, ffn, hid);
 }
 
 /* router, routes, the experts added to x; Qwen2-MoE's shared expert, scaled by the sigmoid of its gate, after */

@@ -110,7 +110,7 @@ exl_status exl_lora_begin_step(exl_model *m, const exl_seq_step *steps, int32_t 
         s->step_sets = NULL; /* the sets were for this step */
         return EXL_OK;
     }
-    EXL_TRY(ensure_buffers(m, rows + 1 + 3 * n_uses, (int64_t)n_uses * s->max_rank));
+    EXL_TRY(ensure_buffers(m, rows + 1 + 3 * n_uses, (int64_t)n_uses * EXL_LORA_MAX_OUT * s->max_rank));
     int32_t *row_uses = s->host_table, *use_row = row_uses + rows + 1, *use_slot = use_row + n_uses;
     float *use_scale = (float *)(void *)(use_slot + n_uses);
     int32_t row = 0, k = 0;
@@ -132,29 +132,35 @@ exl_status exl_lora_begin_step(exl_model *m, const exl_seq_step *steps, int32_t 
     return m->be->ops->upload(m->be, s->table, s->host_table, (size_t)(rows + 1 + 3 * n_uses) * sizeof(int32_t));
 }
 
-exl_status exl_lora_node_after(exl_model *m, exl_graph *g, int32_t li, exl_lora_proj p, const exl_linear *w, float *out,
-                               const float *x, int32_t in, int32_t out_features) {
+exl_status exl_lora_nodes_after(exl_model *m, exl_graph *g, int32_t li, int32_t n, const exl_lora_proj *p,
+                                const exl_linear *const *w, float *const *out, const int32_t *out_features,
+                                const float *x, int32_t in) {
     exl_lora_state *s = m->lora;
-    int32_t at = li * EXL_LORA_N_PROJ + p;
-    if (!s || s->n_uses == 0 || !s->targeted[at] || w != exl_lora_proj_linear(&m->layers[li], p))
+    if (!s || s->n_uses == 0)
         return EXL_OK;
     const int32_t *use_row = s->table + s->rows + 1, *use_slot = use_row + s->n_uses;
-    const exl_node n = {.op = EXL_OP_LORA,
-                        .tag = {li, EXL_PART_OTHER},
-                        .lora = {.out = out,
-                                 .x = x,
-                                 .factors = s->tables + (size_t)at * EXL_LORA_SLOTS,
-                                 .row_uses = s->table,
-                                 .use_row = use_row,
-                                 .use_slot = use_slot,
-                                 .use_scale = (const float *)(const void *)(use_slot + s->n_uses),
-                                 .t = s->t,
-                                 .rows = s->rows,
-                                 .in_features = in,
-                                 .out_features = out_features,
-                                 .n_uses = s->n_uses,
-                                 .max_rank = s->max_rank}};
-    return exl_graph_add(g, &n);
+    exl_node node = {.op = EXL_OP_LORA,
+                     .tag = {li, EXL_PART_OTHER},
+                     .lora = {.x = x,
+                              .row_uses = s->table,
+                              .use_row = use_row,
+                              .use_slot = use_slot,
+                              .use_scale = (const float *)(const void *)(use_slot + s->n_uses),
+                              .t = s->t,
+                              .rows = s->rows,
+                              .in_features = in,
+                              .n_uses = s->n_uses,
+                              .max_rank = s->max_rank}};
+    exl_lora_node *l = &node.lora;
+    for (int32_t i = 0; i < n && i < EXL_LORA_MAX_OUT; i++) {
+        int32_t at = li * EXL_LORA_N_PROJ + p[i];
+        if (!s->targeted[at] || w[i] != exl_lora_proj_linear(&m->layers[li], p[i]))
+            continue;
+        l->out[l->n_out] = out[i];
+        l->factors[l->n_out] = s->tables + (size_t)at * EXL_LORA_SLOTS;
+        l->out_features[l->n_out++] = out_features[i];
+    }
+    return l->n_out ? exl_graph_add(g, &node) : EXL_OK;
 }
 
 exl_status exl_lora_load_spec(exl_model *m, const char *spec, exl_lora_use *use) {

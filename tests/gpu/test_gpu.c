@@ -1732,31 +1732,37 @@ static void same_tokens_with_env_off(const char *shared, int n_jobs, const char 
 /* ---- LoRA adapters (model/lora.h): the lora op against the CPU's, PEFT fixtures' logits against the reference (the
  * prompt at once and token by token, CUDA graphs replayed), and jobs of different adapters in one step */
 
-/* one backend's lora op over rows with the uses below; out starts as out0 */
+/* one backend's lora op over rows with the uses below, for two projections of x (widths outf and outf2, the second
+ * with the same adapters' factors read as narrower); the outputs start as out0 */
 static float *lora_op_on(exl_backend *be, const float *x, const float *out0, const float *const *a,
                          const float *const *bt, const int32_t *ranks, int32_t n_slots, int32_t rows, int32_t in,
-                         int32_t outf) {
+                         int32_t outf, int32_t outf2) {
     static const int32_t row_uses[] = {0, 1, 1, 3, 3, 4}, use_row[] = {0, 2, 2, 4}, use_slot[] = {0, 1, 0, 1};
     static const float use_scale[] = {1.0f, 0.5f, -1.0f, 2.0f};
     const int32_t n_uses = 4, max_rank = 8;
-    exl_lora_factors f[3];
+    exl_lora_factors f[3], f2[3];
     void *mem[6];
     for (int32_t i = 0; i < n_slots; i++) {
         mem[2 * i] = put(be, a[i], (size_t)ranks[i] * in * sizeof(float) + 4);
         mem[2 * i + 1] = put(be, bt[i], (size_t)ranks[i] * outf * sizeof(float) + 4);
         f[i] = (exl_lora_factors){mem[2 * i], mem[2 * i + 1], ranks[i], 0};
+        f2[i] = (exl_lora_factors){mem[2 * i], mem[2 * i + 1], ranks[i] / 2, 0}; /* rows of outf2 floats */
     }
-    void *bufs[8] = {put(be, out0, (size_t)rows * outf * sizeof(float)),
-                     put(be, x, (size_t)rows * in * sizeof(float)),
-                     put(be, f, sizeof f),
-                     put(be, row_uses, sizeof row_uses),
-                     put(be, use_row, sizeof use_row),
-                     put(be, use_slot, sizeof use_slot),
-                     put(be, use_scale, sizeof use_scale),
-                     put(be, out0, (size_t)n_uses * max_rank * sizeof(float))};
-    exl_lora_node n = {.out = bufs[0],
+    void *bufs[10] = {put(be, out0, (size_t)rows * outf * sizeof(float)),
+                      put(be, x, (size_t)rows * in * sizeof(float)),
+                      put(be, f, sizeof f),
+                      put(be, row_uses, sizeof row_uses),
+                      put(be, use_row, sizeof use_row),
+                      put(be, use_slot, sizeof use_slot),
+                      put(be, use_scale, sizeof use_scale),
+                      put(be, out0, (size_t)n_uses * 2 * max_rank * sizeof(float)),
+                      put(be, out0, (size_t)rows * outf2 * sizeof(float)),
+                      put(be, f2, sizeof f2)};
+    exl_lora_node n = {.out = {bufs[0], bufs[8]},
+                       .factors = {bufs[2], bufs[9]},
+                       .out_features = {outf, outf2},
+                       .n_out = 2,
                        .x = bufs[1],
-                       .factors = bufs[2],
                        .row_uses = bufs[3],
                        .use_row = bufs[4],
                        .use_slot = bufs[5],
@@ -1764,11 +1770,14 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
                        .t = bufs[7],
                        .rows = rows,
                        .in_features = in,
-                       .out_features = outf,
                        .n_uses = n_uses,
                        .max_rank = max_rank};
     be->ops->lora(be, &n);
-    float *res = get(be, n.out, (int64_t)rows * outf);
+    float *res = malloc((size_t)rows * (outf + outf2) * sizeof *res);
+    float *one = get(be, n.out[0], (int64_t)rows * outf), *two = get(be, n.out[1], (int64_t)rows * outf2);
+    memcpy(res, one, (size_t)rows * outf * sizeof *res);
+    memcpy(res + (size_t)rows * outf, two, (size_t)rows * outf2 * sizeof *res);
+    free(one), free(two);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->ops->free(be, bufs[i]);
     for (int32_t i = 0; i < 2 * n_slots; i++)
@@ -1777,16 +1786,18 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
 }
 
 static void lora_op_case(void) {
-    const int32_t rows = 5, in = 96, outf = 130, ranks[3] = {4, 8, 0};
+    const int32_t rows = 5, in = 96, outf = 130, outf2 = 40, ranks[3] = {4, 8, 0};
     float *x = rnd((int64_t)rows * in, -1, 1), *out0 = rnd((int64_t)rows * outf, -1, 1);
     float *a[3], *bt[3];
     for (int i = 0; i < 3; i++) {
         a[i] = rnd((int64_t)(ranks[i] + 1) * in, -0.2f, 0.2f);
         bt[i] = rnd((int64_t)(ranks[i] + 1) * outf, -0.2f, 0.2f);
     }
-    float *g = lora_op_on(gpu, x, out0, (const float *const *)a, (const float *const *)bt, ranks, 3, rows, in, outf);
-    float *c = lora_op_on(cpu, x, out0, (const float *const *)a, (const float *const *)bt, ranks, 3, rows, in, outf);
-    report("lora op: 5 rows, 2 adapters, 0-2 uses a row", ref_rel_err(g, c, (int64_t)rows * outf), 1e-5);
+    const float *const *ca = (const float *const *)a, *const *cb = (const float *const *)bt;
+    float *g = lora_op_on(gpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2);
+    float *c = lora_op_on(cpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2);
+    report("lora op: 5 rows, 2 adapters, 0-2 uses a row, 2 outputs", ref_rel_err(g, c, (int64_t)rows * (outf + outf2)),
+           1e-5);
     free(g), free(c), free(x), free(out0);
     for (int i = 0; i < 3; i++)
         free(a[i]), free(bt[i]);

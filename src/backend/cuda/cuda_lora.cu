@@ -1,29 +1,28 @@
-/* cuda_lora.cu - the lora op (graph.h): gathered low-rank updates, Punica / S-LoRA style, in two launches whatever
- * the mix of adapters in the step:
- *   shrink  one block per (use, rank index): t[u, j] = scale_u * x[row_u] · A_slot(u)[j], a block-wide dot product
- *           over the input features (ranks past the adapter's own give 0);
- *   expand  one thread per (row, output column): out[r, c] += sum over r's uses u, j < rank of t[u, j] * Bt[j, c],
- *           reading Bt's rows along the columns (coalesced), every use of a row in one thread (no atomics: the
- *           result does not depend on the order blocks run in). */
+/* cuda_lora.cu - the lora op (graph.h): gathered low-rank updates, Punica / S-LoRA style, for 1-3 projections of one
+ * input in two launches whatever the mix of adapters in the step:
+ *   shrink  one block per (use, projection and rank index): t[u, o, j] = scale_u * x[row_u] · A_o,slot(u)[j], a
+ *           block-wide dot product over the input features (ranks past the adapter's own give 0);
+ *   expand  one thread per (row, output column of the projections side by side): out_o[r, c] += sum over r's uses u,
+ *           j < rank of t[u, o, j] * Bt_o[j, c], reading Bt's rows along the columns (coalesced), every use of a row
+ *           in one thread (no atomics: the result does not depend on the order blocks run in). */
 #include "backend/cuda/cuda_internal.h"
 
 #define SHRINK_THREADS 256
 #define EXPAND_THREADS 256
 
-__global__ void __launch_bounds__(SHRINK_THREADS)
-    lora_shrink_kernel(float *t, const float *x, const exl_lora_factors *factors, const int32_t *use_row,
-                       const int32_t *use_slot, const float *use_scale, int32_t in, int32_t max_rank) {
+__global__ void __launch_bounds__(SHRINK_THREADS) lora_shrink_kernel(exl_lora_node n) {
     exl_pdl_start();
-    const int32_t u = blockIdx.x, j = blockIdx.y;
-    const exl_lora_factors f = factors[use_slot[u]];
+    const int32_t u = blockIdx.x, o = blockIdx.y / n.max_rank, j = blockIdx.y % n.max_rank;
+    float *t = n.t + ((int64_t)u * n.n_out + o) * n.max_rank + j;
+    const exl_lora_factors f = n.factors[o][n.use_slot[u]];
     if (j >= f.rank) {
         if (threadIdx.x == 0)
-            t[(int64_t)u * max_rank + j] = 0.0f;
+            *t = 0.0f;
         return;
     }
-    const float *xr = x + (int64_t)use_row[u] * in, *a = f.a + (int64_t)j * in;
+    const float *xr = n.x + (int64_t)n.use_row[u] * n.in_features, *a = f.a + (int64_t)j * n.in_features;
     float s = 0.0f;
-    for (int32_t i = threadIdx.x; i < in; i += SHRINK_THREADS)
+    for (int32_t i = threadIdx.x; i < n.in_features; i += SHRINK_THREADS)
         s += xr[i] * a[i];
     for (int off = 16; off > 0; off >>= 1)
         s += __shfl_xor_sync(0xffffffffu, s, off);
@@ -35,36 +34,40 @@ __global__ void __launch_bounds__(SHRINK_THREADS)
         float total = 0.0f;
         for (int w = 0; w < SHRINK_THREADS / 32; w++)
             total += warp_sums[w];
-        t[(int64_t)u * max_rank + j] = total * use_scale[u];
+        *t = total * n.use_scale[u];
     }
 }
 
-__global__ void __launch_bounds__(EXPAND_THREADS)
-    lora_expand_kernel(float *out, const float *t, const exl_lora_factors *factors, const int32_t *row_uses,
-                       const int32_t *use_slot, int32_t out_features, int32_t max_rank) {
+__global__ void __launch_bounds__(EXPAND_THREADS) lora_expand_kernel(exl_lora_node n) {
     exl_pdl_start();
-    const int32_t r = blockIdx.y, c = blockIdx.x * EXPAND_THREADS + threadIdx.x;
-    if (c >= out_features)
+    const int32_t r = blockIdx.y;
+    int32_t c = blockIdx.x * EXPAND_THREADS + threadIdx.x, o = 0;
+    while (o < n.n_out && c >= n.out_features[o])
+        c -= n.out_features[o++];
+    if (o >= n.n_out)
         return;
+    const int32_t width = n.out_features[o];
     float acc = 0.0f;
-    for (int32_t u = row_uses[r]; u < row_uses[r + 1]; u++) {
-        const exl_lora_factors f = factors[use_slot[u]];
-        const float *tu = t + (int64_t)u * max_rank;
+    for (int32_t u = n.row_uses[r]; u < n.row_uses[r + 1]; u++) {
+        const exl_lora_factors f = n.factors[o][n.use_slot[u]];
+        const float *tu = n.t + ((int64_t)u * n.n_out + o) * n.max_rank;
         for (int32_t j = 0; j < f.rank; j++)
-            acc += tu[j] * f.bt[(int64_t)j * out_features + c];
+            acc += tu[j] * f.bt[(int64_t)j * width + c];
     }
-    out[(int64_t)r * out_features + c] += acc;
+    n.out[o][(int64_t)r * width + c] += acc;
 }
 
 void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n) {
     exl_cuda_backend *cb = exl_cuda(be);
-    if (n->n_uses < 1 || n->rows < 1)
+    if (n->n_uses < 1 || n->rows < 1 || n->n_out < 1 || n->max_rank < 1)
         return;
-    exl_cuda_launch(cb, lora_shrink_kernel, dim3((unsigned)n->n_uses, (unsigned)n->max_rank), dim3(SHRINK_THREADS), 0,
-                    n->t, n->x, n->factors, n->use_row, n->use_slot, n->use_scale, n->in_features, n->max_rank);
+    int32_t total = 0;
+    for (int32_t o = 0; o < n->n_out; o++)
+        total += n->out_features[o];
+    exl_cuda_launch(cb, lora_shrink_kernel, dim3((unsigned)n->n_uses, (unsigned)(n->n_out * n->max_rank)),
+                    dim3(SHRINK_THREADS), 0, *n);
     exl_cuda_check_launch(cb, "lora shrink");
-    dim3 grid((unsigned)((n->out_features + EXPAND_THREADS - 1) / EXPAND_THREADS), (unsigned)n->rows);
-    exl_cuda_launch(cb, lora_expand_kernel, grid, dim3(EXPAND_THREADS), 0, n->out, (const float *)n->t, n->factors,
-                    n->row_uses, n->use_slot, n->out_features, n->max_rank);
+    dim3 grid((unsigned)((total + EXPAND_THREADS - 1) / EXPAND_THREADS), (unsigned)n->rows);
+    exl_cuda_launch(cb, lora_expand_kernel, grid, dim3(EXPAND_THREADS), 0, *n);
     exl_cuda_check_launch(cb, "lora expand");
 }
