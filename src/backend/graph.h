@@ -26,8 +26,9 @@
  *   moe_experts  out[r] += sum over r's choices j of weights[r, j] *      x, out [rows, width]
  *                down_e(act(gate_e(x[r])) * up_e(x[r])), e = ids[r, j]
  *   lora         out_i[r] += sum over r's adapter uses u of scale_u *     x [rows, in], out_i [rows, out_i]
- *                (x[r] · A_iu^T) · Bt_iu for 1-3 projections i of x,
- *                the adapters' low-rank factors gathered per row
+ *                (x'[r] · A_iu^T) · Bt_iu for 1-3 projections i of x'
+ *                (x, x normed, or act(x) * up), the adapters'
+ *                low-rank factors gathered per row
  *
  * The model builds a step's graph from parts that stand alone (model.h: the embedding, each decoder layer's nodes
  * by exl_model_layer_graph, the head), so a graph may be one layer as well as a whole step.
@@ -272,8 +273,10 @@ typedef struct exl_lora_factors {
     int32_t rank, pad_;
 } exl_lora_factors;
 
-/* Gathered low-rank updates (Punica / S-LoRA) after 1-3 projections of one input (q, k and v; gate and up): each row
- * uses its own adapters, the uses of row r being row_uses[r] .. row_uses[r + 1] - 1, one use u naming the adapter
+/* Gathered low-rank updates (Punica / S-LoRA) after 1-3 projections of one input (q, k and v; gate and up). The input
+ * is x itself, or what a norm or a GLU before the projections makes of it (so that the backend may fuse those into
+ * the projections' matmuls, which then need not write it): with norm, x / rms(x) * norm (eps); with up (one
+ * output), act(x) * up. Each row uses its own adapters, the uses of row r being row_uses[r] .. row_uses[r + 1] - 1, one use u naming the adapter
  * slot use_slot[u] (an entry of each projection's factors) and the weight use_scale[u]; use_row[u] is the row of
  * use u. t is scratch of n_uses * n_out * max_rank floats. */
 #define EXL_LORA_MAX_OUT 3
@@ -283,6 +286,10 @@ typedef struct exl_lora_node {
     int32_t out_features[EXL_LORA_MAX_OUT];
     int32_t n_out;
     const float *x;          /* [rows, in_features] */
+    const exl_vector *norm;  /* or NULL */
+    const float *up;         /* [rows, in_features] or NULL */
+    float eps;               /* norm's */
+    int32_t act;             /* up's: as glu's */
     const int32_t *row_uses; /* backend memory, [rows + 1] */
     const int32_t *use_row, *use_slot;
     const float *use_scale;
@@ -433,6 +440,8 @@ static inline exl_node_access exl_node_access_of(const exl_node *n, int32_t batc
     }
     case EXL_OP_LORA:
         EXL_READS_(n->lora.x, (int64_t)n->lora.rows * n->lora.in_features);
+        if (n->lora.up)
+            EXL_READS_(n->lora.up, (int64_t)n->lora.rows * n->lora.in_features);
         for (int32_t o = 0; o < n->lora.n_out && o < EXL_LORA_MAX_OUT; o++) {
             EXL_READS_(n->lora.out[o], (int64_t)n->lora.rows * n->lora.out_features[o]);
             EXL_WRITES_(n->lora.out[o], (int64_t)n->lora.rows * n->lora.out_features[o]);

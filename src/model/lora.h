@@ -70,12 +70,23 @@ exl_status exl_lora_install(exl_lora *lo, const float *host, size_t floats, exl_
 void exl_lora_step_sets(exl_model *m, const exl_lora_set *const *sets, int32_t n_seqs);
 /* A step's uses from its sequences' sets, uploaded (exl_model_begin_step calls it). */
 exl_status exl_lora_begin_step(exl_model *m, const exl_seq_step *steps, int32_t n_seqs, int32_t rows);
-/* After the matmuls of projections p[0..n) (n <= EXL_LORA_MAX_OUT) of layer li over one input x (out[i] = x · w[i]),
- * the lora node adding this step's updates to those some use targets whose w is the model's own (not a
- * candidate's: the quantizer's); none where no projection is left. */
-exl_status exl_lora_nodes_after(exl_model *m, exl_graph *g, int32_t li, int32_t n, const exl_lora_proj *p,
-                                const exl_linear *const *w, float *const *out, const int32_t *out_features,
-                                const float *x, int32_t in);
+/* The input of projections as a lora node reads it (graph.h): x of `in` features, normed (norm, eps) or through the
+ * GLU (up, act) on the way where those are set. */
+typedef struct exl_lora_input {
+    const float *x;
+    int32_t in;
+    const exl_vector *norm;
+    float eps;
+    const float *up;
+    int32_t act;
+} exl_lora_input;
+
+/* For projections p[0..n) (n <= EXL_LORA_MAX_OUT) of layer li over one input (out[i] = input · w[i]), the lora node
+ * adding this step's updates to those some use targets whose w is the model's own (not a candidate's: the
+ * quantizer's); none where no projection is left. */
+exl_status exl_lora_nodes(exl_model *m, exl_graph *g, int32_t li, int32_t n, const exl_lora_proj *p,
+                          const exl_linear *const *w, float *const *out, const int32_t *out_features,
+                          const exl_lora_input *in);
 /* The model's linear of projection p in layer l (NULL where it has none). */
 const exl_linear *exl_lora_proj_linear(const exl_layer *l, exl_lora_proj p);
 /* A set from public uses: checked (adapters of this model, at most EXL_LORA_MAX_USES). */

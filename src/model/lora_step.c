@@ -132,23 +132,27 @@ exl_status exl_lora_begin_step(exl_model *m, const exl_seq_step *steps, int32_t 
     return m->be->ops->upload(m->be, s->table, s->host_table, (size_t)(rows + 1 + 3 * n_uses) * sizeof(int32_t));
 }
 
-exl_status exl_lora_nodes_after(exl_model *m, exl_graph *g, int32_t li, int32_t n, const exl_lora_proj *p,
-                                const exl_linear *const *w, float *const *out, const int32_t *out_features,
-                                const float *x, int32_t in) {
+exl_status exl_lora_nodes(exl_model *m, exl_graph *g, int32_t li, int32_t n, const exl_lora_proj *p,
+                          const exl_linear *const *w, float *const *out, const int32_t *out_features,
+                          const exl_lora_input *in) {
     exl_lora_state *s = m->lora;
     if (!s || s->n_uses == 0)
         return EXL_OK;
     const int32_t *use_row = s->table + s->rows + 1, *use_slot = use_row + s->n_uses;
     exl_node node = {.op = EXL_OP_LORA,
                      .tag = {li, EXL_PART_OTHER},
-                     .lora = {.x = x,
+                     .lora = {.x = in->x,
+                              .norm = in->norm,
+                              .up = in->up,
+                              .eps = in->eps,
+                              .act = in->act,
                               .row_uses = s->table,
                               .use_row = use_row,
                               .use_slot = use_slot,
                               .use_scale = (const float *)(const void *)(use_slot + s->n_uses),
                               .t = s->t,
                               .rows = s->rows,
-                              .in_features = in,
+                              .in_features = in->in,
                               .n_uses = s->n_uses,
                               .max_rank = s->max_rank}};
     exl_lora_node *l = &node.lora;

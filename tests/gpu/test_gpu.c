@@ -1733,10 +1733,11 @@ static void same_tokens_with_env_off(const char *shared, int n_jobs, const char 
  * prompt at once and token by token, CUDA graphs replayed), and jobs of different adapters in one step */
 
 /* one backend's lora op over rows with the uses below, for two projections of x (widths outf and outf2, the second
- * with the same adapters' factors read as narrower); the outputs start as out0 */
+ * with the same adapters' factors read as narrower); the outputs start as out0; mode 1: x normed on the way (weights
+ * out0's first values), 2: through the GLU (up: out0's) */
 static float *lora_op_on(exl_backend *be, const float *x, const float *out0, const float *const *a,
                          const float *const *bt, const int32_t *ranks, int32_t n_slots, int32_t rows, int32_t in,
-                         int32_t outf, int32_t outf2) {
+                         int32_t outf, int32_t outf2, int mode) {
     static const int32_t row_uses[] = {0, 1, 1, 3, 3, 4}, use_row[] = {0, 2, 2, 4}, use_slot[] = {0, 1, 0, 1};
     static const float use_scale[] = {1.0f, 0.5f, -1.0f, 2.0f};
     const int32_t n_uses = 4, max_rank = 8;
@@ -1772,7 +1773,19 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
                        .in_features = in,
                        .n_uses = n_uses,
                        .max_rank = max_rank};
+    exl_vector *norm = NULL;
+    const exl_dense_src ns = {EXL_DTYPE_F32, out0};
+    if (mode == 1) {
+        require(be->ops->vector_init(be, &ns, in, 0, &norm) == EXL_OK, "norm");
+        n.norm = norm, n.eps = 1e-5f;
+    }
+    float *up = mode == 2 ? put(be, out0 + 7, (size_t)rows * in * sizeof(float)) : NULL;
+    n.up = up, n.act = 0;
     be->ops->lora(be, &n);
+    if (norm)
+        be->ops->vector_free(be, norm);
+    if (up)
+        be->ops->free(be, up);
     float *res = malloc((size_t)rows * (outf + outf2) * sizeof *res);
     float *one = get(be, n.out[0], (int64_t)rows * outf), *two = get(be, n.out[1], (int64_t)rows * outf2);
     memcpy(res, one, (size_t)rows * outf * sizeof *res);
@@ -1794,11 +1807,15 @@ static void lora_op_case(void) {
         bt[i] = rnd((int64_t)(ranks[i] + 1) * outf, -0.2f, 0.2f);
     }
     const float *const *ca = (const float *const *)a, *const *cb = (const float *const *)bt;
-    float *g = lora_op_on(gpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2);
-    float *c = lora_op_on(cpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2);
-    report("lora op: 5 rows, 2 adapters, 0-2 uses a row, 2 outputs", ref_rel_err(g, c, (int64_t)rows * (outf + outf2)),
-           1e-5);
-    free(g), free(c), free(x), free(out0);
+    static const char *const names[3] = {"lora op: 5 rows, 2 adapters, 0-2 uses a row, 2 outputs",
+                                         "lora op: the input normed on the way", "lora op: the input through a GLU"};
+    for (int mode = 0; mode < 3; mode++) {
+        float *g = lora_op_on(gpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
+        float *c = lora_op_on(cpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
+        report(names[mode], ref_rel_err(g, c, (int64_t)rows * (outf + outf2)), 1e-5);
+        free(g), free(c);
+    }
+    free(x), free(out0);
     for (int i = 0; i < 3; i++)
         free(a[i]), free(bt[i]);
 }

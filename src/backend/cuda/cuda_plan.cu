@@ -130,6 +130,7 @@ static exl_node canonical(const exl_node *n) {
         exl_lora_node &o = c.lora;
         for (int32_t i = 0; i < EXL_LORA_MAX_OUT; i++)
             o.out[i] = a.out[i], o.factors[i] = a.factors[i], o.out_features[i] = a.out_features[i];
+        o.norm = a.norm, o.up = a.up, o.eps = a.eps, o.act = a.act;
         o.n_out = a.n_out, o.x = a.x, o.row_uses = a.row_uses, o.use_row = a.use_row, o.use_slot = a.use_slot;
         o.use_scale = a.use_scale, o.t = a.t, o.rows = a.rows, o.in_features = a.in_features, o.n_uses = a.n_uses;
         o.max_rank = a.max_rank;
