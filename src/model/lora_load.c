@@ -222,7 +222,15 @@ static exl_status ensure_state(exl_model *m) {
     if (st == EXL_OK)
         st = m->be->ops->upload(m->be, s->tables, zero, entries * sizeof *zero);
     exl_free(zero);
-    m->lora = s;
+    if (st == EXL_OK) {
+        m->lora = s;
+        return EXL_OK;
+    }
+    if (s && s->tables)
+        m->be->ops->free(m->be, s->tables);
+    if (s)
+        exl_free(s->targeted);
+    exl_free(s);
     return st;
 }
 
