@@ -5,6 +5,7 @@
 #include "model_util.h"
 #include "test.h"
 
+#include "base/half.h"
 #include "io/safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -333,4 +334,127 @@ EXL_TEST(lora_generator_jobs_with_different_adapters) {
     free(alone);
     exl_model_free(m);
     exl_tokenizer_free(tok);
+}
+
+/* ---- Phi-3's fused projections: an adapter on qkv_proj, gate_up_proj and down_proj equals its update merged into
+ * the weights (in fp32) */
+
+static float small_random(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return ((float)(*s >> 40) / 16777216.0f - 0.5f) * 0.1f;
+}
+
+static const char phi3_adapter_config[] = "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": "
+                                          "[\"qkv_proj\", \"gate_up_proj\", \"down_proj\"], \"modules_to_save\": null}";
+
+/* adapter_dir: a random r-4 adapter on the fused projections of rand-phi3; merged_dir: rand-phi3 with its update
+ * merged (those weights in fp32) */
+static int phi3_dirs(const char *adapter_dir, const char *merged_dir) {
+    static const char *const mods[] = {"self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj"};
+    const int r = 4;
+    const float scaling = 8.0f / 4;
+    char path[4096], name[256];
+    snprintf(path, sizeof path, "%s/adapter_config.json", adapter_dir);
+    if (mu_write_file(path, phi3_adapter_config, strlen(phi3_adapter_config)))
+        return 0;
+    snprintf(path, sizeof path, "%s/config.json", exl_test_shared("models/rand-phi3"));
+    char cfg_dst[4096];
+    snprintf(cfg_dst, sizeof cfg_dst, "%s/config.json", merged_dir);
+    if (mu_copy_file(path, cfg_dst))
+        return 0;
+    snprintf(path, sizeof path, "%s/model.safetensors", exl_test_shared("models/rand-phi3"));
+    exl_st_file *f = NULL;
+    exl_st_writer *wa = NULL, *wm = NULL;
+    int ok = exl_st_open(path, &f) == EXL_OK && exl_st_writer_init(&wa) == EXL_OK && exl_st_writer_init(&wm) == EXL_OK;
+    float *bufs[32];
+    int n_bufs = 0;
+    uint64_t seed = 42;
+    for (int i = 0; ok && i < f->n_tensors; i++) {
+        const exl_st_tensor *t = &f->tensors[i];
+        int target = -1;
+        for (int k = 0; k < 3; k++)
+            if (strstr(t->name, mods[k]) && strstr(t->name, ".weight"))
+                target = k;
+        if (target < 0 || n_bufs + 3 > 32) {
+            ok = exl_st_writer_add(wm, t->name, t->dtype, t->n_dims, t->shape, t->data) == EXL_OK;
+            continue;
+        }
+        const int64_t out = t->shape[0], in = t->shape[1];
+        float *a = bufs[n_bufs++] = malloc((size_t)r * in * sizeof(float));
+        float *b = bufs[n_bufs++] = malloc((size_t)out * r * sizeof(float));
+        float *w = bufs[n_bufs++] = malloc((size_t)out * in * sizeof(float));
+        for (int64_t k = 0; k < r * in; k++)
+            a[k] = small_random(&seed);
+        for (int64_t k = 0; k < out * r; k++)
+            b[k] = small_random(&seed);
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t c = 0; c < in; c++) {
+                double d = 0;
+                for (int j = 0; j < r; j++)
+                    d += (double)b[o * r + j] * a[(int64_t)j * in + c];
+                w[o * in + c] = exl_f16_to_f32(((const uint16_t *)t->data)[o * in + c]) + (float)(scaling * d);
+            }
+        const int64_t sa[2] = {r, in}, sb[2] = {out, r};
+        size_t len = strlen(t->name) - strlen(".weight");
+        snprintf(name, sizeof name, "base_model.model.%.*s.lora_A.weight", (int)len, t->name);
+        ok = exl_st_writer_add(wa, name, EXL_DTYPE_F32, 2, sa, a) == EXL_OK;
+        snprintf(name, sizeof name, "base_model.model.%.*s.lora_B.weight", (int)len, t->name);
+        ok = ok && exl_st_writer_add(wa, name, EXL_DTYPE_F32, 2, sb, b) == EXL_OK;
+        ok = ok && exl_st_writer_add(wm, t->name, EXL_DTYPE_F32, 2, t->shape, w) == EXL_OK;
+    }
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", adapter_dir);
+    ok = ok && exl_st_writer_write(wa, path) == EXL_OK;
+    snprintf(path, sizeof path, "%s/model.safetensors", merged_dir);
+    ok = ok && exl_st_writer_write(wm, path) == EXL_OK;
+    exl_st_writer_free(wa);
+    exl_st_writer_free(wm);
+    exl_st_close(f);
+    for (int i = 0; i < n_bufs; i++)
+        free(bufs[i]);
+    return ok;
+}
+
+/* the logits of ids (n of them) through model dir (with adapter_dir, when given) */
+static float *phi3_logits(const char *dir, const char *adapter_dir, const int32_t *ids, int32_t n) {
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CPU;
+    exl_model *m = NULL;
+    exl_session *ses = NULL;
+    exl_lora *lo = NULL;
+    float *out = NULL;
+    if (exl_model_load(dir, &p, &m) == EXL_OK && (!adapter_dir || exl_lora_load(m, adapter_dir, &lo) == EXL_OK)) {
+        exl_lora_use use = {lo, 1};
+        out = malloc((size_t)n * m->cfg.vocab_size * sizeof *out);
+        if (exl_model_set_lora(m, &use, lo ? 1 : 0) != EXL_OK || exl_session_init(m, n, &ses) != EXL_OK ||
+            exl_session_eval(ses, ids, n, out, NULL) != EXL_OK) {
+            free(out);
+            out = NULL;
+        }
+    }
+    if (!out)
+        exl_test_failed(__FILE__, __LINE__, "%s: %s", dir, exl_last_error());
+    exl_session_free(ses);
+    exl_model_free(m);
+    return out;
+}
+
+EXL_TEST(lora_phi3_fused_projections_equal_merged_weights) {
+    char adapter[1024], merged[1024];
+    snprintf(adapter, sizeof adapter, "%s/adapter", exl_test_tmpdir());
+    snprintf(merged, sizeof merged, "%s/merged", exl_test_tmpdir());
+    REQUIRE(mkdir(adapter, 0755) == 0 && mkdir(merged, 0755) == 0 && phi3_dirs(adapter, merged));
+    int32_t ids[20];
+    gu_random_ids(3, ids, 20, 2048);
+    float *got = phi3_logits(exl_test_shared("models/rand-phi3"), adapter, ids, 20);
+    float *want = phi3_logits(merged, NULL, ids, 20);
+    float *base = phi3_logits(exl_test_shared("models/rand-phi3"), NULL, ids, 20);
+    REQUIRE(got && want && base);
+    double worst = 0, moved = 0;
+    for (int64_t k = 0; k < 20 * 2048; k++) {
+        double d = fabs(got[k] - want[k]), b = fabs(base[k] - want[k]);
+        worst = d > worst ? d : worst;
+        moved = b > moved ? b : moved;
+    }
+    CHECK_MSG(worst < 1e-4 && moved > 1e-2, "adapter vs merged: %g (the update moves logits by %g)", worst, moved);
+    free(got), free(want), free(base);
 }
