@@ -167,8 +167,8 @@ EXL_TEST(lora_sets_per_sequence_in_one_step) {
 
 typedef void (*config_edit)(cJSON *config);
 
-/* dir: a1's config as edit changes it, and its tensors but `drop` */
-static int derive_adapter(const char *dir, config_edit edit, const char *drop) {
+/* dir: a1's config as edit changes it, and its tensors but `drop`, those whose name holds `doubled` times 2 (fp32) */
+static int derive_adapter_x(const char *dir, config_edit edit, const char *drop, const char *doubled) {
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", exl_test_shared("models/rand-llama-lora-a1"));
     size_t len = 0;
@@ -190,16 +190,32 @@ static int derive_adapter(const char *dir, config_edit edit, const char *drop) {
     exl_st_file *f = NULL;
     exl_st_writer *w = NULL;
     ok = ok && exl_st_open(path, &f) == EXL_OK && exl_st_writer_init(&w) == EXL_OK;
+    float *copies[64];
+    int n_copies = 0;
     for (int i = 0; ok && i < f->n_tensors; i++) {
         const exl_st_tensor *t = &f->tensors[i];
+        const void *data = t->data;
+        if (doubled && strstr(t->name, doubled) && t->dtype == EXL_DTYPE_F32 && n_copies < 64) {
+            int64_t n = exl_st_numel(t);
+            float *c = copies[n_copies++] = malloc((size_t)n * sizeof *c);
+            for (int64_t k = 0; c && k < n; k++)
+                c[k] = 2 * ((const float *)t->data)[k];
+            data = c;
+        }
         ok = (drop && !strcmp(t->name, drop)) ||
-             exl_st_writer_add(w, t->name, t->dtype, t->n_dims, t->shape, t->data) == EXL_OK;
+             (data && exl_st_writer_add(w, t->name, t->dtype, t->n_dims, t->shape, data) == EXL_OK);
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     ok = ok && exl_st_writer_write(w, path) == EXL_OK;
     exl_st_writer_free(w);
     exl_st_close(f);
+    for (int i = 0; i < n_copies; i++)
+        free(copies[i]);
     return ok;
+}
+
+static int derive_adapter(const char *dir, config_edit edit, const char *drop) {
+    return derive_adapter_x(dir, edit, drop, NULL);
 }
 
 /* loading dir onto m fails with a one-line message holding each of the words */
@@ -229,6 +245,11 @@ static void save_head(cJSON *c) {
 }
 static void no_mapping(cJSON *c) { cJSON_DeleteItemFromObject(c, "auto_mapping"); }
 static void dora(cJSON *c) { cJSON_ReplaceItemInObject(c, "use_dora", cJSON_CreateTrue()); }
+static void wrong_rank(cJSON *c) {
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddNumberToObject(p, "k_proj", 4);
+    cJSON_ReplaceItemInObject(c, "rank_pattern", p);
+}
 
 EXL_TEST(lora_bad_adapters_are_one_line_errors) {
     exl_model *m = load_cpu("rand-llama");
@@ -252,6 +273,10 @@ EXL_TEST(lora_bad_adapters_are_one_line_errors) {
     snprintf(dir, sizeof dir, "%s/dora", tmp);
     REQUIRE(mkdir(dir, 0755) == 0 && derive_adapter(dir, dora, NULL));
     EXPECT_ERROR(m, dir, dir, "DoRA");
+
+    snprintf(dir, sizeof dir, "%s/rank", tmp);
+    REQUIRE(mkdir(dir, 0755) == 0 && derive_adapter(dir, wrong_rank, NULL));
+    EXPECT_ERROR(m, dir, dir, "base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight", "config's 4");
 
     snprintf(dir, sizeof dir, "%s/unmapped", tmp);
     REQUIRE(mkdir(dir, 0755) == 0 && derive_adapter(dir, no_mapping, NULL));
@@ -457,4 +482,48 @@ EXL_TEST(lora_phi3_fused_projections_equal_merged_weights) {
     }
     CHECK_MSG(worst < 1e-4 && moved > 1e-2, "adapter vs merged: %g (the update moves logits by %g)", worst, moved);
     free(got), free(want), free(base);
+}
+
+/* ---- per-module alpha and rank */
+
+static void q_alpha_32(cJSON *c) {
+    cJSON *a = cJSON_CreateObject(), *r = cJSON_CreateObject();
+    cJSON_AddNumberToObject(a, "model.layers.1.self_attn.q_proj", 32);
+    cJSON_AddNumberToObject(r, "q_proj", 8);
+    cJSON_ReplaceItemInObject(c, "alpha_pattern", a);
+    cJSON_ReplaceItemInObject(c, "rank_pattern", r);
+}
+
+/* alpha_pattern doubling layer 1's q_proj update equals B doubled there */
+EXL_TEST(lora_alpha_and_rank_patterns) {
+    exl_model *m = load_cpu("rand-llama");
+    REQUIRE(m);
+    char a[1024], b[1024];
+    snprintf(a, sizeof a, "%s/pattern", exl_test_tmpdir());
+    snprintf(b, sizeof b, "%s/doubled", exl_test_tmpdir());
+    REQUIRE(mkdir(a, 0755) == 0 && derive_adapter_x(a, q_alpha_32, NULL, NULL));
+    REQUIRE(mkdir(b, 0755) == 0 && derive_adapter_x(b, NULL, NULL, "layers.1.self_attn.q_proj.lora_B"));
+    exl_lora *la, *lb;
+    REQUIRE_OK(exl_lora_load(m, a, &la));
+    REQUIRE_OK(exl_lora_load(m, b, &lb));
+    const int32_t ids[8] = {1, 50, 99, 700, 3, 1200, 44, 8};
+    float *out[3];
+    const exl_lora_use uses[3] = {{la, 1}, {lb, 1}, {NULL, 0}};
+    for (int i = 0; i < 3; i++) {
+        exl_session *ses;
+        out[i] = malloc((size_t)8 * m->cfg.vocab_size * sizeof(float));
+        REQUIRE_OK(exl_model_set_lora(m, &uses[i], i < 2));
+        REQUIRE_OK(exl_session_init(m, 8, &ses));
+        REQUIRE_OK(exl_session_eval(ses, ids, 8, out[i], NULL));
+        exl_session_free(ses);
+    }
+    double same = 0, moved = 0;
+    for (int64_t k = 0; k < (int64_t)8 * m->cfg.vocab_size; k++) {
+        same = fmax(same, fabs(out[0][k] - out[1][k]));
+        moved = fmax(moved, fabs(out[0][k] - out[2][k]));
+    }
+    CHECK_MSG(same < 1e-4 && moved > 1e-2, "alpha_pattern vs doubled B: %g (vs the base: %g)", same, moved);
+    for (int i = 0; i < 3; i++)
+        free(out[i]);
+    exl_model_free(m);
 }
