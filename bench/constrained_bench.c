@@ -1,8 +1,10 @@
 /* constrained_bench.c - the cost of constrained decoding on the host: batch-1 decode time per token
  * without a constraint and with three, over the same prompt and sampling settings.
- * usage: constrained_bench MODEL_DIR NEW_TOKENS SEEDS ROUNDS   (EXL_BENCH_DEVICE=cuda: on the GPU, else the CPU)
- * A variant's run is one job per seed (seeds 1..SEEDS, temperature 1, end-of-sequence ignored), timed from
- * each job's first token to its last: decode only, prefill left out. The variants take turns, ROUNDS
+ * usage: constrained_bench MODEL_DIR NEW_TOKENS SEEDS ROUNDS [BATCH]
+ *   (EXL_BENCH_DEVICE=cuda: on the GPU, else the CPU)
+ * A variant's run is one job per seed (seeds 1..SEEDS, temperature 1, end-of-sequence ignored), BATCH jobs at a
+ * time (default 1), timed from the moment every job of a batch has its first token to the batch's end: decode
+ * only, prefill left out; tokens per second is the batch's throughput. The variants take turns, ROUNDS
  * times, and each keeps its fastest run (the machine's load drifts). Prints one Markdown table row per
  * variant: tokens decoded, forward steps, ms per token and per step, and the per-step ratio to the free
  * run (text the grammar writes itself adds tokens without steps).
@@ -47,22 +49,27 @@ static const variant VARIANTS[] = {
     {"regex ([a-z]+ )+", EXL_CONSTRAINT_REGEX, "([a-z]+ )+"},
 };
 
-/* Decode seconds and tokens of one job (from its first token to its end). */
-static int run_job(exl_generator *gen, exl_constraint *c, int new_tokens, uint64_t seed, double *secs, int64_t *tokens,
-                   int64_t *steps) {
-    exl_job_params p = exl_job_default_params();
-    p.text = "Once upon a time";
-    p.max_new_tokens = new_tokens;
-    p.ignore_eos = 1;
-    p.constraint = c;
-    p.sampling.seed = seed;
-    uint64_t id;
-    if (exl_generator_submit(gen, &p, &id) != EXL_OK)
-        return fail("submit");
-    double first = 0, last = 0;
-    int32_t n_first = 0, n_last = 0;
+/* A run of `batch` concurrent jobs (seeds first..first+batch-1): decode seconds and tokens from the moment every
+ * job has its first token (all in decode) to the end, and the forward steps in that span. */
+static int run_batch(exl_generator *gen, exl_constraint *c, int new_tokens, int first, int batch, double *secs,
+                     int64_t *tokens, int64_t *steps) {
+    int32_t n_now[256] = {0}, n_start[256] = {0};
+    for (int j = 0; j < batch; j++) {
+        exl_job_params p = exl_job_default_params();
+        p.text = "Once upon a time";
+        p.max_new_tokens = new_tokens;
+        p.ignore_eos = 1;
+        p.constraint = c;
+        p.sampling.seed = (uint64_t)(first + j);
+        p.user = &n_now[j];
+        uint64_t id;
+        if (exl_generator_submit(gen, &p, &id) != EXL_OK)
+            return fail("submit");
+    }
+    double t_start = 0, t_end = 0;
+    int started = 0, n_started = 0;
     exl_generator_stats st;
-    int64_t step_first = 0;
+    int64_t step_start = 0;
     while (exl_generator_pending(gen) > 0) {
         const exl_gen_event *ev;
         int32_t n_ev;
@@ -73,20 +80,25 @@ static int run_job(exl_generator *gen, exl_constraint *c, int new_tokens, uint64
                 fprintf(stderr, "constrained_bench: job failed: %s\n", ev[e].error);
                 return 1;
             }
-            if (!n_first && ev[e].n_generated) {
-                first = now();
-                n_first = ev[e].n_generated;
-                exl_generator_stats_get(gen, &st);
-                step_first = st.steps;
-            }
-            last = now();
-            n_last = ev[e].n_generated;
+            int32_t *n = ev[e].user;
+            if (!*n && ev[e].n_generated)
+                n_started++;
+            *n = ev[e].n_generated;
+        }
+        t_end = now();
+        if (!started && n_started == batch) {
+            started = 1;
+            t_start = t_end;
+            memcpy(n_start, n_now, sizeof n_start);
+            exl_generator_stats_get(gen, &st);
+            step_start = st.steps;
         }
     }
     exl_generator_stats_get(gen, &st);
-    *secs += last - first;
-    *tokens += n_last - n_first;
-    *steps += st.steps - step_first;
+    *secs += t_end - t_start;
+    for (int j = 0; j < batch; j++)
+        *tokens += n_now[j] - n_start[j];
+    *steps += st.steps - step_start;
     return 0;
 }
 
@@ -95,14 +107,15 @@ typedef struct result {
     int64_t tokens, steps;
 } result;
 
-/* One run of variant v: every seed. */
-static int run_variant(exl_generator *gen, const variant *v, int new_tokens, int seeds, result *out) {
+/* One run of variant v: every seed, `batch` jobs at a time. */
+static int run_variant(exl_generator *gen, const variant *v, int new_tokens, int seeds, int batch, result *out) {
     exl_constraint *c = NULL;
     if (v->source && exl_constraint_compile(v->kind, v->source, strlen(v->source), &c) != EXL_OK)
         return fail(v->name);
     *out = (result){0};
-    for (int s = 1; s <= seeds; s++)
-        if (run_job(gen, c, new_tokens, (uint64_t)s, &out->secs, &out->tokens, &out->steps)) {
+    for (int s = 1; s <= seeds; s += batch)
+        if (run_batch(gen, c, new_tokens, s, seeds - s + 1 < batch ? seeds - s + 1 : batch, &out->secs, &out->tokens,
+                      &out->steps)) {
             exl_constraint_free(c);
             return 1;
         }
@@ -111,11 +124,16 @@ static int run_variant(exl_generator *gen, const variant *v, int new_tokens, int
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: constrained_bench MODEL_DIR NEW_TOKENS SEEDS ROUNDS\n");
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: constrained_bench MODEL_DIR NEW_TOKENS SEEDS ROUNDS [BATCH]\n");
         return 2;
     }
     int new_tokens = atoi(argv[2]), seeds = atoi(argv[3]), rounds = atoi(argv[4]);
+    int batch = argc == 6 ? atoi(argv[5]) : 1;
+    if (batch < 1 || batch > 256) {
+        fprintf(stderr, "constrained_bench: BATCH must be in 1..256\n");
+        return 2;
+    }
     exl_model_params mp = exl_model_default_params();
     const char *dev = getenv("EXL_BENCH_DEVICE");
     mp.device = dev && !strcmp(dev, "cuda") ? EXL_DEVICE_CUDA : EXL_DEVICE_CPU;
@@ -133,20 +151,22 @@ int main(int argc, char **argv) {
     for (int r = 0; r < rounds; r++)
         for (int v = 0; v < N_VARIANTS; v++) {
             result x;
-            if (run_variant(gen, &VARIANTS[v], new_tokens, seeds, &x))
+            if (run_variant(gen, &VARIANTS[v], new_tokens, seeds, batch, &x))
                 return 1;
             if (!r ||
                 x.secs / (double)(x.steps ? x.steps : 1) < best[v].secs / (double)(best[v].steps ? best[v].steps : 1))
                 best[v] = x;
         }
-    printf("| constraint | tokens | steps | ms/token | ms/step | step vs free |\n|---|---|---|---|---|---|\n");
+    printf(
+        "| constraint | tokens | steps | ms/token | ms/step | tok/s | step vs free |\n|---|---|---|---|---|---|---|\n");
     double free_ms = best[0].steps ? 1e3 * best[0].secs / (double)best[0].steps : 0;
     for (int v = 0; v < N_VARIANTS; v++) {
         const result *x = &best[v];
         double ms = x->tokens ? 1e3 * x->secs / (double)x->tokens : 0,
                ms_step = x->steps ? 1e3 * x->secs / (double)x->steps : 0;
-        printf("| %s | %lld | %lld | %.3f | %.3f | %.2fx |\n", VARIANTS[v].name, (long long)x->tokens,
-               (long long)x->steps, ms, ms_step, free_ms > 0 ? ms_step / free_ms : 0);
+        printf("| %s | %lld | %lld | %.3f | %.3f | %.1f | %.2fx |\n", VARIANTS[v].name, (long long)x->tokens,
+               (long long)x->steps, ms, ms_step, x->secs > 0 ? (double)x->tokens / x->secs : 0,
+               free_ms > 0 ? ms_step / free_ms : 0);
     }
     exl_generator_free(gen);
     exl_tokenizer_free(tok);

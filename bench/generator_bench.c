@@ -4,7 +4,9 @@
  * Prints one Markdown table row per N, the fastest of REPEATS runs: jobs, wall seconds,
  * generated tokens/s, tokens/s through the model (prompt + generated), forward steps, and the
  * seconds spent in the forward pass and in sampling (the rest is setup and scheduling).
- * Jobs sample at temperature 0.8, top-k 40, top-p 0.95; EXL_BENCH_TEMPERATURE=0 makes them greedy. */
+ * Jobs sample at temperature 0.8, top-k 40, top-p 0.95; EXL_BENCH_TEMPERATURE=0 makes them greedy, and
+ * EXL_BENCH_TOP_K / EXL_BENCH_TOP_P set the filters (EXL_BENCH_TOP_K=0: top-p alone, as the server's clients);
+ * EXL_BENCH_THREADS the CPU threads. */
 #include "exl.h"
 
 #include <stdio.h>
@@ -51,10 +53,11 @@ static int run(exl_model *model, exl_tokenizer *tok, int vocab, int prompt_len, 
         p.n_ids = prompt_len;
         p.max_new_tokens = new_tokens;
         p.ignore_eos = 1;
-        const char *temp = getenv("EXL_BENCH_TEMPERATURE");
+        const char *temp = getenv("EXL_BENCH_TEMPERATURE"), *top_k = getenv("EXL_BENCH_TOP_K");
+        const char *top_p = getenv("EXL_BENCH_TOP_P");
         p.sampling.temperature = temp ? (float)atof(temp) : 0.8f;
-        p.sampling.top_k = 40;
-        p.sampling.top_p = 0.95f;
+        p.sampling.top_k = top_k ? atoi(top_k) : 40;
+        p.sampling.top_p = top_p ? (float)atof(top_p) : 0.95f;
         p.sampling.seed = (uint64_t)j;
         uint64_t id;
         if (exl_generator_submit(gen, &p, &id) != EXL_OK)
@@ -79,9 +82,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     exl_model_params mp = exl_model_default_params();
+    /* EXL_BENCH_TP=N splits the model over N devices (tensor parallelism) */
+    mp.tp = getenv("EXL_BENCH_TP") ? atoi(getenv("EXL_BENCH_TP")) : 0;
     /* EXL_BENCH_DEVICE=cuda runs the same benchmark on the GPU */
     const char *dev = getenv("EXL_BENCH_DEVICE");
     mp.device = dev && !strcmp(dev, "cuda") ? EXL_DEVICE_CUDA : EXL_DEVICE_CPU;
+    const char *threads = getenv("EXL_BENCH_THREADS"); /* the CPU backend's threads (default: one per core) */
+    mp.n_threads = threads ? atoi(threads) : 0;
     exl_model *model;
     exl_tokenizer *tok;
     if (exl_model_load(argv[1], &mp, &model) != EXL_OK || exl_tokenizer_load(argv[1], &tok) != EXL_OK)

@@ -51,11 +51,17 @@ typedef enum exl_device {
     EXL_DEVICE_CUDA, /* insist on the GPU: failing to get one is an error */
 } exl_device;
 
+#define EXL_MAX_GPU_SPLIT 16 /* devices a layer split (exl_model_params.gpu_split) spans at most */
+
 typedef struct exl_model_params {
     exl_device device;
     int32_t n_threads; /* CPU worker threads; 0 = one per core */
     int32_t load_only; /* check and map the weights for exl_model_describe / _report only (`exl info`): also
                           * architectures exl cannot run yet load, and nothing can be evaluated */
+    int32_t tp;        /* tensor parallelism: split the model over this many devices (GPUs; CPU ranks share the
+                          * cores); 0 or 1 = one device (docs/parallel.md) */
+    float gpu_split[EXL_MAX_GPU_SPLIT]; /* layer split: GB of weights each device takes, whole layers in order
+                                         * (device k: GPU k, or CPU rank k); all 0 = none. Not with tp > 1 */
 } exl_model_params;
 
 exl_model_params exl_model_default_params(void);
@@ -282,7 +288,18 @@ typedef struct exl_generator_params {
     int32_t cache_k_bits;     /* bits per cached key: 16 (default; 0 too), 8, 6 or 4 (exl_cache_token_bytes) */
     int32_t cache_v_bits;     /* bits per cached value, the same */
     float memory_fraction;    /* with n_pages 0: as exl_cache_fit_tokens; default 0 (its default) */
+    /* Speculative decoding: a decoding job proposes up to draft_tokens tokens per step and the model checks them
+     * all in the step's one forward; the accepted ones and one more token come out of it. Output is exactly
+     * plain decoding's (greedy: the same tokens; sampling: the same distribution, by rejection). Jobs with a
+     * constraint, log-probabilities or Mirostat decode without drafting. */
+    exl_model *draft_model; /* a smaller model with the same tokenizer (its own KV cache, the same pages), or NULL */
+    int32_t draft_tokens;   /* the most tokens proposed per step, 1..EXL_MAX_DRAFT_TOKENS; 0: no drafting (default) */
+    int32_t ngram;          /* > 0: propose what followed the latest earlier match of the job's last ngram (down to
+                             * 1) tokens, before asking the draft model (if any); 0: off (default) */
+    int32_t draft_fixed;    /* 1: every step proposes draft_tokens; 0 (default): adaptive, see docs/speculative.md */
 } exl_generator_params;
+
+#define EXL_MAX_DRAFT_TOKENS 16
 
 exl_generator_params exl_generator_default_params(void);
 
@@ -338,7 +355,8 @@ typedef struct exl_job_params {
     int32_t priority;           /* higher runs first and is preempted last; default 0 */
     exl_constraint *constraint; /* the output must match it (the job takes a reference); NULL: free text */
     exl_sampling sampling;
-    void *user; /* handed back in events */
+    int32_t no_draft; /* 1: decode without the generator's speculative drafting */
+    void *user;       /* handed back in events */
     /* LoRA adapters of this job (copied; each must stay loaded until the job ends); n_lora 0: the model's set
      * (exl_model_set_lora) */
     const exl_lora_use *lora;
@@ -381,6 +399,9 @@ typedef struct exl_gen_event {
     int32_t n_cached_tokens; /* prompt tokens found in the prefix cache at admission */
     int32_t n_generated;     /* tokens generated so far */
     const char *error;       /* the message when finish is EXL_FINISH_ERROR */
+
+    int32_t n_draft_proposed; /* speculative decoding: tokens drafted for this job so far */
+    int32_t n_draft_accepted; /* and of those, accepted */
 } exl_gen_event;
 
 /* params NULL: the defaults. tok is used for text prompts, stop/banned strings and the
@@ -408,7 +429,9 @@ typedef struct exl_generator_stats {
     int64_t pages_shared;      /* full pages reused from the prefix cache */
     int64_t pages_copied;      /* partly matching pages copied from the prefix cache */
     int64_t preemptions;
-    int64_t rewinds; /* resamples forced by banned strings */
+    int64_t rewinds;        /* resamples forced by banned strings */
+    int64_t draft_proposed; /* speculative decoding: tokens drafted */
+    int64_t draft_accepted; /* drafted tokens the model accepted */
     int64_t jobs_submitted, jobs_finished;
     int32_t jobs_waiting, jobs_running;
     int32_t pages_total;
@@ -448,6 +471,25 @@ exl_status exl_cache_fit_tokens(exl_model *model, int32_t k_bits, int32_t v_bits
  * same parameters (on any device). */
 typedef enum exl_quant_format { EXL_QUANT_EXL2 = 0, EXL_QUANT_GPTQ } exl_quant_format;
 
+/* Where a quantization stands. Stages: "calibrating", "measuring" and "quantizing" (decoder layers), "head",
+ * "writing". */
+typedef struct exl_quantize_status {
+    const char *stage;
+    int32_t layer, n_layers;   /* the layer being worked on, of the decoder's */
+    double layer_fraction;     /* of that layer done */
+    double elapsed, remaining; /* seconds: this run so far, and an estimate of what is left (< 0: none yet) */
+    double fraction;           /* of the run done (an estimate, by the time layers take) */
+    int32_t finished;          /* 1: `layer` just finished; seconds and the blocks below are its */
+    double seconds;            /* the finished layer's */
+    int32_t n_blocks;          /* attention, then the MLP or the experts */
+    struct {
+        const char *name; /* "self_attn", "mlp", "block_sparse_moe" */
+        double accuracy;  /* 1 - the relative error of the hidden states after the block (measuring: of the
+                                 * best recipe within the target bits per weight) */
+        double bpw;       /* measuring: that recipe's; quantizing: the chosen one's (stored bits per weight) */
+    } block[2];
+} exl_quantize_status;
+
 typedef struct exl_quantize_params {
     const char *in_dir, *out_dir; /* out_dir must be absent, empty, or an unfinished run */
     exl_quant_format format;
@@ -463,9 +505,12 @@ typedef struct exl_quantize_params {
     int32_t rows, length; /* calibration rows of `length` tokens; default 32 x 512 */
     int32_t n_threads;    /* 0 = one per core */
     exl_device device;    /* default AUTO: the GPU when one is usable, else the CPU */
-    /* called as work advances (stage: "measuring", "quantizing", "writing") */
+    /* called as work advances (stage: "measuring", "quantizing", "writing"; done: finished layers) */
     void (*progress)(void *user, const char *stage, int32_t done, int32_t total);
     void *progress_user;
+    /* called at least every few seconds of work, and once for each finished layer (exl_quantize_status) */
+    void (*status)(void *user, const exl_quantize_status *s);
+    void *status_user;
 } exl_quantize_params;
 
 exl_quantize_params exl_quantize_default_params(void);

@@ -54,5 +54,14 @@ for src in tests/fuzz/fuzz_*.c; do
 done
 rm -rf "$corpus"
 
+echo "== Python package: pip wheel ., the wheel installed in a fresh venv without building, pytest"
+rm -rf build-py
+python3 -m venv build-py/venv
+CMAKE_BUILD_PARALLEL_LEVEL=$jobs build-py/venv/bin/pip wheel --quiet --disable-pip-version-check . -w build-py/wheel
+build-py/venv/bin/pip install --quiet --disable-pip-version-check --no-index --only-binary=:all: \
+    build-py/wheel/exl-*.whl
+build-py/venv/bin/pip install --quiet --disable-pip-version-check pytest
+(cd build-py && EXL_SHARED="$shared" venv/bin/python -m pytest -q ../python/tests)
+
 echo "== release tests"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900

@@ -1,10 +1,13 @@
-/* make_random_quant.c - write a random EXL2 or GPTQ Llama model directory of any shape.
+/* make_random_quant.c - write a random EXL2 or GPTQ Llama or Qwen3-MoE model directory of any shape.
  *
  * The quantized twin of make_random_model, for memory and speed work: every linear layer
  * gets random codes packed by format/ (EXL2: uniform groups of one width, the head at
  * --head-bits, a random row permutation; GPTQ: AutoGPTQ v1 layout with quantize_config.json),
  * with scales giving weights of std ~0.02; embeddings and norms are fp16. Tensors are
- * generated one layer at a time and written through the safetensors writer. */
+ * generated one layer at a time and written through the safetensors writer. With --experts, a
+ * Qwen3-MoE model (q/k norms, an fp16 router, that many experts a layer): the experts' matrices
+ * are generated once per shape and written for every expert (each its own copy in the file),
+ * so that a model of Qwen3-30B-A3B's shape takes seconds to make. */
 #include "base/half.h"
 #include "format/quant.h"
 #include "io/safetensors.h"
@@ -38,11 +41,44 @@ static void *alloc_kept(size_t n) {
     return keep[n_keep++] = p;
 }
 
+/* The tensors of a linear as add_exl2 / add_gptq added them (name suffix after the prefix), while `recording` points
+ * at a list; add_again adds them under another prefix, the same data. */
+typedef struct recorded {
+    char suffix[16];
+    exl_dtype dt;
+    int nd;
+    int64_t d0, d1;
+    const void *p;
+} recorded;
+
+typedef struct record_list {
+    recorded t[8];
+    int n;
+} record_list;
+
+static record_list *recording;
+
 static void add(exl_st_writer *w, const char *name, exl_dtype dt, int nd, int64_t d0, int64_t d1, const void *p) {
     int64_t shape[2] = {d0, d1};
     if (exl_st_writer_add(w, name, dt, nd, shape, p) != EXL_OK) {
         fprintf(stderr, "make_random_quant: %s\n", exl_last_error());
         exit(1);
+    }
+    if (recording && recording->n < 8) {
+        recorded *r = &recording->t[recording->n++];
+        snprintf(r->suffix, sizeof r->suffix, "%s", strrchr(name, '.'));
+        r->dt = dt, r->nd = nd, r->d0 = d0, r->d1 = d1, r->p = p;
+    }
+}
+
+static void add_again(exl_st_writer *w, const char *prefix, const record_list *l) {
+    for (int i = 0; i < l->n; i++) {
+        char name[320];
+        if (snprintf(name, sizeof name, "%s%s", prefix, l->t[i].suffix) >= (int)sizeof name) {
+            fprintf(stderr, "make_random_quant: tensor name too long: %s\n", prefix);
+            exit(1);
+        }
+        add(w, name, l->t[i].dt, l->t[i].nd, l->t[i].d0, l->t[i].d1, l->t[i].p);
     }
 }
 
@@ -132,18 +168,32 @@ static void add_gptq(exl_st_writer *w, const char *prefix, int64_t K, int64_t N,
     add(w, strdup(name), EXL_DTYPE_I32, 1, K, 0, g_idx);
 }
 
+static void add_linear(exl_st_writer *w, const char *prefix, int64_t K, int64_t N, int exl2, int bits, int group) {
+    if (exl2)
+        add_exl2(w, prefix, K, N, bits, group);
+    else
+        add_gptq(w, prefix, K, N, bits, group);
+}
+
+/* the experts' gate/up and down matrices, made once */
+static record_list expert_mats[2];
+
 static void usage(void) {
     printf("usage: make_random_quant -o DIR --format exl2|gptq [--hidden H] [--layers L] [--heads N]\n"
-           "         [--kv-heads K] [--ffn F] [--vocab V] [--bits B] [--group-size G] [--head-bits B]\n"
-           "         [--seed S] [--tokenizer-from DIR]\n\n"
+           "         [--kv-heads K] [--head-dim D] [--ffn F] [--vocab V] [--bits B] [--group-size G]\n"
+           "         [--head-bits B] [--experts E [--top-k K] [--expert-ffn F]] [--seed S] [--tokenizer-from DIR]\n\n"
            "Write a Llama model with random quantized linear layers (default 4 bits, groups of\n"
-           "128; EXL2 head at 6 bits, GPTQ head fp16) and fp16 embeddings and norms.\n");
+           "128; EXL2 head at 6 bits, GPTQ head fp16) and fp16 embeddings and norms. With --experts,\n"
+           "a Qwen3-MoE model: E experts a layer of --expert-ffn (default --ffn), K a token (default 8),\n"
+           "an fp16 router, q/k norms; every expert's matrices are one random matrix of each shape.\n"
+           "Qwen3-30B-A3B: --hidden 2048 --layers 48 --heads 32 --kv-heads 4 --head-dim 128 --vocab 151936\n"
+           "--experts 128 --top-k 8 --expert-ffn 768.\n");
 }
 
 int main(int argc, char **argv) {
     const char *out = NULL, *format = NULL, *tok_from = NULL;
     int hidden = 1024, layers = 8, heads = 16, kv_heads = 4, ffn = 2816, vocab = 32000;
-    int bits = 4, group = 128, head_bits = 6;
+    int bits = 4, group = 128, head_bits = 6, head_dim = 0, experts = 0, top_k = 8, expert_ffn = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -165,6 +215,14 @@ int main(int argc, char **argv) {
             layers = atoi(v);
         else if (!strcmp(a, "--heads"))
             heads = atoi(v);
+        else if (!strcmp(a, "--head-dim"))
+            head_dim = atoi(v);
+        else if (!strcmp(a, "--experts"))
+            experts = atoi(v);
+        else if (!strcmp(a, "--top-k"))
+            top_k = atoi(v);
+        else if (!strcmp(a, "--expert-ffn"))
+            expert_ffn = atoi(v);
         else if (!strcmp(a, "--kv-heads"))
             kv_heads = atoi(v);
         else if (!strcmp(a, "--ffn"))
@@ -188,7 +246,9 @@ int main(int argc, char **argv) {
     }
     int exl2 = format && !strcmp(format, "exl2"), gptq = format && !strcmp(format, "gptq");
     if (!out || (!exl2 && !gptq) || hidden < 32 || hidden % 32 || layers < 1 || heads < 1 || kv_heads < 1 ||
-        heads % kv_heads || hidden % heads || ffn < 32 || ffn % 32 || vocab < 32 || group < 32 || group % 32 ||
+        heads % kv_heads || (!head_dim && hidden % heads) || head_dim < 0 || head_dim % 2 ||
+        (int64_t)heads * head_dim % 32 || ffn < 32 || ffn % 32 || vocab < 32 || group < 32 || group % 32 ||
+        experts < 0 || (experts && (top_k < 1 || top_k > experts || expert_ffn < 0 || expert_ffn % 32)) ||
         (exl2 && bits != 2 && bits != 3 && bits != 4 && bits != 5 && bits != 6 && bits != 8) ||
         (gptq && bits != 2 && bits != 3 && bits != 4 && bits != 8)) {
         fprintf(stderr, "make_random_quant: need -o DIR, --format exl2|gptq and a valid shape (see --help)\n");
@@ -198,7 +258,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "make_random_quant: cannot create %s: %s\n", out, strerror(errno));
         return 1;
     }
-    int head_dim = hidden / heads;
+    head_dim = head_dim ? head_dim : hidden / heads;
+    expert_ffn = expert_ffn ? expert_ffn : ffn;
     exl_st_writer *w;
     if (exl_st_writer_init(&w) != EXL_OK)
         return 1;
@@ -217,12 +278,32 @@ int main(int argc, char **argv) {
                    {"mlp.up_proj", hidden, ffn},
                    {"mlp.down_proj", ffn, hidden}};
         char name[256];
-        for (int k = 0; k < 7; k++) {
+        for (int k = 0; k < (experts ? 4 : 7); k++) {
             snprintf(name, sizeof name, "model.layers.%d.%s", l, lin[k].name);
-            if (exl2)
-                add_exl2(w, name, lin[k].in, lin[k].out, bits, group);
-            else
-                add_gptq(w, name, lin[k].in, lin[k].out, bits, group);
+            add_linear(w, name, lin[k].in, lin[k].out, exl2, bits, group);
+        }
+        if (experts) {
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.q_norm.weight", l);
+            add(w, name, EXL_DTYPE_F16, 1, head_dim, 0, random_f16(head_dim, 1, 0.1f));
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.k_norm.weight", l);
+            add(w, name, EXL_DTYPE_F16, 1, head_dim, 0, random_f16(head_dim, 1, 0.1f));
+            snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
+            add(w, name, EXL_DTYPE_F16, 2, experts, hidden, random_f16((int64_t)experts * hidden, 0, 0.035f));
+            for (int e = 0; e < experts; e++)
+                for (int k = 0; k < 3; k++) {
+                    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s", l, e,
+                             k == 0   ? "gate_proj"
+                             : k == 1 ? "up_proj"
+                                      : "down_proj");
+                    record_list *once = &expert_mats[k == 2];
+                    if (once->n) {
+                        add_again(w, name, once);
+                        continue;
+                    }
+                    recording = once;
+                    add_linear(w, name, k == 2 ? expert_ffn : hidden, k == 2 ? hidden : expert_ffn, exl2, bits, group);
+                    recording = NULL;
+                }
         }
         snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
         add(w, strdup(name), EXL_DTYPE_F16, 1, hidden, 0, random_f16(hidden, 1, 0.1f));
@@ -245,13 +326,19 @@ int main(int argc, char **argv) {
     if (!f)
         return 1;
     fprintf(f,
-            "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+            "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n"
             "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
-            "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"vocab_size\": %d,\n"
-            "  \"max_position_embeddings\": 8192,\n  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": 10000.0,\n"
-            "  \"tie_word_embeddings\": false,\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n"
-            "  \"hidden_act\": \"silu\",\n  \"torch_dtype\": \"float16\",\n",
-            hidden, ffn, layers, heads, kv_heads, vocab);
+            "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
+            "  \"vocab_size\": %d,\n  \"max_position_embeddings\": 8192,\n  \"rms_norm_eps\": %s,\n"
+            "  \"rope_theta\": %s,\n  \"tie_word_embeddings\": false,\n  \"bos_token_id\": 1,\n"
+            "  \"eos_token_id\": 2,\n  \"hidden_act\": \"silu\",\n  \"torch_dtype\": \"float16\",\n",
+            experts ? "Qwen3MoeForCausalLM" : "LlamaForCausalLM", experts ? "qwen3_moe" : "llama", hidden, ffn, layers,
+            heads, kv_heads, head_dim, vocab, experts ? "1e-06" : "1e-05", experts ? "1000000.0" : "10000.0");
+    if (experts)
+        fprintf(f,
+                "  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
+                "  \"norm_topk_prob\": true,\n  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [],\n",
+                experts, top_k, expert_ffn);
     if (exl2)
         fprintf(f, "  \"quantization_config\": {\"quant_method\": \"exl2\", \"bits\": %d, \"head_bits\": %d}\n}\n",
                 bits, head_bits);

@@ -20,7 +20,7 @@
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 15
+#define EXL_BACKEND_ABI 17
 
 typedef struct exl_backend exl_backend;
 
@@ -29,6 +29,41 @@ typedef struct exl_backend exl_backend;
 typedef exl_status (*exl_logit_mask_fn)(void *user, uint32_t *mask, int32_t rows);
 
 static inline int32_t exl_mask_words(int32_t vocab) { return (vocab + 31) / 32; }
+
+/* One row's settings for the sample op: generator/sampler.h's, for the settings that need no state across tokens.
+ * The row's logit edits are edits[first_edit ..]: n_bias biases (added in order: id, v = bias), then n_penalized
+ * distinct ids of the penalty window (v = its count there), then n_banned ids that become -inf. */
+typedef struct exl_sample_params {
+    float temperature; /* <= 0: the argmax */
+    int32_t top_k;     /* 0: off */
+    float top_p, min_p, typical_p;
+    float repetition_penalty, frequency_penalty, presence_penalty;
+    int32_t first_edit, n_bias, n_penalized, n_banned;
+    int32_t want_logprob; /* the chosen token's log-probability under the unedited logits */
+    double u;             /* a uniform number in [0, 1) from the row's random stream */
+} exl_sample_params;
+
+typedef struct exl_logit_edit {
+    int32_t id;
+    float v;
+} exl_logit_edit;
+
+typedef struct exl_sample_result {
+    int32_t id;       /* -1: every logit is -inf */
+    int32_t n_kept;   /* candidates left after the filters: u was used only when more than one */
+    float logprob;    /* when asked */
+    int32_t reserved; /* keeps the struct 16 bytes on every side of the ABI */
+} exl_sample_result;
+
+/* The sample op's weights are fixed point, W = (uint64_t)(exp((l - max) / T) * 2^shift + 0.5), so that sums are
+ * exact and equal on every backend: shift leaves room for a whole vocabulary of weights up to 1 in 63 bits, and at
+ * most 52 keeps w * 2^shift + 0.5 exact in a double. */
+static inline int exl_sample_shift(int32_t vocab) {
+    int bits = 0;
+    while ((1ll << bits) < vocab)
+        bits++;
+    return 63 - bits < 52 ? 63 - bits : 52;
+}
 
 typedef struct exl_backend_ops {
     void (*destroy)(exl_backend *be);
@@ -126,6 +161,25 @@ typedef struct exl_backend_ops {
      * `mask` may be reused. Samplers that read only the head (top_k) then see the masked logits. */
     exl_status (*mask_logits)(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
                               exl_logit_mask_fn fill, void *user);
+
+    /* Tensor parallelism (docs/parallel.md). comm_init, called on ranks[0] from one thread: the n backends (of
+     * this kind, one per device, rank k = ranks[k]) join one communicator that their all_reduce and gather_cols
+     * then use; the communicator goes with the last of them destroyed. abort: a rank failed between
+     * collectives: the others' waits end (the results are garbage) until the next comm_init or a call with
+     * resume set. The collectives are step ops (graph.h: all_reduce, gather_cols) that every rank runs in the
+     * same order, each from its own thread. */
+    exl_status (*comm_init)(exl_backend *const *ranks, int32_t n);
+    void (*comm_abort)(exl_backend *be, int resume);
+    void (*all_reduce)(exl_backend *be, float *x, int64_t n);
+    void (*gather_cols)(exl_backend *be, const exl_gather_cols_node *n);
+
+    /* Sampling where the logits are: for each of rows rows of logits [rows, vocab] (backend memory, edited in
+     * place), params[r] (HOST) and its edits (HOST, n_edits in all), one token into out[r] (HOST); returns when out
+     * is written. The result is defined exactly (the CPU's, backend/cpu/cpu_sample.c, is the reference), so every
+     * backend picks the same token up to the rounding of exp. */
+    exl_status (*sample)(exl_backend *be, exl_sample_result *out, float *logits, int32_t rows, int32_t vocab,
+                         const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits);
+
     /* gathered low-rank adapter updates added to a linear's output (graph.h: lora) */
     void (*lora)(exl_backend *be, const exl_lora_node *n);
 } exl_backend_ops;
@@ -150,5 +204,9 @@ struct exl_pool *exl_backend_cpu_pool(exl_backend *be);
 /* The backend for a device request: CUDA when asked for (error if unusable) or when
  * AUTO finds a usable GPU, else the CPU. */
 exl_status exl_backend_init(exl_device device, int n_threads, exl_backend **out);
+/* As exl_backend_init for device ordinal `ordinal` of its kind (tensor parallelism: call it from the thread that
+ * will use the backend; a GPU backend makes its device that thread's current one). The CPU has one device
+ * whatever the ordinal. */
+exl_status exl_backend_init_ordinal(exl_device device, int ordinal, int n_threads, exl_backend **out);
 
 #endif

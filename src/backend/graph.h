@@ -25,6 +25,10 @@
  *                renormalized over the chosen ones when asked)
  *   moe_experts  out[r] += sum over r's choices j of weights[r, j] *      x, out [rows, width]
  *                down_e(act(gate_e(x[r])) * up_e(x[r])), e = ids[r, j]
+ *   all_reduce   x = the sum of x over the ranks of a tensor-parallel      n floats
+ *                model (every rank's backend runs the same node)
+ *   gather_cols  out[r, cols[k] .. cols[k + 1]) = rank k's x[r] for every  x [rows, own width],
+ *                rank k (the ranks' column slices put side by side)       out [rows, out_width]
  *   lora         out_i[r] += sum over r's adapter uses u of scale_u *     x [rows, in], out_i [rows, out_i]
  *                (x'[r] · A_iu^T) · Bt_iu for 1-3 projections i of x'
  *                (x, x normed, or act(x) * up), the adapters'
@@ -36,8 +40,8 @@
  * Contract. Running a graph means running its nodes one after another through the op table's primitive ops:
  * exl_graph_exec (graph_exec.c), the generic executor, does exactly that (an accumulating matmul through the
  * graph's tmp buffer, then add), and a backend without a graph_run op (the CPU) gets it; with a hook it calls it
- * before each matmul with that node's input (the quantizer's capture; moe_experts, whose experts' matmuls are its
- * own, refuses a hook). A backend with graph_run may compile the
+ * before each matmul with that node's input (the quantizer's capture; for moe_experts, with each expert's gate, up
+ * and down and the rows routed to that expert, computed for the hook before the node runs). A backend with graph_run may compile the
  * graph instead, knowing from the graph alone:
  *   - what each node reads and writes (exl_node_access), so which buffer a later node reads next or overwrites;
  *   - which buffers matter after the graph (outputs); every other activation buffer may hold anything
@@ -116,6 +120,8 @@ typedef enum exl_op {
     EXL_OP_ROW_GATE,
     EXL_OP_MOE_ROUTE,
     EXL_OP_MOE_EXPERTS,
+    EXL_OP_ALL_REDUCE,
+    EXL_OP_GATHER_COLS,
     EXL_OP_LORA,
 } exl_op;
 
@@ -153,6 +159,9 @@ typedef enum exl_part {
     EXL_PART_FINAL_NORM,
     EXL_PART_HEAD,
     EXL_PART_LOGIT_SOFTCAP,
+    EXL_PART_ATTN_REDUCE, /* tensor parallelism: the ranks' attention outputs summed or gathered */
+    EXL_PART_MLP_REDUCE,  /* the ranks' MLP outputs summed */
+    EXL_PART_HEAD_GATHER, /* the ranks' vocabulary slices of the logits */
 } exl_part;
 
 typedef struct exl_node_tag {
@@ -265,6 +274,20 @@ typedef struct exl_moe_experts_node {
     int32_t *slots;   /* [2 * rows * top_k] */
 } exl_moe_experts_node;
 
+/* Tensor parallelism (docs/parallel.md): the collectives over the ranks whose backends joined one communicator
+ * (backend.h: comm_init). Every rank's graph has the same collectives in the same order. */
+typedef struct exl_all_reduce_node {
+    float *x;
+    int64_t n;
+} exl_all_reduce_node;
+
+typedef struct exl_gather_cols_node {
+    float *out;          /* [rows, out_width] */
+    const float *x;      /* [rows, cols[rank + 1] - cols[rank]]: this rank's slice */
+    const int32_t *cols; /* host array of n_ranks + 1: rank k's columns of out are [cols[k], cols[k + 1]) */
+    int32_t rows, out_width, n_ranks, rank;
+    float *tmp; /* backend scratch of rows * out_width floats the backend may stage the slices in */
+} exl_gather_cols_node;
 /* One adapter's factors for one projection (backend memory): the update of a row x is (x · A^T) · Bt, the adapter's
  * scaling (alpha / r, or alpha / sqrt(r)) already in Bt. rank 0: the adapter leaves the projection alone. */
 typedef struct exl_lora_factors {
@@ -315,6 +338,8 @@ typedef struct exl_node {
         exl_row_gate_node row_gate;
         exl_moe_route_node moe_route;
         exl_moe_experts_node moe_experts;
+        exl_all_reduce_node all_reduce;
+        exl_gather_cols_node gather_cols;
         exl_lora_node lora;
     };
 } exl_node;
@@ -436,6 +461,16 @@ static inline exl_node_access exl_node_access_of(const exl_node *n, int32_t batc
         EXL_READS_(e->weights, (int64_t)e->rows * e->top_k);
         EXL_READS_(e->out, (int64_t)e->rows * e->width);
         EXL_WRITES_(e->out, (int64_t)e->rows * e->width);
+        break;
+    }
+    case EXL_OP_ALL_REDUCE:
+        EXL_READS_(n->all_reduce.x, n->all_reduce.n);
+        EXL_WRITES_(n->all_reduce.x, n->all_reduce.n);
+        break;
+    case EXL_OP_GATHER_COLS: {
+        const exl_gather_cols_node *c = &n->gather_cols;
+        EXL_READS_(c->x, (int64_t)c->rows * (c->cols[c->rank + 1] - c->cols[c->rank]));
+        EXL_WRITES_(c->out, (int64_t)c->rows * c->out_width);
         break;
     }
     case EXL_OP_LORA:

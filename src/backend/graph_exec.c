@@ -1,6 +1,7 @@
 /* graph_exec.c - the generic executor: a step's graph node by node through a backend's primitive ops. */
 #include "backend/backend.h"
 
+#include "base/alloc.h"
 #include "base/error.h"
 
 static exl_status run_matmul(exl_backend *be, const exl_graph *g, const exl_node *node) {
@@ -18,6 +19,42 @@ static exl_status run_matmul(exl_backend *be, const exl_graph *g, const exl_node
     be->ops->matmul(be, g->tmp, m->x, m->w, m->rows);
     be->ops->add(be, m->out, g->tmp, n);
     return EXL_OK;
+}
+
+/* Under a hook, each expert's linears are shown the rows routed to it: their inputs are computed here expert by
+ * expert (gathered rows, act(gate) * up for the down projection) before the node itself runs as usual. */
+static exl_status hook_experts(exl_backend *be, const exl_moe_experts_node *n, int32_t layer, exl_linear_hook hook,
+                               void *user) {
+    int64_t choices = (int64_t)n->rows * n->top_k;
+    int32_t *ids = exl_malloc((size_t)choices * sizeof(int32_t)), *idx = exl_malloc((size_t)choices * sizeof(int32_t));
+    exl_status st = ids && idx ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    if (st == EXL_OK)
+        st = be->ops->download(be, ids, n->ids, (size_t)choices * sizeof(int32_t));
+    for (int32_t e = 0; st == EXL_OK && e < n->n_experts; e++) {
+        int32_t count = 0;
+        for (int64_t i = 0; i < choices; i++)
+            if (ids[i] == e)
+                idx[count++] = (int32_t)(i / n->top_k);
+        if (!count)
+            continue;
+        const exl_expert *x = &n->experts[e];
+        st = be->ops->upload(be, n->slots, idx, (size_t)count * sizeof(int32_t));
+        if (st == EXL_OK) {
+            be->ops->gather_rows(be, n->xs, n->x, n->slots, count, n->width);
+            st = hook(user, layer, x->gate, n->xs, count);
+        }
+        if (st == EXL_OK)
+            st = hook(user, layer, x->up, n->xs, count);
+        if (st == EXL_OK) {
+            be->ops->matmul(be, n->gate, n->xs, x->gate, count);
+            be->ops->matmul(be, n->up, n->xs, x->up, count);
+            be->ops->glu(be, n->gate, n->up, count, n->ffn, n->act);
+            st = hook(user, layer, x->down, n->gate, count);
+        }
+    }
+    exl_free(ids);
+    exl_free(idx);
+    return st;
 }
 
 exl_status exl_graph_exec(exl_backend *be, const exl_graph *g, exl_linear_hook hook, void *user) {
@@ -69,10 +106,19 @@ exl_status exl_graph_exec(exl_backend *be, const exl_graph *g, exl_linear_hook h
             break;
         case EXL_OP_MOE_ROUTE: op->moe_route(be, &n->moe_route); break;
         case EXL_OP_MOE_EXPERTS:
-            if (hook) /* the experts' linears are the node's own business: the hook sees none of them */
-                return exl_fail(EXL_ERR_UNSUPPORTED, "graph: layer %d: a linear hook over a mixture of experts",
-                                n->tag.layer);
+            if (hook)
+                EXL_TRY(hook_experts(be, &n->moe_experts, n->tag.layer, hook, user));
             op->moe_experts(be, &n->moe_experts);
+            break;
+        case EXL_OP_ALL_REDUCE:
+        case EXL_OP_GATHER_COLS:
+            if (!op->all_reduce || !op->gather_cols)
+                return exl_fail(EXL_ERR_UNSUPPORTED, "graph: the %s backend has no collectives (tensor parallelism)",
+                                be->name);
+            if (n->op == EXL_OP_ALL_REDUCE)
+                op->all_reduce(be, n->all_reduce.x, n->all_reduce.n);
+            else
+                op->gather_cols(be, &n->gather_cols);
             break;
         case EXL_OP_LORA: op->lora(be, &n->lora); break;
         }

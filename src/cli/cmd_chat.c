@@ -220,6 +220,8 @@ int cmd_chat(int argc, char **argv) {
     cli_model_args model;
     cli_sampling_args sampling;
     cli_cache_args cache;
+    cli_draft_args draft;
+    exl_model *draft_model = NULL;
     const char *system = NULL;
     const cli_option options[] = {
         {NULL, "--system", CLI_STRING, &system, "TEXT", .help = "system prompt"},
@@ -233,10 +235,13 @@ int cmd_chat(int argc, char **argv) {
                              NULL,
                              {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL | CLI_MODEL_LORA),
                               cli_sampling_group(&sampling),
-                              cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS, "the window's")}};
+                              cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS, "the window's"),
+                              cli_draft_group(&draft)}};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc == CLI_GO_ON)
         rc = cli_cache_get(&cache, "chat");
+    if (rc == CLI_GO_ON)
+        rc = cli_draft_get(&draft, "chat");
     if (rc != CLI_GO_ON)
         return rc;
     const char *dir = model.dir;
@@ -264,7 +269,9 @@ int cmd_chat(int argc, char **argv) {
             exl_model_free(c.model);
             return 1;
         }
-        st = exl_generator_init(c.model, c.tok, &gp, &c.gen);
+        st = cli_draft_apply(&draft, &model.params, &draft_model, &gp);
+        if (st == EXL_OK)
+            st = exl_generator_init(c.model, c.tok, &gp, &c.gen);
     }
     if (st == EXL_OK && system && !(c.system = strdup(system)))
         st = EXL_ERR_NOMEM;
@@ -284,6 +291,7 @@ int cmd_chat(int argc, char **argv) {
     free(c.system);
     exl_generator_free(c.gen);
     exl_tokenizer_free(c.tok);
+    exl_model_free(draft_model);
     exl_model_free(c.model);
     return st == EXL_OK ? 0 : cli_error(st);
 }

@@ -32,6 +32,7 @@ typedef struct {
     int32_t *ids;
     int32_t n_ids;
     exl_finish_reason finish;
+    int32_t draft_proposed, draft_accepted;
 } run_item;
 
 static int append(run_item *it, const exl_gen_event *e) {
@@ -50,10 +51,12 @@ static int append(run_item *it, const exl_gen_event *e) {
     it->n_ids += e->n_ids;
     if (e->finish)
         it->finish = e->finish;
+    it->draft_proposed = e->n_draft_proposed;
+    it->draft_accepted = e->n_draft_accepted;
     return 0;
 }
 
-static void print_json(const run_item *it) {
+static void print_json(const run_item *it, int drafting) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "prompt", it->prompt);
     cJSON_AddStringToObject(o, "text", it->text ? it->text : "");
@@ -61,6 +64,10 @@ static void print_json(const run_item *it) {
     for (int32_t i = 0; i < it->n_ids; i++)
         cJSON_AddItemToArray(ids, cJSON_CreateNumber(it->ids[i]));
     cJSON_AddStringToObject(o, "finish_reason", exl_finish_reason_str(it->finish));
+    if (drafting) {
+        cJSON_AddNumberToObject(o, "draft_proposed", it->draft_proposed);
+        cJSON_AddNumberToObject(o, "draft_accepted", it->draft_accepted);
+    }
     char *s = cJSON_PrintUnformatted(o);
     if (s)
         printf("%s\n", s);
@@ -179,6 +186,7 @@ int cmd_run(int argc, char **argv) {
     cli_model_args model;
     cli_sampling_args sampling;
     cli_cache_args cache;
+    cli_draft_args draft;
     cli_list prompts = {0};
     long n_new = 128;
     int json = 0, stats = 0, ignore_eos = 0;
@@ -189,7 +197,8 @@ int cmd_run(int argc, char **argv) {
         {"-n", NULL, CLI_LONG, &n_new, "N", .help = "new tokens per prompt", .lo = 1, .hi = 1 << 24},
         {NULL, "--ignore-eos", CLI_FLAG, &ignore_eos, NULL, .help = "keep going past end-of-sequence tokens"},
         {NULL, "--json", CLI_FLAG, &json, NULL,
-         .help = "print one JSON object per prompt:\n{\"prompt\", \"text\", \"tokens\", \"finish_reason\"}"},
+         .help = "print one JSON object per prompt:\n{\"prompt\", \"text\", \"tokens\", \"finish_reason\"}, "
+                 "with\nspeculative decoding \"draft_proposed\", \"draft_accepted\""},
         {NULL, "--stats", CLI_FLAG, &stats, NULL, .help = "print throughput and cache statistics to stderr"},
         {NULL, "--grammar", CLI_STRING, &grammar, "FILE", .help = "the output follows this GBNF grammar (rule root)",
          .default_text = ""},
@@ -206,10 +215,13 @@ int cmd_run(int argc, char **argv) {
                              {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL | CLI_MODEL_LORA),
                               cli_sampling_group(&sampling),
                               cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS,
-                                              "the longest prompt and -n, at least 16384")}};
+                                              "the longest prompt and -n, at least 16384"),
+                              cli_draft_group(&draft)}};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc == CLI_GO_ON)
         rc = cli_cache_get(&cache, "run");
+    if (rc == CLI_GO_ON)
+        rc = cli_draft_get(&draft, "run");
     exl_constraint *constraint = NULL;
     if (rc == CLI_GO_ON && (rc = load_constraint(grammar, schema, regex, &constraint)) == 0)
         rc = CLI_GO_ON;
@@ -230,7 +242,7 @@ int cmd_run(int argc, char **argv) {
     jp.max_new_tokens = (int32_t)n_new;
     jp.constraint = constraint;
 
-    exl_model *m = NULL;
+    exl_model *m = NULL, *draft_model = NULL;
     exl_tokenizer *tok = NULL;
     exl_generator *gen = NULL;
     int32_t longest = 0;
@@ -245,6 +257,9 @@ int cmd_run(int argc, char **argv) {
         long need = (longest + n_new) / gp.page_size + 1;
         gp.n_pages = need > gp.n_pages ? (int32_t)need : gp.n_pages;
         cli_cache_apply(&cache, &gp);
+        st = cli_draft_apply(&draft, &model.params, &draft_model, &gp);
+    }
+    if (st == EXL_OK) {
         st = exl_generator_init(m, tok, &gp, &gen);
     }
     double t0 = now();
@@ -254,7 +269,7 @@ int cmd_run(int argc, char **argv) {
     if (st == EXL_OK) {
         for (int i = 0; i < n_items; i++) {
             if (json)
-                print_json(&items[i]);
+                print_json(&items[i], gp.draft_tokens > 0);
             else if (n_items == 1)
                 printf("\n");
             else
@@ -267,6 +282,10 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "exl run: %lld tokens generated in %.2f s (%.1f tokens/s), %lld computed, %lld steps\n",
                 (long long)gs.tokens_generated, dt, dt > 0 ? gs.tokens_generated / dt : 0.0,
                 (long long)gs.tokens_computed, (long long)gs.steps);
+        if (gp.draft_tokens > 0)
+            fprintf(stderr, "exl run: drafts: %lld proposed, %lld accepted (acceptance rate %.1f%%)\n",
+                    (long long)gs.draft_proposed, (long long)gs.draft_accepted,
+                    gs.draft_proposed ? 100.0 * (double)gs.draft_accepted / (double)gs.draft_proposed : 0.0);
     }
     for (int i = 0; i < n_items; i++) {
         free(items[i].text);
@@ -278,6 +297,7 @@ int cmd_run(int argc, char **argv) {
     exl_generator_free(gen);
     exl_constraint_free(constraint);
     exl_tokenizer_free(tok);
+    exl_model_free(draft_model);
     exl_model_free(m);
     return st == EXL_OK ? 0 : cli_error(st);
 }

@@ -23,7 +23,8 @@ static const char ABOUT[] =
     "The KV cache holds --cache-tokens, or what fits in memory: on a GPU, --gpu-memory of it less what\n"
     "is in use and a 512 MiB margin; on the CPU, what --max-jobs sequences of --ctx tokens can use, at\n"
     "most a quarter of the RAM the weights leave and 4 GiB.\n"
-    "Jobs take its pages as they grow and wait when none is left; its size is printed at start.";
+    "Jobs take its pages as they grow and wait when none is left; its size is printed at start.\n"
+    "With --draft-model or --ngram, requests decode speculatively unless they set \"speculative\": false.";
 
 /* Every connection is a file descriptor: raise the soft limit as far as allowed, and refuse a
  * --max-connections the process could not hold. */
@@ -53,6 +54,7 @@ int cmd_serve(int argc, char **argv) {
     exl_server_params sp = exl_server_default_params();
     cli_model_args model;
     cli_cache_args cache;
+    cli_draft_args draft;
     int quiet = 0;
     cli_list lora_modules = {0};
     long max_body = (long)sp.max_body, max_response_tokens = (long)sp.max_response_tokens;
@@ -102,18 +104,25 @@ int cmd_serve(int argc, char **argv) {
         ABOUT,
         NULL,
         {CLI_GROUP("options", options), CLI_GROUP("connections", connections), cli_model_group(&model, CLI_MODEL_ALL),
-         cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS | CLI_CACHE_MEMORY, "what fits in memory")}};
+         cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS | CLI_CACHE_MEMORY, "what fits in memory"),
+         cli_draft_group(&draft)}};
     model.params.device = sp.device;
     model.params.n_threads = sp.n_threads;
     int rc = cli_parse(&cmd, argc, argv);
     if (rc == CLI_GO_ON)
         rc = cli_cache_get(&cache, "serve");
+    if (rc == CLI_GO_ON)
+        rc = cli_draft_get(&draft, "serve");
     if (rc != CLI_GO_ON)
         return rc;
     sp.cache_tokens = cache.tokens;
     sp.gpu_memory = cache.gpu_memory;
     sp.cache_k_bits = cache.k_bits, sp.cache_v_bits = cache.v_bits;
     sp.model_dir = model.dir;
+    sp.draft_model_dir = draft.model_dir;
+    sp.draft_tokens = draft.tokens;
+    sp.ngram = draft.ngram;
+    sp.draft_fixed = draft.fixed;
     sp.max_body = max_body;
     sp.max_response_tokens = max_response_tokens;
     sp.device = model.params.device;

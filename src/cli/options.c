@@ -3,6 +3,7 @@
 #include "options.h"
 
 #include "cli.h"
+#include "default_model.h"
 
 #include <errno.h>
 #include <math.h>
@@ -95,6 +96,7 @@ static void default_of(const cli_option *o, char *buf, size_t cap) {
     case CLI_DOUBLE: snprintf(buf, cap, "%g", *(double *)o->target); break;
     case CLI_SEED: snprintf(buf, cap, "%llu", (unsigned long long)*(uint64_t *)o->target); break;
     case CLI_DEVICE: snprintf(buf, cap, "%s", device_name(*(exl_device *)o->target)); break;
+    case CLI_SPLIT:
     case CLI_FLAG:
     case CLI_LIST:
     case CLI_LIST_REST: break;
@@ -226,6 +228,19 @@ static int set_value(const cli_command *cmd, const cli_option *o, const char *na
         return 0;
     }
     case CLI_DEVICE: return parse_device(v, o->target) ? bad_value(cmd, o, name, v) : 0;
+    case CLI_SPLIT: {
+        float *parts = o->target;
+        memset(parts, 0, EXL_MAX_GPU_SPLIT * sizeof(float));
+        for (int i = 0;; i++) {
+            double x = strtod(v, &end);
+            if (i == EXL_MAX_GPU_SPLIT || end == v || !isfinite(x) || x <= 0 || (*end && *end != ','))
+                return bad_value(cmd, o, name, v);
+            parts[i] = (float)x;
+            if (!*end)
+                return 0;
+            v = end + 1;
+        }
+    }
     }
     return 0;
 }
@@ -293,17 +308,24 @@ int cli_parse(const cli_command *cmd, int argc, char **argv) {
 /* ---------------------------------------------------------------- shared groups */
 
 cli_group cli_model_group(cli_model_args *a, int parts) {
-    a->dir = NULL;
+    a->dir = cli_default_model(); /* the embedded model, when this exl has it */
     a->params = exl_model_default_params();
     const cli_option dir[] = {
-        {"-m", "--model", CLI_STRING, &a->dir, "DIR", .required = 1,
-         .help = "the model directory (config.json, *.safetensors, tokenizer)"},
+        {"-m", "--model", CLI_STRING, &a->dir, "DIR", .required = a->dir == NULL,
+         .help = "the model directory (config.json, *.safetensors, tokenizer);\n"
+                 "left out: the embedded " CLI_DEFAULT_MODEL_NAME},
     };
     const cli_option device[] = {
         {NULL, "--device", CLI_DEVICE, &a->params.device, "cpu|cuda|auto",
          .help = "auto takes the GPU when one is usable, else the CPU;\ncuda insists on the GPU"},
         {"-t", "--threads", CLI_INT, &a->params.n_threads, "N", .lo = 1, .hi = 1024, .help = "CPU worker threads",
          .default_text = "one per core"},
+        {NULL, "--tp", CLI_INT, &a->params.tp, "N", .lo = 1, .hi = 16, .default_text = "1",
+         .help =
+             "tensor parallelism: split the model over N devices\n(GPUs 0..N-1; on the CPU, N ranks share the cores)"},
+        {NULL, "--gpu-split", CLI_SPLIT, a->params.gpu_split, "A,B,...",
+         .help = "GB of weights for each device: whole layers placed on\nGPUs 0, 1, ... in order (a model larger than "
+                 "one GPU)"},
     };
     a->lora = (cli_list){NULL, 0};
     const cli_option lora[] = {

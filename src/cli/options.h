@@ -18,6 +18,7 @@ typedef enum cli_kind {
     CLI_DOUBLE,    /* double in [lo, hi] */
     CLI_SEED,      /* uint64_t, any */
     CLI_DEVICE,    /* exl_device: cpu, cuda (or gpu), auto */
+    CLI_SPLIT,     /* float[EXL_MAX_GPU_SPLIT]: comma-separated positive numbers, the rest 0 */
 } cli_kind;
 
 typedef struct cli_list {
@@ -46,7 +47,7 @@ typedef struct cli_group {
 } cli_group;
 
 #define CLI_GROUP(title, table) ((cli_group){(title), (table), (int)(sizeof(table) / sizeof((table)[0]))})
-#define CLI_MAX_GROUPS 4
+#define CLI_MAX_GROUPS 5
 
 typedef struct cli_command {
     const char *name;  /* "run" */
@@ -69,13 +70,13 @@ int cli_parse(const cli_command *cmd, int argc, char **argv);
 /* Which options the model group has. */
 enum { CLI_MODEL_DIR = 1, CLI_MODEL_DEVICE = 2, CLI_MODEL_ALL = 3, CLI_MODEL_LORA = 4 };
 
-/* -m/--model DIR (required), --device, -t/--threads, --lora DIR[:SCALE] (repeatable); the defaults are
- * exl_model_default_params(). */
+/* -m/--model DIR (default: the embedded model, default_model.h), --device, -t/--threads, --tp, --gpu-split,
+ * --lora DIR[:SCALE] (repeatable); the defaults are exl_model_default_params(). */
 typedef struct cli_model_args {
     const char *dir;
     exl_model_params params;
     cli_list lora;
-    cli_option options[4];
+    cli_option options[6];
 } cli_model_args;
 
 cli_group cli_model_group(cli_model_args *args, int parts);
@@ -102,6 +103,23 @@ int cli_cache_get(cli_cache_args *args, const char *cmd);
 /* A generator's cache as the group says: the bits, and with --cache-tokens the pages that hold them (pages of
  * gp->page_size, or one page of them all when fewer). */
 void cli_cache_apply(const cli_cache_args *args, exl_generator_params *gp);
+
+/* Speculative decoding (draft_args.c): --draft-model DIR, --draft-tokens K, --draft-fixed, --ngram N. */
+typedef struct cli_draft_args {
+    const char *model_dir;
+    int32_t tokens, ngram;
+    int fixed;
+    cli_option options[4];
+} cli_draft_args;
+
+cli_group cli_draft_group(cli_draft_args *args);
+/* After cli_parse: 2 after a usage error on stderr (--draft-tokens without a draft model or --ngram), else
+ * CLI_GO_ON. */
+int cli_draft_get(cli_draft_args *args, const char *cmd);
+/* Load the draft model (*draft, NULL without --draft-model) as the model was loaded (params), and set gp's
+ * drafting fields. */
+exl_status cli_draft_apply(const cli_draft_args *args, const exl_model_params *params, exl_model **draft,
+                           exl_generator_params *gp);
 
 /* --greedy, --temperature, --top-k, --top-p, --min-p, --repeat-penalty, --seed; the defaults are
  * the library's, exl_sampling_default() (the server's too), with the seed from the clock. */

@@ -73,6 +73,8 @@ static exl_status each_step(exl_qz_runner *r, const int32_t *ids, step_fn fn, vo
                                              .n_pages = r->pages_per_seq};
             /* several sequences a step only when each is whole: their rows follow each other */
             EXL_TRY(fn(r, ctx, ns, (int64_t)s0 * r->length + off, ns * n));
+            if (r->tick)
+                r->tick(r->tick_user);
         }
     }
     return EXL_OK;
@@ -139,7 +141,7 @@ exl_status exl_qz_run_head(exl_qz_runner *r, const float *x, exl_linear_hook hoo
 exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w, const float *x, int32_t rows) {
     exl_qz_capture *c = user;
     exl_backend *be = c->r->m->be;
-    for (int i = 0; i < 2; i++) {
+    for (int32_t i = 0; i < c->n; i++) {
         if (w != c->w[i] || !c->h[i])
             continue;
         EXL_TRY(be->ops->download(be, c->r->buf, x, (size_t)rows * (size_t)c->h[i]->K * sizeof(float)));

@@ -389,51 +389,92 @@ static void gptq_group_params(qstate *qs, const float *W, int64_t r0, int64_t r1
  * fp16(max/256)·(c+1)². The maximum is tried at EXL2_TRIES points around the smallest one
  * that codes every column without clipping; for each, every column takes the code (of the
  * few around its own no-clipping scale) with the least squared rounding error, and the
- * maximum with the least total wins. */
+ * maximum with the least total wins. The maxima are tried coarse to fine: every COARSE-th, then those
+ * around the best of them (the total error is smooth in the maximum). */
 #define EXL2_TRIES 20
+#define COARSE 4
 typedef struct scale_ctx {
     const float *W;
     const float *ideal; /* [N] no-clipping scale per column */
     int64_t N, r0, r1;
     int bits;
     uint16_t sm[EXL2_TRIES];
-    double *err;    /* [threads, EXL2_TRIES] */
-    uint8_t *codes; /* [EXL2_TRIES, N] best code per column */
+    int n_try, tries[EXL2_TRIES]; /* the maxima this round tries */
+    double *err;                  /* [threads, EXL2_TRIES] */
+    uint8_t *codes;               /* [EXL2_TRIES, N] best code per column */
 } scale_ctx;
 
-static float column_err(const scale_ctx *c, int64_t n, float s) {
-    int maxq = (1 << c->bits) - 1;
-    float z = (float)(1 << (c->bits - 1)), err = 0;
-    uint8_t code;
-    for (int64_t r = c->r0; r < c->r1; r++) {
-        float w = c->W[r * c->N + n], d = w - qdq(w, s, z, maxq, &code);
-        err += d * d;
+/* The squared rounding errors of columns [0, w) of the group's rows (row r at W + r·N) at NCAND scales each
+ * (scale s[j·w + i] of column i, its reciprocal inv, 0 for a zero scale), added to e[j·w + i]. Rounding to nearest
+ * even by adding and taking away 1.5·2^23 (exact below 2^22, and beyond it the clamp decides); rows outer and
+ * columns inner, so it vectorizes. */
+#define NCAND 4
+SIMD_CLONES static void column_errs(const float *W, int64_t N, int64_t rows, int64_t w, const float *s,
+                                    const float *inv, float z, float maxq, float *e) {
+    const float magic = 12582912.0f;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = W + r * N;
+        for (int j = 0; j < NCAND; j++) {
+            const float *sj = s + j * w, *ij = inv + j * w;
+            float *ej = e + j * w;
+            for (int64_t i = 0; i < w; i++) {
+                float x = row[i], q = (x * ij[i] + magic) - magic + z;
+                q = q < 0.0f ? 0.0f : q > maxq ? maxq : q;
+                float d = x - (q - z) * sj[i];
+                ej[i] += d * d;
+            }
+        }
     }
-    return err;
 }
 
 static void scale_task(void *ctx, int index, int count) {
     const scale_ctx *c = ctx;
     long n0, n1;
     exl_split_range((long)c->N, index, count, 8, &n0, &n1);
+    int64_t w = n1 - n0;
+    if (w <= 0)
+        return;
     double *err = c->err + (size_t)index * EXL2_TRIES;
-    for (int t = 0; t < EXL2_TRIES; t++) {
+    float *buf = exl_malloc((size_t)w * NCAND * 3 * sizeof(float));
+    int *c0 = exl_malloc((size_t)w * sizeof(int));
+    if (!buf || !c0) { /* no room to search: the largest codes (no clipping) */
+        for (int t = 0; t < EXL2_TRIES; t++)
+            for (int64_t n = n0; n < n1; n++)
+                c->codes[(size_t)t * c->N + n] = 15;
+        exl_free(buf);
+        exl_free(c0);
+        return;
+    }
+    float *s = buf, *inv = buf + w * NCAND, *e = buf + 2 * w * NCAND;
+    float z = (float)(1 << (c->bits - 1)), maxq = (float)((1 << c->bits) - 1);
+    for (int ti = 0; ti < c->n_try; ti++) {
+        int t = c->tries[ti];
         float smf = exl_f16_to_f32(c->sm[t]);
-        for (int64_t n = n0; n < n1; n++) {
-            int c0 = (int)nearbyintf(16.0f * sqrtf(c->ideal[n] / smf)) - 1;
+        for (int64_t i = 0; i < w; i++) {
+            c0[i] = (int)nearbyintf(16.0f * sqrtf(c->ideal[n0 + i] / smf)) - 1;
+            for (int j = 0; j < NCAND; j++) {
+                int k = c0[i] - 2 + j;
+                float sc = exl_exl2_scale(c->sm[t], (uint32_t)(k < 0 ? 0 : k > 15 ? 15 : k));
+                s[j * w + i] = sc;
+                inv[j * w + i] = sc != 0.0f ? 1.0f / sc : 0.0f;
+                e[j * w + i] = 0;
+            }
+        }
+        column_errs(c->W + c->r0 * c->N + n0, c->N, c->r1 - c->r0, w, s, inv, z, maxq, e);
+        for (int64_t i = 0; i < w; i++) {
             float best = INFINITY;
             int best_c = 15;
-            for (int k = c0 - 2; k <= c0 + 1; k++) {
-                if (k < 0 || k > 15)
-                    continue;
-                float e = column_err(c, n, exl_exl2_scale(c->sm[t], (uint32_t)k));
-                if (e < best)
-                    best = e, best_c = k;
+            for (int j = 0; j < NCAND; j++) {
+                int k = c0[i] - 2 + j;
+                if (k >= 0 && k <= 15 && e[j * w + i] < best)
+                    best = e[j * w + i], best_c = k;
             }
-            c->codes[(size_t)t * c->N + n] = (uint8_t)best_c;
+            c->codes[(size_t)t * c->N + n0 + i] = (uint8_t)best_c;
             err[t] += best;
         }
     }
+    exl_free(buf);
+    exl_free(c0);
 }
 
 static exl_status exl2_group_params(qstate *qs, const float *W, int64_t r0, int64_t r1, int64_t g, exl_pool *pool,
@@ -452,7 +493,7 @@ static exl_status exl2_group_params(qstate *qs, const float *W, int64_t r0, int6
         qs->scale[n] = s1 > s2 ? s1 : s2;
         smax = qs->scale[n] > smax ? qs->scale[n] : smax;
     }
-    scale_ctx c = {W, qs->scale, N, r0, r1, qs->bits, {0}, NULL, NULL};
+    scale_ctx c = {W, qs->scale, N, r0, r1, qs->bits, {0}, 0, {0}, NULL, NULL};
     c.err = exl_calloc((size_t)threads * EXL2_TRIES, sizeof(double));
     c.codes = exl_malloc((size_t)EXL2_TRIES * N);
     if (!c.err || !c.codes) {
@@ -462,15 +503,23 @@ static exl_status exl2_group_params(qstate *qs, const float *W, int64_t r0, int6
     }
     for (int t = 0; t < EXL2_TRIES; t++)
         c.sm[t] = exl_f32_to_f16((smax > 0 ? smax : 1e-6f) * (0.65f + 0.025f * (float)t));
-    exl_pool_run_work(pool, scale_task, &c, EXL2_TRIES * 4 * (r1 - r0) * N);
-    int best = 0;
+    /* coarse to fine: every COARSE-th maximum, then the ones around the best of those */
+    int best = 0, tried[EXL2_TRIES] = {0};
     double best_err = INFINITY;
-    for (int t = 0; t < EXL2_TRIES; t++) {
-        double e = 0;
-        for (int i = 0; i < threads; i++)
-            e += c.err[(size_t)i * EXL2_TRIES + t];
-        if (e < best_err)
-            best_err = e, best = t;
+    for (int round = 0; round < 2; round++) {
+        c.n_try = 0;
+        for (int t = 0; t < EXL2_TRIES; t++)
+            if (!tried[t] && (round ? t > best - COARSE && t < best + COARSE : t % COARSE == COARSE / 2))
+                c.tries[c.n_try++] = t, tried[t] = 1;
+        exl_pool_run_work(pool, scale_task, &c, c.n_try * NCAND * (r1 - r0) * N);
+        for (int i = 0; i < c.n_try; i++) {
+            int t = c.tries[i];
+            double e = 0;
+            for (int k = 0; k < threads; k++)
+                e += c.err[(size_t)k * EXL2_TRIES + t];
+            if (e < best_err || (e == best_err && t < best))
+                best_err = e, best = t;
+        }
     }
     out->scale_max[g] = c.sm[best];
     for (int64_t n = 0; n < N; n++) {

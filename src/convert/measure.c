@@ -3,7 +3,7 @@
  * Each linear gets one of a ladder of levels, from about 2.1 to 8.2 bits per weight.
  * A block's candidates are every level applied to all its linears, and the same with
  * its most sensitive linear (v_proj in attention, down_proj in the MLP) one or two levels
- * higher. The driver (quantize.c) measures each candidate's output error. */
+ * higher; a mixture's experts all take the block's recipe. The driver (quantize.c) measures each candidate's output error. */
 #include "convert/qz.h"
 
 #include "base/alloc.h"
@@ -43,7 +43,7 @@ exl_status exl_qz_candidates(const exl_qz_block_desc *d, exl_qz_recipe **out, in
             c->total_bits = 0;
             for (int32_t i = 0; i < d->n_linears; i++) {
                 c->opt[i] = levels[i == sensitive ? lv + up : lv];
-                c->total_bits += exl_exl2_opt_bits(&c->opt[i], d->K[i], d->N[i]);
+                c->total_bits += d->copies * exl_exl2_opt_bits(&c->opt[i], d->K[i], d->N[i]);
             }
         }
     *out = r;

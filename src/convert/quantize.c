@@ -4,12 +4,15 @@
  * forward pass (calib_run.c, model.h's exl_model_layer_forward), a hook adding each linear's inputs to its
  * Hessian. EXL2 first measures (unless given a measurement.json): every candidate recipe of each block
  * (self_attn, mlp) is quantized with GPTQ, the block run alone with the candidate's dequantized weights, and the
- * relative error of the hidden states after it recorded, on the unquantized model's states (see measure_block);
- * the optimizer then picks one recipe per block within the budget. The quantizing pass runs each layer on the
+ * relative error of the hidden states after it recorded, on the unquantized model's states (see measure_block;
+ * scored on EVAL_SEQS of the sequences); the optimizer then picks one recipe per block within the budget. The quantizing pass runs each layer on the
  * states of the already-quantized layers before it, and inside a layer each linear sees the outputs of the
  * already-quantized linears before it (o_proj after q/k/v, down after gate/up). Only one layer's fp32 weights
- * and Hessians are held at a time. What a tensor is called and how a layer computes are the model's (model/);
- * the output holds the quantized linears and every other tensor of the input as it is.
+ * and Hessians are held at a time. A layer's linears are qz_layer.c's: fused ones split into ExLlamaV2's parts,
+ * a mixture's experts one by one (each with the Hessian of the rows routed to it), measured as one block whose
+ * recipe every expert takes. How a layer computes is the model's (model/); the output holds the quantized
+ * linears and every other tensor of the input as it is (a mixture's router included). Progress goes to the
+ * status callback (qz_status.c).
  *
  * Everything runs on the device parameter's backend: the forward passes, and the big products (Hessians, GPTQ
  * updates) as its host_gemm, in fp32 on the GPU as on the CPU.
@@ -37,8 +40,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The linears of a decoder layer, in the order the blocks use them: attention q, k, v, o; MLP gate, up, down. */
-enum { LIN_Q, LIN_K, LIN_V, LIN_O, LIN_GATE, LIN_UP, LIN_DOWN, N_LIN };
+/* Calibration sequences the measuring pass scores each candidate recipe on (the Hessians and reference outputs take
+ * all of them). A block's relative output error is an average over many tokens: 8 sequences of 512 tokens pin it
+ * down well enough to rank recipes, and scoring is most of the measuring pass's time (33 candidates a block). */
+#define EVAL_SEQS 8
 
 typedef struct qz {
     const exl_quantize_params *p;
@@ -50,17 +55,20 @@ typedef struct qz {
     exl_qz_runner run;
     char *work;     /* OUT_DIR/.exl-quant */
     char sig[1024]; /* the parameters a resumed run must match */
-    int64_t T, H, qw, kvw, F;
-    int64_t K[N_LIN], N[N_LIN];
-    exl_qz_block_desc desc[2];
-    float *x;       /* [T, H] hidden states */
-    float *ref, *y; /* [T, H] after a block: with the unquantized weights, with a candidate's */
-    /* the layer being quantized: each linear's tensor prefix, source, fp32 weights W[K, N] and bias */
-    const char *prefix[N_LIN];
-    exl_linear_src src[N_LIN];
-    float *W[N_LIN], *bias[N_LIN];
+    int64_t T, H;
+    exl_qz_block_desc desc[3];            /* attention, MLP, experts */
+    const exl_qz_block_desc **block_desc; /* [2 * layers] */
+    float *x;                             /* [T, H] hidden states */
+    float *ref, *y;                       /* [T, H] after a block: with the unquantized weights, with a candidate's */
+    /* the measuring pass scores candidates on EVAL_SEQS of the calibration sequences, spread evenly (all of them
+     * when there are no more): their inputs, reference outputs and a candidate's outputs, and their runner */
+    int32_t n_eval;
+    float *xe, *refe, *ye;
+    exl_qz_runner run_eval;
+    exl_qz_layer layer; /* the layer being quantized: its linears, their fp32 weights */
     exl_qz_measurement meas;
     int32_t *choice; /* recipe per block */
+    exl_qz_clock clock;
     exl_str report;
 } qz;
 
@@ -89,93 +97,87 @@ static double sq_dist(const float *a, const float *b, int64_t n) {
     return e;
 }
 
+static double sq_norm(const float *a, int64_t n) {
+    double e = 0;
+    for (int64_t i = 0; i < n; i++)
+        e += (double)a[i] * a[i];
+    return e;
+}
+
+/* 1 - the relative error of y against ref (norm: ref's squared) */
+static double accuracy_of(const float *y, const float *ref, int64_t n, double norm) {
+    double err = norm > 0 ? sqrt(sq_dist(y, ref, n) / norm) : 0;
+    return err < 1 ? 1 - err : 0;
+}
+
 /* Round to nearest: no calibration, no forward passes, identity Hessians. */
 static int rtn(const qz *q) { return q->p->format == EXL_QUANT_GPTQ && q->p->rtn; }
 
-/* Layer l's linears (the model's) in LIN_ order. */
-static void layer_linears(const qz *q, int32_t l, exl_linear **w) {
-    const exl_layer *ml = &q->m->layers[l];
-    exl_linear *all[N_LIN] = {ml->q, ml->k, ml->v, ml->o, ml->gate, ml->up, ml->down};
-    memcpy(w, all, sizeof all);
-}
-
-/* Layer l with block k (0 attention, 1 MLP) alone (the other's input norm NULL), its linears w (LIN_ order); the
- * layer's other weights (norms of heads, post-norms) its own. */
-static exl_layer block_layer(const qz *q, int32_t l, int k, exl_linear *const *w) {
-    exl_layer b = q->m->layers[l];
-    b.q = w[LIN_Q], b.k = w[LIN_K], b.v = w[LIN_V], b.o = w[LIN_O];
-    b.gate = w[LIN_GATE], b.up = w[LIN_UP], b.down = w[LIN_DOWN];
-    if (k == 0)
-        b.mlp_norm = NULL;
-    else
-        b.attn_norm = NULL;
-    return b;
-}
-
-/* What the quantizer cannot take of a model the forward runs (written to gap; empty: none): its blocks are attention
- * of the four linears q, k, v, o and a dense MLP of gate, up, down. */
+/* What the quantizer cannot take of a model the forward runs (written to gap; empty: none). */
 static void quant_gap(const exl_hf_config *c, char *gap, size_t size) {
     gap[0] = 0;
-    if (c->fused_qkv || c->fused_gate_up)
-        snprintf(gap, size, "fused qkv_proj / gate_up_proj linears");
-    for (int32_t i = 0; !gap[0] && i < c->n_layers; i++)
-        if (c->layers[i].moe)
-            snprintf(gap, size, "mixture-of-experts layers");
+    if (c->moe.shared_ffn)
+        snprintf(gap, size, "a shared expert beside the routed ones");
 }
 
-static void free_layer(qz *q) {
-    for (int i = 0; i < N_LIN; i++) {
-        exl_free(q->W[i]);
-        exl_free(q->bias[i]);
-        q->W[i] = q->bias[i] = NULL;
-    }
-}
+static void free_layer(qz *q) { exl_qz_layer_free(&q->layer); }
 
-/* A linear's weights W[K, N] and bias (or NULL) in fp32. */
-static exl_status load_linear(const exl_linear_src *src, float **W, float **bias) {
-    int64_t K = src->in_features, N = src->out_features;
-    if (!(*W = exl_malloc((size_t)(K * N) * sizeof(float))))
-        return exl_fail(EXL_ERR_NOMEM, "out of memory for a %lld x %lld linear", (long long)K, (long long)N);
-    EXL_TRY(exl_linear_dequant(src, *W));
-    if (!src->bias)
-        return EXL_OK;
-    if (!(*bias = exl_malloc((size_t)N * sizeof(float))))
-        return exl_fail(EXL_ERR_NOMEM, "out of memory");
-    for (int64_t n = 0; n < N; n++)
-        switch (src->bias_dtype) {
-        case EXL_DTYPE_F16: (*bias)[n] = exl_f16_to_f32(((const uint16_t *)src->bias)[n]); break;
-        case EXL_DTYPE_BF16: (*bias)[n] = exl_bf16_to_f32(((const uint16_t *)src->bias)[n]); break;
-        default: (*bias)[n] = ((const float *)src->bias)[n]; break;
-        }
-    return EXL_OK;
-}
+static exl_status load_layer(qz *q, int32_t l) { return exl_qz_layer_load(q->m, q->be, l, &q->layer); }
 
-static exl_status load_layer(qz *q, int32_t l) {
-    exl_linear *w[N_LIN];
-    layer_linears(q, l, w);
-    for (int i = 0; i < N_LIN; i++) {
-        EXL_TRY(exl_model_linear_source(q->m, w[i], &q->prefix[i], &q->src[i]));
-        EXL_TRY(load_linear(&q->src[i], &q->W[i], &q->bias[i]));
-    }
-    return EXL_OK;
-}
-
-/* The GPTQ factor of a Hessian (EXL2 always in act-order); rounding to nearest takes the identity. */
+/* The GPTQ factor of a Hessian (EXL2 always in act-order); rounding to nearest, or a linear that saw no rows (an
+ * expert no calibration token chose), takes the identity. */
 static exl_status hinv_of(qz *q, exl_hessian *h, exl_qz_hinv *hi) {
-    if (rtn(q))
+    if (rtn(q) || h->n == 0)
         exl_hessian_identity(h);
     else
         exl_hessian_finish(h);
     return exl_gptq_prepare(h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
 }
 
-/* Run layer l's block (its linears w) over the hidden states x into x_out (NULL: none), adding the inputs of want[0]
- * and want[1] (either NULL) to h[0] and h[1]. */
-static exl_status run_block(qz *q, int32_t l, int k, exl_linear *const *w, const float *x, float *x_out,
-                            const exl_linear *const *want, exl_hessian *const *h) {
-    exl_layer b = block_layer(q, l, k, w);
-    exl_qz_capture cap = {&q->run, {want ? want[0] : NULL, want ? want[1] : NULL}, {h ? h[0] : NULL, h ? h[1] : NULL}};
-    return exl_qz_run_layer(&q->run, &b, l, x, x_out, want ? exl_qz_capture_inputs : NULL, &cap);
+/* Run the layer's block k with linears w (as q->layer.lin) over the hidden states x of r's sequences into x_out
+ * (NULL: none), adding the inputs of each linear i of the block with h[i - first] non-NULL to that Hessian. */
+static exl_status run_block_on(qz *q, exl_qz_runner *r, int k, exl_linear *const *w, const float *x, float *x_out,
+                               exl_hessian *const *h) {
+    exl_qz_layer *L = &q->layer;
+    exl_layer b = exl_qz_layer_block(L, k, w);
+    int32_t first = L->first[k], n = L->first[k + 1] - first;
+    const exl_linear **want = h ? exl_calloc((size_t)n, sizeof *want) : NULL;
+    if (h && !want)
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; h && i < n; i++)
+        want[i] = h[i] ? w[first + i] : NULL;
+    exl_qz_capture cap = {r, n, want, h};
+    exl_status st = exl_qz_run_layer(r, &b, L->li, x, x_out, h ? exl_qz_capture_inputs : NULL, &cap);
+    exl_free(want);
+    return st;
+}
+
+/* The same over all the calibration sequences. */
+static exl_status run_block(qz *q, int k, exl_linear *const *w, const float *x, float *x_out, exl_hessian *const *h) {
+    return run_block_on(q, &q->run, k, w, x, x_out, h);
+}
+
+/* The rows of the sequences candidates are scored on: sequence e of n_eval is calibration sequence e·rows/n_eval. */
+static void gather_eval(const qz *q, const float *from, float *to) {
+    size_t seq = (size_t)q->p->length * (size_t)q->H;
+    for (int32_t e = 0; e < q->n_eval; e++)
+        memcpy(to + e * seq, from + (size_t)((int64_t)e * q->p->rows / q->n_eval) * seq, seq * sizeof(float));
+}
+
+/* Hessians of block k's slots (all, or those of one stage), each fed by the first linear of its slot: hs[slot] and
+ * per linear h[i - first] (NULL for the others). */
+static exl_status slot_hessians(qz *q, int k, int stage, exl_hessian *hs, exl_hessian **h) {
+    exl_qz_layer *L = &q->layer;
+    int32_t first = L->first[k];
+    for (int32_t i = first; i < L->first[k + 1]; i++) {
+        const exl_qz_lin *x = &L->lin[i];
+        h[i - first] = NULL;
+        if ((stage >= 0 && x->stage != stage) || hs[x->hslot].H)
+            continue;
+        EXL_TRY(exl_hessian_init(&hs[x->hslot], x->src.in_features));
+        h[i - first] = &hs[x->hslot];
+    }
+    return EXL_OK;
 }
 
 /* ---- quantizing one linear */
@@ -191,13 +193,14 @@ static exl_status quant_exl2(qz *q, const exl_qz_opt *o, const float *W, const e
 
 /* Quantize linear (name, W, bias) into the part; *Wq receives the dequantized weights. */
 static exl_status emit_linear(qz *q, exl_qz_part *part, const char *name, const float *W, const float *bias,
-                              const exl_qz_hinv *h, int64_t N, const exl_qz_opt *o, float **Wq) {
+                              const exl_qz_hinv *h, int64_t N, const exl_qz_opt *o, float **Wq, double *bits) {
     int64_t K = h->K;
     char tn[300];
     exl_qz_result r;
     exl_qz_layout l = {0};
     exl_status st;
     if (q->p->format == EXL_QUANT_EXL2) {
+        *bits = exl_exl2_opt_bits(o, K, N);
         EXL_TRY(quant_exl2(q, o, W, h, N, &r, &l));
         exl_exl2_tensors t;
         st = exl_exl2_tensors_make(&r, &l, &t);
@@ -221,6 +224,8 @@ static exl_status emit_linear(qz *q, exl_qz_part *part, const char *name, const 
     } else {
         int gs = q->p->group_size > 0 && q->p->group_size < K ? q->p->group_size : (int)K;
         int32_t G = (int32_t)((K + gs - 1) / gs);
+        *bits = (double)K * N * q->p->bits + (double)G * N * (16 + q->p->bits) +
+                32.0 * K; /* codes, scales, zeros, g_idx */
         l.n_groups = G;
         l.bits = exl_malloc((size_t)G * sizeof(int32_t));
         l.rows = exl_malloc((size_t)G * sizeof(int32_t));
@@ -308,121 +313,183 @@ static void wcache_free(qz *q, wcache *c) {
     c->Wq = NULL;
 }
 
-static exl_status cached_quant(qz *q, wcache *c, const exl_qz_opt *o, int i, const exl_qz_hinv *h) {
+static exl_status cached_quant(qz *q, wcache *c, const exl_qz_opt *o, const exl_qz_lin *x, const exl_qz_hinv *h) {
     if (c->Wq && !memcmp(&c->opt, o, sizeof *o))
         return EXL_OK;
     wcache_free(q, c);
     exl_qz_result r;
     exl_qz_layout l;
-    EXL_TRY(quant_exl2(q, o, q->W[i], h, q->N[i], &r, &l));
+    EXL_TRY(quant_exl2(q, o, x->W, h, x->src.out_features, &r, &l));
     c->opt = *o;
     c->Wq = r.Wq;
     r.Wq = NULL;
     exl_qz_result_free(&r);
     exl_qz_layout_free(&l);
-    return exl_qz_trial_init(q->be, c->Wq, &q->src[i], &c->t);
+    return exl_qz_trial_init(q->be, c->Wq, &x->src, &c->t);
+}
+
+/* The weights of a block. */
+static double desc_weights(const exl_qz_block_desc *d) {
+    double w = 0;
+    for (int32_t i = 0; i < d->n_linears; i++)
+        w += (double)d->K[i] * d->N[i] * d->copies;
+    return w;
+}
+
+/* The recipe of a measured block a status line shows: the most accurate within the target bits per weight (else the
+ * smallest). */
+static const exl_qz_recipe *shown_recipe(const qz *q, const exl_qz_block_meas *bm) {
+    double w = desc_weights(bm->desc);
+    const exl_qz_recipe *best = NULL, *least = NULL;
+    for (int32_t r = 0; r < bm->n; r++) {
+        const exl_qz_recipe *c = &bm->r[r];
+        if (!least || c->total_bits < least->total_bits)
+            least = c;
+        if (c->total_bits <= q->p->bpw * w && (!best || c->accuracy > best->accuracy))
+            best = c;
+    }
+    return best ? best : least;
 }
 
 /* Measure the candidates of block k (0 attention, 1 MLP) of layer l; x advances past it.
  * A candidate's accuracy is 1 - the relative error of the hidden states after the block,
  * residual included (ExLlamaV2's measure): the same output error counts for more where the
  * residual stream is still small, early in the model, where it also has the most layers
- * left to grow through. */
+ * left to grow through. A mixture's experts all take the candidate's recipe, each quantized
+ * with the Hessian of the rows routed to it. */
 static exl_status measure_block(qz *q, int32_t l, int k) {
-    int first = k ? LIN_GATE : LIN_Q, n = k ? 3 : 4, last = first + n - 1;
-    exl_hessian h_in = {0}, h_mid = {0};
-    exl_qz_hinv hi_in = {0}, hi_mid = {0};
-    wcache c[4] = {0};
-    exl_linear *own[N_LIN], *w[N_LIN];
-    layer_linears(q, l, own);
-    memcpy(w, own, sizeof w);
+    exl_qz_layer *L = &q->layer;
+    int32_t first = L->first[k], n = L->first[k + 1] - first, slots = L->n_slots[k];
     exl_qz_block_meas *bm = &q->meas.b[2 * l + k];
-    snprintf(bm->name, sizeof bm->name, "model.layers.%d.%s", l, q->desc[k].suffix);
+    bm->desc = q->block_desc[2 * l + k];
+    snprintf(bm->name, sizeof bm->name, "model.layers.%d.%s", l, bm->desc->suffix);
+    exl_hessian *hs = exl_calloc((size_t)slots, sizeof *hs), **h = exl_calloc((size_t)n, sizeof *h);
+    exl_qz_hinv *hi = exl_calloc((size_t)slots, sizeof *hi);
+    wcache *c = exl_calloc((size_t)n, sizeof *c);
+    exl_linear **own = exl_calloc((size_t)L->n, sizeof *own), **w = exl_calloc((size_t)L->n, sizeof *w);
+    exl_status st = hs && h && hi && c && own && w ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; st == EXL_OK && i < L->n; i++)
+        own[i] = w[i] = L->lin[i].own;
     /* the unquantized block: the states after it, its Hessians */
-    exl_status st = exl_hessian_init(&h_in, q->K[first]);
     if (st == EXL_OK)
-        st = exl_hessian_init(&h_mid, q->K[last]);
-    const exl_linear *want[2] = {own[first], own[last]};
-    exl_hessian *h[2] = {&h_in, &h_mid};
+        st = slot_hessians(q, k, -1, hs, h);
     if (st == EXL_OK)
-        st = run_block(q, l, k, own, q->x, q->ref, want, h);
+        st = run_block(q, k, own, q->x, q->ref, h);
+    for (int32_t s = 0; st == EXL_OK && s < slots; s++)
+        st = hinv_of(q, &hs[s], &hi[s]);
+    for (int32_t s = 0; hs && s < slots; s++)
+        exl_hessian_free(&hs[s]);
+    /* candidates are scored on the evaluation sequences */
+    int64_t ne = (int64_t)q->n_eval * q->p->length * q->H;
+    const float *xe = q->x, *refe = q->ref;
+    float *ye = q->y;
+    if (q->xe) {
+        gather_eval(q, q->x, q->xe);
+        gather_eval(q, q->ref, q->refe);
+        xe = q->xe, refe = q->refe, ye = q->ye;
+    }
+    double norm = st == EXL_OK ? sq_norm(refe, ne) : 0; /* of the hidden states after the block */
     if (st == EXL_OK)
-        st = hinv_of(q, &h_in, &hi_in);
-    if (st == EXL_OK)
-        st = hinv_of(q, &h_mid, &hi_mid);
-    exl_hessian_free(&h_in);
-    exl_hessian_free(&h_mid);
-    double norm = 0; /* of the hidden states after the block */
-    for (int64_t i = 0; st == EXL_OK && i < q->T * q->H; i++)
-        norm += (double)q->ref[i] * q->ref[i];
-    if (st == EXL_OK)
-        st = exl_qz_candidates(&q->desc[k], &bm->r, &bm->n);
+        st = exl_qz_candidates(bm->desc, &bm->r, &bm->n);
     for (int32_t r = 0; st == EXL_OK && r < bm->n; r++) {
-        for (int i = 0; st == EXL_OK && i < n; i++) {
-            st = cached_quant(q, &c[i], &bm->r[r].opt[i], first + i, first + i == last ? &hi_mid : &hi_in);
+        for (int32_t i = 0; st == EXL_OK && i < n; i++) {
+            const exl_qz_lin *x = &L->lin[first + i];
+            st = cached_quant(q, &c[i], &bm->r[r].opt[x->opt], x, &hi[x->hslot]);
             w[first + i] = c[i].t.w;
         }
         if (st == EXL_OK)
-            st = run_block(q, l, k, w, q->x, q->y, NULL, NULL);
+            st = run_block_on(q, q->xe ? &q->run_eval : &q->run, k, w, xe, ye, NULL);
         if (st != EXL_OK)
             break;
-        double err = norm > 0 ? sqrt(sq_dist(q->y, q->ref, q->T * q->H) / norm) : 0;
-        bm->r[r].accuracy = err < 1 ? 1 - err : 0;
+        bm->r[r].accuracy = accuracy_of(ye, refe, ne, norm);
+        exl_qz_clock_step(&q->clock, (k + (double)(r + 1) / bm->n) / 2);
     }
-    for (int i = 0; i < 4; i++)
+    for (int32_t i = 0; c && i < n; i++)
         wcache_free(q, &c[i]);
-    exl_qz_hinv_free(&hi_in);
-    exl_qz_hinv_free(&hi_mid);
+    for (int32_t s = 0; hi && s < slots; s++)
+        exl_qz_hinv_free(&hi[s]);
+    exl_free(hs);
+    exl_free(h);
+    exl_free(hi);
+    exl_free(c);
+    exl_free(own);
+    exl_free(w);
     if (st == EXL_OK) {
         float *t = q->x; /* the states after the block become the next block's input */
         q->x = q->ref;
         q->ref = t;
         q->meas.n_blocks = 2 * l + k + 1;
+        const exl_qz_recipe *shown = shown_recipe(q, bm);
+        exl_qz_clock_block(&q->clock, k, bm->desc->suffix, shown->accuracy, shown->total_bits / desc_weights(bm->desc));
     }
     return st;
 }
 
 /* ---- the quantizing pass */
 
-/* Quantize block k of layer l into the part: the linears before the last from the block's input, the last from
- * its input with those quantized; x advances past the block with all of them quantized. */
+/* Quantize block k of layer l into the part: the stage-0 linears (q, k, v; gate, up; each expert's gate and up)
+ * from the block's input, the stage-1 linears (o; down) from the outputs of the quantized stage 0; x advances past
+ * the block with all of them quantized. The block's accuracy: against the unquantized block on the same input. */
 static exl_status quant_block(qz *q, exl_qz_part *part, int32_t l, int k) {
-    int first = k ? LIN_GATE : LIN_Q, n = k ? 3 : 4, last = first + n - 1;
-    exl_hessian h = {0};
-    exl_qz_hinv hi = {0};
-    float *Wq[N_LIN] = {0};
-    exl_qz_trial t[N_LIN] = {{0}};
-    exl_linear *w[N_LIN];
-    layer_linears(q, l, w);
+    exl_qz_layer *L = &q->layer;
+    int32_t first = L->first[k], n = L->first[k + 1] - first, slots = L->n_slots[k];
     const exl_qz_recipe *rc = q->choice ? &q->meas.b[2 * l + k].r[q->choice[2 * l + k]] : NULL;
-    exl_status st = EXL_OK;
-    for (int i = first; st == EXL_OK && i <= last; i++) {
-        if (i == first || i == last) { /* the Hessian of the inputs of the linears from i on */
-            const exl_linear *want[2] = {w[i], NULL};
-            exl_hessian *hs[2] = {&h, NULL};
-            st = exl_hessian_init(&h, q->K[i]);
-            if (st == EXL_OK && !rtn(q))
-                st = run_block(q, l, k, w, q->x, NULL, want, hs);
-            exl_qz_hinv_free(&hi);
+    exl_hessian *hs = exl_calloc((size_t)slots, sizeof *hs), **h = exl_calloc((size_t)n, sizeof *h);
+    exl_qz_hinv *hi = exl_calloc((size_t)slots, sizeof *hi);
+    exl_qz_trial *t = exl_calloc((size_t)n, sizeof *t);
+    float **Wq = exl_calloc((size_t)n, sizeof *Wq);
+    exl_linear **w = exl_calloc((size_t)L->n, sizeof *w);
+    exl_status st = hs && h && hi && t && Wq && w ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; st == EXL_OK && i < L->n; i++)
+        w[i] = L->lin[i].own;
+    double bits = 0, weights = 0;
+    for (int stage = 0; stage < 2 && st == EXL_OK; stage++) {
+        st = slot_hessians(q, k, stage, hs, h);
+        /* stage 0 runs the unquantized block: its output is the reference */
+        if (st == EXL_OK && !rtn(q))
+            st = run_block(q, k, w, q->x, stage ? NULL : q->ref, h);
+        for (int32_t i = 0; i < n && st == EXL_OK; i++) {
+            const exl_qz_lin *x = &L->lin[first + i];
+            if (x->stage != stage)
+                continue;
+            if (!hi[x->hslot].U && hs[x->hslot].H) {
+                st = hinv_of(q, &hs[x->hslot], &hi[x->hslot]);
+                exl_hessian_free(&hs[x->hslot]);
+            }
+            double b = 0;
             if (st == EXL_OK)
-                st = hinv_of(q, &h, &hi);
-            exl_hessian_free(&h);
+                st = emit_linear(q, part, x->name, x->W, x->bias, &hi[x->hslot], x->src.out_features,
+                                 rc ? &rc->opt[x->opt] : NULL, &Wq[i], &b);
+            bits += b;
+            weights += (double)x->src.in_features * x->src.out_features;
+            if (st == EXL_OK && !rtn(q))
+                st = exl_qz_trial_init(q->be, Wq[i], &x->src, &t[i]);
+            if (st == EXL_OK && !rtn(q))
+                w[first + i] = t[i].w;
+            exl_qz_clock_step(&q->clock, (k + (double)(i + 1) / n) / 2);
         }
-        if (st == EXL_OK)
-            st = emit_linear(q, part, q->prefix[i], q->W[i], q->bias[i], &hi, q->N[i], rc ? &rc->opt[i - first] : NULL,
-                             &Wq[i]);
-        if (st == EXL_OK && !rtn(q))
-            st = exl_qz_trial_init(q->be, Wq[i], &q->src[i], &t[i]);
-        if (st == EXL_OK && !rtn(q))
-            w[i] = t[i].w;
     }
-    exl_qz_hinv_free(&hi);
-    if (st == EXL_OK && !rtn(q))
-        st = run_block(q, l, k, w, q->x, q->x, NULL, NULL);
-    for (int i = 0; i < N_LIN; i++) {
+    double acc = -1;
+    if (st == EXL_OK && !rtn(q)) {
+        st = run_block(q, k, w, q->x, q->x, NULL);
+        acc = accuracy_of(q->x, q->ref, q->T * q->H, sq_norm(q->ref, q->T * q->H));
+    }
+    if (st == EXL_OK)
+        exl_qz_clock_block(&q->clock, k, q->block_desc[2 * l + k]->suffix, acc, bits / weights);
+    for (int32_t s = 0; hs && s < slots; s++) {
+        exl_hessian_free(&hs[s]);
+        exl_qz_hinv_free(&hi[s]);
+    }
+    for (int32_t i = 0; t && i < n; i++) {
         exl_qz_trial_free(q->be, &t[i]);
         exl_free(Wq[i]);
     }
+    exl_free(hs);
+    exl_free(h);
+    exl_free(hi);
+    exl_free(t);
+    exl_free(Wq);
+    exl_free(w);
     return st;
 }
 
@@ -440,12 +507,20 @@ static exl_status quant_layer(qz *q, int32_t l) {
     return st;
 }
 
-/* A tensor of the input that a quantized linear replaces: the weight or bias of a decoder layer's linear, or of the
- * head when EXL2 quantizes it. */
+/* Whether w is a linear the quantizer leaves as it is: a mixture's router (and Qwen2-MoE's shared-expert gate). */
+static int kept_linear(const qz *q, const exl_linear *w) {
+    for (int32_t l = 0; l < q->cfg.n_layers; l++)
+        if (w == q->m->layers[l].router || w == q->m->layers[l].shared_gate)
+            return 1;
+    return 0;
+}
+
+/* A tensor of the input that a quantized linear replaces: the weight or bias of a decoder layer's linear (routers
+ * excepted), or of the head when EXL2 quantizes it. */
 static int replaced(const qz *q, const exl_st_tensor *t) {
     for (int32_t i = 0; i < q->m->n_linears; i++) {
         const exl_linear_record *r = &q->m->linears[i];
-        if (r->w == q->m->head && q->p->format != EXL_QUANT_EXL2)
+        if ((r->w == q->m->head && q->p->format != EXL_QUANT_EXL2) || kept_linear(q, r->w))
             continue;
         if (t->data == r->src.dense.data || (r->src.bias && t->data == r->src.bias))
             return 1;
@@ -472,17 +547,20 @@ static exl_status write_head(qz *q) {
         exl_qz_hinv hi = {0};
         st = exl_model_linear_source(q->m, q->m->head, &prefix, &src);
         if (st == EXL_OK)
-            st = load_linear(&src, &W, &bias);
+            st = exl_qz_load_linear(&src, &W, &bias);
         if (st == EXL_OK)
             st = exl_hessian_init(&h, q->H);
-        exl_qz_capture cap = {&q->run, {q->m->head, NULL}, {&h, NULL}};
+        const exl_linear *want[1] = {q->m->head};
+        exl_hessian *hp[1] = {&h};
+        exl_qz_capture cap = {&q->run, 1, want, hp};
         if (st == EXL_OK)
             st = exl_qz_run_head(&q->run, q->x, exl_qz_capture_inputs, &cap);
         if (st == EXL_OK)
             st = hinv_of(q, &h, &hi);
         exl_qz_opt o = {1, {q->p->head_bits}, {1}, {32}};
+        double bits = 0;
         if (st == EXL_OK)
-            st = emit_linear(q, &part, prefix, W, NULL, &hi, q->cfg.vocab_size, &o, &Wq);
+            st = emit_linear(q, &part, prefix, W, NULL, &hi, q->cfg.vocab_size, &o, &Wq, &bits);
         exl_hessian_free(&h);
         exl_qz_hinv_free(&hi);
         exl_free(W);
@@ -586,6 +664,7 @@ static exl_status setup(qz *q) {
     if (!p->in_dir || !p->out_dir)
         return exl_fail(EXL_ERR_ARG, "quantize: need an input and an output directory");
     EXL_TRY(exl_hf_config_load(p->in_dir, &q->cfg));
+    q->clock.n_layers = q->cfg.n_layers;
     if (q->cfg.quant.present)
         return exl_fail(EXL_ERR_UNSUPPORTED, "%s is already quantized (%s); give an unquantized model", p->in_dir,
                         q->cfg.quant.method);
@@ -594,8 +673,8 @@ static exl_status setup(qz *q) {
     if (gap[0])
         return exl_fail(
             EXL_ERR_UNSUPPORTED,
-            "%s: a %s model: the quantizer takes attention of q, k, v, o and MLPs of gate, up, down, not %s", p->in_dir,
-            q->cfg.model_type, gap);
+            "%s: a %s model: the quantizer takes attention of q, k, v, o and MLPs or experts of gate, up, down, not %s",
+            p->in_dir, q->cfg.model_type, gap);
     if (p->format == EXL_QUANT_EXL2 && (p->head_bits < 2 || p->head_bits > 8 || p->head_bits == 7))
         return exl_fail(EXL_ERR_ARG, "head bits must be 2-6 or 8 (got %d)", p->head_bits);
     if (p->format == EXL_QUANT_GPTQ && p->bits != 2 && p->bits != 3 && p->bits != 4 && p->bits != 8)
@@ -604,24 +683,33 @@ static exl_status setup(qz *q) {
         return exl_fail(EXL_ERR_ARG, "calibration needs rows >= 1 and length >= 2");
     const exl_hf_config *c = &q->cfg;
     q->H = c->hidden_size;
-    q->qw = (int64_t)c->n_heads * c->head_dim;
-    q->kvw = (int64_t)c->n_kv_heads * c->head_dim;
-    q->F = c->intermediate_size;
     q->T = (int64_t)p->rows * p->length;
-    int64_t K[N_LIN] = {q->H, q->H, q->H, q->qw, q->H, q->H, q->F},
-            N[N_LIN] = {q->qw, q->kvw, q->kvw, q->H, q->F, q->F, q->H};
-    memcpy(q->K, K, sizeof K);
-    memcpy(q->N, N, sizeof N);
+    int64_t H = q->H, qw = (int64_t)c->n_heads * c->head_dim, kvw = (int64_t)c->n_kv_heads * c->head_dim,
+            F = c->intermediate_size, E = c->moe.expert_ffn;
     /* the blocks as measurement.json names them (ExLlamaV2's module keys) */
-    q->desc[0] = (exl_qz_block_desc){
-        "self_attn", 4, {"q_proj", "k_proj", "v_proj", "o_proj"}, {K[0], K[1], K[2], K[3]}, {N[0], N[1], N[2], N[3]}};
-    q->desc[1] =
-        (exl_qz_block_desc){"mlp", 3, {"gate_proj", "up_proj", "down_proj"}, {K[4], K[5], K[6]}, {N[4], N[5], N[6]}};
-    for (int i = 0; i < N_LIN; i++)
-        if (p->format == EXL_QUANT_EXL2 ? K[i] % 32 : (K[i] % 32 || N[i] * p->bits % 32))
-            return exl_fail(EXL_ERR_UNSUPPORTED,
-                            "%s: %s has %lld x %lld features; the packed layout needs multiples of 32", p->in_dir,
-                            i < 4 ? q->desc[0].names[i] : q->desc[1].names[i - 4], (long long)K[i], (long long)N[i]);
+    q->desc[0] = (exl_qz_block_desc){"self_attn",       4, {"q_proj", "k_proj", "v_proj", "o_proj"}, {H, H, H, qw},
+                                     {qw, kvw, kvw, H}, 1};
+    q->desc[1] = (exl_qz_block_desc){"mlp", 3, {"gate_proj", "up_proj", "down_proj"}, {H, H, F}, {F, F, H}, 1};
+    q->desc[2] = (exl_qz_block_desc){"block_sparse_moe", 3, {"w1", "w3", "w2"}, {H, H, E}, {E, E, H}, c->moe.n_experts};
+    if (!(q->block_desc = exl_calloc((size_t)c->n_layers * 2, sizeof *q->block_desc)))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        q->block_desc[2 * l] = &q->desc[0];
+        q->block_desc[2 * l + 1] = &q->desc[c->layers[l].moe ? 2 : 1];
+    }
+    int used[3] = {1, 0, 0};
+    for (int32_t l = 0; l < c->n_layers; l++)
+        used[c->layers[l].moe ? 2 : 1] = 1;
+    for (int k = 0; k < 3; k++) {
+        const exl_qz_block_desc *d = &q->desc[k];
+        if (!used[k])
+            continue;
+        for (int32_t i = 0; i < d->n_linears; i++)
+            if (p->format == EXL_QUANT_EXL2 ? d->K[i] % 32 : (d->K[i] % 32 || d->N[i] * p->bits % 32))
+                return exl_fail(EXL_ERR_UNSUPPORTED,
+                                "%s: %s has %lld x %lld features; the packed layout needs multiples of 32", p->in_dir,
+                                d->names[i], (long long)d->K[i], (long long)d->N[i]);
+    }
     exl_str sig = EXL_STR_INIT;
     char *in_abs = realpath(p->in_dir, NULL); /* a run is resumed only on the model it started on */
     exl_str_printf(&sig, "model=%s layers=%d hidden=%d vocab=%d ", in_abs ? in_abs : p->in_dir, q->cfg.n_layers,
@@ -654,9 +742,20 @@ static exl_status setup(qz *q) {
     }
     exl_str_printf(&q->report, "device: %s\n", q->be->name);
     EXL_TRY(exl_qz_runner_init(&q->run, q->m, p->rows, p->length));
+    q->run.tick = exl_qz_clock_tick;
+    q->run.tick_user = &q->clock;
     size_t states = (size_t)(q->T * q->H) * sizeof(float);
     if (!(q->x = exl_malloc(states)) || !(q->ref = exl_malloc(states)) || !(q->y = exl_malloc(states)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory for %lld hidden states", (long long)q->T);
+    q->n_eval = p->rows < EVAL_SEQS ? p->rows : EVAL_SEQS;
+    if (p->format == EXL_QUANT_EXL2 && q->n_eval < p->rows) {
+        size_t eval = (size_t)q->n_eval * (size_t)p->length * (size_t)q->H * sizeof(float);
+        if (!(q->xe = exl_malloc(eval)) || !(q->refe = exl_malloc(eval)) || !(q->ye = exl_malloc(eval)))
+            return exl_fail(EXL_ERR_NOMEM, "out of memory for the evaluation rows");
+        EXL_TRY(exl_qz_runner_init(&q->run_eval, q->m, q->n_eval, p->length));
+        q->run_eval.tick = exl_qz_clock_tick;
+        q->run_eval.tick_user = &q->clock;
+    }
     if (!(q->meas.b = exl_calloc((size_t)c->n_layers * 2, sizeof *q->meas.b)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     return EXL_OK;
@@ -669,10 +768,48 @@ static exl_status embed_rows(qz *q) {
         memset(q->x, 0, (size_t)(q->T * q->H) * sizeof(float));
         return EXL_OK;
     }
+    exl_qz_clock_stage(&q->clock, "calibrating", 0);
     EXL_TRY(exl_qz_calibration(q->p->in_dir, q->p->calibration, q->p->n_calibration, q->p->rows, q->p->length,
-                               q->cfg.vocab_size, &ids));
+                               q->cfg.vocab_size, &ids, NULL, NULL));
     exl_status st = exl_qz_run_embed(&q->run, ids, q->x);
     exl_free(ids);
+    return st;
+}
+
+static const char *base_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+/* quantization_config.calibration: rows and length, and every file (its name, the rows whose window starts in it,
+ * its tokens), and the rows of random tokens. */
+static exl_status add_calibration(qz *q, cJSON *qc) {
+    const exl_quantize_params *p = q->p;
+    int32_t *ids = NULL, *rows = exl_calloc((size_t)p->n_calibration + 1, sizeof *rows);
+    int64_t *tokens = exl_calloc((size_t)p->n_calibration + 1, sizeof *tokens);
+    exl_status st = rows && tokens ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    if (st == EXL_OK)
+        st = exl_qz_calibration(p->in_dir, p->calibration, p->n_calibration, p->rows, p->length, q->cfg.vocab_size,
+                                &ids, rows, tokens);
+    if (st == EXL_OK) {
+        cJSON *cal = cJSON_AddObjectToObject(qc, "calibration");
+        cJSON_AddNumberToObject(cal, "rows", p->rows);
+        cJSON_AddNumberToObject(cal, "length", p->length);
+        cJSON_AddStringToObject(cal, "dataset", p->n_calibration == 1 ? base_name(p->calibration[0]) : "(files)");
+        cJSON *files = cJSON_AddArrayToObject(cal, "files");
+        for (int32_t f = 0; f < p->n_calibration; f++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "name", base_name(p->calibration[f]));
+            cJSON_AddNumberToObject(e, "rows", rows[f]);
+            cJSON_AddNumberToObject(e, "length", p->length);
+            cJSON_AddNumberToObject(e, "tokens", (double)tokens[f]);
+            cJSON_AddItemToArray(files, e);
+        }
+        cJSON_AddNumberToObject(cal, "random_rows", rows[p->n_calibration]);
+    }
+    exl_free(ids);
+    exl_free(rows);
+    exl_free(tokens);
     return st;
 }
 
@@ -700,10 +837,8 @@ static exl_status finish(qz *q) {
         cJSON_AddStringToObject(qc, "version", "0.3.2");
         cJSON_AddNumberToObject(qc, "bits", p->bpw);
         cJSON_AddNumberToObject(qc, "head_bits", p->head_bits);
-        cJSON *cal = cJSON_AddObjectToObject(qc, "calibration");
-        cJSON_AddNumberToObject(cal, "rows", p->rows);
-        cJSON_AddNumberToObject(cal, "length", p->length);
-        cJSON_AddStringToObject(cal, "dataset", p->n_calibration ? p->calibration[0] : "");
+        if (st == EXL_OK)
+            st = add_calibration(q, qc);
     } else {
         cJSON_AddStringToObject(qc, "quant_method", "gptq");
         cJSON_AddNumberToObject(qc, "bits", p->bits);
@@ -711,6 +846,8 @@ static exl_status finish(qz *q) {
         cJSON_AddBoolToObject(qc, "desc_act", p->act_order);
         cJSON_AddBoolToObject(qc, "sym", p->sym);
         cJSON_AddStringToObject(qc, "checkpoint_format", "gptq");
+        if (st == EXL_OK && !rtn(q))
+            st = add_calibration(q, qc);
         char *qp = exl_path_join(p->out_dir, "quantize_config.json");
         if (st == EXL_OK)
             st = qp ? exl_qz_write_json(qc, qp) : exl_fail(EXL_ERR_NOMEM, "out of memory");
@@ -730,10 +867,8 @@ static void report_choice(qz *q) {
     double bits = 0, weights = 0;
     for (int32_t b = 0; b < q->meas.n_blocks; b++) {
         const exl_qz_recipe *r = &q->meas.b[b].r[q->choice[b]];
-        const exl_qz_block_desc *d = &q->desc[b % 2];
-        double w = 0;
-        for (int32_t i = 0; i < d->n_linears; i++)
-            w += (double)d->K[i] * d->N[i];
+        const exl_qz_block_desc *d = q->meas.b[b].desc;
+        double w = desc_weights(d);
         bits += r->total_bits;
         weights += w;
         exl_str_printf(&q->report, "%-28s %.3f bpw, accuracy %.4f:", q->meas.b[b].name, r->total_bits / w, r->accuracy);
@@ -757,6 +892,11 @@ static exl_status run(qz *q) {
         EXL_TRY(load_state(q, &found, &pass, &next));
     if (!found && !dir_is_empty(p->out_dir))
         return exl_fail(EXL_ERR_STATE, "%s: the output directory is not empty", p->out_dir);
+    exl_qz_clock_plan(&q->clock,
+                      found                                            ? (pass == 0 ? next : L)
+                      : p->format == EXL_QUANT_EXL2 && !p->measurement ? 0
+                                                                       : L,
+                      found && pass == 1 ? next : 0);
     if (!found) {
         EXL_TRY(embed_rows(q));
         if ((mkdir(p->out_dir, 0777) && errno != EEXIST) || (mkdir(q->work, 0777) && errno != EEXIST))
@@ -773,7 +913,7 @@ static exl_status run(qz *q) {
     if (p->format == EXL_QUANT_EXL2 && (p->measurement || (pass == 0 && next > 0) || pass == 1)) {
         int32_t done;
         exl_qz_measurement_free(&q->meas);
-        st = exl_qz_measurement_load(msrc, q->desc, L, &q->meas, &done);
+        st = exl_qz_measurement_load(msrc, q->block_desc, L, &q->meas, &done);
         if (st == EXL_OK && (pass == 1 ? done < L : done < next))
             st = exl_fail(EXL_ERR_FORMAT, "%s: measures %d of %d layers", msrc, done, pass == 1 ? L : next);
         if (st == EXL_OK && pass == 0)
@@ -785,21 +925,27 @@ static exl_status run(qz *q) {
     }
     for (int32_t l = next; st == EXL_OK && pass == 0 && l < L; l++) {
         progress(q, "measuring", l, L);
+        exl_qz_clock_stage(&q->clock, "measuring", l);
         st = load_layer(q, l);
         if (st == EXL_OK)
             st = measure_block(q, l, 0);
         if (st == EXL_OK)
             st = measure_block(q, l, 1);
         free_layer(q);
+        /* a layer is reported once a run killed after it goes on from the next (the last: from its
+         * measurement.json, the states of the next pass not made yet) */
         if (st == EXL_OK)
             st = exl_qz_measurement_save(&q->meas, l, mpath);
         if (st == EXL_OK && l + 1 < L)
             st = save_state(q, 0, l + 1);
+        if (st == EXL_OK)
+            exl_qz_clock_layer_done(&q->clock);
         if (st == EXL_OK && l + 1 == L) {
             progress(q, "measuring", L, L);
             char *final = exl_path_join(p->out_dir, "measurement.json");
             st = final ? exl_qz_measurement_save(&q->meas, L, final) : exl_fail(EXL_ERR_NOMEM, "out of memory");
             exl_free(final);
+            exl_qz_clock_plan(&q->clock, L, 0);
             if (st == EXL_OK)
                 st = embed_rows(q);
             if (st == EXL_OK)
@@ -812,9 +958,8 @@ static exl_status run(qz *q) {
         if (!(q->choice = exl_malloc((size_t)L * 2 * sizeof(int32_t))))
             st = exl_fail(EXL_ERR_NOMEM, "out of memory");
         double weights = 0;
-        for (int k = 0; k < 2; k++)
-            for (int32_t i = 0; i < q->desc[k].n_linears; i++)
-                weights += (double)q->desc[k].K[i] * q->desc[k].N[i] * L;
+        for (int32_t b = 0; b < 2 * L; b++)
+            weights += desc_weights(q->block_desc[b]);
         if (st == EXL_OK && (st = exl_qz_optimize(&q->meas, p->bpw * weights, q->choice)) != EXL_OK)
             st = exl_fail(EXL_ERR_ARG,
                           "%.3f bits per weight cannot be reached: the smallest candidate recipes need more", p->bpw);
@@ -823,19 +968,26 @@ static exl_status run(qz *q) {
     }
     for (int32_t l = next; st == EXL_OK && l < L; l++) {
         progress(q, "quantizing", l, L);
+        exl_qz_clock_stage(&q->clock, "quantizing", l);
         st = load_layer(q, l);
         if (st == EXL_OK)
             st = quant_layer(q, l);
         free_layer(q);
         if (st == EXL_OK)
             st = save_state(q, 1, l + 1);
+        if (st == EXL_OK)
+            exl_qz_clock_layer_done(&q->clock);
     }
     if (st == EXL_OK) {
         progress(q, "quantizing", L, L);
+        exl_qz_clock_stage(&q->clock, "head", L);
         st = write_head(q);
     }
-    if (st == EXL_OK)
+    if (st == EXL_OK) {
+        exl_qz_clock_stage(&q->clock, "writing", L);
         st = finish(q);
+    }
+
     exl_free(mpath);
     return st;
 }
@@ -856,6 +1008,7 @@ exl_status exl_quantize(const exl_quantize_params *params, char **report) {
         *report = NULL;
     qz q = {0};
     q.p = params;
+    exl_qz_clock_init(&q.clock, params, 0);
     exl_status st = setup(&q);
     if (st == EXL_OK)
         st = run(&q);
@@ -869,6 +1022,11 @@ exl_status exl_quantize(const exl_quantize_params *params, char **report) {
     exl_free(q.ref);
     exl_free(q.y);
     exl_qz_runner_free(&q.run);
+    exl_qz_runner_free(&q.run_eval);
+    exl_free(q.xe);
+    exl_free(q.refe);
+    exl_free(q.ye);
+    exl_free(q.block_desc);
     exl_model_free(q.m);
     if (q.own_pool)
         exl_pool_free(q.own_pool);

@@ -13,6 +13,8 @@
  *   calib.c       calibration text (and a few rows of random tokens) -> rows of token ids
  *   calib_run.c   the calibration rows through the model's own layers, a hook on their linears
  *   trial_linear.c  backend linears from the weights being tried
+ *   qz_layer.c    a decoder layer's linears under ExLlamaV2's names (fused ones split, experts one by one)
+ *   qz_status.c   progress: the stage, the layer, time so far and an estimate of what is left
  *   quantize.c    the driver: layer by layer, resumable, writing OUT_DIR
  *
  * Weights are W[k, n] (in x out) fp32 while being quantized. The big products (the Hessian's
@@ -125,12 +127,14 @@ void exl_exl2_tensors_free(exl_exl2_tensors *t);
 
 /* ---- measurement */
 
-/* The linears of a block: attention (q, k, v, o) or MLP (gate, up, down). */
+/* The linears of a block, as measurement.json names them: attention (q, k, v, o), MLP (gate, up, down), or a
+ * mixture of experts (ExLlamaV2's block_sparse_moe: w1, w3, w2 = gate, up, down, one recipe for every expert). */
 typedef struct exl_qz_block_desc {
-    const char *suffix; /* "self_attn" / "mlp" */
+    const char *suffix; /* "self_attn" / "mlp" / "block_sparse_moe" */
     int32_t n_linears;
     const char *names[4]; /* "q_proj", ... */
     int64_t K[4], N[4];
+    int32_t copies; /* of each linear: the experts of a mixture, 1 otherwise */
 } exl_qz_block_desc;
 
 typedef struct exl_qz_recipe {
@@ -141,6 +145,7 @@ typedef struct exl_qz_recipe {
 
 typedef struct exl_qz_block_meas {
     char name[96]; /* model.layers.N.self_attn */
+    const exl_qz_block_desc *desc;
     int32_t n;
     exl_qz_recipe *r;
 } exl_qz_block_meas;
@@ -153,9 +158,10 @@ typedef struct exl_qz_measurement {
 /* The candidate recipes for a block (n_out filled; array allocated). */
 exl_status exl_qz_candidates(const exl_qz_block_desc *d, exl_qz_recipe **out, int32_t *n_out);
 void exl_qz_measurement_free(exl_qz_measurement *m);
-/* measurement.json <-> struct (ExLlamaV2's layout; other blocks are ignored on read). */
+/* measurement.json <-> struct (ExLlamaV2's layout; other blocks are ignored on read). descs: the blocks' of each
+ * layer, [2 * n_layers]. */
 exl_status exl_qz_measurement_save(const exl_qz_measurement *m, int32_t last_layer, const char *path);
-exl_status exl_qz_measurement_load(const char *path, const exl_qz_block_desc *descs, int32_t n_layers,
+exl_status exl_qz_measurement_load(const char *path, const exl_qz_block_desc *const *descs, int32_t n_layers,
                                    exl_qz_measurement *m, int32_t *n_done_layers);
 
 /* ---- optimizer */
@@ -168,9 +174,10 @@ exl_status exl_qz_optimize(const exl_qz_measurement *m, double budget_bits, int3
 /* ---- calibration */
 
 /* rows x length token ids (*ids allocated): windows of the tokenized files, and a few rows
- * of random ids below vocab (see calib.c). */
+ * of random ids below vocab (see calib.c). file_rows (NULL or n_files + 1): the rows whose window starts in each
+ * file, then the random rows; file_tokens (NULL or n_files): each file's tokens. */
 exl_status exl_qz_calibration(const char *model_dir, const char *const *files, int32_t n_files, int32_t rows,
-                              int32_t length, int32_t vocab, int32_t **ids);
+                              int32_t length, int32_t vocab, int32_t **ids, int32_t *file_rows, int64_t *file_tokens);
 
 /* ---- the calibration rows through the model (calib_run.c) */
 
@@ -182,10 +189,12 @@ typedef struct exl_qz_runner {
     int32_t seqs_per_step; /* whole sequences a step takes, or 1 */
     int32_t piece;         /* tokens of a sequence a step takes */
     int32_t pages_per_seq;
-    int32_t *pages;      /* [seqs_per_step][pages_per_seq] */
-    exl_seq_step *steps; /* [seqs_per_step] */
-    float *buf;          /* [step rows, widest linear input]: a hook's rows on the host */
-    int32_t *zeros;      /* [piece] the token ids of a layer's steps */
+    int32_t *pages;           /* [seqs_per_step][pages_per_seq] */
+    exl_seq_step *steps;      /* [seqs_per_step] */
+    float *buf;               /* [step rows, widest linear input]: a hook's rows on the host */
+    int32_t *zeros;           /* [piece] the token ids of a layer's steps */
+    void (*tick)(void *user); /* NULL, or called after every step (progress) */
+    void *tick_user;
 } exl_qz_runner;
 
 exl_status exl_qz_runner_init(exl_qz_runner *r, exl_model *m, int32_t n_seqs, int32_t length);
@@ -199,11 +208,12 @@ exl_status exl_qz_run_layer(exl_qz_runner *r, const exl_layer *layer, int32_t li
 /* The head's input (the final norm of x) to the hook. */
 exl_status exl_qz_run_head(exl_qz_runner *r, const float *x, exl_linear_hook hook, void *user);
 
-/* An exl_linear_hook that adds the inputs of w[i] to Hessian h[i] (unused entries NULL). */
+/* An exl_linear_hook that adds the inputs of w[i] to Hessian h[i], i < n (an expert's: the rows routed to it). */
 typedef struct exl_qz_capture {
     exl_qz_runner *r;
-    const exl_linear *w[2];
-    exl_hessian *h[2];
+    int32_t n;
+    const exl_linear *const *w;
+    exl_hessian *const *h;
 } exl_qz_capture;
 exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w, const float *x, int32_t rows);
 
@@ -216,6 +226,67 @@ typedef struct exl_qz_trial {
 } exl_qz_trial;
 exl_status exl_qz_trial_init(exl_backend *be, const float *W, const exl_linear_src *like, exl_qz_trial *out);
 void exl_qz_trial_free(exl_backend *be, exl_qz_trial *t);
+
+/* ---- a decoder layer's linears (qz_layer.c) */
+
+/* A linear's weights W[K, N] and bias (NULL if none) in fp32 (allocated). */
+exl_status exl_qz_load_linear(const exl_linear_src *src, float **W, float **bias);
+
+typedef struct exl_qz_lin {
+    char name[160];     /* the output's tensor prefix (ExLlamaV2's: a fused linear's parts and each expert by name) */
+    exl_linear_src src; /* shape; a part's bias is the fp32 one below */
+    float *W, *bias;    /* [K, N], [N] or NULL */
+    exl_linear *own;    /* the unquantized linear: the model's, or a part made a linear of its own */
+    exl_qz_trial part;
+    int32_t block; /* 0 attention, 1 MLP or experts */
+    int32_t opt;   /* which of its block's recipe linears (exl_qz_block_desc order) */
+    int32_t stage; /* 0: sees the block's input; 1: sees what the stage-0 linears made (o_proj, down) */
+    int32_t hslot; /* the block's Hessian its inputs go to: the stage (dense), 2 x expert + stage (experts) */
+} exl_qz_lin;
+
+typedef struct exl_qz_layer {
+    exl_model *m;
+    exl_backend *be;
+    int32_t li;
+    int32_t n, first[3]; /* lin[first[k] .. first[k + 1]) are block k's */
+    exl_qz_lin *lin;
+    int32_t n_slots[2];  /* Hessians of each block */
+    exl_expert *experts; /* a mixture's experts for exl_qz_layer_block (NULL: a dense MLP) */
+} exl_qz_layer;
+
+exl_status exl_qz_layer_load(exl_model *m, exl_backend *be, int32_t li, exl_qz_layer *out);
+void exl_qz_layer_free(exl_qz_layer *L);
+/* Decoder layer li with block k (0 attention, 1 MLP) alone, run with linears w (indexed as L->lin); the layer's
+ * other weights (norms, router) its own. */
+exl_layer exl_qz_layer_block(exl_qz_layer *L, int k, exl_linear *const *w);
+
+/* ---- progress (qz_status.c) */
+
+typedef struct exl_qz_clock {
+    const exl_quantize_params *p;
+    int32_t n_layers, measure_from, quant_from; /* the plan: the first layer each pass has left (n_layers: none) */
+    const char *stage;
+    int32_t layer, pass; /* pass 0 measuring, 1 the rest */
+    double fraction;     /* of the layer */
+    double start, layer_start, last_call;
+    double seconds[2];
+    int32_t layers[2]; /* finished in this run, per pass */
+    int32_t n_blocks;
+    const char *block_name[2];
+    double accuracy[2], bpw[2];
+} exl_qz_clock;
+
+void exl_qz_clock_init(exl_qz_clock *c, const exl_quantize_params *p, int32_t n_layers);
+void exl_qz_clock_plan(exl_qz_clock *c, int32_t measure_from, int32_t quant_from);
+/* A stage (and layer) begins. */
+void exl_qz_clock_stage(exl_qz_clock *c, const char *stage, int32_t layer);
+/* fraction of the layer done. */
+void exl_qz_clock_step(exl_qz_clock *c, double fraction);
+/* Work goes on (a runner's tick: user is the clock): a status call when the last is half a second old. */
+void exl_qz_clock_tick(void *user);
+/* Block k of the layer is done: its accuracy (< 0: not measured) and bits per weight. */
+void exl_qz_clock_block(exl_qz_clock *c, int k, const char *name, double accuracy, double bpw);
+void exl_qz_clock_layer_done(exl_qz_clock *c);
 
 /* ---- output (writer.c) */
 

@@ -26,19 +26,16 @@ static cJSON *opt_json(const exl_qz_opt *o) {
 }
 
 exl_status exl_qz_measurement_save(const exl_qz_measurement *m, int32_t last_layer, const char *path) {
-    static const char *attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"},
-                      *mlp[] = {"gate_proj", "up_proj", "down_proj"};
     cJSON *root = cJSON_CreateObject(), *meas = cJSON_AddObjectToObject(root, "measurement");
     for (int32_t b = 0; b < m->n_blocks; b++) {
         const exl_qz_block_meas *bm = &m->b[b];
-        int is_attn = strstr(bm->name, "self_attn") != NULL;
         cJSON *list = cJSON_AddArrayToObject(meas, bm->name);
         for (int32_t r = 0; r < bm->n; r++) {
             cJSON *e = cJSON_CreateObject();
             cJSON_AddNumberToObject(e, "accuracy", bm->r[r].accuracy);
             cJSON_AddNumberToObject(e, "total_bits", bm->r[r].total_bits);
-            for (int32_t i = 0; i < (is_attn ? 4 : 3); i++)
-                cJSON_AddItemToObject(e, is_attn ? attn[i] : mlp[i], opt_json(&bm->r[r].opt[i]));
+            for (int32_t i = 0; i < bm->desc->n_linears; i++)
+                cJSON_AddItemToObject(e, bm->desc->names[i], opt_json(&bm->r[r].opt[i]));
             cJSON_AddItemToArray(list, e);
         }
     }
@@ -82,6 +79,7 @@ static exl_status block_parse(const char *path, const cJSON *list, const exl_qz_
     if (!cJSON_IsArray(list) || n < 1)
         return exl_fail(EXL_ERR_FORMAT, "%s: %s: no recipes", path, name);
     snprintf(bm->name, sizeof bm->name, "%.90s", name);
+    bm->desc = d;
     if (!(bm->r = exl_calloc((size_t)n, sizeof *bm->r)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     bm->n = n;
@@ -94,13 +92,13 @@ static exl_status block_parse(const char *path, const cJSON *list, const exl_qz_
             char what[320];
             snprintf(what, sizeof what, "%s.%s (recipe %d)", name, d->names[i], r);
             EXL_TRY(opt_parse(path, what, cJSON_GetObjectItemCaseSensitive(e, d->names[i]), &bm->r[r].opt[i]));
-            bm->r[r].total_bits += exl_exl2_opt_bits(&bm->r[r].opt[i], d->K[i], d->N[i]);
+            bm->r[r].total_bits += d->copies * exl_exl2_opt_bits(&bm->r[r].opt[i], d->K[i], d->N[i]);
         }
     }
     return EXL_OK;
 }
 
-exl_status exl_qz_measurement_load(const char *path, const exl_qz_block_desc *descs, int32_t n_layers,
+exl_status exl_qz_measurement_load(const char *path, const exl_qz_block_desc *const *descs, int32_t n_layers,
                                    exl_qz_measurement *m, int32_t *n_done_layers) {
     cJSON *root;
     EXL_TRY(exl_json_read_file(path, &root));
@@ -114,14 +112,14 @@ exl_status exl_qz_measurement_load(const char *path, const exl_qz_block_desc *de
     int32_t done = 0;
     for (int32_t l = 0; l < n_layers && st == EXL_OK; l++) {
         char names[2][96];
-        snprintf(names[0], sizeof names[0], "model.layers.%d.%s", l, descs[0].suffix);
-        snprintf(names[1], sizeof names[1], "model.layers.%d.%s", l, descs[1].suffix);
+        snprintf(names[0], sizeof names[0], "model.layers.%d.%s", l, descs[2 * l]->suffix);
+        snprintf(names[1], sizeof names[1], "model.layers.%d.%s", l, descs[2 * l + 1]->suffix);
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(meas, names[0]);
         const cJSON *b = cJSON_GetObjectItemCaseSensitive(meas, names[1]);
         if (!a || !b)
             break;
         for (int k = 0; k < 2 && st == EXL_OK; k++) {
-            st = block_parse(path, k ? b : a, &descs[k], names[k], &m->b[m->n_blocks]);
+            st = block_parse(path, k ? b : a, descs[2 * l + k], names[k], &m->b[m->n_blocks]);
             m->n_blocks++;
         }
         done += st == EXL_OK;

@@ -14,6 +14,8 @@
 #include <string.h>
 
 int exl_gen_greedy_at(const exl_generator *g, const exl_job *j, int32_t pos) {
+    if (j->spec.enabled) /* a drafting job's next step depends on the host's drafts (speculative.c) */
+        return 0;
     if (j->constraint || j->logprobs || j->top_logprobs || pos - j->n_prompt < j->min_new) /* grammar: masks */
         return 0;
     for (int32_t i = 0; i < j->n_bans; i++)

@@ -139,6 +139,7 @@ exl_status exl_generator_init(exl_model *model, const exl_tokenizer *tok, const 
         g->step_jobs = exl_malloc((size_t)p.max_jobs * sizeof *g->step_jobs);
         g->step_sets = exl_malloc((size_t)p.max_jobs * sizeof *g->step_sets);
         g->logits = exl_malloc((size_t)p.max_jobs * g->vocab * sizeof *g->logits);
+        g->cap_logit_rows = p.max_jobs;
         g->raw = exl_malloc((size_t)g->vocab * sizeof *g->raw);
         g->head_max = exl_model_top_k_max(model);
         g->head_ids = exl_malloc((size_t)p.max_jobs * (g->head_max ? g->head_max : 1) * sizeof *g->head_ids);
@@ -146,6 +147,8 @@ exl_status exl_generator_init(exl_model *model, const exl_tokenizer *tok, const 
         if (!g->steps || !g->step_jobs || !g->step_sets || !g->logits || !g->raw || !g->head_ids || !g->head_vals)
             st = exl_fail(EXL_ERR_NOMEM, "out of memory");
     }
+    if (st == EXL_OK)
+        st = exl_spec_init(g);
     if (st != EXL_OK) {
         exl_generator_free(g);
         return st;
@@ -164,6 +167,7 @@ void exl_generator_free(exl_generator *g) {
     if (!g)
         return;
     exl_gen_ahead_drop(g);
+    exl_spec_free(g);
     free_jobs(&g->inbox);
     free_jobs(&g->waiting);
     free_jobs(&g->running);
@@ -172,6 +176,7 @@ void exl_generator_free(exl_generator *g) {
     exl_kv_cache_free(g->model, g->cache);
     exl_page_pool_free(&g->pool);
     exl_sampler_scratch_free(&g->scratch);
+    exl_gen_dsample_free(g);
     exl_free(g->steps);
     exl_free(g->step_jobs);
     exl_free(g->step_sets);

@@ -16,6 +16,7 @@
 #include "exl.h"
 #include "generator/page_pool.h"
 #include "generator/sampler.h"
+#include "generator/speculative.h"
 #include "generator/stop_strings.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -76,6 +77,8 @@ typedef struct exl_job {
     char *error;
 
     exl_str ev_text; /* this step's event text */
+
+    exl_spec_job spec; /* speculative decoding (speculative.c) */
 } exl_job;
 
 /* A growable list of job pointers. */
@@ -97,6 +100,15 @@ typedef struct exl_gen_ahead {
     int32_t ids[EXL_ARGMAX_ROWS]; /* the current greedy step's tokens */
     int64_t kept, dropped;        /* queued steps that were the next plan, and that were not */
 } exl_gen_ahead;
+
+/* Sampling on the backend (device_sample.c): the step's rows' settings, edits and results. */
+typedef struct exl_gen_dsample {
+    int checked, enabled;      /* EXL_DEVICE_SAMPLING: 0 off; default on where the backend has a sample op */
+    exl_sample_params *params; /* [max_jobs] */
+    exl_sample_result *out;    /* [max_jobs] */
+    exl_logit_edit *edits;
+    int32_t n_edits, cap_edits;
+} exl_gen_dsample;
 
 struct exl_generator {
     exl_model *model;
@@ -133,9 +145,13 @@ struct exl_generator {
     int32_t n_events, cap_events;
     exl_sampler_scratch scratch;
     exl_gen_ahead ahead;
+    exl_gen_dsample dsample;
     /* constrained decoding (constrained.c), set up when a constrained job first comes */
     exl_token_trie *trie; /* the vocabulary's byte strings */
     uint32_t *masks;      /* [max_jobs + 1, exl_mask_words(vocab)]: the step's logit masks, a spare row */
+
+    int32_t cap_logit_rows; /* rows of logits (speculative steps may need more than max_jobs) */
+    exl_spec *spec;         /* speculative decoding (speculative.c); NULL when off */
 };
 
 /* ---- job lists (job.c) */
@@ -173,6 +189,16 @@ void exl_gen_ahead_queue(exl_generator *g);
 void exl_gen_ahead_fed(exl_generator *g);
 /* Wait for a queued step and forget it (before the cache or its pages go). */
 void exl_gen_ahead_drop(exl_generator *g);
+
+/* ---- sampling on the backend (device_sample.c) */
+/* Whether the backend's sample op takes every row of the planned step (one row per job, settings it covers). */
+int exl_gen_dsample_step(exl_generator *g);
+/* Run the planned step, its rows sampled on the backend (masked first where a job is constrained). */
+exl_status exl_gen_dsample_forward(exl_generator *g);
+/* Job j's token from row `row` of the step just run (-1: every token banned); its random stream and
+ * log-probability brought up to date. */
+int32_t exl_gen_dsample_take(exl_generator *g, exl_job *j, int32_t row);
+void exl_gen_dsample_free(exl_generator *g);
 
 /* ---- text (job_text.c) */
 /* Prime the job's detokenizer with the end of its prompt (for spacing). */
@@ -217,6 +243,12 @@ exl_status exl_gen_constraint_advance(exl_generator *g, exl_job *j, int32_t id);
 /* ---- stepping (step.c) */
 /* Whether id ends job j: its stop ids, and the eos ids unless it ignores them. */
 int exl_gen_is_stop(const exl_generator *g, const exl_job *j, int32_t id);
+/* Before sampling job j's next token from its full logits: the tokens banned at that position and, before
+ * min_new_tokens, the stop tokens set to -inf. */
+void exl_gen_prepare_logits(const exl_generator *g, const exl_job *j, float *logits);
+/* Append the job's chosen next token id and apply what follows from it: a stop token, stop or banned strings
+ * (a rewind), the grammar, the length limit; the job may end. */
+exl_status exl_gen_take_token(exl_generator *g, exl_job *j, int32_t id);
 /* End a job: text flushed, pages released, final event queued, moved to g->done. */
 exl_status exl_gen_finish(exl_generator *g, exl_job *j, exl_finish_reason why, const char *error);
 

@@ -227,6 +227,7 @@ exl_status exl_job_create(exl_generator *g, const exl_job_params *p, exl_job **o
             j->cstate = p->constraint->matcher.start;
         }
         exl_sampler_init(&j->rng, &j->sampling);
+        exl_spec_job_init(g, j, p);
         st = exl_job_text_init(g, j);
     }
     if (st != EXL_OK) {

@@ -125,7 +125,8 @@ static int32_t step_head_size(const exl_generator *g) {
     for (int32_t s = 0; s < g->n_step; s++) {
         if (!g->steps[s].want_logits)
             continue;
-        int32_t kj = g->steps[s].want_logits == 1 ? head_size(g, g->step_jobs[s]) : 0;
+        int32_t kj = g->steps[s].want_logits == 1 || g->step_jobs[s]->spec.q_row < 0 ? head_size(g, g->step_jobs[s])
+                                                                                     : 0; /* q: the full p */
         if (!kj)
             return 0;
         k = kj > k ? kj : k;
@@ -133,31 +134,50 @@ static int32_t step_head_size(const exl_generator *g) {
     return k;
 }
 
-/* The next token from the full logits (modified), or from the head (ids, vals sorted); row: the job's
- * row of logits in the step (its mask's, when constrained). */
+void exl_gen_prepare_logits(const exl_generator *g, const exl_job *j, float *logits) {
+    int32_t pos = j->n_tokens;
+    for (int32_t i = 0; i < j->n_bans; i++)
+        if (j->ban_pos[i] == pos)
+            logits[j->ban_id[i]] = -INFINITY;
+    if (pos - j->n_prompt < j->min_new)
+        for (int32_t id = 0; id < g->vocab; id++)
+            if (exl_gen_is_stop(g, j, id))
+                logits[id] = -INFINITY;
+}
+
+static exl_status accept_token(exl_generator *g, exl_job *j, int32_t row, int32_t id);
+
+/* The next token from the full logits (modified), from the head (ids, vals sorted), or (all NULL) from the
+ * backend's sample op; row: the job's row of logits in the step (its mask's, when constrained). */
 static exl_status sample_job(exl_generator *g, exl_job *j, int32_t row, float *logits, const int32_t *ids,
                              const float *vals) {
-    int32_t k = j->n_tokens - j->n_prompt, pos = j->n_tokens;
+    int32_t k = j->n_tokens - j->n_prompt;
     float *raw = NULL;
     if (logits && (j->logprobs || j->top_logprobs)) {
         raw = g->raw;
         memcpy(raw, logits, (size_t)g->vocab * sizeof *raw);
     }
-    for (int32_t i = 0; logits && i < j->n_bans; i++)
-        if (j->ban_pos[i] == pos)
-            logits[j->ban_id[i]] = -INFINITY;
-    if (logits && k < j->min_new)
-        for (int32_t id = 0; id < g->vocab; id++)
-            if (exl_gen_is_stop(g, j, id))
-                logits[id] = -INFINITY;
+    if (logits)
+        exl_gen_prepare_logits(g, j, logits);
     j->mu_hist[k] = j->rng.mu;
     int32_t id = logits
                      ? exl_sampler_sample(&j->sampling, &j->rng, logits, g->vocab, j->tokens, j->n_tokens, &g->scratch)
-                     : exl_sampler_sample_head(&j->sampling, &j->rng, ids, vals, &g->scratch);
+                 : ids ? exl_sampler_sample_head(&j->sampling, &j->rng, ids, vals, &g->scratch)
+                       : exl_gen_dsample_take(g, j, row);
+    if (raw && id >= 0)
+        record_logprobs(g, j, raw, id, k);
+    return accept_token(g, j, row, id);
+}
+
+/* Append the sampled token (-1: none could be) and see what follows: the job's end, a banned string. */
+static exl_status accept_token(exl_generator *g, exl_job *j, int32_t row, int32_t id) {
     if (id < 0 || (j->constraint && !exl_gen_constraint_allows(g, row, id)))
         return exl_gen_finish(g, j, EXL_FINISH_ERROR, "every token is banned at this position");
-    if (raw)
-        record_logprobs(g, j, raw, id, k);
+    return exl_gen_take_token(g, j, id);
+}
+
+exl_status exl_gen_take_token(exl_generator *g, exl_job *j, int32_t id) {
+    int32_t k = j->n_tokens - j->n_prompt;
     j->tokens[j->n_tokens++] = id;
     g->stats.tokens_generated++;
     if (exl_gen_is_stop(g, j, id)) {
@@ -204,6 +224,8 @@ static void add_event(exl_generator *g, exl_job *j) {
         .n_cached_tokens = j->n_cached_prompt,
         .n_generated = n_gen,
         .error = j->error,
+        .n_draft_proposed = j->spec.proposed,
+        .n_draft_accepted = j->spec.accepted,
     };
     g->event_jobs[g->n_events++] = j;
     j->n_reported = final;
@@ -260,12 +282,15 @@ static exl_status run_step(exl_generator *g) {
         if (g->running.v[i]->cancel_seen)
             EXL_TRY(exl_gen_finish(g, g->running.v[i], EXL_FINISH_CANCELLED, NULL));
     EXL_TRY(exl_sched_plan(g));
+    /* drafting jobs' decode rows carry their drafts */
+    EXL_TRY(exl_spec_plan(g));
     int64_t ticket = exl_gen_ahead_take(g); /* >= 0: the planned step was queued in the last one */
     if (!g->n_step)
         return EXL_OK;
     double t0 = now_seconds();
-    int greedy = ticket >= 0 || exl_gen_greedy_step(g); /* the device picks the tokens */
-    int32_t head = greedy ? 0 : step_head_size(g);      /* > 0: only the head of each row comes back */
+    int greedy = ticket >= 0 || exl_gen_greedy_step(g);          /* the device picks the tokens */
+    int on_backend = !greedy && exl_gen_dsample_step(g);         /* the backend samples them */
+    int32_t head = greedy || on_backend ? 0 : step_head_size(g); /* > 0: only the head of each row comes back */
     exl_status st;
     exl_lora_step_sets(g->model, g->step_sets, g->n_step);
     if (greedy) {
@@ -277,6 +302,8 @@ static exl_status run_step(exl_generator *g) {
             exl_gen_ahead_queue(g);
             st = exl_model_argmax_wait(g->model, ticket, g->ahead.ids, rows);
         }
+    } else if (on_backend) {
+        st = exl_gen_dsample_forward(g);
     } else if (exl_gen_step_constrained(g)) { /* the masks are filled while the device runs */
         st = exl_model_forward_masked(g->model, g->cache, g->steps, g->n_step, exl_gen_fill_masks, g, g->masks, head,
                                       g->head_ids, g->head_vals, g->logits);
@@ -306,10 +333,13 @@ static exl_status run_step(exl_generator *g) {
         if (!g->steps[s].want_logits)
             continue;
         size_t at = (size_t)row * (head ? head : g->vocab);
-        exl_status js = greedy ? sample_job(g, j, row, NULL, g->ahead.ids + row, &no_val)
-                        : head ? sample_job(g, j, row, NULL, g->head_ids + at, g->head_vals + at)
-                               : sample_job(g, j, row, g->logits + at, NULL, NULL);
-        row++;
+        exl_status js = g->steps[s].want_logits == 2 ? exl_spec_verify(g, j, &g->steps[s], head ? NULL : g->logits + at,
+                                                                       head, g->head_ids + at, g->head_vals + at)
+                        : greedy                     ? sample_job(g, j, row, NULL, g->ahead.ids + row, &no_val)
+                        : on_backend                 ? sample_job(g, j, row, NULL, NULL, NULL)
+                        : head                       ? sample_job(g, j, row, NULL, g->head_ids + at, g->head_vals + at)
+                                                     : sample_job(g, j, row, g->logits + at, NULL, NULL);
+        row += exl_seq_step_logit_rows(&g->steps[s]);
         if (js != EXL_OK && j->state != EXL_JOB_DONE) /* never leave a job without its next token */
             exl_gen_finish(g, j, EXL_FINISH_ERROR, exl_last_error());
         st = st == EXL_OK ? js : st;

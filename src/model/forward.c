@@ -1,6 +1,7 @@
 /* forward.c - the transformer forward pass: each step's tables, and its graph of generic ops (backend/graph.h):
  * the embedding, the decoder layers (layer_graph.c) and the head, which the backend runs. */
 #include "model/model.h"
+#include "model/tp.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -320,10 +321,21 @@ exl_status exl_model_run_graph(exl_model *m, const exl_graph *g, exl_linear_hook
 
 exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                        int ahead, int32_t *n_logits) {
+    if (m->tp)
+        return exl_tp_forward_to_logits(m, cache, steps, n_seqs, ahead, n_logits);
+    return exl_model_step_to_logits(m, cache, steps, n_seqs, ahead, n_logits);
+}
+
+exl_status exl_model_step_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                    int ahead, int32_t *n_logits) {
     EXL_TRY(exl_model_begin_step(m, cache, steps, n_seqs, ahead, n_logits));
     exl_forward_scratch *s = &m->fs;
     const exl_hf_config *c = &m->cfg;
     exl_graph *g = &s->graph;
+    if (m->tp && m->tp->split) { /* a rank of a layer split: its own layers, the hidden states handed over */
+        EXL_TRY(exl_tp_split_nodes(m, cache, *n_logits, g));
+        return exl_model_run_graph(m, g, NULL, NULL);
+    }
     int32_t rows = s->batch.n_rows, hid = c->hidden_size, n = *n_logits;
     const exl_node embed = {.op = EXL_OP_EMBED,
                             .tag = {-1, EXL_PART_EMBED},
@@ -343,8 +355,10 @@ exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const 
              .tag = {-1, EXL_PART_HEAD},
              .matmul = {s->logits, s->h, m->head, n, hid, c->vocab_size, 0}},
         };
-        for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
+        for (size_t i = 0; i < sizeof head / sizeof head[0] - (m->tp != NULL); i++)
             EXL_TRY(exl_graph_add(g, &head[i]));
+        if (m->tp) /* this rank's slice of the vocabulary, then every rank's */
+            EXL_TRY(exl_tp_head_nodes(m, n, g));
         if (c->final_softcap > 0) {
             const exl_node cap = {.op = EXL_OP_SOFTCAP,
                                   .tag = {-1, EXL_PART_LOGIT_SOFTCAP},

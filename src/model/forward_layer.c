@@ -8,6 +8,8 @@ exl_status exl_model_layer_forward(exl_model *m, const exl_layer *layer, int32_t
                                    const exl_seq_step *steps, int32_t n_seqs, exl_linear_hook hook, void *user) {
     if (li < 0 || li >= m->cfg.n_layers)
         return exl_fail(EXL_ERR_ARG, "layer_forward: layer %d of %d", li, m->cfg.n_layers);
+    if (m->tp) /* its graph's collectives would wait for the other ranks, which run no such layer */
+        return exl_fail(EXL_ERR_UNSUPPORTED, "layer_forward: not on a tensor-parallel model (--tp)");
     int32_t n_logits;
     EXL_TRY(exl_model_begin_step(m, cache, steps, n_seqs, 0, &n_logits));
     exl_graph *g = &m->fs.graph;
@@ -18,6 +20,8 @@ exl_status exl_model_layer_forward(exl_model *m, const exl_layer *layer, int32_t
 
 exl_status exl_model_embed_step(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs) {
     int32_t n_logits;
+    if (m->tp)
+        return exl_fail(EXL_ERR_UNSUPPORTED, "embed_step: not on a tensor-parallel model (--tp)");
     EXL_TRY(exl_model_begin_step(m, cache, steps, n_seqs, 0, &n_logits));
     exl_forward_scratch *s = &m->fs;
     int32_t rows = s->batch.n_rows, hid = m->cfg.hidden_size;

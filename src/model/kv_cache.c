@@ -1,5 +1,6 @@
 /* kv_cache.c - paged K/V storage on the model's backend, full precision or quantized (backend/kv_quant.h). */
 #include "model/model.h"
+#include "model/tp.h"
 
 #include "backend/kv_quant.h"
 #include "base/alloc.h"
@@ -21,14 +22,36 @@ exl_status exl_kv_cache_format(const exl_model *m, int32_t k_bits, int32_t v_bit
 }
 
 int64_t exl_kv_cache_token_bytes(const exl_model *m, const exl_kv_format *fmt) {
-    int32_t width = m->cfg.n_kv_heads * m->cfg.head_dim;
+    int32_t width = m->cfg.n_kv_heads * m->cfg.head_dim, layers = 0;
     size_t e = m->be->kv_elem_bytes;
-    return (int64_t)m->cfg.n_layers * (int64_t)(exl_kv_slot_bytes(width, fmt->k_bits, fmt->group, e) +
-                                                exl_kv_slot_bytes(width, fmt->v_bits, fmt->group, e));
+    for (int32_t i = 0; i < m->cfg.n_layers; i++) /* the layers on this device (a layer split holds some) */
+        layers += exl_tp_holds_layer(m, i);
+    return (int64_t)layers * (int64_t)(exl_kv_slot_bytes(width, fmt->k_bits, fmt->group, e) +
+                                       exl_kv_slot_bytes(width, fmt->v_bits, fmt->group, e));
 }
 
 exl_status exl_kv_cache_init(exl_model *m, int32_t n_pages, int32_t page_size, int32_t k_bits, int32_t v_bits,
                              exl_kv_cache **out) {
+    if (m->tp)
+        return exl_tp_kv_cache_init(m, n_pages, page_size, k_bits, v_bits, out);
+    return exl_kv_cache_init_local(m, n_pages, page_size, k_bits, v_bits, out);
+}
+
+void exl_kv_cache_free(exl_model *m, exl_kv_cache *c) {
+    if (m->tp)
+        exl_tp_kv_cache_free(m, c);
+    else
+        exl_kv_cache_free_local(m, c);
+}
+
+exl_status exl_kv_cache_copy_page(exl_model *m, exl_kv_cache *c, int32_t src, int32_t dst, int32_t n_slots) {
+    if (m->tp)
+        return exl_tp_kv_cache_copy_page(m, c, src, dst, n_slots);
+    return exl_kv_cache_copy_page_local(m, c, src, dst, n_slots);
+}
+
+exl_status exl_kv_cache_init_local(exl_model *m, int32_t n_pages, int32_t page_size, int32_t k_bits, int32_t v_bits,
+                                   exl_kv_cache **out) {
     *out = NULL;
     if (n_pages < 1 || page_size < 1)
         return exl_fail(EXL_ERR_ARG, "kv cache: need at least one page of at least one token");
@@ -49,15 +72,17 @@ exl_status exl_kv_cache_init(exl_model *m, int32_t n_pages, int32_t page_size, i
     c->k = exl_calloc((size_t)c->n_layers, sizeof *c->k);
     c->v = exl_calloc((size_t)c->n_layers, sizeof *c->v);
     if (!c->k || !c->v) {
-        exl_kv_cache_free(m, c);
+        exl_kv_cache_free_local(m, c);
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     }
     size_t slots = (size_t)n_pages * (size_t)page_size;
     for (int32_t i = 0; i < c->n_layers; i++) {
+        if (!exl_tp_holds_layer(m, i))
+            continue;
         c->k[i] = m->be->ops->alloc(m->be, slots * c->k_slot_bytes);
         c->v[i] = c->k[i] ? m->be->ops->alloc(m->be, slots * c->v_slot_bytes) : NULL;
         if (!c->v[i]) {
-            exl_kv_cache_free(m, c);
+            exl_kv_cache_free_local(m, c);
             return exl_fail_prefix(EXL_ERR_NOMEM, "kv cache of %d pages x %d tokens", n_pages, page_size);
         }
     }
@@ -65,7 +90,7 @@ exl_status exl_kv_cache_init(exl_model *m, int32_t n_pages, int32_t page_size, i
     return EXL_OK;
 }
 
-void exl_kv_cache_free(exl_model *m, exl_kv_cache *c) {
+void exl_kv_cache_free_local(exl_model *m, exl_kv_cache *c) {
     if (!c)
         return;
     for (int32_t i = 0; i < c->n_layers; i++) {
@@ -79,7 +104,7 @@ void exl_kv_cache_free(exl_model *m, exl_kv_cache *c) {
     exl_free(c);
 }
 
-exl_status exl_kv_cache_copy_page(exl_model *m, exl_kv_cache *c, int32_t src, int32_t dst, int32_t n_slots) {
+exl_status exl_kv_cache_copy_page_local(exl_model *m, exl_kv_cache *c, int32_t src, int32_t dst, int32_t n_slots) {
     if (src < 0 || src >= c->n_pages || dst < 0 || dst >= c->n_pages || n_slots < 0 || n_slots > c->page_size)
         return exl_fail(EXL_ERR_ARG, "kv cache: cannot copy %d slots from page %d to page %d", n_slots, src, dst);
     if (!n_slots || src == dst)
@@ -94,7 +119,7 @@ exl_status exl_kv_cache_copy_page(exl_model *m, exl_kv_cache *c, int32_t src, in
     for (int32_t l = 0; l < c->n_layers && st == EXL_OK; l++) {
         void *kv[2] = {c->k[l], c->v[l]};
         size_t slot_bytes[2] = {c->k_slot_bytes, c->v_slot_bytes};
-        for (int i = 0; i < 2 && st == EXL_OK; i++) {
+        for (int i = 0; i < 2 && st == EXL_OK && kv[i]; i++) {
             size_t page_bytes = (size_t)c->page_size * slot_bytes[i], bytes = (size_t)n_slots * slot_bytes[i];
             st = m->be->ops->download(m->be, tmp, (unsigned char *)kv[i] + (size_t)src * page_bytes, bytes);
             if (st == EXL_OK)

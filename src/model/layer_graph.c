@@ -6,8 +6,13 @@
  * first (Gemma 2/3's post-attention norm). MLP: gate, up (or the fused gate_up_proj's halves), GLU, down, added to
  * the residual or normed first (post-feed-forward norm); or a mixture of experts: router, routes, the experts, and
  * Qwen2-MoE's shared expert scaled by its sigmoid gate. Buffers are the step's (m->fs): x the residual stream, h the
- * normed input of each half and its output before a post-norm. */
+ * normed input of each half and its output before a post-norm.
+ *
+ * On a rank of a tensor-parallel model (tp.h) the same nodes run over the rank's heads and MLP columns; o_proj and
+ * down_proj give partial sums that an all_reduce adds up before the residual (or o_proj's output columns are
+ * gathered, for layers whose o_proj splits by output), and a mixture of experts sums every expert's part so. */
 #include "model/model.h"
+#include "model/tp.h"
 
 #include "base/error.h"
 #include "model/lora.h"
@@ -47,6 +52,36 @@ static exl_status copy_cols(exl_graph *g, int32_t li, exl_part part, float *out,
 static exl_status add(exl_graph *g, int32_t li, exl_part part, float *x, const float *y, int64_t n) {
     const exl_node a = {.op = EXL_OP_ADD, .tag = {li, part}, .add = {x, y, n}};
     return exl_graph_add(g, &a);
+}
+
+/* ---- tensor parallelism */
+
+/* the rank's split of its layers: NULL on one device and in a layer split (whose ranks hold whole layers) */
+static const exl_tp_rank *tp_rank(const exl_model *m) { return m->tp && !m->tp->split ? &m->tp->ranks[m->rank] : NULL; }
+
+static exl_status all_reduce(exl_model *m, exl_graph *g, int32_t li, exl_part part, float *x, int64_t n) {
+    if (m->tp->no_comm)
+        return EXL_OK;
+    const exl_node a = {.op = EXL_OP_ALL_REDUCE, .tag = {li, part}, .all_reduce = {x, n}};
+    return exl_graph_add(g, &a);
+}
+
+/* every rank's x [rows, its columns of cols] side by side into out [rows, cols[n]] */
+static exl_status gather_cols(exl_model *m, exl_graph *g, int32_t li, exl_part part, float *out, const float *x,
+                              int32_t rows, const int32_t *cols, float *tmp) {
+    int32_t n = m->tp->n;
+    if (m->tp->no_comm)
+        return EXL_OK;
+    const exl_node a = {.op = EXL_OP_GATHER_COLS,
+                        .tag = {li, part},
+                        .gather_cols = {out, x, cols, rows, cols[n], n, m->rank, tmp}};
+    return exl_graph_add(g, &a);
+}
+
+/* the width of the layer's MLP on this model (its rank's part) */
+static int32_t mlp_width(const exl_model *m, int32_t li, int32_t full) {
+    const exl_tp_rank *r = tp_rank(m);
+    return r ? r->layers[li].ffn : full;
 }
 
 /* x += y, or with a post-norm x += norm(y) (y normed in place) */
@@ -122,6 +157,20 @@ static exl_status attention_nodes(exl_model *m, const exl_layer *l, int32_t li, 
     };
     for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++)
         EXL_TRY(exl_graph_add(g, &nodes[i]));
+    const exl_tp_rank *r = tp_rank(m);
+    if (r && r->layers[li].o_gather) { /* o_proj by output columns over every rank's heads */
+        const exl_tp *tp = m->tp;
+        int32_t part = tp->hidden_cols[m->rank + 1] - tp->hidden_cols[m->rank];
+        EXL_TRY(gather_cols(m, g, li, EXL_PART_ATTN_REDUCE, r->wide, s->attn, rows, tp->attn_cols, r->partial));
+        EXL_TRY(matmul(g, li, EXL_PART_O, r->part, r->wide, l->o, rows, tp->attn_cols[tp->n], part, 0));
+        EXL_TRY(gather_cols(m, g, li, EXL_PART_ATTN_REDUCE, s->h, r->part, rows, tp->hidden_cols, r->partial));
+        return residual(m, g, li, EXL_PART_POST_ATTN_NORM, EXL_PART_ATTN_RESIDUAL, s->h, l->post_attn_norm);
+    }
+    if (r) { /* the ranks' partial sums added up */
+        EXL_TRY(matmul(g, li, EXL_PART_O, s->h, s->attn, l->o, rows, qw, hid, 0));
+        EXL_TRY(all_reduce(m, g, li, EXL_PART_ATTN_REDUCE, s->h, (int64_t)rows * hid));
+        return residual(m, g, li, EXL_PART_POST_ATTN_NORM, EXL_PART_ATTN_RESIDUAL, s->h, l->post_attn_norm);
+    }
     if (!l->post_attn_norm) {
         EXL_TRY(matmul(g, li, EXL_PART_O, s->x, s->attn, l->o, rows, qw, hid, 1));
         return lora(m, g, li, EXL_LORA_O, l->o, s->x, hid, s->attn, qw, NULL, 0);
@@ -169,12 +218,24 @@ static exl_status gated_mlp(exl_model *m, const exl_expert *e, const exl_linear 
     return accumulate ? EXL_OK : exl_lora_nodes(m, g, li, 1, down, down_w, down_out, &hid, &plain);
 }
 
+/* a rank's expert sums: added up over the ranks, then to the residual */
+static exl_status reduce_moe(exl_model *m, exl_graph *g, int32_t li, float *sum) {
+    int64_t n = (int64_t)g->batch->n_rows * m->cfg.hidden_size;
+    EXL_TRY(all_reduce(m, g, li, EXL_PART_MLP_REDUCE, sum, n));
+    return add(g, li, EXL_PART_MLP_RESIDUAL, m->fs.x, sum, n);
+}
+
 /* router, routes, the experts added to x; Qwen2-MoE's shared expert, scaled by the sigmoid of its gate, after */
 static exl_status moe_nodes(exl_model *m, const exl_layer *l, int32_t li, exl_graph *g) {
     exl_forward_scratch *s = &m->fs;
     const exl_hf_config *c = &m->cfg;
     const exl_moe_config *e = &c->moe;
     int32_t rows = g->batch->n_rows, hid = c->hidden_size;
+    const exl_tp_rank *r = tp_rank(m);
+    /* on a rank: each expert's part into a zeroed sum, which the ranks add up before the residual */
+    float *out = r ? r->partial : s->x;
+    if (r)
+        EXL_TRY(copy_cols(g, li, EXL_PART_EXPERTS, out, r->zeros, rows, hid, hid, 0));
     EXL_TRY(matmul(g, li, EXL_PART_ROUTER, s->router, s->h, l->router, rows, hid, e->n_experts, 0));
     const exl_node nodes[] = {
         {.op = EXL_OP_MOE_ROUTE,
@@ -182,13 +243,14 @@ static exl_status moe_nodes(exl_model *m, const exl_layer *l, int32_t li, exl_gr
          .moe_route = {s->route_weights, s->route_ids, s->router, rows, e->n_experts, e->top_k, e->norm_topk_prob}},
         {.op = EXL_OP_MOE_EXPERTS,
          .tag = {li, EXL_PART_EXPERTS},
-         .moe_experts = {s->x, s->h, s->route_ids, s->route_weights, l->experts, rows, hid, e->expert_ffn, e->n_experts,
-                         e->top_k, c->act, s->moe_xs, s->moe_gate, s->moe_up, s->moe_slots}},
+         .moe_experts = {out, s->h, s->route_ids, s->route_weights, l->experts, rows, hid,
+                         mlp_width(m, li, e->expert_ffn), e->n_experts, e->top_k, c->act, s->moe_xs, s->moe_gate,
+                         s->moe_up, s->moe_slots}},
     };
     for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++)
         EXL_TRY(exl_graph_add(g, &nodes[i]));
     if (!l->shared_gate)
-        return EXL_OK;
+        return r ? reduce_moe(m, g, li, out) : EXL_OK;
     /* the router's logits are spent: its buffer takes the shared expert's gate, h its output once the MLP is past
      * reading it */
     EXL_TRY(matmul(g, li, EXL_PART_SHARED_GATE, s->router, s->h, l->shared_gate, rows, hid, 1, 0));
@@ -197,7 +259,8 @@ static exl_status moe_nodes(exl_model *m, const exl_layer *l, int32_t li, exl_gr
                            .tag = {li, EXL_PART_SHARED_GATE},
                            .row_gate = {s->h, s->router, rows, hid}};
     EXL_TRY(exl_graph_add(g, &gate));
-    return add(g, li, EXL_PART_MLP_RESIDUAL, s->x, s->h, (int64_t)rows * hid);
+    EXL_TRY(add(g, li, EXL_PART_MLP_RESIDUAL, out, s->h, (int64_t)rows * hid));
+    return r ? reduce_moe(m, g, li, out) : EXL_OK;
 }
 
 static exl_status mlp_nodes(exl_model *m, const exl_layer *l, int32_t li, exl_graph *g) {
@@ -207,9 +270,12 @@ static exl_status mlp_nodes(exl_model *m, const exl_layer *l, int32_t li, exl_gr
     if (c->layers[li].moe)
         return moe_nodes(m, l, li, g);
     const exl_expert mlp = {l->gate, l->up, l->down};
-    if (!l->post_mlp_norm)
-        return gated_mlp(m, &mlp, l->gate_up, l->mlp_norm, li, c->intermediate_size, s->x, 1, g);
-    EXL_TRY(gated_mlp(m, &mlp, l->gate_up, l->mlp_norm, li, c->intermediate_size, s->h, 0, g));
+    int32_t ffn = mlp_width(m, li, c->intermediate_size);
+    if (!l->post_mlp_norm && !tp_rank(m))
+        return gated_mlp(m, &mlp, l->gate_up, l->mlp_norm, li, ffn, s->x, 1, g);
+    EXL_TRY(gated_mlp(m, &mlp, l->gate_up, l->mlp_norm, li, ffn, s->h, 0, g));
+    if (tp_rank(m))
+        EXL_TRY(all_reduce(m, g, li, EXL_PART_MLP_REDUCE, s->h, (int64_t)g->batch->n_rows * c->hidden_size));
     return residual(m, g, li, EXL_PART_POST_MLP_NORM, EXL_PART_MLP_RESIDUAL, s->h, l->post_mlp_norm);
 }
 

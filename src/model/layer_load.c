@@ -1,7 +1,8 @@
 /* layer_load.c - one decoder layer's tensors into exl_layer: attention (separate or fused q/k/v, per-head q/k
  * norms), the norms around it, and a dense MLP (separate or fused gate/up) or a mixture of experts (router, the
- * experts, Qwen2-MoE's shared expert and its gate). Fused tensors stay one linear (EXL2 files made from Phi-3 hold
- * them quantized as one), with the split sizes implied by the config. */
+ * experts, Qwen2-MoE's shared expert and its gate). Fused tensors stay one linear, with the split sizes implied by
+ * the config; where a file holds the parts instead (ExLlamaV2's converter writes Phi-3's qkv_proj as q_proj,
+ * k_proj, v_proj and gate_up_proj as gate_proj, up_proj), the parts are loaded as separate linears. */
 #include "model/model.h"
 
 #include "base/alloc.h"
@@ -25,12 +26,24 @@ static const char *cat(char *buf, size_t size, const char *prefix, const char *p
 
 #define NAME(part) cat(name, sizeof name, prefix, part)
 
+/* Whether the file holds a linear named prefix + part (dense, EXL2 or GPTQ). */
+static int has_linear(const exl_model *m, const char *prefix, const char *part) {
+    static const char *const kinds[] = {".weight", ".q_weight", ".qweight"};
+    char name[512];
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        snprintf(name, sizeof name, "%s%s%s", prefix, part, kinds[i]);
+        if (exl_weights_find(m->weights, name))
+            return 1;
+    }
+    return 0;
+}
+
 /* prefix: the layer's, "model.layers.<i>." */
 static exl_status load_attention(exl_model *m, const char *prefix, exl_layer *l) {
     const exl_hf_config *c = &m->cfg;
     char name[512];
     int64_t hd = c->head_dim, q_out = (int64_t)c->n_heads * hd, kv_out = (int64_t)c->n_kv_heads * hd;
-    if (c->fused_qkv) {
+    if (c->fused_qkv && !(has_linear(m, prefix, "self_attn.q_proj") && !has_linear(m, prefix, "self_attn.qkv_proj"))) {
         EXL_TRY(exl_model_load_linear(m, NAME("self_attn.qkv_proj"), c->hidden_size, q_out + 2 * kv_out, c->qkv_bias,
                                       &l->qkv));
     } else {
@@ -74,7 +87,7 @@ static exl_status load_gated(exl_model *m, const char *prefix, const char *const
 static exl_status load_dense_mlp(exl_model *m, const char *prefix, exl_layer *l) {
     const exl_hf_config *c = &m->cfg;
     char name[512];
-    if (!c->fused_gate_up) {
+    if (!c->fused_gate_up || (has_linear(m, prefix, "mlp.gate_proj") && !has_linear(m, prefix, "mlp.gate_up_proj"))) {
         exl_expert e = {0};
         exl_status st = load_gated(m, NAME("mlp."), proj_names, c->intermediate_size, c->mlp_bias, &e);
         l->gate = e.gate;

@@ -51,8 +51,8 @@ static exl_status record(exl_model *m, const exl_linear_src *src, const exl_line
     return EXL_OK;
 }
 
-exl_status exl_model_load_linear(exl_model *m, const char *prefix, int64_t in, int64_t out, int has_bias,
-                                 exl_linear **w) {
+exl_status exl_model_linear_find(exl_model *m, const char *prefix, int64_t in, int64_t out, int has_bias,
+                                 exl_linear_src *out_src) {
     char name[512];
     exl_linear_src src = {0};
     src.in_features = in;
@@ -72,6 +72,18 @@ exl_status exl_model_load_linear(exl_model *m, const char *prefix, int64_t in, i
         EXL_TRY(load_dense(m, prefix, &src));
     if (has_bias)
         EXL_TRY(load_bias(m, prefix, out, &src));
-    EXL_TRY(m->be->ops->linear_init(m->be, &src, w));
-    return record(m, &src, *w);
+    *out_src = src;
+    return EXL_OK;
+}
+
+exl_status exl_model_linear_add(exl_model *m, const exl_linear_src *src, exl_linear **w) {
+    EXL_TRY(m->be->ops->linear_init(m->be, src, w));
+    return record(m, src, *w);
+}
+
+exl_status exl_model_load_linear(exl_model *m, const char *prefix, int64_t in, int64_t out, int has_bias,
+                                 exl_linear **w) {
+    exl_linear_src src;
+    EXL_TRY(exl_model_linear_find(m, prefix, in, out, has_bias, &src));
+    return exl_model_linear_add(m, &src, w);
 }

@@ -5,6 +5,7 @@
  * tables under a free slot. */
 #include "model/lora.h"
 #include "model/lora_config.h"
+#include "model/tp.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -287,6 +288,14 @@ static exl_status load(loader *L, exl_lora *lo, float **host, size_t *floats) {
     return host_factors(L, lo, host, floats);
 }
 
+/* adapters run on one device: a model split over ranks (tp.h) refuses them */
+static exl_status check_one_device(const exl_model *m, const char *dir) {
+    if (!m->tp)
+        return EXL_OK;
+    return exl_fail(EXL_ERR_UNSUPPORTED, "adapter %s: LoRA adapters do not run on a model split over devices (%s)", dir,
+                    m->tp->split ? "--gpu-split" : "--tp");
+}
+
 exl_status exl_lora_install(exl_lora *lo, const float *host, size_t floats, exl_lora **out) {
     static atomic_uint_fast64_t next_id = 1;
     exl_model *m = lo->m;
@@ -295,7 +304,9 @@ exl_status exl_lora_install(exl_lora *lo, const float *host, size_t floats, exl_
     lo->slot = -1;
     for (int32_t i = 0; i < m->cfg.n_layers * EXL_LORA_N_PROJ; i++)
         lo->max_rank = lo->rank[i] > lo->max_rank ? lo->rank[i] : lo->max_rank;
-    exl_status st = ensure_state(m);
+    exl_status st = check_one_device(m, lo->dir);
+    if (st == EXL_OK)
+        st = ensure_state(m);
     if (st == EXL_OK && !(lo->mem = be->ops->alloc(be, floats * sizeof(float))))
         st = exl_fail_prefix(EXL_ERR_NOMEM, "adapter %s", lo->dir);
     if (st == EXL_OK)
@@ -320,6 +331,7 @@ exl_status exl_lora_load(exl_model *m, const char *dir, exl_lora **out) {
     *out = NULL;
     if (!m->layers)
         return exl_fail(EXL_ERR_STATE, "adapter %s: the model was loaded for inspection only", dir);
+    EXL_TRY(check_one_device(m, dir));
     exl_lora *lo = exl_calloc(1, sizeof *lo);
     if (!lo || !(lo->dir = exl_strdup(dir))) {
         exl_free(lo);

@@ -93,6 +93,8 @@ struct exl_model {
     int32_t rot_dim;
     exl_forward_scratch fs;
     struct exl_lora_state *lora; /* LoRA adapters (model/lora.h), NULL until one is loaded */
+    struct exl_tp *tp;           /* tensor parallelism (tp.h): the ranks this model is one of, NULL on one device */
+    int32_t rank;                /* this model's rank (0: the one the caller holds) */
 };
 
 /* A paged KV cache: n_pages pages of page_size token slots per layer, keys and values stored as fmt says
@@ -101,7 +103,8 @@ typedef struct exl_kv_cache {
     int32_t n_pages, page_size, n_layers, kv_width;
     exl_kv_format fmt;
     size_t k_slot_bytes, v_slot_bytes;
-    void **k, **v; /* per layer, backend memory */
+    void **k, **v;                  /* per layer, backend memory */
+    struct exl_kv_cache *rank_next; /* tensor parallelism: the next rank's shard (its KV heads), or NULL */
 } exl_kv_cache;
 
 /* k_bits, v_bits: 16 (or 0), 8, 6 or 4 per key and value. */
@@ -110,6 +113,11 @@ exl_status exl_kv_cache_init(exl_model *m, int32_t n_pages, int32_t page_size, i
 void exl_kv_cache_free(exl_model *m, exl_kv_cache *c);
 /* Copy the K/V of the first n_slots slots of page src to page dst, in every layer. */
 exl_status exl_kv_cache_copy_page(exl_model *m, exl_kv_cache *c, int32_t src, int32_t dst, int32_t n_slots);
+/* The same on one rank of a tensor-parallel model alone (the calls above cover every rank). */
+exl_status exl_kv_cache_init_local(exl_model *m, int32_t n_pages, int32_t page_size, int32_t k_bits, int32_t v_bits,
+                                   exl_kv_cache **out);
+void exl_kv_cache_free_local(exl_model *m, exl_kv_cache *c);
+exl_status exl_kv_cache_copy_page_local(exl_model *m, exl_kv_cache *c, int32_t src, int32_t dst, int32_t n_slots);
 /* The format of a cache of the model with k_bits and v_bits (an error for widths it does not take). */
 exl_status exl_kv_cache_format(const exl_model *m, int32_t k_bits, int32_t v_bits, exl_kv_format *fmt);
 /* Bytes one token takes in such a cache, all layers, keys and values. */
@@ -155,6 +163,13 @@ exl_status exl_model_forward_top_k(exl_model *m, exl_kv_cache *cache, const exl_
 exl_status exl_model_forward_masked(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                     exl_logit_mask_fn fill, void *user, uint32_t *masks, int32_t k, int32_t *ids,
                                     float *vals, float *logits);
+/* Sampling on the backend (forward_sample.c): as exl_model_forward, but each row that wants logits gets one token
+ * from the backend's sample op (backend.h) with params[row] and its edits into out[row]; with fill (constrained
+ * decoding, as exl_model_forward_masked's) the logits are masked first. */
+exl_status exl_model_forward_sample(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                    exl_logit_mask_fn fill, void *user, uint32_t *masks,
+                                    const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits,
+                                    exl_sample_result *out);
 /* Greedy decode that runs ahead of the host. As exl_model_forward, but it only queues the step:
  * each row that wants logits gets the lowest id of its largest logit (-1 where every logit is
  * -inf or NaN), fetched by exl_model_argmax_wait(*ticket) (n: those rows, at most
@@ -169,6 +184,9 @@ exl_status exl_model_argmax_wait(exl_model *m, int64_t ticket, int32_t *ids, int
  * in m->fs.logits. ahead: keep room in the step tables for a next step fed from this one. */
 exl_status exl_model_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                        int ahead, int32_t *n_logits);
+/* The same on one rank of a tensor-parallel model alone (exl_model_forward_to_logits runs it on every rank). */
+exl_status exl_model_step_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                    int ahead, int32_t *n_logits);
 
 /* ---- a step as a graph (forward.c; backend/graph.h). A step's graph is built as:
  *   exl_model_begin_step: check the steps, upload their tables (m->fs.batch), empty m->fs.graph for them;
@@ -217,6 +235,16 @@ exl_status exl_model_head_input(exl_model *m, exl_kv_cache *cache, const exl_seq
 exl_status exl_model_linear_source(const exl_model *m, const exl_linear *w, const char **prefix, exl_linear_src *src);
 
 /* Loading pieces (model_load.c, layer_load.c, linear_load.c) */
+/* The tensors of linear `prefix` (EXL2, GPTQ or dense, found by name), checked, into *src (src->name: prefix). */
+exl_status exl_model_linear_find(exl_model *m, const char *prefix, int64_t in, int64_t out, int has_bias,
+                                 exl_linear_src *src);
+/* The backend's linear from src, recorded as the model's. */
+exl_status exl_model_linear_add(exl_model *m, const exl_linear_src *src, exl_linear **w);
+/* The embedding table as a dense [vocab, hidden] linear's source; the text model's tensor prefix ("model.", ...);
+ * the lm_head's prefix or NULL when tied (model_load.c). */
+exl_status exl_model_embedding_source(const exl_model *m, const char *prefix, exl_linear_src *src);
+const char *exl_model_text_prefix(const exl_weights *w);
+const char *exl_model_head_name(const exl_weights *w);
 exl_status exl_model_load_linear(exl_model *m, const char *prefix, int64_t in, int64_t out, int has_bias,
                                  exl_linear **w);
 /* A norm's weights of n values (Gemma's (1 + w) applied). */

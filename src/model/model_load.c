@@ -1,5 +1,6 @@
 /* model_load.c - load a model directory: config, mapped weights, backend handles; and describe it. */
 #include "model/model.h"
+#include "model/tp.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
@@ -11,7 +12,7 @@
 #include <string.h>
 
 exl_model_params exl_model_default_params(void) {
-    exl_model_params p = {EXL_DEVICE_AUTO, 0, 0};
+    exl_model_params p = {EXL_DEVICE_AUTO, 0, 0, 0, {0}};
     return p;
 }
 
@@ -20,7 +21,7 @@ exl_model_params exl_model_default_params(void) {
 static const char *const text_prefixes[] = {"model.", "language_model.model.", "model.language_model."};
 static const char *const head_names[] = {"lm_head", "language_model.lm_head"};
 
-static const char *text_prefix(const exl_weights *w) {
+const char *exl_model_text_prefix(const exl_weights *w) {
     char name[64];
     for (size_t i = 0; i < sizeof text_prefixes / sizeof text_prefixes[0]; i++) {
         snprintf(name, sizeof name, "%sembed_tokens.weight", text_prefixes[i]);
@@ -32,7 +33,7 @@ static const char *text_prefix(const exl_weights *w) {
 
 /* The lm_head tensors' prefix, or NULL when there are none (tied to the embeddings). EXL2 writes a quantized head
  * even for tied models. */
-static const char *head_name(const exl_weights *w) {
+const char *exl_model_head_name(const exl_weights *w) {
     static const char *const suffixes[] = {".weight", ".q_weight", ".qweight"};
     char name[64];
     for (size_t i = 0; i < sizeof head_names / sizeof head_names[0]; i++)
@@ -45,7 +46,7 @@ static const char *head_name(const exl_weights *w) {
 }
 
 /* The embedding table, a dense [vocab, hidden] linear (src->name NULL). */
-static exl_status embedding_source(const exl_model *m, const char *prefix, exl_linear_src *src) {
+exl_status exl_model_embedding_source(const exl_model *m, const char *prefix, exl_linear_src *src) {
     const exl_hf_config *c = &m->cfg;
     const exl_st_tensor *t;
     char name[64];
@@ -69,20 +70,20 @@ exl_status exl_model_linear_source(const exl_model *m, const exl_linear *w, cons
     if (w != m->head) /* a head of its own is a record */
         return exl_fail(EXL_ERR_ARG, "exl_model_linear_source: not a linear the model loaded");
     *prefix = head_names[0];
-    return embedding_source(m, text_prefix(m->weights), src);
+    return exl_model_embedding_source(m, exl_model_text_prefix(m->weights), src);
 }
 
 static exl_status load_embedding(exl_model *m, const char *prefix) {
     const exl_hf_config *c = &m->cfg;
     exl_linear_src src;
     char name[64];
-    EXL_TRY(embedding_source(m, prefix, &src));
+    EXL_TRY(exl_model_embedding_source(m, prefix, &src));
     snprintf(name, sizeof name, "%sembed_tokens", prefix);
     src.name = name;
     EXL_TRY(m->be->ops->linear_init(m->be, &src, &m->embed));
     /* Gemma multiplies embeddings by sqrt(hidden) rounded to the activation dtype. */
     m->embed_scale = c->norm_plus_one ? sqrtf((float)c->hidden_size) : 1.0f;
-    const char *head = head_name(m->weights);
+    const char *head = exl_model_head_name(m->weights);
     if (head)
         return exl_model_load_linear(m, head, c->hidden_size, c->vocab_size, 0, &m->head);
     if (!c->tie_embeddings)
@@ -110,8 +111,10 @@ static exl_status check_config(const exl_model *m) {
 
 static exl_status load_weights(exl_model *m, const exl_model_params *p) {
     EXL_TRY(exl_weights_open(m->dir, &m->weights));
+    if ((p->tp > 1 || p->gpu_split[0] > 0) && !p->load_only)
+        return exl_tp_load(m, p);
     EXL_TRY(exl_backend_init(p->device, p->n_threads, &m->be));
-    const char *prefix = text_prefix(m->weights);
+    const char *prefix = exl_model_text_prefix(m->weights);
     EXL_TRY(load_embedding(m, prefix));
     char name[64];
     snprintf(name, sizeof name, "%snorm.weight", prefix);
@@ -154,6 +157,7 @@ exl_status exl_model_load(const char *dir, const exl_model_params *params, exl_m
 void exl_model_free(exl_model *m) {
     if (!m)
         return;
+    exl_tp_free_ranks(m);
     exl_backend *be = m->be;
     if (be) {
         exl_lora_state_free(m);
@@ -167,13 +171,14 @@ void exl_model_free(exl_model *m) {
     }
     exl_free(m->layers);
     exl_free(m->linears);
+    exl_tp_free_last(m);
     exl_weights_close(m->weights);
     exl_free(m->dir);
     exl_free(m);
 }
 
 void exl_model_describe(const exl_model *m, exl_model_desc *d) {
-    const exl_hf_config *c = &m->cfg;
+    const exl_hf_config *c = m->tp ? &m->tp->full : &m->cfg; /* a rank's holds its own part of the heads */
     memset(d, 0, sizeof *d);
     snprintf(d->arch, sizeof d->arch, "%s", c->model_type);
     d->vocab_size = c->vocab_size;
@@ -201,13 +206,13 @@ void exl_model_describe(const exl_model *m, exl_model_desc *d) {
     /* decode reads every tensor once per token except the embedding rows it gathers;
      * a tied head reads the embedding table as its weight */
     char name[64];
-    snprintf(name, sizeof name, "%sembed_tokens.weight", text_prefix(m->weights));
+    snprintf(name, sizeof name, "%sembed_tokens.weight", exl_model_text_prefix(m->weights));
     const exl_st_tensor *emb = exl_weights_find(m->weights, name);
     uint64_t tensors = 0;
     for (int f = 0; f < m->weights->n_files; f++)
         for (int i = 0; i < m->weights->files[f]->n_tensors; i++)
             tensors += m->weights->files[f]->tensors[i].nbytes;
-    d->decode_bytes = tensors - (emb && head_name(m->weights) ? emb->nbytes : 0);
+    d->decode_bytes = tensors - (emb && exl_model_head_name(m->weights) ? emb->nbytes : 0);
 }
 
 void exl_string_free(char *s) { exl_free(s); }

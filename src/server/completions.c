@@ -345,7 +345,9 @@ static int submit_jobs(oai_run *r, exl_http_conn *conn, exl_oai_error *err) {
         jp.n_stop_ids = r->chat.stop_id >= 0;
         jp.logprobs = q->logprobs;
         jp.top_logprobs = q->top_logprobs;
+        jp.ignore_eos = q->ignore_eos;
         jp.sampling = q->sampling;
+        jp.no_draft = !q->speculative;
         jp.constraint = r->constraint;
         jp.lora = &r->lora;
         jp.n_lora = r->n_lora;

@@ -54,6 +54,10 @@ int exl_metrics_write(exl_str *out, const exl_metrics *m, const exl_generator_st
              gauge(out, "exl_prompt_tokens_total", "counter", "Prompt tokens of the requests accepted.",
                    (double)atomic_load(&m->prompt_tokens)) ||
              gauge(out, "exl_generated_tokens_total", "counter", "Tokens generated.", (double)g->tokens_generated) ||
+             gauge(out, "exl_draft_tokens_total", "counter", "Speculative decoding: tokens drafted.",
+                   (double)g->draft_proposed) ||
+             gauge(out, "exl_draft_accepted_tokens_total", "counter", "Speculative decoding: drafted tokens accepted.",
+                   (double)g->draft_accepted) ||
              exl_str_printf(out, "# HELP exl_requests_total HTTP answers by status (499: the client left first).\n"
                                  "# TYPE exl_requests_total counter\n");
     for (int code = 100; code < 600 && !rc; code++) {

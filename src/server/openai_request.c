@@ -317,7 +317,8 @@ static int parse_sampling(exl_oai_request *r, exl_oai_error *err) {
         r->has_seed = 1;
         s->seed = (uint64_t)i;
     }
-    return 0;
+    r->speculative = 1;
+    return opt_bool(root, "speculative", &r->speculative, err) < 0 ? -1 : 0;
 }
 
 static int parse_logprobs(exl_oai_request *r, exl_oai_error *err) {
@@ -511,7 +512,7 @@ static int parse_fields(exl_oai_request *r, int32_t vocab, exl_oai_error *err) {
     int32_t n_prompts = r->kind == EXL_OAI_COMPLETION ? r->n_prompts : 1;
     if (r->n * n_prompts > EXL_OAI_MAX_CHOICES)
         return exl_oai_bad_param(err, "n", "at most %d choices (prompts x n) per request", EXL_OAI_MAX_CHOICES);
-    if (opt_bool(r->root, "stream", &r->stream, err) < 0)
+    if (opt_bool(r->root, "stream", &r->stream, err) < 0 || opt_bool(r->root, "ignore_eos", &r->ignore_eos, err) < 0)
         return -1;
     const cJSON *so = field(r->root, "stream_options");
     if (so && !cJSON_IsObject(so))

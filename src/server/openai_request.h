@@ -59,8 +59,10 @@ typedef struct exl_oai_request {
     int32_t n_stop;
     int has_seed;
     int stream, include_usage;
-    int logprobs; /* report log-probabilities */
+    int ignore_eos; /* extension (as vLLM's): go on past end-of-sequence, to max_tokens */
+    int logprobs;   /* report log-probabilities */
     int32_t top_logprobs;
+    int speculative;       /* "speculative" (an extension): false decodes without the server's drafting; default true */
     exl_sampling sampling; /* seed set when has_seed; logit_bias points at `bias` */
     exl_logit_bias *bias;
 } exl_oai_request;

@@ -1,9 +1,10 @@
 /* routes.c - dispatch by path and method (404 / 405) and the API key (401), all decided from
- * the head before any body is read; the small routes answered from the head: GET /health,
- * GET /metrics, GET /v1/models, GET /v1/models/{id}; and the POST routes handed on. */
+ * the head before any body is read; the small routes answered from the head: GET / (the web chat),
+ * GET /health, GET /metrics, GET /v1/models, GET /v1/models/{id}; and the POST routes handed on. */
 #include "server/routes.h"
 
 #include "base/alloc.h"
+#include "server/chat_page.h"
 
 #include <cjson/cJSON.h>
 #include <string.h>
@@ -124,6 +125,7 @@ static const struct {
     const char *method;
     int open; /* no API key needed; 2: the admin key instead */
 } ROUTES[] = {
+    {"/", 0, EXL_ROUTE_CHAT_PAGE, "GET", 1}, /* the page asks for the key itself */
     {"/health", 0, EXL_ROUTE_HEALTH, "GET", 1},
     {"/metrics", 0, EXL_ROUTE_METRICS, "GET", 1},
     {"/v1/models", 0, EXL_ROUTE_MODELS, "GET", 0},
@@ -180,6 +182,7 @@ int exl_route_admit(void *server, const exl_http_request *req, exl_http_reply *r
     if (!exl_route_find(srv, req, &kind, reply))
         return 0;
     switch (kind) {
+    case EXL_ROUTE_CHAT_PAGE: exl_chat_page(reply); return 0;
     case EXL_ROUTE_HEALTH: health(srv, reply); return 0;
     case EXL_ROUTE_METRICS: metrics(srv, reply); return 0;
     case EXL_ROUTE_MODELS: models(srv, reply); return 0;

@@ -17,6 +17,7 @@ typedef enum exl_route_kind {
     EXL_ROUTE_CHAT,
     EXL_ROUTE_TOKENIZE,
     EXL_ROUTE_DETOKENIZE,
+    EXL_ROUTE_CHAT_PAGE,
     EXL_ROUTE_LOAD_LORA,
     EXL_ROUTE_UNLOAD_LORA,
 } exl_route_kind;

@@ -73,12 +73,19 @@ static exl_status start_engine(exl_server *srv) {
     exl_generator_params gp = exl_generator_default_params(); /* exl_generator_init checks max_jobs */
     gp.max_jobs = p->max_jobs;
     gp.cache_k_bits = p->cache_k_bits, gp.cache_v_bits = p->cache_v_bits;
-    int64_t tokens = p->cache_tokens, token_bytes;
+    gp.draft_model = srv->draft_model;
+    gp.draft_tokens = p->draft_tokens;
+    gp.ngram = p->ngram;
+    gp.draft_fixed = p->draft_fixed;
+    int64_t tokens = p->cache_tokens, token_bytes, draft_bytes = 0;
     EXL_TRY(exl_cache_token_bytes(srv->model, gp.cache_k_bits, gp.cache_v_bits, &token_bytes));
+    if (srv->draft_model) /* the draft's cache has as many pages, at 16 bits */
+        EXL_TRY(exl_cache_token_bytes(srv->draft_model, 16, 16, &draft_bytes));
     if (!tokens) {
         exl_model_desc d;
         exl_model_describe(srv->model, &d);
         EXL_TRY(exl_cache_fit_tokens(srv->model, gp.cache_k_bits, gp.cache_v_bits, p->gpu_memory, &tokens));
+        tokens = tokens * token_bytes / (token_bytes + draft_bytes);
         if (!strcmp(d.backend, "cpu") && tokens > (int64_t)p->max_jobs * srv->ctx)
             tokens = (int64_t)p->max_jobs * srv->ctx;
     }
@@ -94,8 +101,8 @@ static exl_status start_engine(exl_server *srv) {
     if (pages > INT32_MAX / gp.page_size)
         return exl_fail(EXL_ERR_ARG, "server: a kv cache of %lld tokens is too large", (long long)tokens);
     gp.n_pages = (int32_t)pages;
-    srv->cache = (exl_server_cache){pages * gp.page_size, pages * gp.page_size * token_bytes, gp.page_size,
-                                    gp.cache_k_bits, gp.cache_v_bits};
+    srv->cache = (exl_server_cache){pages * gp.page_size, pages * gp.page_size * (token_bytes + draft_bytes),
+                                    gp.page_size, gp.cache_k_bits, gp.cache_v_bits};
     return exl_engine_start(srv->model, srv->tok, &gp, &srv->engine);
 }
 
@@ -105,6 +112,8 @@ static exl_status load(exl_server *srv) {
     mp.device = p->device;
     mp.n_threads = p->n_threads;
     EXL_TRY(exl_model_load(p->model_dir, &mp, &srv->model));
+    if (p->draft_model_dir)
+        EXL_TRY(exl_model_load(p->draft_model_dir, &mp, &srv->draft_model));
     EXL_TRY(exl_tokenizer_load(p->model_dir, &srv->tok));
     exl_model_desc d;
     exl_model_describe(srv->model, &d);
@@ -212,6 +221,7 @@ void exl_server_stop(exl_server *srv) {
     exl_engine_stop(srv->engine); /* the cancelled jobs end at its next step */
     exl_tokenizer_free(srv->tok);
     exl_adapters_free(&srv->adapters);
+    exl_model_free(srv->draft_model);
     exl_model_free(srv->model);
     pthread_mutex_destroy(&srv->runs_mu);
     exl_free(srv->model_name);

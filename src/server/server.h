@@ -54,9 +54,13 @@ typedef struct exl_server_params {
                                 NULL = no CORS */
     const char *const *lora_modules; /* "NAME=DIR[:SCALE]": LoRA adapters a request's "model" selects by NAME */
     int32_t n_lora_modules;
-    const char *admin_key; /* required as "Authorization: Bearer KEY" by POST /v1/load_lora_adapter and
-                              /v1/unload_lora_adapter; NULL = those refuse (403) */
-    exl_server_log_fn log; /* may be NULL */
+    const char *admin_key;       /* required as "Authorization: Bearer KEY" by POST /v1/load_lora_adapter and
+                                    /v1/unload_lora_adapter; NULL = those refuse (403) */
+    const char *draft_model_dir; /* speculative decoding: a draft model (same tokenizer), or NULL */
+    int32_t draft_tokens;        /* tokens drafted per step; 0 = no drafting (exl_generator_params) */
+    int32_t ngram;               /* n-gram drafting (exl_generator_params.ngram); 0 = off */
+    int32_t draft_fixed;         /* exl_generator_params.draft_fixed */
+    exl_server_log_fn log;       /* may be NULL */
     void *log_ctx;
 } exl_server_params;
 

@@ -19,6 +19,7 @@ struct exl_server {
     char *model_name, *host, *api_key, *cors_origin, *admin_key;
     exl_srv_adapters adapters; /* LoRA adapters by name */
     exl_model *model;
+    exl_model *draft_model; /* speculative decoding, or NULL */
     exl_tokenizer *tok;
     exl_engine *engine;
     exl_http *http;

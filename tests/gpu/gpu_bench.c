@@ -2,12 +2,16 @@
  * (Llama-2-7B: hidden 4096, 32 layers, 32 heads, ffn 11008, vocab 32000) on the CUDA
  * backend, against the device's own copy bandwidth and fp16 GEMM rate measured in the
  * same run. The weights are generated in memory (EXL2 / GPTQ in their file layouts) and
- * the model is driven through the real forward pass (exl_model_forward).
+ * the model is driven through the real forward pass (exl_model_forward). Per matrix shape (stderr): the time and
+ * bandwidth of decode rows 1, 2, 4, 8, 16 and the time and tensor-core rate of prompt rows.
  *
- * usage: gpu_bench [fp16|exl2|gptq|exl2-8b ...] [--layers N] [--bits B] [--profile]
- *        (default: exl2 gptq fp16 exl2-8b)
+ * usage: gpu_bench [fp16|exl2|gptq|exl2-8b|moe ...] [--layers N] [--bits B] [--profile] [--prefill-only]
+ *        [--kernels-only]
+ *        (default: exl2 gptq fp16 exl2-8b; moe: a mixture of experts of Qwen3-30B-A3B's shape, see moe_bench)
  * --bits: the EXL2 layers' code width, 2-8 (default 4; the head is 6 bits).
- * --profile: only a 128-token prompt and 3 decode steps of the first kind (for ncu). */
+ * --profile: only a 128-token prompt and 3 decode steps of the first kind (for ncu).
+ * --prefill-only: only the prefill columns (for an A/B of EXL_CUDA_EXACT_PREFILL=1, the ~22-bit prompt path).
+ * --kernels-only: only the per-matrix times (for an A/B of EXL_CUDA_GEMV_MMA_ROWS=17, the old split of rows). */
 #include "model/model.h"
 
 #include "base/alloc.h"
@@ -167,7 +171,7 @@ static exl_model *build_model(const char *kind, int32_t n_layers, model_info *mi
     snprintf(c->model_type, sizeof c->model_type, "llama");
     c->vocab_size = big ? 128256 : 32000, c->hidden_size = 4096, c->intermediate_size = big ? 14336 : 11008;
     c->n_layers = n_layers;
-    c->n_heads = 32, c->n_kv_heads = big ? 8 : 32, c->head_dim = 128, c->max_pos = 4096;
+    c->n_heads = 32, c->n_kv_heads = big ? 8 : 32, c->head_dim = 128, c->max_pos = 8192;
     c->rms_eps = 1e-5;
     c->rope.type = EXL_ROPE_DEFAULT;
     c->rope.theta = big ? 500000 : 10000;
@@ -215,11 +219,6 @@ static exl_model *build_model(const char *kind, int32_t n_layers, model_info *mi
 
 /* ---- timing the forward pass */
 
-typedef struct {
-    double decode_tps[2]; /* context 128, 2048 */
-    double prefill_tps;
-} speeds;
-
 /* Greedy decode as the generator runs it (generator/ahead.c): each step's token chosen on the
  * device and fed to the next step, which is queued before the host waits for the token before
  * it. Steps from position ctx; tokens/s over `steps` steps. */
@@ -263,21 +262,22 @@ static double decode_speed(exl_model *m, exl_kv_cache *cache, int32_t *pages, in
     return steps / (now() - t0);
 }
 
-/* a 2048-token prompt fed as the generator feeds it: pieces of the model's step size */
-static double prefill_speed(exl_model *m, exl_kv_cache *cache, int32_t *pages, int32_t n_pages, float *logits) {
+/* a prompt of `tokens` tokens fed as the generator feeds it: pieces of the model's step size */
+static double prefill_speed(exl_model *m, exl_kv_cache *cache, int32_t *pages, int32_t n_pages, float *logits,
+                            int32_t tokens) {
     const int32_t piece = exl_model_max_rows(m) < 2048 ? exl_model_max_rows(m) : 2048;
-    int32_t *ids = malloc(2048 * sizeof *ids);
-    for (int i = 0; i < 2048; i++)
+    int32_t *ids = malloc((size_t)tokens * sizeof *ids);
+    for (int i = 0; i < tokens; i++)
         ids[i] = (int32_t)(qg_next(&rng) % 32000);
     double best = 0;
     for (int rep = 0; rep < 3; rep++) {
         double t0 = now();
-        for (int32_t done = 0; done < 2048; done += piece) {
-            int32_t n = 2048 - done < piece ? 2048 - done : piece;
-            exl_seq_step st = {ids + done, n, done, pages, n_pages, done + n == 2048};
+        for (int32_t done = 0; done < tokens; done += piece) {
+            int32_t n = tokens - done < piece ? tokens - done : piece;
+            exl_seq_step st = {ids + done, n, done, pages, n_pages, done + n == tokens};
             EK(exl_model_forward(m, cache, &st, 1, logits));
         }
-        double tps = 2048 / (now() - t0);
+        double tps = tokens / (now() - t0);
         if (tps > best)
             best = tps;
     }
@@ -317,10 +317,189 @@ static double matmul_us(exl_model *m, const exl_linear *w, int64_t K, int64_t N,
     return us;
 }
 
+/* ---- a mixture of experts of Qwen3-30B-A3B's shape ("moe"): 48 layers, hidden 2048, 32 q / 4 KV heads of 128 with
+ * q/k norms, 128 experts of ffn 768 of which 8 a token (renormalized), vocab 151936; EXL2 linears of --bits (4:
+ * 4.0 bpw and the scales) with a 6-bit head, the router fp16. One random matrix of each shape is generated and
+ * loaded as every layer's and expert's (its own copy on the device each), so the model builds in seconds. */
+
+enum { MOE_H = 2048, MOE_Q = 4096, MOE_KV = 512, MOE_E = 128, MOE_K = 8, MOE_F = 768, MOE_V = 151936 };
+
+/* bytes of an EXL2 matrix in the file (as linear() counts them) */
+static double exl2_file_bytes(int64_t K, int64_t N, int bits) {
+    const double np = (double)((N + 31) / 32 * 32);
+    return K * np * bits / 8.0 + K / 128 * (np / 2.0 + 2 + 4) + K * 4.0;
+}
+
+static void exl2_src(qgen *g, int64_t K, int64_t N, int bits) {
+    int b[256], r[256], n_groups = (int)(K / 128);
+    for (int i = 0; i < n_groups; i++)
+        b[i] = bits, r[i] = 128;
+    qgen_exl2(g, (int32_t)K, (int32_t)N, n_groups, b, r, &rng);
+}
+
+typedef struct moe_bytes {
+    double attn, router, expert, head; /* a layer's attention and router, one expert (gate, up, down), the head */
+} moe_bytes;
+
+static exl_model *build_moe(int32_t n_layers, moe_bytes *mb) {
+    exl_model *m = exl_calloc(1, sizeof *m);
+    exl_hf_config *c = &m->cfg;
+    c->arch = EXL_ARCH_QWEN3_MOE;
+    snprintf(c->model_type, sizeof c->model_type, "qwen3_moe");
+    c->vocab_size = MOE_V, c->hidden_size = MOE_H, c->intermediate_size = 6144, c->n_layers = n_layers;
+    c->n_heads = 32, c->n_kv_heads = 4, c->head_dim = 128, c->max_pos = 40960;
+    c->rms_eps = 1e-6;
+    c->rope.type = EXL_ROPE_DEFAULT;
+    c->rope.theta = 1e6;
+    c->rope.factor = 1;
+    c->rope.partial_rotary_factor = 1;
+    c->rope_sliding = c->rope;
+    c->act = EXL_ACT_SILU;
+    c->qk_norm = 1;
+    c->bos_token_id = 1;
+    c->moe = (exl_moe_config){MOE_E, MOE_K, MOE_F, 1, 0, n_layers};
+    for (int i = 0; i < n_layers; i++)
+        c->layers[i].moe = 1;
+    m->rot_dim = 128;
+    m->embed_scale = 1;
+    EK(exl_backend_init(EXL_DEVICE_CUDA, 0, &m->be));
+    exl_backend *be = m->be;
+    exl_linear_src es = {0};
+    es.kind = EXL_LINEAR_DENSE;
+    es.in_features = MOE_H, es.out_features = MOE_V;
+    es.dense = (exl_dense_src){EXL_DTYPE_F16, dense_pool};
+    es.name = "embed";
+    EK(be->ops->linear_init(be, &es, &m->embed));
+    es.out_features = MOE_E, es.name = "router";
+    uint16_t ones[MOE_H];
+    for (int i = 0; i < MOE_H; i++)
+        ones[i] = exl_f32_to_f16(0.9f + 0.2f * qg_uniform(&rng));
+    exl_dense_src ns = {EXL_DTYPE_F16, ones};
+    EK(be->ops->vector_init(be, &ns, MOE_H, 0, &m->final_norm));
+    const int bits = exl2_bits;
+    enum { Q, KV, O, GU, DOWN, N_SHAPES };
+    static const int64_t shape[N_SHAPES][2] = {
+        {MOE_H, MOE_Q}, {MOE_H, MOE_KV}, {MOE_Q, MOE_H}, {MOE_H, MOE_F}, {MOE_F, MOE_H}};
+    qgen g[N_SHAPES];
+    for (int i = 0; i < N_SHAPES; i++)
+        exl2_src(&g[i], shape[i][0], shape[i][1], bits);
+    m->layers = exl_calloc((size_t)n_layers, sizeof *m->layers);
+    for (int i = 0; i < n_layers; i++) {
+        exl_layer *l = &m->layers[i];
+        EK(be->ops->vector_init(be, &ns, MOE_H, 0, &l->attn_norm));
+        EK(be->ops->vector_init(be, &ns, MOE_H, 0, &l->mlp_norm));
+        EK(be->ops->vector_init(be, &ns, 128, 0, &l->q_norm));
+        EK(be->ops->vector_init(be, &ns, 128, 0, &l->k_norm));
+        EK(be->ops->linear_init(be, &g[Q].src, &l->q));
+        EK(be->ops->linear_init(be, &g[KV].src, &l->k));
+        EK(be->ops->linear_init(be, &g[KV].src, &l->v));
+        EK(be->ops->linear_init(be, &g[O].src, &l->o));
+        EK(be->ops->linear_init(be, &es, &l->router));
+        l->experts = exl_calloc(MOE_E, sizeof *l->experts);
+        for (int e = 0; e < MOE_E; e++) {
+            EK(be->ops->linear_init(be, &g[GU].src, &l->experts[e].gate));
+            EK(be->ops->linear_init(be, &g[GU].src, &l->experts[e].up));
+            EK(be->ops->linear_init(be, &g[DOWN].src, &l->experts[e].down));
+        }
+    }
+    for (int i = 0; i < N_SHAPES; i++)
+        qgen_free(&g[i]);
+    exl2_src(&g[0], MOE_H, MOE_V, 6);
+    EK(be->ops->linear_init(be, &g[0].src, &m->head));
+    qgen_free(&g[0]);
+    mb->attn = exl2_file_bytes(MOE_H, MOE_Q, bits) + 2 * exl2_file_bytes(MOE_H, MOE_KV, bits) +
+               exl2_file_bytes(MOE_Q, MOE_H, bits);
+    mb->router = (double)MOE_H * MOE_E * 2;
+    mb->expert = 2 * exl2_file_bytes(MOE_H, MOE_F, bits) + exl2_file_bytes(MOE_F, MOE_H, bits);
+    mb->head = exl2_file_bytes(MOE_H, MOE_V, 6);
+    EK(exl_model_alloc_forward(m));
+    return m;
+}
+
+/* Greedy decode of n_seqs sequences a step, each step's tokens chosen on the device and fed to the next (as
+ * decode_ahead_speed), after a prompt of ctx tokens each; generated tokens/s over all sequences. */
+static double decode_ahead_batch(exl_model *m, exl_kv_cache *cache, int32_t n_seqs, int32_t ctx, float *logits) {
+    enum { WARM = 4, STEPS = 64, MAX_SEQS = 64 };
+    int32_t pages[MAX_SEQS], ids[2048], tok[MAX_SEQS];
+    exl_seq_step st[MAX_SEQS];
+    int64_t t[WARM + STEPS + 1];
+    for (int i = 0; i < ctx * n_seqs && i < 2048; i++)
+        ids[i] = (int32_t)(qg_next(&rng) % 32000);
+    for (int32_t s = 0; s < n_seqs; s++) {
+        pages[s] = s;
+        st[s] = (exl_seq_step){ids + (int64_t)s * ctx, ctx, 0, &pages[s], 1, 1};
+    }
+    EK(exl_model_forward(m, cache, st, n_seqs, logits));
+    for (int32_t s = 0; s < n_seqs; s++)
+        st[s] = (exl_seq_step){ids + s, 1, ctx, &pages[s], 1, 1};
+    EK(exl_model_forward_argmax(m, cache, st, n_seqs, &t[0]));
+    double t0 = 0;
+    for (int i = 1; i <= WARM + STEPS; i++) {
+        for (int32_t s = 0; s < n_seqs; s++)
+            st[s] = (exl_seq_step){NULL, 1, ctx + i, &pages[s], 1, 1};
+        EK(exl_model_forward_argmax(m, cache, st, n_seqs, &t[i]));
+        EK(exl_model_argmax_wait(m, t[i - 1], tok, n_seqs));
+        if (i == WARM)
+            t0 = now();
+    }
+    EK(exl_model_argmax_wait(m, t[WARM + STEPS], tok, n_seqs));
+    return (double)n_seqs * (STEPS + 1) / (now() - t0);
+}
+
+/* the expected number of distinct experts a step of `tokens` tokens reads, each choosing MOE_K of MOE_E at random */
+static double moe_active(int tokens) {
+    double none = 1;
+    for (int i = 0; i < tokens; i++)
+        none *= 1.0 - (double)MOE_K / MOE_E;
+    return MOE_E * (1 - none);
+}
+
+static void moe_bench(int32_t n_layers, double bw, double tflops, float *logits) {
+    moe_bytes mb;
+    double t0 = now();
+    exl_model *m = build_moe(n_layers, &mb);
+    const double load_s = now() - t0;
+    int32_t n_pages = 16, pages[16];
+    for (int i = 0; i < n_pages; i++)
+        pages[i] = i;
+    exl_kv_cache *cache;
+    EK(exl_kv_cache_init(m, n_pages, 256, 16, 16, &cache));
+    const double d128 = decode_speed(m, cache, pages, n_pages, 128, logits);
+    const double a128 = decode_ahead_speed(m, cache, pages, n_pages, 132);
+    const double pre = prefill_speed(m, cache, pages, n_pages, logits, 2048);
+    const double b16 = decode_ahead_batch(m, cache, 16, 128, logits);
+    /* bytes a step reads: every layer's attention and router, the experts its tokens chose, the head */
+    const double step1 = n_layers * (mb.attn + mb.router + MOE_K * mb.expert) + mb.head;
+    const double step16 = n_layers * (mb.attn + mb.router + moe_active(16) * mb.expert) + mb.head;
+    const double bound1 = bw / step1, bound16 = 16 * bw / step16;
+    /* prefill: 2 flops a weight a token, of the active ones (attention, router, 8 experts, head) */
+    const double active = n_layers *
+                              ((double)MOE_H * (MOE_Q * 2 + MOE_KV * 2) + MOE_H * MOE_E + MOE_K * 3.0 * MOE_H * MOE_F) +
+                          (double)MOE_H * MOE_V;
+    const char *md = getenv("EXL_CUDA_MOE_DEVICE"), *gr = getenv("EXL_CUDA_GRAPHS");
+    const char *label = md && !strcmp(md, "0")   ? "routes on the host"
+                        : gr && !strcmp(gr, "0") ? "device, no CUDA graphs"
+                                                 : "device, CUDA graphs";
+    printf("\n| MoE (Qwen3-30B-A3B shape), %d layers, EXL2 %d-bit, head 6 | GB/token batch 1 | decode t/s ctx 128 | "
+           "greedy ahead ctx 128 | bound t/s | greedy ahead of bound | batch 16 GB/step | batch 16 t/s | bound t/s | "
+           "of bound | prefill 2048 t/s | of tensor-core bound |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+           n_layers, exl2_bits);
+    printf("| %s | %.3f | %.1f | %.1f | %.0f | %.1f%% | %.3f | %.1f | %.0f | %.1f%% | %.0f | %.1f%% |\n", label,
+           step1 / 1e9, d128, a128, bound1, 100 * a128 / bound1, step16 / 1e9, b16, bound16, 100 * b16 / bound16, pre,
+           100 * pre / (tflops / (2 * active)));
+    fprintf(stderr,
+            "moe: load %.1f s; a token reads %.1f MB of attention, %.1f MB of routers, %.1f MB of experts (%d of %d a "
+            "layer), %.1f MB of head; a 16-token step %.1f experts a layer on average\n",
+            load_s, n_layers * mb.attn / 1e6, n_layers * mb.router / 1e6, n_layers * MOE_K * mb.expert / 1e6, MOE_K,
+            MOE_E, mb.head / 1e6, moe_active(16));
+    exl_kv_cache_free(m, cache);
+    exl_model_free(m);
+}
+
 int main(int argc, char **argv) {
     const char *kinds[8];
-    int n_kinds = 0, n_layers = 32;
-    int profile = 0;
+    int n_kinds = 0, n_layers = 0; /* 0: the shape's own (32, or 48 for moe) */
+    int profile = 0, prefill_only = 0, kernels_only = 0, header = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc)
             n_layers = atoi(argv[++i]);
@@ -328,6 +507,10 @@ int main(int argc, char **argv) {
             exl2_bits = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile"))
             profile = 1;
+        else if (!strcmp(argv[i], "--prefill-only"))
+            prefill_only = 1;
+        else if (!strcmp(argv[i], "--kernels-only"))
+            kernels_only = 1;
         else if (n_kinds < 8)
             kinds[n_kinds++] = argv[i];
     }
@@ -348,15 +531,24 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < dense_pool_n; i++)
         dense_pool[i] = exl_f32_to_f16((qg_uniform(&rng) - 0.5f) * 0.04f);
     float *logits = malloc((size_t)256 * 128256 * 4);
-    printf("\n| model | GB/token (file) | decode t/s ctx 128 | ctx 2048 | greedy ahead ctx 128 | ctx 2048 | bound t/s "
-           "| of bound (128) | greedy ahead of bound (128) | prefill 2048 t/s | of tensor-core bound |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    const char *exact = getenv("EXL_CUDA_EXACT_PREFILL");
+    printf("prompt matmuls: %s\n", exact && strcmp(exact, "0") ? "~22 bits (EXL_CUDA_EXACT_PREFILL=1)" : "fp16");
     for (int k = 0; k < n_kinds; k++) {
+        if (!strcmp(kinds[k], "moe")) {
+            moe_bench(n_layers ? n_layers : 48, bw, tflops, logits);
+            continue;
+        }
+        if (!header++)
+            printf("\n| model | GB/token (file) | decode t/s ctx 128 | ctx 2048 | greedy ahead ctx 128 | ctx 2048 | "
+                   "bound t/s | of bound (128) | greedy ahead of bound (128) | prefill 512 t/s | 2048 | 8192 | 2048 of "
+                   "tensor-core bound (GEMM rate) | (990 TFLOP/s) |\n"
+                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         model_info mi;
         double t0 = now();
-        exl_model *m = build_model(kinds[k], n_layers, &mi);
+        const int32_t layers = n_layers ? n_layers : 32;
+        exl_model *m = build_model(kinds[k], layers, &mi);
         double load_s = now() - t0;
-        int32_t n_pages = 9, pages[9];
+        int32_t n_pages = 33, pages[33]; /* 8192 tokens and a page */
         for (int i = 0; i < n_pages; i++)
             pages[i] = i;
         exl_kv_cache *cache;
@@ -371,20 +563,36 @@ int main(int argc, char **argv) {
             }
             return 0;
         }
-        double d128 = decode_speed(m, cache, pages, n_pages, 128, logits);
-        double d2048 = decode_speed(m, cache, pages, n_pages, 2048, logits);
-        double a128 = decode_ahead_speed(m, cache, pages, n_pages, 132);
-        double a2048 = decode_ahead_speed(m, cache, pages, n_pages, 2052);
-        double pre = prefill_speed(m, cache, pages, n_pages, logits);
+        double d128 = 0, d2048 = 0, a128 = 0, a2048 = 0;
+        if (!prefill_only && !kernels_only) {
+            d128 = decode_speed(m, cache, pages, n_pages, 128, logits);
+            d2048 = decode_speed(m, cache, pages, n_pages, 2048, logits);
+            a128 = decode_ahead_speed(m, cache, pages, n_pages, 132);
+            a2048 = decode_ahead_speed(m, cache, pages, n_pages, 2052);
+        }
+        double pre512 = 0, pre = 0, pre8k = 0;
+        if (!kernels_only) {
+            pre512 = prefill_speed(m, cache, pages, n_pages, logits, 512);
+            pre = prefill_speed(m, cache, pages, n_pages, logits, 2048);
+            pre8k = prefill_speed(m, cache, pages, n_pages, logits, 8192);
+        }
         double bound = bw / mi.file_bytes;
         const exl_hf_config *c = &m->cfg;
         double kvw = (double)c->n_kv_heads * c->head_dim;
-        double params = n_layers * (2.0 * 4096 * 4096 + 2.0 * 4096 * kvw + 3.0 * 4096 * c->intermediate_size) +
+        double params = layers * (2.0 * 4096 * 4096 + 2.0 * 4096 * kvw + 3.0 * 4096 * c->intermediate_size) +
                         4096.0 * c->vocab_size;
-        double pre_bound = tflops / (2 * params);
-        printf("| %s, %d layers | %.2f | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.1f%% | %.0f | %.1f%% |\n",
-               kinds[k], n_layers, mi.file_bytes / 1e9, d128, d2048, a128, a2048, bound, 100 * d128 / bound,
-               100 * a128 / bound, pre, 100 * pre / pre_bound);
+        /* the matmuls' FLOPs only (attention not counted) */
+        double pre_bound = tflops / (2 * params), pre_bound_990 = 990e12 / (2 * params);
+        printf("| %s, %d layers | %.2f | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.1f%% | %.0f | %.0f | %.0f | "
+               "%.1f%% | %.1f%% |\n",
+               kinds[k], layers, mi.file_bytes / 1e9, d128, d2048, a128, a2048, bound, 100 * d128 / bound,
+               100 * a128 / bound, pre512, pre, pre8k, 100 * pre / pre_bound, 100 * pre / pre_bound_990);
+        fflush(stdout);
+        if (prefill_only) {
+            exl_kv_cache_free(m, cache);
+            exl_model_free(m);
+            continue;
+        }
         fprintf(stderr, "%s: load %.1f s, device bytes/token %.2f GB\n", kinds[k], load_s, mi.device_bytes / 1e9);
         /* per-shape GEMV efficiency (one op, back to back, no forward overhead) */
         struct {
@@ -409,7 +617,7 @@ int main(int argc, char **argv) {
                 bytes = shapes[s].K * shapes[s].N / 2.0 + shapes[s].K / 128 * shapes[s].N * 4.0;
             fprintf(stderr, "  %-22s %8.1f us  %6.0f GB/s  (%.0f%% of copy)", shapes[s].name, us, bytes / us / 1e3,
                     100 * bytes / (us * 1e-6) / bw);
-            /* many rows (batched decode, prefill chunks): time and tensor-core rate */
+            /* prompt rows (prefill chunks): time and tensor-core rate */
             const int32_t many[5] = {16, 32, 64, 256, 1024};
             for (int i = 0; i < 5; i++) {
                 int32_t rows = many[i];
@@ -417,11 +625,15 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "  | %d rows %.1f us %.0f TFLOP/s", rows, t,
                         2.0 * rows * shapes[s].K * shapes[s].N / t / 1e6);
             }
+            /* decode rows (batched decode, speculative verification): the weights are read once for all of them */
             fprintf(stderr, "\n  %-22s as decode rows:", "");
-            const int32_t dec[5] = {4, 8, 16, 32, 64};
-            for (int i = 0; i < 5; i++)
-                fprintf(stderr, "  | %d rows %.1f us", dec[i],
-                        matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, dec[i], 1));
+            const int32_t dec[7] = {1, 2, 4, 8, 16, 32, 64};
+            double one = 0;
+            for (int i = 0; i < 7; i++) {
+                double t = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, dec[i], 1);
+                one = i == 0 ? t : one;
+                fprintf(stderr, "  | %d: %.1f us %.0f GB/s %.2fx", dec[i], t, bytes / t / 1e3, t / one);
+            }
             fprintf(stderr, "\n");
         }
         exl_kv_cache_free(m, cache);

@@ -1,8 +1,8 @@
 #!/bin/bash
 # prepare.sh - fill .gpu/ (git-ignored) for a GPU machine that cannot see ../shared and may
 # lack the build dependencies: the fixtures it tests against (shared/: config, weights and
-# reference logits of every model, about 58 MB; rand-llama's tokenizer and a calibration
-# text for the quantizer test) and, built here, the GPU programs (bin/).
+# reference logits of every model, about 58 MB; the tokenizers of rand-llama, rand-phi3 and rand-qwen3moe and a
+# calibration text for the quantizer test) and, built here, the GPU programs (bin/).
 #
 # usage (here, from the repo root): tests/gpu/prepare.sh [SHARED_DIR] [CUDA_ARCHS]
 # then on the GPU machine: tests/gpu/run.sh   (carry .gpu/bin and .gpu/fixtures-N.tar.gz)
@@ -25,17 +25,24 @@ for n in rand-llama-lora-a1 rand-llama-lora-a2; do
     cp "$shared/models/$n/adapter_config.json" "$shared/models/$n/adapter_model.safetensors" ".gpu/shared/models/$n/"
 done
 cp "$shared/reference/rand-llama-lora.logits.safetensors" .gpu/shared/reference/
-# the quantizer test: rand-llama's tokenizer and the first 64 kB (whole lines) of a calibration text
-for f in tokenizer.json tokenizer_config.json special_tokens_map.json; do
-    cp "$shared/models/rand-llama/$f" .gpu/shared/models/rand-llama/
+# the quantizer test: the tokenizers of the models it quantizes and the first 64 kB (whole lines) of a calibration
+# text; the prompt path's perplexity (bench/gpu_prefill_ppl.sh): its models' tokenizers and the first 200 kB of
+# TinyStories
+for m in rand-llama rand-phi3 rand-qwen3moe tinystories-656k tinystories-656k-gptq-4bit-g32-actorder-asym \
+    rand-llama-exl2-5.0bpw-h8; do
+    for f in tokenizer.json tokenizer_config.json special_tokens_map.json; do
+        cp "$shared/models/$m/$f" ".gpu/shared/models/$m/"
+    done
 done
 mkdir -p .gpu/shared/data/calibration
 head -c 65536 "$shared/data/calibration/tiny.utf8" | sed '$d' >.gpu/shared/data/calibration/tiny.utf8
+head -c 200000 "$shared/data/tinystories_val.txt" | sed '$d' >.gpu/shared/data/tinystories_val.txt
 cmake -S . -B build-gpu -DEXL_CUDA=ON -DEXL_CUDA_ARCHS="$archs" >/dev/null
-cmake --build build-gpu -j"$(nproc)" --target test_gpu gpu_bench gpu_lora_bench exl_cuda >/dev/null
-for f in test_gpu gpu_bench gpu_lora_bench libexl_cuda.so; do strip -o ".gpu/bin/$f" "build-gpu/$f"; done
+cmake --build build-gpu -j"$(nproc)" --target test_gpu gpu_bench gpu_lora_bench exl_cuda exl-cli >/dev/null
+for f in test_gpu gpu_bench gpu_lora_bench exl libexl_cuda.so; do strip -o ".gpu/bin/$f" "build-gpu/$f"; done
 # run-time libraries of the core that a bare CUDA image may not have
-for lib in $(ldd build-gpu/test_gpu build-gpu/gpu_bench build-gpu/gpu_lora_bench | awk '/=> \// {print $3}' | sort -u); do
+for lib in $(ldd build-gpu/test_gpu build-gpu/gpu_bench build-gpu/gpu_lora_bench build-gpu/exl |
+    awk '/=> \// {print $3}' | sort -u); do
     case $(basename "$lib") in
     libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | libgcc_s.so* | libstdc++.so* | libcublas*) ;;
     *) cp -L "$lib" .gpu/bin/ ;;

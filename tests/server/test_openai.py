@@ -222,6 +222,12 @@ def seeds_n_and_sampling():
     r = client().completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=24, presence_penalty=1.5,
                                     frequency_penalty=1.0, extra_body={"typical_p": 0.9}, user="me")
     assert r.choices[0].text
+    # ignore_eos (as vLLM's): a greedy completion that would end early goes on to max_tokens
+    short = client().completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=400, temperature=0)
+    if short.choices[0].finish_reason == "stop":
+        r = client().completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=400, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 400, r.usage
 
 
 @test

@@ -1,6 +1,7 @@
 /* ref_util.c - run a model over reference sequences and measure the error of its logits. */
 #include "ref_util.h"
 
+#include "model/model.h"
 #include "test.h"
 
 #include <math.h>
@@ -89,5 +90,57 @@ double ref_compare_model(const char *model_dir, const char *ref_file, const char
     }
     exl_model_free(model);
     exl_st_close(ref);
+    return worst;
+}
+
+double ref_decode_rows(exl_model *m, const int32_t *ks, int n_ks, int *argmax_mismatch, int *rows) {
+    enum { PROMPT = 20, PAGE = 16, PAGES = 2 }; /* a sequence's prompt and next token in its two pages */
+    *argmax_mismatch = 0;
+    *rows = 0;
+    exl_model_desc d;
+    exl_model_describe(m, &d);
+    exl_kv_cache *cache;
+    if (exl_kv_cache_init(m, REF_DECODE_SEQS * PAGES, PAGE, 16, 16, &cache) != EXL_OK) {
+        exl_test_failed(__FILE__, __LINE__, "kv cache: %s", exl_last_error());
+        return -1;
+    }
+    int32_t ids[REF_DECODE_SEQS][PROMPT + 1], pages[REF_DECODE_SEQS][PAGES];
+    float *alone = malloc((size_t)REF_DECODE_SEQS * d.vocab_size * sizeof *alone);
+    float *together = malloc((size_t)REF_DECODE_SEQS * d.vocab_size * sizeof *together);
+    double worst = 0;
+    for (int s = 0; s < REF_DECODE_SEQS; s++) {
+        for (int i = 0; i <= PROMPT; i++)
+            ids[s][i] = (int32_t)((7919u * (unsigned)(s * 31 + i) + 13u) % (unsigned)d.vocab_size);
+        pages[s][0] = 2 * s, pages[s][1] = 2 * s + 1;
+    }
+    exl_status st = EXL_OK;
+    for (int s = 0; s < REF_DECODE_SEQS && st == EXL_OK; s++) {
+        exl_seq_step prompt = {ids[s], PROMPT, 0, pages[s], PAGES, 0};
+        exl_seq_step next = {ids[s] + PROMPT, 1, PROMPT, pages[s], PAGES, 1};
+        st = exl_model_forward(m, cache, &prompt, 1, NULL);
+        if (st == EXL_OK)
+            st = exl_model_forward(m, cache, &next, 1, alone + (int64_t)s * d.vocab_size);
+    }
+    for (int ki = 0; ki < n_ks && st == EXL_OK; ki++) {
+        const int k = ks[ki] < REF_DECODE_SEQS ? ks[ki] : REF_DECODE_SEQS;
+        exl_seq_step steps[REF_DECODE_SEQS];
+        for (int s = 0; s < k; s++)
+            steps[s] = (exl_seq_step){ids[s] + PROMPT, 1, PROMPT, pages[s], PAGES, 1};
+        st = exl_model_forward(m, cache, steps, k, together);
+        for (int s = 0; s < k && st == EXL_OK; s++) {
+            const float *a = alone + (int64_t)s * d.vocab_size, *t = together + (int64_t)s * d.vocab_size;
+            const double e = ref_rel_err(t, a, d.vocab_size);
+            worst = e > worst ? e : worst;
+            *argmax_mismatch += ref_argmax(t, d.vocab_size) != ref_argmax(a, d.vocab_size);
+            (*rows)++;
+        }
+    }
+    if (st != EXL_OK) {
+        exl_test_failed(__FILE__, __LINE__, "decode rows: %s", exl_last_error());
+        worst = -1;
+    }
+    exl_kv_cache_free(m, cache);
+    free(alone);
+    free(together);
     return worst;
 }

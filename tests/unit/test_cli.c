@@ -99,7 +99,7 @@ EXL_TEST(errors_exit_nonzero_with_one_line) {
         const char *needle;
     } cases[] = {
         {"info -m /nonexistent/model", 1, "/nonexistent/model/config.json: cannot open"},
-        {"info", 2, "missing -m DIR"},
+        {"info -m", 2, "-m needs a value (DIR)"},
         {"frobnicate", 2, "unknown command"},
         {"logits -m /nonexistent --ids 1,x -o /tmp/x", 2, "comma-separated"},
         {"bench --bogus", 2, "unknown option"},

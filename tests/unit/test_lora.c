@@ -1,5 +1,6 @@
 /* test_lora.c - LoRA adapters on the CPU: logits of PEFT's fixtures against the reference (alone, weighted together,
- * on an EXL2 base), sequences with different adapters in one step, and the one-line errors for bad adapters. */
+ * on an EXL2 base), sequences with different adapters in one step, speculative decoding with adapters, and the
+ * one-line errors for bad adapters (and for models split over devices). */
 #include "gen_util.h"
 #include "model/lora.h"
 #include "model_util.h"
@@ -301,6 +302,23 @@ EXL_TEST(lora_bad_adapters_are_one_line_errors) {
     exl_model_free(m);
 }
 
+/* a model split over ranks (--tp, --gpu-split) refuses adapters: one line naming the adapter and the option */
+EXL_TEST(lora_refused_on_split_models) {
+    for (int split = 0; split < 2; split++) {
+        exl_model_params p = exl_model_default_params();
+        p.device = EXL_DEVICE_CPU, p.n_threads = 2;
+        if (split)
+            p.gpu_split[0] = p.gpu_split[1] = 1;
+        else
+            p.tp = 2;
+        exl_model *m = NULL;
+        REQUIRE(exl_model_load(exl_test_shared("models/rand-llama"), &p, &m) == EXL_OK);
+        EXPECT_ERROR(m, exl_test_shared("models/rand-llama-lora-a1"), "rand-llama-lora-a1",
+                     split ? "--gpu-split" : "--tp");
+        exl_model_free(m);
+    }
+}
+
 /* ---- per-job adapters in the generator */
 
 /* greedy jobs for the four sets over one prompt, all at once (one step carries the four), equal to each run
@@ -359,6 +377,58 @@ EXL_TEST(lora_generator_jobs_with_different_adapters) {
     free(alone);
     exl_model_free(m);
     exl_tokenizer_free(tok);
+}
+
+/* speculative decoding (a draft model without adapters, or n-grams): jobs of four sets give plain decoding's tokens,
+ * the verify step running each job's adapters */
+EXL_TEST(lora_speculative_decoding_equals_plain) {
+    exl_tokenizer *tok = NULL, *dtok = NULL;
+    exl_model *m = gu_load("rand-llama", &tok), *d = gu_load("rand-llama-exl2-5.0bpw-h8", &dtok);
+    REQUIRE(m && tok && d && dtok);
+    exl_lora *a1 = load_adapter(m, "rand-llama-lora-a1"), *a2 = load_adapter(m, "rand-llama-lora-a2");
+    REQUIRE(a1 && a2);
+    const exl_lora_use sets[4][2] = {{{a1, 1}}, {{0}}, {{a2, 1}}, {{a1, 0.5f}, {a2, 1}}};
+    const int32_t n_uses[4] = {1, 0, 1, 2};
+    int32_t prompt[4][24];
+    exl_job_params jp[4];
+    for (int i = 0; i < 4; i++) {
+        gu_random_ids(11 + (uint64_t)i, prompt[i], 24, m->cfg.vocab_size);
+        jp[i] = exl_job_default_params();
+        jp[i].ids = prompt[i], jp[i].n_ids = 24, jp[i].max_new_tokens = 40, jp[i].ignore_eos = 1;
+        jp[i].sampling.temperature = 0;
+        jp[i].lora = n_uses[i] ? sets[i] : NULL, jp[i].n_lora = n_uses[i];
+    }
+    gu_result *plain = calloc(4, sizeof *plain), *spec = calloc(4, sizeof *spec);
+    REQUIRE(plain && spec);
+    for (int mode = 0; mode < 3; mode++) {
+        exl_generator_params p = exl_generator_default_params();
+        p.n_pages = 64, p.page_size = 16;
+        if (mode == 1)
+            p.draft_model = d, p.draft_tokens = 4;
+        if (mode == 2)
+            p.ngram = 2, p.draft_tokens = 4, p.draft_fixed = 1;
+        exl_generator *g = NULL;
+        REQUIRE_OK(exl_generator_init(m, tok, &p, &g));
+        gu_result *res = mode ? spec : plain;
+        memset(res, 0, 4 * sizeof *res);
+        REQUIRE_OK(gu_run(g, jp, 4, res));
+        exl_generator_stats st;
+        exl_generator_stats_get(g, &st);
+        exl_generator_free(g);
+        if (!mode)
+            continue;
+        CHECK_MSG(st.draft_proposed > 0, "mode %d: nothing drafted", mode);
+        for (int i = 0; i < 4; i++)
+            CHECK_MSG(spec[i].n_ids == plain[i].n_ids &&
+                          !memcmp(spec[i].ids, plain[i].ids, (size_t)plain[i].n_ids * sizeof *plain[i].ids),
+                      "mode %d, set %d: speculative tokens differ from plain decoding's", mode, i);
+    }
+    free(plain);
+    free(spec);
+    exl_tokenizer_free(dtok);
+    exl_model_free(d);
+    exl_tokenizer_free(tok);
+    exl_model_free(m);
 }
 
 /* ---- Phi-3's fused projections: an adapter on qkv_proj, gate_up_proj and down_proj equals its update merged into

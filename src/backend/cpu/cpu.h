@@ -16,6 +16,10 @@ typedef struct exl_cpu_backend {
     exl_pool *pool;
     const exl_cpu_kernels *k;
     const exl_cpu_qkernels *qk; /* same ISA as k */
+    struct exl_host_comm *comm; /* tensor parallelism: the ranks' communicator (cpu_comm.c), or NULL */
+    int32_t rank;
+    void *sample_scratch; /* the sample op's per-thread candidates and rows (cpu_sample.c) */
+    size_t sample_bytes;
 } exl_cpu_backend;
 
 struct exl_linear {
@@ -54,6 +58,11 @@ void exl_cpu_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows
                        int32_t col);
 void exl_cpu_softcap(exl_backend *be, float *x, int64_t n, float cap);
 void exl_cpu_row_gate(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width);
+/* tensor parallelism's collectives (cpu_comm.c) */
+exl_status exl_cpu_comm_init(exl_backend *const *ranks, int32_t n);
+void exl_cpu_comm_abort(exl_backend *be, int resume);
+void exl_cpu_all_reduce(exl_backend *be, float *x, int64_t n);
+void exl_cpu_gather_cols(exl_backend *be, const exl_gather_cols_node *n);
 /* mixture of experts (cpu_moe.c) */
 void exl_cpu_moe_route(exl_backend *be, const exl_moe_route_node *n);
 void exl_cpu_moe_experts(exl_backend *be, const exl_moe_experts_node *n);
@@ -66,5 +75,8 @@ exl_status exl_cpu_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t 
 /* constrained decoding's logit masks (cpu_mask.c) */
 exl_status exl_cpu_mask_logits(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
                                exl_logit_mask_fn fill, void *user);
+/* backend.h's sample op, the reference for every backend (cpu_sample.c) */
+exl_status exl_cpu_sample(exl_backend *be, exl_sample_result *out, float *logits, int32_t rows, int32_t vocab,
+                          const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits);
 
 #endif

@@ -1,4 +1,5 @@
 /* cpu_backend.c - the CPU backend's op table, memory and weight handles. */
+#include "backend/comm_host.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/cpu_quant.h"
 
@@ -10,6 +11,8 @@
 
 static void cpu_destroy(exl_backend *be) {
     exl_pool_free(exl_cpu(be)->pool);
+    exl_host_comm_release(exl_cpu(be)->comm);
+    exl_free_aligned(exl_cpu(be)->sample_scratch);
     exl_free(be);
 }
 
@@ -121,6 +124,11 @@ static const exl_backend_ops cpu_ops = {
     .moe_experts = exl_cpu_moe_experts,
     .host_gemm = exl_cpu_host_gemm,
     .mask_logits = exl_cpu_mask_logits,
+    .comm_init = exl_cpu_comm_init,
+    .comm_abort = exl_cpu_comm_abort,
+    .all_reduce = exl_cpu_all_reduce,
+    .gather_cols = exl_cpu_gather_cols,
+    .sample = exl_cpu_sample,
     .lora = exl_cpu_lora,
 };
 

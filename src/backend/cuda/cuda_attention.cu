@@ -8,13 +8,15 @@
  * rows into shared memory at once (attn_decode_fast_kernel), and up to 256 keys take one
  * split of 8 warps with no merge; in steps of one new token a sequence it also does the rope
  * and KV-cache store of that token (exl_cuda_run_rope_attention). Prefill: for head_dim 64 and
- * 128 on sm_80+, tensor cores with fp16 hi + lo operands (attn_prefill_tc_kernel, ~22 bits);
+ * 128 on sm_80+, tensor cores with fp16 operands (attn_prefill_tc_kernel; hi + lo, ~22 bits, with
+ * EXL_CUDA_EXACT_PREFILL=1; its tile source reads the fp16 cache, or a quantized one for cuda_kv_quant.cu);
  * else for head_dim 64, 128 and 256 a block takes 64 queries of one head and 32-64 keys at a
  * time, each thread a 4 x 2-4 tile of scores and 4 rows of the output
  * (attn_prefill_tiled_kernel); other head dims, 16 queries a block and 32 keys at a time,
  * shared by its 4 warps (4 queries each). Soft-capped scores (Gemma 2) take the plain decode and prefill kernels
  * (attn_decode_kernel, attn_prefill_kernel), the only ones that cap them. Keys outside a layer's sliding window are
  * skipped by all. fp32 arithmetic outside the tensor cores. */
+#include "backend/cuda/cuda_kv_side.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
 #include <math.h>
@@ -803,9 +805,9 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* ---- prefill on tensor cores (sm_80+), head_dim 64 and 128: FlashAttention-2's shape with
- * every operand as two fp16 parts, x = hi + lo, and the products hi·hi + hi·lo + lo·hi
- * (fp32 accumulation), so scores and outputs keep ~22 bits as the fp32 kernels do. A block
+/* ---- prefill on tensor cores (sm_80+), head_dim 64 and 128: FlashAttention-2's shape with fp16 operands and
+ * fp32 accumulation; Exact (EXL_CUDA_EXACT_PREFILL=1): every operand as two fp16 parts, x = hi + lo, and the
+ * products hi·hi + hi·lo + lo·hi, so scores and outputs keep ~22 bits as the fp32 kernels do. A block
  * takes 64 queries of one head (16 rows a warp) and 64 keys at a time; Q, K and V tiles sit in
  * shared memory as hi and lo (keys and values from the fp16 cache are exact in hi, lo = 0).
  * Scores stay in mma accumulators; their softmax probabilities are split and fed back as the
@@ -823,39 +825,160 @@ __device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_
     memcpy(&lo, &l, 4);
 }
 
-/* c += a·b for operands split in hi and lo parts: hi·hi + hi·lo + lo·hi (lo·lo is below fp32);
- * b is n-tile h of a pair loaded by one ldsm_x4 */
+/* c += a·b for operands split in hi and lo parts: hi·hi + hi·lo + lo·hi (lo·lo is below fp32), or without
+ * Exact hi·hi alone; b is n-tile h of a pair loaded by one ldsm_x4 */
+template <bool Exact>
 __device__ __forceinline__ void mma_split(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
                                           const uint32_t (&bh)[4], const uint32_t (&bl)[4], int h) {
     mma16816a(c, ah, bh[2 * h], bh[2 * h + 1]);
-    mma16816a(c, ah, bl[2 * h], bl[2 * h + 1]);
-    mma16816a(c, al, bh[2 * h], bh[2 * h + 1]);
+    if constexpr (Exact) {
+        mma16816a(c, ah, bl[2 * h], bl[2 * h + 1]);
+        mma16816a(c, al, bh[2 * h], bh[2 * h + 1]);
+    }
 }
 
-/* four fp32 values into a row of hi and a row of lo (8 bytes each) */
+/* four fp32 values into a row of hi and (Exact) a row of lo (8 bytes each) */
+template <bool Exact>
 __device__ __forceinline__ void store_split4(__half *hi, __half *lo, float4 v) {
     uint2 h, l;
     split2(v.x, v.y, h.x, l.x);
     split2(v.z, v.w, h.y, l.y);
     *(uint2 *)hi = h;
-    *(uint2 *)lo = l;
+    if constexpr (Exact)
+        *(uint2 *)lo = l;
 }
 
-template <int HD>
+template <int HD, bool Exact>
 struct tc_tile {
     static constexpr int RS = HD + 8; /* row stride in halves: 16-byte rows, ldmatrix without bank conflicts */
-    static constexpr size_t smem_bytes = (size_t)6 * 64 * RS * sizeof(__half); /* Q, K, V: hi and lo */
+    /* Q, K, V: hi and (Exact) lo */
+    static constexpr size_t smem_bytes = (size_t)(Exact ? 6 : 3) * 64 * RS * sizeof(__half);
 };
 
+/* The tensor-core kernel's tile sources: TC_BK keys from t0 into the K and V tiles as hi and lo. From the fp16 cache,
+ * a thread takes 4 dimensions of a key at a time (load_kv4). Without Exact the lo tiles are not written. */
+template <int HD, bool Exact>
+struct tc_fp16_src {
+    const __half *kc, *vc;
+    __device__ __forceinline__ void load(const prefill_block &P, int page_size, int t0, const float *k, const float *v,
+                                         __half *kh, __half *kl, __half *vh, __half *vl) const {
+        constexpr int RS = tc_tile<HD, Exact>::RS;
+        for (int i = threadIdx.x; i < TC_BK * (HD / 4); i += TC_WARPS * 32) {
+            const int j = i / (HD / 4), c = i % (HD / 4) * 4;
+            float4 kf, vf; /* from the fp16 cache: exact in hi */
+            load_kv4(P, page_size, HD, t0 + j, c, k, v, kc, vc, &kf, &vf);
+            store_split4<Exact>(kh + j * RS + c, kl + j * RS + c, kf);
+            store_split4<Exact>(vh + j * RS + c, vl + j * RS + c, vf);
+        }
+    }
+};
+
+/* x (32 values) becomes its Hadamard rotation over 32, in registers (hadamard_lanes' order and scale) */
+__device__ __forceinline__ void fwht32(float (&x)[32]) {
+#pragma unroll
+    for (int len = 1; len < 32; len <<= 1)
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            if (!(i & len)) {
+                const float a = x[i], b = x[i + len];
+                x[i] = a + b, x[i + len] = a - b;
+            }
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        x[i] *= 0.17677669529663687f; /* 1 / sqrt(32) */
+}
+
+/* the 32 codes of BITS at w (4-byte aligned) read back: (c - z) s */
+template <int BITS>
+__device__ __forceinline__ void tc_dequant32(const uint32_t *w, float s, float (&x)[32]) {
+    uint32_t ww[BITS];
+#pragma unroll
+    for (int i = 0; i < BITS; i++)
+        ww[i] = __ldg(w + i);
+    const float z = 0.5f * (float)((1 << BITS) - 1);
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        x[i] = (qk_code<BITS>(ww, i) - z) * s;
+}
+
+/* Dimensions 32 g .. 32 g + 31 of key `key` of P's KV head from side s: this step's rows from the fp32 rows (as
+ * computed), earlier ones from the cache (fp16, or decoded and turned back), zeros past P.last. */
 template <int HD>
+__device__ __forceinline__ void tc_group(const prefill_block &P, int page_size, int key, int g, const float *rows,
+                                         const qk_side &s, float (&x)[32]) {
+    if (key > P.last) {
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            x[i] = 0.0f;
+    } else if (key >= P.past) {
+        const float4 *r = (const float4 *)(rows + (int64_t)(P.seq.q_start + key - P.past) * P.kvw +
+                                           (int64_t)P.kvh * HD + 32 * g);
+#pragma unroll
+        for (int c = 0; c < 8; c++) {
+            const float4 f = r[c];
+            x[4 * c] = f.x, x[4 * c + 1] = f.y, x[4 * c + 2] = f.z, x[4 * c + 3] = f.w;
+        }
+    } else {
+        const unsigned char *sp = s.base + key_slot(P.pages, key, page_size) * s.slot_bytes;
+        const int64_t at = (int64_t)P.kvh * HD + 32 * g; /* the group's first value in the row */
+        if (s.bits == 16) {
+            const uint4 *h = (const uint4 *)(sp + at * 2);
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const uint4 raw = h[c];
+                __half2 hh[4];
+                memcpy(hh, &raw, 16);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float2 f = __half22float2(hh[e]);
+                    x[8 * c + 2 * e] = f.x, x[8 * c + 2 * e + 1] = f.y;
+                }
+            }
+            return;
+        }
+        const float sc = __half2float(((const __half *)(sp + s.codes_bytes))[at / 32]);
+        const uint32_t *w = (const uint32_t *)(sp + at * s.bits / 8);
+        if (s.bits == 8)
+            tc_dequant32<8>(w, sc, x);
+        else if (s.bits == 6)
+            tc_dequant32<6>(w, sc, x);
+        else
+            tc_dequant32<4>(w, sc, x);
+        fwht32(x);
+    }
+}
+
+/* From a cache with a quantized side (groups of 32): a thread takes a group of 32 dimensions of a key at a time, the
+ * unit its codes are rotated in. */
+template <int HD, bool Exact>
+struct tc_quant_src {
+    qk_side ks, vs;
+    __device__ __forceinline__ void load(const prefill_block &P, int page_size, int t0, const float *k, const float *v,
+                                         __half *kh, __half *kl, __half *vh, __half *vl) const {
+        constexpr int RS = tc_tile<HD, Exact>::RS, G = HD / 32;
+        for (int i = threadIdx.x; i < 2 * TC_BK * G; i += TC_WARPS * 32) {
+            const int is_v = i >= TC_BK * G, u = is_v ? i - TC_BK * G : i, j = u / G, g = u % G;
+            float x[32];
+            tc_group<HD>(P, page_size, t0 + j, g, is_v ? v : k, is_v ? vs : ks, x);
+            __half *hi = (is_v ? vh : kh) + j * RS + 32 * g, *lo = (is_v ? vl : kl) + j * RS + 32 * g;
+#pragma unroll
+            for (int c = 0; c < 8; c++)
+                store_split4<Exact>(hi + 4 * c, lo + 4 * c,
+                                    make_float4(x[4 * c], x[4 * c + 1], x[4 * c + 2], x[4 * c + 3]));
+        }
+    }
+};
+
+template <int HD, bool Exact, class SRC>
 __global__ void __launch_bounds__(TC_WARPS * 32)
-    attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *v, const __half *kc,
-                           const __half *vc, const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
-    constexpr int RS = tc_tile<HD>::RS, NT = TC_BK / 8, DT = HD / 8;
+    attn_prefill_tc_kernel(float *out, const float *q, const float *k, const float *v, SRC src,
+                           const exl_attn_seq *seqs, const int32_t *page_tables, exl_attn_shape sh) {
+    constexpr int RS = tc_tile<HD, Exact>::RS, NT = TC_BK / 8, DT = HD / 8, LO = Exact ? 1 : 0;
     exl_pdl_start();
     extern __shared__ __align__(16) __half tsm[];
-    __half *qh = tsm, *ql = qh + TC_BQ * RS, *kh = ql + TC_BQ * RS, *kl = kh + TC_BK * RS;
-    __half *vh = kl + TC_BK * RS, *vl = vh + TC_BK * RS;
+    /* without Exact the lo tiles are not there (each ql, kl, vl is its hi tile, never read) */
+    __half *qh = tsm, *ql = qh + LO * TC_BQ * RS, *kh = ql + TC_BQ * RS, *kl = kh + LO * TC_BK * RS;
+    __half *vh = kl + TC_BK * RS, *vl = vh + LO * TC_BK * RS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     prefill_block P;
     if (!prefill_place(seqs, page_tables, sh, TC_BQ, TC_BK, &P))
@@ -868,7 +991,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
             x = *(const float4 *)(q + ((int64_t)(P.seq.q_start + P.qt0 + r) * sh.n_heads + P.head) * HD + c);
             x.x *= sh.scale, x.y *= sh.scale, x.z *= sh.scale, x.w *= sh.scale;
         }
-        store_split4(qh + r * RS + c, ql + r * RS + c, x);
+        store_split4<Exact>(qh + r * RS + c, ql + r * RS + c, x);
     }
     /* this thread's two rows (g and g + 8 of the warp's 16) and their key ranges */
     int rlast[2], rfirst[2];
@@ -890,13 +1013,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 
     for (int t0 = P.first; t0 <= P.last; t0 += TC_BK) {
         __syncthreads(); /* the previous tile is no longer read (and Q is in, the first time) */
-        for (int i = threadIdx.x; i < TC_BK * (HD / 4); i += TC_WARPS * 32) {
-            const int j = i / (HD / 4), c = i % (HD / 4) * 4;
-            float4 kf, vf; /* from the fp16 cache: exact in hi */
-            load_kv4(P, sh.page_size, HD, t0 + j, c, k, v, kc, vc, &kf, &vf);
-            store_split4(kh + j * RS + c, kl + j * RS + c, kf);
-            store_split4(vh + j * RS + c, vl + j * RS + c, vf);
-        }
+        src.load(P, sh.page_size, t0, k, v, kh, kl, vh, vl);
         __syncthreads();
         if (t0 > warp_last || t0 + TC_BK <= warp_first)
             continue; /* no key of this tile is seen by the warp's rows */
@@ -910,16 +1027,18 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
             uint32_t ah[4], al[4];
             const int qrow = warp * 16 + mr + (mi & 1) * 8, qcol = kk * 16 + (mi >> 1) * 8;
             ldsm_x4<false>(ah, qh + qrow * RS + qcol);
-            ldsm_x4<false>(al, ql + qrow * RS + qcol);
+            if constexpr (Exact)
+                ldsm_x4<false>(al, ql + qrow * RS + qcol);
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 uint32_t bh[4], bl[4];
                 const int krow = np * 16 + mr + (mi >> 1) * 8, kcol = kk * 16 + (mi & 1) * 8;
                 ldsm_x4<false>(bh, kh + krow * RS + kcol);
-                ldsm_x4<false>(bl, kl + krow * RS + kcol);
+                if constexpr (Exact)
+                    ldsm_x4<false>(bl, kl + krow * RS + kcol);
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    mma_split(sc[2 * np + h], ah, al, bh, bl, h);
+                    mma_split<Exact>(sc[2 * np + h], ah, al, bh, bl, h);
             }
         }
         /* masks and the online softmax of rows g (h = 0) and g + 8 (h = 1) */
@@ -971,10 +1090,11 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                 uint32_t bh[4], bl[4];
                 const int vrow = kk * 16 + mr + (mi & 1) * 8, vcol = np * 16 + (mi >> 1) * 8;
                 ldsm_x4<true>(bh, vh + vrow * RS + vcol);
-                ldsm_x4<true>(bl, vl + vrow * RS + vcol);
+                if constexpr (Exact)
+                    ldsm_x4<true>(bl, vl + vrow * RS + vcol);
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    mma_split(o[2 * np + h], ph, pl, bh, bl, h);
+                    mma_split<Exact>(o[2 * np + h], ph, pl, bh, bl, h);
             }
         }
     }
@@ -991,22 +1111,22 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     }
 }
 
-template <int HD>
-static void launch_prefill_tc(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v,
-                              const __half *kc, const __half *vc, const exl_batch *b, const exl_attn_shape *sh) {
-    const size_t smem = tc_tile<HD>::smem_bytes;
+template <int HD, bool Exact, class SRC>
+static void launch_prefill_tc(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v, SRC src,
+                              const exl_batch *b, const exl_attn_shape *sh) {
+    const size_t smem = tc_tile<HD, Exact>::smem_bytes;
     static size_t allowed = 48 * 1024;
     if (smem > allowed) {
-        if (cudaFuncSetAttribute(attn_prefill_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-            cudaSuccess) {
+        if (cudaFuncSetAttribute(attn_prefill_tc_kernel<HD, Exact, SRC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem) != cudaSuccess) {
             exl_cuda_check_launch(cb, "attention shared memory");
             return;
         }
         allowed = smem;
     }
     dim3 grid((unsigned)((b->max_q + TC_BQ - 1) / TC_BQ), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
-    exl_cuda_launch(cb, attn_prefill_tc_kernel<HD>, grid, dim3(TC_WARPS * 32), smem, out, q, k, v, kc, vc, b->d_seqs,
-                    b->d_page_tables, *sh);
+    exl_cuda_launch(cb, attn_prefill_tc_kernel<HD, Exact, SRC>, grid, dim3(TC_WARPS * 32), smem, out, q, k, v, src,
+                    b->d_seqs, b->d_page_tables, *sh);
     exl_cuda_check_launch(cb, "prefill attention (tensor cores)");
 }
 
@@ -1054,10 +1174,14 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
     const int tiled = (sh->head_dim == 64 || sh->head_dim == 128 || sh->head_dim == 256) && !(sh->softcap > 0.0f);
     if (b->max_q > EXL_CUDA_DECODE_MAX_Q && tiled) {
         const int tc = cb->sm_major >= 8 && !cb->prefill_attention_fp32;
-        if (sh->head_dim == 64 && tc)
-            launch_prefill_tc<64>(cb, out, q, k, v, kc, vc, b, sh);
+        if (sh->head_dim == 64 && tc && cb->exact_prefill)
+            launch_prefill_tc<64, true>(cb, out, q, k, v, tc_fp16_src<64, true>{kc, vc}, b, sh);
+        else if (sh->head_dim == 64 && tc)
+            launch_prefill_tc<64, false>(cb, out, q, k, v, tc_fp16_src<64, false>{kc, vc}, b, sh);
+        else if (sh->head_dim == 128 && tc && cb->exact_prefill)
+            launch_prefill_tc<128, true>(cb, out, q, k, v, tc_fp16_src<128, true>{kc, vc}, b, sh);
         else if (sh->head_dim == 128 && tc)
-            launch_prefill_tc<128>(cb, out, q, k, v, kc, vc, b, sh);
+            launch_prefill_tc<128, false>(cb, out, q, k, v, tc_fp16_src<128, false>{kc, vc}, b, sh);
         else if (sh->head_dim == 64)
             launch_prefill_tiled<64, 64>(cb, out, q, k, v, kc, vc, b, sh);
         else if (sh->head_dim == 128)
@@ -1125,6 +1249,23 @@ static void launch_decode(exl_cuda_backend *cb, float *out, const float *q, cons
                         sh->head_dim, splits, rp ? rp->oo : out_order{});
         exl_cuda_check_launch(cb, "attention combine");
     }
+}
+
+int exl_cuda_prefill_tc_quant(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v,
+                              const qk_side &ks, const qk_side &vs, const exl_batch *b, const exl_attn_shape *sh) {
+    if (cb->sm_major < 8 || cb->prefill_attention_fp32 || b->kv.group != 32 || sh->softcap > 0.0f || b->n_rows < 1)
+        return 0;
+    if (sh->head_dim == 64 && cb->exact_prefill)
+        launch_prefill_tc<64, true>(cb, out, q, k, v, tc_quant_src<64, true>{ks, vs}, b, sh);
+    else if (sh->head_dim == 64)
+        launch_prefill_tc<64, false>(cb, out, q, k, v, tc_quant_src<64, false>{ks, vs}, b, sh);
+    else if (sh->head_dim == 128 && cb->exact_prefill)
+        launch_prefill_tc<128, true>(cb, out, q, k, v, tc_quant_src<128, true>{ks, vs}, b, sh);
+    else if (sh->head_dim == 128)
+        launch_prefill_tc<128, false>(cb, out, q, k, v, tc_quant_src<128, false>{ks, vs}, b, sh);
+    else
+        return 0;
+    return 1;
 }
 
 int exl_cuda_rope_attention_fuses(const exl_cuda_backend *cb, const exl_batch *b, const exl_attn_shape *sh,

@@ -2,7 +2,8 @@
  *
  * Exported (C linkage, default visibility; everything else in the library is hidden):
  *   exl_backend_cuda_set_error_sink  - registry.c passes the core's error setter first
- *   exl_backend_cuda_create          - a backend on device 0, or a status with a message */
+ *   exl_backend_cuda_create          - a backend on device 0, or a status with a message
+ *   exl_backend_cuda_create_on       - the same on a given device, made current on the calling thread */
 #include "backend/cuda/cuda_internal.h"
 
 #include "base/half.h"
@@ -147,12 +148,15 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->dequant);
     cudaFree(cb->gemm_parts);
     cudaFree(cb->gemv_partial);
+    cudaFree(cb->gemv_normed);
     cudaFree(cb->gemv_counters);
     cudaFree(cb->top_k_buf);
     cudaFree(cb->mask_buf);
+    cudaFree(cb->sample_buf);
     cudaFree(cb->host_gemm_buf);
-    free(cb->moe_host);
+    exl_cuda_moe_free(cb);
     exl_cuda_argmax_free(cb);
+    exl_cuda_comm_release(cb);
     cublasDestroy(cb->cublas);
     cudaStreamDestroy(cb->stream);
     free(cb);
@@ -344,12 +348,17 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_argmax_wait,
     cu_memory,
     exl_cuda_mask_logits,
+    exl_cuda_comm_init,
+    exl_cuda_comm_abort,
+    exl_cuda_all_reduce,
+    exl_cuda_gather_cols,
+    exl_cuda_sample,
     exl_cuda_lora,
 };
 
 /* ---- creation */
 
-EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
+EXL_CUDA_EXPORT exl_status exl_backend_cuda_create_on(int device, exl_backend **out) {
     *out = NULL;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -357,12 +366,14 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
         return exl_cuda_fail(EXL_ERR_DEVICE, "no CUDA device: %s", cudaGetErrorString(e));
     if (n < 1)
         return exl_cuda_fail(EXL_ERR_DEVICE, "no CUDA device found");
+    if (device < 0 || device >= n)
+        return exl_cuda_fail(EXL_ERR_DEVICE, "no CUDA device %d (%d found)", device, n);
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0), "reading device properties");
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device), "reading device properties");
     if (prop.major * 10 + prop.minor < 75)
         return exl_cuda_fail(EXL_ERR_UNSUPPORTED, "GPU %s has compute capability %d.%d; exl needs 7.5 or newer",
                              prop.name, prop.major, prop.minor);
-    CUDA_CHECK(cudaSetDevice(0), "selecting device 0");
+    CUDA_CHECK(cudaSetDevice(device), "selecting the device");
     const char *limit = getenv("EXL_CUDA_MEMORY_LIMIT");
     memory_limit = limit && *limit ? parse_size(limit) : 0;
     if (limit && *limit && !memory_limit)
@@ -370,7 +381,7 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
     exl_cuda_backend *cb = (exl_cuda_backend *)calloc(1, sizeof *cb);
     if (!cb)
         return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory");
-    cb->device = 0;
+    cb->device = device;
     cb->n_sms = prop.multiProcessorCount;
     cb->sm_major = prop.major;
     const char *pa = getenv("EXL_CUDA_PREFILL_ATTENTION");
@@ -380,7 +391,13 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
     cb->graphs_off = graphs && !strcmp(graphs, "0");
     const char *det = getenv("EXL_CUDA_DETERMINISTIC");
     cb->deterministic = det && strcmp(det, "0") != 0;
+    const char *moe = getenv("EXL_CUDA_MOE_DEVICE");
+    cb->moe_host_routes = moe && !strcmp(moe, "0");
     cb->dequant_rows = dq && atoi(dq) > 0 ? atoi(dq) : EXL_CUDA_DEQUANT_ROWS_DEFAULT;
+    const char *mma_rows = getenv("EXL_CUDA_GEMV_MMA_ROWS");
+    cb->gemv_mma_rows = mma_rows && atoi(mma_rows) > 0 ? atoi(mma_rows) : EXL_CUDA_GEMV_MMA_ROWS_DEFAULT;
+    const char *exact = getenv("EXL_CUDA_EXACT_PREFILL");
+    cb->exact_prefill = exact && strcmp(exact, "0") != 0;
     e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(cb);
@@ -403,3 +420,5 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) {
     *out = &cb->base;
     return EXL_OK;
 }
+
+EXL_CUDA_EXPORT exl_status exl_backend_cuda_create(exl_backend **out) { return exl_backend_cuda_create_on(0, out); }

@@ -33,17 +33,29 @@ exl_status exl_cuda_fail(exl_status st, const char *fmt, ...) __attribute__((for
 
 /* the plan of a step's graph, and its CUDA graph (cuda_plan.cu, cuda_graph.cu) */
 typedef struct exl_cuda_plan exl_cuda_plan;
+/* a layer's experts as the grouped kernels read them (cuda_moe.cu) */
+typedef struct exl_cuda_moe_table exl_cuda_moe_table;
+
+typedef struct exl_cuda_comm exl_cuda_comm; /* tensor parallelism's NCCL communicators (cuda_comm.cu) */
 
 typedef struct exl_cuda_backend {
     exl_backend base;
     int device;
+    exl_cuda_comm *comm; /* the ranks' communicator, or NULL */
+    int32_t rank;
     int n_sms;
     int sm_major;               /* compute capability, major */
     int pdl;                    /* programmatic dependent launch (sm_90+): see exl_cuda_launch */
     int deterministic;          /* EXL_CUDA_DETERMINISTIC=1: split-K sums added in a fixed order (cuda_qgemv.cu) */
     int prefill_attention_fp32; /* EXL_CUDA_PREFILL_ATTENTION=fp32: prompts' attention on CUDA cores
                                  * (cuda_attention.cu), not on tensor cores */
+    int moe_host_routes;        /* EXL_CUDA_MOE_DEVICE=0: every mixture of experts waits for its routes on the
+                                 * host, as prompts do (cuda_moe.cu), decode steps too (never captured then) */
     int32_t dequant_rows;       /* quantized matmuls of this many rows go through cuda_qgemm.cu */
+    int32_t gemv_mma_rows;      /* quantized matmuls of 2 .. EXL_CUDA_QGEMV_MAX_ROWS rows from this many on go through
+                                 * the GEMV on tensor cores (cuda_qgemv.cu; EXL_CUDA_GEMV_MMA_ROWS) */
+    int exact_prefill;          /* EXL_CUDA_EXACT_PREFILL=1: many-row matmuls of prompt rows keep ~22 bits (activations
+                                 * and decoded weights as fp16 hi + lo, cuda_matmul.cu); 0: plain fp16 */
     cudaStream_t stream;
     cublasHandle_t cublas;
     exl_status sticky; /* first asynchronous failure, EXL_OK if none */
@@ -53,6 +65,8 @@ typedef struct exl_cuda_backend {
     size_t scratch_bytes;
     float *gemv_partial; /* split-K partial sums of the GEMV kernels */
     size_t gemv_partial_bytes;
+    float *gemv_normed; /* the normed input of the GEMV on tensor cores */
+    size_t gemv_normed_bytes;
     unsigned *gemv_counters; /* per column tile arrival counters (self-resetting) */
     size_t gemv_counter_count;
     float *attn_partial; /* split-K partials of decode attention */
@@ -65,6 +79,8 @@ typedef struct exl_cuda_backend {
     size_t fused_scratch_bytes;
     void *top_k_buf; /* top_k results: ids, then values */
     size_t top_k_bytes;
+    void *sample_buf; /* the sample op's results, settings, edits (cuda_sample.cu) */
+    size_t sample_bytes;
     void *mask_buf; /* mask_logits' bitsets (cuda_mask.cu) */
     size_t mask_bytes;
     /* greedy tokens for decode ahead of the host (cuda_argmax.cu) */
@@ -87,9 +103,14 @@ typedef struct exl_cuda_backend {
         int set, seen; /* seen: the step in flight has called it as the cached one did */
     } tail;
     cudaGraphExec_t exec;
-    /* the routes of a mixture of experts on the host (cuda_moe.cu) */
+    /* mixture of experts (cuda_moe.cu): the routes of a prompt step on the host; each layer's experts as a device
+     * table of their matrices; the device path's groups */
     int32_t *moe_host;
     size_t moe_host_count;
+    exl_cuda_moe_table *moe_tables;
+    int32_t n_moe_tables, cap_moe_tables;
+    int32_t *moe_groups;
+    size_t moe_groups_bytes;
     /* host_gemm staging (cuda_host_gemm.cu) */
     float *host_gemm_buf;
     size_t host_gemm_bytes;
@@ -236,17 +257,17 @@ const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t wi
  * hi + lo (parts 2) or hi alone (parts 1); uses scratch */
 void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float *up, int act, const exl_linear *w,
                    int32_t rows, int accumulate, int parts);
-/* out_i[rows, out] (+)= x · w_i + b_i for n quantized matrices of one input width through
- * weights decoded to fp16 and cuBLAS (cuda_qgemm.cu): the many-row path from cb->dequant_rows
- * rows (EXL_CUDA_DEQUANT_ROWS, default EXL_CUDA_DEQUANT_ROWS_DEFAULT); uses scratch, dequant
- * and gemm_parts */
+/* f's matmuls (quantized, of one input width; its norm or GLU applied to x, not both) through weights decoded to
+ * fp16 and cuBLAS (cuda_qgemm.cu): the many-row path from cb->dequant_rows rows (EXL_CUDA_DEQUANT_ROWS, default
+ * EXL_CUDA_DEQUANT_ROWS_DEFAULT). The activations are multiplied as fp16 hi + lo (parts 2) or hi alone (parts 1);
+ * the weights are decoded as hi + lo with cb->exact_prefill, else as plain fp16. Uses scratch, dequant and
+ * gemm_parts. */
 #define EXL_CUDA_DEQUANT_ROWS_DEFAULT 96
 /* Tokens per forward step (exl_backend.step_rows): a prompt of 2048 tokens in one step decodes
  * each quantized matrix once for cuBLAS instead of four times (prefill 2048: 5596 -> 6938
  * tok/s on H100 against 512-token steps, bench/RESULTS.md) */
 #define EXL_CUDA_STEP_ROWS 2048
-void exl_cuda_qgemm(exl_cuda_backend *cb, int n, float *const *out, const exl_linear *const *w, const float *x,
-                    int32_t rows, int accumulate, int parts);
+void exl_cuda_qgemm(exl_cuda_backend *cb, const exl_cuda_fused_mm *f, int parts);
 /* Products of fp16 weights with the activations' two fp16 parts (cuda_matmul.cu). xh holds hi
  * then lo, each [rows, K]. The weights W are hi (+ lo / EXL_CUDA_LO_SCALE when lo is not NULL:
  * the decoded quantized weights, exact to ~22 bits), each fp16 [n, ld] row-major (trans = 1,
@@ -271,8 +292,10 @@ float *exl_cuda_gemm_stacked(exl_cuda_backend *cb, const __half *xh, int32_t xpa
                              const exl_cuda_f16w *w, int32_t n, int *parts);
 void exl_cuda_parts_sum(exl_cuda_backend *cb, float *out, int64_t ldo, const float *c, int64_t ldc, int32_t n,
                         int32_t rows, int parts, const float *bias, int accumulate);
-/* fp32 x [rows, width] as two fp16 matrices hi, lo: [2 * rows, width] (cuda_split_half.cu) */
-void exl_cuda_split_half(exl_cuda_backend *cb, __half *dst, const float *x, int32_t rows, int32_t width);
+/* xin = norm ? rmsnorm(x) * norm : up ? act(x) * up : x (fp32 [rows, width]) as fp16 hi [rows, width] at dst and,
+ * with parts 2, lo = fp16(xin - hi) [rows, width] after it (cuda_split_half.cu) */
+void exl_cuda_split_half(exl_cuda_backend *cb, __half *dst, const float *x, const exl_vector *norm, float eps,
+                         const float *up, int act, int32_t rows, int32_t width, int parts);
 void exl_cuda_run_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows,
                         float scale);
 void exl_cuda_run_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
@@ -293,10 +316,36 @@ void exl_cuda_run_copy_cols(exl_backend *be, float *out, const float *x, int32_t
                             int32_t col);
 void exl_cuda_run_softcap(exl_backend *be, float *x, int64_t n, float cap);
 void exl_cuda_run_row_gate(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width);
-/* mixture of experts (cuda_moe.cu); moe_experts waits for the routes on the host, so a step with it is never
- * captured into a CUDA graph */
+/* mixture of experts (cuda_moe.cu): moe_experts of a decode-sized step (exl_cuda_moe_on_device, and not a prompt
+ * piece) runs on the device alone, in launches a CUDA graph can hold; prompts wait for their routes on the host */
 void exl_cuda_run_moe_route(exl_backend *be, const exl_moe_route_node *n);
-void exl_cuda_run_moe_experts(exl_backend *be, const exl_moe_experts_node *n);
+void exl_cuda_run_moe_experts(exl_backend *be, const exl_moe_experts_node *n, int prompt);
+int exl_cuda_moe_on_device(const exl_cuda_backend *cb, const exl_moe_experts_node *n);
+void exl_cuda_moe_free(exl_cuda_backend *cb);
+/* A step's (row, choice) pairs grouped by expert (cuda_moe.cu): group g is expert expert[g] (-1: no group), its
+ * slots start[g] .. start[g] + count[g] - 1; a slot's row and pair (row * top_k + choice) */
+typedef struct exl_cuda_moe_groups {
+    const int32_t *expert, *start, *count; /* [n_groups] */
+    const int32_t *slot_row, *slot_pair;   /* [pairs] */
+    int32_t n_groups, pairs, rows, n_experts;
+} exl_cuda_moe_groups;
+/* One grouped GEMV launch (cuda_moe_gemv.cu): for each group's slots, out[i][slot] = xin · W_i of the group's
+ * expert (+ bias), for its matrices role0 .. role0 + n_roles - 1 (0 gate, 1 up, 2 down; gate and up together);
+ * xin = x[slot_row[slot]], or act(x[slot]) * up[slot] when up is set. With pair_weight, out[0] is the layer's
+ * output instead, [rows, out], and each slot's product times its pair's weight is added to its row. */
+typedef struct exl_cuda_moe_launch {
+    const exl_cuda_moe_groups *groups;
+    const exl_linear *mats;  /* the device table: [n_experts][3] */
+    const exl_linear *first; /* host: expert 0's matrix role0 (every expert's has its kind and shape) */
+    int32_t role0, n_roles;
+    const float *x, *up;
+    int32_t act;
+    float *out[2];
+    const float *pair_weight;
+    int32_t n_chunks;   /* quantized: the most input chunks of any expert's matrix of the launch */
+    int32_t out_zeroed; /* out[] is zero: the input may be split over blocks whose sums are added atomically */
+} exl_cuda_moe_launch;
+void exl_cuda_moe_gemv(exl_cuda_backend *cb, const exl_cuda_moe_launch *l);
 /* LoRA updates (cuda_lora.cu) */
 void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
@@ -326,10 +375,13 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
  * (captured 16-64-job generator steps ran 3-11% faster than launched one by one,
  * bench/RESULTS.md); prompt pieces, which attention marks, run directly. */
 #define EXL_CUDA_GRAPH_MAX_ROWS 64
-/* Largest row count the quantized GEMV takes (one launch); more rows go to the tensor-core
- * kernel (cuda_qmma.cu), which reads the weights once for up to 32 rows (measured: 8 rows
- * of q_proj 29.8 us in the GEMV, 20.8 in cuda_qmma.cu; 4 rows 14.1 in the GEMV) */
-#define EXL_CUDA_QGEMV_MAX_ROWS 4
+/* Largest row count the quantized GEMV takes (cuda_qgemv.cu; one launch from cb->gemv_mma_rows rows, which
+ * multiplies on tensor cores and reads the weights once for all the rows; below, launches of up to 4 rows); more
+ * rows go to the tensor-core kernel of cuda_qmma.cu (its activation gather, split sums and one launch per matrix
+ * made 8 rows of gate_proj cost 2.3x one row: 25.9 us against 11.4). Speculative decoding verifies 5-9 rows a
+ * step, batched decode takes 2-16. */
+#define EXL_CUDA_QGEMV_MAX_ROWS 16
+#define EXL_CUDA_GEMV_MMA_ROWS_DEFAULT 2
 #define EXL_CUDA_DECODE_MAX_Q 4
 /* decode attention sizes its splits for max_kv rounded up to this, so a captured step can
  * be replayed for the next tokens */
@@ -364,6 +416,8 @@ int64_t exl_cuda_argmax(exl_backend *be, int32_t *ids, const float *logits, int3
 exl_status exl_cuda_argmax_wait(exl_backend *be, int64_t ticket, int32_t *ids, int32_t rows);
 exl_status exl_cuda_mask_logits(exl_backend *be, float *logits, int32_t rows, int32_t vocab, uint32_t *mask,
                                 exl_logit_mask_fn fill, void *user);
+exl_status exl_cuda_sample(exl_backend *be, exl_sample_result *out, float *logits, int32_t rows, int32_t vocab,
+                           const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits);
 
 /* ---- argmax (cuda_argmax.cu) */
 
@@ -415,6 +469,16 @@ void exl_cuda_plan_free(exl_cuda_plan *p);
 
 /* End the step at a synchronisation point: launch what was captured or matched. */
 void exl_cuda_graph_finish(exl_cuda_backend *cb);
+
+/* tensor parallelism (cuda_comm.cu): the op table's entries, the launches a plan makes of the collectives' nodes,
+ * and the communicator's reference that a backend drops when destroyed */
+exl_status exl_cuda_comm_init(exl_backend *const *ranks, int32_t n);
+void exl_cuda_comm_abort(exl_backend *be, int resume);
+void exl_cuda_all_reduce(exl_backend *be, float *x, int64_t n);
+void exl_cuda_gather_cols(exl_backend *be, const exl_gather_cols_node *n);
+void exl_cuda_run_all_reduce(exl_backend *be, float *x, int64_t n);
+void exl_cuda_run_gather_cols(exl_backend *be, const exl_gather_cols_node *n);
+void exl_cuda_comm_release(exl_cuda_backend *cb);
 /* Something that cannot be captured (a buffer growing) is about to happen inside a step:
  * launch what was captured so far, drop the cached graph, run the rest of the step directly. */
 void exl_cuda_graph_flush(exl_cuda_backend *cb);

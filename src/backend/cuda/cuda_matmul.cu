@@ -1,12 +1,12 @@
 /* cuda_matmul.cu - out = x·W + b on the GPU, alone or fused (exl_cuda_fused_mm).
  *
  * Few rows (decode): a GEMV that streams the weights once (dense fp16, one row: one warp per
- * output, 16-byte loads; quantized, up to 4 rows: cuda_qgemv.cu, which also fuses
- * norm/GLU/residual). Many rows:
- * the activations as two fp16 parts (x = hi + lo: fp16 alone flips near-tied argmaxes of the
- * reference logits), then for quantized weights the tensor-core kernel of cuda_qmma.cu or, from
+ * output, 16-byte loads; quantized, up to EXL_CUDA_QGEMV_MAX_ROWS rows: cuda_qgemv.cu, which also fuses
+ * norm/GLU/residual). Many rows: for quantized weights the tensor-core kernel of cuda_qmma.cu or, from
  * cb->dequant_rows rows, cuBLAS over weights decoded to fp16 (cuda_qgemm.cu); for dense
- * fp16 weights cuBLAS (fp32 accumulation and output) directly. */
+ * fp16 weights cuBLAS (fp32 accumulation and output) directly. The activations of many rows are multiplied as
+ * fp16 (one part), or with EXL_CUDA_EXACT_PREFILL=1 those of prompt rows as two fp16 parts (x = hi + lo: fp16
+ * alone flips near-tied argmaxes of the reference logits). */
 #include "backend/cuda/cuda_internal.h"
 
 #include <string.h>
@@ -122,44 +122,55 @@ void exl_cuda_gemm_parts(exl_cuda_backend *cb, float *out, int64_t ldo, const __
         exl_cuda_parts_sum(cb, out, ldo, NULL, 0, n, rows, 0, bias, 1);
 }
 
-/* out = x · w + b for more rows than the GEMVs take; quantized weights multiply the activations'
- * xparts fp16 parts (1: hi alone, for decode rows), dense ones always both */
+/* The fp16 parts of the activations of many rows: 2 (hi + lo, ~22 bits) for prompt rows with
+ * EXL_CUDA_EXACT_PREFILL=1, where quantized weights of decode rows multiply 1 (hi alone, as the GEMV rounds them)
+ * and dense weights always 2; 1 otherwise. */
+static int act_parts(const exl_cuda_backend *cb, int decode, int dense) {
+    return cb->exact_prefill && (!decode || dense) ? 2 : 1;
+}
+
+/* out = x · w + b for more rows than the GEMVs take (decode: the rows are decode tokens) */
 static void matmul_gemm(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows,
-                        int xparts) {
+                        int decode) {
+    const int parts = act_parts(cb, decode, w->kind == EXL_LINEAR_DENSE);
     if (w->kind != EXL_LINEAR_DENSE) {
+        exl_cuda_fused_mm f;
+        memset(&f, 0, sizeof f);
+        f.rows = rows, f.n = 1, f.x = x, f.w[0] = w, f.out[0] = out, f.in_features = w->in;
+        f.out_features[0] = w->out, f.decode = decode;
         if (rows >= cb->dequant_rows)
-            exl_cuda_qgemm(cb, 1, &out, &w, x, rows, 0, xparts);
+            exl_cuda_qgemm(cb, &f, parts);
         else
-            exl_cuda_qmma(cb, out, x, NULL, 0, w, rows, 0, xparts);
+            exl_cuda_qmma(cb, out, x, NULL, 0, w, rows, 0, parts);
         return;
     }
-    if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)rows * w->in * sizeof(__half),
+    if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, (size_t)parts * rows * w->in * sizeof(__half),
                          "fp16 activations"))
         return;
     __half *xh = (__half *)cb->scratch;
-    exl_cuda_split_half(cb, xh, x, rows, w->in);
+    exl_cuda_split_half(cb, xh, x, NULL, 0.0f, NULL, 0, rows, w->in, parts);
     exl_cuda_f16w fw = {w->w, NULL, 1, w->in};
-    exl_cuda_gemm_parts(cb, out, w->out, xh, 2, rows, w->in, &fw, w->out, w->bias, 0);
+    exl_cuda_gemm_parts(cb, out, w->out, xh, parts, rows, w->in, &fw, w->out, w->bias, 0);
 }
 
 /* out = x · w + b, by the GEMV that takes it or matmul_gemm */
 static void matmul_rows(exl_cuda_backend *cb, float *out, const float *x, const exl_linear *w, int32_t rows,
-                        int xparts) {
+                        int decode) {
     if (rows < 1)
         return;
     exl_cuda_fused_mm f;
     memset(&f, 0, sizeof f);
-    f.rows = rows, f.n = 1, f.x = x, f.w[0] = w, f.out[0] = out;
+    f.rows = rows, f.n = 1, f.x = x, f.w[0] = w, f.out[0] = out, f.decode = decode;
     if (exl_cuda_qgemv_takes(cb, &f))
         exl_cuda_qgemv_fused(cb, &f);
     else if (rows == 1 && w->kind == EXL_LINEAR_DENSE)
         dense_gemv(cb, out, x, w);
     else
-        matmul_gemm(cb, out, x, w, rows, xparts);
+        matmul_gemm(cb, out, x, w, rows, decode);
 }
 
 void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
-    matmul_rows(exl_cuda(be), out, x, w, rows, 2);
+    matmul_rows(exl_cuda(be), out, x, w, rows, 0);
 }
 
 /* ---- fused matmuls: the fused GEMV, or the ops one by one through fused_scratch
@@ -180,7 +191,7 @@ static int qgemm_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
 }
 
 size_t exl_cuda_fused_scratch_need(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
-    if (exl_cuda_qgemv_takes(cb, f))
+    if (exl_cuda_qgemv_takes(cb, f) || qgemm_takes(cb, f))
         return 0;
     size_t n = f->norm ? (size_t)f->rows * f->in_features : 0;
     if (f->accumulate && !all_quantized(f))
@@ -202,31 +213,31 @@ void exl_cuda_run_matmul_fused(exl_backend *be, const exl_cuda_fused_mm *f) {
         exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: a GEMV's slot order or zeroing reached another matmul");
         return;
     }
+    const int quantized = all_quantized(f), qgemm = qgemm_takes(cb, f);
+    if (qgemm) { /* the norm or GLU applied by its fp16 conversion */
+        exl_cuda_qgemm(cb, f, act_parts(cb, f->decode, 0));
+        return;
+    }
     const float *xin = f->x, *up = NULL; /* up: the GLU left to cuda_qmma.cu's activation gather */
-    const int xparts = f->decode ? 1 : 2, quantized = all_quantized(f), qgemm = qgemm_takes(cb, f);
     if (f->norm) {
         exl_cuda_run_rmsnorm(be, cb->fused_scratch, f->x, f->norm, f->rows, f->in_features, f->eps);
         xin = cb->fused_scratch;
-    } else if (f->up && quantized && !qgemm) {
+    } else if (f->up && quantized) {
         up = f->up;
     } else if (f->up) { /* in place, as the unfused forward pass does */
         exl_cuda_run_glu(be, (float *)f->x, f->up, f->rows, f->in_features, f->act);
     }
-    if (qgemm) {
-        exl_cuda_qgemm(cb, f->n, f->out, f->w, xin, f->rows, f->accumulate, xparts);
-        return;
-    }
     if (quantized) {
         for (int i = 0; i < f->n; i++)
-            exl_cuda_qmma(cb, f->out[i], xin, up, f->act, f->w[i], f->rows, f->accumulate, xparts);
+            exl_cuda_qmma(cb, f->out[i], xin, up, f->act, f->w[i], f->rows, f->accumulate, act_parts(cb, f->decode, 0));
         return;
     }
     for (int i = 0; i < f->n; i++) {
         if (f->accumulate) {
-            matmul_rows(cb, cb->fused_scratch, xin, f->w[i], f->rows, xparts);
+            matmul_rows(cb, cb->fused_scratch, xin, f->w[i], f->rows, f->decode);
             exl_cuda_run_add(be, f->out[i], cb->fused_scratch, (int64_t)f->rows * f->out_features[i]);
         } else {
-            matmul_rows(cb, f->out[i], xin, f->w[i], f->rows, xparts);
+            matmul_rows(cb, f->out[i], xin, f->w[i], f->rows, f->decode);
         }
     }
 }

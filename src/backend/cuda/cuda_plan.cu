@@ -125,6 +125,14 @@ static exl_node canonical(const exl_node *n) {
         o.xs = a.xs, o.gate = a.gate, o.up = a.up, o.slots = a.slots;
         break;
     }
+    case EXL_OP_ALL_REDUCE: c.all_reduce.x = n->all_reduce.x, c.all_reduce.n = n->all_reduce.n; break;
+    case EXL_OP_GATHER_COLS: {
+        const exl_gather_cols_node &a = n->gather_cols;
+        exl_gather_cols_node &o = c.gather_cols;
+        o.out = a.out, o.x = a.x, o.cols = a.cols, o.rows = a.rows, o.out_width = a.out_width;
+        o.n_ranks = a.n_ranks, o.rank = a.rank, o.tmp = a.tmp;
+        break;
+    }
     case EXL_OP_LORA: {
         const exl_lora_node &a = n->lora;
         exl_lora_node &o = c.lora;
@@ -441,20 +449,24 @@ static int node_rows(const exl_node *n, int32_t batch_rows) {
     case EXL_OP_ROW_GATE: return n->row_gate.rows;
     case EXL_OP_MOE_ROUTE: return n->moe_route.rows;
     case EXL_OP_MOE_EXPERTS: return n->moe_experts.rows;
+    case EXL_OP_GATHER_COLS: return n->gather_cols.rows;
     case EXL_OP_ADD:
+    case EXL_OP_ALL_REDUCE:
     case EXL_OP_SOFTCAP: return 0;
     default: return batch_rows;
     }
 }
 
+/* a step with prompt pieces: more than EXL_CUDA_DECODE_MAX_Q new tokens in a sequence */
+static int prompt_piece(const exl_cuda_plan *p) { return p->has_batch && p->batch.max_q > EXL_CUDA_DECODE_MAX_Q; }
+
 /* a decode-sized step: at most EXL_CUDA_GRAPH_MAX_ROWS rows and EXL_CUDA_DECODE_MAX_Q new tokens a sequence (prompt
- * pieces, which the attention marks, run directly), and no mixture of experts (which waits for its routes on the
- * host) */
-static int graphable(const exl_cuda_plan *p) {
+ * pieces, which the attention marks, run directly), its mixtures of experts on the device alone */
+static int graphable(const exl_cuda_backend *cb, const exl_cuda_plan *p) {
     for (int32_t i = 0; i < p->n_nodes; i++) {
         const exl_node *n = &p->nodes[i];
-        if (node_rows(n, p->batch.n_rows) > EXL_CUDA_GRAPH_MAX_ROWS ||
-            (n->op == EXL_OP_ATTENTION && p->batch.max_q > EXL_CUDA_DECODE_MAX_Q) || n->op == EXL_OP_MOE_EXPERTS)
+        if (node_rows(n, p->batch.n_rows) > EXL_CUDA_GRAPH_MAX_ROWS || (n->op == EXL_OP_ATTENTION && prompt_piece(p)) ||
+            (n->op == EXL_OP_MOE_EXPERTS && (prompt_piece(p) || !exl_cuda_moe_on_device(cb, &n->moe_experts))))
             return 0;
     }
     return 1;
@@ -482,7 +494,7 @@ exl_status exl_cuda_plan_compile(exl_cuda_backend *cb, const exl_graph *g, exl_c
                                  p->nodes[i].tag.layer);
     }
     p->n_nodes = g->n_nodes;
-    p->graphable = graphable(p);
+    p->graphable = graphable(cb, p);
     compiler c = {cb, g, p, p->batch.n_rows};
     int oom = 0;
     for (int32_t i = 0; i < p->n_nodes && !oom;) {
@@ -553,7 +565,9 @@ static void run_node(exl_cuda_backend *cb, const exl_cuda_plan *p, const exl_nod
         exl_cuda_run_row_gate(be, n->row_gate.x, n->row_gate.g, n->row_gate.rows, n->row_gate.width);
         break;
     case EXL_OP_MOE_ROUTE: exl_cuda_run_moe_route(be, &n->moe_route); break;
-    case EXL_OP_MOE_EXPERTS: exl_cuda_run_moe_experts(be, &n->moe_experts); break;
+    case EXL_OP_MOE_EXPERTS: exl_cuda_run_moe_experts(be, &n->moe_experts, prompt_piece(p)); break;
+    case EXL_OP_ALL_REDUCE: exl_cuda_run_all_reduce(be, n->all_reduce.x, n->all_reduce.n); break;
+    case EXL_OP_GATHER_COLS: exl_cuda_run_gather_cols(be, &n->gather_cols); break;
     case EXL_OP_LORA: exl_cuda_run_lora(be, &n->lora); break;
     case EXL_OP_MATMUL: /* compiled into EXL_CUDA_RUN_MATMUL launches, always */
         exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: a matmul node left out of the plan's matmuls");

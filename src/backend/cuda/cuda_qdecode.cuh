@@ -96,4 +96,83 @@ __device__ __forceinline__ __half2 zero_pair(const __half *zeros, int64_t at, in
     return __float2half2_rn(1024.0f + z);
 }
 
+/* ---- a quarter of a chunk: the pairs 4t .. 4t+3 (slots 8t .. 8t+7) of one column, which lane (g, t) of a warp
+ * decodes for the B fragment of two m16n8k16 k steps (cuda_qmma.cu, the many-row GEMV of cuda_qgemv.cu) */
+
+#define MAX_WORDS 6 /* code words a thread reads per column and chunk */
+
+/* of a column's chunk of B-bit codes, the words that quarter t needs: quarter_words from word quarter_first(t) */
+template <int B>
+__host__ __device__ constexpr int quarter_words(void) {
+    return B == 4 || B == 2 ? 1 : B == 8 ? 2 : B;
+}
+template <int B>
+__device__ __forceinline__ int quarter_first(int t) {
+    return B == 4 ? t : B == 2 ? t / 2 : B == 8 ? 2 * t : 0;
+}
+
+__device__ __forceinline__ uint32_t half2_bits(__half2 h) {
+    uint32_t u;
+    memcpy(&u, &h, 4);
+    return u;
+}
+
+/* c ? x : y as one selp the compiler cannot turn back into an array index */
+__device__ __forceinline__ uint32_t select_u32(int c, uint32_t x, uint32_t y) {
+    uint32_t r;
+    asm("{ .reg .pred p; setp.ne.s32 p, %3, 0; selp.b32 %0, %1, %2, p; }" : "=r"(r) : "r"(x), "r"(y), "r"(c));
+    return r;
+}
+
+/* B bits from bit `bit` of the stream w[0 .. B) (as extract above), with the word
+ * picked by selects, not by a run-time array index, so w stays in registers. */
+template <int B>
+__device__ __forceinline__ uint32_t bits_at(const uint32_t (&w)[MAX_WORDS], int bit) {
+    int lo = bit >> 5, off = bit & 31;
+    uint32_t a = w[0], b = w[0];
+#pragma unroll
+    for (int k = 1; k < B; k++) {
+        a = select_u32(lo == k, w[k], a);
+        b = select_u32(lo + 1 == k, w[k], b);
+    }
+    uint32_t v = off + B <= 32 ? a >> off : __funnelshift_r(a, b, off);
+    return v & ((1u << B) - 1);
+}
+
+/* (x & mask) | bits as one lop3 (the compiler otherwise makes two instructions of it) */
+__device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t mask, uint32_t bits) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "r"(mask), "r"(bits));
+    return r;
+}
+
+/* Those pairs as exact (q - z) fp16 pairs; the pair layout is decode_chunk's (cuda_qdecode.cuh). */
+template <int B>
+__device__ __forceinline__ void decode_quarter(const uint32_t (&w)[MAX_WORDS], int t, __half2 zz, uint32_t (&pr)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t v;
+        if constexpr (B == 4)
+            v = and_or(w[0] >> (4 * j), 0x000f000fu, 0x64006400u);
+        else if constexpr (B == 2)
+            v = and_or(w[0] >> (2 * ((t & 1) * 4 + j)), 0x00030003u, 0x64006400u);
+        else if constexpr (B == 8)
+            v = and_or(w[j / 2] >> (8 * (j & 1)), 0x00ff00ffu, 0x64006400u);
+        else if constexpr (B == 3 || B == 5) {
+            /* pair p in word p / (16 / B); pair 15 (t = 3, j = 3) from the words' top bits */
+            constexpr int K = 16 / B;
+            const int p = 4 * t + j, u = p / K;
+            uint32_t x = w[0];
+#pragma unroll
+            for (int k = 1; k < B; k++)
+                x = select_u32(u == k, w[k], x);
+            v = and_or(x >> ((p % K) * B), ((1u << B) - 1) * 0x00010001u, 0x64006400u);
+            if (j == 3)
+                v = select_u32(t == 3, spare_pair<B>(w, 0x64006400u), v);
+        } else
+            v = (bits_at<B>(w, (4 * t + j) * B) | (bits_at<B>(w, (4 * t + j + 16) * B) << 16)) | 0x64006400u;
+        pr[j] = half2_bits(__hsub2(u32_as_half2(v), zz));
+    }
+}
+
 #endif

@@ -1,15 +1,17 @@
 /* cuda_qgemm.cu - quantized matmul for many rows (prefill chunks, big batches) through
  * cuBLAS: the weights are decoded once per matmul into fp16 W[in, width] (a slab of the
- * output columns at a time, natural input order, value scale · (q − z) as hi + lo) and multiplied
- * with the activations' two fp16 parts by exl_cuda_gemm_parts (cuda_matmul.cu). Matrices that
+ * output columns at a time, natural input order, value scale · (q − z)) and multiplied
+ * with the activations' fp16 parts by exl_cuda_gemm_parts (cuda_matmul.cu). Matrices that
  * share their input (q/k/v, gate/up) and fit one slab together are decoded side by side and
  * multiplied in one GEMM; the residual add and bias ride on the kernel that sums the parts.
+ * The layer's RMSNorm or GLU is applied while the activations are converted to fp16.
  *
  * The tensor-core kernel of cuda_qmma.cu decodes the codes again for every 32 rows; from
  * EXL_CUDA_DEQUANT_ROWS rows (cb->dequant_rows) decoding once and letting cuBLAS
- * run at its rate is faster. A weight is decoded as two fp16 numbers, hi + lo: fp16 alone
- * (ExLlamaV2's prefill) loses ~2^-12 of each weight, enough to flip near-tied argmaxes of the
- * reference logits; with lo the products hi·hi, lo·hi and hi·lo keep ~22 bits. */
+ * run at its rate is faster. By default a weight is decoded as one fp16 number and the activations are one fp16
+ * part: a single GEMM, what ExLlamaV2 and other engines do for prompts. With EXL_CUDA_EXACT_PREFILL=1 a weight is
+ * decoded as two, hi + lo: fp16 alone loses ~2^-12 of each weight, which flips near-tied argmaxes of the
+ * reference logits; with lo the products hi·hi, lo·hi and hi·lo keep ~22 bits, at three GEMMs. */
 #include "backend/cuda/cuda_qdecode.cuh"
 
 #define DQ_COLS 256                    /* columns a block decodes: 64 threads x DQ_COLS_T */
@@ -24,7 +26,7 @@ __device__ __forceinline__ __half2 pair_at(const uint32_t (&w)[B], int p, __half
     return __hsub2(u32_as_half2(pair_codes<B>(w, p, 0x64006400u)), zz);
 }
 
-/* One chunk of DQ_COLS_T columns into hi and, at lo_at further, lo: w = scale · (q - z) is
+/* One chunk of DQ_COLS_T columns into hi and, at lo_at further, lo (lo_at 0: none): w = scale · (q - z) is
  * exact in fp32; hi = fp16(w), lo = fp16((w - hi) · EXL_CUDA_LO_SCALE). One 8-byte store per
  * row and part. */
 template <int B>
@@ -72,17 +74,22 @@ __device__ __forceinline__ void dequant_chunk(const exl_qmatrix &q, int4 meta, i
                 uint2 u;
                 memcpy(&u, hi[k], 8);
                 *(uint2 *)d = u;
-                memcpy(&u, lo[k], 8);
-                *(uint2 *)(d + lo_at) = u;
+                if (lo_at) {
+                    memcpy(&u, lo[k], 8);
+                    *(uint2 *)(d + lo_at) = u;
+                }
             } else {
-                for (int c = 0; c < DQ_COLS_T && col0 + c < end; c++)
-                    d[c] = hi[k][c], d[lo_at + c] = lo[k][c];
+                for (int c = 0; c < DQ_COLS_T && col0 + c < end; c++) {
+                    d[c] = hi[k][c];
+                    if (lo_at)
+                        d[lo_at + c] = lo[k][c];
+                }
             }
         }
     }
 }
 
-/* dst[in, ld] (hi) and dst[lo_at + ...] (lo) = the columns n0 .. end of q (dst column 0 is
+/* dst[in, ld] (hi) and dst[lo_at + ...] (lo, unless lo_at is 0) = the columns n0 .. end of q (dst column 0 is
  * column n0); grid x: column tiles of the slab, y: groups of DQ_SUBS chunks */
 __global__ void __launch_bounds__(DQ_COLS / DQ_COLS_T * DQ_SUBS)
     dequant_kernel(__half *dst, const __grid_constant__ exl_qmatrix q, int32_t n0, int32_t end, int32_t ld,
@@ -111,14 +118,15 @@ static void dequant(exl_cuda_backend *cb, __half *dst, const exl_qmatrix *q, int
     exl_cuda_check_launch(cb, "quantized matmul (decoding the weights)");
 }
 
-void exl_cuda_qgemm(exl_cuda_backend *cb, int n, float *const *out, const exl_linear *const *w, const float *x,
-                    int32_t rows, int accumulate, int parts) {
-    const int32_t K = w[0]->in;
+void exl_cuda_qgemm(exl_cuda_backend *cb, const exl_cuda_fused_mm *f, int parts) {
+    const int n = f->n, accumulate = f->accumulate, with_lo = cb->exact_prefill;
+    const exl_linear *const *w = f->w;
+    const int32_t K = w[0]->in, rows = f->rows;
     int64_t together = 0; /* the matrices side by side, each from a column tile boundary */
     for (int i = 0; i < n; i++)
         together += w[i]->q.n_pad;
     /* one slab: all the matrices, or whole column tiles of one, as many as SLAB_BYTES hold */
-    const size_t tile_bytes = 2 * (size_t)K * DQ_COLS * sizeof(__half); /* hi and lo */
+    const size_t tile_bytes = (with_lo ? 2 : 1) * (size_t)K * DQ_COLS * sizeof(__half);
     const int fused = rows <= EXL_CUDA_STACK_ROWS && (size_t)together / DQ_COLS * tile_bytes <= SLAB_BYTES;
     int64_t slab = (int64_t)(SLAB_BYTES / tile_bytes) * DQ_COLS;
     slab = slab < DQ_COLS ? DQ_COLS : slab;
@@ -126,29 +134,30 @@ void exl_cuda_qgemm(exl_cuda_backend *cb, int n, float *const *out, const exl_li
         slab = slab > w[i]->q.n_pad ? w[i]->q.n_pad : slab;
     if (fused)
         slab = together;
-    const int64_t lo_at = (int64_t)K * slab;
-    if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)rows * K * sizeof(__half),
+    const int64_t lo_at = with_lo ? (int64_t)K * slab : 0;
+    if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, (size_t)parts * rows * K * sizeof(__half),
                          "fp16 activations") ||
-        !exl_cuda_ensure(cb, (void **)&cb->dequant, &cb->dequant_bytes, 2 * (size_t)lo_at * sizeof(__half),
-                         "fp16 weights"))
+        !exl_cuda_ensure(cb, (void **)&cb->dequant, &cb->dequant_bytes,
+                         (with_lo ? 2 : 1) * (size_t)K * slab * sizeof(__half), "fp16 weights"))
         return;
     __half *xh = (__half *)cb->scratch;
-    exl_cuda_split_half(cb, xh, x, rows, K);
-    exl_cuda_f16w fw = {cb->dequant, cb->dequant + lo_at, 0, slab};
+    exl_cuda_split_half(cb, xh, f->x, f->norm, f->eps, f->up, f->act, rows, K, parts);
+    exl_cuda_f16w fw = {cb->dequant, with_lo ? cb->dequant + lo_at : NULL, 0, slab};
     if (fused) {
         for (int64_t i = 0, at = 0; i < n; at += w[i]->q.n_pad, i++)
             dequant(cb, cb->dequant + at, &w[i]->q, 0, w[i]->out, (int32_t)slab, lo_at);
         int n_parts;
         const float *c = exl_cuda_gemm_stacked(cb, xh, parts, rows, K, &fw, (int32_t)slab, &n_parts);
         for (int64_t i = 0, at = 0; c && i < n; at += w[i]->q.n_pad, i++)
-            exl_cuda_parts_sum(cb, out[i], w[i]->out, c + at, slab, w[i]->out, rows, n_parts, w[i]->bias, accumulate);
+            exl_cuda_parts_sum(cb, f->out[i], w[i]->out, c + at, slab, w[i]->out, rows, n_parts, w[i]->bias,
+                               accumulate);
         return;
     }
     for (int i = 0; i < n; i++)
         for (int32_t n0 = 0, N = w[i]->out; n0 < N; n0 += (int32_t)slab) {
             int32_t width = N - n0 < slab ? N - n0 : (int32_t)slab;
             dequant(cb, cb->dequant, &w[i]->q, n0, n0 + width, (int32_t)slab, lo_at);
-            exl_cuda_gemm_parts(cb, out[i] + n0, N, xh, parts, rows, K, &fw, width, w[i]->bias ? w[i]->bias + n0 : NULL,
-                                accumulate);
+            exl_cuda_gemm_parts(cb, f->out[i] + n0, N, xh, parts, rows, K, &fw, width,
+                                w[i]->bias ? w[i]->bias + n0 : NULL, accumulate);
         }
 }

@@ -1,7 +1,8 @@
 /* cuda_qgemv.cu - fused dequantize + GEMV for few rows (the decode case) over up to three
  * quantized matrices that share their input, with the layer's neighbours fused in: the
  * input's RMSNorm or GLU is applied while the activations are gathered, and the result
- * can be added to the output (the residual).
+ * can be added to the output (the residual). One row (up to 4 with EXL_CUDA_GEMV_MMA_ROWS) on CUDA cores,
+ * qgemv_kernel, described here; 2-16 rows on tensor cores, qgemv_mma_kernel (its own section below).
  *
  * Grid: x = column tiles of 256 (64 threads x 4 columns, 16-byte loads) of all the matrices
  * one after another, y = a split of the input chunks; at most BLOCKS_PER_SM blocks an SM.
@@ -25,6 +26,7 @@
  * for o_proj; that matrix's launch then reads consecutive rows (gemv_args.out_map, x_slots).
  * The q/k/v launch of a decode step also asks L2 for the short sequences' KV cache rows that the
  * attention after it reads (exl_cuda_fused_mm.kv, kv_prefetch). */
+#include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_qdecode.cuh"
 
 #include <stdlib.h>
@@ -33,7 +35,7 @@
 #define GEMV_THREADS 256
 #define SUBS (GEMV_THREADS / 64)
 #define MAX_MATS 3
-#define ROWS_PER_LAUNCH EXL_CUDA_QGEMV_MAX_ROWS
+#define ROWS_PER_LAUNCH 4 /* rows of one launch of qgemv_kernel (more rows: several launches) */
 /* chunks of each warp pair asked of L2 before griddepcontrol.wait: enough to cover the wait,
  * while asking for all of a block's weights at once (up to 258 KiB for the 6-bit head) fills
  * the memory queues ahead of the loads that are needed first (see bench/RESULTS.md) */
@@ -74,6 +76,7 @@ typedef struct gemv_args {
     const exl_attn_seq *kv_seqs;
     const int32_t *kv_pages;
     int32_t kv_n_seqs, kv_page_size, kv_width;
+    int32_t rows; /* qgemv_mma_kernel: the rows (2 .. EXL_CUDA_QGEMV_MAX_ROWS) */
 } gemv_args;
 
 /* ---- the input transform */
@@ -169,6 +172,17 @@ __device__ void kv_prefetch(const gemv_args &a) {
         }
     }
 #endif
+}
+
+/* the buffers zeroed for a later launch's atomic adds (after griddepcontrol.wait: the ops before this one are
+ * done) */
+__device__ __forceinline__ void clear_later(const gemv_args &a) {
+    const int64_t stride = (int64_t)gridDim.x * gridDim.y * GEMV_THREADS;
+    const int64_t me = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * GEMV_THREADS + threadIdx.x;
+#pragma unroll
+    for (int b = 0; b < 3; b++)
+        for (int64_t i = me; i < a.n_clear[b]; i += stride)
+            a.clear[b][i] = 0.0f;
 }
 
 /* ---- GEMV */
@@ -337,15 +351,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
     }
     if (a.kv_k && tid == 0)
         kv_prefetch(a);
-    /* the buffers zeroed for a later launch's atomic adds: the ops before this one are done */
-    {
-        const int64_t stride = (int64_t)gridDim.x * gridDim.y * GEMV_THREADS;
-        const int64_t me = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * GEMV_THREADS + tid;
-#pragma unroll
-        for (int b = 0; b < 3; b++)
-            for (int64_t i = me; i < a.n_clear[b]; i += stride)
-                a.clear[b][i] = 0.0f;
-    }
+    clear_later(a);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -406,6 +412,222 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         for (int r = 0; r < R; r++) {
             float *dst = M.out + (int64_t)r * M.n_out + ocol;
             *dst = (a.accumulate ? *dst : 0.0f) + sum[r] + (M.bias ? M.bias[tcol] : 0.0f);
+        }
+}
+
+/* ---- many rows on tensor cores: qgemv_mma_kernel
+ *
+ * 2 .. EXL_CUDA_QGEMV_MAX_ROWS rows in one m16 tile, so that every weight is read once for all of them: the codes
+ * are decoded as cuda_qmma.cu decodes them (decode_quarter) and multiplied with mma.sync (fp32 accumulation; rows
+ * past a.rows are zeros). A block covers the same 256 columns and chunk range as qgemv_kernel, with the same split
+ * sums; its warp w takes columns 32w .. 32w + 31 over all the block's chunks, so no sum across warps is needed.
+ * Lane (g, t) loads 16 bytes of word rows quarter_first(t) .. of columns 4g .. 4g + 3 (a warp's load: 128
+ * contiguous bytes a word row) and decodes its quarter of those four columns: column 4g + j is column g of n-tile
+ * j, whose C fragment holds columns 8t + j and 8t + 4 + j. The activations are gathered into shared memory in slot
+ * pair order as for qgemv_kernel, which is the mma A fragment order: pairs 4t .. 4t + 3 of a row are one 16-byte
+ * load. The chunks a few ahead of the one being multiplied are asked of L2; the first chunk's words are loaded
+ * before griddepcontrol.wait. The launcher applies an RMSNorm first (a separate launch: every block would read
+ * all rows whole). */
+
+typedef struct mma_chunk {
+    int4 meta;          /* word row, bits, group */
+    uint4 w[MAX_WORDS]; /* words of columns 4g .. 4g + 3 (the lane's quarter) */
+    uint4 sc;           /* scales of columns 8t .. 8t + 7 */
+    uint2 z;            /* zeros of columns 4g .. 4g + 3 (GPTQ) */
+} mma_chunk;
+
+template <int B>
+__device__ __forceinline__ void mma_load_words(const uint32_t *wcol, int t, mma_chunk &k) {
+#pragma unroll
+    for (int i = 0; i < quarter_words<B>(); i++)
+        k.w[i] = __ldg((const uint4 *)(wcol + (int64_t)(k.meta.x + quarter_first<B>(t) + i) * EXL_QW_TILE));
+}
+
+/* chunk lc's descriptor, words, scales and zeros (col: the warp's first column) */
+__device__ __forceinline__ void mma_load(const exl_qmatrix &q, const uint32_t *wcol, int chunk, int col, int g, int t,
+                                         mma_chunk &k) {
+    k.meta = __ldg(q.chunks + chunk);
+    switch (k.meta.y) {
+    case 2: mma_load_words<2>(wcol, t, k); break;
+    case 3: mma_load_words<3>(wcol, t, k); break;
+    case 4: mma_load_words<4>(wcol, t, k); break;
+    case 5: mma_load_words<5>(wcol, t, k); break;
+    case 6: mma_load_words<6>(wcol, t, k); break;
+    default: mma_load_words<8>(wcol, t, k); break;
+    }
+    const int64_t g0 = (int64_t)k.meta.z * q.n_pad + col;
+    k.sc = __ldg((const uint4 *)(q.scales + g0 + 8 * t));
+    k.z = q.zeros ? __ldg((const uint2 *)(q.zeros + g0 + 4 * g)) : make_uint2(0u, 0u);
+}
+
+/* Chunks asked of L2 ahead of the one loaded into registers: a lane has one chunk's words in flight at a time (16
+ * bytes a word row; holding the next chunk's too made the kernel spill), so they should come from L2. */
+#define MMA_L2_AHEAD 3
+
+/* with `ask` (lanes g == 0), chunk's word rows t, t + 4 of the warp's 32 columns (a 128-byte line each) asked of
+ * L2, and by lane t == 0 the line of their scales (and zeros) in its group */
+__device__ __forceinline__ void mma_l2_prefetch(const exl_qmatrix &q, const uint32_t *wcol, int chunk, int col,
+                                                bool ask, int t) {
+    if (!ask)
+        return;
+    const int4 m = __ldg(q.chunks + chunk);
+    for (int i = t; i < m.y; i += 4)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(wcol + (int64_t)(m.x + i) * EXL_QW_TILE));
+    const int64_t g0 = (int64_t)m.z * q.n_pad + col;
+    if (t == 0)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(q.scales + g0));
+    if (t == 1 && q.zeros)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(q.zeros + g0));
+}
+
+/* acc[j] += the chunk's products for n-tile j, scaled per column; af: the A fragments of its two k steps */
+template <int B>
+__device__ __forceinline__ void mma_chunk_step(const mma_chunk &k, int t, bool gptq, const uint32_t (&af)[2][4],
+                                               float (&acc)[4][4]) {
+    __half zh[4], sh[8];
+    memcpy(zh, &k.z, 8);
+    memcpy(sh, &k.sc, 16);
+    const __half2 z_exl2 = __float2half2_rn(1024.0f + (float)(1 << (B - 1)));
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t w[MAX_WORDS];
+#pragma unroll
+        for (int i = 0; i < MAX_WORDS; i++) {
+            const uint4 &v = k.w[i < quarter_words<B>() ? i : 0];
+            w[i] = i < quarter_words<B>() ? (j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w) : 0u;
+        }
+        uint32_t pr[4];
+        decode_quarter<B>(w, t, gptq ? __float2half2_rn(1024.0f + __half2float(zh[j])) : z_exl2, pr);
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma16816(part, af[0][0], af[0][1], af[0][2], af[0][3], pr[0], pr[1]);
+        mma16816(part, af[1][0], af[1][1], af[1][2], af[1][3], pr[2], pr[3]);
+        const float s0 = __half2float(sh[j]), s1 = __half2float(sh[4 + j]);
+        acc[j][0] += s0 * part[0];
+        acc[j][1] += s1 * part[1];
+        acc[j][2] += s0 * part[2];
+        acc[j][3] += s1 * part[3];
+    }
+}
+
+__global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid_constant__ gemv_args a) {
+    extern __shared__ __half2 xs[]; /* [rows][chunks_per_block * 16] */
+    __shared__ int is_last;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4, R = a.rows;
+    int mi = 0;
+    while (mi + 1 < a.n_mats && (int)blockIdx.x >= a.m[mi].tile_end)
+        mi++;
+    const gemv_mat &M = a.m[mi];
+    const exl_qmatrix &q = M.q;
+    const int cpb = a.chunks_per_block, c0 = blockIdx.y * cpb, n_loc = max(0, min(cpb, q.n_chunks - c0));
+    const int xs_stride = cpb * 16;
+    const int tile_col = ((int)blockIdx.x - (mi ? a.m[mi - 1].tile_end : 0)) * COL_TILE;
+    const int col = tile_col + warp * 32; /* the warp's first column */
+    const uint32_t *wcol = exl_qw_col(q, col + 4 * g);
+    const bool gptq = q.zeros != nullptr;
+    /* the first chunk's weights before the wait (constant data), the next ones' asked of L2 */
+    mma_chunk cur;
+    if (n_loc > 0)
+        mma_load(q, wcol, c0, col, g, t, cur);
+    for (int lc = 1; lc <= MMA_L2_AHEAD; lc++)
+        mma_l2_prefetch(q, wcol, c0 + lc, col, lc < n_loc && g == 0, t);
+    exl_pdl_start();
+    /* every (row, pair) an item of its own, so that a thread's loads are in flight together */
+    const int n_pairs = n_loc * 16;
+#pragma unroll 2
+    for (int at = tid; at < R * n_pairs; at += GEMV_THREADS) {
+        const int r = at / n_pairs, i = at - r * n_pairs;
+        const int2 sp = slot_pair(a, q, c0, i);
+        xs[r * xs_stride + i] = __floats2half2_rn(input_raw(a, r, sp.x), input_raw(a, r, sp.y));
+    }
+    __syncthreads();
+
+    float acc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[j][e] = 0.0f;
+    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+    for (int lc = 0; lc < n_loc; lc++) {
+        if (lc > 0)
+            mma_load(q, wcol, c0 + lc, col, g, t, cur);
+        mma_l2_prefetch(q, wcol, c0 + lc + MMA_L2_AHEAD, col, lc + MMA_L2_AHEAD < n_loc && g == 0, t);
+        /* A: rows g and g + 8, pairs 4t .. 4t + 3 (k step s: pairs 4t + 2s, 4t + 2s + 1) */
+        const uint4 x0 = g < R ? *(const uint4 *)(xs + g * xs_stride + lc * 16 + 4 * t) : zero4;
+        const uint4 x1 = g + 8 < R ? *(const uint4 *)(xs + (g + 8) * xs_stride + lc * 16 + 4 * t) : zero4;
+        const uint32_t af[2][4] = {{x0.x, x1.x, x0.y, x1.y}, {x0.z, x1.z, x0.w, x1.w}};
+        const int bits = cur.meta.y; /* the commonest width last, as in qgemv_kernel */
+        if (bits == 8)
+            mma_chunk_step<8>(cur, t, gptq, af, acc);
+        else if (bits == 6)
+            mma_chunk_step<6>(cur, t, gptq, af, acc);
+        else if (bits == 5)
+            mma_chunk_step<5>(cur, t, gptq, af, acc);
+        else if (bits == 3)
+            mma_chunk_step<3>(cur, t, gptq, af, acc);
+        else if (bits == 2)
+            mma_chunk_step<2>(cur, t, gptq, af, acc);
+        else
+            mma_chunk_step<4>(cur, t, gptq, af, acc);
+    }
+    if (a.kv_k && tid == 0)
+        kv_prefetch(a);
+    clear_later(a);
+
+    /* acc[j][e]: row g + 8 (e / 2), column col + 8t + 4 (e % 2) + j */
+    if (a.atomic_add) {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = g + 8 * (e / 2), c = col + 8 * t + 4 * (e % 2) + j;
+                if (r < R && c < M.n_out)
+                    atomicAdd(M.out + (int64_t)r * M.n_out + (a.out_map ? __ldg(a.out_map + c) : c),
+                              acc[j][e] + (M.bias && blockIdx.y == 0 ? M.bias[c] : 0.0f));
+            }
+        return;
+    }
+    if (gridDim.y > 1) {
+        const int64_t width = (int64_t)gridDim.x * COL_TILE;
+        const int gcol = (int)blockIdx.x * COL_TILE + warp * 32 + 8 * t; /* + 4 (e % 2) + j: in the partial sums */
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = g + 8 * (e / 2);
+                if (r < R)
+                    a.partial[((int64_t)blockIdx.y * R + r) * width + gcol + 4 * (e % 2) + j] = acc[j][e];
+            }
+        __threadfence();
+        __syncthreads();
+        if (tid == 0)
+            is_last = atomicAdd(&a.counters[blockIdx.x], 1u) == gridDim.y - 1;
+        __syncthreads();
+        if (!is_last)
+            return;
+        __threadfence();
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = g + 8 * (e / 2);
+                float v = 0.0f;
+                for (unsigned y = 0; r < R && y < gridDim.y; y++) /* in split order */
+                    v += __ldcg(a.partial + ((int64_t)y * R + r) * width + gcol + 4 * (e % 2) + j);
+                acc[j][e] = v;
+            }
+        if (tid == 0)
+            a.counters[blockIdx.x] = 0;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = g + 8 * (e / 2), c = col + 8 * t + 4 * (e % 2) + j;
+            if (r < R && c < M.n_out) {
+                float *dst = M.out + (int64_t)r * M.n_out + (a.out_map ? __ldg(a.out_map + c) : c);
+                *dst = (a.accumulate ? *dst : 0.0f) + acc[j][e] + (M.bias ? M.bias[c] : 0.0f);
+            }
         }
 }
 
@@ -470,17 +692,31 @@ const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t wi
     return w->q.slot_of;
 }
 
-/* The launch arguments for f (less the per-row-group pointers) and its split; 0 if the
- * kernel does not take f. */
-static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_args *a, int *split) {
+enum { GEMV_NONE, GEMV_PLAIN, GEMV_MMA };
+
+/* Which kernel takes f (GEMV_PLAIN: qgemv_kernel, up to ROWS_PER_LAUNCH rows a launch; GEMV_MMA: qgemv_mma_kernel,
+ * from cb->gemv_mma_rows rows), GEMV_NONE if neither does (prompt rows past ROWS_PER_LAUNCH with
+ * EXL_CUDA_EXACT_PREFILL=1 keep ~22 bits in cuda_qmma.cu). */
+static int gemv_kind(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     if (f->rows < 1 || f->rows > EXL_CUDA_QGEMV_MAX_ROWS || f->n < 1 || f->n > MAX_MATS)
-        return 0;
+        return GEMV_NONE;
+    if (f->rows > 1 && f->rows >= cb->gemv_mma_rows && (f->decode || !cb->exact_prefill))
+        return GEMV_MMA;
+    return f->rows <= ROWS_PER_LAUNCH ? GEMV_PLAIN : GEMV_NONE;
+}
+
+/* The launch arguments for f (less the per-row-group pointers) and its split; the kernel (gemv_kind), GEMV_NONE if
+ * neither takes f. */
+static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_args *a, int *split) {
+    const int kind = gemv_kind(cb, f);
+    if (kind == GEMV_NONE)
+        return GEMV_NONE;
     memset(a, 0, sizeof *a);
     int32_t tiles = 0, chunks = 0;
     for (int i = 0; i < f->n; i++) {
         const exl_linear *w = f->w[i];
         if (w->kind == EXL_LINEAR_DENSE || w->in != f->w[0]->in)
-            return 0;
+            return GEMV_NONE;
         tiles += w->q.n_pad / COL_TILE;
         a->m[i] = (gemv_mat){w->q, f->out[i], w->bias, w->out, tiles};
         chunks = w->q.n_chunks > chunks ? w->q.n_chunks : chunks;
@@ -492,19 +728,21 @@ static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_arg
     a->in = f->w[0]->in;
     a->stage = f->rows == 1 && f->norm && a->in % 4 == 0 && a->in <= stage_max_in;
     a->accumulate = f->accumulate;
-    /* about 3 blocks per SM, at least 2 chunks per warp pair, activations under 24 KiB and
-     * with the static reduction buffer (R KiB x 4) under 46 KiB */
-    int R = f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
+    a->rows = f->rows;
+    /* about 3 blocks per SM, at least 2 chunks per warp pair (qgemv_mma_kernel: 8 a block, its warps take them
+     * all), activations under 24 KiB and, for qgemv_kernel, with the static reduction buffer (R KiB x 4) under
+     * 46 KiB */
+    int R = kind == GEMV_MMA ? f->rows : f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
     int s = 3 * cb->n_sms / tiles, max_split = (chunks + 2 * SUBS - 1) / (2 * SUBS);
     s = s > max_split ? max_split : s < 1 ? 1 : s;
-    int smem = 47104 - 4096 * R < ACTS_SMEM_MAX ? 47104 - 4096 * R : ACTS_SMEM_MAX;
+    int smem = kind == GEMV_MMA || 47104 - 4096 * R > ACTS_SMEM_MAX ? ACTS_SMEM_MAX : 47104 - 4096 * R;
     int cpb = (chunks + s - 1) / s, max_cpb = smem / (R * 64);
     a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
     *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
     a->atomic_add = *split > 1 && (f->accumulate || f->out_zeroed) && !cb->deterministic;
     a->out_map = f->out_map;
     a->x_slots = f->x_slots;
-    return 1;
+    return kind;
 }
 
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
@@ -527,13 +765,14 @@ int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f)
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     gemv_args a;
     int split;
-    if (!plan(cb, f, &a, &split)) {
+    const int kind = plan(cb, f, &a, &split);
+    if (kind == GEMV_NONE) {
         exl_cuda_set_sticky(cb, EXL_ERR_UNSUPPORTED, "quantized GEMV: this matmul does not fit the kernel");
         return;
     }
     int32_t tiles = a.m[a.n_mats - 1].tile_end;
     if (split > 1 && !a.atomic_add) {
-        int R = f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
+        int R = kind == GEMV_MMA || f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
         if (!exl_cuda_ensure(cb, (void **)&cb->gemv_partial, &cb->gemv_partial_bytes,
                              (size_t)split * R * tiles * COL_TILE * sizeof(float), "GEMV partial sums"))
             return;
@@ -556,12 +795,27 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     for (int i = 0; i < 3 && !cb->deterministic; i++)
         if (f->n_clear[i] > 0)
             a.clear[i] = f->clear[i], a.n_clear[i] = f->n_clear[i];
-    /* the attention's cache rows: one launch, a few sequences, rows of whole 16-byte pieces */
-    if (f->kv.k_cache && f->rows <= ROWS_PER_LAUNCH && f->kv.n_seqs <= ROWS_PER_LAUNCH && f->kv.width % 8 == 0 &&
-        f->kv.page_size > 0) {
+    /* the attention's cache rows: one launch, a few sequences (more would crowd L2), rows of whole 16-byte pieces */
+    const int one_launch = kind == GEMV_MMA || f->rows <= ROWS_PER_LAUNCH;
+    if (f->kv.k_cache && one_launch && f->kv.n_seqs <= ROWS_PER_LAUNCH && f->kv.width % 8 == 0 && f->kv.page_size > 0) {
         a.kv_k = (const __half *)f->kv.k_cache, a.kv_v = (const __half *)f->kv.v_cache;
         a.kv_seqs = f->kv.seqs, a.kv_pages = f->kv.page_tables;
         a.kv_n_seqs = f->kv.n_seqs, a.kv_page_size = f->kv.page_size, a.kv_width = f->kv.width;
+    }
+    if (kind == GEMV_MMA) {
+        a.x = f->x;
+        a.up = f->up;
+        if (f->norm) { /* normed first, by one launch instead of in every block */
+            if (!exl_cuda_ensure(cb, (void **)&cb->gemv_normed, &cb->gemv_normed_bytes,
+                                 (size_t)EXL_CUDA_QGEMV_MAX_ROWS * a.in * sizeof(float), "GEMV normed input"))
+                return;
+            exl_cuda_run_rmsnorm(&cb->base, cb->gemv_normed, f->x, f->norm, f->rows, a.in, f->eps);
+            a.x = cb->gemv_normed, a.norm = NULL;
+        }
+        exl_cuda_launch(cb, qgemv_mma_kernel, dim3((unsigned)tiles, (unsigned)split), dim3(GEMV_THREADS),
+                        (size_t)f->rows * a.chunks_per_block * 16 * sizeof(__half2), a);
+        exl_cuda_check_launch(cb, "quantized GEMV (tensor cores)");
+        return;
     }
     /* ROWS_PER_LAUNCH rows per launch (the weights are read once per launch) */
     for (int32_t r = 0; r < f->rows; r += ROWS_PER_LAUNCH) {

@@ -1,0 +1,446 @@
+/* cuda_sample.cu - the sample op on the GPU: one token per row chosen where the logits are, so sampled decode moves
+ * a few bytes per row instead of a vocabulary of logits. The result is the CPU reference's (cpu_sample.c, which
+ * defines it): the same edits, filters and draw, with weights in the same fixed point so every sum is exact.
+ *
+ * One block per row. Orders (larger key first, lower id first among equals) are never sorted: each filter and the
+ * draw need only "the element at which the mass in order first reaches a target", found by a radix select over the
+ * 32-bit keys (four 8-bit passes with shared histograms of integer mass, so the result does not depend on the order
+ * of the atomics) and, among the elements with that exact key, a scan in id order (contiguous id ranges per thread,
+ * a block-wide prefix sum). The kept set is a predicate recomputed from the logits on every pass: the cut in logit
+ * order (top-k, then top-p), min-p's threshold and the cut in typical order. */
+#include "backend/cuda/cuda_internal.h"
+
+#include <math.h>
+
+#define SAMPLE_THREADS 1024
+#define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+
+__device__ __forceinline__ uint32_t sample_key(float f) {
+    uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* What a row keeps so far, and how its weights are computed. */
+struct sample_row {
+    const float *x;
+    int32_t vocab;
+    float lmax, inv_t, min_p;
+    double scale;
+    int logit_cut, typical_cut; /* the cuts in force */
+    uint32_t cut_key, typ_key;  /* an element is in a cut when its key is above, or equal with id <= *_id */
+    int32_t cut_id, typ_id;
+    double wsum, ent; /* typical order's distances: q = w / wsum, |-log q - ent| */
+};
+
+__device__ __forceinline__ float sample_weight(const sample_row &r, float l) {
+    return l > -INFINITY ? expf((l - r.lmax) * r.inv_t) : 0.0f;
+}
+
+__device__ __forceinline__ uint64_t sample_fixed(const sample_row &r, float w) {
+    return __double2ull_rz((double)w * r.scale + 0.5); /* as the CPU's: exact, shift <= 52 */
+}
+
+__device__ __forceinline__ uint32_t typical_key(const sample_row &r, float w) {
+    double q = (double)w / r.wsum;
+    return sample_key(q > 0 ? -(float)fabs(-log(q) - r.ent) : -INFINITY);
+}
+
+/* Whether element i (logit l, weight w) is still a candidate. */
+__device__ __forceinline__ bool sample_kept(const sample_row &r, int32_t i, float l, float w) {
+    if (!(l > -INFINITY))
+        return false;
+    if (r.logit_cut) {
+        uint32_t k = sample_key(l);
+        if (k < r.cut_key || (k == r.cut_key && i > r.cut_id))
+            return false;
+    }
+    if (r.min_p > 0 && !(w >= r.min_p))
+        return false;
+    if (r.typical_cut) {
+        uint32_t k = typical_key(r, w);
+        if (k < r.typ_key || (k == r.typ_key && i > r.typ_id))
+            return false;
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------- block-wide sums (fixed order: deterministic) */
+
+__device__ uint64_t block_sum_u64(uint64_t v, uint64_t *s_part) {
+    for (int off = 16; off; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    __syncthreads();
+    if (threadIdx.x % 32 == 0)
+        s_part[threadIdx.x / 32] = v;
+    __syncthreads();
+    uint64_t t = 0;
+    for (int w = 0; w < SAMPLE_WARPS; w++)
+        t += s_part[w];
+    return t;
+}
+
+__device__ double block_sum_f64(double v, double *s_part) {
+    for (int off = 16; off; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    __syncthreads();
+    if (threadIdx.x % 32 == 0)
+        s_part[threadIdx.x / 32] = v;
+    __syncthreads();
+    double t = 0;
+    for (int w = 0; w < SAMPLE_WARPS; w++)
+        t += s_part[w];
+    return t;
+}
+
+/* The exclusive prefix of v over the threads in order, and the total. */
+__device__ uint64_t block_scan_u64(uint64_t v, uint64_t *s_part, uint64_t *total) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    uint64_t inc = v;
+    for (int off = 1; off < 32; off <<= 1) {
+        uint64_t o = __shfl_up_sync(0xffffffffu, inc, off);
+        if (lane >= off)
+            inc += o;
+    }
+    __syncthreads();
+    if (lane == 31)
+        s_part[warp] = inc;
+    __syncthreads();
+    uint64_t before = 0, all = 0;
+    for (int w = 0; w < SAMPLE_WARPS; w++) {
+        before += w < warp ? s_part[w] : 0;
+        all += s_part[w];
+    }
+    *total = all;
+    return before + inc - v;
+}
+
+struct sample_shared {
+    uint64_t hist[256];
+    uint32_t hist_n[256];
+    uint64_t part[SAMPLE_WARPS];
+    double dpart[SAMPLE_WARPS];
+    float fpart[SAMPLE_WARPS];
+    int32_t ipart[SAMPLE_WARPS];
+    uint64_t need;
+    uint32_t prefix, ties;
+    int32_t found;
+};
+
+/* key of element i for a select: 0 in logit order, 1 in typical order */
+__device__ __forceinline__ uint32_t select_key(const sample_row &r, int order, float l, float w) {
+    return order ? typical_key(r, w) : sample_key(l);
+}
+
+/* Among the kept elements with key K (any key when !match_key), in id order: the id at which the mass (1 each
+ * with by_count) first reaches need, or the last such element's when it never does. */
+__device__ int32_t scan_ids(const sample_row &r, int order, int match_key, uint32_t K, uint64_t need, int by_count,
+                            sample_shared *sh) {
+    const int32_t chunk = (r.vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int32_t lo = min(r.vocab, (int32_t)threadIdx.x * chunk), hi = min(r.vocab, lo + chunk);
+    uint64_t mine = 0;
+    int32_t last = -1;
+    for (int32_t i = lo; i < hi; i++) {
+        float l = r.x[i], w = sample_weight(r, l);
+        if (sample_kept(r, i, l, w) && (!match_key || select_key(r, order, l, w) == K)) {
+            mine += by_count ? 1 : sample_fixed(r, w);
+            last = i;
+        }
+    }
+    if (threadIdx.x == 0)
+        sh->found = -1;
+    uint64_t total, before = block_scan_u64(mine, sh->part, &total);
+    /* the last element overall, for a need that is never reached (it is not, by construction) */
+    int32_t m = last;
+    for (int off = 16; off; off >>= 1)
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (threadIdx.x % 32 == 0)
+        sh->ipart[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (before < need && before + mine >= need) {
+        uint64_t acc = before;
+        for (int32_t i = lo; i < hi; i++) {
+            float l = r.x[i], w = sample_weight(r, l);
+            if (sample_kept(r, i, l, w) && (!match_key || select_key(r, order, l, w) == K)) {
+                acc += by_count ? 1 : sample_fixed(r, w);
+                if (acc >= need) {
+                    sh->found = i;
+                    break;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    int32_t id = sh->found;
+    if (id < 0)
+        for (int w = 0; w < SAMPLE_WARPS; w++)
+            id = max(id, sh->ipart[w]);
+    __syncthreads();
+    return id;
+}
+
+/* The element of the kept set at which the mass in order (key descending, id ascending) first reaches need
+ * (1 <= need <= the kept total): its key and id. */
+__device__ void select_in_order(const sample_row &r, int order, uint64_t need, int by_count, sample_shared *sh,
+                                uint32_t *key_out, int32_t *id_out) {
+    uint32_t prefix = 0, mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += SAMPLE_THREADS)
+            sh->hist[b] = 0, sh->hist_n[b] = 0;
+        __syncthreads();
+        for (int32_t i = threadIdx.x; i < r.vocab; i += SAMPLE_THREADS) {
+            float l = r.x[i], w = sample_weight(r, l);
+            if (!sample_kept(r, i, l, w))
+                continue;
+            uint32_t key = select_key(r, order, l, w);
+            if ((key & mask) == prefix) {
+                uint64_t m = by_count ? 1 : sample_fixed(r, w);
+                if (m)
+                    atomicAdd((unsigned long long *)&sh->hist[(key >> shift) & 255], (unsigned long long)m);
+                atomicAdd(&sh->hist_n[(key >> shift) & 255], 1u);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint64_t cum = 0;
+            int b = 255;
+            for (; b > 0; b--) {
+                if (cum + sh->hist[b] >= need)
+                    break;
+                cum += sh->hist[b];
+            }
+            sh->need = need - cum;
+            sh->prefix = prefix | (uint32_t)b << shift;
+            sh->ties = sh->hist_n[b];
+        }
+        __syncthreads();
+        prefix = sh->prefix;
+        need = sh->need;
+        mask |= 255u << shift;
+    }
+    const uint32_t K = prefix;
+    const uint32_t ties = sh->ties;
+    __syncthreads();
+    *key_out = K;
+    if (ties == 1) { /* the usual case: the one element with that key */
+        if (threadIdx.x == 0)
+            sh->found = -1;
+        __syncthreads();
+        for (int32_t i = threadIdx.x; i < r.vocab; i += SAMPLE_THREADS) {
+            float l = r.x[i], w = sample_weight(r, l);
+            if (sample_kept(r, i, l, w) && select_key(r, order, l, w) == K)
+                sh->found = i;
+        }
+        __syncthreads();
+        *id_out = sh->found;
+        __syncthreads();
+        return;
+    }
+    *id_out = scan_ids(r, order, 1, K, need, by_count, sh);
+}
+
+/* ---------------------------------------------------------------- the kernel */
+
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_kernel(exl_sample_result *out, float *logits, int32_t vocab, const exl_sample_params *params,
+                  const exl_logit_edit *edits, float *orig, int shift) {
+    exl_pdl_start();
+    __shared__ sample_shared sh;
+    const exl_sample_params p = params[blockIdx.x];
+    float *x = logits + (int64_t)blockIdx.x * vocab;
+    const exl_logit_edit *e = edits + p.first_edit;
+    const int32_t n_edits = p.n_bias + p.n_penalized + p.n_banned;
+    const int tid = threadIdx.x;
+
+    /* the unedited log-sum-exp and logits of edited ids, for the log-probability */
+    float lse = 0;
+    if (p.want_logprob) {
+        float m = -INFINITY;
+        for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS)
+            m = fmaxf(m, x[i]);
+        for (int off = 16; off; off >>= 1)
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        if (tid % 32 == 0)
+            sh.fpart[tid / 32] = m;
+        __syncthreads();
+        m = -INFINITY;
+        for (int w = 0; w < SAMPLE_WARPS; w++)
+            m = fmaxf(m, sh.fpart[w]);
+        double s = 0;
+        for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS)
+            s += exp((double)x[i] - m);
+        lse = m + (float)log(block_sum_f64(s, sh.dpart));
+        for (int32_t i = tid; i < n_edits; i += SAMPLE_THREADS)
+            orig[p.first_edit + i] = x[e[i].id];
+        __syncthreads();
+    }
+
+    /* edits: biases in order, then the penalized ids (distinct), then the bans */
+    if (tid == 0)
+        for (int32_t i = 0; i < p.n_bias; i++)
+            x[e[i].id] += e[i].v;
+    __syncthreads();
+    for (int32_t i = tid; i < p.n_penalized; i++) {
+        const exl_logit_edit pe = e[p.n_bias + i];
+        float l = x[pe.id];
+        if (p.repetition_penalty != 1.0f)
+            l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+        x[pe.id] = l - p.frequency_penalty * pe.v - p.presence_penalty;
+    }
+    __syncthreads();
+    for (int32_t i = tid; i < p.n_banned; i++)
+        x[e[p.n_bias + p.n_penalized + i].id] = -INFINITY;
+    __syncthreads();
+
+    /* the argmax (lowest id among equals) and the finite count */
+    float bv = -INFINITY;
+    int32_t bi = -1, finite = 0;
+    for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
+        float v = x[i];
+        if (v > bv)
+            bv = v, bi = i;
+        finite += v > -INFINITY;
+    }
+    for (int off = 16; off; off >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        int32_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi)))
+            bv = ov, bi = oi;
+    }
+    if (tid % 32 == 0)
+        sh.fpart[tid / 32] = bv, sh.ipart[tid / 32] = bi;
+    int32_t n_finite = (int32_t)block_sum_u64((uint64_t)finite, sh.part); /* synchronizes fpart, ipart */
+    for (int w = 0; w < SAMPLE_WARPS; w++) {
+        float ov = sh.fpart[w];
+        int32_t oi = sh.ipart[w];
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi)))
+            bv = ov, bi = oi;
+    }
+    __syncthreads();
+
+    exl_sample_result res = {-1, 0, 0, 0};
+    if (bi >= 0 && p.temperature <= 0) {
+        res.id = bi, res.n_kept = 1;
+    } else if (bi >= 0) {
+        sample_row r = {};
+        r.x = x;
+        r.vocab = vocab;
+        r.lmax = bv;
+        r.inv_t = 1.0f / p.temperature;
+        r.scale = ldexp(1.0, shift);
+        int order = -1; /* the draw's: -1 id order, 0 logit order, 1 typical order */
+        if (p.top_k > 0 && p.top_k < vocab && n_finite >= p.top_k) {
+            select_in_order(r, 0, (uint64_t)p.top_k, 1, &sh, &r.cut_key, &r.cut_id);
+            r.logit_cut = 1;
+            order = 0;
+        }
+        if (p.top_p < 1.0f) {
+            uint64_t mass = 0;
+            for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
+                float l = x[i], w = sample_weight(r, l);
+                mass += sample_kept(r, i, l, w) ? sample_fixed(r, w) : 0;
+            }
+            uint64_t total = block_sum_u64(mass, sh.part);
+            double t = ceil((double)p.top_p * (double)total);
+            uint64_t need = t < 1 ? 1 : t >= (double)total ? total : (uint64_t)t;
+            uint32_t key;
+            int32_t id;
+            select_in_order(r, 0, need, 0, &sh, &key, &id);
+            r.cut_key = key, r.cut_id = id, r.logit_cut = 1;
+            order = 0;
+        }
+        r.min_p = p.min_p;
+        if (p.typical_p < 1.0f) {
+            uint64_t mass = 0;
+            double ws = 0;
+            for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
+                float l = x[i], w = sample_weight(r, l);
+                if (sample_kept(r, i, l, w))
+                    mass += sample_fixed(r, w), ws += w;
+            }
+            uint64_t total = block_sum_u64(mass, sh.part);
+            r.wsum = block_sum_f64(ws, sh.dpart);
+            double ent = 0;
+            for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
+                float l = x[i], w = sample_weight(r, l);
+                double q = (double)w / r.wsum;
+                if (sample_kept(r, i, l, w) && q > 0)
+                    ent -= q * log(q);
+            }
+            r.ent = block_sum_f64(ent, sh.dpart);
+            double t = ceil((double)p.typical_p * (double)total);
+            uint64_t need = t < 1 ? 1 : t >= (double)total ? total : (uint64_t)t;
+            select_in_order(r, 1, need, 0, &sh, &r.typ_key, &r.typ_id);
+            r.typical_cut = 1;
+            order = 1;
+        }
+        uint64_t mass = 0, count = 0;
+        for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
+            float l = x[i], w = sample_weight(r, l);
+            if (sample_kept(r, i, l, w))
+                mass += sample_fixed(r, w), count++;
+        }
+        uint64_t total = block_sum_u64(mass, sh.part);
+        res.n_kept = (int32_t)block_sum_u64(count, sh.part);
+        uint64_t need = 1;
+        if (res.n_kept > 1) {
+            need = (uint64_t)floor(p.u * (double)total) + 1;
+            need = need > total ? total : need;
+        }
+        if (res.n_kept == 1 || order < 0) { /* the one candidate, or the draw in id order */
+            res.id = scan_ids(r, 0, 0, 0, need, res.n_kept == 1, &sh);
+        } else {
+            uint32_t key;
+            select_in_order(r, order, need, 0, &sh, &key, &res.id);
+        }
+    }
+    if (tid == 0) {
+        if (p.want_logprob && res.id >= 0) {
+            float raw = x[res.id];
+            for (int32_t i = 0; i < n_edits; i++) /* the first edit of the id saw its unedited logit */
+                if (e[i].id == res.id) {
+                    raw = orig[p.first_edit + i];
+                    break;
+                }
+            res.logprob = raw - lse;
+        }
+        out[blockIdx.x] = res;
+    }
+}
+
+exl_status exl_cuda_sample(exl_backend *be, exl_sample_result *out, float *logits, int32_t rows, int32_t vocab,
+                           const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    for (int32_t r = 0; r < rows; r++) {
+        const exl_sample_params *p = &params[r];
+        int64_t end = (int64_t)p->first_edit + p->n_bias + p->n_penalized + p->n_banned;
+        if (p->first_edit < 0 || p->n_bias < 0 || p->n_penalized < 0 || p->n_banned < 0 || end > n_edits)
+            return exl_cuda_fail(EXL_ERR_ARG, "sample: row %d's edits lie outside the %d given", r, n_edits);
+        for (int64_t e = p->first_edit; e < end; e++)
+            if (edits[e].id < 0 || edits[e].id >= vocab)
+                return exl_cuda_fail(EXL_ERR_ARG, "sample: row %d edits token %d of a vocabulary of %d", r, edits[e].id,
+                                     vocab);
+    }
+    if (rows <= 0)
+        return EXL_OK;
+    exl_cuda_graph_finish(cb);
+    size_t p_bytes = (size_t)rows * sizeof *params, r_bytes = (size_t)rows * sizeof *out;
+    size_t e_bytes = (size_t)n_edits * sizeof *edits, o_bytes = (size_t)n_edits * sizeof(float);
+    size_t bytes = r_bytes + p_bytes + e_bytes + o_bytes;
+    if (!exl_cuda_ensure(cb, &cb->sample_buf, &cb->sample_bytes, bytes, "sampling settings"))
+        return exl_cuda_take_sticky(cb);
+    char *base = (char *)cb->sample_buf;
+    exl_sample_result *d_out = (exl_sample_result *)base;
+    exl_sample_params *d_params = (exl_sample_params *)(base + r_bytes);
+    exl_logit_edit *d_edits = (exl_logit_edit *)(base + r_bytes + p_bytes);
+    float *d_orig = (float *)(base + r_bytes + p_bytes + e_bytes);
+    CUDA_CHECK(cudaMemcpyAsync(d_params, params, p_bytes, cudaMemcpyHostToDevice, cb->stream), "sampling settings");
+    if (e_bytes)
+        CUDA_CHECK(cudaMemcpyAsync(d_edits, edits, e_bytes, cudaMemcpyHostToDevice, cb->stream), "logit edits");
+    exl_cuda_launch(cb, sample_kernel, dim3((unsigned)rows), dim3(SAMPLE_THREADS), 0, d_out, logits, vocab,
+                    (const exl_sample_params *)d_params, (const exl_logit_edit *)d_edits, d_orig,
+                    exl_sample_shift(vocab));
+    exl_cuda_check_launch(cb, "sample");
+    CUDA_CHECK(cudaMemcpyAsync(out, d_out, r_bytes, cudaMemcpyDeviceToHost, cb->stream), "sampled tokens");
+    CUDA_CHECK(cudaStreamSynchronize(cb->stream), "sample");
+    return exl_cuda_take_sticky(cb);
+}

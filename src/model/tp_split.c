@@ -1,0 +1,214 @@
+/* tp_split.c - the layer split (--gpu-split, tp.h): which decoder layers each device holds (by their tensors' bytes
+ * against each device's share), loading a rank's whole layers (rank 0 the embedding, the last rank the head), and a
+ * rank's step: its layers between the hand-overs of the hidden states, the logits handed back to rank 0. */
+#include "model/tp.h"
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/notice.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- loading: whole layers on each rank */
+
+typedef struct rank_load {
+    const exl_model_params *p;
+    const char *prefix; /* the text model's tensors */
+} rank_load;
+
+static exl_status load_rank_layers(exl_model *m, void *arg) {
+    const rank_load *a = arg;
+    exl_tp *tp = m->tp;
+    int32_t last = tp->n - 1;
+    EXL_TRY(exl_backend_init_ordinal(a->p->device, m->rank, exl_tp_rank_threads(tp, a->p), &m->be));
+    const exl_hf_config *c = &m->cfg;
+    exl_linear_src src;
+    char name[128];
+    if (m->rank == 0) {
+        EXL_TRY(exl_model_embedding_source(m, a->prefix, &src));
+        snprintf(name, sizeof name, "%sembed_tokens", a->prefix);
+        src.name = name;
+        EXL_TRY(m->be->ops->linear_init(m->be, &src, &m->embed));
+        m->embed_scale = c->norm_plus_one ? sqrtf((float)c->hidden_size) : 1.0f;
+    }
+    if (m->rank == last) {
+        const char *head = exl_model_head_name(m->weights);
+        if (head) {
+            EXL_TRY(exl_model_load_linear(m, head, c->hidden_size, c->vocab_size, 0, &m->head));
+        } else {
+            if (!c->tie_embeddings)
+                return exl_fail(EXL_ERR_FORMAT, "%s: missing tensor 'lm_head.weight' (tie_word_embeddings is false)",
+                                m->dir);
+            EXL_TRY(exl_model_embedding_source(m, a->prefix, &src));
+            src.name = "lm_head";
+            EXL_TRY(m->be->ops->linear_init(m->be, &src, &m->head));
+        }
+        snprintf(name, sizeof name, "%snorm.weight", a->prefix);
+        EXL_TRY(exl_model_load_norm(m, name, c->hidden_size, &m->final_norm));
+    }
+    if (!(m->layers = exl_calloc((size_t)c->n_layers, sizeof *m->layers)))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int32_t i = tp->layer_bounds[m->rank]; i < tp->layer_bounds[m->rank + 1]; i++)
+        EXL_TRY(exl_model_load_layer(m, a->prefix, i));
+    return exl_model_alloc_forward(m);
+}
+
+/* The bytes of each decoder layer's tensors ([n_layers]) and of the rest (embedding, head, final norm). */
+static void layer_bytes(const exl_model *m, const char *prefix, uint64_t *bytes, uint64_t *rest) {
+    size_t plen = strlen(prefix);
+    *rest = 0;
+    for (int f = 0; f < m->weights->n_files; f++)
+        for (int t = 0; t < m->weights->files[f]->n_tensors; t++) {
+            const exl_st_tensor *x = &m->weights->files[f]->tensors[t];
+            char *end;
+            if (!strncmp(x->name, prefix, plen) && !strncmp(x->name + plen, "layers.", 7)) {
+                long i = strtol(x->name + plen + 7, &end, 10);
+                if (end != x->name + plen + 7 && *end == '.' && i >= 0 && i < m->cfg.n_layers) {
+                    bytes[i] += x->nbytes;
+                    continue;
+                }
+            }
+            *rest += x->nbytes;
+        }
+}
+
+/* Layers in order onto the devices: each takes layers while its share (GiB) holds them; the embedding counts on
+ * the first, the head on the last. */
+static exl_status plan_layers(exl_model *m, const exl_model_params *p, const char *prefix, int32_t n) {
+    exl_tp *tp = m->tp;
+    uint64_t *bytes = exl_calloc((size_t)m->cfg.n_layers, sizeof *bytes), rest;
+    if (!bytes || !(tp->layer_bounds = exl_calloc((size_t)n + 1, sizeof(int32_t)))) {
+        exl_free(bytes);
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    }
+    layer_bytes(m, prefix, bytes, &rest);
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    double used = (double)rest / 2; /* about half is the embedding (rank 0), half the head (the last rank) */
+    int32_t d = 0;
+    for (int32_t i = 0; i < m->cfg.n_layers; i++) {
+        while (d < n - 1 && used + (double)bytes[i] > p->gpu_split[d] * gib) {
+            tp->layer_bounds[++d] = i;
+            used = d == n - 1 ? (double)rest / 2 : 0;
+        }
+        used += (double)bytes[i];
+    }
+    for (int32_t k = d + 1; k <= n; k++)
+        tp->layer_bounds[k] = m->cfg.n_layers;
+    exl_free(bytes);
+    if (used > p->gpu_split[n - 1] * gib)
+        return exl_fail(EXL_ERR_NOMEM,
+                        "%s: --gpu-split: the model needs %.1f MiB more than the split gives its devices", m->dir,
+                        (used - p->gpu_split[n - 1] * gib) / (1024.0 * 1024.0));
+    char text[512];
+    int len = snprintf(text, sizeof text, "--gpu-split: decoder layers");
+    for (int32_t k = 0; k < n && len > 0 && (size_t)len < sizeof text; k++) {
+        int32_t a = tp->layer_bounds[k], b = tp->layer_bounds[k + 1];
+        len += a < b ? snprintf(text + len, sizeof text - (size_t)len, "%s %d..%d on device %d", k ? "," : "", a, b - 1,
+                                k)
+                     : snprintf(text + len, sizeof text - (size_t)len, "%s none on device %d", k ? "," : "", k);
+    }
+    exl_notice("%s", text);
+    return EXL_OK;
+}
+
+/* the columns that make rank j own every one of width: [j] * (n + 1) for each sender j, and the last rank's */
+static exl_status sender_cols(int32_t n, int32_t width, int32_t senders, int32_t first, int32_t **out) {
+    if (!(*out = exl_malloc((size_t)senders * (n + 1) * sizeof(int32_t))))
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    for (int32_t s = 0; s < senders; s++)
+        for (int32_t k = 0; k <= n; k++)
+            (*out)[s * (n + 1) + k] = k <= first + s ? 0 : width;
+    return EXL_OK;
+}
+
+exl_status exl_tp_split_load(exl_model *m, const exl_model_params *p, const char *prefix) {
+    exl_tp *tp = m->tp;
+    tp->split = 1;
+    EXL_TRY(plan_layers(m, p, prefix, tp->n));
+    EXL_TRY(sender_cols(tp->n, m->cfg.hidden_size, tp->n - 1, 0, &tp->send_hidden));
+    EXL_TRY(sender_cols(tp->n, m->cfg.vocab_size, 1, tp->n - 1, &tp->send_vocab));
+    rank_load a = {p, prefix};
+    return exl_tp_each(m, load_rank_layers, &a);
+}
+
+/* ---- running */
+
+int exl_tp_holds_layer(const exl_model *m, int32_t li) {
+    const exl_tp *tp = m->tp;
+    return !tp || !tp->split || (li >= tp->layer_bounds[m->rank] && li < tp->layer_bounds[m->rank + 1]);
+}
+
+/* the rank's head-sized staging room for rows of logits (the gather's, on a device that stages) */
+static exl_status logit_staging(exl_model *m, int32_t n, float **out) {
+    exl_tp_rank *r = &m->tp->ranks[m->rank];
+    if (n > r->head_rows) {
+        if (r->head_part)
+            m->be->ops->free(m->be, r->head_part);
+        r->head_rows = 0;
+        size_t floats = (size_t)m->fs.max_logit_rows * (size_t)m->cfg.vocab_size;
+        if (!(r->head_part = m->be->ops->alloc(m->be, floats * sizeof(float))))
+            return EXL_ERR_NOMEM;
+        r->head_rows = m->fs.max_logit_rows;
+    }
+    *out = r->head_part;
+    return EXL_OK;
+}
+
+exl_status exl_tp_split_nodes(exl_model *m, const exl_kv_cache *cache, int32_t n_logits, exl_graph *g) {
+    exl_tp *tp = m->tp;
+    exl_forward_scratch *s = &m->fs;
+    const exl_hf_config *c = &m->cfg;
+    int32_t rows = s->batch.n_rows, hid = c->hidden_size, last = tp->n - 1;
+    if (m->rank == 0) {
+        const exl_node embed = {.op = EXL_OP_EMBED,
+                                .tag = {-1, EXL_PART_EMBED},
+                                .embed = {s->x, m->embed, s->batch.d_ids, rows, hid, m->embed_scale}};
+        EXL_TRY(exl_graph_add(g, &embed));
+    }
+    for (int32_t j = 0; j < tp->n; j++) {
+        for (int32_t i = tp->layer_bounds[j]; j == m->rank && i < tp->layer_bounds[j + 1]; i++)
+            EXL_TRY(exl_model_layer_graph(m, &m->layers[i], i, cache, g));
+        if (j == last)
+            break;
+        /* rank j's hidden states to every rank (h: free between layers, staging room) */
+        const exl_node send = {.op = EXL_OP_GATHER_COLS,
+                               .tag = {tp->layer_bounds[j + 1], EXL_PART_HEAD_GATHER},
+                               .gather_cols = {s->x, s->x, tp->send_hidden + (size_t)j * (tp->n + 1), rows, hid, tp->n,
+                                               m->rank, s->h}};
+        EXL_TRY(exl_graph_add(g, &send));
+    }
+    if (n_logits < 1)
+        return EXL_OK;
+    if (m->rank == last) {
+        const exl_node head[] = {
+            {.op = EXL_OP_GATHER_ROWS,
+             .tag = {-1, EXL_PART_LOGIT_ROWS},
+             .gather_rows = {s->sel, s->x, s->logit_rows, n_logits, hid, rows}},
+            {.op = EXL_OP_RMSNORM,
+             .tag = {-1, EXL_PART_FINAL_NORM},
+             .rmsnorm = {s->h, s->sel, m->final_norm, n_logits, hid, (float)c->rms_eps}},
+            {.op = EXL_OP_MATMUL,
+             .tag = {-1, EXL_PART_HEAD},
+             .matmul = {s->logits, s->h, m->head, n_logits, hid, c->vocab_size, 0}},
+        };
+        for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
+            EXL_TRY(exl_graph_add(g, &head[i]));
+        if (c->final_softcap > 0) {
+            const exl_node cap = {.op = EXL_OP_SOFTCAP,
+                                  .tag = {-1, EXL_PART_LOGIT_SOFTCAP},
+                                  .softcap = {s->logits, (int64_t)n_logits * c->vocab_size, (float)c->final_softcap}};
+            EXL_TRY(exl_graph_add(g, &cap));
+        }
+    }
+    float *staging;
+    EXL_TRY(logit_staging(m, n_logits, &staging));
+    const exl_node back = {.op = EXL_OP_GATHER_COLS,
+                           .tag = {-1, EXL_PART_HEAD_GATHER},
+                           .gather_cols = {s->logits, s->logits, tp->send_vocab, n_logits, c->vocab_size, tp->n,
+                                           m->rank, staging}};
+    EXL_TRY(exl_graph_add(g, &back));
+    return exl_graph_output(g, s->logits, (int64_t)n_logits * c->vocab_size);
+}
