@@ -129,6 +129,37 @@ exl_status exl_session_eval(exl_session *session, const int32_t *ids, int32_t n,
 /* Write one fp32 matrix [rows, cols] as a safetensors file holding a single tensor. */
 exl_status exl_tensor_save(const char *path, const char *name, const float *data, int32_t rows, int32_t cols);
 
+/* ---------------------------------------------------------------- LoRA adapters */
+
+/* A PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) loaded for one model: its low-rank factors
+ * run beside the targeted linears (never merged into the weights, so quantized models take adapters too). Up to 64
+ * adapters per model; each job may use its own weighted set of them, and one forward step mixes jobs with
+ * different sets. */
+typedef struct exl_lora exl_lora;
+
+/* Load dir for model; errors name the adapter and the tensor or field at fault (another architecture or size,
+ * missing tensors, unknown target modules, modules_to_save, DoRA). */
+exl_status exl_lora_load(exl_model *model, const char *dir, exl_lora **out);
+/* Unload (NULL is a no-op). No job or session may use it any more (the model's set drops it); adapters still
+ * loaded are freed with the model. */
+void exl_lora_free(exl_lora *lora);
+
+/* One adapter of a set, weighted: the update scale * (x · A^T) · B^T (PEFT's own scaling, alpha / r or
+ * alpha / sqrt(r), applied first). */
+typedef struct exl_lora_use {
+    const exl_lora *lora;
+    float scale; /* 1 for the adapter as trained */
+} exl_lora_use;
+
+#define EXL_LORA_MAX_USES 8 /* adapters in one set */
+
+/* The set sessions and jobs without one of their own run with (n 0: the base model); copied. */
+exl_status exl_model_set_lora(exl_model *model, const exl_lora_use *uses, int32_t n);
+/* Generator jobs holding the adapter now (submitted and not yet freed, which happens a step after they end). */
+int32_t exl_lora_users(const exl_lora *lora);
+/* Load "DIR[:SCALE]" (the command lines' --lora; scale 1 when none is given) into *use. */
+exl_status exl_lora_load_spec(exl_model *model, const char *spec, exl_lora_use *use);
+
 /* ---------------------------------------------------------------- tokenizer */
 
 /* Loaded from a model directory: tokenizer.json, else tokenizer.model (SentencePiece),
@@ -326,6 +357,10 @@ typedef struct exl_job_params {
     exl_sampling sampling;
     int32_t no_draft; /* 1: decode without the generator's speculative drafting */
     void *user;       /* handed back in events */
+    /* LoRA adapters of this job (copied; each must stay loaded until the job ends); n_lora 0: the model's set
+     * (exl_model_set_lora) */
+    const exl_lora_use *lora;
+    int32_t n_lora;
 } exl_job_params;
 
 exl_job_params exl_job_default_params(void);

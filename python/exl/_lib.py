@@ -83,7 +83,8 @@ def check(status):
 # ---------------------------------------------------------------- structs (include/exl.h)
 
 class ModelParams(ctypes.Structure):
-    _fields_ = [("device", c_int32), ("n_threads", c_int32), ("load_only", c_int32)]
+    _fields_ = [("device", c_int32), ("n_threads", c_int32), ("load_only", c_int32), ("tp", c_int32),
+                ("gpu_split", c_float * 16)]
 
 
 class ModelDesc(ctypes.Structure):
@@ -121,7 +122,8 @@ class JobParams(ctypes.Structure):
                 ("n_stop_ids", c_int32), ("ignore_eos", c_int32), ("stop_strings", POINTER(c_char_p)),
                 ("n_stop_strings", c_int32), ("banned_strings", POINTER(c_char_p)), ("n_banned_strings", c_int32),
                 ("logprobs", c_int32), ("top_logprobs", c_int32), ("priority", c_int32), ("constraint", c_void_p),
-                ("sampling", Sampling), ("user", c_void_p)]
+                ("sampling", Sampling), ("no_draft", c_int32), ("user", c_void_p), ("lora", c_void_p),
+                ("n_lora", c_int32)]
 
 
 class TokenLogprob(ctypes.Structure):

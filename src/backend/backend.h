@@ -20,7 +20,7 @@
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 16
+#define EXL_BACKEND_ABI 17
 
 typedef struct exl_backend exl_backend;
 
@@ -179,6 +179,9 @@ typedef struct exl_backend_ops {
      * backend picks the same token up to the rounding of exp. */
     exl_status (*sample)(exl_backend *be, exl_sample_result *out, float *logits, int32_t rows, int32_t vocab,
                          const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits);
+
+    /* gathered low-rank adapter updates added to a linear's output (graph.h: lora) */
+    void (*lora)(exl_backend *be, const exl_lora_node *n);
 } exl_backend_ops;
 
 #define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */

@@ -29,6 +29,10 @@
  *                model (every rank's backend runs the same node)
  *   gather_cols  out[r, cols[k] .. cols[k + 1]) = rank k's x[r] for every  x [rows, own width],
  *                rank k (the ranks' column slices put side by side)       out [rows, out_width]
+ *   lora         out_i[r] += sum over r's adapter uses u of scale_u *     x [rows, in], out_i [rows, out_i]
+ *                (x'[r] · A_iu^T) · Bt_iu for 1-3 projections i of x'
+ *                (x, x normed, or act(x) * up), the adapters'
+ *                low-rank factors gathered per row
  *
  * The model builds a step's graph from parts that stand alone (model.h: the embedding, each decoder layer's nodes
  * by exl_model_layer_graph, the head), so a graph may be one layer as well as a whole step.
@@ -118,6 +122,7 @@ typedef enum exl_op {
     EXL_OP_MOE_EXPERTS,
     EXL_OP_ALL_REDUCE,
     EXL_OP_GATHER_COLS,
+    EXL_OP_LORA,
 } exl_op;
 
 /* Which part of the model a node is, for messages and hooks. */
@@ -283,6 +288,37 @@ typedef struct exl_gather_cols_node {
     int32_t rows, out_width, n_ranks, rank;
     float *tmp; /* backend scratch of rows * out_width floats the backend may stage the slices in */
 } exl_gather_cols_node;
+/* One adapter's factors for one projection (backend memory): the update of a row x is (x · A^T) · Bt, the adapter's
+ * scaling (alpha / r, or alpha / sqrt(r)) already in Bt. rank 0: the adapter leaves the projection alone. */
+typedef struct exl_lora_factors {
+    const float *a;  /* [rank, in] */
+    const float *bt; /* [rank, out] */
+    int32_t rank, pad_;
+} exl_lora_factors;
+
+/* Gathered low-rank updates (Punica / S-LoRA) after 1-3 projections of one input (q, k and v; gate and up). The input
+ * is x itself, or what a norm or a GLU before the projections makes of it (so that the backend may fuse those into
+ * the projections' matmuls, which then need not write it): with norm, x / rms(x) * norm (eps); with up (one
+ * output), act(x) * up. Each row uses its own adapters, the uses of row r being row_uses[r] .. row_uses[r + 1] - 1, one use u naming the adapter
+ * slot use_slot[u] (an entry of each projection's factors) and the weight use_scale[u]; use_row[u] is the row of
+ * use u. t is scratch of n_uses * n_out * max_rank floats. */
+#define EXL_LORA_MAX_OUT 3
+typedef struct exl_lora_node {
+    float *out[EXL_LORA_MAX_OUT];                      /* [rows, out_features[i]], added to */
+    const exl_lora_factors *factors[EXL_LORA_MAX_OUT]; /* backend memory, [n_slots] each */
+    int32_t out_features[EXL_LORA_MAX_OUT];
+    int32_t n_out;
+    const float *x;          /* [rows, in_features] */
+    const exl_vector *norm;  /* or NULL */
+    const float *up;         /* [rows, in_features] or NULL */
+    float eps;               /* norm's */
+    int32_t act;             /* up's: as glu's */
+    const int32_t *row_uses; /* backend memory, [rows + 1] */
+    const int32_t *use_row, *use_slot;
+    const float *use_scale;
+    float *t;
+    int32_t rows, in_features, n_uses, max_rank;
+} exl_lora_node;
 
 typedef struct exl_node {
     exl_op op;
@@ -304,6 +340,7 @@ typedef struct exl_node {
         exl_moe_experts_node moe_experts;
         exl_all_reduce_node all_reduce;
         exl_gather_cols_node gather_cols;
+        exl_lora_node lora;
     };
 } exl_node;
 
@@ -346,7 +383,7 @@ exl_status exl_graph_exec(struct exl_backend *be, const exl_graph *g, exl_linear
  * ids as spans of as many floats). A node that reads and writes a buffer (accumulate, rope, in place) lists it
  * among both. Inline: backends built apart from the core use it too. */
 typedef struct exl_node_access {
-    exl_span reads[4], writes[2];
+    exl_span reads[4], writes[3];
     int32_t n_reads, n_writes;
 } exl_node_access;
 
@@ -436,6 +473,15 @@ static inline exl_node_access exl_node_access_of(const exl_node *n, int32_t batc
         EXL_WRITES_(c->out, (int64_t)c->rows * c->out_width);
         break;
     }
+    case EXL_OP_LORA:
+        EXL_READS_(n->lora.x, (int64_t)n->lora.rows * n->lora.in_features);
+        if (n->lora.up)
+            EXL_READS_(n->lora.up, (int64_t)n->lora.rows * n->lora.in_features);
+        for (int32_t o = 0; o < n->lora.n_out && o < EXL_LORA_MAX_OUT; o++) {
+            EXL_READS_(n->lora.out[o], (int64_t)n->lora.rows * n->lora.out_features[o]);
+            EXL_WRITES_(n->lora.out[o], (int64_t)n->lora.rows * n->lora.out_features[o]);
+        }
+        break;
     }
 #undef EXL_READS_
 #undef EXL_WRITES_

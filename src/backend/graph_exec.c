@@ -120,6 +120,7 @@ exl_status exl_graph_exec(exl_backend *be, const exl_graph *g, exl_linear_hook h
             else
                 op->gather_cols(be, &n->gather_cols);
             break;
+        case EXL_OP_LORA: op->lora(be, &n->lora); break;
         }
     }
     return EXL_OK;

@@ -74,7 +74,7 @@ int cmd_bench(int argc, char **argv) {
                              "-m DIR [-p PROMPT_TOKENS] [-n N] [options]",
                              ABOUT,
                              NULL,
-                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL | CLI_MODEL_LORA),
                               cli_cache_group(&cache, CLI_CACHE_BITS, NULL)}};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc == CLI_GO_ON)
@@ -82,9 +82,8 @@ int cmd_bench(int argc, char **argv) {
     if (rc != CLI_GO_ON)
         return rc;
     const char *dir = model.dir;
-    const exl_model_params p = model.params;
     exl_model *m;
-    exl_status st = exl_model_load(dir, &p, &m);
+    exl_status st = cli_model_load(&model, &m);
     if (st != EXL_OK)
         return cli_error(st);
     exl_model_desc d;
@@ -136,7 +135,7 @@ int cmd_bench(int argc, char **argv) {
             printf("greedy:   not measured: %s\n", exl_last_error());
     }
     if (!strcmp(d.backend, "cpu")) {
-        long cores = p.n_threads > 0 ? p.n_threads : sysconf(_SC_NPROCESSORS_ONLN);
+        long cores = model.params.n_threads > 0 ? model.params.n_threads : sysconf(_SC_NPROCESSORS_ONLN);
         double bw = exl_cli_read_bandwidth((int)cores, (size_t)1 << 30);
         double bound = bw / (double)d.decode_bytes;
         printf("memory:   %.2f GB/s read bandwidth measured (%ld threads)\n", bw / 1e9, cores);

@@ -233,7 +233,7 @@ int cmd_chat(int argc, char **argv) {
                              "-m DIR [options]",
                              ABOUT,
                              NULL,
-                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL | CLI_MODEL_LORA),
                               cli_sampling_group(&sampling),
                               cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS, "the window's"),
                               cli_draft_group(&draft)}};
@@ -248,7 +248,7 @@ int cmd_chat(int argc, char **argv) {
     c.jp = exl_job_default_params();
     c.jp.sampling = cli_sampling_get(&sampling);
 
-    exl_status st = exl_model_load(dir, &model.params, &c.model);
+    exl_status st = cli_model_load(&model, &c.model);
     if (st == EXL_OK)
         st = exl_tokenizer_load(dir, &c.tok);
     if (st == EXL_OK) {

@@ -44,7 +44,7 @@ int cmd_logits(int argc, char **argv) {
                              "Run the token ids through the model in one pass and write one fp32 tensor named\n"
                              "\"logits\" of shape [n_ids, vocab]: the logits at every position.",
                              NULL,
-                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL)}};
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL | CLI_MODEL_LORA)}};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc != CLI_GO_ON)
         return rc;
@@ -54,7 +54,7 @@ int cmd_logits(int argc, char **argv) {
     exl_model *m = NULL;
     exl_session *sess = NULL;
     float *logits = NULL;
-    exl_status st = exl_model_load(model.dir, &model.params, &m);
+    exl_status st = cli_model_load(&model, &m);
     exl_model_desc d;
     if (st == EXL_OK) {
         exl_model_describe(m, &d);

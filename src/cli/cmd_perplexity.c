@@ -57,7 +57,7 @@ int cmd_perplexity(int argc, char **argv) {
                              "-m DIR -f FILE [--ctx N] [--stride S] [--max-windows K] [options]",
                              "The perplexity of the model on a text file, over sliding windows.",
                              NOTES,
-                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL),
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL | CLI_MODEL_LORA),
                               cli_cache_group(&cache, CLI_CACHE_BITS, NULL)}};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc == CLI_GO_ON)
@@ -99,7 +99,7 @@ int cmd_perplexity(int argc, char **argv) {
         st = exl_tokenizer_encode(tok, text, (size_t)len, 1, &ids, &n_ids);
     free(text);
     if (st == EXL_OK)
-        st = exl_model_load(dir, &model.params, &m);
+        st = cli_model_load(&model, &m);
     exl_model_desc d;
     if (st == EXL_OK) {
         exl_model_describe(m, &d);

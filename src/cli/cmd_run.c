@@ -208,14 +208,15 @@ int cmd_run(int argc, char **argv) {
         {NULL, "--regex", CLI_STRING, &regex, "RE", .help = "the output matches this regular expression",
          .default_text = ""},
     };
-    const cli_command cmd = {
-        "run",
-        "-m DIR -p TEXT [-p TEXT ...] [options]",
-        ABOUT,
-        NOTES,
-        {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL), cli_sampling_group(&sampling),
-         cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS, "the longest prompt and -n, at least 16384"),
-         cli_draft_group(&draft)}};
+    const cli_command cmd = {"run",
+                             "-m DIR -p TEXT [-p TEXT ...] [options]",
+                             ABOUT,
+                             NOTES,
+                             {CLI_GROUP("options", options), cli_model_group(&model, CLI_MODEL_ALL | CLI_MODEL_LORA),
+                              cli_sampling_group(&sampling),
+                              cli_cache_group(&cache, CLI_CACHE_BITS | CLI_CACHE_TOKENS,
+                                              "the longest prompt and -n, at least 16384"),
+                              cli_draft_group(&draft)}};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc == CLI_GO_ON)
         rc = cli_cache_get(&cache, "run");
@@ -246,7 +247,7 @@ int cmd_run(int argc, char **argv) {
     exl_generator *gen = NULL;
     int32_t longest = 0;
     exl_generator_params gp = exl_generator_default_params();
-    exl_status st = exl_model_load(model.dir, &model.params, &m);
+    exl_status st = cli_model_load(&model, &m);
     if (st == EXL_OK)
         st = exl_tokenizer_load(model.dir, &tok);
     if (st == EXL_OK)

@@ -56,6 +56,7 @@ int cmd_serve(int argc, char **argv) {
     cli_cache_args cache;
     cli_draft_args draft;
     int quiet = 0;
+    cli_list lora_modules = {0};
     long max_body = (long)sp.max_body, max_response_tokens = (long)sp.max_response_tokens;
     const cli_option options[] = {
         {NULL, "--host", CLI_STRING, &sp.host, "ADDR", .help = "address to listen on"},
@@ -77,6 +78,11 @@ int cmd_serve(int argc, char **argv) {
          .help = "let browser pages from ORIGIN call the API\n(\"*\", or a comma-separated list of origins)",
          .default_text = "no CORS headers"},
         {NULL, "--quiet", CLI_FLAG, &quiet, NULL, .help = "do not log requests"},
+        {NULL, "--lora-modules", CLI_LIST_REST, &lora_modules, "NAME=DIR[:SCALE]", .default_text = "",
+         .help = "PEFT LoRA adapters a request selects with \"model\": NAME\n(listed by /v1/models)"},
+        {NULL, "--admin-key", CLI_STRING, &sp.admin_key, "KEY",
+         .help = "allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter\nwith 'Authorization: Bearer KEY'",
+         .default_text = "those refuse"},
     };
     const cli_option connections[] = {
         {NULL, "--max-connections", CLI_INT, &sp.max_connections, "N", .lo = 1, .hi = 1 << 20,
@@ -121,6 +127,8 @@ int cmd_serve(int argc, char **argv) {
     sp.max_response_tokens = max_response_tokens;
     sp.device = model.params.device;
     sp.n_threads = model.params.n_threads;
+    sp.lora_modules = lora_modules.items;
+    sp.n_lora_modules = lora_modules.n;
     if (!quiet)
         sp.log = log_line;
 
@@ -131,11 +139,14 @@ int cmd_serve(int argc, char **argv) {
     sigaddset(&stop, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
-    if (fit_descriptors(sp.max_connections))
+    if (fit_descriptors(sp.max_connections)) {
+        cli_list_free(&lora_modules);
         return 1;
+    }
 
     exl_server *srv;
     exl_status st = exl_server_start(&sp, &srv);
+    cli_list_free(&lora_modules); /* loaded or failed: the server keeps no pointer to them */
     if (st != EXL_OK)
         return cli_error(st);
     exl_server_cache kv;

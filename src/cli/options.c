@@ -327,7 +327,13 @@ cli_group cli_model_group(cli_model_args *a, int parts) {
          .help = "GB of weights for each device: whole layers placed on\nGPUs 0, 1, ... in order (a model larger than "
                  "one GPU)"},
     };
-    _Static_assert(sizeof dir + sizeof device == sizeof a->options, "cli_model_args.options holds the group");
+    a->lora = (cli_list){NULL, 0};
+    const cli_option lora[] = {
+        {NULL, "--lora", CLI_LIST, &a->lora, "DIR[:SCALE]", .default_text = "",
+         .help = "a PEFT LoRA adapter, its update times SCALE (default 1);\nrepeat for a weighted sum of several"},
+    };
+    _Static_assert(sizeof dir + sizeof device + sizeof lora == sizeof a->options,
+                   "cli_model_args.options holds the group");
     int n = 0;
     if (parts & CLI_MODEL_DIR)
         a->options[n++] = dir[0];
@@ -335,7 +341,26 @@ cli_group cli_model_group(cli_model_args *a, int parts) {
         memcpy(a->options + n, device, sizeof device);
         n += (int)(sizeof device / sizeof device[0]);
     }
+    if (parts & CLI_MODEL_LORA)
+        a->options[n++] = lora[0];
     return (cli_group){"model options", a->options, n};
+}
+
+exl_status cli_model_load(cli_model_args *a, exl_model **out) {
+    exl_lora_use uses[EXL_LORA_MAX_USES];
+    exl_status st = exl_model_load(a->dir, &a->params, out);
+    if (st == EXL_OK && a->lora.n > EXL_LORA_MAX_USES)
+        st = exl_model_set_lora(*out, uses, a->lora.n); /* the message for too many */
+    for (int i = 0; st == EXL_OK && i < a->lora.n; i++)
+        st = exl_lora_load_spec(*out, a->lora.items[i], &uses[i]);
+    if (st == EXL_OK)
+        st = exl_model_set_lora(*out, uses, a->lora.n);
+    cli_list_free(&a->lora);
+    if (st != EXL_OK) {
+        exl_model_free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 cli_group cli_cache_group(cli_cache_args *a, int parts, const char *tokens_default) {

@@ -68,17 +68,21 @@ int cli_parse(const cli_command *cmd, int argc, char **argv);
 /* ---------------------------------------------------------------- shared groups */
 
 /* Which options the model group has. */
-enum { CLI_MODEL_DIR = 1, CLI_MODEL_DEVICE = 2, CLI_MODEL_ALL = 3 };
+enum { CLI_MODEL_DIR = 1, CLI_MODEL_DEVICE = 2, CLI_MODEL_ALL = 3, CLI_MODEL_LORA = 4 };
 
-/* -m/--model DIR (default: the embedded model, default_model.h), --device, -t/--threads; the defaults are
- * exl_model_default_params(). */
+/* -m/--model DIR (default: the embedded model, default_model.h), --device, -t/--threads, --tp, --gpu-split,
+ * --lora DIR[:SCALE] (repeatable); the defaults are exl_model_default_params(). */
 typedef struct cli_model_args {
     const char *dir;
     exl_model_params params;
-    cli_option options[5];
+    cli_list lora;
+    cli_option options[6];
 } cli_model_args;
 
 cli_group cli_model_group(cli_model_args *args, int parts);
+/* After cli_parse: load the model, then its --lora adapters as the set every sequence runs with (freed with the
+ * model; the list is freed here). */
+exl_status cli_model_load(cli_model_args *args, exl_model **out);
 
 /* The KV cache: --cache-bits K[,V], --cache-tokens N (commands that run a generator), --gpu-memory F (those that
  * size the cache to the memory). */

@@ -83,7 +83,10 @@ void exl_gen_ahead_queue(exl_generator *g) {
         a->page[s] = j->pages[p / ps];
     }
     int64_t t;
-    if (exl_model_forward_argmax(g->model, g->cache, a->steps, g->n_step, &t) != EXL_OK)
+    exl_lora_step_sets(g->model, g->step_sets, g->n_step);
+    exl_status st = exl_model_forward_argmax(g->model, g->cache, a->steps, g->n_step, &t);
+    exl_lora_step_sets(g->model, NULL, 0);
+    if (st != EXL_OK)
         return; /* the step is only an early start: the planned one reports real failures */
     a->ticket = t;
     a->n = g->n_step;

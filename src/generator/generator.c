@@ -137,13 +137,14 @@ exl_status exl_generator_init(exl_model *model, const exl_tokenizer *tok, const 
     if (st == EXL_OK) {
         g->steps = exl_malloc((size_t)p.max_jobs * sizeof *g->steps);
         g->step_jobs = exl_malloc((size_t)p.max_jobs * sizeof *g->step_jobs);
+        g->step_sets = exl_malloc((size_t)p.max_jobs * sizeof *g->step_sets);
         g->logits = exl_malloc((size_t)p.max_jobs * g->vocab * sizeof *g->logits);
         g->cap_logit_rows = p.max_jobs;
         g->raw = exl_malloc((size_t)g->vocab * sizeof *g->raw);
         g->head_max = exl_model_top_k_max(model);
         g->head_ids = exl_malloc((size_t)p.max_jobs * (g->head_max ? g->head_max : 1) * sizeof *g->head_ids);
         g->head_vals = exl_malloc((size_t)p.max_jobs * (g->head_max ? g->head_max : 1) * sizeof *g->head_vals);
-        if (!g->steps || !g->step_jobs || !g->logits || !g->raw || !g->head_ids || !g->head_vals)
+        if (!g->steps || !g->step_jobs || !g->step_sets || !g->logits || !g->raw || !g->head_ids || !g->head_vals)
             st = exl_fail(EXL_ERR_NOMEM, "out of memory");
     }
     if (st == EXL_OK)
@@ -178,6 +179,7 @@ void exl_generator_free(exl_generator *g) {
     exl_gen_dsample_free(g);
     exl_free(g->steps);
     exl_free(g->step_jobs);
+    exl_free(g->step_sets);
     exl_free(g->logits);
     exl_free(g->raw);
     exl_free(g->head_ids);

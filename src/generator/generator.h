@@ -18,6 +18,7 @@
 #include "generator/sampler.h"
 #include "generator/speculative.h"
 #include "generator/stop_strings.h"
+#include "model/lora.h"
 #include "model/model.h"
 
 typedef enum exl_job_state { EXL_JOB_WAITING, EXL_JOB_RUNNING, EXL_JOB_DONE } exl_job_state;
@@ -44,7 +45,9 @@ typedef struct exl_job {
     int32_t *tokens, n_tokens, n_prompt, cap_tokens;
     int32_t n_cached, n_cached_prompt;
     int32_t *pages, n_pages, cap_pages;
-    uint64_t *chain; /* chain hash through page i, known for i < n_chain */
+    exl_lora_set lora; /* the adapters it runs with (the model's set at submission when it names none) */
+    uint64_t root;     /* the parent hash of its first page: EXL_HASH_ROOT, mixed with the adapters' hash */
+    uint64_t *chain;   /* chain hash through page i, known for i < n_chain */
     int32_t n_chain;
     int32_t step_tokens; /* tokens fed in the current step */
 
@@ -130,6 +133,7 @@ struct exl_generator {
     exl_generator_stats stats;
     exl_seq_step *steps;
     exl_job **step_jobs;
+    const exl_lora_set **step_sets; /* the step's jobs' adapters */
     int32_t n_step;
     float *logits;     /* [max_jobs, vocab] */
     int32_t head_max;  /* largest head the model selects on its device (0: none) */

@@ -179,6 +179,8 @@ static exl_status alloc_job(exl_generator *g, const exl_job_params *p, const int
 exl_status exl_job_create(exl_generator *g, const exl_job_params *p, exl_job **out) {
     *out = NULL;
     EXL_TRY(check_params(g, p));
+    exl_lora_set lora;
+    EXL_TRY(exl_lora_job_set(g->model, p->lora, p->n_lora, &lora));
     int32_t *enc = NULL, n_enc = 0;
     const int32_t *ids = p->ids;
     int32_t n_ids = p->n_ids;
@@ -202,6 +204,10 @@ exl_status exl_job_create(exl_generator *g, const exl_job_params *p, exl_job **o
     if (st == EXL_OK) {
         j->sampling = p->sampling;
         j->sampling.logit_bias = NULL;
+        j->lora = lora;
+        exl_lora_set_hold(&j->lora, 1);
+        uint64_t h = exl_lora_set_hash(&lora);
+        j->root = h ? (EXL_HASH_ROOT ^ h) | 1 : EXL_HASH_ROOT;
         st = alloc_job(g, p, ids, n_ids, j);
     }
     exl_ids_free(enc);
@@ -235,6 +241,7 @@ exl_status exl_job_create(exl_generator *g, const exl_job_params *p, exl_job **o
 void exl_job_free(exl_job *j) {
     if (!j)
         return;
+    exl_lora_set_hold(&j->lora, -1);
     exl_free(j->tokens);
     exl_free(j->pages);
     exl_free(j->chain);
@@ -261,11 +268,11 @@ void exl_job_free(exl_job *j) {
 uint64_t exl_job_parent_hash(exl_job *j, int32_t page_size, int32_t i) {
     while (j->n_chain < i) {
         int32_t k = j->n_chain;
-        uint64_t parent = k ? j->chain[k - 1] : EXL_HASH_ROOT;
+        uint64_t parent = k ? j->chain[k - 1] : j->root;
         j->chain[k] = exl_prefix_hash(parent, j->tokens + (size_t)k * page_size, page_size);
         j->n_chain++;
     }
-    return i ? j->chain[i - 1] : EXL_HASH_ROOT;
+    return i ? j->chain[i - 1] : j->root;
 }
 
 void exl_job_release_pages(exl_generator *g, exl_job *j) {

@@ -155,6 +155,7 @@ exl_status exl_sched_plan(exl_generator *g) {
         int32_t end = j->n_cached + j->step_tokens;
         g->steps[g->n_step] = (exl_seq_step){j->tokens + j->n_cached, j->step_tokens, j->n_cached, j->pages, j->n_pages,
                                              end == j->n_tokens};
+        g->step_sets[g->n_step] = &j->lora;
         g->step_jobs[g->n_step++] = j;
     }
     return EXL_OK;

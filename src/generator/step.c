@@ -292,6 +292,7 @@ static exl_status run_step(exl_generator *g) {
     int on_backend = !greedy && exl_gen_dsample_step(g);         /* the backend samples them */
     int32_t head = greedy || on_backend ? 0 : step_head_size(g); /* > 0: only the head of each row comes back */
     exl_status st;
+    exl_lora_step_sets(g->model, g->step_sets, g->n_step);
     if (greedy) {
         int32_t rows = 0;
         for (int32_t s = 0; s < g->n_step; s++)
@@ -310,6 +311,7 @@ static exl_status run_step(exl_generator *g) {
         st = head ? exl_model_forward_top_k(g->model, g->cache, g->steps, g->n_step, head, g->head_ids, g->head_vals)
                   : exl_model_forward(g->model, g->cache, g->steps, g->n_step, g->logits);
     }
+    exl_lora_step_sets(g->model, NULL, 0); /* for a forward that did not run (queued ahead, or failed) */
     double t1 = now_seconds();
     g->stats.seconds_forward += t1 - t0;
     if (st != EXL_OK) {

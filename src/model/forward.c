@@ -5,6 +5,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "model/lora.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -305,6 +306,7 @@ exl_status exl_model_begin_step(exl_model *m, exl_kv_cache *cache, const exl_seq
     exl_forward_scratch *s = &m->fs;
     s->fed_rows = 0; /* this step's table replaces them */
     EXL_TRY(build_batch(m, cache, steps, n_seqs, rows, n_pages, fed, &s->batch));
+    EXL_TRY(exl_lora_begin_step(m, steps, n_seqs, rows));
     exl_graph_reset(&s->graph, &s->batch);
     s->graph.tmp = s->h; /* free while o_proj and down_proj run, the residual adds */
     s->graph.tmp_floats = (int64_t)s->max_rows * m->cfg.hidden_size;

@@ -15,6 +15,7 @@
 #include "model/tp.h"
 
 #include "base/error.h"
+#include "model/lora.h"
 
 #include <math.h>
 
@@ -32,6 +33,13 @@ static exl_status matmul(exl_graph *g, int32_t li, exl_part part, float *out, co
                         .tag = {li, part},
                         .matmul = {out, x, w, rows, in, out_features, accumulate}};
     return exl_graph_add(g, &n);
+}
+
+/* the LoRA updates of one projection (model/lora.h) of input x, or of x normed (norm, eps) */
+static exl_status lora(exl_model *m, exl_graph *g, int32_t li, exl_lora_proj p, const exl_linear *w, float *out,
+                       int32_t out_features, const float *x, int32_t in, const exl_vector *norm, double eps) {
+    const exl_lora_input input = {x, in, norm, (float)eps, NULL, 0};
+    return exl_lora_nodes(m, g, li, 1, &p, &w, &out, &out_features, &input);
 }
 
 /* columns [col, col + width) of x (rows of x_width) into out */
@@ -95,9 +103,17 @@ static exl_status qkv_nodes(exl_model *m, const exl_layer *l, int32_t li, exl_gr
     if (!l->qkv) {
         EXL_TRY(matmul(g, li, EXL_PART_Q, s->q, s->h, l->q, rows, hid, qw, 0));
         EXL_TRY(matmul(g, li, EXL_PART_K, s->k, s->h, l->k, rows, hid, kvw, 0));
-        return matmul(g, li, EXL_PART_V, s->v, s->h, l->v, rows, hid, kvw, 0);
+        EXL_TRY(matmul(g, li, EXL_PART_V, s->v, s->h, l->v, rows, hid, kvw, 0));
+        const exl_lora_proj p[3] = {EXL_LORA_Q, EXL_LORA_K, EXL_LORA_V};
+        const exl_linear *const w[3] = {l->q, l->k, l->v};
+        float *const out[3] = {s->q, s->k, s->v};
+        const int32_t widths[3] = {qw, kvw, kvw};
+        /* from the residual stream, normed on the way: the norm stays fused into the matmuls */
+        const exl_lora_input input = {s->x, hid, l->attn_norm, (float)c->rms_eps, NULL, 0};
+        return exl_lora_nodes(m, g, li, 3, p, w, out, widths, &input);
     }
     EXL_TRY(matmul(g, li, EXL_PART_QKV, s->fused, s->h, l->qkv, rows, hid, all, 0));
+    EXL_TRY(lora(m, g, li, EXL_LORA_QKV, l->qkv, s->fused, all, s->x, hid, l->attn_norm, c->rms_eps));
     EXL_TRY(copy_cols(g, li, EXL_PART_Q, s->q, s->fused, rows, qw, all, 0));
     EXL_TRY(copy_cols(g, li, EXL_PART_K, s->k, s->fused, rows, kvw, all, qw));
     return copy_cols(g, li, EXL_PART_V, s->v, s->fused, rows, kvw, all, qw + kvw);
@@ -155,31 +171,51 @@ static exl_status attention_nodes(exl_model *m, const exl_layer *l, int32_t li, 
         EXL_TRY(all_reduce(m, g, li, EXL_PART_ATTN_REDUCE, s->h, (int64_t)rows * hid));
         return residual(m, g, li, EXL_PART_POST_ATTN_NORM, EXL_PART_ATTN_RESIDUAL, s->h, l->post_attn_norm);
     }
-    if (!l->post_attn_norm)
-        return matmul(g, li, EXL_PART_O, s->x, s->attn, l->o, rows, qw, hid, 1);
+    if (!l->post_attn_norm) {
+        EXL_TRY(matmul(g, li, EXL_PART_O, s->x, s->attn, l->o, rows, qw, hid, 1));
+        return lora(m, g, li, EXL_LORA_O, l->o, s->x, hid, s->attn, qw, NULL, 0);
+    }
     EXL_TRY(matmul(g, li, EXL_PART_O, s->h, s->attn, l->o, rows, qw, hid, 0));
+    EXL_TRY(lora(m, g, li, EXL_LORA_O, l->o, s->h, hid, s->attn, qw, NULL, 0));
     return residual(m, g, li, EXL_PART_POST_ATTN_NORM, EXL_PART_ATTN_RESIDUAL, s->h, l->post_attn_norm);
 }
 
 /* ---- the MLP */
 
-/* a gated MLP of width ffn over h (e: separate gate and up, or gate_up fused) into out: added to it, or
+/* a gated MLP of width ffn over h = norm(x) (e: separate gate and up, or gate_up fused) into out: added to it, or
  * overwriting it */
-static exl_status gated_mlp(exl_model *m, const exl_expert *e, const exl_linear *gate_up, int32_t li, int32_t ffn,
-                            float *out, int32_t accumulate, exl_graph *g) {
+static exl_status gated_mlp(exl_model *m, const exl_expert *e, const exl_linear *gate_up, const exl_vector *norm,
+                            int32_t li, int32_t ffn, float *out, int32_t accumulate, exl_graph *g) {
     exl_forward_scratch *s = &m->fs;
     int32_t rows = g->batch->n_rows, hid = m->cfg.hidden_size;
+    const double eps = m->cfg.rms_eps;
     if (gate_up) {
         EXL_TRY(matmul(g, li, EXL_PART_GATE_UP, s->fused, s->h, gate_up, rows, hid, 2 * ffn, 0));
+        EXL_TRY(lora(m, g, li, EXL_LORA_GATE_UP, gate_up, s->fused, 2 * ffn, s->x, hid, norm, eps));
         EXL_TRY(copy_cols(g, li, EXL_PART_GATE, s->gate, s->fused, rows, ffn, 2 * ffn, 0));
         EXL_TRY(copy_cols(g, li, EXL_PART_UP, s->up, s->fused, rows, ffn, 2 * ffn, ffn));
     } else {
         EXL_TRY(matmul(g, li, EXL_PART_GATE, s->gate, s->h, e->gate, rows, hid, ffn, 0));
         EXL_TRY(matmul(g, li, EXL_PART_UP, s->up, s->h, e->up, rows, hid, ffn, 0));
+        const exl_lora_proj p[2] = {EXL_LORA_GATE, EXL_LORA_UP};
+        const exl_linear *const w[2] = {e->gate, e->up};
+        float *const outs[2] = {s->gate, s->up};
+        const int32_t widths[2] = {ffn, ffn};
+        const exl_lora_input input = {s->x, hid, norm, (float)eps, NULL, 0}; /* the norm stays fused */
+        EXL_TRY(exl_lora_nodes(m, g, li, 2, p, w, outs, widths, &input));
     }
+    /* down_proj's updates added to the residual before the GLU, through it on the way (the GLU stays fused into
+     * down_proj); where down_proj overwrites out, after it */
+    const exl_lora_input glu_in = {s->gate, ffn, NULL, 0, s->up, m->cfg.act}, plain = {s->gate, ffn, NULL, 0, NULL, 0};
+    float *const down_out[1] = {out};
+    const exl_lora_proj down[1] = {EXL_LORA_DOWN};
+    const exl_linear *const down_w[1] = {e->down};
+    if (accumulate)
+        EXL_TRY(exl_lora_nodes(m, g, li, 1, down, down_w, down_out, &hid, &glu_in));
     const exl_node glu = {.op = EXL_OP_GLU, .tag = {li, EXL_PART_GLU}, .glu = {s->gate, s->up, rows, ffn, m->cfg.act}};
     EXL_TRY(exl_graph_add(g, &glu));
-    return matmul(g, li, EXL_PART_DOWN, out, s->gate, e->down, rows, ffn, hid, accumulate);
+    EXL_TRY(matmul(g, li, EXL_PART_DOWN, out, s->gate, e->down, rows, ffn, hid, accumulate));
+    return accumulate ? EXL_OK : exl_lora_nodes(m, g, li, 1, down, down_w, down_out, &hid, &plain);
 }
 
 /* a rank's expert sums: added up over the ranks, then to the residual */
@@ -218,7 +254,7 @@ static exl_status moe_nodes(exl_model *m, const exl_layer *l, int32_t li, exl_gr
     /* the router's logits are spent: its buffer takes the shared expert's gate, h its output once the MLP is past
      * reading it */
     EXL_TRY(matmul(g, li, EXL_PART_SHARED_GATE, s->router, s->h, l->shared_gate, rows, hid, 1, 0));
-    EXL_TRY(gated_mlp(m, &l->shared, NULL, li, e->shared_ffn, s->h, 0, g));
+    EXL_TRY(gated_mlp(m, &l->shared, NULL, NULL, li, e->shared_ffn, s->h, 0, g));
     const exl_node gate = {.op = EXL_OP_ROW_GATE,
                            .tag = {li, EXL_PART_SHARED_GATE},
                            .row_gate = {s->h, s->router, rows, hid}};
@@ -236,8 +272,8 @@ static exl_status mlp_nodes(exl_model *m, const exl_layer *l, int32_t li, exl_gr
     const exl_expert mlp = {l->gate, l->up, l->down};
     int32_t ffn = mlp_width(m, li, c->intermediate_size);
     if (!l->post_mlp_norm && !tp_rank(m))
-        return gated_mlp(m, &mlp, l->gate_up, li, ffn, s->x, 1, g);
-    EXL_TRY(gated_mlp(m, &mlp, l->gate_up, li, ffn, s->h, 0, g));
+        return gated_mlp(m, &mlp, l->gate_up, l->mlp_norm, li, ffn, s->x, 1, g);
+    EXL_TRY(gated_mlp(m, &mlp, l->gate_up, l->mlp_norm, li, ffn, s->h, 0, g));
     if (tp_rank(m))
         EXL_TRY(all_reduce(m, g, li, EXL_PART_MLP_REDUCE, s->h, (int64_t)g->batch->n_rows * c->hidden_size));
     return residual(m, g, li, EXL_PART_POST_MLP_NORM, EXL_PART_MLP_RESIDUAL, s->h, l->post_mlp_norm);

@@ -92,8 +92,9 @@ struct exl_model {
     float embed_scale;
     int32_t rot_dim;
     exl_forward_scratch fs;
-    struct exl_tp *tp; /* tensor parallelism (tp.h): the ranks this model is one of, NULL on one device */
-    int32_t rank;      /* this model's rank (0: the one the caller holds) */
+    struct exl_lora_state *lora; /* LoRA adapters (model/lora.h), NULL until one is loaded */
+    struct exl_tp *tp;           /* tensor parallelism (tp.h): the ranks this model is one of, NULL on one device */
+    int32_t rank;                /* this model's rank (0: the one the caller holds) */
 };
 
 /* A paged KV cache: n_pages pages of page_size token slots per layer, keys and values stored as fmt says

@@ -5,6 +5,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/notice.h"
+#include "model/lora.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -159,6 +160,7 @@ void exl_model_free(exl_model *m) {
     exl_tp_free_ranks(m);
     exl_backend *be = m->be;
     if (be) {
+        exl_lora_state_free(m);
         exl_model_free_forward(m);
         for (int i = 0; m->layers && i < m->cfg.n_layers; i++)
             exl_model_free_layer(m, &m->layers[i]);

@@ -53,6 +53,8 @@ typedef struct oai_run {
     exl_chat_message *msgs; /* the conversation as the template gets it, when it differs from the request's */
     exl_str *owned;         /* texts msgs points at */
     int32_t n_owned;
+    exl_lora_use lora; /* the adapter "model" names (n_lora 1), held by the jobs once submitted */
+    int32_t n_lora;
 } oai_run;
 
 /* ---------------------------------------------------------------- life of a run */
@@ -347,6 +349,8 @@ static int submit_jobs(oai_run *r, exl_http_conn *conn, exl_oai_error *err) {
         jp.sampling = q->sampling;
         jp.no_draft = !q->speculative;
         jp.constraint = r->constraint;
+        jp.lora = &r->lora;
+        jp.n_lora = r->n_lora;
         /* the n choices of one seed differ from each other, and repeat across requests */
         jp.sampling.seed = q->has_seed
                                ? q->sampling.seed + (uint64_t)k
@@ -516,14 +520,34 @@ static void run_free_cb(void *ctx) { run_free(ctx); }
 
 /* ---------------------------------------------------------------- entry */
 
+/* "model": the base (or none), or a LoRA adapter's name (under the adapters' lock) */
+static int select_model(oai_run *r, exl_oai_error *err) {
+    exl_server *srv = r->srv;
+    if (!r->req.model || !strcmp(r->req.model, srv->model_name))
+        return 0;
+    const exl_srv_adapter *a = exl_adapters_find(&srv->adapters, r->req.model);
+    if (!a)
+        return exl_oai_fail(err, 404, "invalid_request_error", "model", "model_not_found",
+                            "The model '%.200s' does not exist (this server has '%s' and its LoRA adapters, "
+                            "GET /v1/models)",
+                            r->req.model, srv->model_name);
+    r->lora = a->use;
+    r->n_lora = 1;
+    r->hdr.model = r->req.model;
+    return 0;
+}
+
 static int start(oai_run *r, const exl_http_request *req, exl_oai_error *err) {
     exl_server *srv = r->srv;
     if (exl_oai_request_parse(r->hdr.kind, req->body, req->body_len, srv->vocab, &r->req, err))
         return -1;
-    if (r->req.model && strcmp(r->req.model, srv->model_name))
-        return exl_oai_fail(err, 404, "invalid_request_error", "model", "model_not_found",
-                            "The model '%.200s' does not exist (this server has '%s')", r->req.model, srv->model_name);
-    return make_prompts(r, err) || make_constraint(r, err) || submit_jobs(r, req->conn, err) ? -1 : 0;
+    if (make_prompts(r, err) || make_constraint(r, err))
+        return -1;
+    /* an adapter found stays loaded while the jobs are submitted, which then hold it */
+    exl_adapters_lock(&srv->adapters);
+    int rc = select_model(r, err) || submit_jobs(r, req->conn, err) ? -1 : 0;
+    exl_adapters_unlock(&srv->adapters);
+    return rc;
 }
 
 void exl_completions(exl_server *srv, exl_oai_kind kind, const exl_http_request *req, exl_http_reply *reply) {

@@ -22,5 +22,8 @@ exl_status exl_engine_submit(exl_engine *e, exl_job_params *params, exl_stream_s
 /* Cancel a job if it is still waiting or running (its final event follows). */
 void exl_engine_cancel(exl_engine *e, uint64_t job);
 void exl_engine_stats(exl_engine *e, exl_generator_stats *out);
+/* Run fn(ctx) on the engine thread between two steps (what changes the model, such as loading an adapter) and
+ * return its status once it ran. One caller at a time is served; others wait their turn. */
+exl_status exl_engine_call(exl_engine *e, exl_status (*fn)(void *ctx), void *ctx);
 
 #endif

@@ -51,7 +51,8 @@ static cJSON *model_object(const exl_server *srv) {
 static void models(exl_server *srv, exl_http_reply *reply) {
     cJSON *o = cJSON_CreateObject(), *m = model_object(srv);
     cJSON *data = o ? cJSON_AddArrayToObject(o, "data") : NULL;
-    if (!m || !data || !cJSON_AddStringToObject(o, "object", "list") || !cJSON_AddItemToArray(data, m)) {
+    if (!m || !data || !cJSON_AddStringToObject(o, "object", "list") || !cJSON_AddItemToArray(data, m) ||
+        exl_adapters_list(srv, data)) {
         cJSON_Delete(m);
         cJSON_Delete(o);
         o = NULL;
@@ -101,13 +102,13 @@ static void metrics(exl_server *srv, exl_http_reply *reply) {
 
 /* ---------------------------------------------------------------- dispatch */
 
-/* "Bearer KEY" (the scheme in any case, RFC 7235) compared in time independent of where it differs. */
-static int authorized(const exl_server *srv, const char *header) {
-    if (!srv->api_key)
+/* "Bearer KEY" (the scheme in any case, RFC 7235) compared in time independent of where it differs; no key: open. */
+static int authorized(const char *key, const char *header) {
+    if (!key)
         return 1;
     if (!header || strncasecmp(header, "Bearer", 6) || (header[6] != ' ' && header[6] != '\t'))
         return 0;
-    const char *given = header + 6, *key = srv->api_key;
+    const char *given = header + 6;
     while (*given == ' ' || *given == '\t')
         given++;
     size_t n = strlen(given), m = strlen(key);
@@ -122,7 +123,7 @@ static const struct {
     int prefix; /* the path goes on (a model id) */
     exl_route_kind kind;
     const char *method;
-    int open; /* no API key needed */
+    int open; /* no API key needed; 2: the admin key instead */
 } ROUTES[] = {
     {"/", 0, EXL_ROUTE_CHAT_PAGE, "GET", 1}, /* the page asks for the key itself */
     {"/health", 0, EXL_ROUTE_HEALTH, "GET", 1},
@@ -133,6 +134,8 @@ static const struct {
     {"/v1/chat/completions", 0, EXL_ROUTE_CHAT, "POST", 0},
     {"/tokenize", 0, EXL_ROUTE_TOKENIZE, "POST", 0},
     {"/detokenize", 0, EXL_ROUTE_DETOKENIZE, "POST", 0},
+    {"/v1/load_lora_adapter", 0, EXL_ROUTE_LOAD_LORA, "POST", 2},
+    {"/v1/unload_lora_adapter", 0, EXL_ROUTE_UNLOAD_LORA, "POST", 2},
 };
 
 int exl_route_find(const exl_server *srv, const exl_http_request *req, exl_route_kind *kind, exl_http_reply *reply) {
@@ -156,7 +159,13 @@ int exl_route_find(const exl_server *srv, const exl_http_request *req, exl_route
         reply->allow = allow;
         return 0;
     }
-    if (!ROUTES[i].open && !authorized(srv, req->authorization)) {
+    if (ROUTES[i].open == 2 && !srv->admin_key) {
+        exl_oai_fail(&err, 403, "invalid_request_error", NULL, "admin_disabled",
+                     "%.200s needs the server to be started with an admin key (--admin-key)", p);
+        exl_reply_error(reply, &err);
+        return 0;
+    }
+    if (!authorized(ROUTES[i].open == 2 ? srv->admin_key : ROUTES[i].open ? NULL : srv->api_key, req->authorization)) {
         exl_oai_fail(&err, 401, "invalid_request_error", NULL, "invalid_api_key",
                      req->authorization ? "Incorrect API key provided"
                                         : "Missing API key: send it as 'Authorization: Bearer KEY'");
@@ -177,12 +186,15 @@ int exl_route_admit(void *server, const exl_http_request *req, exl_http_reply *r
     case EXL_ROUTE_HEALTH: health(srv, reply); return 0;
     case EXL_ROUTE_METRICS: metrics(srv, reply); return 0;
     case EXL_ROUTE_MODELS: models(srv, reply); return 0;
-    case EXL_ROUTE_MODEL:
-        if (strcmp(req->path + 11, srv->model_name))
+    case EXL_ROUTE_MODEL: {
+        cJSON *m = strcmp(req->path + 11, srv->model_name) ? exl_adapters_model(srv, req->path + 11)
+                                                           : model_object(srv);
+        if (!m)
             model_not_found(reply, req->path + 11);
         else
-            exl_reply_json(reply, 200, print(model_object(srv)));
+            exl_reply_json(reply, 200, print(m));
         return 0;
+    }
     default: break;
     }
     if (atomic_load(&srv->draining)) {
@@ -204,6 +216,8 @@ void exl_route_handle(void *server, const exl_http_request *req, exl_http_reply 
     case EXL_ROUTE_CHAT: exl_completions(srv, EXL_OAI_CHAT, req, reply); break;
     case EXL_ROUTE_TOKENIZE: exl_tokenize(srv, req, reply); break;
     case EXL_ROUTE_DETOKENIZE: exl_detokenize(srv, req, reply); break;
+    case EXL_ROUTE_LOAD_LORA: exl_adapters_load_route(srv, req, reply); break;
+    case EXL_ROUTE_UNLOAD_LORA: exl_adapters_unload_route(srv, req, reply); break;
     default: exl_reply_json(reply, 500, NULL); break; /* GET routes are answered in admit */
     }
 }

@@ -18,10 +18,13 @@ typedef enum exl_route_kind {
     EXL_ROUTE_TOKENIZE,
     EXL_ROUTE_DETOKENIZE,
     EXL_ROUTE_CHAT_PAGE,
+    EXL_ROUTE_LOAD_LORA,
+    EXL_ROUTE_UNLOAD_LORA,
 } exl_route_kind;
 
 /* The route of a request by its path, method and Authorization header: 1 with *kind set, or 0
- * with reply filled (404, 405, 401). Reads only the server's model name and API key. */
+ * with reply filled (404, 405, 401; 403 for the admin routes of a server without an admin key). Reads only the
+ * server's API and admin keys. */
 int exl_route_find(const exl_server *srv, const exl_http_request *req, exl_route_kind *kind, exl_http_reply *reply);
 /* exl_http_admit_fn: answer the GET routes and every refusal from the head; POSTs read their body. */
 int exl_route_admit(void *srv, const exl_http_request *req, exl_http_reply *reply);

@@ -130,6 +130,8 @@ static exl_status load(exl_server *srv) {
                    : DEFAULT_CTX_CAP;
     if (srv->ctx < 2)
         return exl_fail(EXL_ERR_ARG, "server: ctx must be at least 2 tokens");
+    for (int32_t i = 0; i < p->n_lora_modules; i++)
+        EXL_TRY(exl_adapters_add_spec(srv, p->lora_modules[i]));
     return start_engine(srv);
 }
 
@@ -166,12 +168,14 @@ exl_status exl_server_start(const exl_server_params *params, exl_server **out) {
     atomic_init(&srv->next_id, (unsigned long long)srv->started << 20);
     exl_metrics_init(&srv->metrics);
     pthread_mutex_init(&srv->runs_mu, NULL);
+    exl_adapters_init(&srv->adapters);
     srv->model_name = params->model_name ? exl_strdup(params->model_name) : base_name(params->model_dir);
     srv->host = exl_strdup(params->host ? params->host : "127.0.0.1");
     srv->api_key = params->api_key ? exl_strdup(params->api_key) : NULL;
     srv->cors_origin = params->cors_origin ? exl_strdup(params->cors_origin) : NULL;
+    srv->admin_key = params->admin_key ? exl_strdup(params->admin_key) : NULL;
     exl_status st = !srv->model_name || !srv->host || (params->api_key && !srv->api_key) ||
-                            (params->cors_origin && !srv->cors_origin)
+                            (params->admin_key && !srv->admin_key) || (params->cors_origin && !srv->cors_origin)
                         ? exl_fail(EXL_ERR_NOMEM, "out of memory")
                         : EXL_OK;
     if (st == EXL_OK)
@@ -216,6 +220,7 @@ void exl_server_stop(exl_server *srv) {
     exl_http_stop(srv->http);
     exl_engine_stop(srv->engine); /* the cancelled jobs end at its next step */
     exl_tokenizer_free(srv->tok);
+    exl_adapters_free(&srv->adapters);
     exl_model_free(srv->draft_model);
     exl_model_free(srv->model);
     pthread_mutex_destroy(&srv->runs_mu);
@@ -223,5 +228,6 @@ void exl_server_stop(exl_server *srv) {
     exl_free(srv->host);
     exl_free(srv->api_key);
     exl_free(srv->cors_origin);
+    exl_free(srv->admin_key);
     exl_free(srv);
 }

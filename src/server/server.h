@@ -9,7 +9,8 @@
  * event and [DONE], waiting clients get a 503), stops both and frees all.
  *
  * Routes: POST /v1/completions, POST /v1/chat/completions (SSE when "stream": true),
- * GET /v1/models, GET /v1/models/{id}, POST /tokenize, POST /detokenize; and, never needing
+ * GET /v1/models, GET /v1/models/{id}, POST /tokenize, POST /detokenize; POST /v1/load_lora_adapter and
+ * /v1/unload_lora_adapter with the admin key (adapters.h); and, never needing
  * the API key, GET /health (the generator's jobs and pages) and GET /metrics (Prometheus).
  * Chat prompts are what exl_chat_encode makes of the messages (the model's chat template,
  * else ChatML with its stop marker). Sampling fields a request leaves out take
@@ -38,24 +39,28 @@ typedef struct exl_server_params {
     float gpu_memory;       /* with cache_tokens 0: exl_cache_fit_tokens's memory_fraction; 0 = its default */
     int32_t cache_k_bits, cache_v_bits; /* bits per cached key and value: 16 (default), 8, 6, 4 */
     exl_device device;
-    int32_t n_threads;              /* CPU threads; 0 = one per core */
-    int64_t max_body;               /* request body limit in bytes (413 beyond); default 4 MiB */
-    int32_t max_connections;        /* open connections in all (503 beyond); default 1024 */
-    int32_t max_client_connections; /* per client address (429 beyond); 0 = no cap; default 512 */
-    int32_t request_timeout_s;      /* a request's head and body must arrive within this from its
+    int32_t n_threads;               /* CPU threads; 0 = one per core */
+    int64_t max_body;                /* request body limit in bytes (413 beyond); default 4 MiB */
+    int32_t max_connections;         /* open connections in all (503 beyond); default 1024 */
+    int32_t max_client_connections;  /* per client address (429 beyond); 0 = no cap; default 512 */
+    int32_t request_timeout_s;       /* a request's head and body must arrive within this from its
                                        first byte (408); default 10 */
-    int32_t idle_timeout_s;         /* idle keep-alive connections, and writes that make no progress; default 60 */
-    int32_t drain_timeout_s;        /* on stop, how long requests in progress may go on; default 5 */
-    int32_t http_workers;           /* threads running the handlers; default 4 */
-    int64_t max_response_tokens;    /* the most a request may ask for: choices x max_tokens x (1 + logprob
+    int32_t idle_timeout_s;          /* idle keep-alive connections, and writes that make no progress; default 60 */
+    int32_t drain_timeout_s;         /* on stop, how long requests in progress may go on; default 5 */
+    int32_t http_workers;            /* threads running the handlers; default 4 */
+    int64_t max_response_tokens;     /* the most a request may ask for: choices x max_tokens x (1 + logprob
                                     entries per token), 400 beyond; default 524288 */
-    const char *cors_origin;        /* Access-Control-Allow-Origin: "*" or a comma-separated list of origins;
+    const char *cors_origin;         /* Access-Control-Allow-Origin: "*" or a comma-separated list of origins;
                                 NULL = no CORS */
-    const char *draft_model_dir;    /* speculative decoding: a draft model (same tokenizer), or NULL */
-    int32_t draft_tokens;           /* tokens drafted per step; 0 = no drafting (exl_generator_params) */
-    int32_t ngram;                  /* n-gram drafting (exl_generator_params.ngram); 0 = off */
-    int32_t draft_fixed;            /* exl_generator_params.draft_fixed */
-    exl_server_log_fn log;          /* may be NULL */
+    const char *const *lora_modules; /* "NAME=DIR[:SCALE]": LoRA adapters a request's "model" selects by NAME */
+    int32_t n_lora_modules;
+    const char *admin_key;       /* required as "Authorization: Bearer KEY" by POST /v1/load_lora_adapter and
+                                    /v1/unload_lora_adapter; NULL = those refuse (403) */
+    const char *draft_model_dir; /* speculative decoding: a draft model (same tokenizer), or NULL */
+    int32_t draft_tokens;        /* tokens drafted per step; 0 = no drafting (exl_generator_params) */
+    int32_t ngram;               /* n-gram drafting (exl_generator_params.ngram); 0 = off */
+    int32_t draft_fixed;         /* exl_generator_params.draft_fixed */
+    exl_server_log_fn log;       /* may be NULL */
     void *log_ctx;
 } exl_server_params;
 

@@ -3,6 +3,7 @@
 #ifndef EXL_SERVER_INTERNAL_H
 #define EXL_SERVER_INTERNAL_H
 
+#include "server/adapters.h"
 #include "server/engine.h"
 #include "server/http.h"
 #include "server/metrics.h"
@@ -15,7 +16,8 @@ struct oai_run;
 
 struct exl_server {
     exl_server_params params; /* strings below replace the caller's */
-    char *model_name, *host, *api_key, *cors_origin;
+    char *model_name, *host, *api_key, *cors_origin, *admin_key;
+    exl_srv_adapters adapters; /* LoRA adapters by name */
     exl_model *model;
     exl_model *draft_model; /* speculative decoding, or NULL */
     exl_tokenizer *tok;

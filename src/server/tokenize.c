@@ -23,6 +23,13 @@ static cJSON *parse_body(exl_server *srv, const exl_http_request *req, exl_http_
         const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
         if (!model || cJSON_IsNull(model) || (cJSON_IsString(model) && !strcmp(model->valuestring, srv->model_name)))
             return root;
+        if (cJSON_IsString(model)) { /* an adapter's tokens are its base's */
+            exl_adapters_lock(&srv->adapters);
+            int known = exl_adapters_find(&srv->adapters, model->valuestring) != NULL;
+            exl_adapters_unlock(&srv->adapters);
+            if (known)
+                return root;
+        }
         if (!cJSON_IsString(model))
             exl_oai_bad_param(&err, "model", "'model' must be a string");
         else

@@ -9,6 +9,7 @@
 #include "backend/kv_quant.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "quant_gen.h"
 #include "ref_util.h"
@@ -2249,6 +2250,228 @@ static void test_speculative(const char *shared) {
     exl_model_free(m);
 }
 
+/* ---- LoRA adapters (model/lora.h): the lora op against the CPU's, PEFT fixtures' logits against the reference (the
+ * prompt at once and token by token, CUDA graphs replayed), and jobs of different adapters in one step */
+
+/* one backend's lora op over rows with the uses below, for two projections of x (widths outf and outf2, the second
+ * with the same adapters' factors read as narrower); the outputs start as out0; mode 1: x normed on the way (weights
+ * out0's first values), 2: through the GLU (up: out0's) */
+static float *lora_op_on(exl_backend *be, const float *x, const float *out0, const float *const *a,
+                         const float *const *bt, const int32_t *ranks, int32_t n_slots, int32_t rows, int32_t in,
+                         int32_t outf, int32_t outf2, int mode) {
+    static const int32_t row_uses[] = {0, 1, 1, 3, 3, 4}, use_row[] = {0, 2, 2, 4}, use_slot[] = {0, 1, 0, 1};
+    static const float use_scale[] = {1.0f, 0.5f, -1.0f, 2.0f};
+    const int32_t n_uses = 4, max_rank = 8;
+    exl_lora_factors f[3], f2[3];
+    void *mem[6];
+    for (int32_t i = 0; i < n_slots; i++) {
+        mem[2 * i] = put(be, a[i], (size_t)ranks[i] * in * sizeof(float) + 4);
+        mem[2 * i + 1] = put(be, bt[i], (size_t)ranks[i] * outf * sizeof(float) + 4);
+        f[i] = (exl_lora_factors){mem[2 * i], mem[2 * i + 1], ranks[i], 0};
+        f2[i] = (exl_lora_factors){mem[2 * i], mem[2 * i + 1], ranks[i] / 2, 0}; /* rows of outf2 floats */
+    }
+    void *bufs[10] = {put(be, out0, (size_t)rows * outf * sizeof(float)),
+                      put(be, x, (size_t)rows * in * sizeof(float)),
+                      put(be, f, sizeof f),
+                      put(be, row_uses, sizeof row_uses),
+                      put(be, use_row, sizeof use_row),
+                      put(be, use_slot, sizeof use_slot),
+                      put(be, use_scale, sizeof use_scale),
+                      put(be, out0, (size_t)n_uses * 2 * max_rank * sizeof(float)),
+                      put(be, out0, (size_t)rows * outf2 * sizeof(float)),
+                      put(be, f2, sizeof f2)};
+    exl_lora_node n = {.out = {bufs[0], bufs[8]},
+                       .factors = {bufs[2], bufs[9]},
+                       .out_features = {outf, outf2},
+                       .n_out = 2,
+                       .x = bufs[1],
+                       .row_uses = bufs[3],
+                       .use_row = bufs[4],
+                       .use_slot = bufs[5],
+                       .use_scale = bufs[6],
+                       .t = bufs[7],
+                       .rows = rows,
+                       .in_features = in,
+                       .n_uses = n_uses,
+                       .max_rank = max_rank};
+    exl_vector *norm = NULL;
+    const exl_dense_src ns = {EXL_DTYPE_F32, out0};
+    if (mode == 1) {
+        require(be->ops->vector_init(be, &ns, in, 0, &norm) == EXL_OK, "norm");
+        n.norm = norm, n.eps = 1e-5f;
+    }
+    float *up = mode == 2 ? put(be, out0 + 7, (size_t)rows * in * sizeof(float)) : NULL;
+    n.up = up, n.act = 0;
+    be->ops->lora(be, &n);
+    if (norm)
+        be->ops->vector_free(be, norm);
+    if (up)
+        be->ops->free(be, up);
+    float *res = malloc((size_t)rows * (outf + outf2) * sizeof *res);
+    float *one = get(be, n.out[0], (int64_t)rows * outf), *two = get(be, n.out[1], (int64_t)rows * outf2);
+    memcpy(res, one, (size_t)rows * outf * sizeof *res);
+    memcpy(res + (size_t)rows * outf, two, (size_t)rows * outf2 * sizeof *res);
+    free(one), free(two);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->ops->free(be, bufs[i]);
+    for (int32_t i = 0; i < 2 * n_slots; i++)
+        be->ops->free(be, mem[i]);
+    return res;
+}
+
+static void lora_op_case(void) {
+    const int32_t rows = 5, in = 96, outf = 130, outf2 = 40, ranks[3] = {4, 8, 0};
+    float *x = rnd((int64_t)rows * in, -1, 1), *out0 = rnd((int64_t)rows * outf, -1, 1);
+    float *a[3], *bt[3];
+    for (int i = 0; i < 3; i++) {
+        a[i] = rnd((int64_t)(ranks[i] + 1) * in, -0.2f, 0.2f);
+        bt[i] = rnd((int64_t)(ranks[i] + 1) * outf, -0.2f, 0.2f);
+    }
+    const float *const *ca = (const float *const *)a, *const *cb = (const float *const *)bt;
+    static const char *const names[3] = {"lora op: 5 rows, 2 adapters, 0-2 uses a row, 2 outputs",
+                                         "lora op: the input normed on the way", "lora op: the input through a GLU"};
+    for (int mode = 0; mode < 3; mode++) {
+        float *g = lora_op_on(gpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
+        float *c = lora_op_on(cpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
+        report(names[mode], ref_rel_err(g, c, (int64_t)rows * (outf + outf2)), 1e-5);
+        free(g), free(c);
+    }
+    free(x), free(out0);
+    for (int i = 0; i < 3; i++)
+        free(a[i]), free(bt[i]);
+}
+
+/* the worst relative error and argmax mismatches of sequence s of tag, fed in one step (chunk 0) or a prefix of 48
+ * then token by token */
+static void lora_logits_case(const char *shared, const char *model, const char *tag, const exl_lora_use *uses,
+                             const char *const *adapters, int n, const exl_st_file *rf, int token_by_token) {
+    char dir[1024], key[64], name[160];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    exl_model *m;
+    require(exl_model_load(dir, &p, &m) == EXL_OK, "lora model");
+    exl_lora_use set[2];
+    for (int i = 0; i < n; i++) {
+        snprintf(dir, sizeof dir, "%s/models/%s", shared, adapters[i]);
+        exl_lora *lo;
+        require(exl_lora_load(m, dir, &lo) == EXL_OK, "lora adapter");
+        set[i] = (exl_lora_use){lo, uses[i].scale};
+    }
+    require(exl_model_set_lora(m, set, n) == EXL_OK, "lora set");
+    double worst = 0;
+    int mism = 0, npos = 0;
+    for (int sq = 0; sq < 2; sq++) {
+        const char *s = sq ? "b" : "a";
+        snprintf(key, sizeof key, "%s_ids_%s", tag, s);
+        const exl_st_tensor *ids = exl_st_find(rf, key);
+        snprintf(key, sizeof key, "%s_logits_%s", tag, s);
+        const exl_st_tensor *lg = exl_st_find(rf, key);
+        snprintf(key, sizeof key, "%s_pos_%s", tag, s);
+        const exl_st_tensor *pos = exl_st_find(rf, key);
+        require(ids && lg, "lora reference");
+        int32_t len = (int32_t)ids->shape[0], vocab = m->cfg.vocab_size;
+        float *out = malloc((size_t)len * vocab * sizeof *out);
+        exl_session *ses;
+        require(exl_session_init(m, len, &ses) == EXL_OK, "session");
+        for (int32_t t = 0; t < len;) {
+            int32_t k = !token_by_token ? len : t == 0 ? (len < 48 ? len : 48) : 1;
+            require(exl_session_eval(ses, (const int32_t *)ids->data + t, k, out + (int64_t)t * vocab, NULL) == EXL_OK,
+                    "lora eval");
+            t += k;
+        }
+        for (int32_t r = 0; r < (int32_t)lg->shape[0]; r++, npos++) {
+            int32_t at = pos ? ((const int32_t *)pos->data)[r] : r;
+            const float *want = (const float *)lg->data + (int64_t)r * vocab, *got = out + (int64_t)at * vocab;
+            double e = ref_rel_err(got, want, vocab);
+            worst = e > worst ? e : worst;
+            mism += ref_argmax(got, vocab) != ref_argmax(want, vocab);
+        }
+        exl_session_free(ses);
+        free(out);
+    }
+    snprintf(name, sizeof name, "lora logits %s%s (%d pos)", tag, token_by_token ? " token by token" : "", npos);
+    report(name, worst, 5e-3);
+    snprintf(name, sizeof name, "lora argmax mismatches %s%s", tag, token_by_token ? " token by token" : "");
+    report(name, mism, 0);
+    exl_model_free(m);
+}
+
+/* 4 greedy jobs of rand-llama, job i with set pick[i] of (a1, none, a2, 0.5 a1 + a2), 16 tokens each, into out */
+static int lora_jobs(const char *shared, const int *pick, int32_t *out) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/rand-llama", shared);
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    exl_model *m;
+    exl_tokenizer *tok;
+    require(exl_model_load(dir, &p, &m) == EXL_OK && exl_tokenizer_load(dir, &tok) == EXL_OK, "lora jobs model");
+    exl_lora *a1, *a2;
+    snprintf(dir, sizeof dir, "%s/models/rand-llama-lora-a1", shared);
+    require(exl_lora_load(m, dir, &a1) == EXL_OK, "a1");
+    snprintf(dir, sizeof dir, "%s/models/rand-llama-lora-a2", shared);
+    require(exl_lora_load(m, dir, &a2) == EXL_OK, "a2");
+    const exl_lora_use sets[4][2] = {{{a1, 1}}, {{NULL, 0}}, {{a2, 1}}, {{a1, 0.5f}, {a2, 1}}};
+    const int32_t n_uses[4] = {1, 0, 1, 2};
+    exl_generator *g;
+    require(exl_generator_init(m, tok, NULL, &g) == EXL_OK, "generator");
+    uint64_t ids[4];
+    for (int j = 0; j < 4; j++) {
+        int32_t prompt[12];
+        for (int i = 0; i < 12; i++)
+            prompt[i] = 3 + (j * 131 + i * 17) % 400;
+        exl_job_params jp = exl_job_default_params();
+        jp.ids = prompt, jp.n_ids = 6 + j, jp.max_new_tokens = 16, jp.ignore_eos = 1;
+        jp.sampling.temperature = 0;
+        jp.lora = n_uses[pick[j]] ? sets[pick[j]] : NULL, jp.n_lora = n_uses[pick[j]];
+        require(exl_generator_submit(g, &jp, &ids[j]) == EXL_OK, "submit");
+    }
+    int n = drain(g, ids, 4, 16, out);
+    exl_generator_free(g);
+    exl_tokenizer_free(tok);
+    exl_model_free(m);
+    return n;
+}
+
+static void test_lora(const char *shared) {
+    lora_op_case();
+    char ref[1024];
+    snprintf(ref, sizeof ref, "%s/reference/rand-llama-lora.logits.safetensors", shared);
+    exl_st_file *rf;
+    if (exl_st_open(ref, &rf) != EXL_OK) {
+        printf("FAIL lora: %s\n", exl_last_error());
+        n_fail++;
+        return;
+    }
+    const char *const a1[] = {"rand-llama-lora-a1"}, *const a2[] = {"rand-llama-lora-a2"};
+    const char *const both[] = {"rand-llama-lora-a1", "rand-llama-lora-a2"};
+    const exl_lora_use one[1] = {{NULL, 1}}, weighted[2] = {{NULL, 0.5f}, {NULL, 1}};
+    for (int tbt = 0; tbt < 2; tbt++) {
+        lora_logits_case(shared, "rand-llama", "a1", one, a1, 1, rf, tbt);
+        lora_logits_case(shared, "rand-llama", "a2", one, a2, 1, rf, tbt);
+        lora_logits_case(shared, "rand-llama", "w", weighted, both, 2, rf, tbt);
+        lora_logits_case(shared, "rand-llama-exl2-5.0bpw-h8", "q", one, a1, 1, rf, tbt);
+    }
+    exl_st_close(rf);
+    /* a step mixing four sets gives each job the tokens of a step where all four jobs share its set; and with
+     * CUDA graphs off (steps launched one by one), the same */
+    static const int mixed[4] = {0, 1, 2, 3};
+    int32_t got[64], want[64], alone[16];
+    int n = lora_jobs(shared, mixed, got), same = n == 64;
+    for (int set = 0; set < 4 && same; set++) {
+        const int uniform[4] = {set, set, set, set};
+        same = lora_jobs(shared, uniform, want) == 64;
+        memcpy(alone, want + 16 * set, sizeof alone);
+        same = same && !memcmp(alone, got + 16 * set, sizeof alone);
+    }
+    report("lora: 4 adapter sets in one step == each set alone", same ? 0 : 1, 0);
+    setenv("EXL_CUDA_GRAPHS", "0", 1);
+    int m2 = lora_jobs(shared, mixed, want);
+    unsetenv("EXL_CUDA_GRAPHS");
+    report("lora: 4 adapter sets, graph replay == one by one",
+           n == 64 && m2 == 64 && !memcmp(got, want, sizeof got) ? 0 : 1, 0);
+}
+
 int main(int argc, char **argv) {
     const char *shared = argc > 1 ? argv[1] : "../shared";
     require(exl_backend_cpu_init(1, &cpu) == EXL_OK, "cpu backend");
@@ -2328,6 +2551,7 @@ int main(int argc, char **argv) {
     same_tokens_with_env_off(shared, 1, "EXL_DECODE_AHEAD", "decode ahead == step by step");
     same_tokens_with_env_off(shared, 12, "EXL_DECODE_AHEAD", "decode ahead == step by step");
     test_speculative(shared);
+    test_lora(shared);
     gpu_exact->ops->destroy(gpu_exact);
     gpu_fast->ops->destroy(gpu_fast);
     cpu->ops->destroy(cpu);

@@ -66,6 +66,8 @@ void exl_cpu_gather_cols(exl_backend *be, const exl_gather_cols_node *n);
 /* mixture of experts (cpu_moe.c) */
 void exl_cpu_moe_route(exl_backend *be, const exl_moe_route_node *n);
 void exl_cpu_moe_experts(exl_backend *be, const exl_moe_experts_node *n);
+/* LoRA updates (cpu_lora.c) */
+void exl_cpu_lora(exl_backend *be, const exl_lora_node *n);
 /* backend.h's host_gemm (cpu_host_gemm.c) */
 exl_status exl_cpu_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,

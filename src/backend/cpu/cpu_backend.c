@@ -129,6 +129,7 @@ static const exl_backend_ops cpu_ops = {
     .all_reduce = exl_cpu_all_reduce,
     .gather_cols = exl_cpu_gather_cols,
     .sample = exl_cpu_sample,
+    .lora = exl_cpu_lora,
 };
 
 exl_pool *exl_backend_cpu_pool(exl_backend *be) { return be->ops == &cpu_ops ? exl_cpu(be)->pool : NULL; }

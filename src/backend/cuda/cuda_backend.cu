@@ -353,6 +353,7 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_all_reduce,
     exl_cuda_gather_cols,
     exl_cuda_sample,
+    exl_cuda_lora,
 };
 
 /* ---- creation */

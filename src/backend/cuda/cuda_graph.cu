@@ -263,3 +263,8 @@ void exl_cuda_moe_experts(exl_backend *be, const exl_moe_experts_node *n) {
     exl_cuda_graph_finish(exl_cuda(be));
     exl_cuda_run_moe_experts(be, n, 0);
 }
+
+void exl_cuda_lora(exl_backend *be, const exl_lora_node *n) {
+    exl_cuda_graph_finish(exl_cuda(be));
+    exl_cuda_run_lora(be, n);
+}

@@ -346,6 +346,8 @@ typedef struct exl_cuda_moe_launch {
     int32_t out_zeroed; /* out[] is zero: the input may be split over blocks whose sums are added atomically */
 } exl_cuda_moe_launch;
 void exl_cuda_moe_gemv(exl_cuda_backend *cb, const exl_cuda_moe_launch *l);
+/* LoRA updates (cuda_lora.cu) */
+void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor);
@@ -407,6 +409,7 @@ void exl_cuda_softcap(exl_backend *be, float *x, int64_t n, float cap);
 void exl_cuda_row_gate(exl_backend *be, float *x, const float *g, int32_t rows, int32_t width);
 void exl_cuda_moe_route(exl_backend *be, const exl_moe_route_node *n);
 void exl_cuda_moe_experts(exl_backend *be, const exl_moe_experts_node *n);
+void exl_cuda_lora(exl_backend *be, const exl_lora_node *n);
 exl_status exl_cuda_graph_run(exl_backend *be, const exl_graph *g);
 exl_status exl_cuda_top_k(exl_backend *be, int32_t *ids, float *vals, const float *logits, int32_t rows, int32_t vocab,
                           int32_t k);

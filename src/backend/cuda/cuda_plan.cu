@@ -133,6 +133,17 @@ static exl_node canonical(const exl_node *n) {
         o.n_ranks = a.n_ranks, o.rank = a.rank, o.tmp = a.tmp;
         break;
     }
+    case EXL_OP_LORA: {
+        const exl_lora_node &a = n->lora;
+        exl_lora_node &o = c.lora;
+        for (int32_t i = 0; i < EXL_LORA_MAX_OUT; i++)
+            o.out[i] = a.out[i], o.factors[i] = a.factors[i], o.out_features[i] = a.out_features[i];
+        o.norm = a.norm, o.up = a.up, o.eps = a.eps, o.act = a.act;
+        o.n_out = a.n_out, o.x = a.x, o.row_uses = a.row_uses, o.use_row = a.use_row, o.use_slot = a.use_slot;
+        o.use_scale = a.use_scale, o.t = a.t, o.rows = a.rows, o.in_features = a.in_features, o.n_uses = a.n_uses;
+        o.max_rank = a.max_rank;
+        break;
+    }
     }
     return c;
 }
@@ -557,6 +568,7 @@ static void run_node(exl_cuda_backend *cb, const exl_cuda_plan *p, const exl_nod
     case EXL_OP_MOE_EXPERTS: exl_cuda_run_moe_experts(be, &n->moe_experts, prompt_piece(p)); break;
     case EXL_OP_ALL_REDUCE: exl_cuda_run_all_reduce(be, n->all_reduce.x, n->all_reduce.n); break;
     case EXL_OP_GATHER_COLS: exl_cuda_run_gather_cols(be, &n->gather_cols); break;
+    case EXL_OP_LORA: exl_cuda_run_lora(be, &n->lora); break;
     case EXL_OP_MATMUL: /* compiled into EXL_CUDA_RUN_MATMUL launches, always */
         exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: a matmul node left out of the plan's matmuls");
         break;
