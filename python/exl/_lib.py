@@ -101,7 +101,8 @@ class ModelDesc(ctypes.Structure):
 class GeneratorParams(ctypes.Structure):
     _fields_ = [("n_pages", c_int32), ("page_size", c_int32), ("max_batch_tokens", c_int32), ("max_jobs", c_int32),
                 ("prefix_cache", c_int32), ("cache_k_bits", c_int32), ("cache_v_bits", c_int32),
-                ("memory_fraction", c_float)]
+                ("memory_fraction", c_float), ("draft_model", c_void_p), ("draft_tokens", c_int32), ("ngram", c_int32),
+                ("draft_fixed", c_int32)]
 
 
 class LogitBias(ctypes.Structure):
@@ -135,7 +136,8 @@ class GenEvent(ctypes.Structure):
                 ("ids", POINTER(c_int32)), ("n_ids", c_int32), ("logprobs", POINTER(c_float)),
                 ("top_logprobs", POINTER(TokenLogprob)), ("n_top_logprobs", c_int32), ("finish", c_int32),
                 ("stop_token", c_int32), ("stop_string", c_char_p), ("n_prompt_tokens", c_int32),
-                ("n_cached_tokens", c_int32), ("n_generated", c_int32), ("error", c_char_p)]
+                ("n_cached_tokens", c_int32), ("n_generated", c_int32), ("error", c_char_p),
+                ("n_draft_proposed", c_int32), ("n_draft_accepted", c_int32)]
 
 
 class ChatMessage(ctypes.Structure):
