@@ -13,6 +13,8 @@
 
 #include "format/qstream.h"
 
+#include "base/alloc.h"
+
 #include <string.h>
 
 #define QROWS 64  /* activation rows accumulated per pass over the weights */
@@ -24,6 +26,9 @@ typedef struct {
     const float *x;
     const exl_linear *w;
     int32_t rows;
+    const int8_t *xq; /* the int8 path (cpu_qact.c), or NULL */
+    const float *dx;
+    const int32_t *xsum;
 } qmatmul_job;
 
 /* scale[i] and zero[i] of group g for columns n0 + i, i < width (0 beyond); zeros are
@@ -89,6 +94,12 @@ static void qmatmul_task(void *p, int ti, int tn) {
                     int64_t n0 = c0 + t * tile;
                     int width = N - n0 < tile ? (int)(N - n0) : tile;
                     group_params(w, qk, grp, n0, width, scale, zero);
+                    if (j->xq && exl_cpu_q8_group_ok(grp)) {
+                        int64_t xr = (int64_t)rb * q->n_groups + g;
+                        qk->group_q8(grp, q->words + n0, q->ld, width, j->xq + (int64_t)rb * K + grp->row0, K,
+                                     j->dx + xr, j->xsum + xr, q->n_groups, nrows, scale, zero, acc + t * tile, cols);
+                        continue;
+                    }
                     for (int r = 0; r < nrows; r += qk->max_nr) {
                         int nr = nrows - r < qk->max_nr ? nrows - r : qk->max_nr;
                         qk->group(grp, q->words + n0, q->ld, width, q->perm, xb + (int64_t)r * K, K, nr, scale, zero,
@@ -107,6 +118,23 @@ static void qmatmul_task(void *p, int ti, int tn) {
 }
 
 void exl_cpu_qmatmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
-    qmatmul_job j = {exl_cpu(be)->qk, out, x, w, rows};
-    exl_pool_run(exl_cpu(be)->pool, qmatmul_task, &j);
+    exl_cpu_backend *cpu = exl_cpu(be);
+    qmatmul_job j = {cpu->qk, out, x, w, rows, NULL, NULL, NULL};
+    int8_t *xq = NULL;
+    float *dx = NULL;
+    int32_t *xsum = NULL;
+    if (cpu->q8 && rows <= EXL_CPU_Q8_ROWS) { /* decode: int8 activations; if memory is short, the exact path */
+        int64_t K = w->src.in_features, n = (int64_t)rows * w->q->n_groups;
+        xq = exl_malloc((size_t)(rows * K));
+        dx = exl_malloc((size_t)n * sizeof *dx);
+        xsum = exl_malloc((size_t)n * sizeof *xsum);
+        if (xq && dx && xsum) {
+            exl_cpu_q8_quantize(w->q, x, K, rows, xq, dx, xsum);
+            j.xq = xq, j.dx = dx, j.xsum = xsum;
+        }
+    }
+    exl_pool_run(cpu->pool, qmatmul_task, &j);
+    exl_free(xq);
+    exl_free(dx);
+    exl_free(xsum);
 }
