@@ -13,7 +13,9 @@ work=${WORK:-$root/bench/tmp/llama}
 threads=${THREADS:-"1 2"}
 mkdir -p "$work"
 
-# llama.cpp: the sdist vendors it under vendor/llama.cpp; CPU only, just llama-bench.
+# llama.cpp: the sdist vendors it under vendor/llama.cpp; CPU only, just llama-bench. Not -march=native: where the
+# CPU has AMX but the kernel does not grant the tiles (this VM), ggml's AMX matmul dies of SIGILL in prompts; the
+# ISA is set by hand from /proc/cpuinfo instead (AVX-512 with VNNI/VBMI/BF16 where present, else AVX2).
 bench_bin=$work/llama-build/bin/llama-bench
 if [ ! -x "$bench_bin" ]; then
     (cd "$work" && pip download --no-binary :all: --no-deps -d sdist llama-cpp-python >/dev/null)
@@ -23,8 +25,13 @@ if [ ! -x "$bench_bin" ]; then
         tar -xzf "$(ls "$work"/sdist/llama_cpp_python-*.tar.gz | head -1)" -C "$work/src"
         src=$(ls -d "$work"/src/llama_cpp_python-* | head -1)
     fi
+    isa="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+    for f in avx512f:AVX512 avx512_vnni:AVX512_VNNI avx512vbmi:AVX512_VBMI avx512_bf16:AVX512_BF16; do
+        grep -qw "${f%%:*}" /proc/cpuinfo && isa="$isa -DGGML_${f#*:}=ON"
+    done
+    # shellcheck disable=SC2086
     cmake -S "$src/vendor/llama.cpp" -B "$work/llama-build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF \
-        -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DGGML_NATIVE=OFF $isa -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON >/dev/null
     cmake --build "$work/llama-build" -j2 --target llama-bench >/dev/null
 fi

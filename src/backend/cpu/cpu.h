@@ -10,15 +10,15 @@
 /* Tokens per forward step (exl_backend.step_rows): larger steps gain little on the CPU and
  * would hold a decode waiting behind a long prompt piece for seconds */
 #define EXL_CPU_STEP_ROWS 512
-/* The most activation rows a quantized matmul takes through the int8 path (decode) */
-#define EXL_CPU_Q8_ROWS 16
 
 typedef struct exl_cpu_backend {
     exl_backend base;
     exl_pool *pool;
     const exl_cpu_kernels *k;
     const exl_cpu_qkernels *qk; /* same ISA as k */
-    int q8;                     /* decode quantized matmuls with int8 activations (EXL_CPU_ACT=int8, qk->group_q8) */
+    int q8;                     /* quantized matmuls with int8 activations (EXL_CPU_ACT=int8, qk->group_q8) */
+    void *q8_scratch;           /* their int8 activations, steps and sums (cpu_qmatmul.c), grown as needed */
+    size_t q8_scratch_bytes;
     struct exl_host_comm *comm; /* tensor parallelism: the ranks' communicator (cpu_comm.c), or NULL */
     int32_t rank;
 } exl_cpu_backend;

@@ -12,6 +12,7 @@
 
 static void cpu_destroy(exl_backend *be) {
     exl_pool_free(exl_cpu(be)->pool);
+    exl_free_aligned(exl_cpu(be)->q8_scratch);
     exl_host_comm_release(exl_cpu(be)->comm);
     exl_free(be);
 }

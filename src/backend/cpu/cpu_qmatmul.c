@@ -11,9 +11,8 @@
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/cpu_quant.h"
 
-#include "format/qstream.h"
-
 #include "base/alloc.h"
+#include "format/qstream.h"
 
 #include <string.h>
 
@@ -26,9 +25,9 @@ typedef struct {
     const float *x;
     const exl_linear *w;
     int32_t rows;
-    const int8_t *xq; /* the int8 path (cpu_qact.c), or NULL */
-    const float *dx;
-    const int32_t *xsum;
+    int8_t *xq; /* the int8 path (cpu_qact.c), or NULL */
+    float *dx;
+    int32_t *xsum;
 } qmatmul_job;
 
 /* scale[i] and zero[i] of group g for columns n0 + i, i < width (0 beyond); zeros are
@@ -117,24 +116,27 @@ static void qmatmul_task(void *p, int ti, int tn) {
     }
 }
 
+static void quantize_task(void *p, int ti, int tn) {
+    const qmatmul_job *j = p;
+    exl_cpu_q8_quantize(j->qk, j->w->q, j->x, j->w->src.in_features, j->rows, j->xq, j->dx, j->xsum, ti, tn);
+}
+
 void exl_cpu_qmatmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
     exl_cpu_backend *cpu = exl_cpu(be);
     qmatmul_job j = {cpu->qk, out, x, w, rows, NULL, NULL, NULL};
-    int8_t *xq = NULL;
-    float *dx = NULL;
-    int32_t *xsum = NULL;
-    if (cpu->q8 && rows <= EXL_CPU_Q8_ROWS) { /* decode: int8 activations; if memory is short, the exact path */
+    if (cpu->q8) { /* int8 activations in the backend's scratch; if memory is short, the exact path */
         int64_t K = w->src.in_features, n = (int64_t)rows * w->q->n_groups;
-        xq = exl_malloc((size_t)(rows * K));
-        dx = exl_malloc((size_t)n * sizeof *dx);
-        xsum = exl_malloc((size_t)n * sizeof *xsum);
-        if (xq && dx && xsum) {
-            exl_cpu_q8_quantize(w->q, x, K, rows, xq, dx, xsum);
-            j.xq = xq, j.dx = dx, j.xsum = xsum;
+        size_t xq_bytes = ((size_t)(rows * K) + 63) & ~(size_t)63, bytes = xq_bytes + (size_t)n * 8;
+        if (bytes > cpu->q8_scratch_bytes) {
+            exl_free_aligned(cpu->q8_scratch);
+            cpu->q8_scratch = exl_malloc_aligned(bytes);
+            cpu->q8_scratch_bytes = cpu->q8_scratch ? bytes : 0;
+        }
+        if (cpu->q8_scratch) {
+            char *base = cpu->q8_scratch;
+            j.xq = (int8_t *)base, j.dx = (float *)(base + xq_bytes), j.xsum = (int32_t *)(base + xq_bytes + n * 4);
+            exl_pool_run_work(cpu->pool, quantize_task, &j, rows * K * 8);
         }
     }
     exl_pool_run(cpu->pool, qmatmul_task, &j);
-    exl_free(xq);
-    exl_free(dx);
-    exl_free(xsum);
 }

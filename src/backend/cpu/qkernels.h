@@ -60,6 +60,10 @@ typedef struct exl_cpu_qkernels {
     /* The int8-activation decode path (qkernels_q8_avx512.c), NULL where the ISA has none;
      * usable where exl_cpu_q8_for says so. */
     exl_cpu_q8_fn group_q8;
+    /* The n activations x[perm[k]] (n a multiple of 32) of a group of `bits`-wide codes to
+     * int8 in exl_cpu_q8_order: dst[n], the step dx = max |x| / 127 and the sum of dst. */
+    void (*quantize_q8)(const float *x, const int32_t *perm, int64_t n, int bits, int8_t *dst, float *dx,
+                        int32_t *xsum);
 } exl_cpu_qkernels;
 
 extern const exl_cpu_qkernels exl_cpu_qkernels_scalar;
@@ -68,6 +72,8 @@ extern const exl_cpu_qkernels exl_cpu_qkernels_avx512;
 void exl_cpu_q8_group_avx512(const exl_qgroup *g, const int32_t *words, int64_t ld, int width, const int8_t *xq,
                              int64_t ldxq, const float *dx, const int32_t *xsum, int64_t lddx, int nr,
                              const float *scale, const float *zero, float *acc, int64_t lda);
+void exl_cpu_q8_quantize_avx512(const float *x, const int32_t *perm, int64_t n, int bits, int8_t *dst, float *dx,
+                                int32_t *xsum);
 
 /* The quantized table of the same instruction set as a kernels.h table's isa name. */
 const exl_cpu_qkernels *exl_cpu_qkernels_for(const char *isa);

@@ -129,3 +129,27 @@ Q8_TARGET void exl_cpu_q8_group_avx512(const exl_qgroup *g, const int32_t *words
         q8_group_nr1(g, words, ld, m, xq + r * ldxq, ldxq, dx + r * lddx, lddx, xsum + r * lddx, scale, zero,
                      acc + r * lda, lda);
 }
+
+/* One group's activations to int8: gathered through perm (for 4-bit groups in exl_cpu_q8_order,
+ * by permuting the gather's indices), rounded to nearest even. */
+Q8_TARGET void exl_cpu_q8_quantize_avx512(const float *x, const int32_t *perm, int64_t n, int bits, int8_t *dst,
+                                          float *dx, int32_t *xsum) {
+    const __m512i order4 = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 mx = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n; k += 16)
+        mx = _mm512_max_ps(mx, _mm512_and_ps(abs_mask, _mm512_i32gather_ps(_mm512_loadu_si512(perm + k), x, 4)));
+    float amax = _mm512_reduce_max_ps(mx);
+    __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t k = 0; k < n; k += 16) {
+        __m512i idx = _mm512_loadu_si512(perm + k);
+        if (bits == 4)
+            idx = _mm512_permutexvar_epi32(order4, idx);
+        __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_i32gather_ps(idx, x, 4), inv));
+        sum = _mm512_add_epi32(sum, q);
+        _mm_storeu_si128((__m128i *)(dst + k), _mm512_cvtepi32_epi8(q));
+    }
+    *dx = amax / 127.0f;
+    *xsum = _mm512_reduce_add_epi32(sum);
+}
