@@ -58,7 +58,7 @@ median() { sort -g | sed -n 2p; }
 # llama-bench: one test, one repetition; prints tok/s.
 llama_run() { # threads prompt gen depth
     "$bench_bin" -m "$gguf" -t "$1" -p "$2" -n "$3" -d "$4" -r 1 -o csv 2>/dev/null |
-        awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "\"avg_ts\"") c = i } NR == 2 { gsub(/"/, "", $c); print $c }'
+        awk -F, '{ gsub(/"/, "") } NR == 1 { for (i = 1; i <= NF; i++) if ($i == "avg_ts") c = i } NR == 2 { print $c }'
 }
 # exl bench: prints "prefill decode MiB-per-token" tok/s.
 exl_run() { # threads prompt gen
