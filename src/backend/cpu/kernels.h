@@ -19,8 +19,6 @@ typedef struct exl_cpu_kernels {
     void (*block_f32)(const float *x, int64_t ldx, int nr, const float *const *w, int64_t k, float *out);
     void (*block_f16)(const float *x, int64_t ldx, int nr, const uint16_t *const *w, int64_t k, float *out);
     void (*block_bf16)(const float *x, int64_t ldx, int nr, const uint16_t *const *w, int64_t k, float *out);
-    /* y[i] += a * x[i] for i < n */
-    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
 } exl_cpu_kernels;
 
 extern const exl_cpu_kernels exl_cpu_kernels_scalar;

@@ -52,13 +52,4 @@ DEFINE_DOT(dot_f32, float, load_f32, one_f32)
 DEFINE_DOT(dot_f16, uint16_t, load_f16, exl_f16_to_f32)
 DEFINE_DOT(dot_bf16, uint16_t, load_bf16, exl_bf16_to_f32)
 
-static void axpy_f32(float *y, float a, const float *x, int64_t n) {
-    __m256 av = _mm256_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] += a * x[i];
-}
-
-const exl_cpu_kernels exl_cpu_kernels_avx2 = {"avx2", dot_f32, dot_f16, dot_bf16, NULL, NULL, NULL, axpy_f32};
+const exl_cpu_kernels exl_cpu_kernels_avx2 = {"avx2", dot_f32, dot_f16, dot_bf16, NULL, NULL, NULL};

@@ -91,14 +91,4 @@ DEFINE_BLOCK(block_f32, float, load_f32)
 DEFINE_BLOCK(block_f16, uint16_t, load_f16)
 DEFINE_BLOCK(block_bf16, uint16_t, load_bf16)
 
-static void axpy_f32(float *y, float a, const float *x, int64_t n) {
-    __m512 av = _mm512_set1_ps(a);
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(y + i, m,
-                              _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
-    }
-}
-
-const exl_cpu_kernels exl_cpu_kernels_avx512 = {"avx512",  dot_f32,   dot_f16,    dot_bf16,
-                                                block_f32, block_f16, block_bf16, axpy_f32};
+const exl_cpu_kernels exl_cpu_kernels_avx512 = {"avx512", dot_f32, dot_f16, dot_bf16, block_f32, block_f16, block_bf16};

@@ -25,9 +25,4 @@ DEFINE_DOT(dot_f32, float, LOAD_F32)
 DEFINE_DOT(dot_f16, uint16_t, exl_f16_to_f32)
 DEFINE_DOT(dot_bf16, uint16_t, exl_bf16_to_f32)
 
-static void axpy_f32(float *y, float a, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        y[i] += a * x[i];
-}
-
-const exl_cpu_kernels exl_cpu_kernels_scalar = {"scalar", dot_f32, dot_f16, dot_bf16, NULL, NULL, NULL, axpy_f32};
+const exl_cpu_kernels exl_cpu_kernels_scalar = {"scalar", dot_f32, dot_f16, dot_bf16, NULL, NULL, NULL};
