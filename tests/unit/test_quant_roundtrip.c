@@ -117,3 +117,29 @@ EXL_TEST(exl2_uniform_widths) {
         check_exl2(4, bits, rows, 32, 0);
     }
 }
+
+/* The int8-activation path (EXL_CPU_ACT=int8, AVX-512 VNNI): every width through its int8
+ * kernel, mixed with groups it leaves to the exact kernel (8 and 16 rows), within the error
+ * of rounding the activations to int8 (~0.4% for these uniform ones), one row to a prompt. */
+EXL_TEST(exl2_int8_activations) {
+    int32_t bits[] = {8, 8, 6, 5, 4, 4, 3, 2, 2};
+    int32_t rows[] = {32, 8, 64, 32, 128, 16, 96, 32, 64};
+    int64_t K = 0, N = 200;
+    for (int g = 0; g < 9; g++)
+        K += rows[g];
+    tq_exl2 t;
+    REQUIRE(tq_exl2_make(&t, K, N, 9, bits, rows, 0, 77u));
+    exl_linear_src src;
+    tq_exl2_src(&t, &src);
+    REQUIRE(exl_exl2_check(&src) == EXL_OK);
+    setenv("EXL_CPU_ACT", "int8", 1);
+    int nrows[] = {1, 3, 16, 70};
+    for (int i = 0; i < 4; i++) {
+        double e = tq_kernel_err(&src, t.W, NULL, nrows[i], 9u + (uint32_t)i);
+        CHECK_MSG(e >= 0 && e <= 1e-2, "int8 rows %d: error %.3e", nrows[i], e);
+        if (__builtin_cpu_supports("avx512vnni"))
+            CHECK_MSG(e > KERNEL_TOL, "rows %d: the int8 path was not taken", nrows[i]);
+    }
+    unsetenv("EXL_CPU_ACT");
+    tq_exl2_free(&t);
+}

@@ -7,10 +7,12 @@
 #include "base/error.h"
 #include "base/half.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static void cpu_destroy(exl_backend *be) {
     exl_pool_free(exl_cpu(be)->pool);
+    exl_free_aligned(exl_cpu(be)->q8_scratch);
     exl_host_comm_release(exl_cpu(be)->comm);
     exl_free_aligned(exl_cpu(be)->sample_scratch);
     exl_free(be);
@@ -145,6 +147,8 @@ exl_status exl_backend_cpu_init(int n_threads, exl_backend **out) {
     }
     be->k = exl_cpu_kernels_best();
     be->qk = exl_cpu_qkernels_for(be->k->isa);
+    const char *act = getenv("EXL_CPU_ACT"); /* "int8": the approximate decode fast path; else exact fp32 */
+    be->q8 = act && !strcmp(act, "int8") && exl_cpu_q8_for(be->qk) != NULL;
     be->base.ops = &cpu_ops;
     be->base.name = "cpu";
     be->base.kv_elem_bytes = sizeof(float);

@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/cpu_quant.h"
 
+#include "base/alloc.h"
 #include "format/qstream.h"
 
 #include <string.h>
@@ -24,6 +25,9 @@ typedef struct {
     const float *x;
     const exl_linear *w;
     int32_t rows;
+    int8_t *xq; /* the int8 path (cpu_qact.c), or NULL */
+    float *dx;
+    int32_t *xsum;
 } qmatmul_job;
 
 /* scale[i] and zero[i] of group g for columns n0 + i, i < width (0 beyond); zeros are
@@ -89,6 +93,12 @@ static void qmatmul_task(void *p, int ti, int tn) {
                     int64_t n0 = c0 + t * tile;
                     int width = N - n0 < tile ? (int)(N - n0) : tile;
                     group_params(w, qk, grp, n0, width, scale, zero);
+                    if (j->xq && exl_cpu_q8_group_ok(grp)) {
+                        int64_t xr = (int64_t)rb * q->n_groups + g;
+                        qk->group_q8(grp, q->words + n0, q->ld, width, j->xq + (int64_t)rb * K + grp->row0, K,
+                                     j->dx + xr, j->xsum + xr, q->n_groups, nrows, scale, zero, acc + t * tile, cols);
+                        continue;
+                    }
                     for (int r = 0; r < nrows; r += qk->max_nr) {
                         int nr = nrows - r < qk->max_nr ? nrows - r : qk->max_nr;
                         qk->group(grp, q->words + n0, q->ld, width, q->perm, xb + (int64_t)r * K, K, nr, scale, zero,
@@ -106,7 +116,27 @@ static void qmatmul_task(void *p, int ti, int tn) {
     }
 }
 
+static void quantize_task(void *p, int ti, int tn) {
+    const qmatmul_job *j = p;
+    exl_cpu_q8_quantize(j->qk, j->w->q, j->x, j->w->src.in_features, j->rows, j->xq, j->dx, j->xsum, ti, tn);
+}
+
 void exl_cpu_qmatmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
-    qmatmul_job j = {exl_cpu(be)->qk, out, x, w, rows};
-    exl_pool_run(exl_cpu(be)->pool, qmatmul_task, &j);
+    exl_cpu_backend *cpu = exl_cpu(be);
+    qmatmul_job j = {cpu->qk, out, x, w, rows, NULL, NULL, NULL};
+    if (cpu->q8) { /* int8 activations in the backend's scratch; if memory is short, the exact path */
+        int64_t K = w->src.in_features, n = (int64_t)rows * w->q->n_groups;
+        size_t xq_bytes = ((size_t)(rows * K) + 63) & ~(size_t)63, bytes = xq_bytes + (size_t)n * 8;
+        if (bytes > cpu->q8_scratch_bytes) {
+            exl_free_aligned(cpu->q8_scratch);
+            cpu->q8_scratch = exl_malloc_aligned(bytes);
+            cpu->q8_scratch_bytes = cpu->q8_scratch ? bytes : 0;
+        }
+        if (cpu->q8_scratch) {
+            char *base = cpu->q8_scratch;
+            j.xq = (int8_t *)base, j.dx = (float *)(base + xq_bytes), j.xsum = (int32_t *)(base + xq_bytes + n * 4);
+            exl_pool_run_work(cpu->pool, quantize_task, &j, rows * K * 8);
+        }
+    }
+    exl_pool_run(cpu->pool, qmatmul_task, &j);
 }

@@ -20,4 +20,10 @@ typedef struct exl_cpu_qmat {
 exl_status exl_cpu_qmat_init(const exl_linear_src *src, exl_cpu_qmat **out);
 void exl_cpu_qmat_free(exl_cpu_qmat *q);
 
+/* rows of x [rows][K] to int8 for the int8 group kernel (cpu_qact.c): xq [rows][K] in kernel
+ * row order, dx and xsum [rows][n_groups]; groups that fail exl_cpu_q8_group_ok are skipped.
+ * Part `part` of `parts` of the (row, group) pairs. */
+void exl_cpu_q8_quantize(const exl_cpu_qkernels *qk, const exl_cpu_qmat *q, const float *x, int64_t K, int32_t rows,
+                         int8_t *xq, float *dx, int32_t *xsum, int part, int parts);
+
 #endif

@@ -10,3 +10,7 @@ const exl_cpu_qkernels *exl_cpu_qkernels_for(const char *isa) {
         return &exl_cpu_qkernels_avx2;
     return &exl_cpu_qkernels_scalar;
 }
+
+exl_cpu_q8_fn exl_cpu_q8_for(const exl_cpu_qkernels *qk) {
+    return qk->group_q8 && __builtin_cpu_supports("avx512vnni") ? qk->group_q8 : NULL;
+}

@@ -42,4 +42,5 @@ static void f16_to_f32(const uint16_t *src, float *dst, int n) {
     }
 }
 
-const exl_cpu_qkernels exl_cpu_qkernels_avx512 = {"avx512", QTILE, QNR, q_group_any, f16_to_f32};
+const exl_cpu_qkernels exl_cpu_qkernels_avx512 = {
+    "avx512", QTILE, QNR, q_group_any, f16_to_f32, exl_cpu_q8_group_avx512, exl_cpu_q8_quantize_avx512};
