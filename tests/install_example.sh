@@ -47,8 +47,10 @@ fi
 "$cc" $sanitize -std=c11 -Wall -Wextra -Werror "$root/examples/generate.c" $(pkg-config --cflags exl) "$libdir/libexl.a" \
     $(pkg-config --static --libs exl | sed 's/-lexl\b//') -o "$prefix/generate-static" ||
     fail "examples/generate.c does not build against libexl.a"
-ldd "$prefix/generate" | grep -q "libexl.so.${version%.*} => $libdir/" || fail "generate does not load the installed libexl"
-ldd "$prefix/generate-static" | grep -q libexl && fail "generate-static still loads libexl.so"
+libs=$(ldd "$prefix/generate")
+grep -q "libexl.so.${version%.*} => $libdir/" <<<"$libs" || fail "generate does not load the installed libexl"
+libs=$(ldd "$prefix/generate-static")
+grep -q libexl <<<"$libs" && fail "generate-static still loads libexl.so"
 ok
 
 want=$(python3 -c 'import json, sys
@@ -63,7 +65,8 @@ for prog in generate generate-static; do
 done
 ok
 
-"$prefix/bin/exl" run --help | grep -q "default $prefix/bin/../share/exl/models/tinystories-656k" ||
+help=$("$prefix/bin/exl" run --help) # whole: grep -q would leave the writer a SIGPIPE, a failure under pipefail
+grep -q "default $prefix/bin/../share/exl/models/tinystories-656k" <<<"$help" ||
     fail "the installed exl does not take the model installed beside it"
 "$prefix/bin/exl" run -p "Once upon a time" -n 8 -t 1 >/dev/null || fail "the installed exl cannot run without -m"
 ok
