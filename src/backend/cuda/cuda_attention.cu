@@ -156,34 +156,6 @@ __device__ __forceinline__ int64_t out_at(const out_order &oo, int64_t i) {
     return oo.map ? i - i % oo.width + __ldg(oo.map + i % oo.width) : i;
 }
 
-/* Merge the block's warps' online-softmax states (max wm, sum wl, unnormalised acc rows of
- * wacc with stride ws) for (row, head) rh: the output itself with one split, else the
- * split's partial (max, sum, acc) for attn_combine_kernel. After a __syncthreads. */
-__device__ void merge_warps(float *out, float *partial, const float *wm, const float *wl, const float *wacc, int ws,
-                            int hd, int64_t rh, int split) {
-    const int n_warps = blockDim.x / 32;
-    float bm = -INFINITY;
-    for (int w = 0; w < n_warps; w++)
-        bm = fmaxf(bm, wm[w]);
-    float bl = 0.0f;
-    for (int w = 0; w < n_warps; w++)
-        bl += wm[w] == -INFINITY ? 0.0f : wl[w] * __expf(wm[w] - bm);
-    float *pp = partial + (rh * gridDim.y + split) * (hd + 2);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.0f;
-        for (int w = 0; w < n_warps; w++)
-            a += wm[w] == -INFINITY ? 0.0f : wacc[w * ws + d] * __expf(wm[w] - bm);
-        if (gridDim.y == 1)
-            out[rh * hd + d] = bl > 0.0f ? a / bl : 0.0f;
-        else
-            pp[2 + d] = a;
-    }
-    if (gridDim.y > 1 && threadIdx.x == 0) {
-        pp[0] = bm;
-        pp[1] = bl;
-    }
-}
-
 /* merge_warps for W warps and head_dim HD known at compile time, without the per-thread loops
  * over the warps' states: lane w of every warp holds warp w's weight (its max and sum reduced by
  * shuffles), which each output element then takes by a shuffle. */

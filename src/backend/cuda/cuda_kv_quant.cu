@@ -318,24 +318,7 @@ __global__ void __launch_bounds__(QK_WARPS * 32)
         if (lane + 32 * i < hd)
             wacc[warp][lane + 32 * i] = accp[i];
     __syncthreads();
-    float bm = -INFINITY, bl = 0.0f;
-    for (int w = 0; w < QK_WARPS; w++)
-        bm = fmaxf(bm, wm[w]);
-    for (int w = 0; w < QK_WARPS; w++)
-        bl += wm[w] == -INFINITY ? 0.0f : wl[w] * __expf(wm[w] - bm);
-    const int64_t rh = (int64_t)row * sh.n_heads + head;
-    float *pp = partial + (rh * gridDim.y + split) * (hd + 2);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.0f;
-        for (int w = 0; w < QK_WARPS; w++)
-            a += wm[w] == -INFINITY ? 0.0f : wacc[w][d] * __expf(wm[w] - bm);
-        if (gridDim.y == 1)
-            out[rh * hd + d] = bl > 0.0f ? a / bl : 0.0f;
-        else
-            pp[2 + d] = a;
-    }
-    if (gridDim.y > 1 && threadIdx.x == 0)
-        pp[0] = bm, pp[1] = bl;
+    merge_warps(out, partial, wm, wl, &wacc[0][0], QK_MAX_HD, hd, (int64_t)row * sh.n_heads + head, split);
 }
 
 __global__ void qk_combine_kernel(float *out, const float *partial, int hd, int n_splits) {
@@ -563,24 +546,7 @@ __global__ void __launch_bounds__(QK_WARPS * 32)
     for (int i = 0; i < DPL; i++)
         wacc[warp][lane + 32 * i] = accp[i];
     __syncthreads();
-    float bm = -INFINITY, bl = 0.0f;
-    for (int w = 0; w < QK_WARPS; w++)
-        bm = fmaxf(bm, wm[w]);
-    for (int w = 0; w < QK_WARPS; w++)
-        bl += wm[w] == -INFINITY ? 0.0f : wl[w] * __expf(wm[w] - bm);
-    const int64_t rh = (int64_t)row * sh.n_heads + head;
-    float *pp = partial + (rh * gridDim.y + split) * (HD + 2);
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-        float a = 0.0f;
-        for (int w = 0; w < QK_WARPS; w++)
-            a += wm[w] == -INFINITY ? 0.0f : wacc[w][d] * __expf(wm[w] - bm);
-        if (gridDim.y == 1)
-            out[rh * HD + d] = bl > 0.0f ? a / bl : 0.0f;
-        else
-            pp[2 + d] = a;
-    }
-    if (gridDim.y > 1 && threadIdx.x == 0)
-        pp[0] = bm, pp[1] = bl;
+    merge_warps(out, partial, wm, wl, &wacc[0][0], HD, HD, (int64_t)row * sh.n_heads + head, split);
 }
 
 template <int KB, int VB>

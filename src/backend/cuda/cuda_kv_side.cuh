@@ -45,6 +45,35 @@ __device__ __forceinline__ float qk_code(const uint32_t (&w)[N], int i) {
     return (float)(x & ((1u << BITS) - 1));
 }
 
+/* Merge the block's warps' online-softmax states (max wm, sum wl, unnormalised acc rows of
+ * wacc with stride ws) for (row, head) rh: the output itself with one split, else the
+ * split's partial (max, sum, acc) for the combine kernel. After a __syncthreads. Shared by the decode kernels
+ * of cuda_attention.cu and cuda_kv_quant.cu. */
+__device__ __forceinline__ void merge_warps(float *out, float *partial, const float *wm, const float *wl,
+                                            const float *wacc, int ws, int hd, int64_t rh, int split) {
+    const int n_warps = blockDim.x / 32;
+    float bm = -INFINITY;
+    for (int w = 0; w < n_warps; w++)
+        bm = fmaxf(bm, wm[w]);
+    float bl = 0.0f;
+    for (int w = 0; w < n_warps; w++)
+        bl += wm[w] == -INFINITY ? 0.0f : wl[w] * __expf(wm[w] - bm);
+    float *pp = partial + (rh * gridDim.y + split) * (hd + 2);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < n_warps; w++)
+            a += wm[w] == -INFINITY ? 0.0f : wacc[w * ws + d] * __expf(wm[w] - bm);
+        if (gridDim.y == 1)
+            out[rh * hd + d] = bl > 0.0f ? a / bl : 0.0f;
+        else
+            pp[2 + d] = a;
+    }
+    if (gridDim.y > 1 && threadIdx.x == 0) {
+        pp[0] = bm;
+        pp[1] = bl;
+    }
+}
+
 /* Prompt attention on tensor cores (cuda_attention.cu) with either side quantized: head_dim 64 or 128, groups of 32,
  * sm_80+; 0 when the shape is not one it takes (the caller uses its own kernel). */
 int exl_cuda_prefill_tc_quant(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v,
