@@ -14,6 +14,7 @@
 # A device call lasts 10 minutes at most: run the parts one call each (the machine keeps /tmp while it is held):
 #   bench/gpu_tp.sh check; bench/gpu_tp.sh models; bench/gpu_tp.sh speed m7b; bench/gpu_tp.sh speed m70b;
 #   bench/gpu_tp.sh split        (no argument: all of them)
+# env: TP_SIZES (default "1 2 4"), P2P=0 (leave out the peer-to-peer runs)
 set -uo pipefail
 what=${1:-all}
 model_arg=${2:-}
@@ -50,7 +51,7 @@ models() {
 speed() { # model name (m7b or m70b)
     m=$1
     echo "==== 2. speed of $m (tok/s)"
-    for tp in 1 2 4; do
+    for tp in ${TP_SIZES:-1 2 4}; do
         [ "$tp" -le "$gpus" ] || continue
         echo "== $m --tp $tp"
         timeout 300 "$bin/exl" bench -m /tmp/$m --device cuda --tp $tp -p 2048 -n 128 >"$out/bench_${m}_tp$tp.log" 2>&1
@@ -58,16 +59,17 @@ speed() { # model name (m7b or m70b)
         EXL_BENCH_DEVICE=cuda EXL_BENCH_TP=$tp EXL_BENCH_TEMPERATURE=0 timeout 300 "$bin/generator_bench" /tmp/$m 32 64 \
             1 1 32 >"$out/gen_${m}_tp$tp.log" 2>&1
         tail -2 "$out/gen_${m}_tp$tp.log"
-        if [ "$tp" -gt 1 ]; then
+        [ "$tp" -gt 1 ] || continue
+        if [ "${P2P:-1}" = 1 ]; then
             echo "-- the same with the peer-to-peer all-reduce for small sizes (EXL_TP_P2P=1)"
             EXL_TP_P2P=1 timeout 300 "$bin/exl" bench -m /tmp/$m --device cuda --tp $tp -p 2048 -n 128 \
                 >"$out/bench_${m}_tp${tp}_p2p.log" 2>&1
             tail -4 "$out/bench_${m}_tp${tp}_p2p.log"
-            echo "-- the same without the collectives (EXL_TP_NO_COMM=1): their cost is the difference"
-            EXL_TP_NO_COMM=1 timeout 300 "$bin/exl" bench -m /tmp/$m --device cuda --tp $tp -p 2048 -n 128 \
-                >"$out/bench_${m}_tp${tp}_nocomm.log" 2>&1
-            tail -4 "$out/bench_${m}_tp${tp}_nocomm.log"
         fi
+        echo "-- the same without the collectives (EXL_TP_NO_COMM=1): their cost is the difference"
+        EXL_TP_NO_COMM=1 timeout 300 "$bin/exl" bench -m /tmp/$m --device cuda --tp $tp -p 2048 -n 128 \
+            >"$out/bench_${m}_tp${tp}_nocomm.log" 2>&1
+        tail -4 "$out/bench_${m}_tp${tp}_nocomm.log"
     done
 }
 

@@ -2472,6 +2472,19 @@ static void test_lora(const char *shared) {
            n == 64 && m2 == 64 && !memcmp(got, want, sizeof got) ? 0 : 1, 0);
 }
 
+/* EXL_TEST_ONLY=GROUP[,GROUP...]: run only those groups of checks (ops, models, tp, kv, decode, rows, quantize,
+ * sampling, graphs, spec, lora); unset: all */
+static int only(const char *group) {
+    const char *list = getenv("EXL_TEST_ONLY");
+    if (!list || !*list)
+        return 1;
+    const size_t n = strlen(group);
+    for (const char *at = list; (at = strstr(at, group)) != NULL; at += n)
+        if ((at == list || at[-1] == ',') && (at[n] == ',' || at[n] == '\0'))
+            return 1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *shared = argc > 1 ? argv[1] : "../shared";
     require(exl_backend_cpu_init(1, &cpu) == EXL_OK, "cpu backend");
@@ -2485,73 +2498,101 @@ int main(int argc, char **argv) {
     int oom_ok = !huge && strstr(exl_last_error(), "out of GPU memory") != NULL;
     printf("%s out-of-memory message: %s\n", oom_ok ? "ok  " : "FAIL", exl_last_error());
     oom_ok ? n_ok++ : n_fail++;
-    test_row_ops();
-    test_dense_matmul();
-    test_attention();
-    test_attention_quantized();
-    test_moe();
-    test_quant(shared);
-    test_fused();
-    test_rope_attention();
-    test_glu_chain();
+    if (only("ops")) {
+        test_row_ops();
+        test_dense_matmul();
+        test_attention();
+        test_attention_quantized();
+        test_moe();
+        test_quant(shared);
+        test_fused();
+        test_rope_attention();
+        test_glu_chain();
+    }
     /* the op checks of the matmuls again on the default backend: plain fp16 for many prompt rows */
     gpu = gpu_fast, fast_prefill = 1;
-    test_quant(shared);
-    test_fused();
-    test_glu_chain();
+    if (only("ops")) {
+        test_quant(shared);
+        test_fused();
+        test_glu_chain();
+    }
     gpu = gpu_exact, fast_prefill = 0;
-    test_layer_graphs(shared);
-    test_models(shared);
+    if (only("models")) {
+        test_layer_graphs(shared);
+        test_models(shared);
+    }
     fast_prefill = 1;
-    test_models(shared);
+    if (only("models"))
+        test_models(shared);
     fast_prefill = 0;
     /* what follows checks decode, caches, drafting and the quantizer against the CPU: prompts through the exact path
      * (the fast one's own error is the "fast prefill:" lines above), so that its fp16 rounding of the prompt's keys
      * and values does not stand in for theirs */
     setenv("EXL_CUDA_EXACT_PREFILL", "1", 1);
-    test_models_tp(shared);
-    cache_formats_case(shared, "tinystories-656k");
-    cache_formats_case(shared, "rand-llama");
-    cache_formats_case(shared, "rand-llama-exl2-5.0bpw-h8");
-    test_memory_limit(shared);
-    test_decode(shared, "rand-llama");
-    test_decode(shared, "rand-qwen2-exl2-4.0bpw-h6");
-    test_decode(shared, "rand-llama-gptq-4bit-g32-actorder-asym");
-    test_decode(shared, "rand-llama-exl2-5.0bpw-h8");
-    test_decode(shared, "rand-gemma-exl2-4.0bpw-h6");
-    test_decode(shared, "rand-llama-gptq-4bit-g64-sym");
-    test_decode(shared, "rand-qwen3");
-    test_decode(shared, "rand-gemma3"); /* 200 tokens past its window of 48 */
-    test_decode(shared, "rand-phi3");
-    test_decode(shared, "rand-mixtral");
-    test_decode(shared, "rand-qwen3moe");
-    test_decode_vs_cpu(shared, "rand-mixtral");
-    test_decode_vs_cpu(shared, "rand-qwen3moe");
-    test_decode_rows(shared, "rand-llama-exl2-5.0bpw-h8");
-    test_decode_rows(shared, "rand-llama-gptq-4bit-g64-sym");
-    test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", NULL);
-    test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", NULL);
-    test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym", NULL);
-    test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6", NULL);
-    test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", "17");
-    test_decode_rows(shared, "rand-mixtral"); /* 1-3 rows a step: the grouped GEMVs over several rows */
-    test_decode_rows(shared, "rand-qwen3moe");
-    test_host_gemm();
-    test_quantize_device(shared);
-    test_head_sampling(shared);
-    test_device_sampling(shared);
-    same_tokens_with_env_off(shared, 12, "EXL_CUDA_GRAPHS", "graph replay == launches one by one");
-    same_tokens_with_env_off(shared, 40, "EXL_CUDA_GRAPHS", "graph replay == launches one by one");
-    argmax_case(1, 32000, 0, 1);
-    argmax_case(3, 32000, 1, 1);
-    argmax_case(64, 2048, 1, 11);
-    test_fed_chain(shared, "rand-llama-exl2-3.0bpw-h6");
-    test_fed_chain(shared, "rand-llama");
+    if (only("tp"))
+        test_models_tp(shared);
+    if (only("kv")) {
+        cache_formats_case(shared, "tinystories-656k");
+        cache_formats_case(shared, "rand-llama");
+        cache_formats_case(shared, "rand-llama-exl2-5.0bpw-h8");
+        test_memory_limit(shared);
+    }
+    if (only("decode")) {
+        test_decode(shared, "rand-llama");
+        test_decode(shared, "rand-qwen2-exl2-4.0bpw-h6");
+        test_decode(shared, "rand-llama-gptq-4bit-g32-actorder-asym");
+        test_decode(shared, "rand-llama-exl2-5.0bpw-h8");
+        test_decode(shared, "rand-gemma-exl2-4.0bpw-h6");
+        test_decode(shared, "rand-llama-gptq-4bit-g64-sym");
+        test_decode(shared, "rand-qwen3");
+        test_decode(shared, "rand-gemma3"); /* 200 tokens past its window of 48 */
+        test_decode(shared, "rand-phi3");
+        test_decode(shared, "rand-mixtral");
+        test_decode(shared, "rand-qwen3moe");
+        test_decode_vs_cpu(shared, "rand-mixtral");
+        test_decode_vs_cpu(shared, "rand-qwen3moe");
+    }
+    if (only("rows")) {
+        test_decode_rows(shared, "rand-llama-exl2-5.0bpw-h8");
+        test_decode_rows(shared, "rand-llama-gptq-4bit-g64-sym");
+        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", NULL);
+        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", NULL);
+        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym", NULL);
+        test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6", NULL);
+        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", "17");
+        test_decode_rows(shared, "rand-mixtral"); /* 1-3 rows a step: the grouped GEMVs over several rows */
+        test_decode_rows(shared, "rand-qwen3moe");
+    }
+    if (only("ops"))
+        test_host_gemm();
+    if (only("quantize"))
+        test_quantize_device(shared);
+    if (only("sampling")) {
+        test_head_sampling(shared);
+        test_device_sampling(shared);
+    }
+    if (only("graphs")) {
+        same_tokens_with_env_off(shared, 12, "EXL_CUDA_GRAPHS", "graph replay == launches one by one");
+        same_tokens_with_env_off(shared, 40, "EXL_CUDA_GRAPHS", "graph replay == launches one by one");
+    }
+    if (only("sampling")) {
+        argmax_case(1, 32000, 0, 1);
+        argmax_case(3, 32000, 1, 1);
+        argmax_case(64, 2048, 1, 11);
+    }
+    if (only("graphs")) {
+        test_fed_chain(shared, "rand-llama-exl2-3.0bpw-h6");
+        test_fed_chain(shared, "rand-llama");
+    }
     /* decode ahead is the default on CUDA (EXL_DECODE_AHEAD=0: step by step) */
-    same_tokens_with_env_off(shared, 1, "EXL_DECODE_AHEAD", "decode ahead == step by step");
-    same_tokens_with_env_off(shared, 12, "EXL_DECODE_AHEAD", "decode ahead == step by step");
-    test_speculative(shared);
-    test_lora(shared);
+    if (only("graphs")) {
+        same_tokens_with_env_off(shared, 1, "EXL_DECODE_AHEAD", "decode ahead == step by step");
+        same_tokens_with_env_off(shared, 12, "EXL_DECODE_AHEAD", "decode ahead == step by step");
+    }
+    if (only("spec"))
+        test_speculative(shared);
+    if (only("lora"))
+        test_lora(shared);
     gpu_exact->ops->destroy(gpu_exact);
     gpu_fast->ops->destroy(gpu_fast);
     cpu->ops->destroy(cpu);
