@@ -3,7 +3,9 @@
  * device and fed to the next, queued ahead), with random rank-R adapters on all seven projections of every layer:
  *   batch 1:  no adapter, then one adapter (the model's set);
  *   batch 32: 32 sequences with no adapter, then spread over 4 adapters (sequence i uses adapter i % 4), all in
- *             the same steps (the gathered lora op).
+ *             the same steps (the gathered lora op);
+ * both with the lora op's default path (fused, one launch a group of projections), then with its two launches a
+ * group (EXL_CUDA_LORA_FUSED_USES=0, the path before; cuda_lora.cu).
  * Prints a markdown table: tokens/s without and with adapters, and their ratio.
  *
  * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] */
@@ -209,6 +211,12 @@ int main(int argc, char **argv) {
     for (int i = 0; i < BATCH; i++)
         per_seq[i] = &sets[i % N_ADAPTERS];
     double lora32 = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
+    /* the same through the lora op's two launches (cuda_lora.cu's split path): each case's graph differs from the one
+     * before it, so that it is captured anew with the path the variable picks */
+    setenv("EXL_CUDA_LORA_FUSED_USES", "0", 1);
+    double split1 = decode_rate(m, cache, pages, 1, ctx, NULL);
+    double split32 = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
+    unsetenv("EXL_CUDA_LORA_FUSED_USES");
     EK(exl_model_set_lora(m, NULL, 0));
     double again1 = decode_rate(m, cache, pages, 1, ctx, NULL); /* the base once more: drift of the clocks */
 
@@ -219,6 +227,11 @@ int main(int argc, char **argv) {
            100 * (base1 / lora1 - 1));
     printf("| batch %d, %d adapters (sequence i: adapter i %% %d) | %.1f | %.1f | %.3f |\n", BATCH, N_ADAPTERS,
            N_ADAPTERS, base32, lora32, lora32 / base32);
+    printf("| batch 1, one adapter, two launches a group (EXL_CUDA_LORA_FUSED_USES=0) | %.1f | %.1f | %.3f (overhead "
+           "%.1f%%) |\n",
+           base1, split1, split1 / base1, 100 * (base1 / split1 - 1));
+    printf("| batch %d, %d adapters, two launches a group (EXL_CUDA_LORA_FUSED_USES=0) | %.1f | %.1f | %.3f |\n", BATCH,
+           N_ADAPTERS, base32, split32, split32 / base32);
     printf("(batch 1 without adapters again, after them: %.1f t/s)\n", again1);
     return 0;
 }

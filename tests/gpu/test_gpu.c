@@ -2253,15 +2253,24 @@ static void test_speculative(const char *shared) {
 /* ---- LoRA adapters (model/lora.h): the lora op against the CPU's, PEFT fixtures' logits against the reference (the
  * prompt at once and token by token, CUDA graphs replayed), and jobs of different adapters in one step */
 
-/* one backend's lora op over rows with the uses below, for two projections of x (widths outf and outf2, the second
- * with the same adapters' factors read as narrower); the outputs start as out0; mode 1: x normed on the way (weights
- * out0's first values), 2: through the GLU (up: out0's) */
+/* one backend's lora op over rows (at most 16) with the uses below, for two projections of x (widths outf and outf2,
+ * the second with the same adapters' factors read as narrower); the outputs start as out0; mode 1: x normed on the
+ * way (weights out0's first values), 2: through the GLU (up: out0's) */
 static float *lora_op_on(exl_backend *be, const float *x, const float *out0, const float *const *a,
                          const float *const *bt, const int32_t *ranks, int32_t n_slots, int32_t rows, int32_t in,
                          int32_t outf, int32_t outf2, int mode) {
-    static const int32_t row_uses[] = {0, 1, 1, 3, 3, 4}, use_row[] = {0, 2, 2, 4}, use_slot[] = {0, 1, 0, 1};
-    static const float use_scale[] = {1.0f, 0.5f, -1.0f, 2.0f};
-    const int32_t n_uses = 4, max_rank = 8;
+    /* every 5 rows: slot 0; none; slot 1 at 0.5 and slot 0 at -1; none; slot 1 at 2 */
+    static const int32_t n_of[5] = {1, 0, 2, 0, 1}, slot_of[5][2] = {{0}, {0}, {1, 0}, {0}, {1}};
+    static const float scale_of[5][2] = {{1.0f}, {0}, {0.5f, -1.0f}, {0}, {2.0f}};
+    int32_t row_uses[17], use_row[32], use_slot[32], n_uses = 0;
+    float use_scale[32];
+    const int32_t max_rank = 8;
+    for (int32_t r = 0; r < rows; r++) {
+        row_uses[r] = n_uses;
+        for (int32_t k = 0; k < n_of[r % 5]; k++, n_uses++)
+            use_row[n_uses] = r, use_slot[n_uses] = slot_of[r % 5][k], use_scale[n_uses] = scale_of[r % 5][k];
+    }
+    row_uses[rows] = n_uses;
     exl_lora_factors f[3], f2[3];
     void *mem[6];
     for (int32_t i = 0; i < n_slots; i++) {
@@ -2273,10 +2282,10 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
     void *bufs[10] = {put(be, out0, (size_t)rows * outf * sizeof(float)),
                       put(be, x, (size_t)rows * in * sizeof(float)),
                       put(be, f, sizeof f),
-                      put(be, row_uses, sizeof row_uses),
-                      put(be, use_row, sizeof use_row),
-                      put(be, use_slot, sizeof use_slot),
-                      put(be, use_scale, sizeof use_scale),
+                      put(be, row_uses, (size_t)(rows + 1) * sizeof(int32_t)),
+                      put(be, use_row, (size_t)n_uses * sizeof(int32_t)),
+                      put(be, use_slot, (size_t)n_uses * sizeof(int32_t)),
+                      put(be, use_scale, (size_t)n_uses * sizeof(float)),
                       put(be, out0, (size_t)n_uses * 2 * max_rank * sizeof(float)),
                       put(be, out0, (size_t)rows * outf2 * sizeof(float)),
                       put(be, f2, sizeof f2)};
@@ -2319,26 +2328,44 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
     return res;
 }
 
+/* the op on the GPU against the CPU: through the fused path with 4 uses, its input read in float4 loads (in 96), one
+ * value at a time (97) and a quarter a warp (8200), then with 9 uses (spans of 3 tiles, 3 spans in 7000 columns); and
+ * through the two launches of EXL_CUDA_DETERMINISTIC */
 static void lora_op_case(void) {
-    const int32_t rows = 5, in = 96, outf = 130, outf2 = 40, ranks[3] = {4, 8, 0};
-    float *x = rnd((int64_t)rows * in, -1, 1), *out0 = rnd((int64_t)rows * outf, -1, 1);
-    float *a[3], *bt[3];
-    for (int i = 0; i < 3; i++) {
-        a[i] = rnd((int64_t)(ranks[i] + 1) * in, -0.2f, 0.2f);
-        bt[i] = rnd((int64_t)(ranks[i] + 1) * outf, -0.2f, 0.2f);
+    setenv("EXL_CUDA_DETERMINISTIC", "1", 1);
+    exl_backend *split;
+    require(exl_backend_init(EXL_DEVICE_CUDA, 0, &split) == EXL_OK, "cuda backend");
+    unsetenv("EXL_CUDA_DETERMINISTIC");
+    const int32_t outf2 = 40, ranks[3] = {4, 8, 0};
+    static const int32_t shapes[4][3] = {{5, 96, 130}, {5, 97, 130}, {5, 8200, 130}, {12, 96, 7000}};
+    for (int k = 0; k < 4; k++) {
+        const int32_t rows = shapes[k][0], in = shapes[k][1], outf = shapes[k][2];
+        float *x = rnd((int64_t)rows * in, -1, 1), *out0 = rnd((int64_t)rows * (in > outf ? in : outf) + 8, -1, 1);
+        float *a[3], *bt[3];
+        for (int i = 0; i < 3; i++) {
+            a[i] = rnd((int64_t)(ranks[i] + 1) * in, -0.2f, 0.2f);
+            bt[i] = rnd((int64_t)(ranks[i] + 1) * outf, -0.2f, 0.2f);
+        }
+        const float *const *ca = (const float *const *)a, *const *cb = (const float *const *)bt;
+        static const char *const modes[3] = {"2 adapters, 0-2 uses a row, 2 outputs", "the input normed on the way",
+                                             "the input through a GLU"};
+        for (int mode = 0; mode < 3; mode++) {
+            float *c = lora_op_on(cpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
+            for (int path = 0; path < 2; path++) {
+                float *g = lora_op_on(path ? split : gpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
+                char name[160];
+                snprintf(name, sizeof name, "lora op (%s, %d rows, in %d, out %d): %s", path ? "two launches" : "fused",
+                         (int)rows, (int)in, (int)outf, modes[mode]);
+                report(name, ref_rel_err(g, c, (int64_t)rows * (outf + outf2)), 1e-5);
+                free(g);
+            }
+            free(c);
+        }
+        free(x), free(out0);
+        for (int i = 0; i < 3; i++)
+            free(a[i]), free(bt[i]);
     }
-    const float *const *ca = (const float *const *)a, *const *cb = (const float *const *)bt;
-    static const char *const names[3] = {"lora op: 5 rows, 2 adapters, 0-2 uses a row, 2 outputs",
-                                         "lora op: the input normed on the way", "lora op: the input through a GLU"};
-    for (int mode = 0; mode < 3; mode++) {
-        float *g = lora_op_on(gpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
-        float *c = lora_op_on(cpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
-        report(names[mode], ref_rel_err(g, c, (int64_t)rows * (outf + outf2)), 1e-5);
-        free(g), free(c);
-    }
-    free(x), free(out0);
-    for (int i = 0; i < 3; i++)
-        free(a[i]), free(bt[i]);
+    split->ops->destroy(split);
 }
 
 /* the worst relative error and argmax mismatches of sequence s of tag, fed in one step (chunk 0) or a prefix of 48

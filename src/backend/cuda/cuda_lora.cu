@@ -1,13 +1,26 @@
 /* cuda_lora.cu - the lora op (graph.h): gathered low-rank updates, Punica / S-LoRA style, for 1-3 projections of one
- * input in two launches whatever the mix of adapters in the step:
+ * input, x' being the input normed or through the GLU on the way where the node says so (the matmuls beside then keep
+ * their fusions with the norm and the GLU). Two paths, whatever the mix of adapters in the step:
+ *
+ * fused (decode steps: at most EXL_CUDA_LORA_FUSED_USES uses, default 64, and not EXL_CUDA_DETERMINISTIC), one
+ *   launch: a block per (use u, span of output columns of one projection o, group of 4 ranks j; 2 for inputs wider
+ *   than 8192). Its warps split the group's dot products t[j] = scale_u * x'[row_u] · A_o,slot(u)[j] over the input
+ *   features (float4 loads, a lane's loads in flight together; the norm's sum of squares comes along in the same
+ *   loop), then its threads add sum over j of t[j] * Bt_o[j, c] to the span's columns c (4 a thread at a time) with
+ *   atomics. Every span recomputes its group's t from A in L2: no second launch, no scratch, one block-wide
+ *   exchange. Spans are 1024 columns for up to 4 uses (the most blocks at batch 1), 1024 more for each 4 more uses
+ *   (bounding the rereads of A at larger batches). A decode step's update of a group is one launch of a few
+ *   microseconds instead of two latency-bound ones (bench/LOG.md).
+ * split (more uses, or a fixed summation order), two launches:
  *   shrink  one block per (use, projection and rank index): t[u, o, j] = scale_u * x'[row_u] · A_o,slot(u)[j], a
- *           block-wide dot product over the input features (ranks past the adapter's own give 0), x' the input
- *           normed or through the GLU on the way where the node says so (the matmuls beside then keep their
- *           fusions with the norm and the GLU);
+ *           block-wide dot product over the input features (ranks past the adapter's own give 0);
  *   expand  one thread per (row, output column of the projections side by side): out_o[r, c] += sum over r's uses u,
  *           j < rank of t[u, o, j] * Bt_o[j, c], reading Bt's rows along the columns (coalesced), every use of a row
  *           in one thread (no atomics: the result does not depend on the order blocks run in). */
 #include "backend/cuda/cuda_internal.h"
+
+#include <stdint.h>
+#include <stdlib.h>
 
 #define SHRINK_THREADS 256
 #define EXPAND_THREADS 256
@@ -77,10 +90,162 @@ __global__ void __launch_bounds__(EXPAND_THREADS) lora_expand_kernel(exl_lora_no
     n.out[o][(int64_t)r * width + c] += acc;
 }
 
+/* ---- the fused path */
+
+#define FUSED_THREADS 256
+#define FUSED_WARPS (FUSED_THREADS / 32)
+#define FUSED_COLS 4 /* output columns a thread */
+#define FUSED_TILE (FUSED_THREADS * FUSED_COLS)
+#define FUSED_MAX_USES 64   /* default of EXL_CUDA_LORA_FUSED_USES */
+#define FUSED_USES_A_TILE 4 /* a block a tile for up to 4 uses, 2 tiles for up to 8, ... */
+
+enum { INPUT_PLAIN, INPUT_NORM, INPUT_GLU };
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* x' at one feature: x itself, x * norm_w (ss += x^2), or act(x) * up */
+template <int MODE>
+__device__ __forceinline__ float input_at(float x, float w, int act, float &ss) {
+    if (MODE == INPUT_NORM) {
+        ss += x * x;
+        return x * w;
+    }
+    if (MODE == INPUT_GLU)
+        return exl_cuda_activate(x, act) * w;
+    return x;
+}
+
+/* one lane's share of x' · a over features first, first + step, ... (in float4 units where vec); ss as input_at */
+template <int MODE>
+__device__ __forceinline__ float lane_dot(const float *__restrict__ x, const float *__restrict__ w,
+                                          const float *__restrict__ a, int32_t in, int act, int vec, int32_t first,
+                                          int32_t step, float &ss) {
+    float s = 0.0f;
+    if (vec) {
+        const float4 *__restrict__ x4 = (const float4 *)x, *__restrict__ w4 = (const float4 *)w;
+        const float4 *__restrict__ a4 = (const float4 *)a;
+#pragma unroll 4
+        for (int32_t i = first; i < in / 4; i += step) {
+            const float4 xv = x4[i], av = a4[i];
+            const float4 wv = MODE == INPUT_PLAIN ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : w4[i];
+            s += input_at<MODE>(xv.x, wv.x, act, ss) * av.x + input_at<MODE>(xv.y, wv.y, act, ss) * av.y +
+                 input_at<MODE>(xv.z, wv.z, act, ss) * av.z + input_at<MODE>(xv.w, wv.w, act, ss) * av.w;
+        }
+        return s;
+    }
+#pragma unroll 4
+    for (int32_t i = first; i < in; i += step)
+        s += input_at<MODE>(x[i], MODE == INPUT_PLAIN ? 0.0f : w[i], act, ss) * a[i];
+    return s;
+}
+
+/* grid (n_uses, spans of `span` columns of the projections side by side, groups of rg ranks); warp w computes rank
+ * j0 + w % rg (the group's last where the adapter has fewer) over part w / rg of the features, then the block adds
+ * the group's update to its span, 1024 columns (4 a thread) at a time */
+template <int MODE>
+__global__ void __launch_bounds__(FUSED_THREADS)
+    lora_fused_kernel(exl_lora_node n, const float *norm_w, int32_t rg, int32_t span) {
+    exl_pdl_start();
+    __shared__ float dots[FUSED_WARPS], sums[FUSED_WARPS], ts[FUSED_WARPS];
+    const int32_t u = blockIdx.x, j0 = (int32_t)blockIdx.z * rg;
+    int32_t at = blockIdx.y, o = 0;
+    while (o < n.n_out && at >= (n.out_features[o] + span - 1) / span)
+        at -= (n.out_features[o++] + span - 1) / span;
+    if (o >= n.n_out)
+        return;
+    const exl_lora_factors f = n.factors[o][n.use_slot[u]];
+    if (j0 >= f.rank)
+        return;
+    const int32_t nj = min(rg, f.rank - j0), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int32_t parts = FUSED_WARPS / rg, part = warp / rg, j = min(warp % rg, nj - 1);
+    const int64_t row = n.use_row[u];
+    const float *x = n.x + row * n.in_features, *a = f.a + (int64_t)(j0 + j) * n.in_features;
+    const float *w = MODE == INPUT_NORM ? norm_w : MODE == INPUT_GLU ? n.up + row * n.in_features : x;
+    const int vec = n.in_features % 4 == 0 && (((uintptr_t)x | (uintptr_t)w | (uintptr_t)a) & 15) == 0;
+    float ss = 0.0f;
+    float s = lane_dot<MODE>(x, w, a, n.in_features, n.act, vec, part * 32 + lane, parts * 32, ss);
+    s = warp_sum(s);
+    if (MODE == INPUT_NORM)
+        ss = warp_sum(ss);
+    if (lane == 0)
+        dots[warp] = s, sums[warp] = ss;
+    __syncthreads();
+    if ((int32_t)threadIdx.x < nj) {
+        float scale = n.use_scale[u], t = 0.0f, total = 0.0f;
+        for (int32_t p = 0; p < parts; p++)
+            t += dots[p * rg + threadIdx.x], total += sums[p * rg];
+        if (MODE == INPUT_NORM)
+            scale *= rsqrtf(total / n.in_features + n.eps);
+        ts[threadIdx.x] = t * scale;
+    }
+    __syncthreads();
+    const int32_t width = n.out_features[o], end = min(width, (at + 1) * span);
+    const float *__restrict__ bt = f.bt + (int64_t)j0 * width;
+    float *out = n.out[o] + row * width;
+    for (int32_t c0 = at * span + threadIdx.x; c0 < end; c0 += FUSED_TILE) {
+        float acc[FUSED_COLS];
+#pragma unroll
+        for (int k = 0; k < FUSED_COLS; k++)
+            acc[k] = 0.0f;
+        for (int32_t jj = 0; jj < nj; jj++) {
+            const float tj = ts[jj];
+#pragma unroll
+            for (int k = 0; k < FUSED_COLS; k++) {
+                const int32_t c = c0 + k * FUSED_THREADS;
+                if (c < end)
+                    acc[k] += tj * bt[(int64_t)jj * width + c];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < FUSED_COLS; k++)
+            if (c0 + k * FUSED_THREADS < end)
+                atomicAdd(&out[c0 + k * FUSED_THREADS], acc[k]);
+    }
+}
+
+/* EXL_CUDA_LORA_FUSED_USES: steps with at most this many uses take the fused path (0: never); read at each call (a
+ * captured step does not call again), so that a benchmark may compare the paths */
+static int32_t fused_max_uses(void) {
+    const char *e = getenv("EXL_CUDA_LORA_FUSED_USES");
+    const int32_t max = e && *e ? atoi(e) : FUSED_MAX_USES;
+    return max < 0 ? 0 : max;
+}
+
+static void run_fused(exl_cuda_backend *cb, const exl_lora_node *n) {
+    /* 4 ranks a block, each over half the features; 2 over a quarter for wide inputs (down_proj) */
+    int32_t rg = n->in_features > 8192 ? 2 : 4;
+    while (rg > 1 && rg / 2 >= n->max_rank)
+        rg /= 2;
+    /* each block recomputes its ranks' products: a tile of columns each for few uses, wider spans for more */
+    const int32_t span = FUSED_TILE * (1 + (n->n_uses - 1) / FUSED_USES_A_TILE);
+    int32_t spans = 0;
+    for (int32_t o = 0; o < n->n_out; o++)
+        spans += (n->out_features[o] + span - 1) / span;
+    const dim3 grid((unsigned)n->n_uses, (unsigned)spans, (unsigned)((n->max_rank + rg - 1) / rg));
+    const float *norm_w = n->norm ? n->norm->v : NULL;
+    if (n->norm)
+        exl_cuda_launch(cb, lora_fused_kernel<INPUT_NORM>, grid, dim3(FUSED_THREADS), 0, *n, norm_w, rg, span);
+    else if (n->up)
+        exl_cuda_launch(cb, lora_fused_kernel<INPUT_GLU>, grid, dim3(FUSED_THREADS), 0, *n, norm_w, rg, span);
+    else
+        exl_cuda_launch(cb, lora_fused_kernel<INPUT_PLAIN>, grid, dim3(FUSED_THREADS), 0, *n, norm_w, rg, span);
+    exl_cuda_check_launch(cb, "lora");
+}
+
+/* ---- the op */
+
 void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (n->n_uses < 1 || n->rows < 1 || n->n_out < 1 || n->max_rank < 1)
         return;
+    if (n->n_uses <= fused_max_uses() && !cb->deterministic) {
+        run_fused(cb, n);
+        return;
+    }
     int32_t total = 0;
     for (int32_t o = 0; o < n->n_out; o++)
         total += n->out_features[o];
