@@ -40,7 +40,7 @@ done
 
 make() { # dir hidden layers heads kv_heads ffn vocab
     [ -d "$1" ] || "$bin/make_random_quant" -o "$1" --format exl2 --bits 4 --hidden "$2" --layers "$3" --heads "$4" \
-        --kv-heads "$5" --ffn "$6" --vocab "$7" --tokenizer-from "$shared/models/rand-llama" >/dev/null
+        --kv-heads "$5" --ffn "$6" --vocab "$7" --tokenizer-from .gputp/tok --same-layers >/dev/null
 }
 models() {
     make /tmp/m7b 4096 32 32 32 11008 32000

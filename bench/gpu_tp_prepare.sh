@@ -18,4 +18,7 @@ for lib in $(ldd "$build/exl" "$build/test_gpu" | awk '/=> \// {print $3}' | sor
     *) cp -L "$lib" .gputp/bin/ ;;
     esac
 done
+# the models' tokenizer: Llama 2's (32000 tokens, as the shapes' vocabularies)
+mkdir -p .gputp/tok
+cp "${SHARED:-../shared}"/tokenizers/llama2-hf/{tokenizer.json,tokenizer_config.json,special_tokens_map.json} .gputp/tok/
 du -sh .gputp

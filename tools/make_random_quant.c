@@ -175,30 +175,37 @@ static void add_linear(exl_st_writer *w, const char *prefix, int64_t K, int64_t 
         add_gptq(w, prefix, K, N, bits, group);
 }
 
-/* the experts' gate/up and down matrices, made once */
-static record_list expert_mats[2];
+/* the experts' gate/up and down matrices, made once; with --same-layers, layer 0's linears */
+static record_list expert_mats[2], layer_mats[7];
 
 static void usage(void) {
-    printf("usage: make_random_quant -o DIR --format exl2|gptq [--hidden H] [--layers L] [--heads N]\n"
-           "         [--kv-heads K] [--head-dim D] [--ffn F] [--vocab V] [--bits B] [--group-size G]\n"
-           "         [--head-bits B] [--experts E [--top-k K] [--expert-ffn F]] [--seed S] [--tokenizer-from DIR]\n\n"
-           "Write a Llama model with random quantized linear layers (default 4 bits, groups of\n"
-           "128; EXL2 head at 6 bits, GPTQ head fp16) and fp16 embeddings and norms. With --experts,\n"
-           "a Qwen3-MoE model: E experts a layer of --expert-ffn (default --ffn), K a token (default 8),\n"
-           "an fp16 router, q/k norms; every expert's matrices are one random matrix of each shape.\n"
-           "Qwen3-30B-A3B: --hidden 2048 --layers 48 --heads 32 --kv-heads 4 --head-dim 128 --vocab 151936\n"
-           "--experts 128 --top-k 8 --expert-ffn 768.\n");
+    printf(
+        "usage: make_random_quant -o DIR --format exl2|gptq [--hidden H] [--layers L] [--heads N]\n"
+        "         [--kv-heads K] [--head-dim D] [--ffn F] [--vocab V] [--bits B] [--group-size G]\n"
+        "         [--head-bits B] [--experts E [--top-k K] [--expert-ffn F]] [--seed S] [--tokenizer-from DIR]\n"
+        "         [--same-layers]\n\n"
+        "Write a Llama model with random quantized linear layers (default 4 bits, groups of\n"
+        "128; EXL2 head at 6 bits, GPTQ head fp16) and fp16 embeddings and norms. With --experts,\n"
+        "a Qwen3-MoE model: E experts a layer of --expert-ffn (default --ffn), K a token (default 8),\n"
+        "an fp16 router, q/k norms; every expert's matrices are one random matrix of each shape.\n"
+        "Qwen3-30B-A3B: --hidden 2048 --layers 48 --heads 32 --kv-heads 4 --head-dim 128 --vocab 151936\n"
+        "--experts 128 --top-k 8 --expert-ffn 768.\n"
+        "--same-layers: every layer's linears are layer 0's (the same random data: a 70B shape in under a minute).\n");
 }
 
 int main(int argc, char **argv) {
     const char *out = NULL, *format = NULL, *tok_from = NULL;
     int hidden = 1024, layers = 8, heads = 16, kv_heads = 4, ffn = 2816, vocab = 32000;
-    int bits = 4, group = 128, head_bits = 6, head_dim = 0, experts = 0, top_k = 8, expert_ffn = 0;
+    int bits = 4, group = 128, head_bits = 6, head_dim = 0, experts = 0, top_k = 8, expert_ffn = 0, same = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             return 0;
+        }
+        if (!strcmp(a, "--same-layers")) {
+            same = 1;
+            continue;
         }
         if (!v) {
             fprintf(stderr, "make_random_quant: '%s' needs a value\n", a);
@@ -280,7 +287,13 @@ int main(int argc, char **argv) {
         char name[256];
         for (int k = 0; k < (experts ? 4 : 7); k++) {
             snprintf(name, sizeof name, "model.layers.%d.%s", l, lin[k].name);
+            if (same && l > 0) {
+                add_again(w, name, &layer_mats[k]);
+                continue;
+            }
+            recording = same ? &layer_mats[k] : NULL;
             add_linear(w, name, lin[k].in, lin[k].out, exl2, bits, group);
+            recording = NULL;
         }
         if (experts) {
             snprintf(name, sizeof name, "model.layers.%d.self_attn.q_norm.weight", l);

@@ -1087,14 +1087,10 @@ template <int HD, bool Exact, class SRC>
 static void launch_prefill_tc(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v, SRC src,
                               const exl_batch *b, const exl_attn_shape *sh) {
     const size_t smem = tc_tile<HD, Exact>::smem_bytes;
-    static size_t allowed = 48 * 1024;
-    if (smem > allowed) {
-        if (cudaFuncSetAttribute(attn_prefill_tc_kernel<HD, Exact, SRC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem) != cudaSuccess) {
-            exl_cuda_check_launch(cb, "attention shared memory");
-            return;
-        }
-        allowed = smem;
+    static size_t allowed[EXL_CUDA_MAX_DEVICES];
+    if (!exl_cuda_smem_opt_in(cb, (const void *)attn_prefill_tc_kernel<HD, Exact, SRC>, smem, allowed)) {
+        exl_cuda_check_launch(cb, "attention shared memory");
+        return;
     }
     dim3 grid((unsigned)((b->max_q + TC_BQ - 1) / TC_BQ), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
     exl_cuda_launch(cb, attn_prefill_tc_kernel<HD, Exact, SRC>, grid, dim3(TC_WARPS * 32), smem, out, q, k, v, src,
@@ -1106,14 +1102,10 @@ template <int HD, int BK>
 static void launch_prefill_tiled(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v,
                                  const __half *kc, const __half *vc, const exl_batch *b, const exl_attn_shape *sh) {
     const size_t smem = prefill_tile<HD, BK>::smem_floats * sizeof(float);
-    static size_t allowed = 48 * 1024;
-    if (smem > allowed) {
-        if (cudaFuncSetAttribute(attn_prefill_tiled_kernel<HD, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem) != cudaSuccess) {
-            exl_cuda_check_launch(cb, "attention shared memory");
-            return;
-        }
-        allowed = smem;
+    static size_t allowed[EXL_CUDA_MAX_DEVICES];
+    if (!exl_cuda_smem_opt_in(cb, (const void *)attn_prefill_tiled_kernel<HD, BK>, smem, allowed)) {
+        exl_cuda_check_launch(cb, "attention shared memory");
+        return;
     }
     dim3 grid((unsigned)((b->max_q + TQ - 1) / TQ), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
     exl_cuda_launch(cb, attn_prefill_tiled_kernel<HD, BK>, grid, dim3(256), smem, out, q, k, v, kc, vc, b->d_seqs,
@@ -1165,8 +1157,8 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
     if (b->max_q > EXL_CUDA_DECODE_MAX_Q) {
         size_t smem = (size_t)Q_TILE * sh->head_dim * sizeof(float) + ATT_WARPS * 4 * KEY_BLOCK * sizeof(float) +
                       2 * KEY_BLOCK * (size_t)(sh->head_dim + 4) * sizeof(float);
-        if (smem > 48 * 1024 && cudaFuncSetAttribute(attn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     (int)smem) != cudaSuccess) {
+        static size_t allowed[EXL_CUDA_MAX_DEVICES];
+        if (!exl_cuda_smem_opt_in(cb, (const void *)attn_prefill_kernel, smem, allowed)) {
             exl_cuda_check_launch(cb, "attention shared memory");
             return;
         }

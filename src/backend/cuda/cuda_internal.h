@@ -118,6 +118,24 @@ typedef struct exl_cuda_backend {
 
 static inline exl_cuda_backend *exl_cuda(exl_backend *be) { return (exl_cuda_backend *)be; }
 
+/* A kernel that asks for more than 48 KiB of shared memory must opt in on each device it runs on (tensor
+ * parallelism: one backend a device, one rank a thread). `allowed` is the call site's table (static, zeroed): the
+ * bytes granted so far on each device. False (with CUDA's error left for the caller) if the device refuses. */
+#define EXL_CUDA_MAX_DEVICES 64
+static inline bool exl_cuda_smem_opt_in(const exl_cuda_backend *cb, const void *kernel, size_t smem,
+                                        size_t (&allowed)[EXL_CUDA_MAX_DEVICES]) {
+    if (smem <= 48 * 1024)
+        return true;
+    const bool cached = cb->device >= 0 && cb->device < EXL_CUDA_MAX_DEVICES;
+    if (cached && allowed[cb->device] >= smem)
+        return true;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+        return false;
+    if (cached)
+        allowed[cb->device] = smem;
+    return true;
+}
+
 /* Record the first asynchronous failure; later ones are dropped. */
 void exl_cuda_set_sticky(exl_cuda_backend *cb, exl_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -725,14 +725,10 @@ static void launch_prefill(exl_cuda_backend *cb, float *out, const float *q, con
     const size_t smem = ((size_t)QK_Q_TILE * sh->head_dim + QK_WARPS * 4 * QK_KEYS +
                          2 * (size_t)QK_KEYS * (sh->head_dim + 1)) *
                         sizeof(float);
-    static size_t allowed = 48 * 1024;
-    if (smem > allowed) {
-        if (cudaFuncSetAttribute(qk_prefill_kernel<KB, VB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-            cudaSuccess) {
-            exl_cuda_check_launch(cb, "attention shared memory (quantized kv cache)");
-            return;
-        }
-        allowed = smem;
+    static size_t allowed[EXL_CUDA_MAX_DEVICES];
+    if (!exl_cuda_smem_opt_in(cb, (const void *)qk_prefill_kernel<KB, VB>, smem, allowed)) {
+        exl_cuda_check_launch(cb, "attention shared memory (quantized kv cache)");
+        return;
     }
     const dim3 grid((unsigned)((b->max_q + QK_Q_TILE - 1) / QK_Q_TILE), (unsigned)sh->n_heads, (unsigned)b->n_seqs);
     exl_cuda_launch(cb, qk_prefill_kernel<KB, VB>, grid, dim3(QK_WARPS * 32), smem, out, q, k, v, ks, vs, b->d_seqs,

@@ -638,11 +638,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid
  * (bench/RESULTS.md). 0 where the registers already keep the count down. */
 template <int R>
 static size_t occupancy_floor(const exl_cuda_backend *cb) {
-    static int done;
-    static size_t floor_bytes;
-    if (done)
-        return floor_bytes;
-    done = 1;
+    /* per device: the shared memory opt-in is (tensor parallelism: a backend a device) */
+    static int done[EXL_CUDA_MAX_DEVICES];
+    static size_t floor_bytes[EXL_CUDA_MAX_DEVICES];
+    const int dev = cb->device >= 0 && cb->device < EXL_CUDA_MAX_DEVICES ? cb->device : 0;
+    if (done[dev] && dev == cb->device)
+        return floor_bytes[dev];
+    done[dev] = 1;
+    floor_bytes[dev] = 0;
     int cap = BLOCKS_PER_SM, n = 0, sm_smem = 0, reserved = 0;
     const char *e = getenv("EXL_CUDA_GEMV_BLOCKS_PER_SM");
     if (e)
@@ -661,7 +664,7 @@ static size_t occupancy_floor(const exl_cuda_backend *cb) {
         cudaGetLastError();
         return 0;
     }
-    floor_bytes = want;
+    floor_bytes[dev] = want;
     return want;
 }
 

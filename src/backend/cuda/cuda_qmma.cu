@@ -303,24 +303,20 @@ __global__ void qmma_reduce_kernel(float *out, const float *partial, const float
     out[i] = accumulate ? out[i] + v : v;
 }
 
-/* Blocks of qmma_kernel<MT, P> an SM holds with smem bytes of shared memory (the attribute
- * set once per kernel and size), 0 when the launch cannot be configured. */
+/* Blocks of qmma_kernel<MT, P> an SM of cb's device holds with smem bytes of shared memory (the attribute set once
+ * per kernel, size and device), 0 when the launch cannot be configured. */
 template <int MT, int P>
-static int qmma_blocks_per_sm(size_t smem) {
-    static size_t allowed = 48 * 1024; /* beyond it, the kernel must opt in */
-    if (smem > allowed) {
-        if (cudaFuncSetAttribute(qmma_kernel<MT, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-            cudaSuccess)
-            return 0;
-        allowed = smem;
-    }
+static int qmma_blocks_per_sm(const exl_cuda_backend *cb, size_t smem) {
+    static size_t allowed[EXL_CUDA_MAX_DEVICES];
+    if (!exl_cuda_smem_opt_in(cb, (const void *)qmma_kernel<MT, P>, smem, allowed))
+        return 0;
     int n = 0;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qmma_kernel<MT, P>, MMA_WARPS * 32, smem) == cudaSuccess
                ? n
                : 0;
 }
 
-typedef int (*qmma_occupancy_fn)(size_t);
+typedef int (*qmma_occupancy_fn)(const exl_cuda_backend *, size_t);
 typedef void (*qmma_kernel_fn)(qmma_args);
 
 /* x [rows, in] (fp32) into the fragment order of qmma_args.xh: element i of a part is half
@@ -366,7 +362,7 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
         return;
     const int sc = stage_chunks(mt, parts);
     const size_t smem_max = qmma_smem_bytes(mt, parts, q->n_chunks);
-    const int per_sm = occupancy[mi][parts - 1](smem_max);
+    const int per_sm = occupancy[mi][parts - 1](cb, smem_max);
     if (per_sm < 1) {
         if (exl_cuda_check_launch(cb, "quantized matmul (shared memory)"))
             exl_cuda_set_sticky(cb, EXL_ERR_UNSUPPORTED,
