@@ -2264,7 +2264,9 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
     static const float scale_of[5][2] = {{1.0f}, {0}, {0.5f, -1.0f}, {0}, {2.0f}};
     int32_t row_uses[17], use_row[32], use_slot[32], n_uses = 0;
     float use_scale[32];
-    const int32_t max_rank = 8;
+    int32_t max_rank = 0;
+    for (int32_t i = 0; i < n_slots; i++)
+        max_rank = ranks[i] > max_rank ? ranks[i] : max_rank;
     for (int32_t r = 0; r < rows; r++) {
         row_uses[r] = n_uses;
         for (int32_t k = 0; k < n_of[r % 5]; k++, n_uses++)
@@ -2328,18 +2330,23 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
     return res;
 }
 
-/* the op on the GPU against the CPU: through the fused path with 4 uses, its input read in float4 loads (in 96), one
- * value at a time (97) and a quarter a warp (8200), then with 9 uses (spans of 3 tiles, 3 spans in 7000 columns); and
- * through the two launches of EXL_CUDA_DETERMINISTIC */
+/* the op on the GPU against the CPU: through the fused path with 4 uses (4 ranks a block), its input read in float4
+ * loads (in 96), one value at a time (97) and a quarter a warp (8200), then with 9 uses (all ranks a block: 8, or 24
+ * with 3 a warp; spans of 3 tiles, 3 spans in 7000 columns); and through the two launches of EXL_CUDA_DETERMINISTIC */
 static void lora_op_case(void) {
     setenv("EXL_CUDA_DETERMINISTIC", "1", 1);
     exl_backend *split;
     require(exl_backend_init(EXL_DEVICE_CUDA, 0, &split) == EXL_OK, "cuda backend");
     unsetenv("EXL_CUDA_DETERMINISTIC");
-    const int32_t outf2 = 40, ranks[3] = {4, 8, 0};
-    static const int32_t shapes[4][3] = {{5, 96, 130}, {5, 97, 130}, {5, 8200, 130}, {12, 96, 7000}};
-    for (int k = 0; k < 4; k++) {
-        const int32_t rows = shapes[k][0], in = shapes[k][1], outf = shapes[k][2];
+    const int32_t outf2 = 40;
+    /* rows, in, outf, the 3 slots' ranks */
+    static const int32_t shapes[5][6] = {{5, 96, 130, 4, 8, 0},
+                                         {5, 97, 130, 4, 8, 0},
+                                         {5, 8200, 130, 4, 8, 0},
+                                         {12, 96, 7000, 4, 8, 0},
+                                         {12, 96, 7000, 12, 20, 0}};
+    for (int k = 0; k < 5; k++) {
+        const int32_t rows = shapes[k][0], in = shapes[k][1], outf = shapes[k][2], *ranks = shapes[k] + 3;
         float *x = rnd((int64_t)rows * in, -1, 1), *out0 = rnd((int64_t)rows * (in > outf ? in : outf) + 8, -1, 1);
         float *a[3], *bt[3];
         for (int i = 0; i < 3; i++) {
@@ -2354,8 +2361,9 @@ static void lora_op_case(void) {
             for (int path = 0; path < 2; path++) {
                 float *g = lora_op_on(path ? split : gpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
                 char name[160];
-                snprintf(name, sizeof name, "lora op (%s, %d rows, in %d, out %d): %s", path ? "two launches" : "fused",
-                         (int)rows, (int)in, (int)outf, modes[mode]);
+                snprintf(name, sizeof name, "lora op (%s, %d rows, in %d, out %d, ranks %d %d): %s",
+                         path ? "two launches" : "fused", (int)rows, (int)in, (int)outf, (int)ranks[0], (int)ranks[1],
+                         modes[mode]);
                 report(name, ref_rel_err(g, c, (int64_t)rows * (outf + outf2)), 1e-5);
                 free(g);
             }

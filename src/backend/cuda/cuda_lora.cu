@@ -2,15 +2,18 @@
  * input, x' being the input normed or through the GLU on the way where the node says so (the matmuls beside then keep
  * their fusions with the norm and the GLU). Two paths, whatever the mix of adapters in the step:
  *
- * fused (decode steps: at most EXL_CUDA_LORA_FUSED_USES uses, default 64, and not EXL_CUDA_DETERMINISTIC), one
- *   launch: a block per (use u, span of output columns of one projection o, group of 4 ranks j; 2 for inputs wider
- *   than 8192). Its warps split the group's dot products t[j] = scale_u * x'[row_u] · A_o,slot(u)[j] over the input
- *   features (float4 loads, a lane's loads in flight together; the norm's sum of squares comes along in the same
- *   loop), then its threads add sum over j of t[j] * Bt_o[j, c] to the span's columns c (4 a thread at a time) with
- *   atomics. Every span recomputes its group's t from A in L2: no second launch, no scratch, one block-wide
- *   exchange. Spans are 1024 columns for up to 4 uses (the most blocks at batch 1), 1024 more for each 4 more uses
- *   (bounding the rereads of A at larger batches). A decode step's update of a group is one launch of a few
- *   microseconds instead of two latency-bound ones (bench/LOG.md).
+ * fused (decode steps: at most EXL_CUDA_LORA_FUSED_USES uses, default 64, ranks up to 256, and not
+ *   EXL_CUDA_DETERMINISTIC), one launch: a block per (use u, span of output columns of one projection o, group of
+ *   ranks j). Its warps split the group's dot products t[j] = scale_u * x'[row_u] · A_o,slot(u)[j] over ranks and
+ *   input features (float4 loads, a lane's loads in flight together; the norm's sum of squares comes along in the
+ *   same loop), then its threads add sum over j of t[j] * Bt_o[j, c] to the span's columns c, 4 a thread at a time,
+ *   with atomics (plain adds where the block is the only one adding to them). Every span recomputes its group's t:
+ *   no second launch, no scratch, one block-wide exchange. Up to 4 uses (batch 1): groups of 4 ranks (2 for inputs
+ *   wider than 8192) and spans of 1024 columns, the most blocks; more uses: all ranks in one group and spans of 1024
+ *   columns for each 4 uses, bounding the rereads of A and the atomics. Before it waits for the kernel before (PDL),
+ *   a block asks L2 for its factors (constant within a step; ~160 MB fp32 for rank 16 on a 7B model, not resident
+ *   between steps). A decode step's update of a group is one launch of a few microseconds instead of two
+ *   latency-bound ones (bench/LOG.md).
  * split (more uses, or a fixed summation order), two launches:
  *   shrink  one block per (use, projection and rank index): t[u, o, j] = scale_u * x'[row_u] · A_o,slot(u)[j], a
  *           block-wide dot product over the input features (ranks past the adapter's own give 0);
@@ -97,6 +100,7 @@ __global__ void __launch_bounds__(EXPAND_THREADS) lora_expand_kernel(exl_lora_no
 #define FUSED_COLS 4 /* output columns a thread */
 #define FUSED_TILE (FUSED_THREADS * FUSED_COLS)
 #define FUSED_MAX_USES 64   /* default of EXL_CUDA_LORA_FUSED_USES */
+#define FUSED_MAX_RANK 256  /* adapters of higher rank take the two launches */
 #define FUSED_USES_A_TILE 4 /* a block a tile for up to 4 uses, 2 tiles for up to 8, ... */
 
 enum { INPUT_PLAIN, INPUT_NORM, INPUT_GLU };
@@ -105,6 +109,12 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int off = 16; off > 0; off >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, off);
     return v;
+}
+
+/* the block asks L2 for the n floats at p (a request a 128-byte line) */
+__device__ __forceinline__ void prefetch_l2(const float *p, int64_t n) {
+    for (int64_t i = (int64_t)threadIdx.x * 32; i < n; i += (int64_t)FUSED_THREADS * 32)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i));
 }
 
 /* x' at one feature: x itself, x * norm_w (ss += x^2), or act(x) * up */
@@ -143,47 +153,61 @@ __device__ __forceinline__ float lane_dot(const float *__restrict__ x, const flo
     return s;
 }
 
-/* grid (n_uses, spans of `span` columns of the projections side by side, groups of rg ranks); warp w computes rank
- * j0 + w % rg (the group's last where the adapter has fewer) over part w / rg of the features, then the block adds
- * the group's update to its span, 1024 columns (4 a thread) at a time */
+/* grid (n_uses, spans of `span` columns of the projections side by side, groups of rg ranks: 1, 2, 4, 8 or a multiple
+ * of 8, at most FUSED_MAX_RANK); with rg <= 8 warp w computes rank j0 + w % rg over part w / rg of the features, with
+ * more ranks w, w + 8, ... over all of them; then the block adds the group's update to its span, 1024 columns (4 a
+ * thread) at a time: with atomics, or plainly where it is the only block adding to those columns (one group, the
+ * row's only use) */
 template <int MODE>
 __global__ void __launch_bounds__(FUSED_THREADS)
     lora_fused_kernel(exl_lora_node n, const float *norm_w, int32_t rg, int32_t span) {
-    exl_pdl_start();
-    __shared__ float dots[FUSED_WARPS], sums[FUSED_WARPS], ts[FUSED_WARPS];
+    exl_pdl_trigger();
+    __shared__ float dots[FUSED_MAX_RANK], sums[FUSED_WARPS], ts[FUSED_MAX_RANK];
     const int32_t u = blockIdx.x, j0 = (int32_t)blockIdx.z * rg;
     int32_t at = blockIdx.y, o = 0;
     while (o < n.n_out && at >= (n.out_features[o] + span - 1) / span)
         at -= (n.out_features[o++] + span - 1) / span;
     if (o >= n.n_out)
         return;
+    /* the step's use table and the factors are constant within the step: their reads, and the factors' way from
+     * memory to L2, may overlap the kernel before */
     const exl_lora_factors f = n.factors[o][n.use_slot[u]];
     if (j0 >= f.rank)
         return;
-    const int32_t nj = min(rg, f.rank - j0), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int32_t parts = FUSED_WARPS / rg, part = warp / rg, j = min(warp % rg, nj - 1);
+    const int32_t nj = min(rg, f.rank - j0), width = n.out_features[o], end = min(width, (at + 1) * span);
     const int64_t row = n.use_row[u];
-    const float *x = n.x + row * n.in_features, *a = f.a + (int64_t)(j0 + j) * n.in_features;
+    const int alone = gridDim.z == 1 && n.row_uses[row + 1] - n.row_uses[row] == 1;
+    prefetch_l2(f.a + (int64_t)j0 * n.in_features, (int64_t)nj * n.in_features);
+    for (int32_t jj = 0; jj < nj; jj++)
+        prefetch_l2(f.bt + (int64_t)(j0 + jj) * width + at * span, end - at * span);
+    exl_pdl_wait();
+    const int32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slots = min(rg, FUSED_WARPS);
+    const int32_t parts = FUSED_WARPS / slots, part = warp / slots;
+    const float *x = n.x + row * n.in_features;
     const float *w = MODE == INPUT_NORM ? norm_w : MODE == INPUT_GLU ? n.up + row * n.in_features : x;
-    const int vec = n.in_features % 4 == 0 && (((uintptr_t)x | (uintptr_t)w | (uintptr_t)a) & 15) == 0;
-    float ss = 0.0f;
-    float s = lane_dot<MODE>(x, w, a, n.in_features, n.act, vec, part * 32 + lane, parts * 32, ss);
-    s = warp_sum(s);
-    if (MODE == INPUT_NORM)
-        ss = warp_sum(ss);
-    if (lane == 0)
-        dots[warp] = s, sums[warp] = ss;
-    __syncthreads();
-    if ((int32_t)threadIdx.x < nj) {
-        float scale = n.use_scale[u], t = 0.0f, total = 0.0f;
-        for (int32_t p = 0; p < parts; p++)
-            t += dots[p * rg + threadIdx.x], total += sums[p * rg];
-        if (MODE == INPUT_NORM)
-            scale *= rsqrtf(total / n.in_features + n.eps);
-        ts[threadIdx.x] = t * scale;
+    for (int32_t j = warp % slots; j < nj; j += FUSED_WARPS) {
+        const float *a = f.a + (int64_t)(j0 + j) * n.in_features;
+        const int vec = n.in_features % 4 == 0 && (((uintptr_t)x | (uintptr_t)w | (uintptr_t)a) & 15) == 0;
+        float ss = 0.0f;
+        float s = warp_sum(lane_dot<MODE>(x, w, a, n.in_features, n.act, vec, part * 32 + lane, parts * 32, ss));
+        if (lane == 0)
+            dots[part * rg + j] = s;
+        if (MODE == INPUT_NORM && j == 0) { /* the row's sum of squares: rank 0's warps, a part each */
+            ss = warp_sum(ss);
+            if (lane == 0)
+                sums[part] = ss;
+        }
     }
     __syncthreads();
-    const int32_t width = n.out_features[o], end = min(width, (at + 1) * span);
+    for (int32_t j = threadIdx.x; j < nj; j += FUSED_THREADS) {
+        float scale = n.use_scale[u], t = 0.0f, total = 0.0f;
+        for (int32_t p = 0; p < parts; p++)
+            t += dots[p * rg + j], total += MODE == INPUT_NORM ? sums[p] : 0.0f;
+        if (MODE == INPUT_NORM)
+            scale *= rsqrtf(total / n.in_features + n.eps);
+        ts[j] = t * scale;
+    }
+    __syncthreads();
     const float *__restrict__ bt = f.bt + (int64_t)j0 * width;
     float *out = n.out[o] + row * width;
     for (int32_t c0 = at * span + threadIdx.x; c0 < end; c0 += FUSED_TILE) {
@@ -202,8 +226,12 @@ __global__ void __launch_bounds__(FUSED_THREADS)
         }
 #pragma unroll
         for (int k = 0; k < FUSED_COLS; k++)
-            if (c0 + k * FUSED_THREADS < end)
-                atomicAdd(&out[c0 + k * FUSED_THREADS], acc[k]);
+            if (c0 + k * FUSED_THREADS < end) {
+                if (alone)
+                    out[c0 + k * FUSED_THREADS] += acc[k];
+                else
+                    atomicAdd(&out[c0 + k * FUSED_THREADS], acc[k]);
+            }
     }
 }
 
@@ -216,12 +244,19 @@ static int32_t fused_max_uses(void) {
 }
 
 static void run_fused(exl_cuda_backend *cb, const exl_lora_node *n) {
-    /* 4 ranks a block, each over half the features; 2 over a quarter for wide inputs (down_proj) */
-    int32_t rg = n->in_features > 8192 ? 2 : 4;
-    while (rg > 1 && rg / 2 >= n->max_rank)
-        rg /= 2;
-    /* each block recomputes its ranks' products: a tile of columns each for few uses, wider spans for more */
-    const int32_t span = FUSED_TILE * (1 + (n->n_uses - 1) / FUSED_USES_A_TILE);
+    int32_t rg, span;
+    if (n->n_uses <= FUSED_USES_A_TILE) { /* the most blocks: 4 ranks a block (2 for inputs wider than 8192) */
+        rg = n->in_features > 8192 ? 2 : 4;
+        while (rg > 1 && rg / 2 >= n->max_rank)
+            rg /= 2;
+        span = FUSED_TILE;
+    } else { /* the fewest reads and atomics: all ranks in a block, spans of a tile for each 4 uses */
+        rg = 1;
+        while (rg < n->max_rank && rg < FUSED_WARPS)
+            rg *= 2;
+        rg = rg < n->max_rank ? (n->max_rank + FUSED_WARPS - 1) / FUSED_WARPS * FUSED_WARPS : rg;
+        span = FUSED_TILE * (1 + (n->n_uses - 1) / FUSED_USES_A_TILE);
+    }
     int32_t spans = 0;
     for (int32_t o = 0; o < n->n_out; o++)
         spans += (n->out_features[o] + span - 1) / span;
@@ -242,7 +277,7 @@ void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n) {
     exl_cuda_backend *cb = exl_cuda(be);
     if (n->n_uses < 1 || n->rows < 1 || n->n_out < 1 || n->max_rank < 1)
         return;
-    if (n->n_uses <= fused_max_uses() && !cb->deterministic) {
+    if (n->n_uses <= fused_max_uses() && n->max_rank <= FUSED_MAX_RANK && !cb->deterministic) {
         run_fused(cb, n);
         return;
     }
