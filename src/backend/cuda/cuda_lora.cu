@@ -167,20 +167,22 @@ __global__ void __launch_bounds__(FUSED_THREADS)
     int32_t at = blockIdx.y, o = 0;
     while (o < n.n_out && at >= (n.out_features[o] + span - 1) / span)
         at -= (n.out_features[o++] + span - 1) / span;
-    if (o >= n.n_out)
-        return;
     /* the step's use table and the factors are constant within the step: their reads, and the factors' way from
-     * memory to L2, may overlap the kernel before */
-    const exl_lora_factors f = n.factors[o][n.use_slot[u]];
-    if (j0 >= f.rank)
+     * memory to L2, may overlap the kernel before; every block waits for it all the same (one that did not could let
+     * the kernel after run before the one before has finished) */
+    const exl_lora_factors f = o < n.n_out ? n.factors[o][n.use_slot[u]] : exl_lora_factors{NULL, NULL, 0, 0};
+    const int32_t nj = min(rg, f.rank - j0), width = o < n.n_out ? n.out_features[o] : 0;
+    const int32_t end = min(width, (at + 1) * span);
+    if (nj > 0) {
+        prefetch_l2(f.a + (int64_t)j0 * n.in_features, (int64_t)nj * n.in_features);
+        for (int32_t jj = 0; jj < nj; jj++)
+            prefetch_l2(f.bt + (int64_t)(j0 + jj) * width + at * span, end - at * span);
+    }
+    exl_pdl_wait();
+    if (nj <= 0)
         return;
-    const int32_t nj = min(rg, f.rank - j0), width = n.out_features[o], end = min(width, (at + 1) * span);
     const int64_t row = n.use_row[u];
     const int alone = gridDim.z == 1 && n.row_uses[row + 1] - n.row_uses[row] == 1;
-    prefetch_l2(f.a + (int64_t)j0 * n.in_features, (int64_t)nj * n.in_features);
-    for (int32_t jj = 0; jj < nj; jj++)
-        prefetch_l2(f.bt + (int64_t)(j0 + jj) * width + at * span, end - at * span);
-    exl_pdl_wait();
     const int32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slots = min(rg, FUSED_WARPS);
     const int32_t parts = FUSED_WARPS / slots, part = warp / slots;
     const float *x = n.x + row * n.in_features;
