@@ -1203,7 +1203,7 @@ static double fast_prefill_compare(const char *dir, const char *ref, const char 
         const int32_t n = (int32_t)ids->shape[0], rows = (int32_t)lg->shape[0];
         float *out = malloc((size_t)n * V * sizeof *out);
         exl_session *s;
-        if (lg->shape[1] != V || exl_session_init(m, n, &s) != EXL_OK) {
+        if (lg->shape[1] != V || (!pos && rows != n) || exl_session_init(m, n, &s) != EXL_OK) {
             free(out);
             worst = -1;
             break;
