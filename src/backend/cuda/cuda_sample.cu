@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         float l = x[pe.id];
         if (p.repetition_penalty != 1.0f)
             l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
-        x[pe.id] = l - p.frequency_penalty * pe.v - p.presence_penalty;
+        x[pe.id] = l - __fmul_rn(p.frequency_penalty, pe.v) - p.presence_penalty; /* rounded, not fused: the CPU's */
     }
     __syncthreads();
     for (int32_t i = tid; i < p.n_banned; i += SAMPLE_THREADS)
