@@ -1360,10 +1360,16 @@ static void test_models(const char *shared) {
         }
         exl_model_free(m);
         int mism = 0, npos = 0, required = 0;
-        double e = fast_prefill ? fast_prefill_compare(dir, ref, models[i], 5e-3, &mism, &required, &npos)
+        /* The fast prompt path rounds every matmul's input to fp16. The two mixtures of experts amplify rounding
+         * about 5x (their routes and expert sums): the exact computation with only those roundings and the fp16
+         * cache, emulated on the CPU backend (bench/LOG.md "test_gpu's last 14 failures"), is 5.6e-3 from their
+         * references where the dense fixtures' is 1.2-1.3e-3, so no arithmetic can meet 5e-3 there; their bound
+         * is that emulation's error plus the GPU's own (about 1.5e-3 on the dense fixtures), rounded up: 8e-3. */
+        const double tol = fast_prefill && (strstr(models[i], "mixtral") || strstr(models[i], "moe")) ? 8e-3 : 5e-3;
+        double e = fast_prefill ? fast_prefill_compare(dir, ref, models[i], tol, &mism, &required, &npos)
                                 : ref_compare_model(dir, ref, "logits", &p, &mism, &npos);
         snprintf(name, sizeof name, "logits %s (%d pos)", models[i], npos);
-        report(name, e, 5e-3);
+        report(name, e, tol);
         if (fast_prefill)
             snprintf(name, sizeof name, "argmax mismatches %s (%d of %d pos: ref top-2 gap > 2b)", models[i], required,
                      npos);
@@ -1546,15 +1552,15 @@ static int open_decode_fixture(const char *shared, const char *model, exl_st_fil
  * 5e-3 tolerance; added to *mism, those positions to *required). The GPU's cache holds keys and values in fp16:
  * an exact computation with them rounded so is 3.9e-3 from rand-mixtral's reference and has another argmax at
  * positions 4 and 180 (top-2 gaps 1.2e-3 and 7.4e-5). Every differing argmax is printed. */
-static void score_decode(const exl_st_file *rf, const float *out, int32_t vocab, const char *model, double *worst,
-                         int *mism, int *required) {
+static void score_decode(const exl_st_file *rf, const float *out, int32_t vocab, const char *model, int strict,
+                         double *worst, int *mism, int *required) {
     const exl_st_tensor *lg = exl_st_find(rf, "logits_b"), *pos = exl_st_find(rf, "pos_b");
     for (int32_t r = 0; r < (int32_t)lg->shape[0]; r++) {
         int32_t at = pos ? ((const int32_t *)pos->data)[r] : r;
         const float *want = (const float *)lg->data + (int64_t)r * vocab, *got = out + (int64_t)at * vocab;
         double e = ref_rel_err(got, want, vocab), gap, two_b;
         *worst = e > *worst ? e : *worst;
-        const int must = argmax_must_agree(want, vocab, 5e-3, &gap, &two_b);
+        const int must = argmax_must_agree(want, vocab, 5e-3, &gap, &two_b) || strict;
         const int flip = ref_argmax(got, vocab) != ref_argmax(want, vocab);
         *required += must;
         *mism += flip && must;
@@ -1587,11 +1593,14 @@ static void test_decode(const char *shared, const char *model) {
                 "decode eval");
     double worst = 0;
     int required = 0;
-    score_decode(rf, out, d.vocab_size, model, &worst, &mism, &required);
+    /* dense models: every stored position's argmax equals the reference's; mixtures of experts, whose fp16 cache
+     * alone flips near ties (score_decode), by the gap rule here and strictly against CPU16 in test_decode_vs_cpu */
+    const int strict = m->cfg.moe.top_k == 0;
+    score_decode(rf, out, d.vocab_size, model, strict, &worst, &mism, &required);
     snprintf(name, sizeof name, "decode token by token %s (%d pos)", model, rows);
     report(name, worst, 5e-3);
-    snprintf(name, sizeof name, "decode argmax mismatches %s (%d of %d pos: ref top-2 gap > 2b)", model, required,
-             rows);
+    snprintf(name, sizeof name, "decode argmax mismatches %s (%d of %d pos%s)", model, required, rows,
+             strict ? "" : ": ref top-2 gap > 2b");
     report(name, mism, 0);
     exl_session_free(s);
     exl_model_free(m);
@@ -1623,8 +1632,7 @@ static void kv_store_f16(exl_backend *be, void *k_cache, void *v_cache, const fl
 }
 
 /* Sequence b one token at a time on the GPU and on the CPU with the GPU's 16-bit cache: the GPU's logits against
- * the CPU's at every position (5e-3), the greedy tokens equal wherever the CPU's top-2 gap exceeds 2b
- * (argmax_must_agree). For the mixtures of experts, whose routes turn a small difference into another expert at a
+ * the CPU's at every position (5e-3), the greedy tokens equal at every position. For the mixtures of experts, whose routes turn a small difference into another expert at a
  * near tie, each stored position's errors are printed (GPU - CPU16, GPU - reference, CPU16 - reference, and the
  * CPU's with its fp32 cache - reference) with the reference's gap between its two best logits. */
 /* every token's logits, and into routes [n][top_k] the experts the last MoE layer chose for it */
@@ -1670,18 +1678,18 @@ static void test_decode_vs_cpu(const char *shared, const char *model) {
     float *c = decode_all(mc, (const int32_t *)ids->data, n, V, rc);
     mc->be->ops = cpu_ops;
     double worst = 0, cache_effect = 0;
-    int mism = 0, required = 0, routes_differ = 0;
+    int mism = 0, routes_differ = 0;
     for (int32_t t = 0; t < n; t++) {
         const float *gt = g + (int64_t)t * V, *ct = c + (int64_t)t * V;
         double gap, two_b;
         worst = fmax(worst, ref_rel_err(gt, ct, V));
         cache_effect = fmax(cache_effect, ref_rel_err(ct, c32 + (int64_t)t * V, V));
-        const int must = argmax_must_agree(ct, V, 5e-3, &gap, &two_b), flip = ref_argmax(gt, V) != ref_argmax(ct, V);
-        required += must;
-        mism += flip && must;
+        const int flip = ref_argmax(gt, V) != ref_argmax(ct, V);
+        argmax_must_agree(ct, V, 5e-3, &gap, &two_b);
+        mism += flip; /* strict: the same arithmetic up to fp16 rounding, the same cache */
         if (flip)
-            printf("     %s pos %d: GPU argmax %d, CPU16's %d; CPU16's top-2 gap %.1e, 2b %.1e (%s)\n", model, t,
-                   (int)ref_argmax(gt, V), (int)ref_argmax(ct, V), gap, two_b, must ? "must agree" : "may flip");
+            printf("     %s pos %d: GPU argmax %d, CPU16's %d; CPU16's top-2 gap %.1e, 2b %.1e\n", model, t,
+                   (int)ref_argmax(gt, V), (int)ref_argmax(ct, V), gap, two_b);
         routes_differ += memcmp(rg + (int64_t)t * k, rc + (int64_t)t * k, (size_t)k * sizeof *rg) != 0;
     }
     printf(
@@ -1703,8 +1711,7 @@ static void test_decode_vs_cpu(const char *shared, const char *model) {
     }
     snprintf(name, sizeof name, "decode GPU vs CPU16 %s (%d pos)", model, n);
     report(name, worst, 5e-3);
-    snprintf(name, sizeof name, "decode GPU vs CPU16 greedy mismatches %s (%d of %d pos: CPU16 top-2 gap > 2b)", model,
-             required, n);
+    snprintf(name, sizeof name, "decode GPU vs CPU16 greedy mismatches %s (%d pos)", model, n);
     report(name, mism, 0);
     free(g), free(c), free(c32), free(rg), free(rc);
     exl_model_free(mg);
@@ -1750,12 +1757,13 @@ static void test_decode_rows(const char *shared, const char *model) {
     }
     double worst = 0;
     int required = 0;
+    const int strict = m->cfg.moe.top_k == 0; /* as in test_decode */
     for (int sq = 0; sq < SEQS; sq++)
-        score_decode(rf, out + (int64_t)sq * n * d.vocab_size, d.vocab_size, model, &worst, &mism, &required);
+        score_decode(rf, out + (int64_t)sq * n * d.vocab_size, d.vocab_size, model, strict, &worst, &mism, &required);
     snprintf(name, sizeof name, "decode %d sequences a step %s (%d pos each)", SEQS, model, rows);
     report(name, worst, 5e-3);
-    snprintf(name, sizeof name, "decode %d sequences argmax mismatches %s (%d of %d pos: ref top-2 gap > 2b)", SEQS,
-             model, required, SEQS * rows);
+    snprintf(name, sizeof name, "decode %d sequences argmax mismatches %s (%d of %d pos%s)", SEQS, model, required,
+             SEQS * rows, strict ? "" : ": ref top-2 gap > 2b");
     report(name, mism, 0);
     exl_kv_cache_free(m, cache);
     exl_model_free(m);
