@@ -1135,6 +1135,187 @@ static void test_layer_graphs(const char *shared) {
 
 /* ---- whole models against the reference logits */
 
+/* The reference's best logit minus its second best. */
+static double top2_gap(const float *v, int32_t n) {
+    const int64_t best = ref_argmax(v, n);
+    float second = -INFINITY;
+    for (int32_t i = 0; i < n; i++)
+        second = i != best && v[i] > second ? v[i] : second;
+    return (double)v[best] - second;
+}
+
+/* Whether got's argmax must equal the reference row want's when got is within a relative L2 tolerance tol of it.
+ * A relative L2 error e <= tol bounds every logit's error by b = tol * ||want||_2 (one coordinate of a vector is at
+ * most its L2 norm), so the difference of the two best logits moves by at most 2b. Where want's top-2 gap exceeds
+ * 2b the argmax cannot change while the logits are within tolerance: it must agree. Where the gap is at most 2b a
+ * different argmax is the fp16 rounding at work within the tolerance, not an error; the tests print those. */
+static int argmax_must_agree(const float *want, int32_t n, double tol, double *gap, double *two_b) {
+    double norm = 0;
+    for (int32_t i = 0; i < n; i++)
+        norm += (double)want[i] * want[i];
+    *gap = top2_gap(want, n);
+    *two_b = 2 * tol * sqrt(norm);
+    return *gap > *two_b;
+}
+
+static double max_abs_diff(const float *a, const float *b, int32_t n) {
+    double d = 0;
+    for (int32_t i = 0; i < n; i++)
+        d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
+}
+
+/* The fast prompt path (the default: activations rounded to fp16 for the tensor cores, as every engine's prompt
+ * path does) on a model's reference sequences. Its logits must be within the tolerance tol (relative L2) of the
+ * reference's at every stored position; its argmax must equal the reference's wherever argmax_must_agree says so
+ * (the reference's top-2 gap above 2b, b = tol * ||reference row||). Every position whose argmax differs is printed
+ * with the reference's gap, 2b and the measured largest logit error there. Returns the worst relative error
+ * (negative when something cannot run); *mism counts the flips where the gap exceeds 2b, *required those
+ * positions, *npos every position. */
+static double fast_prefill_compare(const char *dir, const char *ref, const char *model, double tol, int *mism,
+                                   int *required, int *npos) {
+    exl_st_file *rf;
+    exl_model *m;
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    *mism = *required = *npos = 0;
+    if (exl_st_open(ref, &rf) != EXL_OK)
+        return -1;
+    if (exl_model_load(dir, &p, &m) != EXL_OK) {
+        exl_st_close(rf);
+        return -1;
+    }
+    exl_model_desc d;
+    exl_model_describe(m, &d);
+    const int32_t V = d.vocab_size;
+    double worst = 0;
+    static const char *const seqs[] = {"a", "b", "c", "0", "1", "2"}; /* tinystories names them 0, 1, 2 */
+    for (int si = 0; si < 6 && worst >= 0; si++) {
+        char key[32];
+        snprintf(key, sizeof key, "ids_%s", seqs[si]);
+        const exl_st_tensor *ids = exl_st_find(rf, key);
+        snprintf(key, sizeof key, "logits_%s", seqs[si]);
+        const exl_st_tensor *lg = exl_st_find(rf, key);
+        snprintf(key, sizeof key, "pos_%s", seqs[si]);
+        const exl_st_tensor *pos = exl_st_find(rf, key);
+        if (!ids || !lg)
+            continue;
+        const int32_t n = (int32_t)ids->shape[0], rows = (int32_t)lg->shape[0];
+        float *out = malloc((size_t)n * V * sizeof *out);
+        exl_session *s;
+        if (lg->shape[1] != V || (!pos && rows != n) || exl_session_init(m, n, &s) != EXL_OK) {
+            free(out);
+            worst = -1;
+            break;
+        }
+        if (exl_session_eval(s, (const int32_t *)ids->data, n, out, NULL) != EXL_OK)
+            worst = -1;
+        for (int32_t r = 0; worst >= 0 && r < rows; r++) {
+            const int32_t at = pos ? ((const int32_t *)pos->data)[r] : r;
+            const float *want = (const float *)lg->data + (int64_t)r * V, *got = out + (int64_t)at * V;
+            const double e = ref_rel_err(got, want, V);
+            worst = fmax(worst, e);
+            double gap, bound2;
+            const int flip = ref_argmax(got, V) != ref_argmax(want, V),
+                      counts = argmax_must_agree(want, V, tol, &gap, &bound2);
+            *required += counts;
+            *mism += flip && counts;
+            (*npos)++;
+            if (flip)
+                printf("     %s seq %s pos %d: argmax %d, reference's %d; reference top-2 gap %.1e, 2b %.1e (%s), "
+                       "measured largest logit error %.1e, relative %.1e\n",
+                       model, seqs[si], at, (int)ref_argmax(got, V), (int)ref_argmax(want, V), gap, bound2,
+                       counts ? "must agree" : "may flip", max_abs_diff(got, want, V), e);
+        }
+        exl_session_free(s);
+        free(out);
+    }
+    exl_model_free(m);
+    exl_st_close(rf);
+    return worst;
+}
+
+enum { GREEDY_NEW = 32 };
+
+/* GREEDY_NEW greedy tokens after prompt (n tokens) on a fresh GPU load of dir whose prompts take the exact path
+ * (EXL_CUDA_EXACT_PREFILL=1) or the fast one: the tokens into out; returns the logits each was chosen from
+ * ([GREEDY_NEW][*vocab], malloc'd), NULL on failure. The tokens after the prompt are decode steps, the same
+ * kernels either way: only the prompt's last logits and its keys and values in the cache differ. */
+static float *greedy_after(const char *dir, const int32_t *prompt, int32_t n, int exact, int32_t *out, int32_t *vocab) {
+    if (exact)
+        setenv("EXL_CUDA_EXACT_PREFILL", "1", 1);
+    else
+        unsetenv("EXL_CUDA_EXACT_PREFILL");
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    exl_model *m;
+    if (exl_model_load(dir, &p, &m) != EXL_OK)
+        return NULL;
+    exl_model_desc d;
+    exl_model_describe(m, &d);
+    const int32_t V = *vocab = d.vocab_size;
+    float *all = malloc((size_t)n * V * sizeof *all), *logits = malloc((size_t)GREEDY_NEW * V * sizeof *logits);
+    exl_session *s;
+    int ok = exl_session_init(m, n + GREEDY_NEW, &s) == EXL_OK;
+    if (ok) {
+        ok = exl_session_eval(s, prompt, n, all, NULL) == EXL_OK;
+        if (ok)
+            memcpy(logits, all + (int64_t)(n - 1) * V, (size_t)V * sizeof *logits);
+        for (int32_t t = 0; ok && t < GREEDY_NEW; t++) {
+            out[t] = (int32_t)ref_argmax(logits + (int64_t)t * V, V);
+            if (t + 1 < GREEDY_NEW)
+                ok = exl_session_eval(s, &out[t], 1, logits + (int64_t)(t + 1) * V, NULL) == EXL_OK;
+        }
+        exl_session_free(s);
+    }
+    exl_model_free(m);
+    free(all);
+    if (!ok)
+        free(logits);
+    return ok ? logits : NULL;
+}
+
+/* What users see of the fast prompt path: greedy generation after the fixture's longest reference prompt gives
+ * the same GREEDY_NEW tokens as after the exact path's. At the first difference, the exact run's top-2 gap there,
+ * the largest logit difference between the runs there and the largest at the steps before it are printed: a jump
+ * between the two (a mixture's router at a near tie choosing another expert in one run) tells a discrete change
+ * from the rounding's drift. */
+static void greedy_fast_vs_exact(const char *dir, const char *ref, const char *model) {
+    exl_st_file *rf;
+    const exl_st_tensor *ids = NULL;
+    if (exl_st_open(ref, &rf) != EXL_OK)
+        rf = NULL;
+    static const char *const seqs[] = {"ids_a", "ids_b", "ids_c", "ids_0", "ids_1", "ids_2"};
+    for (int i = 0; rf && i < 6; i++) {
+        const exl_st_tensor *t = exl_st_find(rf, seqs[i]);
+        if (t && (!ids || t->shape[0] > ids->shape[0]))
+            ids = t;
+    }
+    const int32_t n = ids ? (int32_t)ids->shape[0] : 0;
+    int32_t fast[GREEDY_NEW], exact[GREEDY_NEW], V = 0;
+    float *le = n ? greedy_after(dir, (const int32_t *)ids->data, n, 1, exact, &V) : NULL;
+    float *lf = le ? greedy_after(dir, (const int32_t *)ids->data, n, 0, fast, &V) : NULL;
+    unsetenv("EXL_CUDA_EXACT_PREFILL"); /* the fast path's checks go on */
+    int differ = 0;
+    double drift = 0; /* the largest logit difference of the steps so far */
+    for (int32_t t = 0; lf && t < GREEDY_NEW; t++) {
+        const double diff = max_abs_diff(lf + (int64_t)t * V, le + (int64_t)t * V, V);
+        if (fast[t] != exact[t] && !differ++)
+            printf("     %s: token %d after the %d-token prompt differs (fast %d, exact %d); exact run's top-2 gap "
+                   "%.1e, largest logit difference %.1e there, %.1e before\n",
+                   model, t, n, fast[t], exact[t], top2_gap(le + (int64_t)t * V, V), diff, drift);
+        drift = differ ? drift : fmax(drift, diff);
+    }
+    if (!lf)
+        printf("     (%s)\n", exl_last_error());
+    char name[160];
+    snprintf(name, sizeof name, "greedy %d tokens fast == exact prompt path %s", GREEDY_NEW, model);
+    report(name, lf ? differ : -1, 0);
+    free(lf), free(le);
+    if (rf)
+        exl_st_close(rf);
+}
+
 /* with fast_prefill, the models' default path (plain fp16 prompt matmuls); else EXL_CUDA_EXACT_PREFILL=1 */
 static void test_models(const char *shared) {
     if (fast_prefill)
@@ -1178,12 +1359,25 @@ static void test_models(const char *shared) {
             continue;
         }
         exl_model_free(m);
-        int mism = 0, npos = 0;
-        double e = ref_compare_model(dir, ref, "logits", &p, &mism, &npos);
+        int mism = 0, npos = 0, required = 0;
+        /* The fast prompt path rounds every matmul's input to fp16. The two mixtures of experts amplify rounding
+         * about 5x (their routes and expert sums): the exact computation with only those roundings and the fp16
+         * cache, emulated on the CPU backend (bench/LOG.md "test_gpu's last 14 failures"), is 5.6e-3 from their
+         * references where the dense fixtures' is 1.2-1.3e-3, so no arithmetic can meet 5e-3 there; their bound
+         * is that emulation's error plus the GPU's own (about 1.5e-3 on the dense fixtures), rounded up: 8e-3. */
+        const double tol = fast_prefill && (strstr(models[i], "mixtral") || strstr(models[i], "moe")) ? 8e-3 : 5e-3;
+        double e = fast_prefill ? fast_prefill_compare(dir, ref, models[i], tol, &mism, &required, &npos)
+                                : ref_compare_model(dir, ref, "logits", &p, &mism, &npos);
         snprintf(name, sizeof name, "logits %s (%d pos)", models[i], npos);
-        report(name, e, 5e-3);
-        snprintf(name, sizeof name, "argmax mismatches %s", models[i]);
+        report(name, e, tol);
+        if (fast_prefill)
+            snprintf(name, sizeof name, "argmax mismatches %s (%d of %d pos: ref top-2 gap > 2b)", models[i], required,
+                     npos);
+        else
+            snprintf(name, sizeof name, "argmax mismatches %s", models[i]);
         report(name, npos > 0 ? mism : -1, 0);
+        if (fast_prefill)
+            greedy_fast_vs_exact(dir, ref, models[i]);
     }
     unsetenv("EXL_CUDA_EXACT_PREFILL");
 }
@@ -1353,16 +1547,28 @@ static int open_decode_fixture(const char *shared, const char *model, exl_st_fil
     return 1;
 }
 
-/* The worst relative error (into *worst) and the argmax mismatches (added to *mism) of out
- * ([position][vocab], sequence b decoded) at the reference's stored positions. */
-static void score_decode(const exl_st_file *rf, const float *out, int32_t vocab, double *worst, int *mism) {
+/* The worst relative error (into *worst) of out ([position][vocab], sequence b decoded) at the reference's stored
+ * positions, and its argmax against the reference's: the mismatches where it must agree (argmax_must_agree at the
+ * 5e-3 tolerance; added to *mism, those positions to *required). The GPU's cache holds keys and values in fp16:
+ * an exact computation with them rounded so is 3.9e-3 from rand-mixtral's reference and has another argmax at
+ * positions 4 and 180 (top-2 gaps 1.2e-3 and 7.4e-5). Every differing argmax is printed. */
+static void score_decode(const exl_st_file *rf, const float *out, int32_t vocab, const char *model, int strict,
+                         double *worst, int *mism, int *required) {
     const exl_st_tensor *lg = exl_st_find(rf, "logits_b"), *pos = exl_st_find(rf, "pos_b");
     for (int32_t r = 0; r < (int32_t)lg->shape[0]; r++) {
         int32_t at = pos ? ((const int32_t *)pos->data)[r] : r;
         const float *want = (const float *)lg->data + (int64_t)r * vocab, *got = out + (int64_t)at * vocab;
-        double e = ref_rel_err(got, want, vocab);
+        double e = ref_rel_err(got, want, vocab), gap, two_b;
         *worst = e > *worst ? e : *worst;
-        *mism += ref_argmax(got, vocab) != ref_argmax(want, vocab);
+        const int must = argmax_must_agree(want, vocab, 5e-3, &gap, &two_b) || strict;
+        const int flip = ref_argmax(got, vocab) != ref_argmax(want, vocab);
+        *required += must;
+        *mism += flip && must;
+        if (flip)
+            printf("     %s pos %d: argmax %d, reference's %d; reference top-2 gap %.1e, 2b %.1e (%s), measured "
+                   "largest logit error %.1e, relative %.1e\n",
+                   model, at, (int)ref_argmax(got, vocab), (int)ref_argmax(want, vocab), gap, two_b,
+                   must ? "must agree" : "may flip", max_abs_diff(got, want, vocab), e);
     }
 }
 
@@ -1386,10 +1592,15 @@ static void test_decode(const char *shared, const char *model) {
         require(exl_session_eval(s, (const int32_t *)ids->data + t, 1, out + (int64_t)t * d.vocab_size, NULL) == EXL_OK,
                 "decode eval");
     double worst = 0;
-    score_decode(rf, out, d.vocab_size, &worst, &mism);
+    int required = 0;
+    /* dense models: every stored position's argmax equals the reference's; mixtures of experts, whose fp16 cache
+     * alone flips near ties (score_decode), by the gap rule here and strictly against CPU16 in test_decode_vs_cpu */
+    const int strict = m->cfg.moe.top_k == 0;
+    score_decode(rf, out, d.vocab_size, model, strict, &worst, &mism, &required);
     snprintf(name, sizeof name, "decode token by token %s (%d pos)", model, rows);
     report(name, worst, 5e-3);
-    snprintf(name, sizeof name, "decode argmax mismatches %s", model);
+    snprintf(name, sizeof name, "decode argmax mismatches %s (%d of %d pos%s)", model, required, rows,
+             strict ? "" : ": ref top-2 gap > 2b");
     report(name, mism, 0);
     exl_session_free(s);
     exl_model_free(m);
@@ -1397,10 +1608,33 @@ static void test_decode(const char *shared, const char *model) {
     free(out);
 }
 
-/* Sequence b one token at a time on the GPU and on the CPU: the GPU's logits against the CPU's at every position
- * (5e-3), the greedy tokens equal. For the mixtures of experts, whose routes turn a small difference into another
- * expert at a near tie, each stored position's errors are printed (GPU - CPU, GPU - reference, CPU - reference) with
- * the reference's gap between its two best logits. */
+/* The CPU backend with the GPU's 16-bit cache: the CPU stores keys and values as fp32 (its "16-bit" cache is its
+ * own element), the CUDA backend as fp16. kv_store_f16 rounds what the CPU's kv_store wrote to fp16, so that a
+ * comparison with the GPU measures the GPU's arithmetic and not its cache's width. That width alone moves an
+ * exact computation of rand-mixtral and rand-qwen3moe by up to 6.1e-3 and 6.4e-3 over sequence b (the dense
+ * fixtures by 7e-4): the mixtures amplify the rounding, with no expert choice changed. */
+static void (*cpu_kv_store)(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                            const exl_batch *b, int32_t kv_width);
+static exl_backend_ops kv16_ops;
+
+static void kv_store_f16(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                         const exl_batch *b, int32_t kv_width) {
+    cpu_kv_store(be, k_cache, v_cache, k, v, b, kv_width);
+    if (exl_kv_quantized(b->kv.k_bits) || exl_kv_quantized(b->kv.v_bits))
+        return;
+    for (int32_t r = 0; r < b->n_rows; r++)
+        for (int32_t i = 0; i < kv_width; i++) {
+            float *kc = (float *)k_cache + (int64_t)b->slots[r] * kv_width + i;
+            float *vc = (float *)v_cache + (int64_t)b->slots[r] * kv_width + i;
+            *kc = exl_f16_to_f32(exl_f32_to_f16(*kc));
+            *vc = exl_f16_to_f32(exl_f32_to_f16(*vc));
+        }
+}
+
+/* Sequence b one token at a time on the GPU and on the CPU with the GPU's 16-bit cache: the GPU's logits against
+ * the CPU's at every position (5e-3), the greedy tokens equal at every position. For the mixtures of experts, whose routes turn a small difference into another expert at a
+ * near tie, each stored position's errors are printed (GPU - CPU16, GPU - reference, CPU16 - reference, and the
+ * CPU's with its fp32 cache - reference) with the reference's gap between its two best logits. */
 /* every token's logits, and into routes [n][top_k] the experts the last MoE layer chose for it */
 static float *decode_all(exl_model *m, const int32_t *ids, int32_t n, int32_t vocab, int32_t *routes) {
     float *out = malloc((size_t)n * vocab * sizeof *out);
@@ -1435,36 +1669,51 @@ static void test_decode_vs_cpu(const char *shared, const char *model) {
     const int32_t k = mg->cfg.moe.top_k;
     int32_t *rg = malloc((size_t)n * k * sizeof *rg), *rc = malloc((size_t)n * k * sizeof *rc);
     float *g = decode_all(mg, (const int32_t *)ids->data, n, V, rg);
+    float *c32 = decode_all(mc, (const int32_t *)ids->data, n, V, rc);
+    const exl_backend_ops *cpu_ops = mc->be->ops;
+    kv16_ops = *cpu_ops;
+    cpu_kv_store = cpu_ops->kv_store;
+    kv16_ops.kv_store = kv_store_f16;
+    mc->be->ops = &kv16_ops;
     float *c = decode_all(mc, (const int32_t *)ids->data, n, V, rc);
-    double worst = 0;
+    mc->be->ops = cpu_ops;
+    double worst = 0, cache_effect = 0;
     int mism = 0, routes_differ = 0;
     for (int32_t t = 0; t < n; t++) {
         const float *gt = g + (int64_t)t * V, *ct = c + (int64_t)t * V;
+        double gap, two_b;
         worst = fmax(worst, ref_rel_err(gt, ct, V));
-        mism += ref_argmax(gt, V) != ref_argmax(ct, V);
+        cache_effect = fmax(cache_effect, ref_rel_err(ct, c32 + (int64_t)t * V, V));
+        const int flip = ref_argmax(gt, V) != ref_argmax(ct, V);
+        argmax_must_agree(ct, V, 5e-3, &gap, &two_b);
+        mism += flip; /* strict: the same arithmetic up to fp16 rounding, the same cache */
+        if (flip)
+            printf("     %s pos %d: GPU argmax %d, CPU16's %d; CPU16's top-2 gap %.1e, 2b %.1e\n", model, t,
+                   (int)ref_argmax(gt, V), (int)ref_argmax(ct, V), gap, two_b);
         routes_differ += memcmp(rg + (int64_t)t * k, rc + (int64_t)t * k, (size_t)k * sizeof *rg) != 0;
     }
-    printf("     %s: the last layer's experts differ from the CPU's at %d of %d positions\n", model, routes_differ, n);
-    printf("     %s per stored position: GPU-CPU / GPU-ref / CPU-ref error, ref top-2 gap, * = GPU argmax != CPU's,\n"
-           "     r = the last layer's experts != CPU's\n",
+    printf(
+        "     %s: the 16-bit cache alone moves the CPU's logits by up to %.1e (CPU16 against the CPU's fp32 cache)\n",
+        model, cache_effect);
+    printf("     %s: the last layer's experts differ from the CPU16's at %d of %d positions\n", model, routes_differ,
+           n);
+    printf("     %s per stored position: GPU-CPU16 / GPU-ref / CPU16-ref / CPU-ref error, ref top-2 gap,\n"
+           "     * = GPU argmax != CPU16's, r = the last layer's experts != CPU16's\n",
            model);
     for (int32_t r = 0; r < (int32_t)lg->shape[0]; r++) {
         const int32_t at = pos ? ((const int32_t *)pos->data)[r] : r;
         const float *want = (const float *)lg->data + (int64_t)r * V, *gt = g + (int64_t)at * V,
-                    *ct = c + (int64_t)at * V;
-        int64_t best = ref_argmax(want, V);
-        float second = -INFINITY;
-        for (int32_t v = 0; v < V; v++)
-            second = v != best && want[v] > second ? want[v] : second;
-        printf("     pos %3d %.1e / %.1e / %.1e gap %.1e%s%s\n", at, ref_rel_err(gt, ct, V), ref_rel_err(gt, want, V),
-               ref_rel_err(ct, want, V), want[best] - second, ref_argmax(gt, V) != ref_argmax(ct, V) ? " *" : "",
+                    *ct = c + (int64_t)at * V, *c32t = c32 + (int64_t)at * V;
+        printf("     pos %3d %.1e / %.1e / %.1e / %.1e gap %.1e%s%s\n", at, ref_rel_err(gt, ct, V),
+               ref_rel_err(gt, want, V), ref_rel_err(ct, want, V), ref_rel_err(c32t, want, V), top2_gap(want, V),
+               ref_argmax(gt, V) != ref_argmax(ct, V) ? " *" : "",
                memcmp(rg + (int64_t)at * k, rc + (int64_t)at * k, (size_t)k * sizeof *rg) ? " r" : "");
     }
-    snprintf(name, sizeof name, "decode GPU vs CPU %s (%d pos)", model, n);
+    snprintf(name, sizeof name, "decode GPU vs CPU16 %s (%d pos)", model, n);
     report(name, worst, 5e-3);
-    snprintf(name, sizeof name, "decode GPU vs CPU greedy mismatches %s", model);
+    snprintf(name, sizeof name, "decode GPU vs CPU16 greedy mismatches %s (%d pos)", model, n);
     report(name, mism, 0);
-    free(g), free(c), free(rg), free(rc);
+    free(g), free(c), free(c32), free(rg), free(rc);
     exl_model_free(mg);
     exl_model_free(mc);
     exl_st_close(rf);
@@ -1507,11 +1756,14 @@ static void test_decode_rows(const char *shared, const char *model) {
                    (size_t)d.vocab_size * sizeof *out);
     }
     double worst = 0;
+    int required = 0;
+    const int strict = m->cfg.moe.top_k == 0; /* as in test_decode */
     for (int sq = 0; sq < SEQS; sq++)
-        score_decode(rf, out + (int64_t)sq * n * d.vocab_size, d.vocab_size, &worst, &mism);
+        score_decode(rf, out + (int64_t)sq * n * d.vocab_size, d.vocab_size, model, strict, &worst, &mism, &required);
     snprintf(name, sizeof name, "decode %d sequences a step %s (%d pos each)", SEQS, model, rows);
     report(name, worst, 5e-3);
-    snprintf(name, sizeof name, "decode %d sequences argmax mismatches %s", SEQS, model);
+    snprintf(name, sizeof name, "decode %d sequences argmax mismatches %s (%d of %d pos%s)", SEQS, model, required,
+             SEQS * rows, strict ? "" : ": ref top-2 gap > 2b");
     report(name, mism, 0);
     exl_kv_cache_free(m, cache);
     exl_model_free(m);
@@ -2135,6 +2387,7 @@ static void test_device_sampling(const char *shared) {
     }
     enum { JOBS = 12 };
     int32_t a[JOBS * 24], b[JOBS * 24];
+    setenv("EXL_DEVICE_SAMPLING", "1", 1); /* whatever the default, the first run samples with the op */
     int na = generate_sampled(m, tok, JOBS, a);
     setenv("EXL_DEVICE_SAMPLING", "0", 1);
     int nb = generate_sampled(m, tok, JOBS, b);

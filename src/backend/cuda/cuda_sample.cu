@@ -279,15 +279,15 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         for (int32_t i = 0; i < p.n_bias; i++)
             x[e[i].id] += e[i].v;
     __syncthreads();
-    for (int32_t i = tid; i < p.n_penalized; i++) {
+    for (int32_t i = tid; i < p.n_penalized; i += SAMPLE_THREADS) {
         const exl_logit_edit pe = e[p.n_bias + i];
         float l = x[pe.id];
         if (p.repetition_penalty != 1.0f)
             l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
-        x[pe.id] = l - p.frequency_penalty * pe.v - p.presence_penalty;
+        x[pe.id] = l - __fmul_rn(p.frequency_penalty, pe.v) - p.presence_penalty; /* rounded, not fused: the CPU's */
     }
     __syncthreads();
-    for (int32_t i = tid; i < p.n_banned; i++)
+    for (int32_t i = tid; i < p.n_banned; i += SAMPLE_THREADS)
         x[e[p.n_bias + p.n_penalized + i].id] = -INFINITY;
     __syncthreads();
 
