@@ -1,8 +1,8 @@
 /* cuda_qgemv.cu - fused dequantize + GEMV for few rows (the decode case) over up to three
  * quantized matrices that share their input, with the layer's neighbours fused in: the
  * input's RMSNorm or GLU is applied while the activations are gathered, and the result
- * can be added to the output (the residual). One row (up to 4 with EXL_CUDA_GEMV_MMA_ROWS) on CUDA cores,
- * qgemv_kernel, described here; 2-16 rows on tensor cores, qgemv_mma_kernel (its own section below).
+ * can be added to the output (the residual). One row (up to 4 with EXL_CUDA_GEMV_MMA_ROWS set past 2) on CUDA
+ * cores, qgemv_kernel, described here; 2-16 rows on tensor cores, qgemv_mma_kernel (its own section below).
  *
  * Grid: x = column tiles of 256 (64 threads x 4 columns, 16-byte loads) of all the matrices
  * one after another, y = a split of the input chunks; at most BLOCKS_PER_SM blocks an SM.
@@ -76,7 +76,9 @@ typedef struct gemv_args {
     const exl_attn_seq *kv_seqs;
     const int32_t *kv_pages;
     int32_t kv_n_seqs, kv_page_size, kv_width;
-    int32_t rows; /* qgemv_mma_kernel: the rows (2 .. EXL_CUDA_QGEMV_MAX_ROWS) */
+    int32_t rows;       /* qgemv_mma_kernel: the rows (2 .. EXL_CUDA_QGEMV_MAX_ROWS), */
+    int32_t mma_ring;   /* the bytes of each warp's ring of stages */
+    int32_t mma_stages; /* and the most stages it is cut into */
 } gemv_args;
 
 /* ---- the input transform */
@@ -177,8 +179,8 @@ __device__ void kv_prefetch(const gemv_args &a) {
 /* the buffers zeroed for a later launch's atomic adds (after griddepcontrol.wait: the ops before this one are
  * done) */
 __device__ __forceinline__ void clear_later(const gemv_args &a) {
-    const int64_t stride = (int64_t)gridDim.x * gridDim.y * GEMV_THREADS;
-    const int64_t me = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * GEMV_THREADS + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * gridDim.y * blockDim.x;
+    const int64_t me = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
 #pragma unroll
     for (int b = 0; b < 3; b++)
         for (int64_t i = me; i < a.n_clear[b]; i += stride)
@@ -419,85 +421,140 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
  *
  * 2 .. EXL_CUDA_QGEMV_MAX_ROWS rows in one m16 tile, so that every weight is read once for all of them: the codes
  * are decoded as cuda_qmma.cu decodes them (decode_quarter) and multiplied with mma.sync (fp32 accumulation; rows
- * past a.rows are zeros). A block covers the same 256 columns and chunk range as qgemv_kernel, with the same split
- * sums; its warp w takes columns 32w .. 32w + 31 over all the block's chunks, so no sum across warps is needed.
- * Lane (g, t) loads 16 bytes of word rows quarter_first(t) .. of columns 4g .. 4g + 3 (a warp's load: 128
- * contiguous bytes a word row) and decodes its quarter of those four columns: column 4g + j is column g of n-tile
- * j, whose C fragment holds columns 8t + j and 8t + 4 + j. The activations are gathered into shared memory in slot
- * pair order as for qgemv_kernel, which is the mma A fragment order: pairs 4t .. 4t + 3 of a row are one 16-byte
- * load. The chunks a few ahead of the one being multiplied are asked of L2; the first chunk's words are loaded
- * before griddepcontrol.wait. The launcher applies an RMSNorm first (a separate launch: every block would read
- * all rows whole). */
+ * past a.rows are zeros). A block covers one column tile (256 columns) over its range of chunks, with the same split
+ * sums as qgemv_kernel, and has MMA_WARPS warps: column warp cw takes columns 32cw .. 32cw + 31 and k warp kw
+ * (MMA_K_WARPS of them) every MMA_K_WARPS-th chunk of the block's range from kw on; the k warps' sums are added in
+ * shared memory at the end. Lane (g, t) decodes quarter t of columns 4g .. 4g + 3 of a chunk: column 4g + j is
+ * column g of n-tile j, whose C fragment holds columns 8t + j and 8t + 4 + j. The activations are gathered into
+ * shared memory in slot pair order as for qgemv_kernel, which is the mma A fragment order: pairs 4t .. 4t + 3 of a
+ * row are one 16-byte load.
+ *
+ * The weights stream through a ring of stages in shared memory, one ring a warp, filled by cp.async (16 bytes a
+ * lane, L2 only): a stage holds one chunk of the warp's 32 columns (its word rows, 128 bytes each, then the 32
+ * scales and zeros of its group), sized for the widest chunk the warp takes, and the ring holds as many stages as
+ * fit its bytes (at most a.mma_stages). The warp keeps every stage but the one it multiplies in flight: it waits for
+ * chunk k's group alone, then asks for chunk k + stages - 1 into the stage chunk k - 1 left, with no barrier but
+ * the warp's own. (Loading a chunk into registers at the top of its iteration, as this kernel first did, kept one
+ * chunk a warp in flight, ~8 KiB an SM where the memory wants ~23 KiB: 2.5-7x one row; bench/LOG.md.) The chunk
+ * descriptors of the warp are read once into shared memory, and the first stages are asked for before
+ * griddepcontrol.wait (weights are constant), so they come while the activations are gathered. One block an SM
+ * (its ring takes most of the shared memory): the launcher picks the split that fills the SMs in one wave. The
+ * launcher applies an RMSNorm first (a separate launch: every block would read all rows whole). */
 
-typedef struct mma_chunk {
-    int4 meta;          /* word row, bits, group */
-    uint4 w[MAX_WORDS]; /* words of columns 4g .. 4g + 3 (the lane's quarter) */
-    uint4 sc;           /* scales of columns 8t .. 8t + 7 */
-    uint2 z;            /* zeros of columns 4g .. 4g + 3 (GPTQ) */
-} mma_chunk;
+#define MMA_COL_WARPS (COL_TILE / 32)
+#define MMA_K_WARPS 2
+#define MMA_WARPS (MMA_COL_WARPS * MMA_K_WARPS)
+#define MMA_THREADS (MMA_WARPS * 32)
+#define MMA_ROW_BYTES 128                          /* one word row of a warp's 32 columns */
+#define MMA_STAGE_MAX (8 * MMA_ROW_BYTES + 2 * 64) /* an 8-bit chunk with its scales and zeros */
+#define MMA_MAX_STAGES 16                          /* the most stages a ring has (mma_stage_count) */
+#define MMA_STAGES_DEFAULT 8 /* 7 chunks a warp in flight: 57 KiB an SM at 4 bits (EXL_CUDA_GEMV_MMA_STAGES) */
 
+/* the shared memory address of p, for cp.async */
+__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+/* 16 bytes from global memory to shared memory, through L2 only (not L1: no lane reads them twice) */
+__device__ __forceinline__ void cp_async16(unsigned dst, const void *src) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit(void) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait(void) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+/* The stage counts a ring may have: this thread's cp.async groups done but the stages - 2 most recent (the count is
+ * an immediate; a switch over it became an indirect branch each chunk paid for) */
+__device__ __forceinline__ int mma_stage_count(int n) {
+    return n >= 16 ? 16 : n >= 12 ? 12 : n >= 8 ? 8 : n >= 6 ? 6 : n >= 4 ? 4 : n >= 3 ? 3 : 2;
+}
+__device__ __forceinline__ void mma_wait(int stages) {
+    if (stages == 16)
+        cp_async_wait<14>();
+    else if (stages == 12)
+        cp_async_wait<10>();
+    else if (stages == 8)
+        cp_async_wait<6>();
+    else if (stages == 6)
+        cp_async_wait<4>();
+    else if (stages == 4)
+        cp_async_wait<2>();
+    else if (stages == 3)
+        cp_async_wait<1>();
+    else
+        cp_async_wait<0>();
+}
+
+/* Chunk m of the warp's 32 columns (wcol: their word row 0, col the first) into the stage at `stage`: word row r
+ * at r * MMA_ROW_BYTES, then the group's 32 scales (64 bytes) and zeros (GPTQ); lane l copies the 16-byte pieces
+ * l, l + 32, ... */
+__device__ __forceinline__ void mma_issue(const exl_qmatrix &q, const uint32_t *wcol, int col, int4 m, bool gptq,
+                                          unsigned stage, int lane) {
+    const int n_words = m.y * (MMA_ROW_BYTES / 16), n = n_words + (gptq ? 8 : 4);
+    const int64_t g0 = (int64_t)m.z * q.n_pad + col;
+    for (int i = lane; i < n; i += 32) {
+        const void *src;
+        if (i < n_words)
+            src = wcol + (int64_t)(m.x + i / 8) * EXL_QW_TILE + (i % 8) * 4;
+        else {
+            const int p = i - n_words;
+            src = (p < 4 ? q.scales : q.zeros) + g0 + (p % 4) * 8;
+        }
+        cp_async16(stage + 16 * i, src);
+    }
+}
+
+/* the 4-bit quarter: decode_quarter<4>'s pairs, the odd ones from the codes in place (as decode_chunk does: one
+ * shift for two pairs) */
+__device__ __forceinline__ void quarter4(uint32_t w, __half2 zz, uint32_t (&pr)[4]) {
+    const uint32_t m = magic_1024(), hi = w >> 8;
+    const __half2 c = __hsub2(__float2half2_rn(960.0f), zz), s = __float2half2_rn(0.0625f);
+    pr[0] = half2_bits(__hsub2(u32_as_half2(and_or<0x000f000fu>(w, m)), zz));
+    pr[1] = half2_bits(__hfma2(u32_as_half2(and_or<0x00f000f0u>(w, m)), s, c));
+    pr[2] = half2_bits(__hsub2(u32_as_half2(and_or<0x000f000fu>(hi, m)), zz));
+    pr[3] = half2_bits(__hfma2(u32_as_half2(and_or<0x00f000f0u>(hi, m)), s, c));
+}
+
+/* acc[j] += the products of the chunk in `stage` (B bits) for n-tile j, scaled per column; af: the A fragments of
+ * its two k steps */
 template <int B>
-__device__ __forceinline__ void mma_load_words(const uint32_t *wcol, int t, mma_chunk &k) {
+__device__ __forceinline__ void mma_stage_step(const char *stage, int g, int t, bool gptq, const uint32_t (&af)[2][4],
+                                               float (&acc)[4][4]) {
+    uint4 wv[quarter_words<B>()];
 #pragma unroll
     for (int i = 0; i < quarter_words<B>(); i++)
-        k.w[i] = __ldg((const uint4 *)(wcol + (int64_t)(k.meta.x + quarter_first<B>(t) + i) * EXL_QW_TILE));
-}
-
-/* chunk lc's descriptor, words, scales and zeros (col: the warp's first column) */
-__device__ __forceinline__ void mma_load(const exl_qmatrix &q, const uint32_t *wcol, int chunk, int col, int g, int t,
-                                         mma_chunk &k) {
-    k.meta = __ldg(q.chunks + chunk);
-    switch (k.meta.y) {
-    case 2: mma_load_words<2>(wcol, t, k); break;
-    case 3: mma_load_words<3>(wcol, t, k); break;
-    case 4: mma_load_words<4>(wcol, t, k); break;
-    case 5: mma_load_words<5>(wcol, t, k); break;
-    case 6: mma_load_words<6>(wcol, t, k); break;
-    default: mma_load_words<8>(wcol, t, k); break;
-    }
-    const int64_t g0 = (int64_t)k.meta.z * q.n_pad + col;
-    k.sc = __ldg((const uint4 *)(q.scales + g0 + 8 * t));
-    k.z = q.zeros ? __ldg((const uint2 *)(q.zeros + g0 + 4 * g)) : make_uint2(0u, 0u);
-}
-
-/* Chunks asked of L2 ahead of the one loaded into registers: a lane has one chunk's words in flight at a time (16
- * bytes a word row; holding the next chunk's too made the kernel spill), so they should come from L2. */
-#define MMA_L2_AHEAD 3
-
-/* with `ask` (lanes g == 0), chunk's word rows t, t + 4 of the warp's 32 columns (a 128-byte line each) asked of
- * L2, and by lane t == 0 the line of their scales (and zeros) in its group */
-__device__ __forceinline__ void mma_l2_prefetch(const exl_qmatrix &q, const uint32_t *wcol, int chunk, int col,
-                                                bool ask, int t) {
-    if (!ask)
-        return;
-    const int4 m = __ldg(q.chunks + chunk);
-    for (int i = t; i < m.y; i += 4)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(wcol + (int64_t)(m.x + i) * EXL_QW_TILE));
-    const int64_t g0 = (int64_t)m.z * q.n_pad + col;
-    if (t == 0)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(q.scales + g0));
-    if (t == 1 && q.zeros)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(q.zeros + g0));
-}
-
-/* acc[j] += the chunk's products for n-tile j, scaled per column; af: the A fragments of its two k steps */
-template <int B>
-__device__ __forceinline__ void mma_chunk_step(const mma_chunk &k, int t, bool gptq, const uint32_t (&af)[2][4],
-                                               float (&acc)[4][4]) {
+        wv[i] = *(const uint4 *)(stage + (quarter_first<B>(t) + i) * MMA_ROW_BYTES + 16 * g);
+    const uint4 sc = *(const uint4 *)(stage + B * MMA_ROW_BYTES + 16 * t); /* columns 8t .. 8t + 7 */
+    const uint2 z = gptq ? *(const uint2 *)(stage + B * MMA_ROW_BYTES + 64 + 8 * g) : make_uint2(0u, 0u);
     __half zh[4], sh[8];
-    memcpy(zh, &k.z, 8);
-    memcpy(sh, &k.sc, 16);
+    memcpy(zh, &z, 8);
+    memcpy(sh, &sc, 16);
     const __half2 z_exl2 = __float2half2_rn(1024.0f + (float)(1 << (B - 1)));
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        uint32_t w[MAX_WORDS];
-#pragma unroll
-        for (int i = 0; i < MAX_WORDS; i++) {
-            const uint4 &v = k.w[i < quarter_words<B>() ? i : 0];
-            w[i] = i < quarter_words<B>() ? (j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w) : 0u;
-        }
+        const __half2 zz = gptq ? __float2half2_rn(1024.0f + __half2float(zh[j])) : z_exl2;
         uint32_t pr[4];
-        decode_quarter<B>(w, t, gptq ? __float2half2_rn(1024.0f + __half2float(zh[j])) : z_exl2, pr);
+        if constexpr (B == 4) {
+            quarter4(j == 0 ? wv[0].x : j == 1 ? wv[0].y : j == 2 ? wv[0].z : wv[0].w, zz, pr);
+        } else {
+            uint32_t w[MAX_WORDS];
+#pragma unroll
+            for (int i = 0; i < MAX_WORDS; i++) {
+                const uint4 &v = wv[i < quarter_words<B>() ? i : 0];
+                w[i] = i < quarter_words<B>() ? (j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w) : 0u;
+            }
+            decode_quarter<B>(w, t, zz, pr);
+        }
         float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         mma16816(part, af[0][0], af[0][1], af[0][2], af[0][3], pr[0], pr[1]);
         mma16816(part, af[1][0], af[1][1], af[1][2], af[1][3], pr[2], pr[3]);
@@ -509,32 +566,56 @@ __device__ __forceinline__ void mma_chunk_step(const mma_chunk &k, int t, bool g
     }
 }
 
-__global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid_constant__ gemv_args a) {
-    extern __shared__ __half2 xs[]; /* [rows][chunks_per_block * 16] */
+/* row stride of the gathered activations, in pairs: an odd number of chunks, so that rows g and g + 1 of an A
+ * fragment load fall on different banks */
+__host__ __device__ __forceinline__ int mma_xs_stride(int cpb) { return (cpb | 1) * 16; }
+
+__global__ void __launch_bounds__(MMA_THREADS, 1) qgemv_mma_kernel(const __grid_constant__ gemv_args a) {
+    /* [rows][mma_xs_stride] activation pairs, [chunks_per_block] descriptors, [MMA_WARPS][a.mma_ring] stages */
+    extern __shared__ uint4 mma_smem[];
     __shared__ int is_last;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4, R = a.rows;
+    const int cw = warp % MMA_COL_WARPS, kw = warp / MMA_COL_WARPS;
     int mi = 0;
     while (mi + 1 < a.n_mats && (int)blockIdx.x >= a.m[mi].tile_end)
         mi++;
     const gemv_mat &M = a.m[mi];
     const exl_qmatrix &q = M.q;
     const int cpb = a.chunks_per_block, c0 = blockIdx.y * cpb, n_loc = max(0, min(cpb, q.n_chunks - c0));
-    const int xs_stride = cpb * 16;
+    const int xs_stride = mma_xs_stride(cpb);
+    __half2 *xs = (__half2 *)mma_smem;
+    int4 *desc = (int4 *)(xs + R * xs_stride);
+    char *ring = (char *)(desc + cpb) + (int64_t)warp * a.mma_ring;
     const int tile_col = ((int)blockIdx.x - (mi ? a.m[mi - 1].tile_end : 0)) * COL_TILE;
-    const int col = tile_col + warp * 32; /* the warp's first column */
-    const uint32_t *wcol = exl_qw_col(q, col + 4 * g);
+    const int col = tile_col + cw * 32; /* the warp's first column */
+    const uint32_t *wcol = exl_qw_col(q, col);
     const bool gptq = q.zeros != nullptr;
-    /* the first chunk's weights before the wait (constant data), the next ones' asked of L2 */
-    mma_chunk cur;
-    if (n_loc > 0)
-        mma_load(q, wcol, c0, col, g, t, cur);
-    for (int lc = 1; lc <= MMA_L2_AHEAD; lc++)
-        mma_l2_prefetch(q, wcol, c0 + lc, col, lc < n_loc && g == 0, t);
+
+    /* the warp's chunks (kw, kw + MMA_K_WARPS, ... of the block's): descriptors, the widest, the stages that fit */
+    const int nk = n_loc > kw ? (n_loc - kw + MMA_K_WARPS - 1) / MMA_K_WARPS : 0;
+    int widest = 1;
+    for (int i = lane; i < nk; i += 32) {
+        const int4 m = __ldg(q.chunks + c0 + kw + i * MMA_K_WARPS);
+        desc[kw + i * MMA_K_WARPS] = m;
+        widest = max(widest, m.y);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        widest = max(widest, __shfl_xor_sync(0xffffffffu, widest, o));
+    __syncwarp();
+    const int stage_bytes = widest * MMA_ROW_BYTES + (gptq ? 128 : 64);
+    const int stages = mma_stage_count(min(a.mma_stages, a.mma_ring / stage_bytes)); /* the ring holds 2 at least */
+    const unsigned ring_at = smem_addr(ring);
+    /* stages 0 .. stages - 2 asked for before the wait; one group each, empty past the warp's chunks */
+    for (int s = 0; s < stages - 1; s++) {
+        if (s < nk)
+            mma_issue(q, wcol, col, desc[kw + s * MMA_K_WARPS], gptq, ring_at + s * stage_bytes, lane);
+        cp_async_commit();
+    }
     exl_pdl_start();
     /* every (row, pair) an item of its own, so that a thread's loads are in flight together */
     const int n_pairs = n_loc * 16;
 #pragma unroll 2
-    for (int at = tid; at < R * n_pairs; at += GEMV_THREADS) {
+    for (int at = tid; at < R * n_pairs; at += MMA_THREADS) {
         const int r = at / n_pairs, i = at - r * n_pairs;
         const int2 sp = slot_pair(a, q, c0, i);
         xs[r * xs_stride + i] = __floats2half2_rn(input_raw(a, r, sp.x), input_raw(a, r, sp.y));
@@ -548,34 +629,63 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid
         for (int e = 0; e < 4; e++)
             acc[j][e] = 0.0f;
     const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
-    for (int lc = 0; lc < n_loc; lc++) {
-        if (lc > 0)
-            mma_load(q, wcol, c0 + lc, col, g, t, cur);
-        mma_l2_prefetch(q, wcol, c0 + lc + MMA_L2_AHEAD, col, lc + MMA_L2_AHEAD < n_loc && g == 0, t);
+    for (int k = 0, at = 0; k < nk; k++, at = at + 1 == stages ? 0 : at + 1) {
+        /* chunk k's stage arrived (this lane's copies), every lane's copies visible and every lane done with the
+         * stage chunk k - 1 used, which then takes chunk k + stages - 1 */
+        mma_wait(stages);
+        __syncwarp();
+        const int next = k + stages - 1, next_at = at == 0 ? stages - 1 : at - 1;
+        if (next < nk)
+            mma_issue(q, wcol, col, desc[kw + next * MMA_K_WARPS], gptq, ring_at + next_at * stage_bytes, lane);
+        cp_async_commit();
+        const int lc = kw + k * MMA_K_WARPS;
         /* A: rows g and g + 8, pairs 4t .. 4t + 3 (k step s: pairs 4t + 2s, 4t + 2s + 1) */
         const uint4 x0 = g < R ? *(const uint4 *)(xs + g * xs_stride + lc * 16 + 4 * t) : zero4;
         const uint4 x1 = g + 8 < R ? *(const uint4 *)(xs + (g + 8) * xs_stride + lc * 16 + 4 * t) : zero4;
         const uint32_t af[2][4] = {{x0.x, x1.x, x0.y, x1.y}, {x0.z, x1.z, x0.w, x1.w}};
-        const int bits = cur.meta.y; /* the commonest width last, as in qgemv_kernel */
+        const char *stage = ring + at * stage_bytes;
+        const int bits = desc[lc].y; /* the commonest width last, as in qgemv_kernel */
         if (bits == 8)
-            mma_chunk_step<8>(cur, t, gptq, af, acc);
+            mma_stage_step<8>(stage, g, t, gptq, af, acc);
         else if (bits == 6)
-            mma_chunk_step<6>(cur, t, gptq, af, acc);
+            mma_stage_step<6>(stage, g, t, gptq, af, acc);
         else if (bits == 5)
-            mma_chunk_step<5>(cur, t, gptq, af, acc);
+            mma_stage_step<5>(stage, g, t, gptq, af, acc);
         else if (bits == 3)
-            mma_chunk_step<3>(cur, t, gptq, af, acc);
+            mma_stage_step<3>(stage, g, t, gptq, af, acc);
         else if (bits == 2)
-            mma_chunk_step<2>(cur, t, gptq, af, acc);
+            mma_stage_step<2>(stage, g, t, gptq, af, acc);
         else
-            mma_chunk_step<4>(cur, t, gptq, af, acc);
+            mma_stage_step<4>(stage, g, t, gptq, af, acc);
     }
+    cp_async_wait<0>();
     if (a.kv_k && tid == 0)
         kv_prefetch(a);
     clear_later(a);
 
-    /* acc[j][e]: row g + 8 (e / 2), column col + 8t + 4 (e % 2) + j */
+    /* the k warps' sums added: k warps 1 .. leave theirs in their own rings, k warp 0 adds them */
+    float *red = (float *)ring;
+    if (kw > 0)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                red[(j * 4 + e) * 32 + lane] = acc[j][e];
+    __syncthreads();
+    if (kw == 0)
+        for (int w = 1; w < MMA_K_WARPS; w++) {
+            const float *other = (const float *)((const char *)red + (int64_t)w * MMA_COL_WARPS * a.mma_ring);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[j][e] += other[(j * 4 + e) * 32 + lane];
+        }
+
+    /* acc[j][e] (k warp 0): row g + 8 (e / 2), column col + 8t + 4 (e % 2) + j */
     if (a.atomic_add) {
+        if (kw > 0)
+            return;
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -589,21 +699,22 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid
     }
     if (gridDim.y > 1) {
         const int64_t width = (int64_t)gridDim.x * COL_TILE;
-        const int gcol = (int)blockIdx.x * COL_TILE + warp * 32 + 8 * t; /* + 4 (e % 2) + j: in the partial sums */
+        const int gcol = (int)blockIdx.x * COL_TILE + cw * 32 + 8 * t; /* + 4 (e % 2) + j: in the partial sums */
+        if (kw == 0)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+            for (int j = 0; j < 4; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = g + 8 * (e / 2);
-                if (r < R)
-                    a.partial[((int64_t)blockIdx.y * R + r) * width + gcol + 4 * (e % 2) + j] = acc[j][e];
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int r = g + 8 * (e / 2);
+                    if (r < R)
+                        a.partial[((int64_t)blockIdx.y * R + r) * width + gcol + 4 * (e % 2) + j] = acc[j][e];
+                }
         __threadfence();
         __syncthreads();
         if (tid == 0)
             is_last = atomicAdd(&a.counters[blockIdx.x], 1u) == gridDim.y - 1;
         __syncthreads();
-        if (!is_last)
+        if (!is_last || kw > 0)
             return;
         __threadfence();
 #pragma unroll
@@ -619,6 +730,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid
         if (tid == 0)
             a.counters[blockIdx.x] = 0;
     }
+    if (kw > 0)
+        return;
 #pragma unroll
     for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -705,6 +818,47 @@ static int gemv_kind(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     return f->rows <= ROWS_PER_LAUNCH ? GEMV_PLAIN : GEMV_NONE;
 }
 
+/* the shared memory a block of qgemv_mma_kernel may ask for (0: the opt-in failed, 48 KiB), the most stages of its
+ * rings (EXL_CUDA_GEMV_MMA_STAGES, 2 .. MMA_MAX_STAGES), the blocks a launch aims at (EXL_CUDA_GEMV_MMA_BLOCKS; 0:
+ * one an SM; the tests set 1, so that each warp's ring goes round several times on the small fixtures) */
+static int mma_smem_max, mma_stages = MMA_STAGES_DEFAULT, mma_blocks;
+
+/* the dynamic shared memory of a qgemv_mma_kernel block: activations, descriptors, rings */
+static size_t mma_smem_bytes(int rows, int cpb, int ring) {
+    return (size_t)rows * mma_xs_stride(cpb) * sizeof(__half2) + (size_t)cpb * sizeof(int4) + (size_t)MMA_WARPS * ring;
+}
+
+/* A block's start (descriptors, the first stages, the activations: ~3 memory round trips) in the time an SM
+ * streams a chunk of a tile (4 KiB at 4 bits, ~0.2 us at 1/132 of 3 TB/s) */
+#define MMA_START_CHUNKS 8
+
+/* qgemv_mma_kernel's split and rings. One block an SM: the split whose waves of blocks (ceil(tiles * split /
+ * n_sms)) times a block's time (its chunks + MMA_START_CHUNKS) is least, the smaller on a tie (fewer sums to add;
+ * q_proj of a 7B model: 16 tiles x 8 splits, one wave; gate and up together: 86 x 3, two), with fewer chunks a
+ * block where the rows' activations and rings of two 8-bit stages would not fit; the rings take the rest of the
+ * shared memory, up to mma_stages of the widest chunk. */
+static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, int32_t rows, gemv_args *a,
+                     int *split) {
+    const int budget = mma_smem_max > 0 ? mma_smem_max : 48 * 1024;
+    const int64_t slots = mma_blocks > 0 ? mma_blocks : cb->n_sms;
+    int s = 1;
+    int64_t best = -1;
+    for (int c = 1; c <= chunks && c <= 4 * slots; c++) {
+        const int64_t waves = ((int64_t)tiles * c + slots - 1) / slots,
+                      cost = waves * ((chunks + c - 1) / c + MMA_START_CHUNKS);
+        if (best < 0 || cost < best)
+            best = cost, s = c;
+    }
+    int cpb = (chunks + s - 1) / s;
+    while (cpb > 1 && mma_smem_bytes(rows, cpb, 2 * MMA_STAGE_MAX) > (size_t)budget)
+        cpb--;
+    a->chunks_per_block = cpb;
+    *split = (chunks + cpb - 1) / cpb;
+    int ring = (int)((budget - mma_smem_bytes(rows, cpb, 0)) / MMA_WARPS) / 128 * 128;
+    a->mma_ring = ring < mma_stages * MMA_STAGE_MAX ? ring : mma_stages * MMA_STAGE_MAX;
+    a->mma_stages = mma_stages;
+}
+
 /* The launch arguments for f (less the per-row-group pointers) and its split; the kernel (gemv_kind), GEMV_NONE if
  * neither takes f. */
 static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_args *a, int *split) {
@@ -729,16 +883,19 @@ static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_arg
     a->stage = f->rows == 1 && f->norm && a->in % 4 == 0 && a->in <= stage_max_in;
     a->accumulate = f->accumulate;
     a->rows = f->rows;
-    /* about 3 blocks per SM, at least 2 chunks per warp pair (qgemv_mma_kernel: 8 a block, its warps take them
-     * all), activations under 24 KiB and, for qgemv_kernel, with the static reduction buffer (R KiB x 4) under
-     * 46 KiB */
-    int R = kind == GEMV_MMA ? f->rows : f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
-    int s = 3 * cb->n_sms / tiles, max_split = (chunks + 2 * SUBS - 1) / (2 * SUBS);
-    s = s > max_split ? max_split : s < 1 ? 1 : s;
-    int smem = kind == GEMV_MMA || 47104 - 4096 * R > ACTS_SMEM_MAX ? ACTS_SMEM_MAX : 47104 - 4096 * R;
-    int cpb = (chunks + s - 1) / s, max_cpb = smem / (R * 64);
-    a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
-    *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
+    if (kind == GEMV_MMA)
+        plan_mma(cb, tiles, chunks, f->rows, a, split);
+    else {
+        /* about 3 blocks per SM, at least 2 chunks per warp pair, activations under 24 KiB and with the static
+         * reduction buffer (R KiB x 4) under 46 KiB */
+        int R = f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
+        int s = 3 * cb->n_sms / tiles, max_split = (chunks + 2 * SUBS - 1) / (2 * SUBS);
+        s = s > max_split ? max_split : s < 1 ? 1 : s;
+        int smem = 47104 - 4096 * R > ACTS_SMEM_MAX ? ACTS_SMEM_MAX : 47104 - 4096 * R;
+        int cpb = (chunks + s - 1) / s, max_cpb = smem / (R * 64);
+        a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
+        *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
+    }
     a->atomic_add = *split > 1 && (f->accumulate || f->out_zeroed) && !cb->deterministic;
     a->out_map = f->out_map;
     a->x_slots = f->x_slots;
@@ -754,6 +911,20 @@ void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
     occupancy_floor<2>(cb);
     occupancy_floor<3>(cb);
     occupancy_floor<4>(cb);
+    int optin = 0;
+    cudaFuncAttributes fa;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cb->device) == cudaSuccess &&
+        cudaFuncGetAttributes(&fa, qgemv_mma_kernel) == cudaSuccess &&
+        cudaFuncSetAttribute(qgemv_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             optin - (int)fa.sharedSizeBytes) == cudaSuccess)
+        mma_smem_max = optin - (int)fa.sharedSizeBytes;
+    cudaGetLastError();
+    const char *e = getenv("EXL_CUDA_GEMV_MMA_STAGES");
+    mma_stages = MMA_STAGES_DEFAULT;
+    if (e && atoi(e) >= 2)
+        mma_stages = atoi(e) < MMA_MAX_STAGES ? atoi(e) : MMA_MAX_STAGES;
+    e = getenv("EXL_CUDA_GEMV_MMA_BLOCKS");
+    mma_blocks = e && atoi(e) > 0 ? atoi(e) : 0;
 }
 
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
@@ -812,8 +983,8 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
             exl_cuda_run_rmsnorm(&cb->base, cb->gemv_normed, f->x, f->norm, f->rows, a.in, f->eps);
             a.x = cb->gemv_normed, a.norm = NULL;
         }
-        exl_cuda_launch(cb, qgemv_mma_kernel, dim3((unsigned)tiles, (unsigned)split), dim3(GEMV_THREADS),
-                        (size_t)f->rows * a.chunks_per_block * 16 * sizeof(__half2), a);
+        exl_cuda_launch(cb, qgemv_mma_kernel, dim3((unsigned)tiles, (unsigned)split), dim3(MMA_THREADS),
+                        mma_smem_bytes(f->rows, a.chunks_per_block, a.mma_ring), a);
         exl_cuda_check_launch(cb, "quantized GEMV (tensor cores)");
         return;
     }
