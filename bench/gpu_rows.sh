@@ -2,7 +2,8 @@
 # gpu_rows.sh - on the GPU machine: decode of 2-16 rows (issue 31; issue 32's verification steps). Correctness
 # (test_gpu's "decode 2-16 rows" lines, also with EXL_CUDA_DETERMINISTIC=1), then the per-matrix times of 1-64
 # decode rows and their ratio to one row (gpu_bench exl2 --layers 1 --kernels-only) for the tensor-core GEMV with
-# its default ring (8 stages), with 4 and 16 stages, rows 2-4 on the CUDA-core GEMV (EXL_CUDA_GEMV_MMA_ROWS=5) and
+# its defaults (512 threads: 2 k warps, 8 stages), 4 and 12 stages, 256 threads (1 k warp, 16 stages), rows 2-4 on
+# the CUDA-core GEMV (EXL_CUDA_GEMV_MMA_ROWS=5) and
 # the old split (=17: CUDA cores up to 4 rows, cuda_qmma.cu beyond), then whole decode steps of the 32-layer 7B
 # shape: 1-16 sequences a step and one sequence's 1-16-row verification steps, new and old split.
 # usage (from the repo root): bench/gpu_rows.sh [DIR]   DIR as tests/gpu/run.sh's (default .gpu: bin/ from
@@ -34,12 +35,13 @@ if [ "${TESTS:-1}" != 0 ]; then
     grep -E "decode 2-16 rows|^FAIL" "$out/rows_test_gpu_det.log"
     tail -1 "$out/rows_test_gpu_det.log"
 fi
-for cfg in "" EXL_CUDA_GEMV_MMA_STAGES=4 EXL_CUDA_GEMV_MMA_STAGES=16 EXL_CUDA_GEMV_MMA_ROWS=5 \
-    EXL_CUDA_GEMV_MMA_ROWS=17; do
-    echo "==== per matrix, ${cfg:-default (tensor-core GEMV from 2 rows, 8 stages)}"
-    env $cfg timeout 120 "$bin/gpu_bench" exl2 --layers 1 --kernels-only 2>"$out/rows_kernels_${cfg:-default}.log" \
-        >/dev/null
-    grep -E "^  [a-z_]+ [0-9]+x[0-9]+ |as decode rows" "$out/rows_kernels_${cfg:-default}.log" |
+for cfg in "" EXL_CUDA_GEMV_MMA_STAGES=4 EXL_CUDA_GEMV_MMA_STAGES=12 EXL_CUDA_GEMV_MMA_K_WARPS=1 \
+    EXL_CUDA_GEMV_MMA_ROWS=5 EXL_CUDA_GEMV_MMA_ROWS=17; do
+    echo "==== per matrix, ${cfg:-default (tensor-core GEMV from 2 rows, 2 k warps, 8 stages)}"
+    tag=${cfg:-default}
+    tag=${tag// /_}
+    env $cfg timeout 120 "$bin/gpu_bench" exl2 --layers 1 --kernels-only 2>"$out/rows_kernels_$tag.log" >/dev/null
+    grep -E "^  [a-z_]+ [0-9]+x[0-9]+ |as decode rows" "$out/rows_kernels_$tag.log" |
         sed -E 's/ *\| [0-9]+ rows [^|]*//g'
 done
 for cfg in "" EXL_CUDA_GEMV_MMA_ROWS=17; do

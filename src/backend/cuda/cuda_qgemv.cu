@@ -422,12 +422,12 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
  * 2 .. EXL_CUDA_QGEMV_MAX_ROWS rows in one m16 tile, so that every weight is read once for all of them: the codes
  * are decoded as cuda_qmma.cu decodes them (decode_quarter) and multiplied with mma.sync (fp32 accumulation; rows
  * past a.rows are zeros). A block covers one column tile (256 columns) over its range of chunks, with the same split
- * sums as qgemv_kernel, and has MMA_WARPS warps: column warp cw takes columns 32cw .. 32cw + 31 and k warp kw
- * (MMA_K_WARPS of them) every MMA_K_WARPS-th chunk of the block's range from kw on; the k warps' sums are added in
+ * sums as qgemv_kernel, and has MMA_COL_WARPS x KW warps: column warp cw takes columns 32cw .. 32cw + 31 and k warp
+ * kw (KW of them) every KW-th chunk of the block's range from kw on; the k warps' sums are added in
  * shared memory at the end. Lane (g, t) decodes quarter t of columns 4g .. 4g + 3 of a chunk: column 4g + j is
  * column g of n-tile j, whose C fragment holds columns 8t + j and 8t + 4 + j. The activations are gathered into
- * shared memory in slot pair order as for qgemv_kernel, which is the mma A fragment order: pairs 4t .. 4t + 3 of a
- * row are one 16-byte load.
+ * shared memory in slot pair order as for qgemv_kernel, rows g and g + 8 interleaved in the A fragments' order
+ * (mma_xs_at), so that a k step's fragment is one 16-byte load.
  *
  * The weights stream through a ring of stages in shared memory, one ring a warp, filled by cp.async (16 bytes a
  * lane, L2 only): a stage holds one chunk of the warp's 32 columns (its word rows, 128 bytes each, then the 32
@@ -438,17 +438,17 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
  * chunk a warp in flight, ~8 KiB an SM where the memory wants ~23 KiB: 2.5-7x one row; bench/LOG.md.) The chunk
  * descriptors of the warp are read once into shared memory, and the first stages are asked for before
  * griddepcontrol.wait (weights are constant), so they come while the activations are gathered. One block an SM
- * (its ring takes most of the shared memory): the launcher picks the split that fills the SMs in one wave. The
- * launcher applies an RMSNorm first (a separate launch: every block would read all rows whole). */
+ * (its rings take most of the shared memory, its registers most of the file): the launcher picks the split by the
+ * waves of blocks it takes (plan_mma). The launcher applies an RMSNorm first (a separate launch: every block would
+ * read all rows whole). */
 
 #define MMA_COL_WARPS (COL_TILE / 32)
-#define MMA_K_WARPS 2
-#define MMA_WARPS (MMA_COL_WARPS * MMA_K_WARPS)
-#define MMA_THREADS (MMA_WARPS * 32)
+#define MMA_K_WARPS_DEFAULT 2                      /* k warps (EXL_CUDA_GEMV_MMA_K_WARPS) */
 #define MMA_ROW_BYTES 128                          /* one word row of a warp's 32 columns */
 #define MMA_STAGE_MAX (8 * MMA_ROW_BYTES + 2 * 64) /* an 8-bit chunk with its scales and zeros */
 #define MMA_MAX_STAGES 16                          /* the most stages a ring has (mma_stage_count) */
-#define MMA_STAGES_DEFAULT 8 /* 7 chunks a warp in flight: 57 KiB an SM at 4 bits (EXL_CUDA_GEMV_MMA_STAGES) */
+/* stages with 2 k warps (EXL_CUDA_GEMV_MMA_STAGES), twice as many with 1: 56-60 KiB of 4-bit codes an SM in flight */
+#define MMA_STAGES_DEFAULT 8
 
 /* the shared memory address of p, for cp.async */
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -495,23 +495,34 @@ __device__ __forceinline__ void mma_wait(int stages) {
         cp_async_wait<0>();
 }
 
-/* Chunk m of the warp's 32 columns (wcol: their word row 0, col the first) into the stage at `stage`: word row r
- * at r * MMA_ROW_BYTES, then the group's 32 scales (64 bytes) and zeros (GPTQ); lane l copies the 16-byte pieces
- * l, l + 32, ... */
-__device__ __forceinline__ void mma_issue(const exl_qmatrix &q, const uint32_t *wcol, int col, int4 m, bool gptq,
-                                          unsigned stage, int lane) {
-    const int n_words = m.y * (MMA_ROW_BYTES / 16), n = n_words + (gptq ? 8 : 4);
-    const int64_t g0 = (int64_t)m.z * q.n_pad + col;
-    for (int i = lane; i < n; i += 32) {
-        const void *src;
-        if (i < n_words)
-            src = wcol + (int64_t)(m.x + i / 8) * EXL_QW_TILE + (i % 8) * 4;
-        else {
-            const int p = i - n_words;
-            src = (p < 4 ? q.scales : q.zeros) + g0 + (p % 4) * 8;
-        }
-        cp_async16(stage + 16 * i, src);
-    }
+/* Where a lane's copies of a chunk come from, less the chunk's word row and group: lane l copies 16 bytes of word
+ * rows l / 8 and l / 8 + 4 (columns 4 (l % 8) .. + 3 of the warp's 32), and lanes 0-3 the group's scales of columns
+ * 8l .. 8l + 7, lanes 4-7 its zeros (GPTQ) */
+typedef struct mma_src {
+    const uint32_t *words; /* word row 0 */
+    const __half *sz;      /* group 0 */
+    int row, sz_lanes;     /* l / 8; lanes that copy scales and zeros (4 or 8) */
+} mma_src;
+
+__device__ __forceinline__ mma_src mma_src_of(const exl_qmatrix &q, const uint32_t *wcol, int col, int lane) {
+    mma_src m;
+    m.words = wcol + (int64_t)(lane / 8) * EXL_QW_TILE + (lane % 8) * 4;
+    m.row = lane / 8;
+    m.sz_lanes = q.zeros ? 8 : 4;
+    m.sz = (lane < 4 ? q.scales : q.zeros ? q.zeros : q.scales) + col + (lane % 4) * 8;
+    return m;
+}
+
+/* Chunk m of the warp's 32 columns into the stage at `stage`: word row r at r * MMA_ROW_BYTES (the lanes' pieces
+ * l and l + 32 of 16 bytes), then the group's 32 scales (64 bytes) and zeros (GPTQ) */
+__device__ __forceinline__ void mma_issue(const mma_src &src, int64_t n_pad, int4 m, unsigned stage, int lane) {
+    const uint32_t *w = src.words + (int64_t)m.x * EXL_QW_TILE;
+    if (src.row < m.y)
+        cp_async16(stage + 16 * lane, w);
+    if (src.row + 4 < m.y)
+        cp_async16(stage + 16 * lane + 4 * MMA_ROW_BYTES, w + 4 * EXL_QW_TILE);
+    if (lane < src.sz_lanes)
+        cp_async16(stage + m.y * MMA_ROW_BYTES + 16 * lane, src.sz + (int64_t)m.z * n_pad);
 }
 
 /* the 4-bit quarter: decode_quarter<4>'s pairs, the odd ones from the codes in place (as decode_chunk does: one
@@ -525,53 +536,115 @@ __device__ __forceinline__ void quarter4(uint32_t w, __half2 zz, uint32_t (&pr)[
     pr[3] = half2_bits(__hfma2(u32_as_half2(and_or<0x00f000f0u>(hi, m)), s, c));
 }
 
-/* acc[j] += the products of the chunk in `stage` (B bits) for n-tile j, scaled per column; af: the A fragments of
- * its two k steps */
-template <int B>
-__device__ __forceinline__ void mma_stage_step(const char *stage, int g, int t, bool gptq, const uint32_t (&af)[2][4],
+/* acc[j] += the products of the chunk in `stage` (B bits; GPTQ: with its zeros) for n-tile j, scaled per column;
+ * af: the A fragments of its two k steps */
+template <int B, bool GPTQ>
+__device__ __forceinline__ void mma_stage_step(const char *stage, int g, int t, const uint4 (&af)[2],
                                                float (&acc)[4][4]) {
-    uint4 wv[quarter_words<B>()];
+    /* 6 bits: quarter t's low codes are the 24 bits from bit 24t of the column's 192, its high codes those from bit
+     * 96 + 24t, so the lane reads the two words under each (word rows k, k + 1 and k + 3, k + 4; the last is
+     * past the codes for t = 3, where the 24 bits lie in one word: row 5 again) instead of all six, and takes
+     * each pair with three shifts and two lop3, not decode_quarter's word selects (562 instructions a chunk) */
+    constexpr int NW = B == 6 ? 4 : quarter_words<B>();
+    uint4 wv[NW];
+    if constexpr (B == 6) {
+        const int k = 3 * t / 4;
+        wv[0] = *(const uint4 *)(stage + k * MMA_ROW_BYTES + 16 * g);
+        wv[1] = *(const uint4 *)(stage + (k + 1) * MMA_ROW_BYTES + 16 * g);
+        wv[2] = *(const uint4 *)(stage + (k + 3) * MMA_ROW_BYTES + 16 * g);
+        wv[3] = *(const uint4 *)(stage + min(k + 4, 5) * MMA_ROW_BYTES + 16 * g);
+    } else {
 #pragma unroll
-    for (int i = 0; i < quarter_words<B>(); i++)
-        wv[i] = *(const uint4 *)(stage + (quarter_first<B>(t) + i) * MMA_ROW_BYTES + 16 * g);
+        for (int i = 0; i < NW; i++)
+            wv[i] = *(const uint4 *)(stage + (quarter_first<B>(t) + i) * MMA_ROW_BYTES + 16 * g);
+    }
     const uint4 sc = *(const uint4 *)(stage + B * MMA_ROW_BYTES + 16 * t); /* columns 8t .. 8t + 7 */
-    const uint2 z = gptq ? *(const uint2 *)(stage + B * MMA_ROW_BYTES + 64 + 8 * g) : make_uint2(0u, 0u);
-    __half zh[4], sh[8];
-    memcpy(zh, &z, 8);
+    __half sh[8];
     memcpy(sh, &sc, 16);
-    const __half2 z_exl2 = __float2half2_rn(1024.0f + (float)(1 << (B - 1)));
+    __half2 zz[4];
+    if constexpr (GPTQ) {
+        const uint2 z = *(const uint2 *)(stage + B * MMA_ROW_BYTES + 64 + 8 * g); /* columns 4g .. 4g + 3 */
+        __half zh[4];
+        memcpy(zh, &z, 8);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            zz[j] = __float2half2_rn(1024.0f + __half2float(zh[j]));
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            zz[j] = __float2half2_rn(1024.0f + (float)(1 << (B - 1)));
+    }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const __half2 zz = gptq ? __float2half2_rn(1024.0f + __half2float(zh[j])) : z_exl2;
         uint32_t pr[4];
-        if constexpr (B == 4) {
-            quarter4(j == 0 ? wv[0].x : j == 1 ? wv[0].y : j == 2 ? wv[0].z : wv[0].w, zz, pr);
-        } else {
-            uint32_t w[MAX_WORDS];
+        uint32_t w[NW];
 #pragma unroll
-            for (int i = 0; i < MAX_WORDS; i++) {
-                const uint4 &v = wv[i < quarter_words<B>() ? i : 0];
-                w[i] = i < quarter_words<B>() ? (j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w) : 0u;
+        for (int i = 0; i < NW; i++)
+            w[i] = j == 0 ? wv[i].x : j == 1 ? wv[i].y : j == 2 ? wv[i].z : wv[i].w;
+        if constexpr (B == 4) {
+            quarter4(w[0], zz[j], pr);
+        } else if constexpr (B == 6) {
+            const int off = (24 * t) % 32;
+            const uint32_t lo = __funnelshift_r(w[0], w[1], off), hi = __funnelshift_r(w[2], w[3], off);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t v = and_or(lo >> (6 * i), 0x3fu, 0x64006400u);
+                pr[i] = half2_bits(__hsub2(u32_as_half2(and_or(hi >> (6 * i) << 16, 0x003f0000u, v)), zz[j]));
             }
-            decode_quarter<B>(w, t, zz, pr);
+        } else {
+            uint32_t wq[MAX_WORDS];
+#pragma unroll
+            for (int i = 0; i < MAX_WORDS; i++)
+                wq[i] = i < NW ? w[i < NW ? i : 0] : 0u;
+            decode_quarter<B>(wq, t, zz[j], pr);
         }
         float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma16816(part, af[0][0], af[0][1], af[0][2], af[0][3], pr[0], pr[1]);
-        mma16816(part, af[1][0], af[1][1], af[1][2], af[1][3], pr[2], pr[3]);
+        mma16816(part, af[0].x, af[0].y, af[0].z, af[0].w, pr[0], pr[1]);
+        mma16816(part, af[1].x, af[1].y, af[1].z, af[1].w, pr[2], pr[3]);
         const float s0 = __half2float(sh[j]), s1 = __half2float(sh[4 + j]);
-        acc[j][0] += s0 * part[0];
-        acc[j][1] += s1 * part[1];
-        acc[j][2] += s0 * part[2];
-        acc[j][3] += s1 * part[3];
+        /* one fma each (written as a product and a sum, they compiled to two instructions) */
+        acc[j][0] = __fmaf_rn(s0, part[0], acc[j][0]);
+        acc[j][1] = __fmaf_rn(s1, part[1], acc[j][1]);
+        acc[j][2] = __fmaf_rn(s0, part[2], acc[j][2]);
+        acc[j][3] = __fmaf_rn(s1, part[3], acc[j][3]);
     }
 }
 
-/* row stride of the gathered activations, in pairs: an odd number of chunks, so that rows g and g + 1 of an A
- * fragment load fall on different banks */
-__host__ __device__ __forceinline__ int mma_xs_stride(int cpb) { return (cpb | 1) * 16; }
+/* the chunk in `stage` by its width (the commonest, 4 bits, last, as in qgemv_kernel) */
+template <bool GPTQ>
+__device__ __forceinline__ void mma_stage_any(int bits, const char *stage, int g, int t, const uint4 (&af)[2],
+                                              float (&acc)[4][4]) {
+    if (bits == 8)
+        mma_stage_step<8, GPTQ>(stage, g, t, af, acc);
+    else if (bits == 6)
+        mma_stage_step<6, GPTQ>(stage, g, t, af, acc);
+    else if (bits == 5)
+        mma_stage_step<5, GPTQ>(stage, g, t, af, acc);
+    else if (bits == 3)
+        mma_stage_step<3, GPTQ>(stage, g, t, af, acc);
+    else if (bits == 2)
+        mma_stage_step<2, GPTQ>(stage, g, t, af, acc);
+    else
+        mma_stage_step<4, GPTQ>(stage, g, t, af, acc);
+}
 
-__global__ void __launch_bounds__(MMA_THREADS, 1) qgemv_mma_kernel(const __grid_constant__ gemv_args a) {
-    /* [rows][mma_xs_stride] activation pairs, [chunks_per_block] descriptors, [MMA_WARPS][a.mma_ring] stages */
+/* The activations in shared memory in the A fragments' order: for rows g and g + 8 (g < 8) and chunk lc, 32 pairs,
+ * lane (g, t)'s k step s at 8t + 4s .. + 3: (row g, pair 4t + 2s), (row g + 8, same), (row g, 4t + 2s + 1),
+ * (row g + 8, same); one 16-byte load a k step. Rows past a.rows are zeros. Row groups g lie mma_xs_stride(cpb) pairs
+ * apart: 16 bytes past a multiple of 128, so that the two groups a quarter warp loads fall on different banks. */
+__host__ __device__ __forceinline__ int mma_xs_stride(int cpb) { return cpb * 32 + 4; }
+
+__device__ __forceinline__ int mma_xs_at(int xs_stride, int r, int lc, int p) {
+    return (r % 8) * xs_stride + lc * 32 + (p / 4) * 8 + ((p / 2) % 2) * 4 + (p % 2) * 2 + r / 8;
+}
+
+/* KW: the k warps a column warp has. 2 (the default): 512 threads, 16 warps an SM to hide the multiply's latencies,
+ * half the split; 1: 256 threads, 8 warps. 115 and 125 registers, no spill (-Xptxas -v, sm_90, CUDA 13.0; the
+ * 6-bit path through decode_quarter's word selects took 153, and 88 bytes spilled at 512 threads). */
+template <int KW>
+__global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 1) qgemv_mma_kernel(const __grid_constant__ gemv_args a) {
+    /* [8][mma_xs_stride] activation pairs (mma_xs_at), [chunks_per_block] descriptors, [MMA_COL_WARPS * KW][a.mma_ring]
+     * stages */
     extern __shared__ uint4 mma_smem[];
     __shared__ int is_last;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4, R = a.rows;
@@ -584,19 +657,20 @@ __global__ void __launch_bounds__(MMA_THREADS, 1) qgemv_mma_kernel(const __grid_
     const int cpb = a.chunks_per_block, c0 = blockIdx.y * cpb, n_loc = max(0, min(cpb, q.n_chunks - c0));
     const int xs_stride = mma_xs_stride(cpb);
     __half2 *xs = (__half2 *)mma_smem;
-    int4 *desc = (int4 *)(xs + R * xs_stride);
+    int4 *desc = (int4 *)(xs + 8 * xs_stride);
     char *ring = (char *)(desc + cpb) + (int64_t)warp * a.mma_ring;
     const int tile_col = ((int)blockIdx.x - (mi ? a.m[mi - 1].tile_end : 0)) * COL_TILE;
     const int col = tile_col + cw * 32; /* the warp's first column */
-    const uint32_t *wcol = exl_qw_col(q, col);
     const bool gptq = q.zeros != nullptr;
+    const mma_src src = mma_src_of(q, exl_qw_col(q, col), col, lane);
+    const int64_t n_pad = q.n_pad;
 
-    /* the warp's chunks (kw, kw + MMA_K_WARPS, ... of the block's): descriptors, the widest, the stages that fit */
-    const int nk = n_loc > kw ? (n_loc - kw + MMA_K_WARPS - 1) / MMA_K_WARPS : 0;
+    /* the warp's chunks (kw, kw + KW, ... of the block's): descriptors, the widest, the stages that fit */
+    const int nk = n_loc > kw ? (n_loc - kw + KW - 1) / KW : 0;
     int widest = 1;
     for (int i = lane; i < nk; i += 32) {
-        const int4 m = __ldg(q.chunks + c0 + kw + i * MMA_K_WARPS);
-        desc[kw + i * MMA_K_WARPS] = m;
+        const int4 m = __ldg(q.chunks + c0 + kw + i * KW);
+        desc[kw + i * KW] = m;
         widest = max(widest, m.y);
     }
     for (int o = 16; o > 0; o >>= 1)
@@ -608,17 +682,22 @@ __global__ void __launch_bounds__(MMA_THREADS, 1) qgemv_mma_kernel(const __grid_
     /* stages 0 .. stages - 2 asked for before the wait; one group each, empty past the warp's chunks */
     for (int s = 0; s < stages - 1; s++) {
         if (s < nk)
-            mma_issue(q, wcol, col, desc[kw + s * MMA_K_WARPS], gptq, ring_at + s * stage_bytes, lane);
+            mma_issue(src, n_pad, desc[kw + s * KW], ring_at + s * stage_bytes, lane);
         cp_async_commit();
     }
     exl_pdl_start();
-    /* every (row, pair) an item of its own, so that a thread's loads are in flight together */
+    /* every (row, pair) an item of its own, so that a thread's loads are in flight together; the 16 rows of the
+     * m16 tile, those past a.rows zeros */
     const int n_pairs = n_loc * 16;
 #pragma unroll 2
-    for (int at = tid; at < R * n_pairs; at += MMA_THREADS) {
+    for (int at = tid; at < 16 * n_pairs; at += (MMA_COL_WARPS * KW * 32)) {
         const int r = at / n_pairs, i = at - r * n_pairs;
-        const int2 sp = slot_pair(a, q, c0, i);
-        xs[r * xs_stride + i] = __floats2half2_rn(input_raw(a, r, sp.x), input_raw(a, r, sp.y));
+        __half2 v = __float2half2_rn(0.0f);
+        if (r < R) {
+            const int2 sp = slot_pair(a, q, c0, i);
+            v = __floats2half2_rn(input_raw(a, r, sp.x), input_raw(a, r, sp.y));
+        }
+        xs[mma_xs_at(xs_stride, r, i / 16, i % 16)] = v;
     }
     __syncthreads();
 
@@ -628,7 +707,6 @@ __global__ void __launch_bounds__(MMA_THREADS, 1) qgemv_mma_kernel(const __grid_
 #pragma unroll
         for (int e = 0; e < 4; e++)
             acc[j][e] = 0.0f;
-    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
     for (int k = 0, at = 0; k < nk; k++, at = at + 1 == stages ? 0 : at + 1) {
         /* chunk k's stage arrived (this lane's copies), every lane's copies visible and every lane done with the
          * stage chunk k - 1 used, which then takes chunk k + stages - 1 */
@@ -636,27 +714,17 @@ __global__ void __launch_bounds__(MMA_THREADS, 1) qgemv_mma_kernel(const __grid_
         __syncwarp();
         const int next = k + stages - 1, next_at = at == 0 ? stages - 1 : at - 1;
         if (next < nk)
-            mma_issue(q, wcol, col, desc[kw + next * MMA_K_WARPS], gptq, ring_at + next_at * stage_bytes, lane);
+            mma_issue(src, n_pad, desc[kw + next * KW], ring_at + next_at * stage_bytes, lane);
         cp_async_commit();
-        const int lc = kw + k * MMA_K_WARPS;
+        const int lc = kw + k * KW;
         /* A: rows g and g + 8, pairs 4t .. 4t + 3 (k step s: pairs 4t + 2s, 4t + 2s + 1) */
-        const uint4 x0 = g < R ? *(const uint4 *)(xs + g * xs_stride + lc * 16 + 4 * t) : zero4;
-        const uint4 x1 = g + 8 < R ? *(const uint4 *)(xs + (g + 8) * xs_stride + lc * 16 + 4 * t) : zero4;
-        const uint32_t af[2][4] = {{x0.x, x1.x, x0.y, x1.y}, {x0.z, x1.z, x0.w, x1.w}};
+        const uint4 *xa = (const uint4 *)(xs + g * xs_stride + lc * 32 + 8 * t);
+        const uint4 af[2] = {xa[0], xa[1]};
         const char *stage = ring + at * stage_bytes;
-        const int bits = desc[lc].y; /* the commonest width last, as in qgemv_kernel */
-        if (bits == 8)
-            mma_stage_step<8>(stage, g, t, gptq, af, acc);
-        else if (bits == 6)
-            mma_stage_step<6>(stage, g, t, gptq, af, acc);
-        else if (bits == 5)
-            mma_stage_step<5>(stage, g, t, gptq, af, acc);
-        else if (bits == 3)
-            mma_stage_step<3>(stage, g, t, gptq, af, acc);
-        else if (bits == 2)
-            mma_stage_step<2>(stage, g, t, gptq, af, acc);
+        if (gptq)
+            mma_stage_any<true>(desc[lc].y, stage, g, t, af, acc);
         else
-            mma_stage_step<4>(stage, g, t, gptq, af, acc);
+            mma_stage_any<false>(desc[lc].y, stage, g, t, af, acc);
     }
     cp_async_wait<0>();
     if (a.kv_k && tid == 0)
@@ -673,7 +741,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 1) qgemv_mma_kernel(const __grid_
                 red[(j * 4 + e) * 32 + lane] = acc[j][e];
     __syncthreads();
     if (kw == 0)
-        for (int w = 1; w < MMA_K_WARPS; w++) {
+        for (int w = 1; w < KW; w++) {
             const float *other = (const float *)((const char *)red + (int64_t)w * MMA_COL_WARPS * a.mma_ring);
 #pragma unroll
             for (int j = 0; j < 4; j++)
@@ -820,12 +888,14 @@ static int gemv_kind(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
 
 /* the shared memory a block of qgemv_mma_kernel may ask for (0: the opt-in failed, 48 KiB), the most stages of its
  * rings (EXL_CUDA_GEMV_MMA_STAGES, 2 .. MMA_MAX_STAGES), the blocks a launch aims at (EXL_CUDA_GEMV_MMA_BLOCKS; 0:
- * one an SM; the tests set 1, so that each warp's ring goes round several times on the small fixtures) */
-static int mma_smem_max, mma_stages = MMA_STAGES_DEFAULT, mma_blocks;
+ * one an SM; the tests set 1, so that each warp's ring goes round several times on the small fixtures), its k warps
+ * (EXL_CUDA_GEMV_MMA_K_WARPS) */
+static int mma_smem_max, mma_stages = MMA_STAGES_DEFAULT, mma_blocks, mma_k_warps = MMA_K_WARPS_DEFAULT;
 
 /* the dynamic shared memory of a qgemv_mma_kernel block: activations, descriptors, rings */
-static size_t mma_smem_bytes(int rows, int cpb, int ring) {
-    return (size_t)rows * mma_xs_stride(cpb) * sizeof(__half2) + (size_t)cpb * sizeof(int4) + (size_t)MMA_WARPS * ring;
+static size_t mma_smem_bytes(int cpb, int ring) {
+    return (size_t)8 * mma_xs_stride(cpb) * sizeof(__half2) + (size_t)cpb * sizeof(int4) +
+           (size_t)MMA_COL_WARPS * mma_k_warps * ring;
 }
 
 /* A block's start (descriptors, the first stages, the activations: ~3 memory round trips) in the time an SM
@@ -835,10 +905,9 @@ static size_t mma_smem_bytes(int rows, int cpb, int ring) {
 /* qgemv_mma_kernel's split and rings. One block an SM: the split whose waves of blocks (ceil(tiles * split /
  * n_sms)) times a block's time (its chunks + MMA_START_CHUNKS) is least, the smaller on a tie (fewer sums to add;
  * q_proj of a 7B model: 16 tiles x 8 splits, one wave; gate and up together: 86 x 3, two), with fewer chunks a
- * block where the rows' activations and rings of two 8-bit stages would not fit; the rings take the rest of the
+ * block where the activations (16 rows: 2 KiB a chunk) and rings of two 8-bit stages would not fit; the rings take the rest of the
  * shared memory, up to mma_stages of the widest chunk. */
-static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, int32_t rows, gemv_args *a,
-                     int *split) {
+static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, gemv_args *a, int *split) {
     const int budget = mma_smem_max > 0 ? mma_smem_max : 48 * 1024;
     const int64_t slots = mma_blocks > 0 ? mma_blocks : cb->n_sms;
     int s = 1;
@@ -850,11 +919,11 @@ static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, 
             best = cost, s = c;
     }
     int cpb = (chunks + s - 1) / s;
-    while (cpb > 1 && mma_smem_bytes(rows, cpb, 2 * MMA_STAGE_MAX) > (size_t)budget)
+    while (cpb > 1 && mma_smem_bytes(cpb, 2 * MMA_STAGE_MAX) > (size_t)budget)
         cpb--;
     a->chunks_per_block = cpb;
     *split = (chunks + cpb - 1) / cpb;
-    int ring = (int)((budget - mma_smem_bytes(rows, cpb, 0)) / MMA_WARPS) / 128 * 128;
+    int ring = (int)((budget - mma_smem_bytes(cpb, 0)) / (MMA_COL_WARPS * mma_k_warps)) / 128 * 128;
     a->mma_ring = ring < mma_stages * MMA_STAGE_MAX ? ring : mma_stages * MMA_STAGE_MAX;
     a->mma_stages = mma_stages;
 }
@@ -884,7 +953,7 @@ static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_arg
     a->accumulate = f->accumulate;
     a->rows = f->rows;
     if (kind == GEMV_MMA)
-        plan_mma(cb, tiles, chunks, f->rows, a, split);
+        plan_mma(cb, tiles, chunks, a, split);
     else {
         /* about 3 blocks per SM, at least 2 chunks per warp pair, activations under 24 KiB and with the static
          * reduction buffer (R KiB x 4) under 46 KiB */
@@ -911,16 +980,24 @@ void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
     occupancy_floor<2>(cb);
     occupancy_floor<3>(cb);
     occupancy_floor<4>(cb);
+    const char *e = getenv("EXL_CUDA_GEMV_MMA_K_WARPS");
+    mma_k_warps = e && (atoi(e) == 1 || atoi(e) == 2) ? atoi(e) : MMA_K_WARPS_DEFAULT;
     int optin = 0;
-    cudaFuncAttributes fa;
+    cudaFuncAttributes f1, f2;
+    mma_smem_max = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cb->device) == cudaSuccess &&
-        cudaFuncGetAttributes(&fa, qgemv_mma_kernel) == cudaSuccess &&
-        cudaFuncSetAttribute(qgemv_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             optin - (int)fa.sharedSizeBytes) == cudaSuccess)
-        mma_smem_max = optin - (int)fa.sharedSizeBytes;
+        cudaFuncGetAttributes(&f1, qgemv_mma_kernel<1>) == cudaSuccess &&
+        cudaFuncGetAttributes(&f2, qgemv_mma_kernel<2>) == cudaSuccess) {
+        const int most = optin -
+                         (int)(f1.sharedSizeBytes > f2.sharedSizeBytes ? f1.sharedSizeBytes : f2.sharedSizeBytes);
+        if (cudaFuncSetAttribute(qgemv_mma_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most) ==
+                cudaSuccess &&
+            cudaFuncSetAttribute(qgemv_mma_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most) == cudaSuccess)
+            mma_smem_max = most;
+    }
     cudaGetLastError();
-    const char *e = getenv("EXL_CUDA_GEMV_MMA_STAGES");
-    mma_stages = MMA_STAGES_DEFAULT;
+    e = getenv("EXL_CUDA_GEMV_MMA_STAGES");
+    mma_stages = mma_k_warps == 1 ? 2 * MMA_STAGES_DEFAULT : MMA_STAGES_DEFAULT; /* the same bytes in flight an SM */
     if (e && atoi(e) >= 2)
         mma_stages = atoi(e) < MMA_MAX_STAGES ? atoi(e) : MMA_MAX_STAGES;
     e = getenv("EXL_CUDA_GEMV_MMA_BLOCKS");
@@ -983,8 +1060,12 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
             exl_cuda_run_rmsnorm(&cb->base, cb->gemv_normed, f->x, f->norm, f->rows, a.in, f->eps);
             a.x = cb->gemv_normed, a.norm = NULL;
         }
-        exl_cuda_launch(cb, qgemv_mma_kernel, dim3((unsigned)tiles, (unsigned)split), dim3(MMA_THREADS),
-                        mma_smem_bytes(f->rows, a.chunks_per_block, a.mma_ring), a);
+        const size_t smem = mma_smem_bytes(a.chunks_per_block, a.mma_ring);
+        const dim3 grid((unsigned)tiles, (unsigned)split), block(MMA_COL_WARPS * 32 * mma_k_warps);
+        if (mma_k_warps == 1)
+            exl_cuda_launch(cb, qgemv_mma_kernel<1>, grid, block, smem, a);
+        else
+            exl_cuda_launch(cb, qgemv_mma_kernel<2>, grid, block, smem, a);
         exl_cuda_check_launch(cb, "quantized GEMV (tensor cores)");
         return;
     }
