@@ -423,7 +423,8 @@ static exl_model *build_moe(int32_t n_layers, moe_bytes *mb) {
 static double decode_ahead_batch(exl_model *m, exl_kv_cache *cache, int32_t n_seqs, int32_t ctx, float *logits) {
     enum { WARM = 4, STEPS = 64, MAX_SEQS = 64 };
     int32_t pages[MAX_SEQS], ids[2048], tok[MAX_SEQS];
-    exl_seq_step st[MAX_SEQS] = {{NULL}};
+    exl_seq_step st[MAX_SEQS];
+    memset(st, 0, sizeof st); /* the compiler cannot tell n_seqs > 0 */
     int64_t t[WARM + STEPS + 1];
     for (int i = 0; i < ctx * n_seqs && i < 2048; i++)
         ids[i] = (int32_t)(qg_next(&rng) % 32000);
