@@ -177,10 +177,10 @@ __device__ void kv_prefetch(const gemv_args &a) {
 }
 
 /* the buffers zeroed for a later launch's atomic adds (after griddepcontrol.wait: the ops before this one are
- * done) */
-__device__ __forceinline__ void clear_later(const gemv_args &a) {
-    const int64_t stride = (int64_t)gridDim.x * gridDim.y * blockDim.x;
-    const int64_t me = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+ * done), by blocks of `threads` */
+__device__ __forceinline__ void clear_later(const gemv_args &a, int threads = GEMV_THREADS) {
+    const int64_t stride = (int64_t)gridDim.x * gridDim.y * threads;
+    const int64_t me = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * threads + threadIdx.x;
 #pragma unroll
     for (int b = 0; b < 3; b++)
         for (int64_t i = me; i < a.n_clear[b]; i += stride)
@@ -729,7 +729,7 @@ __global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 1) qgemv_mma_kernel(co
     cp_async_wait<0>();
     if (a.kv_k && tid == 0)
         kv_prefetch(a);
-    clear_later(a);
+    clear_later(a, MMA_COL_WARPS * KW * 32);
 
     /* the k warps' sums added: k warps 1 .. leave theirs in their own rings, k warp 0 adds them */
     float *red = (float *)ring;
