@@ -3,11 +3,12 @@
 # (test_gpu's "decode 2-16 rows" lines, also with EXL_CUDA_DETERMINISTIC=1), then the per-matrix times of 1-64
 # decode rows and their ratio to one row (gpu_bench exl2 --layers 1 --kernels-only) for the tensor-core GEMV with
 # its defaults (512 threads: 2 k warps, 8 stages), 4 and 12 stages, 256 threads (1 k warp, 16 stages), rows 2-4 on
-# the CUDA-core GEMV (EXL_CUDA_GEMV_MMA_ROWS=5) and
-# the old split (=17: CUDA cores up to 4 rows, cuda_qmma.cu beyond), then whole decode steps of the 32-layer 7B
-# shape: 1-16 sequences a step and one sequence's 1-16-row verification steps, new and old split.
+# the CUDA-core GEMV (EXL_CUDA_GEMV_MMA_ROWS=5) and the old split (=17: CUDA cores up to 4 rows, cuda_qmma.cu
+# beyond), then whole decode steps of the 32-layer 7B shape: 1-16 sequences a step and one sequence's 1-16-row
+# verification steps, new and old split.
 # usage (from the repo root): bench/gpu_rows.sh [DIR]   DIR as tests/gpu/run.sh's (default .gpu: bin/ from
-# tests/gpu/prepare.sh, shared/ or staged fixtures); without DIR/bin it builds build-gpu here. TESTS=0 skips test_gpu.
+# tests/gpu/prepare.sh, shared/ or staged fixtures); without DIR/bin it builds build-gpu here. TESTS=0, KERNELS=0,
+# STEPS=0 skip the three parts (about 3, 2 and 3 minutes on an H100), e.g. to keep a device call under 10 minutes.
 set -uo pipefail
 dir=${1:-.gpu}
 out=${OUT:-$dir/out}
@@ -35,7 +36,7 @@ if [ "${TESTS:-1}" != 0 ]; then
     grep -E "decode 2-16 rows|^FAIL" "$out/rows_test_gpu_det.log"
     tail -1 "$out/rows_test_gpu_det.log"
 fi
-for cfg in "" EXL_CUDA_GEMV_MMA_STAGES=4 EXL_CUDA_GEMV_MMA_STAGES=12 EXL_CUDA_GEMV_MMA_K_WARPS=1 \
+[ "${KERNELS:-1}" = 0 ] || for cfg in "" EXL_CUDA_GEMV_MMA_STAGES=4 EXL_CUDA_GEMV_MMA_STAGES=12 EXL_CUDA_GEMV_MMA_K_WARPS=1 \
     EXL_CUDA_GEMV_MMA_ROWS=5 EXL_CUDA_GEMV_MMA_ROWS=17; do
     echo "==== per matrix, ${cfg:-default (tensor-core GEMV from 2 rows, 2 k warps, 8 stages)}"
     tag=${cfg:-default}
@@ -44,7 +45,7 @@ for cfg in "" EXL_CUDA_GEMV_MMA_STAGES=4 EXL_CUDA_GEMV_MMA_STAGES=12 EXL_CUDA_GE
     grep -E "^  [a-z_]+ [0-9]+x[0-9]+ |as decode rows" "$out/rows_kernels_$tag.log" |
         sed -E 's/ *\| [0-9]+ rows [^|]*//g'
 done
-for cfg in "" EXL_CUDA_GEMV_MMA_ROWS=17; do
+[ "${STEPS:-1}" = 0 ] || for cfg in "" EXL_CUDA_GEMV_MMA_ROWS=17; do
     echo "==== whole decode steps, 32 layers, ${cfg:-default}"
     env $cfg timeout 240 "$bin/gpu_bench" exl2 --kernels-only 2>"$out/rows_steps_${cfg:-default}.log" >/dev/null
     grep -E "decode steps|verification steps" "$out/rows_steps_${cfg:-default}.log"

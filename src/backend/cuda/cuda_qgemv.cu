@@ -478,13 +478,15 @@ __device__ __forceinline__ void cp_async_wait(void) {
 __device__ __forceinline__ int mma_stage_count(int n) {
     return n >= 16 ? 16 : n >= 12 ? 12 : n >= 8 ? 8 : n >= 6 ? 6 : n >= 4 ? 4 : n >= 3 ? 3 : 2;
 }
-__device__ __forceinline__ void mma_wait(int stages) {
-    if (stages == 16)
+__device__ __forceinline__ void mma_wait(int stages) { /* the default count first: one test */
+    if (stages == MMA_STAGES_DEFAULT)
+        cp_async_wait<MMA_STAGES_DEFAULT - 2>();
+    else if (stages == 16)
         cp_async_wait<14>();
-    else if (stages == 12)
-        cp_async_wait<10>();
     else if (stages == 8)
         cp_async_wait<6>();
+    else if (stages == 12)
+        cp_async_wait<10>();
     else if (stages == 6)
         cp_async_wait<4>();
     else if (stages == 4)
@@ -610,22 +612,22 @@ __device__ __forceinline__ void mma_stage_step(const char *stage, int g, int t, 
     }
 }
 
-/* the chunk in `stage` by its width (the commonest, 4 bits, last, as in qgemv_kernel) */
+/* the chunk in `stage` by its width: 4 bits (EXL2 near 4 bpw, GPTQ) with one test, then 6 (the heads) */
 template <bool GPTQ>
 __device__ __forceinline__ void mma_stage_any(int bits, const char *stage, int g, int t, const uint4 (&af)[2],
                                               float (&acc)[4][4]) {
-    if (bits == 8)
-        mma_stage_step<8, GPTQ>(stage, g, t, af, acc);
+    if (bits == 4)
+        mma_stage_step<4, GPTQ>(stage, g, t, af, acc);
     else if (bits == 6)
         mma_stage_step<6, GPTQ>(stage, g, t, af, acc);
+    else if (bits == 8)
+        mma_stage_step<8, GPTQ>(stage, g, t, af, acc);
     else if (bits == 5)
         mma_stage_step<5, GPTQ>(stage, g, t, af, acc);
     else if (bits == 3)
         mma_stage_step<3, GPTQ>(stage, g, t, af, acc);
-    else if (bits == 2)
-        mma_stage_step<2, GPTQ>(stage, g, t, af, acc);
     else
-        mma_stage_step<4, GPTQ>(stage, g, t, af, acc);
+        mma_stage_step<2, GPTQ>(stage, g, t, af, acc);
 }
 
 /* The activations in shared memory in the A fragments' order: for rows g and g + 8 (g < 8) and chunk lc, 32 pairs,
