@@ -907,8 +907,9 @@ static size_t mma_smem_bytes(int cpb, int ring) {
 /* qgemv_mma_kernel's split and rings. One block an SM: the split whose waves of blocks (ceil(tiles * split /
  * n_sms)) times a block's time (its chunks + MMA_START_CHUNKS) is least, the smaller on a tie (fewer sums to add;
  * q_proj of a 7B model: 16 tiles x 8 splits, one wave; gate and up together: 86 x 3, two), with fewer chunks a
- * block where the activations (16 rows: 2 KiB a chunk) and rings of two 8-bit stages would not fit; the rings take the rest of the
- * shared memory, up to mma_stages of the widest chunk. */
+ * block where the activations (16 rows: 2 KiB a chunk) and rings of mma_stages 4-bit stages would not fit (a 70B
+ * down_proj: 896 chunks, 7 splits); the rings take the rest of the shared memory, up to mma_stages of the widest
+ * chunk. */
 static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, gemv_args *a, int *split) {
     const int budget = mma_smem_max > 0 ? mma_smem_max : 48 * 1024;
     const int64_t slots = mma_blocks > 0 ? mma_blocks : cb->n_sms;
@@ -920,8 +921,12 @@ static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, 
         if (best < 0 || cost < best)
             best = cost, s = c;
     }
+    /* rings for all the stages of 4-bit GPTQ chunks at least (two 8-bit ones if more) */
+    const int ring_min = mma_stages * (4 * MMA_ROW_BYTES + 128) > 2 * MMA_STAGE_MAX
+                             ? mma_stages * (4 * MMA_ROW_BYTES + 128)
+                             : 2 * MMA_STAGE_MAX;
     int cpb = (chunks + s - 1) / s;
-    while (cpb > 1 && mma_smem_bytes(cpb, 2 * MMA_STAGE_MAX) > (size_t)budget)
+    while (cpb > 1 && mma_smem_bytes(cpb, ring_min) > (size_t)budget)
         cpb--;
     a->chunks_per_block = cpb;
     *split = (chunks + cpb - 1) / cpb;
