@@ -8,7 +8,9 @@
 # verification steps, new and old split.
 # usage (from the repo root): bench/gpu_rows.sh [DIR]   DIR as tests/gpu/run.sh's (default .gpu: bin/ from
 # tests/gpu/prepare.sh, shared/ or staged fixtures); without DIR/bin it builds build-gpu here. TESTS=0, KERNELS=0,
-# STEPS=0 skip the three parts (about 3, 2 and 3 minutes on an H100), e.g. to keep a device call under 10 minutes.
+# STEPS=0 skip the three parts (about 3, 2 and 3 minutes on an H100), e.g. to keep a device call under 10 minutes;
+# KERNEL_CFGS and STEP_CFGS (space-separated, "default" for none) choose the configurations; the tests run
+# test_gpu's rows group (EXL_TEST_ONLY, default rows).
 set -uo pipefail
 dir=${1:-.gpu}
 out=${OUT:-$dir/out}
@@ -27,17 +29,19 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 git log -1 --format='commit %h %cd' 2>/dev/null
 if [ "${TESTS:-1}" != 0 ]; then
-    timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/rows_test_gpu.log" 2>&1
+    EXL_TEST_ONLY=${EXL_TEST_ONLY:-rows} timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/rows_test_gpu.log" 2>&1
     echo "==== test_gpu (rc $?): decode of 2-16 rows against one row"
     grep -E "decode 2-16 rows|^FAIL" "$out/rows_test_gpu.log"
     tail -1 "$out/rows_test_gpu.log"
-    EXL_CUDA_DETERMINISTIC=1 timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/rows_test_gpu_det.log" 2>&1
+    EXL_TEST_ONLY=${EXL_TEST_ONLY:-rows} EXL_CUDA_DETERMINISTIC=1 timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/rows_test_gpu_det.log" 2>&1
     echo "==== test_gpu with EXL_CUDA_DETERMINISTIC=1 (rc $?): the split sums added by the last block"
     grep -E "decode 2-16 rows|^FAIL" "$out/rows_test_gpu_det.log"
     tail -1 "$out/rows_test_gpu_det.log"
 fi
-[ "${KERNELS:-1}" = 0 ] || for cfg in "" EXL_CUDA_GEMV_MMA_STAGES=4 EXL_CUDA_GEMV_MMA_STAGES=12 EXL_CUDA_GEMV_MMA_K_WARPS=1 \
-    EXL_CUDA_GEMV_MMA_ROWS=5 EXL_CUDA_GEMV_MMA_ROWS=17; do
+kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_GEMV_MMA_STAGES=4 EXL_CUDA_GEMV_MMA_STAGES=12 EXL_CUDA_GEMV_MMA_K_WARPS=1
+    EXL_CUDA_GEMV_MMA_ROWS=5 EXL_CUDA_GEMV_MMA_ROWS=17"}
+[ "${KERNELS:-1}" = 0 ] || for cfg in $kernel_cfgs; do
+    [ "$cfg" = default ] && cfg=""
     echo "==== per matrix, ${cfg:-default (tensor-core GEMV from 2 rows, 2 k warps, 8 stages)}"
     tag=${cfg:-default}
     tag=${tag// /_}
@@ -45,7 +49,8 @@ fi
     grep -E "^  [a-z_]+ [0-9]+x[0-9]+ |as decode rows" "$out/rows_kernels_$tag.log" |
         sed -E 's/ *\| [0-9]+ rows [^|]*//g'
 done
-[ "${STEPS:-1}" = 0 ] || for cfg in "" EXL_CUDA_GEMV_MMA_ROWS=17; do
+[ "${STEPS:-1}" = 0 ] || for cfg in ${STEP_CFGS:-default EXL_CUDA_GEMV_MMA_ROWS=17}; do
+    [ "$cfg" = default ] && cfg=""
     echo "==== whole decode steps, 32 layers, ${cfg:-default}"
     env $cfg timeout 240 "$bin/gpu_bench" exl2 --kernels-only 2>"$out/rows_steps_${cfg:-default}.log" >/dev/null
     grep -E "decode steps|verification steps" "$out/rows_steps_${cfg:-default}.log"
