@@ -3,7 +3,9 @@
  * backend, against the device's own copy bandwidth and fp16 GEMM rate measured in the
  * same run. The weights are generated in memory (EXL2 / GPTQ in their file layouts) and
  * the model is driven through the real forward pass (exl_model_forward). Per matrix shape (stderr): the time and
- * bandwidth of decode rows 1, 2, 4, 8, 16 and the time and tensor-core rate of prompt rows.
+ * bandwidth of decode rows 1, 2, 4, 8, 16 (and the ratio to one row) and the time and tensor-core rate of prompt
+ * rows; then whole decode steps of 1-16 sequences (t/s, ms a step, the step's cost against one row) and one
+ * sequence's verification steps of 1-16 rows (us, ratio to one row).
  *
  * usage: gpu_bench [fp16|exl2|gptq|exl2-8b|moe ...] [--layers N] [--bits B] [--profile] [--prefill-only]
  *        [--kernels-only]
@@ -422,6 +424,7 @@ static double decode_ahead_batch(exl_model *m, exl_kv_cache *cache, int32_t n_se
     enum { WARM = 4, STEPS = 64, MAX_SEQS = 64 };
     int32_t pages[MAX_SEQS], ids[2048], tok[MAX_SEQS];
     exl_seq_step st[MAX_SEQS];
+    memset(st, 0, sizeof st); /* the compiler cannot tell n_seqs > 0 */
     int64_t t[WARM + STEPS + 1];
     for (int i = 0; i < ctx * n_seqs && i < 2048; i++)
         ids[i] = (int32_t)(qg_next(&rng) % 32000);
@@ -444,6 +447,27 @@ static double decode_ahead_batch(exl_model *m, exl_kv_cache *cache, int32_t n_se
     }
     EK(exl_model_argmax_wait(m, t[WARM + STEPS], tok, n_seqs));
     return (double)n_seqs * (STEPS + 1) / (now() - t0);
+}
+
+/* The time of a step that verifies `rows` tokens of one sequence after a prompt of ctx tokens (speculative decoding's
+ * target pass: rows at consecutive positions, every row's logits to the host), each step from the same position (as
+ * after a rejection of every draft token); microseconds a step. */
+static double verify_step_us(exl_model *m, exl_kv_cache *cache, int32_t *pages, int32_t ctx, int32_t rows,
+                             float *logits) {
+    enum { WARM = 4, STEPS = 32 };
+    int32_t ids[256];
+    for (int i = 0; i < 256; i++)
+        ids[i] = (int32_t)(qg_next(&rng) % 32000);
+    exl_seq_step st = {ids, ctx, 0, pages, 1, 0};
+    EK(exl_model_forward(m, cache, &st, 1, NULL));
+    double t0 = 0;
+    for (int i = 0; i < WARM + STEPS; i++) {
+        if (i == WARM)
+            t0 = now();
+        st = (exl_seq_step){ids + ctx, rows, ctx, pages, 1, 2};
+        EK(exl_model_forward(m, cache, &st, 1, logits));
+    }
+    return (now() - t0) / STEPS * 1e6;
 }
 
 /* the expected number of distinct experts a step of `tokens` tokens reads, each choosing MOE_K of MOE_E at random */
@@ -633,6 +657,26 @@ int main(int argc, char **argv) {
                 double t = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, dec[i], 1);
                 one = i == 0 ? t : one;
                 fprintf(stderr, "  | %d: %.1f us %.0f GB/s %.2fx", dec[i], t, bytes / t / 1e3, t / one);
+            }
+            fprintf(stderr, "\n");
+        }
+        /* whole decode steps of 1-16 rows, ctx 128: n sequences a step (the generator's batches; greedy, tokens
+         * chosen on the device) and one sequence's K + 1 tokens (speculative decoding's verification step) */
+        if (!is_8b(kinds[k])) {
+            const int32_t seqs[5] = {1, 2, 4, 8, 16}, verify[7] = {1, 2, 3, 5, 8, 9, 16};
+            double one = 0;
+            fprintf(stderr, "  %s decode steps of n sequences, ctx 128:", kinds[k]);
+            for (int i = 0; i < 5; i++) {
+                const double tps = decode_ahead_batch(m, cache, seqs[i], 128, logits);
+                one = i == 0 ? tps : one;
+                fprintf(stderr, "  | %d: %.1f t/s %.3f ms/step %.2fx", seqs[i], tps, 1e3 * seqs[i] / tps,
+                        one * seqs[i] / tps);
+            }
+            fprintf(stderr, "\n  %s verification steps of one sequence, K + 1 rows, ctx 128:", kinds[k]);
+            for (int i = 0; i < 7; i++) {
+                const double us = verify_step_us(m, cache, pages, 128, verify[i], logits);
+                one = i == 0 ? us : one;
+                fprintf(stderr, "  | %d: %.1f us %.2fx", verify[i], us, us / one);
             }
             fprintf(stderr, "\n");
         }

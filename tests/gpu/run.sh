@@ -74,6 +74,8 @@ echo "without CUDA graphs:"
 tail -1 "$out/bench_nographs.log"
 echo "prefill with EXL_CUDA_EXACT_PREFILL=1:"
 tail -1 "$out/bench_exact_prefill.log"
+echo "whole decode steps of 1-16 sequences and verification steps of 1-16 rows (ratio to one row):"
+grep -E "decode steps of|verification steps" "$out/bench_detail.log"
 echo "decode rows with EXL_CUDA_GEMV_MMA_ROWS=17 (before):"
 grep -B1 "as decode rows" "$out/bench_kernels_old_rows.log"
 [ $test_rc -eq 0 ] && [ $dequant_rc -eq 0 ] && [ $fp32att_rc -eq 0 ] && [ $bench_rc -eq 0 ]

@@ -1773,28 +1773,41 @@ static void test_decode_rows(const char *shared, const char *model) {
 }
 
 /* Decode steps of 2 to 16 sequences (the GEMV on tensor cores, one launch for all rows) against each sequence's
- * step alone (one row: the plain GEMV), row by row (ref_decode_rows); with EXL_CUDA_GEMV_MMA_ROWS=17 the rows take
- * the plain GEMV (up to 4) and cuda_qmma.cu as before it. */
-static void test_decode_batch_rows(const char *shared, const char *model, const char *mma_rows) {
-    char dir[1024], name[192];
+ * step alone (one row: the plain GEMV), row by row (ref_decode_rows); with env ("NAME=VALUE", set while the model's
+ * backend starts), another split: EXL_CUDA_GEMV_MMA_ROWS=17 the rows on the plain GEMV (up to 4) and cuda_qmma.cu,
+ * =5 rows 2-4 on the plain GEMV; EXL_CUDA_GEMV_MMA_BLOCKS=1 one split (each warp's ring goes round several
+ * times), with EXL_CUDA_GEMV_MMA_STAGES=2 or 3 the tensor-core GEMV's shortest rings; EXL_CUDA_GEMV_MMA_K_WARPS=1
+ * its 256-thread blocks (one warp a column range). The models
+ * cover EXL2 of mixed widths (2-8 bits), GPTQ (act-order, sym), biases (qwen2), matrices of 64, 128 and 640 columns
+ * (k/v_proj, qwen2's ffn) and GELU (gemma); the decode steps run every fused case (norm first, GLU input, out_map
+ * and x_slots, accumulation into the residual, atomic adds of the splits; with EXL_CUDA_DETERMINISTIC=1, as
+ * tests/gpu/run.sh runs test_gpu a second time, the split sums in shared order). */
+static void test_decode_batch_rows(const char *shared, const char *model, const char *env) {
+    char dir[1024], name[224], vars[2][64] = {"", ""};
     snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
-    if (mma_rows)
-        setenv("EXL_CUDA_GEMV_MMA_ROWS", mma_rows, 1);
+    for (int v = 0, at = 0; v < 2 && env && env[at]; v++) { /* "NAME=VALUE" or "NAME=VALUE NAME=VALUE" */
+        char val[32];
+        if (sscanf(env + at, "%63[^=]=%31s", vars[v], val) != 2)
+            break;
+        setenv(vars[v], val, 1);
+        at += (int)(strlen(vars[v]) + 1 + strlen(val));
+        at += env[at] == ' ';
+    }
     exl_model_params p = exl_model_default_params();
     p.device = EXL_DEVICE_CUDA;
     exl_model *m;
     require(exl_model_load(dir, &p, &m) == EXL_OK, "load model");
-    unsetenv("EXL_CUDA_GEMV_MMA_ROWS");
+    for (int v = 0; v < 2; v++)
+        if (vars[v][0])
+            unsetenv(vars[v]);
     const int32_t ks[] = {2, 3, 4, 5, 8, 9, 16};
     int mism = 0, rows = 0;
     double e = ref_decode_rows(m, ks, (int)(sizeof ks / sizeof ks[0]), &mism, &rows);
     exl_model_free(m);
-    const char *how = mma_rows ? " (EXL_CUDA_GEMV_MMA_ROWS=" : "", *end = mma_rows ? ")" : "";
-    snprintf(name, sizeof name, "decode 2-16 rows == one row %s%s%s%s (%d rows)", model, how, mma_rows ? mma_rows : "",
-             end, rows);
+    const char *lp = env ? " (" : "", *rp = env ? ")" : "";
+    snprintf(name, sizeof name, "decode 2-16 rows == one row %s%s%s%s (%d rows)", model, lp, env ? env : "", rp, rows);
     report(name, rows == 47 ? e : -1, 5e-3);
-    snprintf(name, sizeof name, "decode 2-16 rows argmax mismatches %s%s%s%s", model, how, mma_rows ? mma_rows : "",
-             end);
+    snprintf(name, sizeof name, "decode 2-16 rows argmax mismatches %s%s%s%s", model, lp, env ? env : "", rp);
     report(name, rows == 47 ? mism : -1, 0);
 }
 
@@ -2847,7 +2860,19 @@ int main(int argc, char **argv) {
         test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", NULL);
         test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym", NULL);
         test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6", NULL);
-        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", "17");
+        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g64-sym", NULL);
+        test_decode_batch_rows(shared, "rand-gemma-exl2-4.0bpw-h6", NULL);
+        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", "EXL_CUDA_GEMV_MMA_BLOCKS=1");
+        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6",
+                               "EXL_CUDA_GEMV_MMA_BLOCKS=1 EXL_CUDA_GEMV_MMA_STAGES=2");
+        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym",
+                               "EXL_CUDA_GEMV_MMA_BLOCKS=1 EXL_CUDA_GEMV_MMA_STAGES=3");
+        test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6", "EXL_CUDA_GEMV_MMA_BLOCKS=1");
+        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", "EXL_CUDA_GEMV_MMA_K_WARPS=1");
+        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym",
+                               "EXL_CUDA_GEMV_MMA_BLOCKS=1 EXL_CUDA_GEMV_MMA_K_WARPS=1");
+        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", "EXL_CUDA_GEMV_MMA_ROWS=5");
+        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", "EXL_CUDA_GEMV_MMA_ROWS=17");
         test_decode_rows(shared, "rand-mixtral"); /* 1-3 rows a step: the grouped GEMVs over several rows */
         test_decode_rows(shared, "rand-qwen3moe");
     }

@@ -393,14 +393,14 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
  * (captured 16-64-job generator steps ran 3-11% faster than launched one by one,
  * bench/RESULTS.md); prompt pieces, which attention marks, run directly. */
 #define EXL_CUDA_GRAPH_MAX_ROWS 64
-/* Largest row count the quantized GEMV takes (cuda_qgemv.cu: launches of up to 4 rows on CUDA cores; from
- * EXL_CUDA_GEMV_MMA_ROWS rows, if set to 2-4, one launch on tensor cores that reads the weights once for all the
- * rows); more rows go to the tensor-core kernel of cuda_qmma.cu (its activation gather, split sums and one launch
- * per matrix made 8 rows of gate_proj cost 2.3x one row: 25.9 us against 11.4). The tensor-core GEMV measured
- * slower than both on the H100 (8 rows of gate_proj 3.5x one row, 16 rows 6.4x; bench/LOG.md, 2026-11-27), so it
- * is off by default (a row count past the maximum). */
-#define EXL_CUDA_QGEMV_MAX_ROWS 4
-#define EXL_CUDA_GEMV_MMA_ROWS_DEFAULT 5
+/* Largest row count the quantized GEMV takes (cuda_qgemv.cu): from EXL_CUDA_GEMV_MMA_ROWS rows (default 2) one
+ * launch on tensor cores that reads the weights once for all the rows, streaming them through shared memory with
+ * cp.async (bench/LOG.md, 2026-11-27, "decode of 2-16 rows"); below that, launches of up to 4 rows on CUDA cores
+ * (EXL_CUDA_GEMV_MMA_ROWS=5: rows 2-4 there, 5-16 on tensor cores). More rows, or 5-16 with EXL_CUDA_GEMV_MMA_ROWS
+ * past 16, go to the tensor-core kernel of cuda_qmma.cu (8 rows of gate_proj: 2.3x one row, 25.9 us against
+ * 11.4). Speculative decoding verifies 5-9 rows a step, batched decode takes 2-16. */
+#define EXL_CUDA_QGEMV_MAX_ROWS 16
+#define EXL_CUDA_GEMV_MMA_ROWS_DEFAULT 2
 #define EXL_CUDA_DECODE_MAX_Q 4
 /* decode attention sizes its splits for max_kv rounded up to this, so a captured step can
  * be replayed for the next tokens */

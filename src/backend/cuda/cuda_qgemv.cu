@@ -1,8 +1,8 @@
 /* cuda_qgemv.cu - fused dequantize + GEMV for few rows (the decode case) over up to three
  * quantized matrices that share their input, with the layer's neighbours fused in: the
  * input's RMSNorm or GLU is applied while the activations are gathered, and the result
- * can be added to the output (the residual). One row (up to 4 with EXL_CUDA_GEMV_MMA_ROWS) on CUDA cores,
- * qgemv_kernel, described here; 2-16 rows on tensor cores, qgemv_mma_kernel (its own section below).
+ * can be added to the output (the residual). One row (up to 4 with EXL_CUDA_GEMV_MMA_ROWS set past 2) on CUDA
+ * cores, qgemv_kernel, described here; 2-16 rows on tensor cores, qgemv_mma_kernel (its own section below).
  *
  * Grid: x = column tiles of 256 (64 threads x 4 columns, 16-byte loads) of all the matrices
  * one after another, y = a split of the input chunks; at most BLOCKS_PER_SM blocks an SM.
@@ -76,7 +76,9 @@ typedef struct gemv_args {
     const exl_attn_seq *kv_seqs;
     const int32_t *kv_pages;
     int32_t kv_n_seqs, kv_page_size, kv_width;
-    int32_t rows; /* qgemv_mma_kernel: the rows (2 .. EXL_CUDA_QGEMV_MAX_ROWS) */
+    int32_t rows;       /* qgemv_mma_kernel: the rows (2 .. EXL_CUDA_QGEMV_MAX_ROWS), */
+    int32_t mma_ring;   /* the bytes of each warp's ring of stages */
+    int32_t mma_stages; /* and the most stages it is cut into */
 } gemv_args;
 
 /* ---- the input transform */
@@ -175,10 +177,10 @@ __device__ void kv_prefetch(const gemv_args &a) {
 }
 
 /* the buffers zeroed for a later launch's atomic adds (after griddepcontrol.wait: the ops before this one are
- * done) */
-__device__ __forceinline__ void clear_later(const gemv_args &a) {
-    const int64_t stride = (int64_t)gridDim.x * gridDim.y * GEMV_THREADS;
-    const int64_t me = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * GEMV_THREADS + threadIdx.x;
+ * done), by blocks of `threads` */
+__device__ __forceinline__ void clear_later(const gemv_args &a, int threads = GEMV_THREADS) {
+    const int64_t stride = (int64_t)gridDim.x * gridDim.y * threads;
+    const int64_t me = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * threads + threadIdx.x;
 #pragma unroll
     for (int b = 0; b < 3; b++)
         for (int64_t i = me; i < a.n_clear[b]; i += stride)
@@ -419,125 +421,285 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
  *
  * 2 .. EXL_CUDA_QGEMV_MAX_ROWS rows in one m16 tile, so that every weight is read once for all of them: the codes
  * are decoded as cuda_qmma.cu decodes them (decode_quarter) and multiplied with mma.sync (fp32 accumulation; rows
- * past a.rows are zeros). A block covers the same 256 columns and chunk range as qgemv_kernel, with the same split
- * sums; its warp w takes columns 32w .. 32w + 31 over all the block's chunks, so no sum across warps is needed.
- * Lane (g, t) loads 16 bytes of word rows quarter_first(t) .. of columns 4g .. 4g + 3 (a warp's load: 128
- * contiguous bytes a word row) and decodes its quarter of those four columns: column 4g + j is column g of n-tile
- * j, whose C fragment holds columns 8t + j and 8t + 4 + j. The activations are gathered into shared memory in slot
- * pair order as for qgemv_kernel, which is the mma A fragment order: pairs 4t .. 4t + 3 of a row are one 16-byte
- * load. The chunks a few ahead of the one being multiplied are asked of L2; the first chunk's words are loaded
- * before griddepcontrol.wait. The launcher applies an RMSNorm first (a separate launch: every block would read
- * all rows whole). */
+ * past a.rows are zeros). A block covers one column tile (256 columns) over its range of chunks, with the same split
+ * sums as qgemv_kernel, and has MMA_COL_WARPS x KW warps: column warp cw takes columns 32cw .. 32cw + 31 and k warp
+ * kw (KW of them) every KW-th chunk of the block's range from kw on; the k warps' sums are added in
+ * shared memory at the end. Lane (g, t) decodes quarter t of columns 4g .. 4g + 3 of a chunk: column 4g + j is
+ * column g of n-tile j, whose C fragment holds columns 8t + j and 8t + 4 + j. The activations are gathered into
+ * shared memory in slot pair order as for qgemv_kernel, rows g and g + 8 interleaved in the A fragments' order
+ * (mma_xs_at), so that a k step's fragment is one 16-byte load.
+ *
+ * The weights stream through a ring of stages in shared memory, one ring a warp, filled by cp.async (16 bytes a
+ * lane, L2 only): a stage holds one chunk of the warp's 32 columns (its word rows, 128 bytes each, then the 32
+ * scales and zeros of its group), sized for the widest chunk the warp takes, and the ring holds as many stages as
+ * fit its bytes (at most a.mma_stages). The warp keeps every stage but the one it multiplies in flight: it waits for
+ * chunk k's group alone, then asks for chunk k + stages - 1 into the stage chunk k - 1 left, with no barrier but
+ * the warp's own. (Loading a chunk into registers at the top of its iteration, as this kernel first did, kept one
+ * chunk a warp in flight, ~8 KiB an SM where the memory wants ~23 KiB: 2.5-7x one row; bench/LOG.md.) The chunk
+ * descriptors of the warp are read once into shared memory, and the first stages are asked for before
+ * griddepcontrol.wait (weights are constant), so they come while the activations are gathered. One block an SM
+ * (its rings take most of the shared memory, its registers most of the file): the launcher picks the split by the
+ * waves of blocks it takes (plan_mma). The launcher applies an RMSNorm first (a separate launch: every block would
+ * read all rows whole). */
 
-typedef struct mma_chunk {
-    int4 meta;          /* word row, bits, group */
-    uint4 w[MAX_WORDS]; /* words of columns 4g .. 4g + 3 (the lane's quarter) */
-    uint4 sc;           /* scales of columns 8t .. 8t + 7 */
-    uint2 z;            /* zeros of columns 4g .. 4g + 3 (GPTQ) */
-} mma_chunk;
+#define MMA_COL_WARPS (COL_TILE / 32)
+#define MMA_K_WARPS_DEFAULT 2                      /* k warps (EXL_CUDA_GEMV_MMA_K_WARPS) */
+#define MMA_ROW_BYTES 128                          /* one word row of a warp's 32 columns */
+#define MMA_STAGE_MAX (8 * MMA_ROW_BYTES + 2 * 64) /* an 8-bit chunk with its scales and zeros */
+#define MMA_MAX_STAGES 16                          /* the most stages a ring has (mma_stage_count) */
+/* stages with 2 k warps (EXL_CUDA_GEMV_MMA_STAGES), twice as many with 1: 56-60 KiB of 4-bit codes an SM in flight */
+#define MMA_STAGES_DEFAULT 8
 
-template <int B>
-__device__ __forceinline__ void mma_load_words(const uint32_t *wcol, int t, mma_chunk &k) {
-#pragma unroll
-    for (int i = 0; i < quarter_words<B>(); i++)
-        k.w[i] = __ldg((const uint4 *)(wcol + (int64_t)(k.meta.x + quarter_first<B>(t) + i) * EXL_QW_TILE));
+/* the shared memory address of p, for cp.async */
+__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+/* 16 bytes from global memory to shared memory, through L2 only (not L1: no lane reads them twice) */
+__device__ __forceinline__ void cp_async16(unsigned dst, const void *src) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+#endif
 }
 
-/* chunk lc's descriptor, words, scales and zeros (col: the warp's first column) */
-__device__ __forceinline__ void mma_load(const exl_qmatrix &q, const uint32_t *wcol, int chunk, int col, int g, int t,
-                                         mma_chunk &k) {
-    k.meta = __ldg(q.chunks + chunk);
-    switch (k.meta.y) {
-    case 2: mma_load_words<2>(wcol, t, k); break;
-    case 3: mma_load_words<3>(wcol, t, k); break;
-    case 4: mma_load_words<4>(wcol, t, k); break;
-    case 5: mma_load_words<5>(wcol, t, k); break;
-    case 6: mma_load_words<6>(wcol, t, k); break;
-    default: mma_load_words<8>(wcol, t, k); break;
-    }
-    const int64_t g0 = (int64_t)k.meta.z * q.n_pad + col;
-    k.sc = __ldg((const uint4 *)(q.scales + g0 + 8 * t));
-    k.z = q.zeros ? __ldg((const uint2 *)(q.zeros + g0 + 4 * g)) : make_uint2(0u, 0u);
+__device__ __forceinline__ void cp_async_commit(void) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
 }
 
-/* Chunks asked of L2 ahead of the one loaded into registers: a lane has one chunk's words in flight at a time (16
- * bytes a word row; holding the next chunk's too made the kernel spill), so they should come from L2. */
-#define MMA_L2_AHEAD 3
-
-/* with `ask` (lanes g == 0), chunk's word rows t, t + 4 of the warp's 32 columns (a 128-byte line each) asked of
- * L2, and by lane t == 0 the line of their scales (and zeros) in its group */
-__device__ __forceinline__ void mma_l2_prefetch(const exl_qmatrix &q, const uint32_t *wcol, int chunk, int col,
-                                                bool ask, int t) {
-    if (!ask)
-        return;
-    const int4 m = __ldg(q.chunks + chunk);
-    for (int i = t; i < m.y; i += 4)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(wcol + (int64_t)(m.x + i) * EXL_QW_TILE));
-    const int64_t g0 = (int64_t)m.z * q.n_pad + col;
-    if (t == 0)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(q.scales + g0));
-    if (t == 1 && q.zeros)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(q.zeros + g0));
+template <int N>
+__device__ __forceinline__ void cp_async_wait(void) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
 }
 
-/* acc[j] += the chunk's products for n-tile j, scaled per column; af: the A fragments of its two k steps */
-template <int B>
-__device__ __forceinline__ void mma_chunk_step(const mma_chunk &k, int t, bool gptq, const uint32_t (&af)[2][4],
+/* The stage counts a ring may have: this thread's cp.async groups done but the stages - 2 most recent (the count is
+ * an immediate; a switch over it became an indirect branch each chunk paid for) */
+__device__ __forceinline__ int mma_stage_count(int n) {
+    return n >= 16 ? 16 : n >= 12 ? 12 : n >= 8 ? 8 : n >= 6 ? 6 : n >= 4 ? 4 : n >= 3 ? 3 : 2;
+}
+__device__ __forceinline__ void mma_wait(int stages) { /* the default count first: one test */
+    if (stages == MMA_STAGES_DEFAULT)
+        cp_async_wait<MMA_STAGES_DEFAULT - 2>();
+    else if (stages == 16)
+        cp_async_wait<14>();
+    else if (stages == 8)
+        cp_async_wait<6>();
+    else if (stages == 12)
+        cp_async_wait<10>();
+    else if (stages == 6)
+        cp_async_wait<4>();
+    else if (stages == 4)
+        cp_async_wait<2>();
+    else if (stages == 3)
+        cp_async_wait<1>();
+    else
+        cp_async_wait<0>();
+}
+
+/* Where a lane's copies of a chunk come from, less the chunk's word row and group: lane l copies 16 bytes of word
+ * rows l / 8 and l / 8 + 4 (columns 4 (l % 8) .. + 3 of the warp's 32), and lanes 0-3 the group's scales of columns
+ * 8l .. 8l + 7, lanes 4-7 its zeros (GPTQ) */
+typedef struct mma_src {
+    const uint32_t *words; /* word row 0 */
+    const __half *sz;      /* group 0 */
+    int row, sz_lanes;     /* l / 8; lanes that copy scales and zeros (4 or 8) */
+} mma_src;
+
+__device__ __forceinline__ mma_src mma_src_of(const exl_qmatrix &q, const uint32_t *wcol, int col, int lane) {
+    mma_src m;
+    m.words = wcol + (int64_t)(lane / 8) * EXL_QW_TILE + (lane % 8) * 4;
+    m.row = lane / 8;
+    m.sz_lanes = q.zeros ? 8 : 4;
+    m.sz = (lane < 4 ? q.scales : q.zeros ? q.zeros : q.scales) + col + (lane % 4) * 8;
+    return m;
+}
+
+/* Chunk m of the warp's 32 columns into the stage at `stage`: word row r at r * MMA_ROW_BYTES (the lanes' pieces
+ * l and l + 32 of 16 bytes), then the group's 32 scales (64 bytes) and zeros (GPTQ) */
+__device__ __forceinline__ void mma_issue(const mma_src &src, int64_t n_pad, int4 m, unsigned stage, int lane) {
+    const uint32_t *w = src.words + (int64_t)m.x * EXL_QW_TILE;
+    if (src.row < m.y)
+        cp_async16(stage + 16 * lane, w);
+    if (src.row + 4 < m.y)
+        cp_async16(stage + 16 * lane + 4 * MMA_ROW_BYTES, w + 4 * EXL_QW_TILE);
+    if (lane < src.sz_lanes)
+        cp_async16(stage + m.y * MMA_ROW_BYTES + 16 * lane, src.sz + (int64_t)m.z * n_pad);
+}
+
+/* the 4-bit quarter: decode_quarter<4>'s pairs, the odd ones from the codes in place (as decode_chunk does: one
+ * shift for two pairs) */
+__device__ __forceinline__ void quarter4(uint32_t w, __half2 zz, uint32_t (&pr)[4]) {
+    const uint32_t m = magic_1024(), hi = w >> 8;
+    const __half2 c = __hsub2(__float2half2_rn(960.0f), zz), s = __float2half2_rn(0.0625f);
+    pr[0] = half2_bits(__hsub2(u32_as_half2(and_or<0x000f000fu>(w, m)), zz));
+    pr[1] = half2_bits(__hfma2(u32_as_half2(and_or<0x00f000f0u>(w, m)), s, c));
+    pr[2] = half2_bits(__hsub2(u32_as_half2(and_or<0x000f000fu>(hi, m)), zz));
+    pr[3] = half2_bits(__hfma2(u32_as_half2(and_or<0x00f000f0u>(hi, m)), s, c));
+}
+
+/* acc[j] += the products of the chunk in `stage` (B bits; GPTQ: with its zeros) for n-tile j, scaled per column;
+ * af: the A fragments of its two k steps */
+template <int B, bool GPTQ>
+__device__ __forceinline__ void mma_stage_step(const char *stage, int g, int t, const uint4 (&af)[2],
                                                float (&acc)[4][4]) {
-    __half zh[4], sh[8];
-    memcpy(zh, &k.z, 8);
-    memcpy(sh, &k.sc, 16);
-    const __half2 z_exl2 = __float2half2_rn(1024.0f + (float)(1 << (B - 1)));
+    /* 6 bits: quarter t's low codes are the 24 bits from bit 24t of the column's 192, its high codes those from bit
+     * 96 + 24t, so the lane reads the two words under each (word rows k, k + 1 and k + 3, k + 4; the last is
+     * past the codes for t = 3, where the 24 bits lie in one word: row 5 again) instead of all six, and takes
+     * each pair with three shifts and two lop3, not decode_quarter's word selects (562 instructions a chunk) */
+    constexpr int NW = B == 6 ? 4 : quarter_words<B>();
+    uint4 wv[NW];
+    if constexpr (B == 6) {
+        const int k = 3 * t / 4;
+        wv[0] = *(const uint4 *)(stage + k * MMA_ROW_BYTES + 16 * g);
+        wv[1] = *(const uint4 *)(stage + (k + 1) * MMA_ROW_BYTES + 16 * g);
+        wv[2] = *(const uint4 *)(stage + (k + 3) * MMA_ROW_BYTES + 16 * g);
+        wv[3] = *(const uint4 *)(stage + min(k + 4, 5) * MMA_ROW_BYTES + 16 * g);
+    } else {
+#pragma unroll
+        for (int i = 0; i < NW; i++)
+            wv[i] = *(const uint4 *)(stage + (quarter_first<B>(t) + i) * MMA_ROW_BYTES + 16 * g);
+    }
+    const uint4 sc = *(const uint4 *)(stage + B * MMA_ROW_BYTES + 16 * t); /* columns 8t .. 8t + 7 */
+    __half sh[8];
+    memcpy(sh, &sc, 16);
+    __half2 zz[4];
+    if constexpr (GPTQ) {
+        const uint2 z = *(const uint2 *)(stage + B * MMA_ROW_BYTES + 64 + 8 * g); /* columns 4g .. 4g + 3 */
+        __half zh[4];
+        memcpy(zh, &z, 8);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            zz[j] = __float2half2_rn(1024.0f + __half2float(zh[j]));
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            zz[j] = __float2half2_rn(1024.0f + (float)(1 << (B - 1)));
+    }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        uint32_t w[MAX_WORDS];
-#pragma unroll
-        for (int i = 0; i < MAX_WORDS; i++) {
-            const uint4 &v = k.w[i < quarter_words<B>() ? i : 0];
-            w[i] = i < quarter_words<B>() ? (j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w) : 0u;
-        }
         uint32_t pr[4];
-        decode_quarter<B>(w, t, gptq ? __float2half2_rn(1024.0f + __half2float(zh[j])) : z_exl2, pr);
+        uint32_t w[NW];
+#pragma unroll
+        for (int i = 0; i < NW; i++)
+            w[i] = j == 0 ? wv[i].x : j == 1 ? wv[i].y : j == 2 ? wv[i].z : wv[i].w;
+        if constexpr (B == 4) {
+            quarter4(w[0], zz[j], pr);
+        } else if constexpr (B == 6) {
+            const int off = (24 * t) % 32;
+            const uint32_t lo = __funnelshift_r(w[0], w[1], off), hi = __funnelshift_r(w[2], w[3], off);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t v = and_or(lo >> (6 * i), 0x3fu, 0x64006400u);
+                pr[i] = half2_bits(__hsub2(u32_as_half2(and_or(hi >> (6 * i) << 16, 0x003f0000u, v)), zz[j]));
+            }
+        } else {
+            uint32_t wq[MAX_WORDS];
+#pragma unroll
+            for (int i = 0; i < MAX_WORDS; i++)
+                wq[i] = i < NW ? w[i < NW ? i : 0] : 0u;
+            decode_quarter<B>(wq, t, zz[j], pr);
+        }
         float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma16816(part, af[0][0], af[0][1], af[0][2], af[0][3], pr[0], pr[1]);
-        mma16816(part, af[1][0], af[1][1], af[1][2], af[1][3], pr[2], pr[3]);
+        mma16816(part, af[0].x, af[0].y, af[0].z, af[0].w, pr[0], pr[1]);
+        mma16816(part, af[1].x, af[1].y, af[1].z, af[1].w, pr[2], pr[3]);
         const float s0 = __half2float(sh[j]), s1 = __half2float(sh[4 + j]);
-        acc[j][0] += s0 * part[0];
-        acc[j][1] += s1 * part[1];
-        acc[j][2] += s0 * part[2];
-        acc[j][3] += s1 * part[3];
+        /* one fma each (written as a product and a sum, they compiled to two instructions) */
+        acc[j][0] = __fmaf_rn(s0, part[0], acc[j][0]);
+        acc[j][1] = __fmaf_rn(s1, part[1], acc[j][1]);
+        acc[j][2] = __fmaf_rn(s0, part[2], acc[j][2]);
+        acc[j][3] = __fmaf_rn(s1, part[3], acc[j][3]);
     }
 }
 
-__global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid_constant__ gemv_args a) {
-    extern __shared__ __half2 xs[]; /* [rows][chunks_per_block * 16] */
+/* the chunk in `stage` by its width: 4 bits (EXL2 near 4 bpw, GPTQ) with one test, then 6 (the heads) */
+template <bool GPTQ>
+__device__ __forceinline__ void mma_stage_any(int bits, const char *stage, int g, int t, const uint4 (&af)[2],
+                                              float (&acc)[4][4]) {
+    if (bits == 4)
+        mma_stage_step<4, GPTQ>(stage, g, t, af, acc);
+    else if (bits == 6)
+        mma_stage_step<6, GPTQ>(stage, g, t, af, acc);
+    else if (bits == 8)
+        mma_stage_step<8, GPTQ>(stage, g, t, af, acc);
+    else if (bits == 5)
+        mma_stage_step<5, GPTQ>(stage, g, t, af, acc);
+    else if (bits == 3)
+        mma_stage_step<3, GPTQ>(stage, g, t, af, acc);
+    else
+        mma_stage_step<2, GPTQ>(stage, g, t, af, acc);
+}
+
+/* The activations in shared memory in the A fragments' order: for rows g and g + 8 (g < 8) and chunk lc, 32 pairs,
+ * lane (g, t)'s k step s at 8t + 4s .. + 3: (row g, pair 4t + 2s), (row g + 8, same), (row g, 4t + 2s + 1),
+ * (row g + 8, same); one 16-byte load a k step. Rows past a.rows are zeros. Row groups g lie mma_xs_stride(cpb) pairs
+ * apart: 16 bytes past a multiple of 128, so that the two groups a quarter warp loads fall on different banks. */
+__host__ __device__ __forceinline__ int mma_xs_stride(int cpb) { return cpb * 32 + 4; }
+
+__device__ __forceinline__ int mma_xs_at(int xs_stride, int r, int lc, int p) {
+    return (r % 8) * xs_stride + lc * 32 + (p / 4) * 8 + ((p / 2) % 2) * 4 + (p % 2) * 2 + r / 8;
+}
+
+/* KW: the k warps a column warp has. 2 (the default): 512 threads, 16 warps an SM to hide the multiply's latencies,
+ * half the split; 1: 256 threads, 8 warps. 115 and 125 registers, no spill (-Xptxas -v, sm_90, CUDA 13.0; the
+ * 6-bit path through decode_quarter's word selects took 153, and 88 bytes spilled at 512 threads). */
+template <int KW>
+__global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 1) qgemv_mma_kernel(const __grid_constant__ gemv_args a) {
+    /* [8][mma_xs_stride] activation pairs (mma_xs_at), [chunks_per_block] descriptors, [MMA_COL_WARPS * KW][a.mma_ring]
+     * stages */
+    extern __shared__ uint4 mma_smem[];
     __shared__ int is_last;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4, R = a.rows;
+    const int cw = warp % MMA_COL_WARPS, kw = warp / MMA_COL_WARPS;
     int mi = 0;
     while (mi + 1 < a.n_mats && (int)blockIdx.x >= a.m[mi].tile_end)
         mi++;
     const gemv_mat &M = a.m[mi];
     const exl_qmatrix &q = M.q;
     const int cpb = a.chunks_per_block, c0 = blockIdx.y * cpb, n_loc = max(0, min(cpb, q.n_chunks - c0));
-    const int xs_stride = cpb * 16;
+    const int xs_stride = mma_xs_stride(cpb);
+    __half2 *xs = (__half2 *)mma_smem;
+    int4 *desc = (int4 *)(xs + 8 * xs_stride);
+    char *ring = (char *)(desc + cpb) + (int64_t)warp * a.mma_ring;
     const int tile_col = ((int)blockIdx.x - (mi ? a.m[mi - 1].tile_end : 0)) * COL_TILE;
-    const int col = tile_col + warp * 32; /* the warp's first column */
-    const uint32_t *wcol = exl_qw_col(q, col + 4 * g);
+    const int col = tile_col + cw * 32; /* the warp's first column */
     const bool gptq = q.zeros != nullptr;
-    /* the first chunk's weights before the wait (constant data), the next ones' asked of L2 */
-    mma_chunk cur;
-    if (n_loc > 0)
-        mma_load(q, wcol, c0, col, g, t, cur);
-    for (int lc = 1; lc <= MMA_L2_AHEAD; lc++)
-        mma_l2_prefetch(q, wcol, c0 + lc, col, lc < n_loc && g == 0, t);
+    const mma_src src = mma_src_of(q, exl_qw_col(q, col), col, lane);
+    const int64_t n_pad = q.n_pad;
+
+    /* the warp's chunks (kw, kw + KW, ... of the block's): descriptors, the widest, the stages that fit */
+    const int nk = n_loc > kw ? (n_loc - kw + KW - 1) / KW : 0;
+    int widest = 1;
+    for (int i = lane; i < nk; i += 32) {
+        const int4 m = __ldg(q.chunks + c0 + kw + i * KW);
+        desc[kw + i * KW] = m;
+        widest = max(widest, m.y);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        widest = max(widest, __shfl_xor_sync(0xffffffffu, widest, o));
+    __syncwarp();
+    const int stage_bytes = widest * MMA_ROW_BYTES + (gptq ? 128 : 64);
+    const int stages = mma_stage_count(min(a.mma_stages, a.mma_ring / stage_bytes)); /* the ring holds 2 at least */
+    const unsigned ring_at = smem_addr(ring);
+    /* stages 0 .. stages - 2 asked for before the wait; one group each, empty past the warp's chunks */
+    for (int s = 0; s < stages - 1; s++) {
+        if (s < nk)
+            mma_issue(src, n_pad, desc[kw + s * KW], ring_at + s * stage_bytes, lane);
+        cp_async_commit();
+    }
     exl_pdl_start();
-    /* every (row, pair) an item of its own, so that a thread's loads are in flight together */
+    /* every (row, pair) an item of its own, so that a thread's loads are in flight together; the 16 rows of the
+     * m16 tile, those past a.rows zeros */
     const int n_pairs = n_loc * 16;
 #pragma unroll 2
-    for (int at = tid; at < R * n_pairs; at += GEMV_THREADS) {
+    for (int at = tid; at < 16 * n_pairs; at += (MMA_COL_WARPS * KW * 32)) {
         const int r = at / n_pairs, i = at - r * n_pairs;
-        const int2 sp = slot_pair(a, q, c0, i);
-        xs[r * xs_stride + i] = __floats2half2_rn(input_raw(a, r, sp.x), input_raw(a, r, sp.y));
+        __half2 v = __float2half2_rn(0.0f);
+        if (r < R) {
+            const int2 sp = slot_pair(a, q, c0, i);
+            v = __floats2half2_rn(input_raw(a, r, sp.x), input_raw(a, r, sp.y));
+        }
+        xs[mma_xs_at(xs_stride, r, i / 16, i % 16)] = v;
     }
     __syncthreads();
 
@@ -547,35 +709,53 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid
 #pragma unroll
         for (int e = 0; e < 4; e++)
             acc[j][e] = 0.0f;
-    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
-    for (int lc = 0; lc < n_loc; lc++) {
-        if (lc > 0)
-            mma_load(q, wcol, c0 + lc, col, g, t, cur);
-        mma_l2_prefetch(q, wcol, c0 + lc + MMA_L2_AHEAD, col, lc + MMA_L2_AHEAD < n_loc && g == 0, t);
+    for (int k = 0, at = 0; k < nk; k++, at = at + 1 == stages ? 0 : at + 1) {
+        /* chunk k's stage arrived (this lane's copies), every lane's copies visible and every lane done with the
+         * stage chunk k - 1 used, which then takes chunk k + stages - 1 */
+        mma_wait(stages);
+        __syncwarp();
+        const int next = k + stages - 1, next_at = at == 0 ? stages - 1 : at - 1;
+        if (next < nk)
+            mma_issue(src, n_pad, desc[kw + next * KW], ring_at + next_at * stage_bytes, lane);
+        cp_async_commit();
+        const int lc = kw + k * KW;
         /* A: rows g and g + 8, pairs 4t .. 4t + 3 (k step s: pairs 4t + 2s, 4t + 2s + 1) */
-        const uint4 x0 = g < R ? *(const uint4 *)(xs + g * xs_stride + lc * 16 + 4 * t) : zero4;
-        const uint4 x1 = g + 8 < R ? *(const uint4 *)(xs + (g + 8) * xs_stride + lc * 16 + 4 * t) : zero4;
-        const uint32_t af[2][4] = {{x0.x, x1.x, x0.y, x1.y}, {x0.z, x1.z, x0.w, x1.w}};
-        const int bits = cur.meta.y; /* the commonest width last, as in qgemv_kernel */
-        if (bits == 8)
-            mma_chunk_step<8>(cur, t, gptq, af, acc);
-        else if (bits == 6)
-            mma_chunk_step<6>(cur, t, gptq, af, acc);
-        else if (bits == 5)
-            mma_chunk_step<5>(cur, t, gptq, af, acc);
-        else if (bits == 3)
-            mma_chunk_step<3>(cur, t, gptq, af, acc);
-        else if (bits == 2)
-            mma_chunk_step<2>(cur, t, gptq, af, acc);
+        const uint4 *xa = (const uint4 *)(xs + g * xs_stride + lc * 32 + 8 * t);
+        const uint4 af[2] = {xa[0], xa[1]};
+        const char *stage = ring + at * stage_bytes;
+        if (gptq)
+            mma_stage_any<true>(desc[lc].y, stage, g, t, af, acc);
         else
-            mma_chunk_step<4>(cur, t, gptq, af, acc);
+            mma_stage_any<false>(desc[lc].y, stage, g, t, af, acc);
     }
+    cp_async_wait<0>();
     if (a.kv_k && tid == 0)
         kv_prefetch(a);
-    clear_later(a);
+    clear_later(a, MMA_COL_WARPS * KW * 32);
 
-    /* acc[j][e]: row g + 8 (e / 2), column col + 8t + 4 (e % 2) + j */
+    /* the k warps' sums added: k warps 1 .. leave theirs in their own rings, k warp 0 adds them */
+    float *red = (float *)ring;
+    if (kw > 0)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                red[(j * 4 + e) * 32 + lane] = acc[j][e];
+    __syncthreads();
+    if (kw == 0)
+        for (int w = 1; w < KW; w++) {
+            const float *other = (const float *)((const char *)red + (int64_t)w * MMA_COL_WARPS * a.mma_ring);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[j][e] += other[(j * 4 + e) * 32 + lane];
+        }
+
+    /* acc[j][e] (k warp 0): row g + 8 (e / 2), column col + 8t + 4 (e % 2) + j */
     if (a.atomic_add) {
+        if (kw > 0)
+            return;
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -589,21 +769,22 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid
     }
     if (gridDim.y > 1) {
         const int64_t width = (int64_t)gridDim.x * COL_TILE;
-        const int gcol = (int)blockIdx.x * COL_TILE + warp * 32 + 8 * t; /* + 4 (e % 2) + j: in the partial sums */
+        const int gcol = (int)blockIdx.x * COL_TILE + cw * 32 + 8 * t; /* + 4 (e % 2) + j: in the partial sums */
+        if (kw == 0)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+            for (int j = 0; j < 4; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = g + 8 * (e / 2);
-                if (r < R)
-                    a.partial[((int64_t)blockIdx.y * R + r) * width + gcol + 4 * (e % 2) + j] = acc[j][e];
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int r = g + 8 * (e / 2);
+                    if (r < R)
+                        a.partial[((int64_t)blockIdx.y * R + r) * width + gcol + 4 * (e % 2) + j] = acc[j][e];
+                }
         __threadfence();
         __syncthreads();
         if (tid == 0)
             is_last = atomicAdd(&a.counters[blockIdx.x], 1u) == gridDim.y - 1;
         __syncthreads();
-        if (!is_last)
+        if (!is_last || kw > 0)
             return;
         __threadfence();
 #pragma unroll
@@ -619,6 +800,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2) qgemv_mma_kernel(const __grid
         if (tid == 0)
             a.counters[blockIdx.x] = 0;
     }
+    if (kw > 0)
+        return;
 #pragma unroll
     for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -708,6 +891,53 @@ static int gemv_kind(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     return f->rows <= ROWS_PER_LAUNCH ? GEMV_PLAIN : GEMV_NONE;
 }
 
+/* the shared memory a block of qgemv_mma_kernel may ask for (0: the opt-in failed, 48 KiB), the most stages of its
+ * rings (EXL_CUDA_GEMV_MMA_STAGES, 2 .. MMA_MAX_STAGES), the blocks a launch aims at (EXL_CUDA_GEMV_MMA_BLOCKS; 0:
+ * one an SM; the tests set 1, so that each warp's ring goes round several times on the small fixtures), its k warps
+ * (EXL_CUDA_GEMV_MMA_K_WARPS) */
+static int mma_smem_max, mma_stages = MMA_STAGES_DEFAULT, mma_blocks, mma_k_warps = MMA_K_WARPS_DEFAULT;
+
+/* the dynamic shared memory of a qgemv_mma_kernel block: activations, descriptors, rings */
+static size_t mma_smem_bytes(int cpb, int ring) {
+    return (size_t)8 * mma_xs_stride(cpb) * sizeof(__half2) + (size_t)cpb * sizeof(int4) +
+           (size_t)MMA_COL_WARPS * mma_k_warps * ring;
+}
+
+/* A block's start (descriptors, the first stages, the activations: ~3 memory round trips) in the time an SM
+ * streams a chunk of a tile (4 KiB at 4 bits, ~0.2 us at 1/132 of 3 TB/s) */
+#define MMA_START_CHUNKS 8
+
+/* qgemv_mma_kernel's split and rings. One block an SM: the split whose waves of blocks (ceil(tiles * split /
+ * n_sms)) times a block's time (its chunks + MMA_START_CHUNKS) is least, the smaller on a tie (fewer sums to add;
+ * q_proj of a 7B model: 16 tiles x 8 splits, one wave; gate and up together: 86 x 3, two), with fewer chunks a
+ * block where the activations (16 rows: 2 KiB a chunk) and rings of mma_stages 4-bit stages would not fit (a 70B
+ * down_proj: 896 chunks, 7 splits); the rings take the rest of the shared memory, up to mma_stages of the widest
+ * chunk. */
+static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, gemv_args *a, int *split) {
+    const int budget = mma_smem_max > 0 ? mma_smem_max : 48 * 1024;
+    const int64_t slots = mma_blocks > 0 ? mma_blocks : cb->n_sms;
+    int s = 1;
+    int64_t best = -1;
+    for (int c = 1; c <= chunks && c <= 4 * slots; c++) {
+        const int64_t waves = ((int64_t)tiles * c + slots - 1) / slots,
+                      cost = waves * ((chunks + c - 1) / c + MMA_START_CHUNKS);
+        if (best < 0 || cost < best)
+            best = cost, s = c;
+    }
+    /* rings for all the stages of 4-bit GPTQ chunks at least (two 8-bit ones if more) */
+    const int ring_min = mma_stages * (4 * MMA_ROW_BYTES + 128) > 2 * MMA_STAGE_MAX
+                             ? mma_stages * (4 * MMA_ROW_BYTES + 128)
+                             : 2 * MMA_STAGE_MAX;
+    int cpb = (chunks + s - 1) / s;
+    while (cpb > 1 && mma_smem_bytes(cpb, ring_min) > (size_t)budget)
+        cpb--;
+    a->chunks_per_block = cpb;
+    *split = (chunks + cpb - 1) / cpb;
+    int ring = (int)((budget - mma_smem_bytes(cpb, 0)) / (MMA_COL_WARPS * mma_k_warps)) / 128 * 128;
+    a->mma_ring = ring < mma_stages * MMA_STAGE_MAX ? ring : mma_stages * MMA_STAGE_MAX;
+    a->mma_stages = mma_stages;
+}
+
 /* The launch arguments for f (less the per-row-group pointers) and its split; the kernel (gemv_kind), GEMV_NONE if
  * neither takes f. */
 static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_args *a, int *split) {
@@ -732,16 +962,19 @@ static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_arg
     a->stage = f->rows == 1 && f->norm && a->in % 4 == 0 && a->in <= stage_max_in;
     a->accumulate = f->accumulate;
     a->rows = f->rows;
-    /* about 3 blocks per SM, at least 2 chunks per warp pair (qgemv_mma_kernel: 8 a block, its warps take them
-     * all), activations under 24 KiB and, for qgemv_kernel, with the static reduction buffer (R KiB x 4) under
-     * 46 KiB */
-    int R = kind == GEMV_MMA ? f->rows : f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
-    int s = 3 * cb->n_sms / tiles, max_split = (chunks + 2 * SUBS - 1) / (2 * SUBS);
-    s = s > max_split ? max_split : s < 1 ? 1 : s;
-    int smem = kind == GEMV_MMA || 47104 - 4096 * R > ACTS_SMEM_MAX ? ACTS_SMEM_MAX : 47104 - 4096 * R;
-    int cpb = (chunks + s - 1) / s, max_cpb = smem / (R * 64);
-    a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
-    *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
+    if (kind == GEMV_MMA)
+        plan_mma(cb, tiles, chunks, a, split);
+    else {
+        /* about 3 blocks per SM, at least 2 chunks per warp pair, activations under 24 KiB and with the static
+         * reduction buffer (R KiB x 4) under 46 KiB */
+        int R = f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
+        int s = 3 * cb->n_sms / tiles, max_split = (chunks + 2 * SUBS - 1) / (2 * SUBS);
+        s = s > max_split ? max_split : s < 1 ? 1 : s;
+        int smem = 47104 - 4096 * R > ACTS_SMEM_MAX ? ACTS_SMEM_MAX : 47104 - 4096 * R;
+        int cpb = (chunks + s - 1) / s, max_cpb = smem / (R * 64);
+        a->chunks_per_block = cpb > max_cpb ? max_cpb : cpb;
+        *split = (chunks + a->chunks_per_block - 1) / a->chunks_per_block;
+    }
     a->atomic_add = *split > 1 && (f->accumulate || f->out_zeroed) && !cb->deterministic;
     a->out_map = f->out_map;
     a->x_slots = f->x_slots;
@@ -757,6 +990,28 @@ void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
     occupancy_floor<2>(cb);
     occupancy_floor<3>(cb);
     occupancy_floor<4>(cb);
+    const char *e = getenv("EXL_CUDA_GEMV_MMA_K_WARPS");
+    mma_k_warps = e && (atoi(e) == 1 || atoi(e) == 2) ? atoi(e) : MMA_K_WARPS_DEFAULT;
+    int optin = 0;
+    cudaFuncAttributes f1, f2;
+    mma_smem_max = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cb->device) == cudaSuccess &&
+        cudaFuncGetAttributes(&f1, qgemv_mma_kernel<1>) == cudaSuccess &&
+        cudaFuncGetAttributes(&f2, qgemv_mma_kernel<2>) == cudaSuccess) {
+        const int most = optin -
+                         (int)(f1.sharedSizeBytes > f2.sharedSizeBytes ? f1.sharedSizeBytes : f2.sharedSizeBytes);
+        if (cudaFuncSetAttribute(qgemv_mma_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most) ==
+                cudaSuccess &&
+            cudaFuncSetAttribute(qgemv_mma_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most) == cudaSuccess)
+            mma_smem_max = most;
+    }
+    cudaGetLastError();
+    e = getenv("EXL_CUDA_GEMV_MMA_STAGES");
+    mma_stages = mma_k_warps == 1 ? 2 * MMA_STAGES_DEFAULT : MMA_STAGES_DEFAULT; /* the same bytes in flight an SM */
+    if (e && atoi(e) >= 2)
+        mma_stages = atoi(e) < MMA_MAX_STAGES ? atoi(e) : MMA_MAX_STAGES;
+    e = getenv("EXL_CUDA_GEMV_MMA_BLOCKS");
+    mma_blocks = e && atoi(e) > 0 ? atoi(e) : 0;
 }
 
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
@@ -815,8 +1070,12 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
             exl_cuda_run_rmsnorm(&cb->base, cb->gemv_normed, f->x, f->norm, f->rows, a.in, f->eps);
             a.x = cb->gemv_normed, a.norm = NULL;
         }
-        exl_cuda_launch(cb, qgemv_mma_kernel, dim3((unsigned)tiles, (unsigned)split), dim3(GEMV_THREADS),
-                        (size_t)f->rows * a.chunks_per_block * 16 * sizeof(__half2), a);
+        const size_t smem = mma_smem_bytes(a.chunks_per_block, a.mma_ring);
+        const dim3 grid((unsigned)tiles, (unsigned)split), block(MMA_COL_WARPS * 32 * mma_k_warps);
+        if (mma_k_warps == 1)
+            exl_cuda_launch(cb, qgemv_mma_kernel<1>, grid, block, smem, a);
+        else
+            exl_cuda_launch(cb, qgemv_mma_kernel<2>, grid, block, smem, a);
         exl_cuda_check_launch(cb, "quantized GEMV (tensor cores)");
         return;
     }
