@@ -41,9 +41,10 @@
 #include <unistd.h>
 
 /* Calibration sequences the measuring pass scores each candidate recipe on (the Hessians and reference outputs take
- * all of them). A block's relative output error is an average over many tokens: 8 sequences of 512 tokens pin it
- * down well enough to rank recipes, and scoring is most of the measuring pass's time (33 candidates a block). */
-#define EVAL_SEQS 8
+ * all of them). A block's relative output error is an average over many tokens: 4 sequences of 512 tokens (2048
+ * tokens x the hidden width) pin it down well enough to rank recipes, and scoring is most of the measuring pass's
+ * time (39 candidates a block). */
+#define EVAL_SEQS 4
 
 typedef struct qz {
     const exl_quantize_params *p;
