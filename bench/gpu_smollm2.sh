@@ -18,6 +18,7 @@ STAGE=${STAGE:-/tmp/exl-smollm2}
 OUT=${OUT:-$STAGE/out}
 BUDGET=${BUDGET:-510}
 DEVICE=${DEVICE:-cuda} # cpu: a dry run of the script elsewhere
+PYTHON=${PYTHON:-python3} # with numpy
 GGUF=$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p "$STAGE" "$OUT"
 start=$(date +%s)
@@ -59,10 +60,10 @@ if [ ! -f "$FP32/config.json" ]; then
     py=$STAGE/py
     if [ ! -d "$py/gguf" ]; then
         mkdir -p "$py" && (cd "$py" && python3 -m zipfile -e "$STAGE"/gguf-*.whl .) || exit 1
-        python3 -c "import yaml" 2> /dev/null || echo "# stand-in: gguf imports yaml only to read model cards" > "$py/yaml.py"
+        "$PYTHON" -c "import yaml" 2> /dev/null || echo "# stand-in: gguf imports yaml only to read model cards" > "$py/yaml.py"
     fi
     t0=$(date +%s)
-    PYTHONPATH=$py python3 tools/gguf_to_hf.py "$GGUF" "$FP32" > "$OUT/convert.log" 2>&1 ||
+    PYTHONPATH=$py "$PYTHON" tools/gguf_to_hf.py "$GGUF" "$FP32" > "$OUT/convert.log" 2>&1 ||
         { tail -20 "$OUT/convert.log"; exit 1; }
     echo "converted in $(($(date +%s) - t0)) s"
 fi
