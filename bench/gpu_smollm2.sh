@@ -38,7 +38,7 @@ export LD_LIBRARY_PATH="$STAGE/bin:/usr/local/cuda/lib64:/usr/local/cuda/lib:${L
 EXL=$STAGE/bin/exl
 if [ -d .gpuq2 ]; then
     cp -r .gpuq2/data .gpuq2/*.whl .gpuq2/gguf.sha256 "$STAGE/" 2> /dev/null
-    [ -f .gpuq2/gguf.part2 ] && cp .gpuq2/gguf.part2 "$STAGE/"
+    [ -f .gpuq2/gguf.part2 ] && [ ! -f "$GGUF" ] && cp .gpuq2/gguf.part2 "$STAGE/"
 fi
 if [ ! -f "$GGUF" ]; then
     [ -f "$STAGE/gguf.part1" ] && [ -f "$STAGE/gguf.part2" ] || { echo "a GGUF piece is missing in $STAGE" >&2; exit 1; }
