@@ -326,7 +326,7 @@ static exl_status cached_quant(qz *q, wcache *c, const exl_qz_opt *o, const exl_
     r.Wq = NULL;
     exl_qz_result_free(&r);
     exl_qz_layout_free(&l);
-    return exl_qz_trial_init(q->be, c->Wq, &x->src, &c->t);
+    return exl_qz_trial_init(q->be, q->pool, c->Wq, &x->src, &c->t);
 }
 
 /* The weights of a block. */
@@ -464,7 +464,7 @@ static exl_status quant_block(qz *q, exl_qz_part *part, int32_t l, int k) {
             bits += b;
             weights += (double)x->src.in_features * x->src.out_features;
             if (st == EXL_OK && !rtn(q))
-                st = exl_qz_trial_init(q->be, Wq[i], &x->src, &t[i]);
+                st = exl_qz_trial_init(q->be, q->pool, Wq[i], &x->src, &t[i]);
             if (st == EXL_OK && !rtn(q))
                 w[first + i] = t[i].w;
             exl_qz_clock_step(&q->clock, (k + (double)(i + 1) / n) / 2);
