@@ -535,29 +535,83 @@ static exl_status exl2_group_params(qstate *qs, const float *W, int64_t r0, int6
 
 /* ---- quantizing the rows of a block, and the lazy update of the rows after it */
 
-static void quant_block(const qstate *qs, float *Wp, const float *U, float *E, int64_t K, int64_t i1, int64_t i2,
-                        uint8_t *codes) {
+/* The rows [i1, i2) of a block, columns [n0, n1): each row rounded, its error (scaled by 1/U[i,i]) kept in E and
+ * spread into the block's later rows. Columns are independent of each other here. */
+static void quant_block_cols(const qstate *qs, float *Wp, const float *U, float *E, int64_t K, int64_t i1, int64_t i2,
+                             int64_t n0, int64_t n1, uint8_t *codes) {
     int64_t N = qs->N;
     int maxq = (1 << qs->bits) - 1;
     for (int64_t i = i1; i < i2; i++) {
         float *w = Wp + i * N, *e = E + (i - i1) * N, d = U[i * K + i];
         uint8_t *code = codes + i * N;
-        for (int64_t n = 0; n < N; n++) {
+        for (int64_t n = n0; n < n1; n++) {
             float q = qdq(w[n], qs->scale[n], qs->zero[n], maxq, &code[n]);
             e[n] = (w[n] - q) / d;
             w[n] = q;
         }
         for (int64_t j = i + 1; j < i2; j++) {
             float u = U[i * K + j], *wj = Wp + j * N;
+            for (int64_t n = n0; n < n1; n++)
+                wj[n] -= u * e[n];
+        }
+    }
+}
+
+/* The work of a block (quant_block_cols) or of the update of the rows after it (update_rows), split across the pool
+ * by columns or by rows. */
+typedef struct block_ctx {
+    const qstate *qs;
+    float *Wp;
+    const float *U;
+    float *E;
+    int64_t K, i1, i2;
+    uint8_t *codes;
+} block_ctx;
+
+static void quant_block_task(void *ctx, int index, int count) {
+    const block_ctx *c = ctx;
+    long n0, n1;
+    exl_split_range((long)c->qs->N, index, count, 16, &n0, &n1);
+    if (n1 > n0)
+        quant_block_cols(c->qs, c->Wp, c->U, c->E, c->K, c->i1, c->i2, n0, n1, c->codes);
+}
+
+static void quant_block(const qstate *qs, float *Wp, const float *U, float *E, int64_t K, int64_t i1, int64_t i2,
+                        uint8_t *codes, exl_pool *pool) {
+    block_ctx c = {qs, Wp, U, E, K, i1, i2, codes};
+    exl_pool_run_work(pool, quant_block_task, &c, (i2 - i1) * (i2 - i1) * qs->N / 2);
+}
+
+/* W[j] -= sum over the block's rows i of U[i, j]·E[i] for this thread's rows j of [i2, K). */
+static void update_rows_task(void *ctx, int index, int count) {
+    const block_ctx *c = ctx;
+    int64_t N = c->qs->N;
+    long j0, j1;
+    exl_split_range((long)(c->K - c->i2), index, count, 1, &j0, &j1);
+    for (int64_t j = c->i2 + j0; j < c->i2 + j1; j++) {
+        float *wj = c->Wp + j * N;
+        for (int64_t i = c->i1; i < c->i2; i++) {
+            float u = c->U[i * c->K + j];
+            const float *e = c->E + (i - c->i1) * N;
             for (int64_t n = 0; n < N; n++)
                 wj[n] -= u * e[n];
         }
     }
 }
 
+/* A product this small goes faster on the host's threads than through a backend that is not the CPU's: its
+ * host_gemm (a GPU's) would move the rows after the block over the bus and back, for every block. */
+#define HOST_UPDATE_WORK ((int64_t)1 << 28)
+
 /* W[i2 .. K) -= U[i1 .. i2, i2 .. K)ᵀ · E */
-static exl_status update_rest(float *W, const float *U, const float *E, int64_t K, int64_t N, int64_t i1, int64_t i2,
-                              exl_backend *be) {
+static exl_status update_rest(const qstate *qs, float *W, const float *U, float *E, int64_t K, int64_t i1, int64_t i2,
+                              exl_pool *pool, exl_backend *be) {
+    int64_t N = qs->N, work = (K - i2) * N * (i2 - i1);
+    if (!exl_backend_cpu_pool(be) && work < HOST_UPDATE_WORK) {
+        block_ctx c = {qs, W, U, E, K, i1, i2, NULL};
+        exl_pool_run_work(pool, update_rows_task, &c, work);
+        return EXL_OK;
+    }
     return be->ops->host_gemm(be, 1, 0, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, 1.0f, W + i2 * N, N);
 }
 
@@ -602,8 +656,8 @@ static exl_status gptq_rows(float *Wp, const exl_qz_hinv *h, qstate *qs, const e
             gptq_group_params(qs, Wp, r0, r1, g, out);
         for (int64_t i1 = r0; st == EXL_OK && i1 < r1; i1 += BLOCK) {
             int64_t i2 = i1 + BLOCK < r1 ? i1 + BLOCK : r1;
-            quant_block(qs, Wp, h->U, E, K, i1, i2, out->codes);
-            st = update_rest(Wp, h->U, E, K, N, i1, i2, be);
+            quant_block(qs, Wp, h->U, E, K, i1, i2, out->codes, pool);
+            st = update_rest(qs, Wp, h->U, E, K, i1, i2, pool, be);
         }
         r0 = r1;
     }

@@ -41,9 +41,10 @@
 #include <unistd.h>
 
 /* Calibration sequences the measuring pass scores each candidate recipe on (the Hessians and reference outputs take
- * all of them). A block's relative output error is an average over many tokens: 8 sequences of 512 tokens pin it
- * down well enough to rank recipes, and scoring is most of the measuring pass's time (33 candidates a block). */
-#define EVAL_SEQS 8
+ * all of them). A block's relative output error is an average over many tokens: 4 sequences of 512 tokens (2048
+ * tokens x the hidden width) pin it down well enough to rank recipes, and scoring is most of the measuring pass's
+ * time (39 candidates a block). */
+#define EVAL_SEQS 4
 
 typedef struct qz {
     const exl_quantize_params *p;
@@ -300,11 +301,17 @@ static exl_status emit_linear(qz *q, exl_qz_part *part, const char *name, const 
 
 /* ---- the measuring pass (EXL2) */
 
-/* A linear's candidate weights, kept while the next candidate asks for the same recipe. */
+/* A linear's candidate weights, kept while candidates go on asking for the same recipe: a block's candidates come
+ * level by level, its most sensitive linear one or two levels up (measure.c), so that linear asks for each level in
+ * three candidates out of five in a row. Each linear keeps its last WAYS recipes; one no candidate asked for in the
+ * last KEEP candidates is dropped (the others' levels then hold one or two at a time). */
+#define WAYS 4
+#define KEEP 3
 typedef struct wcache {
     exl_qz_opt opt;
-    float *Wq;
+    float *Wq; /* NULL: an empty way */
     exl_qz_trial t;
+    int32_t used; /* the last candidate that asked for it */
 } wcache;
 
 static void wcache_free(qz *q, wcache *c) {
@@ -313,19 +320,35 @@ static void wcache_free(qz *q, wcache *c) {
     c->Wq = NULL;
 }
 
-static exl_status cached_quant(qz *q, wcache *c, const exl_qz_opt *o, const exl_qz_lin *x, const exl_qz_hinv *h) {
-    if (c->Wq && !memcmp(&c->opt, o, sizeof *o))
-        return EXL_OK;
-    wcache_free(q, c);
-    exl_qz_result r;
+/* The trial linear of recipe o for linear x (its ways c[0 .. WAYS)) as asked by candidate r. */
+static exl_status cached_quant(qz *q, wcache *c, int32_t r, const exl_qz_opt *o, const exl_qz_lin *x,
+                               const exl_qz_hinv *h, exl_linear **w) {
+    wcache *slot = NULL;
+    for (int i = 0; i < WAYS; i++)
+        if (c[i].Wq && !memcmp(&c[i].opt, o, sizeof *o)) {
+            c[i].used = r;
+            *w = c[i].t.w;
+            return EXL_OK;
+        }
+    for (int i = 0; i < WAYS; i++) {
+        if (c[i].Wq && c[i].used < r - KEEP)
+            wcache_free(q, &c[i]);
+        if (!slot || (slot->Wq && (!c[i].Wq || c[i].used < slot->used))) /* an empty way, else the oldest */
+            slot = &c[i];
+    }
+    wcache_free(q, slot);
+    exl_qz_result res;
     exl_qz_layout l;
-    EXL_TRY(quant_exl2(q, o, x->W, h, x->src.out_features, &r, &l));
-    c->opt = *o;
-    c->Wq = r.Wq;
-    r.Wq = NULL;
-    exl_qz_result_free(&r);
+    EXL_TRY(quant_exl2(q, o, x->W, h, x->src.out_features, &res, &l));
+    slot->opt = *o;
+    slot->Wq = res.Wq;
+    slot->used = r;
+    res.Wq = NULL;
+    exl_qz_result_free(&res);
     exl_qz_layout_free(&l);
-    return exl_qz_trial_init(q->be, c->Wq, &x->src, &c->t);
+    EXL_TRY(exl_qz_trial_init(q->be, q->pool, slot->Wq, &x->src, &slot->t));
+    *w = slot->t.w;
+    return EXL_OK;
 }
 
 /* The weights of a block. */
@@ -365,7 +388,7 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
     snprintf(bm->name, sizeof bm->name, "model.layers.%d.%s", l, bm->desc->suffix);
     exl_hessian *hs = exl_calloc((size_t)slots, sizeof *hs), **h = exl_calloc((size_t)n, sizeof *h);
     exl_qz_hinv *hi = exl_calloc((size_t)slots, sizeof *hi);
-    wcache *c = exl_calloc((size_t)n, sizeof *c);
+    wcache *c = exl_calloc((size_t)n * WAYS, sizeof *c);
     exl_linear **own = exl_calloc((size_t)L->n, sizeof *own), **w = exl_calloc((size_t)L->n, sizeof *w);
     exl_status st = hs && h && hi && c && own && w ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; st == EXL_OK && i < L->n; i++)
@@ -394,8 +417,7 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
     for (int32_t r = 0; st == EXL_OK && r < bm->n; r++) {
         for (int32_t i = 0; st == EXL_OK && i < n; i++) {
             const exl_qz_lin *x = &L->lin[first + i];
-            st = cached_quant(q, &c[i], &bm->r[r].opt[x->opt], x, &hi[x->hslot]);
-            w[first + i] = c[i].t.w;
+            st = cached_quant(q, c + i * WAYS, r, &bm->r[r].opt[x->opt], x, &hi[x->hslot], &w[first + i]);
         }
         if (st == EXL_OK)
             st = run_block_on(q, q->xe ? &q->run_eval : &q->run, k, w, xe, ye, NULL);
@@ -404,7 +426,7 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
         bm->r[r].accuracy = accuracy_of(ye, refe, ne, norm);
         exl_qz_clock_step(&q->clock, (k + (double)(r + 1) / bm->n) / 2);
     }
-    for (int32_t i = 0; c && i < n; i++)
+    for (int32_t i = 0; c && i < n * WAYS; i++)
         wcache_free(q, &c[i]);
     for (int32_t s = 0; hi && s < slots; s++)
         exl_qz_hinv_free(&hi[s]);
@@ -463,7 +485,7 @@ static exl_status quant_block(qz *q, exl_qz_part *part, int32_t l, int k) {
             bits += b;
             weights += (double)x->src.in_features * x->src.out_features;
             if (st == EXL_OK && !rtn(q))
-                st = exl_qz_trial_init(q->be, Wq[i], &x->src, &t[i]);
+                st = exl_qz_trial_init(q->be, q->pool, Wq[i], &x->src, &t[i]);
             if (st == EXL_OK && !rtn(q))
                 w[first + i] = t[i].w;
             exl_qz_clock_step(&q->clock, (k + (double)(i + 1) / n) / 2);

@@ -219,12 +219,13 @@ exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w,
 
 /* ---- trial linears (trial_linear.c) */
 
-/* A backend linear of weights W [K, N] (fp32, in x out) with like's shape and bias. */
+/* A backend linear of weights W [K, N] (fp32, in x out) with like's shape and bias; pool (NULL: none) converts. */
 typedef struct exl_qz_trial {
-    float *wt; /* W in the Hugging Face layout [N, K], which w may read */
+    void *wt; /* W in the Hugging Face layout [N, K] (fp32 on the CPU, fp16 elsewhere), which w may read */
     exl_linear *w;
 } exl_qz_trial;
-exl_status exl_qz_trial_init(exl_backend *be, const float *W, const exl_linear_src *like, exl_qz_trial *out);
+exl_status exl_qz_trial_init(exl_backend *be, exl_pool *pool, const float *W, const exl_linear_src *like,
+                             exl_qz_trial *out);
 void exl_qz_trial_free(exl_backend *be, exl_qz_trial *t);
 
 /* ---- a decoder layer's linears (qz_layer.c) */

@@ -82,7 +82,7 @@ static exl_status add_parts(exl_qz_layer *L, exl_backend *be, const exl_linear *
             x->src.bias_dtype = EXL_DTYPE_F32;
         }
         col += N;
-        st = exl_qz_trial_init(be, x->W, &x->src, &x->part);
+        st = exl_qz_trial_init(be, NULL, x->W, &x->src, &x->part);
         x->own = x->part.w;
     }
     exl_free(W);

@@ -2773,6 +2773,172 @@ static void test_lora(const char *shared) {
            n == 64 && m2 == 64 && !memcmp(got, want, sizeof got) ? 0 : 1, 0);
 }
 
+/* ---- the EXL2 measuring and quantizing passes at a real model's shapes (issue 37): exl_quantize --format exl2 --bpw
+ * 4.0 of a random model with SmolLM2-135M's layers, on cuda and on the CPU, timed pass by pass */
+
+/* Seconds of the finished layers of each pass (measuring, quantizing), from the status callback. */
+static void add_pass_seconds(void *user, const exl_quantize_status *s) {
+    double *seconds = user;
+    if (s->finished)
+        seconds[strcmp(s->stage, "measuring") ? 1 : 0] += s->seconds;
+}
+
+static int copy_file(const char *from, const char *to) {
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    char buf[65536];
+    size_t n;
+    int ok = in && out;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        ok = fwrite(buf, 1, n, out) == n;
+    if (in)
+        fclose(in);
+    if (out && fclose(out))
+        ok = 0;
+    return ok;
+}
+
+#define SMOL_HIDDEN 576
+#define SMOL_FFN 1536
+#define SMOL_HEADS 9
+#define SMOL_KV_HEADS 3
+#define SMOL_VOCAB 2048 /* rand-llama's tokenizer */
+
+/* A random Llama with SmolLM2-135M's layer shape (hidden 576, 9 heads of 64, 3 KV heads, MLP 1536; fp16 weights of
+ * std 0.02), `layers` layers and rand-llama's tokenizer, in dir; 1 on success. */
+static int write_smol_shaped(const char *shared, const char *dir, int layers) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return 0;
+    fprintf(f,
+            "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": %d, "
+            "\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
+            "\"num_key_value_heads\": %d, \"head_dim\": 64, \"vocab_size\": %d, \"max_position_embeddings\": 2048, "
+            "\"rms_norm_eps\": 1e-05, \"rope_theta\": 100000.0, \"tie_word_embeddings\": false, \"bos_token_id\": 1, "
+            "\"eos_token_id\": 2, \"hidden_act\": \"silu\", \"torch_dtype\": \"float16\"}\n",
+            SMOL_HIDDEN, SMOL_FFN, layers, SMOL_HEADS, SMOL_KV_HEADS, SMOL_VOCAB);
+    int ok = !fclose(f);
+    static const char *const tok_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
+    for (size_t i = 0; ok && i < sizeof tok_files / sizeof tok_files[0]; i++) {
+        char from[1200];
+        snprintf(from, sizeof from, "%s/models/rand-llama/%s", shared, tok_files[i]);
+        snprintf(path, sizeof path, "%s/%s", dir, tok_files[i]);
+        ok = copy_file(from, path);
+    }
+    const int64_t H = SMOL_HIDDEN, F = SMOL_FFN, Q = SMOL_HEADS * 64, KV = SMOL_KV_HEADS * 64;
+    const struct {
+        const char *suffix;
+        int64_t rows, cols;
+    } lin[] = {{"self_attn.q_proj", Q, H}, {"self_attn.k_proj", KV, H}, {"self_attn.v_proj", KV, H},
+               {"self_attn.o_proj", H, Q}, {"mlp.gate_proj", F, H},     {"mlp.up_proj", F, H},
+               {"mlp.down_proj", H, F}};
+    exl_st_writer *w = NULL;
+    ok = ok && exl_st_writer_init(&w) == EXL_OK;
+    int n_bufs = 0;
+    uint16_t *bufs[3 + 9 * 8];
+    uint64_t seed = 0x5eed5a17ULL;
+    /* name, rows, cols (0: a norm of ones) of tensor t, in the file's order */
+    for (int t = 0; ok && t < 3 + 9 * layers; t++) {
+        char name[128];
+        int64_t rows, cols;
+        if (t < 3) {
+            static const char *const top[] = {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"};
+            snprintf(name, sizeof name, "%s", top[t]);
+            rows = t < 2 ? SMOL_VOCAB : H;
+            cols = t < 2 ? H : 0;
+        } else {
+            int l = (t - 3) / 9, k = (t - 3) % 9;
+            if (k < 7)
+                snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, lin[k].suffix);
+            else
+                snprintf(name, sizeof name, "model.layers.%d.%s.weight", l,
+                         k == 7 ? "input_layernorm" : "post_attention_layernorm");
+            rows = k < 7 ? lin[k].rows : H;
+            cols = k < 7 ? lin[k].cols : 0;
+        }
+        int64_t n = rows * (cols ? cols : 1), shape[2] = {rows, cols};
+        uint16_t *b = malloc((size_t)n * sizeof *b);
+        ok = b != NULL;
+        for (int64_t i = 0; ok && i < n; i++)
+            b[i] = exl_f32_to_f16(cols ? (qg_uniform(&seed) - 0.5f) * 0.07f : 1.0f); /* std 0.02 */
+        if (ok) {
+            bufs[n_bufs++] = b;
+            ok = exl_st_writer_add(w, name, EXL_DTYPE_F16, cols ? 2 : 1, shape, b) == EXL_OK;
+        }
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ok = ok && exl_st_writer_write(w, path) == EXL_OK;
+    if (w)
+        exl_st_writer_free(w);
+    for (int i = 0; i < n_bufs; i++)
+        free(bufs[i]);
+    return ok;
+}
+
+/* EXL2 4.0 bpw / head 6 (measuring, then quantizing) of the model in dir on `device`, 32 x 512 calibration tokens;
+ * the wall time (and each pass's in seconds[2]), or -1 after printing the failure. */
+static double quantize_exl2_on(const char *shared, const char *dir, exl_device device, double seconds[2]) {
+    char cal[1024], out[64], *report = NULL;
+    snprintf(cal, sizeof cal, "%s/data/calibration/tiny.utf8", shared);
+    const char *files[1] = {cal};
+    snprintf(out, sizeof out, "/tmp/exl_test_gpu_XXXXXX");
+    exl_quantize_params p = exl_quantize_default_params();
+    p.in_dir = dir;
+    p.out_dir = mkdtemp(out);
+    p.calibration = files;
+    p.n_calibration = 1;
+    p.device = device;
+    p.status = add_pass_seconds;
+    p.status_user = seconds;
+    seconds[0] = seconds[1] = 0;
+    double t0 = now_s();
+    exl_status st = p.out_dir ? exl_quantize(&p, &report) : EXL_ERR_IO;
+    double t = now_s() - t0;
+    const char *want = device == EXL_DEVICE_CUDA ? "device: cuda" : "device: cpu";
+    if (st != EXL_OK || !report || strncmp(report, want, strlen(want))) {
+        printf("FAIL quantize exl2 on %s: %s\n", want, st != EXL_OK ? exl_last_error() : report ? report : "no report");
+        n_fail++;
+        t = -1;
+    } else {
+        n_ok++;
+    }
+    exl_string_free(report);
+    if (p.out_dir)
+        remove_dir(p.out_dir);
+    return t;
+}
+
+/* The time the EXL2 quantizer takes a layer of SmolLM2-135M's shape on each device (SmolLM2 has 30: at most 2 s a
+ * layer keeps the whole model within issue 37's 60 s on an H100). */
+static void test_quantize_exl2_speed(const char *shared) {
+    const int layers = 2;
+    /* a timing (about 30 s), not a check of the kernels: once, not again in tests/gpu/run.sh's variant runs */
+    if (getenv("EXL_CUDA_DEQUANT_ROWS") || getenv("EXL_CUDA_PREFILL_ATTENTION"))
+        return;
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/exl_test_gpu_smol_XXXXXX");
+    if (!mkdtemp(dir) || !write_smol_shaped(shared, dir, layers)) {
+        printf("FAIL quantize exl2 speed: cannot write the model in %s\n", dir);
+        n_fail++;
+        return;
+    }
+    double s_gpu[2], s_cpu[2];
+    double t_gpu = quantize_exl2_on(shared, dir, EXL_DEVICE_CUDA, s_gpu);
+    double t_cpu = quantize_exl2_on(shared, dir, EXL_DEVICE_CPU, s_cpu);
+    /* fp16 weights of a layer: q, o; k, v; gate, up, down */
+    double mb = (2.0 * SMOL_HIDDEN * SMOL_HIDDEN + 2.0 * SMOL_HIDDEN * SMOL_KV_HEADS * 64 +
+                 3.0 * SMOL_HIDDEN * SMOL_FFN) *
+                2 / 1e6;
+    if (t_gpu >= 0 && t_cpu >= 0)
+        printf("     quantize exl2 4.0 h6, %d layers of SmolLM2's shape (%.1f MB fp16 a layer): cuda %.2f s (measuring "
+               "%.2f s, quantizing %.2f s: %.2f s a layer), cpu %.2f s (measuring %.2f s, quantizing %.2f s: %.2f s a "
+               "layer)\n",
+               layers, mb, t_gpu, s_gpu[0], s_gpu[1], (s_gpu[0] + s_gpu[1]) / layers, t_cpu, s_cpu[0], s_cpu[1],
+               (s_cpu[0] + s_cpu[1]) / layers);
+    remove_dir(dir);
+}
+
 /* EXL_TEST_ONLY=GROUP[,GROUP...]: run only those groups of checks (ops, models, tp, kv, decode, rows, quantize,
  * sampling, graphs, spec, lora); unset: all */
 static int only(const char *group) {
@@ -2906,6 +3072,8 @@ int main(int argc, char **argv) {
         test_speculative(shared);
     if (only("lora"))
         test_lora(shared);
+    if (only("quantize"))
+        test_quantize_exl2_speed(shared);
     gpu_exact->ops->destroy(gpu_exact);
     gpu_fast->ops->destroy(gpu_fast);
     cpu->ops->destroy(cpu);
