@@ -3,8 +3,8 @@
  * stream go down, one token (and its log-probability when asked) comes back. The random stream advances only when
  * the op drew from more than one candidate, as exl_sampler_draw does, so a seed gives the same tokens either way.
  *
- * EXL_DEVICE_SAMPLING=0 turns it off (every sampled step then brings its logits to the host), =1 on; the default is
- * on for the CPU backend and off for CUDA (see enabled). */
+ * EXL_DEVICE_SAMPLING=0 turns it off (every sampled step then brings its logits to the host); on by default
+ * wherever the backend has a sample op. */
 #include "generator/generator.h"
 
 #include "base/alloc.h"
@@ -16,11 +16,8 @@
 static int enabled(exl_generator *g) {
     exl_gen_dsample *d = &g->dsample;
     if (!d->checked) {
-        /* on by default on the CPU; on CUDA only when asked for (EXL_DEVICE_SAMPLING=1): its kernel picked other
-         * tokens than the CPU's op on two of test_gpu's four cases (bench/LOG.md, 2026-11-27) */
         const char *e = getenv("EXL_DEVICE_SAMPLING");
-        const int by_default = strcmp(g->model->be->name, "cuda") != 0;
-        d->enabled = g->model->be->ops->sample != NULL && (e ? strcmp(e, "0") != 0 : by_default);
+        d->enabled = g->model->be->ops->sample != NULL && (!e || strcmp(e, "0") != 0);
         d->checked = 1;
     }
     return d->enabled;
