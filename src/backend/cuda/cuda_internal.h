@@ -393,14 +393,13 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
  * (captured 16-64-job generator steps ran 3-11% faster than launched one by one,
  * bench/RESULTS.md); prompt pieces, which attention marks, run directly. */
 #define EXL_CUDA_GRAPH_MAX_ROWS 64
-/* Largest row count the quantized GEMV takes (cuda_qgemv.cu): from EXL_CUDA_GEMV_MMA_ROWS rows (default 2) one
- * launch on tensor cores that reads the weights once for all the rows, streaming them through shared memory with
- * cp.async (bench/LOG.md, 2026-11-27, "decode of 2-16 rows"); below that, launches of up to 4 rows on CUDA cores
- * (EXL_CUDA_GEMV_MMA_ROWS=5: rows 2-4 there, 5-16 on tensor cores). More rows, or 5-16 with EXL_CUDA_GEMV_MMA_ROWS
- * past 16, go to the tensor-core kernel of cuda_qmma.cu (8 rows of gate_proj: 2.3x one row, 25.9 us against
- * 11.4). Speculative decoding verifies 5-9 rows a step, batched decode takes 2-16. */
+/* Largest row count the quantized GEMV takes (cuda_qgemv.cu). By default 1-4 rows take launches of up to 4 rows on
+ * CUDA cores and 5+ rows the tensor-core kernel of cuda_qmma.cu; EXL_CUDA_GEMV_MMA_ROWS=N sends N..16 rows to the
+ * GEMV on tensor cores (one launch, the weights streamed through shared memory with cp.async), which measured slower
+ * on an H100 (bench/RESULTS.md "decode of 2-16 rows": q_proj 2 rows 1.98x one row against 1.16x, 16 rows 4.04x
+ * against 1.53x; whole decode steps of 2-16 sequences 2.15-3.94x against 1.63-3.02x), so it is off by default (17). */
 #define EXL_CUDA_QGEMV_MAX_ROWS 16
-#define EXL_CUDA_GEMV_MMA_ROWS_DEFAULT 2
+#define EXL_CUDA_GEMV_MMA_ROWS_DEFAULT 17
 #define EXL_CUDA_DECODE_MAX_Q 4
 /* decode attention sizes its splits for max_kv rounded up to this, so a captured step can
  * be replayed for the next tokens */
