@@ -18,6 +18,9 @@
 
 #define QROWS 64  /* activation rows accumulated per pass over the weights */
 #define QACC 8192 /* floats of accumulators per thread: [rows][block columns] */
+/* Up to this many activation rows (decode), each thread quantizes them to int8 itself, into its own copy: a few
+ * hundred nanoseconds against a second fork-join per matmul */
+#define Q8_OWN_ROWS 4
 
 typedef struct {
     const exl_cpu_qkernels *qk;
@@ -28,6 +31,7 @@ typedef struct {
     int8_t *xq; /* the int8 path (cpu_qact.c), or NULL */
     float *dx;
     int32_t *xsum;
+    size_t own_stride; /* > 0: task i quantizes into xq, dx and xsum moved by i * own_stride bytes */
 } qmatmul_job;
 
 /* scale[i] and zero[i] of group g for columns n0 + i, i < width (0 beyond); zeros are
@@ -40,11 +44,8 @@ static void group_params(const exl_linear *w, const exl_cpu_qkernels *qk, const 
         /* eight 4-bit scale codes a word (exl_exl2_scale_code, hoisted) */
         const float *lut = w->q->lut + (int64_t)grp->g * 16;
         const uint32_t *codes = (const uint32_t *)s->exl2.q_scale + (int64_t)grp->g * (s->exl2.n_padded / 8);
-        for (int i = 0; i < width; i++) {
-            uint64_t n = (uint64_t)(n0 + i);
-            scale[i] = lut[(codes[n >> 3] >> (4 * (n & 7))) & 15u];
-            zero[i] = 0.0f;
-        }
+        qk->exl2_scales(lut, codes, n0, width, scale);
+        memset(zero, 0, (size_t)width * sizeof *zero);
     } else {
         const exl_gptq_src *q = &s->gptq;
         int64_t N = s->out_features;
@@ -69,7 +70,7 @@ static void group_params(const exl_linear *w, const exl_cpu_qkernels *qk, const 
 }
 
 static void qmatmul_task(void *p, int ti, int tn) {
-    const qmatmul_job *j = p;
+    qmatmul_job own = *(const qmatmul_job *)p, *j = &own;
     const exl_cpu_qkernels *qk = j->qk;
     const exl_linear *w = j->w;
     const exl_cpu_qmat *q = w->q;
@@ -77,6 +78,13 @@ static void qmatmul_task(void *p, int ti, int tn) {
     int tile = qk->tile;
     long t0, t1;
     exl_split_range((N + tile - 1) / tile, ti, tn, 1, &t0, &t1);
+    if (j->own_stride && t0 < t1) {
+        size_t at = (size_t)ti * j->own_stride;
+        own.xq = (int8_t *)((char *)own.xq + at);
+        own.dx = (float *)((char *)own.dx + at);
+        own.xsum = (int32_t *)((char *)own.xsum + at);
+        exl_cpu_q8_quantize(qk, q, j->x, K, j->rows, own.xq, own.dx, own.xsum, 0, 1);
+    }
     float acc[QACC], scale[EXL_QTILE_MAX], zero[EXL_QTILE_MAX];
     for (int32_t rb = 0; rb < j->rows; rb += QROWS) {
         int nrows = j->rows - rb < QROWS ? j->rows - rb : QROWS;
@@ -123,10 +131,12 @@ static void quantize_task(void *p, int ti, int tn) {
 
 void exl_cpu_qmatmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
     exl_cpu_backend *cpu = exl_cpu(be);
-    qmatmul_job j = {cpu->qk, out, x, w, rows, NULL, NULL, NULL};
+    qmatmul_job j = {cpu->qk, out, x, w, rows, NULL, NULL, NULL, 0};
     if (cpu->q8) { /* int8 activations in the backend's scratch; if memory is short, the exact path */
         int64_t K = w->src.in_features, n = (int64_t)rows * w->q->n_groups;
-        size_t xq_bytes = ((size_t)(rows * K) + 63) & ~(size_t)63, bytes = xq_bytes + (size_t)n * 8;
+        size_t xq_bytes = ((size_t)(rows * K) + 63) & ~(size_t)63, one = (xq_bytes + (size_t)n * 8 + 63) & ~(size_t)63;
+        int own = rows <= Q8_OWN_ROWS && exl_pool_size(cpu->pool) > 1;
+        size_t bytes = own ? one * (size_t)exl_pool_size(cpu->pool) : one;
         if (bytes > cpu->q8_scratch_bytes) {
             exl_free_aligned(cpu->q8_scratch);
             cpu->q8_scratch = exl_malloc_aligned(bytes);
@@ -135,7 +145,10 @@ void exl_cpu_qmatmul(exl_backend *be, float *out, const float *x, const exl_line
         if (cpu->q8_scratch) {
             char *base = cpu->q8_scratch;
             j.xq = (int8_t *)base, j.dx = (float *)(base + xq_bytes), j.xsum = (int32_t *)(base + xq_bytes + n * 4);
-            exl_pool_run_work(cpu->pool, quantize_task, &j, rows * K * 8);
+            if (own)
+                j.own_stride = one;
+            else
+                exl_pool_run_work(cpu->pool, quantize_task, &j, rows * K * 8);
         }
     }
     exl_pool_run(cpu->pool, qmatmul_task, &j);
