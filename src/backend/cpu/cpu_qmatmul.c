@@ -1,6 +1,7 @@
 /* cpu_qmatmul.c - out = x·W + b for EXL2 / GPTQ weights, straight from the packed codes.
  *
- * Threads split the output columns in kernel tiles. Activation rows go in blocks of
+ * Threads split the output columns in kernel tiles (in halves or quarters of a tile where
+ * whole tiles are fewer than twice the threads: decode's small matrices). Activation rows go in blocks of
  * QROWS; a thread's columns go in blocks whose accumulators fit QACC floats (all of a
  * thread's columns at decode). Per block the groups are walked in order and, within a
  * group, the tiles left to right: a thread reads each stream row of the group along its
@@ -75,10 +76,13 @@ static void qmatmul_task(void *p, int ti, int tn) {
     const exl_linear *w = j->w;
     const exl_cpu_qmat *q = w->q;
     int64_t K = w->src.in_features, N = w->src.out_features;
-    int tile = qk->tile;
-    long t0, t1;
-    exl_split_range((N + tile - 1) / tile, ti, tn, 1, &t0, &t1);
-    if (j->own_stride && t0 < t1) {
+    int tile = qk->tile, unit = tile;
+    while (unit >= 32 && (N + unit - 1) / unit < 2L * tn) /* too few tiles for the threads: share narrower units */
+        unit /= 2;
+    long u0, u1;
+    exl_split_range((N + unit - 1) / unit, ti, tn, 1, &u0, &u1);
+    int64_t cb = (int64_t)u0 * unit, ce = (int64_t)u1 * unit < N ? (int64_t)u1 * unit : N; /* this task's columns */
+    if (j->own_stride && cb < ce) {
         size_t at = (size_t)ti * j->own_stride;
         own.xq = (int8_t *)((char *)own.xq + at);
         own.dx = (float *)((char *)own.dx + at);
@@ -89,17 +93,17 @@ static void qmatmul_task(void *p, int ti, int tn) {
     for (int32_t rb = 0; rb < j->rows; rb += QROWS) {
         int nrows = j->rows - rb < QROWS ? j->rows - rb : QROWS;
         const float *xb = j->x + (int64_t)rb * K;
-        long span = QACC / (nrows * tile); /* tiles per block: acc holds [nrows][span * tile] */
-        for (long b0 = t0; b0 < t1; b0 += span) {
-            long nt = t1 - b0 < span ? t1 - b0 : span;
-            int64_t c0 = (int64_t)b0 * tile;
+        int64_t span = (int64_t)(QACC / (nrows * tile)) * tile; /* columns per block: acc holds [nrows][span] */
+        for (int64_t c0 = cb; c0 < ce; c0 += span) {
+            int ncols = (int)(ce - c0 < span ? ce - c0 : span);
+            long nt = (ncols + tile - 1) / tile;
             int cols = (int)(nt * tile); /* acc rows are cols floats apart */
             memset(acc, 0, (size_t)nrows * (size_t)cols * sizeof(float));
             for (int32_t g = 0; g < q->n_groups; g++) {
                 const exl_qgroup *grp = &q->groups[g];
                 for (long t = 0; t < nt; t++) {
                     int64_t n0 = c0 + t * tile;
-                    int width = N - n0 < tile ? (int)(N - n0) : tile;
+                    int width = ce - n0 < tile ? (int)(ce - n0) : tile;
                     group_params(w, qk, grp, n0, width, scale, zero);
                     if (j->xq && exl_cpu_q8_group_ok(grp)) {
                         int64_t xr = (int64_t)rb * q->n_groups + g;
@@ -114,10 +118,9 @@ static void qmatmul_task(void *p, int ti, int tn) {
                     }
                 }
             }
-            int width = N - c0 < cols ? (int)(N - c0) : cols;
             for (int r = 0; r < nrows; r++) {
                 float *o = j->out + (int64_t)(rb + r) * N + c0;
-                for (int i = 0; i < width; i++)
+                for (int i = 0; i < ncols; i++)
                     o[i] = acc[r * cols + i] + (w->bias ? w->bias[c0 + i] : 0.0f);
             }
         }
