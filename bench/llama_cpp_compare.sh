@@ -82,7 +82,8 @@ exl_mib=$(exl_run 1 1 1 | awk '{ print $3 }')
 exl_bytes=$(awk -v m="$exl_mib" 'BEGIN { printf "%.0f", m * 1048576 }')
 echo "llama.cpp: $(basename "$gguf") ($((gguf_bytes / 1000000)) MB file); exl: EXL2 4.0 random, $exl_mib MiB read per token"
 echo
-echo "| test | threads | llama.cpp tok/s | exl tok/s | exl / llama.cpp | llama.cpp GB/s | exl GB/s | read GB/s | exl % of read |"
+echo "| test | threads | llama.cpp tok/s | exl tok/s | exl / llama.cpp | llama.cpp GB/s | exl GB/s |" \
+    "read GB/s | exl % of read |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for t in $threads; do
     for test in "prefill 512" "decode ctx 16" "decode ctx 512"; do
@@ -101,7 +102,8 @@ for t in $threads; do
         e=$(printf '%s\n' "${ev[@]}" | median)
         b=$(printf '%s\n' "${bv[@]}" | median)
         r=$(printf '%s\n' "${rv[@]}" | median)
-        awk -v t="$test" -v n="$t" -v l="$l" -v e="$e" -v lb="$gguf_bytes" -v eb="$exl_bytes" -v b="$b" -v r="$r" 'BEGIN {
+        awk -v t="$test" -v n="$t" -v l="$l" -v e="$e" -v lb="$gguf_bytes" -v eb="$exl_bytes" -v b="$b" -v r="$r" '
+        BEGIN {
             dec = t ~ /decode/
             printf "| %s | %s | %.1f | %.1f | %.2f | %s | %s | %.1f | %s |\n", t, n, l, e, e / l,
                 dec ? sprintf("%.1f", l * lb / 1e9) : "-", dec ? sprintf("%.1f", e * eb / 1e9) : "-", b,
