@@ -54,6 +54,7 @@ int cmd_logits(int argc, char **argv) {
     exl_model *m = NULL;
     exl_session *sess = NULL;
     float *logits = NULL;
+    cli_exact_cpu_activations();
     exl_status st = cli_model_load(&model, &m);
     exl_model_desc d;
     if (st == EXL_OK) {

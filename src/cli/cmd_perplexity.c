@@ -98,6 +98,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (st == EXL_OK)
         st = exl_tokenizer_encode(tok, text, (size_t)len, 1, &ids, &n_ids);
     free(text);
+    cli_exact_cpu_activations();
     if (st == EXL_OK)
         st = cli_model_load(&model, &m);
     exl_model_desc d;

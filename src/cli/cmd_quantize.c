@@ -154,6 +154,7 @@ int cmd_quantize(int argc, char **argv) {
         cli_list_free(&cal);
         return rc;
     }
+    cli_exact_cpu_activations(); /* the forward passes that calibrate later layers */
     p.format = format == 1 ? EXL_QUANT_GPTQ : EXL_QUANT_EXL2;
     p.device = model.params.device;
     p.n_threads = model.params.n_threads;

@@ -363,6 +363,8 @@ exl_status cli_model_load(cli_model_args *a, exl_model **out) {
     return st;
 }
 
+void cli_exact_cpu_activations(void) { setenv("EXL_CPU_ACT", "fp32", 0); }
+
 cli_group cli_cache_group(cli_cache_args *a, int parts, const char *tokens_default) {
     *a = (cli_cache_args){.k_bits = 16, .v_bits = 16};
     const cli_option bits[] = {

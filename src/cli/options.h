@@ -83,6 +83,9 @@ cli_group cli_model_group(cli_model_args *args, int parts);
 /* After cli_parse: load the model, then its --lora adapters as the set every sequence runs with (freed with the
  * model; the list is freed here). */
 exl_status cli_model_load(cli_model_args *args, exl_model **out);
+/* Before loading: quantized matmuls on the CPU with exact fp32 activations, not the default int8 ones, unless
+ * $EXL_CPU_ACT says otherwise (the commands that measure the model: logits, perplexity, quantize). */
+void cli_exact_cpu_activations(void);
 
 /* The KV cache: --cache-bits K[,V], --cache-tokens N (commands that run a generator), --gpu-memory F (those that
  * size the cache to the memory). */

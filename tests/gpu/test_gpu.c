@@ -2979,6 +2979,7 @@ static int only(const char *group) {
 
 int main(int argc, char **argv) {
     const char *shared = argc > 1 ? argv[1] : "../shared";
+    setenv("EXL_CPU_ACT", "fp32", 0); /* the exact CPU reference, not its default int8 activations */
     require(exl_backend_cpu_init(1, &cpu) == EXL_OK, "cpu backend");
     setenv("EXL_CUDA_EXACT_PREFILL", "1", 1);
     require(exl_backend_init(EXL_DEVICE_CUDA, 0, &gpu_exact) == EXL_OK, "cuda backend");

@@ -89,6 +89,7 @@ static int selected(const test_entry *t, int argc, char **argv) {
 
 int main(int argc, char **argv) {
     int passed = 0, failed = 0;
+    setenv("EXL_CPU_ACT", "fp32", 0); /* the exact CPU path the tolerances are for, unless asked otherwise */
     for (int i = 0; i < n_tests; i++) {
         test_entry *t = &tests[i];
         if (!selected(t, argc, argv))

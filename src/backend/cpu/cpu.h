@@ -16,7 +16,7 @@ typedef struct exl_cpu_backend {
     exl_pool *pool;
     const exl_cpu_kernels *k;
     const exl_cpu_qkernels *qk; /* same ISA as k */
-    int q8;                     /* quantized matmuls with int8 activations (EXL_CPU_ACT=int8, qk->group_q8) */
+    int q8;                     /* quantized matmuls with int8 activations (qk->group_q8; not EXL_CPU_ACT=fp32) */
     void *q8_scratch;           /* their int8 activations, steps and sums (cpu_qmatmul.c), grown as needed */
     size_t q8_scratch_bytes;
     struct exl_host_comm *comm; /* tensor parallelism: the ranks' communicator (cpu_comm.c), or NULL */

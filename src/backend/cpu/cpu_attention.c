@@ -32,20 +32,6 @@ void exl_cpu_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float
 #define BLOCK_MIN 64 /* the fewest keys of a sequence block */
 #define ITEMS_PER 8  /* work items per thread that decode aims for */
 
-/* y += a x, multiply then add as cpu_kv_quant.c does (this file is built without FMA), so that a step's own
- * keys and values give the same bits whichever path attends them */
-static void axpy(float *restrict y, float a, const float *restrict x, int32_t n) {
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8) { /* eight at a time: -O2 turns the block into vector code */
-        float t[8];
-        for (int u = 0; u < 8; u++)
-            t[u] = y[i + u] + a * x[i + u];
-        memcpy(y + i, t, sizeof t);
-    }
-    for (; i < n; i++)
-        y[i] += a * x[i];
-}
-
 typedef struct {
     exl_cpu_backend *be;
     float *out;
@@ -105,7 +91,7 @@ static void attend_block(const attn_job *j, const exl_attn_seq *seq, int32_t row
             for (int32_t i = 0; i < n; i++) {
                 float p = expf(sc[h][i] - nm);
                 l[h] += p;
-                axpy(acc[h], p, vrow[i], hd);
+                k->axpy_f32(acc[h], p, vrow[i], hd);
             }
             m[h] = nm;
         }
@@ -166,7 +152,7 @@ static void merge_blocks(const attn_job *j) {
                 continue;
             float w = expf(q[0] - mx);
             l += q[1] * w;
-            axpy(o, w, q + 2, hd);
+            j->be->k->axpy_f32(o, w, q + 2, hd);
         }
         float inv = l > 0 ? 1.0f / l : 0.0f;
         for (int32_t d = 0; d < hd; d++)

@@ -147,8 +147,10 @@ exl_status exl_backend_cpu_init(int n_threads, exl_backend **out) {
     }
     be->k = exl_cpu_kernels_best();
     be->qk = exl_cpu_qkernels_for(be->k->isa);
-    const char *act = getenv("EXL_CPU_ACT"); /* "int8": the approximate decode fast path; else exact fp32 */
-    be->q8 = act && !strcmp(act, "int8") && exl_cpu_q8_for(be->qk) != NULL;
+    /* int8 activations where the CPU has their kernels (AVX-512 VNNI): the fast, approximate default, as
+     * llama.cpp's; EXL_CPU_ACT=fp32 picks the exact path (`exl logits` and `exl perplexity` set it by default) */
+    const char *act = getenv("EXL_CPU_ACT");
+    be->q8 = !(act && !strcmp(act, "fp32")) && exl_cpu_q8_for(be->qk) != NULL;
     be->base.ops = &cpu_ops;
     be->base.name = "cpu";
     be->base.kv_elem_bytes = sizeof(float);

@@ -242,10 +242,8 @@ static void attend_block(const qattn_job *j, const exl_attn_seq *seq, int32_t kv
             }
             for (int32_t i = a; i <= z; i++) {
                 const float pr = expf(pu[i] - nm);
-                float *acc = vex[i] ? ae : ar;
                 l[u] += pr;
-                for (int32_t d = 0; d < hd; d++)
-                    acc[d] += pr * vp[i][d];
+                kern->axpy_f32(vex[i] ? ae : ar, pr, vp[i], hd);
             }
             m[u] = nm;
         }

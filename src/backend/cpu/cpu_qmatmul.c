@@ -1,6 +1,7 @@
 /* cpu_qmatmul.c - out = x·W + b for EXL2 / GPTQ weights, straight from the packed codes.
  *
- * Threads split the output columns in kernel tiles. Activation rows go in blocks of
+ * Threads split the output columns in kernel tiles (in halves or quarters of a tile where
+ * whole tiles are fewer than twice the threads: decode's small matrices). Activation rows go in blocks of
  * QROWS; a thread's columns go in blocks whose accumulators fit QACC floats (all of a
  * thread's columns at decode). Per block the groups are walked in order and, within a
  * group, the tiles left to right: a thread reads each stream row of the group along its
@@ -18,6 +19,9 @@
 
 #define QROWS 64  /* activation rows accumulated per pass over the weights */
 #define QACC 8192 /* floats of accumulators per thread: [rows][block columns] */
+/* Up to this many activation rows (decode), each thread quantizes them to int8 itself, into its own copy: a few
+ * hundred nanoseconds against a second fork-join per matmul */
+#define Q8_OWN_ROWS 4
 
 typedef struct {
     const exl_cpu_qkernels *qk;
@@ -28,6 +32,7 @@ typedef struct {
     int8_t *xq; /* the int8 path (cpu_qact.c), or NULL */
     float *dx;
     int32_t *xsum;
+    size_t own_stride; /* > 0: task i quantizes into xq, dx and xsum moved by i * own_stride bytes */
 } qmatmul_job;
 
 /* scale[i] and zero[i] of group g for columns n0 + i, i < width (0 beyond); zeros are
@@ -40,11 +45,8 @@ static void group_params(const exl_linear *w, const exl_cpu_qkernels *qk, const 
         /* eight 4-bit scale codes a word (exl_exl2_scale_code, hoisted) */
         const float *lut = w->q->lut + (int64_t)grp->g * 16;
         const uint32_t *codes = (const uint32_t *)s->exl2.q_scale + (int64_t)grp->g * (s->exl2.n_padded / 8);
-        for (int i = 0; i < width; i++) {
-            uint64_t n = (uint64_t)(n0 + i);
-            scale[i] = lut[(codes[n >> 3] >> (4 * (n & 7))) & 15u];
-            zero[i] = 0.0f;
-        }
+        qk->exl2_scales(lut, codes, n0, width, scale);
+        memset(zero, 0, (size_t)width * sizeof *zero);
     } else {
         const exl_gptq_src *q = &s->gptq;
         int64_t N = s->out_features;
@@ -69,29 +71,39 @@ static void group_params(const exl_linear *w, const exl_cpu_qkernels *qk, const 
 }
 
 static void qmatmul_task(void *p, int ti, int tn) {
-    const qmatmul_job *j = p;
+    qmatmul_job own = *(const qmatmul_job *)p, *j = &own;
     const exl_cpu_qkernels *qk = j->qk;
     const exl_linear *w = j->w;
     const exl_cpu_qmat *q = w->q;
     int64_t K = w->src.in_features, N = w->src.out_features;
-    int tile = qk->tile;
-    long t0, t1;
-    exl_split_range((N + tile - 1) / tile, ti, tn, 1, &t0, &t1);
+    int tile = qk->tile, unit = tile;
+    while (unit >= 32 && (N + unit - 1) / unit < 2L * tn) /* too few tiles for the threads: share narrower units */
+        unit /= 2;
+    long u0, u1;
+    exl_split_range((N + unit - 1) / unit, ti, tn, 1, &u0, &u1);
+    int64_t cb = (int64_t)u0 * unit, ce = (int64_t)u1 * unit < N ? (int64_t)u1 * unit : N; /* this task's columns */
+    if (j->own_stride && cb < ce) {
+        size_t at = (size_t)ti * j->own_stride;
+        own.xq = (int8_t *)((char *)own.xq + at);
+        own.dx = (float *)((char *)own.dx + at);
+        own.xsum = (int32_t *)((char *)own.xsum + at);
+        exl_cpu_q8_quantize(qk, q, j->x, K, j->rows, own.xq, own.dx, own.xsum, 0, 1);
+    }
     float acc[QACC], scale[EXL_QTILE_MAX], zero[EXL_QTILE_MAX];
     for (int32_t rb = 0; rb < j->rows; rb += QROWS) {
         int nrows = j->rows - rb < QROWS ? j->rows - rb : QROWS;
         const float *xb = j->x + (int64_t)rb * K;
-        long span = QACC / (nrows * tile); /* tiles per block: acc holds [nrows][span * tile] */
-        for (long b0 = t0; b0 < t1; b0 += span) {
-            long nt = t1 - b0 < span ? t1 - b0 : span;
-            int64_t c0 = (int64_t)b0 * tile;
+        int64_t span = (int64_t)(QACC / (nrows * tile)) * tile; /* columns per block: acc holds [nrows][span] */
+        for (int64_t c0 = cb; c0 < ce; c0 += span) {
+            int ncols = (int)(ce - c0 < span ? ce - c0 : span);
+            long nt = (ncols + tile - 1) / tile;
             int cols = (int)(nt * tile); /* acc rows are cols floats apart */
             memset(acc, 0, (size_t)nrows * (size_t)cols * sizeof(float));
             for (int32_t g = 0; g < q->n_groups; g++) {
                 const exl_qgroup *grp = &q->groups[g];
                 for (long t = 0; t < nt; t++) {
                     int64_t n0 = c0 + t * tile;
-                    int width = N - n0 < tile ? (int)(N - n0) : tile;
+                    int width = ce - n0 < tile ? (int)(ce - n0) : tile;
                     group_params(w, qk, grp, n0, width, scale, zero);
                     if (j->xq && exl_cpu_q8_group_ok(grp)) {
                         int64_t xr = (int64_t)rb * q->n_groups + g;
@@ -106,10 +118,9 @@ static void qmatmul_task(void *p, int ti, int tn) {
                     }
                 }
             }
-            int width = N - c0 < cols ? (int)(N - c0) : cols;
             for (int r = 0; r < nrows; r++) {
                 float *o = j->out + (int64_t)(rb + r) * N + c0;
-                for (int i = 0; i < width; i++)
+                for (int i = 0; i < ncols; i++)
                     o[i] = acc[r * cols + i] + (w->bias ? w->bias[c0 + i] : 0.0f);
             }
         }
@@ -123,10 +134,12 @@ static void quantize_task(void *p, int ti, int tn) {
 
 void exl_cpu_qmatmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
     exl_cpu_backend *cpu = exl_cpu(be);
-    qmatmul_job j = {cpu->qk, out, x, w, rows, NULL, NULL, NULL};
+    qmatmul_job j = {cpu->qk, out, x, w, rows, NULL, NULL, NULL, 0};
     if (cpu->q8) { /* int8 activations in the backend's scratch; if memory is short, the exact path */
         int64_t K = w->src.in_features, n = (int64_t)rows * w->q->n_groups;
-        size_t xq_bytes = ((size_t)(rows * K) + 63) & ~(size_t)63, bytes = xq_bytes + (size_t)n * 8;
+        size_t xq_bytes = ((size_t)(rows * K) + 63) & ~(size_t)63, one = (xq_bytes + (size_t)n * 8 + 63) & ~(size_t)63;
+        int own = rows <= Q8_OWN_ROWS && exl_pool_size(cpu->pool) > 1;
+        size_t bytes = own ? one * (size_t)exl_pool_size(cpu->pool) : one;
         if (bytes > cpu->q8_scratch_bytes) {
             exl_free_aligned(cpu->q8_scratch);
             cpu->q8_scratch = exl_malloc_aligned(bytes);
@@ -135,7 +148,10 @@ void exl_cpu_qmatmul(exl_backend *be, float *out, const float *x, const exl_line
         if (cpu->q8_scratch) {
             char *base = cpu->q8_scratch;
             j.xq = (int8_t *)base, j.dx = (float *)(base + xq_bytes), j.xsum = (int32_t *)(base + xq_bytes + n * 4);
-            exl_pool_run_work(cpu->pool, quantize_task, &j, rows * K * 8);
+            if (own)
+                j.own_stride = one;
+            else
+                exl_pool_run_work(cpu->pool, quantize_task, &j, rows * K * 8);
         }
     }
     exl_pool_run(cpu->pool, qmatmul_task, &j);

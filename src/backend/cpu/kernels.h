@@ -19,11 +19,16 @@ typedef struct exl_cpu_kernels {
     void (*block_f32)(const float *x, int64_t ldx, int nr, const float *const *w, int64_t k, float *out);
     void (*block_f16)(const float *x, int64_t ldx, int nr, const uint16_t *const *w, int64_t k, float *out);
     void (*block_bf16)(const float *x, int64_t ldx, int nr, const uint16_t *const *w, int64_t k, float *out);
+    /* y[i] += a * x[i] for i < n, the product rounded before the add (never a fused multiply-add), so that every
+     * table and plain C give the same bits (attention's value sums, cpu_attention.c and cpu_kv_quant.c) */
+    void (*axpy_f32)(float *y, float a, const float *x, int32_t n);
 } exl_cpu_kernels;
 
 extern const exl_cpu_kernels exl_cpu_kernels_scalar;
 extern const exl_cpu_kernels exl_cpu_kernels_avx2;
 extern const exl_cpu_kernels exl_cpu_kernels_avx512;
+
+void exl_cpu_axpy_f32_scalar(float *y, float a, const float *x, int32_t n);
 
 /* The best table this CPU supports; $EXL_CPU_ISA (scalar, avx2, avx512) caps the choice. */
 const exl_cpu_kernels *exl_cpu_kernels_best(void);

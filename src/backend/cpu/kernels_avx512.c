@@ -91,4 +91,16 @@ DEFINE_BLOCK(block_f32, float, load_f32)
 DEFINE_BLOCK(block_f16, uint16_t, load_f16)
 DEFINE_BLOCK(block_bf16, uint16_t, load_bf16)
 
-const exl_cpu_kernels exl_cpu_kernels_avx512 = {"avx512", dot_f32, dot_f16, dot_bf16, block_f32, block_f16, block_bf16};
+/* The empty asm hides the product from the compiler, which would otherwise fuse it with the add under -mfma */
+static void axpy_f32(float *y, float a, const float *x, int32_t n) {
+    __m512 va = _mm512_set1_ps(a);
+    for (int32_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 p = _mm512_mul_ps(va, _mm512_maskz_loadu_ps(m, x + i));
+        __asm__("" : "+v"(p));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), p));
+    }
+}
+
+const exl_cpu_kernels exl_cpu_kernels_avx512 = {"avx512",  dot_f32,   dot_f16,    dot_bf16,
+                                                block_f32, block_f16, block_bf16, axpy_f32};

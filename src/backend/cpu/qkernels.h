@@ -64,6 +64,9 @@ typedef struct exl_cpu_qkernels {
      * int8 in exl_cpu_q8_order: dst[n], the step dx = max |x| / 127 and the sum of dst. */
     void (*quantize_q8)(const float *x, const int32_t *perm, int64_t n, int bits, int8_t *dst, float *dx,
                         int32_t *xsum);
+    /* EXL2 scales of columns n0 .. n0 + width - 1 (n0 even): scale[i] = lut[code of column n0 + i], the 4-bit
+     * codes eight to a word of `codes`, column 0 in the low bits */
+    void (*exl2_scales)(const float *lut, const uint32_t *codes, int64_t n0, int width, float *scale);
 } exl_cpu_qkernels;
 
 extern const exl_cpu_qkernels exl_cpu_qkernels_scalar;
@@ -75,6 +78,7 @@ void exl_cpu_q8_group_avx512(const exl_qgroup *g, const int32_t *words, int64_t 
 void exl_cpu_q8_quantize_avx512(const float *x, const int32_t *perm, int64_t n, int bits, int8_t *dst, float *dx,
                                 int32_t *xsum);
 
+void exl_cpu_exl2_scales_scalar(const float *lut, const uint32_t *codes, int64_t n0, int width, float *scale);
 /* The quantized table of the same instruction set as a kernels.h table's isa name. */
 const exl_cpu_qkernels *exl_cpu_qkernels_for(const char *isa);
 /* The table's int8 kernel where this CPU runs it (AVX-512 VNNI), else NULL. */

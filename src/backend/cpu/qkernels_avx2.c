@@ -40,4 +40,5 @@ static void f16_to_f32(const uint16_t *src, float *dst, int n) {
         dst[i] = exl_f16_to_f32(src[i]);
 }
 
-const exl_cpu_qkernels exl_cpu_qkernels_avx2 = {"avx2", QTILE, QNR, q_group_any, f16_to_f32, NULL, NULL};
+const exl_cpu_qkernels exl_cpu_qkernels_avx2 = {"avx2",     QTILE, QNR,  q_group_any,
+                                                f16_to_f32, NULL,  NULL, exl_cpu_exl2_scales_scalar};

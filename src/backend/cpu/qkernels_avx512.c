@@ -42,5 +42,20 @@ static void f16_to_f32(const uint16_t *src, float *dst, int n) {
     }
 }
 
+/* 16 columns a step: eight code bytes split into low and high nibbles, interleaved back into column order, widened
+ * to lane indices into the 16-float table */
+static void exl2_scales(const float *lut, const uint32_t *codes, int64_t n0, int width, float *scale) {
+    __m512 table = _mm512_loadu_ps(lut);
+    const uint8_t *bytes = (const uint8_t *)codes + n0 / 2;
+    __m128i nibble = _mm_set1_epi8(15);
+    int i = 0;
+    for (; i + 16 <= width; i += 16) {
+        __m128i v = _mm_loadl_epi64((const __m128i *)(bytes + i / 2));
+        __m128i lo = _mm_and_si128(v, nibble), hi = _mm_and_si128(_mm_srli_epi16(v, 4), nibble);
+        _mm512_storeu_ps(scale + i, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), table));
+    }
+    exl_cpu_exl2_scales_scalar(lut, codes, n0 + i, width - i, scale + i);
+}
+
 const exl_cpu_qkernels exl_cpu_qkernels_avx512 = {
-    "avx512", QTILE, QNR, q_group_any, f16_to_f32, exl_cpu_q8_group_avx512, exl_cpu_q8_quantize_avx512};
+    "avx512", QTILE, QNR, q_group_any, f16_to_f32, exl_cpu_q8_group_avx512, exl_cpu_q8_quantize_avx512, exl2_scales};
