@@ -2,7 +2,7 @@
  * input, x' being the input normed or through the GLU on the way where the node says so (the matmuls beside then keep
  * their fusions with the norm and the GLU). Two paths, whatever the mix of adapters in the step:
  *
- * fused (decode steps: at most EXL_CUDA_LORA_FUSED_USES uses, default 64, ranks up to 256, and not
+ * fused (decode steps: at most EXL_CUDA_LORA_FUSED_USES uses, default 4, ranks up to 256, and not
  *   EXL_CUDA_DETERMINISTIC), one launch: a block per (use u, span of output columns of one projection o, group of
  *   ranks j). Its warps split the group's dot products t[j] = scale_u * x'[row_u] · A_o,slot(u)[j] over ranks and
  *   input features (float4 loads, a lane's loads in flight together; the norm's sum of squares comes along in the
@@ -99,7 +99,8 @@ __global__ void __launch_bounds__(EXPAND_THREADS) lora_expand_kernel(exl_lora_no
 #define FUSED_WARPS (FUSED_THREADS / 32)
 #define FUSED_COLS 4 /* output columns a thread */
 #define FUSED_TILE (FUSED_THREADS * FUSED_COLS)
-#define FUSED_MAX_USES 64   /* default of EXL_CUDA_LORA_FUSED_USES */
+#define FUSED_MAX_USES \
+    4 /* default of EXL_CUDA_LORA_FUSED_USES (32 uses: 0.48 of no adapter fused, 0.73 in two launches) */
 #define FUSED_MAX_RANK 256  /* adapters of higher rank take the two launches */
 #define FUSED_USES_A_TILE 4 /* a block a tile for up to 4 uses, 2 tiles for up to 8, ... */
 
