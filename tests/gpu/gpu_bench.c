@@ -5,7 +5,7 @@
  * the model is driven through the real forward pass (exl_model_forward). Per matrix shape (stderr): the time and
  * bandwidth of decode rows 1, 2, 4, 8, 16 (and the ratio to one row) and the time and tensor-core rate of prompt
  * rows; then whole decode steps of 1-16 sequences (t/s, ms a step, the step's cost against one row) and one
- * sequence's verification steps of 1-16 rows (us, ratio to one row).
+ * sequence's verification steps of 1-16 rows at context 128 and 2048 (us, ratio to one row at that context).
  *
  * usage: gpu_bench [fp16|exl2|gptq|exl2-8b|moe ...] [--layers N] [--bits B] [--profile] [--prefill-only]
  *        [--kernels-only]
@@ -452,19 +452,21 @@ static double decode_ahead_batch(exl_model *m, exl_kv_cache *cache, int32_t n_se
 /* The time of a step that verifies `rows` tokens of one sequence after a prompt of ctx tokens (speculative decoding's
  * target pass: rows at consecutive positions, every row's logits to the host), each step from the same position (as
  * after a rejection of every draft token); microseconds a step. */
-static double verify_step_us(exl_model *m, exl_kv_cache *cache, int32_t *pages, int32_t ctx, int32_t rows,
-                             float *logits) {
+static double verify_step_us(exl_model *m, exl_kv_cache *cache, int32_t *pages, int32_t n_pages, int32_t ctx,
+                             int32_t rows, float *logits) {
     enum { WARM = 4, STEPS = 32 };
     int32_t ids[256];
     for (int i = 0; i < 256; i++)
         ids[i] = (int32_t)(qg_next(&rng) % 32000);
-    exl_seq_step st = {ids, ctx, 0, pages, 1, 0};
-    EK(exl_model_forward(m, cache, &st, 1, NULL));
+    for (int32_t done = 0; done < ctx; done += 256) { /* the context, in pieces of 256 tokens */
+        exl_seq_step st = {ids, ctx - done < 256 ? ctx - done : 256, done, pages, n_pages, 0};
+        EK(exl_model_forward(m, cache, &st, 1, NULL));
+    }
     double t0 = 0;
     for (int i = 0; i < WARM + STEPS; i++) {
         if (i == WARM)
             t0 = now();
-        st = (exl_seq_step){ids + ctx, rows, ctx, pages, 1, 2};
+        exl_seq_step st = {ids, rows, ctx, pages, n_pages, 2};
         EK(exl_model_forward(m, cache, &st, 1, logits));
     }
     return (now() - t0) / STEPS * 1e6;
@@ -672,11 +674,15 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "  | %d: %.1f t/s %.3f ms/step %.2fx", seqs[i], tps, 1e3 * seqs[i] / tps,
                         one * seqs[i] / tps);
             }
-            fprintf(stderr, "\n  %s verification steps of one sequence, K + 1 rows, ctx 128:", kinds[k]);
-            for (int i = 0; i < 7; i++) {
-                const double us = verify_step_us(m, cache, pages, 128, verify[i], logits);
-                one = i == 0 ? us : one;
-                fprintf(stderr, "  | %d: %.1f us %.2fx", verify[i], us, us / one);
+            /* captured as decode steps (cuda_internal.h: EXL_CUDA_VERIFY_MAX_Q), the same K + 1 replaying */
+            const int32_t vctx[2] = {128, 2048};
+            for (int v = 0; v < 2; v++) {
+                fprintf(stderr, "\n  %s verification steps of one sequence, K + 1 rows, ctx %d:", kinds[k], vctx[v]);
+                for (int i = 0; i < 7; i++) {
+                    const double us = verify_step_us(m, cache, pages, n_pages, vctx[v], verify[i], logits);
+                    one = i == 0 ? us : one;
+                    fprintf(stderr, "  | %d: %.1f us %.2fx", verify[i], us, us / one);
+                }
             }
             fprintf(stderr, "\n");
         }

@@ -326,6 +326,8 @@ static void test_attention_quantized(void) {
     static const int32_t widths[][2] = {{8, 8}, {6, 6}, {4, 4}, {8, 4}, {4, 8}, {16, 4}, {4, 16}, {6, 16}};
     seq_spec dec[2] = {{37, 1}, {0, 1}}, dec3[2] = {{100, 3}, {5, 2}}, pre[2] = {{37, 20}, {0, 13}};
     seq_spec longd[1] = {{2047, 1}}, longp[1] = {{300, 100}};
+    seq_spec ver[2] = {{37, 16}, {5, 5}},
+             verl[1] = {{2039, 9}}; /* verification steps (decode-sized, cuda_internal.h) */
     for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++) {
         char name[128];
 #define QCASE(what, heads, kv_heads, hd, window, softcap, specs)                                                       \
@@ -348,6 +350,9 @@ static void test_attention_quantized(void) {
         QCASE("decode ctx 2048 GQA hd64", 8, 2, 64, 0, 0.0f, longd);
         QCASE("prefill sliding window 10", 4, 2, 64, 10, 0.0f, pre);
         QCASE("prefill softcap 3 window 10 hd256", 2, 1, 256, 10, 3.0f, pre);
+        QCASE("verification 16 + 5 rows hd128 (decode kernels)", 4, 2, 128, 0, 0.0f, ver);
+        QCASE("verification 16 + 5 rows hd16 (decode kernels)", 8, 4, 16, 0, 0.0f, ver);
+        QCASE("verification 9 rows ctx 2048 GQA hd64 (splits)", 8, 2, 64, 0, 0.0f, verl);
 #undef QCASE
     }
 }
@@ -377,6 +382,14 @@ static void test_attention(void) {
     capped_attention_case("attention decode softcap 3 ctx 2048 hd256", 2, 1, 256, 0, 3.0f, longd, 1, 2e-3);
     capped_attention_case("attention prefill softcap 3 window 50 hd256", 2, 1, 256, 50, 3.0f, big, 2, 2e-3);
     capped_attention_case("attention prefill of prompts softcap 3 hd128", 4, 2, 128, 0, 3.0f, prompt, 2, 1e-4);
+    /* speculative verification steps: up to EXL_CUDA_VERIFY_MAX_Q (16) new tokens a sequence take the decode kernels
+     * (cuda_internal.h), each row its keys up to its own token */
+    seq_spec ver[2] = {{37, 16}, {5, 5}}, verl[1] = {{2039, 9}};
+    attention_case("attention verification 16 + 5 rows GQA hd128", 4, 2, 128, 0, ver, 2, 2e-3);
+    attention_case("attention verification 16 + 5 rows hd64 window 10", 8, 2, 64, 10, ver, 2, 2e-3);
+    attention_case("attention verification 9 rows ctx 2048 hd128 (splits)", 4, 1, 128, 0, verl, 1, 2e-3);
+    attention_case("attention verification 16 + 5 rows hd256 (plain kernel)", 2, 1, 256, 0, ver, 2, 2e-3);
+    capped_attention_case("attention verification softcap 3 hd64", 8, 2, 64, 0, 3.0f, ver, 2, 2e-3);
 }
 
 /* ---- mixture of experts: routes and the chosen experts' outputs, GPU against CPU. Up to 64 rows the GPU groups the
@@ -2541,6 +2554,111 @@ static void test_speculative(const char *shared) {
     exl_model_free(m);
 }
 
+/* ---- speculative verification steps (cuda_internal.h's decode-sized steps): K + 1 tokens of one sequence in one
+ * step, run as a decode step (captured as a CUDA graph; attention through the decode kernels, a row's keys up to its
+ * own token), against the same tokens fed one at a time */
+
+/* a prompt piece first (the prompt path), then for K = 1 .. VERIFY_MAX_K a step of K + 1 tokens, one of one token
+ * and one of K + 1 again (which replays the first's CUDA graph, kept beside the one-token step's) */
+#define VERIFY_PROMPT 40
+#define VERIFY_MAX_K 15
+#define VERIFY_TOKENS (VERIFY_PROMPT + VERIFY_MAX_K * (VERIFY_MAX_K + 1) + 3 * VERIFY_MAX_K)
+
+/* every row's logits of ids through a session of the cache format on m: the prompt at once, then the steps above
+ * (verify) or one token at a time */
+static float *verify_logits(exl_model *m, const int32_t *ids, int32_t vocab, int32_t k_bits, int32_t v_bits,
+                            int verify) {
+    exl_session *s;
+    float *out = malloc((size_t)VERIFY_TOKENS * vocab * sizeof *out);
+    require(exl_session_init_cache(m, VERIFY_TOKENS, k_bits, v_bits, &s) == EXL_OK, "verify session");
+    require(exl_session_eval(s, ids, VERIFY_PROMPT, out, NULL) == EXL_OK, "verify prompt");
+    for (int32_t at = VERIFY_PROMPT, k = 1; k <= VERIFY_MAX_K; k++) {
+        const int32_t steps[3] = {k + 1, 1, k + 1};
+        for (int i = 0; i < 3; i++)
+            for (int32_t done = 0, n = verify ? steps[i] : 1; done < steps[i]; done += n, at += n)
+                require(exl_session_eval(s, ids + at, n, out + (int64_t)at * vocab, NULL) == EXL_OK, "verify eval");
+    }
+    exl_session_free(s);
+    return out;
+}
+
+/* the worst relative error of a's rows past the prompt against b's, and their argmax mismatches where b's top-2 gap
+ * exceeds must_gap (0: everywhere) */
+static double verify_compare(const float *a, const float *b, int32_t vocab, double must_gap, int *mism) {
+    double worst = 0;
+    *mism = 0;
+    for (int32_t r = VERIFY_PROMPT; r < VERIFY_TOKENS; r++) {
+        const float *x = a + (int64_t)r * vocab, *y = b + (int64_t)r * vocab;
+        worst = fmax(worst, ref_rel_err(x, y, vocab));
+        *mism += ref_argmax(x, vocab) != ref_argmax(y, vocab) && top2_gap(y, vocab) > must_gap;
+    }
+    return worst;
+}
+
+/* model with the cache format k_bits / v_bits: K + 1 tokens a step == one at a time (a quantized cache: the bound is
+ * 5e-3 plus the format's own effect, one at a time against a 16-bit cache, as the verification step reads its own
+ * keys unquantized; argmax equal where the one-at-a-time top-2 gap exceeds twice the largest logit difference);
+ * with graphs == EXL_CUDA_GRAPHS=0 (launches one by one; 1e-3 with the fp16 cache, where only the order of atomic
+ * sums may differ; a quantized one as above, since such a difference may round a code the other way) */
+static void verify_steps_case(const char *shared, const char *model, int32_t k_bits, int32_t v_bits) {
+    char name[192];
+    exl_model *m = load_cuda(shared, model);
+    setenv("EXL_CUDA_GRAPHS", "0", 1); /* read when the second model's backend starts */
+    exl_model *direct = load_cuda(shared, model);
+    unsetenv("EXL_CUDA_GRAPHS");
+    if (!m || !direct) {
+        printf("FAIL verification steps %s: %s\n", model, exl_last_error());
+        n_fail++;
+        exl_model_free(m);
+        exl_model_free(direct);
+        return;
+    }
+    exl_model_desc d;
+    exl_model_describe(m, &d);
+    const int32_t V = d.vocab_size;
+    int32_t ids[VERIFY_TOKENS];
+    for (int i = 0; i < VERIFY_TOKENS; i++)
+        ids[i] = i == 0 ? 1 : 3 + (int32_t)(qg_next(&rng) % (uint64_t)(V - 3));
+    const int quant = exl_kv_quantized(k_bits) || exl_kv_quantized(v_bits);
+    float *one = verify_logits(m, ids, V, k_bits, v_bits, 0), *ver = verify_logits(m, ids, V, k_bits, v_bits, 1);
+    float *dir = verify_logits(direct, ids, V, k_bits, v_bits, 1);
+    double effect = 0, noise = 0, noise_dir = 0;
+    if (quant) {
+        float *one16 = verify_logits(m, ids, V, 16, 16, 0);
+        int unused;
+        effect = verify_compare(one, one16, V, 0, &unused);
+        free(one16);
+    }
+    for (int32_t r = VERIFY_PROMPT; r < VERIFY_TOKENS && quant; r++) {
+        noise = fmax(noise, max_abs_diff(ver + (int64_t)r * V, one + (int64_t)r * V, V));
+        noise_dir = fmax(noise_dir, max_abs_diff(ver + (int64_t)r * V, dir + (int64_t)r * V, V));
+    }
+    int mism, mism_dir;
+    const double e = verify_compare(ver, one, V, 2 * noise, &mism);
+    const double e_dir = verify_compare(ver, dir, V, 2 * noise_dir, &mism_dir);
+    snprintf(name, sizeof name, "verification steps K + 1 = 2..%d == one at a time %s K%d/V%d (%d rows)",
+             VERIFY_MAX_K + 1, model, k_bits, v_bits, VERIFY_TOKENS - VERIFY_PROMPT);
+    report(name, e, 5e-3 + effect);
+    snprintf(name, sizeof name, "verification steps argmax mismatches %s K%d/V%d%s", model, k_bits, v_bits,
+             quant ? " (where the top-2 gap > 2 x noise)" : "");
+    report(name, mism, 0);
+    snprintf(name, sizeof name, "verification steps graph replay == launches one by one %s K%d/V%d", model, k_bits,
+             v_bits);
+    report(name, e_dir, quant ? 5e-3 + effect : 1e-3);
+    snprintf(name, sizeof name, "verification steps graph replay argmax mismatches %s K%d/V%d", model, k_bits, v_bits);
+    report(name, mism_dir, 0);
+    free(one), free(ver), free(dir);
+    exl_model_free(direct);
+    exl_model_free(m);
+}
+
+static void test_verify_steps(const char *shared) {
+    verify_steps_case(shared, "rand-llama", 16, 16);
+    verify_steps_case(shared, "rand-llama-exl2-5.0bpw-h8", 16, 16);
+    verify_steps_case(shared, "rand-llama-exl2-5.0bpw-h8", 8, 8);
+    verify_steps_case(shared, "rand-llama", 4, 4);
+}
+
 /* ---- LoRA adapters (model/lora.h): the lora op against the CPU's, PEFT fixtures' logits against the reference (the
  * prompt at once and token by token, CUDA graphs replayed), and jobs of different adapters in one step */
 
@@ -3097,8 +3215,10 @@ int main(int argc, char **argv) {
         same_tokens_with_env_off(shared, 1, "EXL_DECODE_AHEAD", "decode ahead == step by step");
         same_tokens_with_env_off(shared, 12, "EXL_DECODE_AHEAD", "decode ahead == step by step");
     }
-    if (only("spec"))
+    if (only("spec")) {
         test_speculative(shared);
+        test_verify_steps(shared);
+    }
     if (only("lora"))
         test_lora(shared);
     if (only("quantize"))

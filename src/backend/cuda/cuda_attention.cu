@@ -1,7 +1,8 @@
 /* cuda_attention.cu - causal attention of new queries over the paged fp16 KV cache.
  *
- * Decode (at most EXL_CUDA_DECODE_MAX_Q new tokens per sequence): "flash decoding". Each block
- * takes one (row, head) and one split of its keys; its 4 warps score 32 keys at a time
+ * Decode (decode-sized steps, cuda_internal.h: at most EXL_CUDA_DECODE_MAX_Q new tokens per sequence, or
+ * EXL_CUDA_VERIFY_MAX_Q in a verification step): "flash decoding". Each block takes one (row, head) and one split
+ * of the keys that row sees (the causal mask among a sequence's new tokens); its 4 warps score 32 keys at a time
  * (one key per lane, 16-byte K loads), keep an online softmax, and accumulate V with one
  * output dimension per lane. Splits leave (max, sum, acc) partials that a second kernel
  * merges; for head_dim 64 and 128 a variant loads a warp's 32 K rows into registers and V
@@ -1136,7 +1137,7 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
     }
     const __half *kc = (const __half *)k_cache, *vc = (const __half *)v_cache;
     const int tiled = (sh->head_dim == 64 || sh->head_dim == 128 || sh->head_dim == 256) && !(sh->softcap > 0.0f);
-    if (b->max_q > EXL_CUDA_DECODE_MAX_Q && tiled) {
+    if (exl_cuda_prompt_piece(b) && tiled) {
         const int tc = cb->sm_major >= 8 && !cb->prefill_attention_fp32;
         if (sh->head_dim == 64 && tc && cb->exact_prefill)
             launch_prefill_tc<64, true>(cb, out, q, k, v, tc_fp16_src<64, true>{kc, vc}, b, sh);
@@ -1154,7 +1155,7 @@ void exl_cuda_run_attention(exl_backend *be, float *out, const float *q, const f
             launch_prefill_tiled<256, 32>(cb, out, q, k, v, kc, vc, b, sh);
         return;
     }
-    if (b->max_q > EXL_CUDA_DECODE_MAX_Q) {
+    if (exl_cuda_prompt_piece(b)) {
         size_t smem = (size_t)Q_TILE * sh->head_dim * sizeof(float) + ATT_WARPS * 4 * KEY_BLOCK * sizeof(float) +
                       2 * KEY_BLOCK * (size_t)(sh->head_dim + 4) * sizeof(float);
         static size_t allowed[EXL_CUDA_MAX_DEVICES];

@@ -4,14 +4,16 @@
  * step issues the same few hundred launches for every token, with the same buffers and sizes; launched one by one,
  * their launch cost exceeds the GPU time of a 4-bit 7B model. So a step lasts from graph_run to the next
  * synchronisation point (download, synchronize, upload, ...), an argmax called in between (decode ahead) being its
- * tail, and a decode-sized step (cuda_plan.cu's graphable) is:
- *   - for a graph unlike the cached one: compiled, and captured into a CUDA graph while its launches are issued,
- *     which the synchronisation point launches (updating the previous CUDA graph in place where the topology
- *     allows) and keeps with its plan;
- *   - for a graph equal to the cached one (exl_cuda_plan_matches): not launched at all until the synchronisation
- *     point, which launches the cached CUDA graph; a tail unlike the cached one's has the step captured anew.
- * Prompts (more rows) run launch by launch. Something that cannot be captured (a buffer growing) flushes: what was
- * captured so far is launched, the cached graph dropped, the rest of the step runs directly. The op table's
+ * tail, and a decode-sized step (cuda_plan.cu's graphable; speculative verification steps too) is:
+ *   - for a graph unlike every cached one: compiled, and captured into a CUDA graph while its launches are issued,
+ *     which the synchronisation point launches and keeps with its plan in an entry of the cache (an empty one, else
+ *     the least recently used, whose CUDA graph is updated in place where the topology allows);
+ *   - for a graph equal to a cached one (exl_cuda_plan_matches): not launched at all until the synchronisation
+ *     point, which launches that entry's CUDA graph; a tail unlike the entry's has the step captured anew.
+ * The cache keeps EXL_CUDA_GRAPH_CACHE shapes, so that steps alternating between shapes (a draft model's catch-up
+ * and one-token steps, verification steps of a changing K) replay each. Prompts (more rows, longer pieces) run
+ * launch by launch. Something that cannot be captured (a buffer growing) flushes: what was captured so far is
+ * launched, every cached graph dropped, the rest of the step runs directly. The op table's
  * primitive ops end the step in flight and launch at once. EXL_CUDA_GRAPHS=0 turns graphs off. */
 #include "backend/cuda/cuda_internal.h"
 
@@ -35,16 +37,25 @@ static int begin_capture(exl_cuda_backend *cb) {
     return 1;
 }
 
-static void drop_exec(exl_cuda_backend *cb) {
-    cb->cached_valid = 0;
-    if (cb->exec) {
-        cudaGraphExecDestroy(cb->exec);
-        cb->exec = NULL;
+/* the entry the step in flight replays or is captured into */
+static exl_cuda_step_graph *current(exl_cuda_backend *cb) { return &cb->step_graphs[cb->step_graph]; }
+
+static void drop_exec(exl_cuda_step_graph *sg) {
+    sg->valid = 0;
+    if (sg->exec) {
+        cudaGraphExecDestroy(sg->exec);
+        sg->exec = NULL;
     }
 }
 
-/* End a capture and launch it; keep = make it the cached graph (else a one-off). */
+static void drop_all(exl_cuda_backend *cb) {
+    for (int i = 0; i < EXL_CUDA_GRAPH_CACHE; i++)
+        drop_exec(&cb->step_graphs[i]);
+}
+
+/* End a capture and launch it; keep = make it the current entry's graph (else a one-off). */
 static void end_capture(exl_cuda_backend *cb, int keep) {
+    exl_cuda_step_graph *sg = current(cb);
     cudaGraph_t g = NULL;
     cudaError_t e = cudaStreamEndCapture(cb->stream, &g);
     cb->step_state = STEP_IDLE;
@@ -53,13 +64,13 @@ static void end_capture(exl_cuda_backend *cb, int keep) {
         return;
     }
     cudaGraphExec_t x = NULL;
-    if (keep && cb->exec) {
+    if (keep && sg->exec) { /* the entry's earlier graph updated in place where the topology allows */
         cudaGraphExecUpdateResultInfo info;
-        if (cudaGraphExecUpdate(cb->exec, g, &info) == cudaSuccess) {
-            x = cb->exec;
+        if (cudaGraphExecUpdate(sg->exec, g, &info) == cudaSuccess) {
+            x = sg->exec;
         } else {
             cudaGetLastError();
-            drop_exec(cb);
+            drop_exec(sg);
         }
     }
     if (!x && (e = cudaGraphInstantiate(&x, g, 0)) != cudaSuccess) {
@@ -71,22 +82,21 @@ static void end_capture(exl_cuda_backend *cb, int keep) {
     if ((e = cudaGraphLaunch(x, cb->stream)) != cudaSuccess)
         graphs_fail(cb, "launch", e);
     if (keep) {
-        cb->exec = x;
-        cb->cached_valid = e == cudaSuccess;
+        sg->exec = x;
+        sg->valid = e == cudaSuccess;
     } else {
-        if (cb->exec == x)
-            cb->exec = NULL;
         cudaGraphExecDestroy(x);
     }
 }
 
-/* launch the cached step, which the step in flight has matched so far */
+/* launch the current entry's step, which the step in flight has matched so far */
 static void launch_replay(exl_cuda_backend *cb) {
-    if (cb->tail.set && !cb->tail.seen) { /* it ended before the argmax the CUDA graph holds */
-        exl_cuda_plan_run(cb, cb->cached);
+    exl_cuda_step_graph *sg = current(cb);
+    if (sg->tail.set && !sg->tail.seen) { /* it ended before the argmax the CUDA graph holds */
+        exl_cuda_plan_run(cb, sg->plan);
         return;
     }
-    cudaError_t e = cudaGraphLaunch(cb->exec, cb->stream);
+    cudaError_t e = cudaGraphLaunch(sg->exec, cb->stream);
     if (e != cudaSuccess)
         graphs_fail(cb, "launch", e);
 }
@@ -106,23 +116,35 @@ void exl_cuda_graph_flush(exl_cuda_backend *cb) {
     else if (cb->step_state == STEP_REPLAY)
         launch_replay(cb);
     cb->step_state = STEP_IDLE;
-    drop_exec(cb); /* buffers it refers to may be about to change */
+    drop_all(cb); /* buffers they refer to may be about to change */
 }
 
 void exl_cuda_graph_forget(exl_cuda_backend *cb) {
     exl_cuda_graph_finish(cb);
-    drop_exec(cb);
+    drop_all(cb);
 }
 
 void exl_cuda_graph_free(exl_cuda_backend *cb) {
-    drop_exec(cb);
-    exl_cuda_plan *plans[2] = {cb->cached, cb->direct};
-    for (int i = 0; i < 2; i++)
-        if (plans[i]) {
-            exl_cuda_plan_free(plans[i]);
-            free(plans[i]);
+    drop_all(cb);
+    for (int i = 0; i <= EXL_CUDA_GRAPH_CACHE; i++) {
+        exl_cuda_plan **p = i < EXL_CUDA_GRAPH_CACHE ? &cb->step_graphs[i].plan : &cb->direct;
+        if (*p) {
+            exl_cuda_plan_free(*p);
+            free(*p);
+            *p = NULL;
         }
-    cb->cached = cb->direct = NULL;
+    }
+}
+
+/* the entry a new decode-sized step is captured into: an empty one, else the least recently used */
+static int32_t capture_entry(const exl_cuda_backend *cb) {
+    int32_t v = 0;
+    for (int32_t i = 1; i < EXL_CUDA_GRAPH_CACHE; i++) {
+        const exl_cuda_step_graph *a = &cb->step_graphs[i], *b = &cb->step_graphs[v];
+        if ((a->valid ? a->used : 0) < (b->valid ? b->used : 0))
+            v = i;
+    }
+    return v;
 }
 
 /* ---- the op table's entries */
@@ -130,25 +152,35 @@ void exl_cuda_graph_free(exl_cuda_backend *cb) {
 exl_status exl_cuda_graph_run(exl_backend *be, const exl_graph *g) {
     exl_cuda_backend *cb = exl_cuda(be);
     exl_cuda_graph_finish(cb);
-    if (!cb->cached && !(cb->cached = (exl_cuda_plan *)calloc(1, sizeof *cb->cached)))
-        return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory");
     if (!cb->direct && !(cb->direct = (exl_cuda_plan *)calloc(1, sizeof *cb->direct)))
         return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory");
-    if (cb->cached_valid && exl_cuda_plan_matches(cb->cached, g)) {
-        cb->step_state = STEP_REPLAY;
-        cb->tail.seen = 0;
-        return EXL_OK;
+    cb->graph_clock++;
+    for (int32_t i = 0; i < EXL_CUDA_GRAPH_CACHE; i++) {
+        exl_cuda_step_graph *sg = &cb->step_graphs[i];
+        if (sg->valid && exl_cuda_plan_matches(sg->plan, g)) {
+            cb->step_graph = i;
+            cb->step_state = STEP_REPLAY;
+            sg->used = cb->graph_clock;
+            sg->tail.seen = 0;
+            return EXL_OK;
+        }
     }
     EXL_TRY(exl_cuda_plan_compile(cb, g, cb->direct));
     if (cb->direct->graphable && !cb->graphs_off && cb->sticky == EXL_OK) {
-        /* the new cached step; the CUDA graph of the one before stays to be updated in place */
-        exl_cuda_plan *p = cb->cached;
-        cb->cached = cb->direct;
+        /* a new entry's step; the CUDA graph the entry held stays to be updated in place where it can */
+        const int32_t v = capture_entry(cb);
+        exl_cuda_step_graph *sg = &cb->step_graphs[v];
+        if (!sg->plan && !(sg->plan = (exl_cuda_plan *)calloc(1, sizeof *sg->plan)))
+            return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory");
+        exl_cuda_plan *p = sg->plan;
+        sg->plan = cb->direct;
         cb->direct = p;
-        cb->cached_valid = 0;
-        cb->tail.set = 0;
+        sg->valid = 0;
+        sg->tail.set = 0;
+        sg->used = cb->graph_clock;
+        cb->step_graph = v;
         begin_capture(cb);
-        exl_cuda_plan_run(cb, cb->cached);
+        exl_cuda_plan_run(cb, sg->plan);
         return EXL_OK;
     }
     exl_cuda_plan_run(cb, cb->direct);
@@ -163,22 +195,23 @@ int64_t exl_cuda_argmax(exl_backend *be, int32_t *ids, const float *logits, int3
     }
     if (!exl_cuda_argmax_ready(cb))
         return -1;
-    int same = cb->tail.set && !cb->tail.seen && cb->tail.ids == ids && cb->tail.logits == logits &&
-               cb->tail.rows == rows && cb->tail.vocab == vocab;
+    exl_cuda_step_graph *sg = current(cb);
+    int same = sg->tail.set && !sg->tail.seen && sg->tail.ids == ids && sg->tail.logits == logits &&
+               sg->tail.rows == rows && sg->tail.vocab == vocab;
     if (cb->step_state == STEP_REPLAY && same) {
-        cb->tail.seen = 1;
+        sg->tail.seen = 1;
     } else {
-        if (cb->step_state == STEP_REPLAY) { /* the cached step with another tail: capture it anew */
-            cb->cached_valid = 0;
-            cb->tail.set = 0;
+        if (cb->step_state == STEP_REPLAY) { /* the entry's step with another tail: capture it anew */
+            sg->valid = 0;
+            sg->tail.set = 0;
             begin_capture(cb);
-            exl_cuda_plan_run(cb, cb->cached);
-        } else if (cb->step_state == STEP_CAPTURE && cb->tail.set) { /* a second argmax */
+            exl_cuda_plan_run(cb, sg->plan);
+        } else if (cb->step_state == STEP_CAPTURE && sg->tail.set) { /* a second argmax */
             exl_cuda_graph_flush(cb);
         }
         if (cb->step_state == STEP_CAPTURE) {
-            cb->tail.ids = ids, cb->tail.logits = logits, cb->tail.rows = rows, cb->tail.vocab = vocab;
-            cb->tail.set = 1;
+            sg->tail.ids = ids, sg->tail.logits = logits, sg->tail.rows = rows, sg->tail.vocab = vocab;
+            sg->tail.set = 1;
         }
         exl_cuda_run_argmax(be, ids, logits, rows, vocab);
     }

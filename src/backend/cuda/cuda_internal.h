@@ -38,6 +38,25 @@ typedef struct exl_cuda_moe_table exl_cuda_moe_table;
 
 typedef struct exl_cuda_comm exl_cuda_comm; /* tensor parallelism's NCCL communicators (cuda_comm.cu) */
 
+/* Decode-sized steps of this many shapes keep their CUDA graphs (cuda_graph.cu): speculative decoding alternates a
+ * draft's catch-up step (1 .. K + 1 tokens) with its one-token steps, and a target's verification steps take the K
+ * that acceptance leaves; each shape is captured once, not at every change. */
+#define EXL_CUDA_GRAPH_CACHE 8
+
+/* a decode step kept with its CUDA graph (cuda_graph.cu) */
+typedef struct exl_cuda_step_graph {
+    exl_cuda_plan *plan; /* the step the CUDA graph exec holds */
+    cudaGraphExec_t exec;
+    int valid;     /* exec holds plan's launches, then the tail's argmax if set */
+    uint64_t used; /* graph_clock when a step last ran it */
+    struct {
+        int32_t *ids;
+        const float *logits;
+        int32_t rows, vocab;
+        int set, seen; /* seen: the step in flight has called it as the cached one did */
+    } tail;
+} exl_cuda_step_graph;
+
 typedef struct exl_cuda_backend {
     exl_backend base;
     int device;
@@ -89,20 +108,14 @@ typedef struct exl_cuda_backend {
     cudaEvent_t argmax_done[EXL_ARGMAX_KEEP]; /* recorded after the launch holding each ticket */
     int32_t argmax_rows[EXL_ARGMAX_KEEP];
     int64_t argmax_issued, argmax_marked; /* tickets handed out; of those, with their event recorded */
-    /* steps (cuda_graph.cu): graph_run compiles a step's graph into a plan; the plan of the last decode
-     * step is kept with its CUDA graph, which is replayed while the steps' graphs stay the same */
-    int step_state;        /* idle, replay (a cached step matched), capture */
-    int graphs_off;        /* EXL_CUDA_GRAPHS=0, or after a graph API failure */
-    exl_cuda_plan *cached; /* the step the CUDA graph exec holds */
+    /* steps (cuda_graph.cu): graph_run compiles a step's graph into a plan; the plans of the last few decode-sized
+     * steps of different shapes are kept with their CUDA graphs, each replayed when a step's graph equals its plan */
+    int step_state; /* idle, replay (a cached step matched), capture */
+    int graphs_off; /* EXL_CUDA_GRAPHS=0, or after a graph API failure */
+    exl_cuda_step_graph step_graphs[EXL_CUDA_GRAPH_CACHE];
+    int32_t step_graph;    /* the entry the step in flight replays or is captured into */
+    uint64_t graph_clock;  /* steps run so far (the entries' last use) */
     exl_cuda_plan *direct; /* steps run launch by launch (prompts) */
-    int cached_valid;      /* exec holds cached's launches, then the tail's argmax if set */
-    struct {
-        int32_t *ids;
-        const float *logits;
-        int32_t rows, vocab;
-        int set, seen; /* seen: the step in flight has called it as the cached one did */
-    } tail;
-    cudaGraphExec_t exec;
     /* mixture of experts (cuda_moe.cu): the routes of a prompt step on the host; each layer's experts as a device
      * table of their matrices; the device path's groups */
     int32_t *moe_host;
@@ -400,7 +413,21 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
  * against 1.53x; whole decode steps of 2-16 sequences 2.15-3.94x against 1.63-3.02x), so it is off by default (17). */
 #define EXL_CUDA_QGEMV_MAX_ROWS 16
 #define EXL_CUDA_GEMV_MMA_ROWS_DEFAULT 17
+/* Decode-sized steps: every sequence with at most EXL_CUDA_DECODE_MAX_Q new tokens (any number of rows), or at most
+ * EXL_CUDA_VERIFY_MAX_Q (speculative decoding's verification, a draft's K + 1 tokens) in a step of at most
+ * EXL_CUDA_VERIFY_MAX_ROWS rows. They are captured as CUDA graphs (cuda_plan.cu's graphable) and take the decode
+ * attention kernels (cuda_attention.cu, cuda_kv_quant.cu), a block a (row, head): each row scores its own keys, the
+ * causal mask inside the new tokens, and sizes nothing by the tokens a sequence, so 16 are as good as 4 there; but
+ * each row reads its sequence's context again (through L2), so a step of R verification rows costs the attention of
+ * R one-token sequences, which the row bound keeps at a decode step's. Longer pieces (prompts) and more rows of
+ * pieces take the prompt kernels, which read a tile of keys once for 16-64 queries, and run launch by launch. */
 #define EXL_CUDA_DECODE_MAX_Q 4
+#define EXL_CUDA_VERIFY_MAX_Q 16
+#define EXL_CUDA_VERIFY_MAX_ROWS EXL_CUDA_GRAPH_MAX_ROWS
+static inline int exl_cuda_prompt_piece(const exl_batch *b) {
+    return b->max_q > EXL_CUDA_DECODE_MAX_Q &&
+           (b->max_q > EXL_CUDA_VERIFY_MAX_Q || b->n_rows > EXL_CUDA_VERIFY_MAX_ROWS);
+}
 /* decode attention sizes its splits for max_kv rounded up to this, so a captured step can
  * be replayed for the next tokens */
 #define EXL_CUDA_KV_BUCKET 256

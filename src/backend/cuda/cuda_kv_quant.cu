@@ -5,13 +5,13 @@
  * Store: a block a (row, KV head); a warp quantizes 32 values of a side at a time, each lane one: the group's Hadamard
  * rotation by shuffles, its largest magnitude by a reduction, then the codes packed by the lanes that own a byte
  * (4 bits: even lanes, 6 bits: every fourth lane, three bytes).
- * Decode (at most EXL_CUDA_DECODE_MAX_Q new tokens a sequence): flash decoding, a block a (row, head) and split of
- * its keys, 4 warps of 32 keys at a time, a key a lane, scored against the query rotated group by group (sum of
- * code * q less the zero point times the group's sum of q, times the group's scale); the values are summed one
- * dimension a lane, rotated, and turned back once at the end by shuffles. For head_dim 64 and 128 (groups of 32,
- * qk_decode_fast_kernel) each lane fetches its key's K codes into registers and its V slot into the warp's shared
- * tile at once, so 32 keys cost one memory round trip; other head dims read a V code per key and lane
- * (qk_decode_kernel). The step's own keys and values come from the fp32 k and v, as computed.
+ * Decode (decode-sized steps, cuda_internal.h: verification steps of up to EXL_CUDA_VERIFY_MAX_Q new tokens a
+ * sequence too): flash decoding, a block a (row, head) and split of the keys that row sees, 4 warps of 32 keys at a
+ * time, a key a lane, scored against the query rotated group by group (sum of code * q less the zero point times
+ * the group's sum of q, times the group's scale); the values are summed one dimension a lane, rotated, and turned
+ * back once at the end by shuffles. For head_dim 64 and 128 (groups of 32, qk_decode_fast_kernel) each lane fetches
+ * its key's K codes into registers and its V slot into the warp's shared tile at once, so 32 keys cost one memory
+ * round trip; other head dims read a V code per key and lane (qk_decode_kernel). The step's own keys and values come from the fp32 k and v, as computed.
  * Prefill: head_dim 64 and 128 on sm_80+ take the tensor-core kernel of cuda_attention.cu with a tile source that
  * decodes a group of 32 values a thread and turns it back in registers (exl_cuda_prefill_tc_quant); others, a block
  * takes 16 queries of one head and 32 keys at a time into shared memory as fp32, a warp decoding 32 values of a key
@@ -744,7 +744,7 @@ typedef void (*qk_launcher)(exl_cuda_backend *, float *, const float *, const fl
 template <int KB, int VB>
 static void launch(exl_cuda_backend *cb, float *out, const float *q, const float *k, const float *v, const qk_side &ks,
                    const qk_side &vs, const exl_batch *b, const exl_attn_shape *sh) {
-    if (b->max_q > EXL_CUDA_DECODE_MAX_Q) {
+    if (exl_cuda_prompt_piece(b)) {
         if (!exl_cuda_prefill_tc_quant(cb, out, q, k, v, ks, vs, b, sh))
             launch_prefill<KB, VB>(cb, out, q, k, v, ks, vs, b, sh);
     } else {

@@ -12,7 +12,7 @@
  * table per layer (their exl_linear structs), uploaded the first time a layer runs. With EXL_CUDA_DETERMINISTIC=1
  * no sums are added atomically: down_proj stores each slot's output and a combine launch adds them in order.
  *
- * Prompts (more rows, or pieces of more than EXL_CUDA_DECODE_MAX_Q tokens a sequence) wait for the routes on the
+ * Prompts (more rows, or prompt pieces: exl_cuda_prompt_piece, cuda_internal.h) wait for the routes on the
  * host (one read-back a layer), sort the pairs there (a counting sort), gather each chosen expert's rows and run
  * its gate and up as one fused matmul and its down_proj with the GLU fused in, through the many-row kernels (tensor
  * cores, cuBLAS) at prompt precision, then combine: a prompt step is never captured. EXL_CUDA_MOE_DEVICE=0 sends

@@ -457,11 +457,14 @@ static int node_rows(const exl_node *n, int32_t batch_rows) {
     }
 }
 
-/* a step with prompt pieces: more than EXL_CUDA_DECODE_MAX_Q new tokens in a sequence */
-static int prompt_piece(const exl_cuda_plan *p) { return p->has_batch && p->batch.max_q > EXL_CUDA_DECODE_MAX_Q; }
+/* a step with prompt pieces (exl_cuda_prompt_piece: more new tokens in a sequence than a decode or verification
+ * step has) */
+static int prompt_piece(const exl_cuda_plan *p) { return p->has_batch && exl_cuda_prompt_piece(&p->batch); }
 
-/* a decode-sized step: at most EXL_CUDA_GRAPH_MAX_ROWS rows and EXL_CUDA_DECODE_MAX_Q new tokens a sequence (prompt
- * pieces, which the attention marks, run directly), its mixtures of experts on the device alone */
+/* a decode-sized step: at most EXL_CUDA_GRAPH_MAX_ROWS rows, no prompt pieces (which the attention marks, run
+ * directly; verification steps of up to EXL_CUDA_VERIFY_MAX_Q tokens a sequence are captured, and a step of the same
+ * K + 1 rows, context within the same EXL_CUDA_KV_BUCKET, matches it: exl_cuda_plan_matches), its mixtures of
+ * experts on the device alone */
 static int graphable(const exl_cuda_backend *cb, const exl_cuda_plan *p) {
     for (int32_t i = 0; i < p->n_nodes; i++) {
         const exl_node *n = &p->nodes[i];
