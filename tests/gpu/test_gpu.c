@@ -2597,7 +2597,9 @@ static double verify_compare(const float *a, const float *b, int32_t vocab, doub
 
 /* model with the cache format k_bits / v_bits: K + 1 tokens a step == one at a time (a quantized cache: the bound is
  * 5e-3 plus the format's own effect, one at a time against a 16-bit cache, as the verification step reads its own
- * keys unquantized; argmax equal where the one-at-a-time top-2 gap exceeds twice the largest logit difference);
+ * keys unquantized; argmax equal where the one-at-a-time top-2 gap exceeds twice the largest logit difference: K + 1
+ * rows go through other GEMV kernels than one row, whose fp16 roundings differ, and the random EXL2 fixtures' flat
+ * logits have near ties, 2 of 285 rows of rand-llama-exl2-5.0bpw-h8 with the 16-bit cache on an H100);
  * with graphs == EXL_CUDA_GRAPHS=0 (launches one by one; 1e-3 with the fp16 cache, where only the order of atomic
  * sums may differ; a quantized one as above, since such a difference may round a code the other way) */
 static void verify_steps_case(const char *shared, const char *model, int32_t k_bits, int32_t v_bits) {
@@ -2629,7 +2631,7 @@ static void verify_steps_case(const char *shared, const char *model, int32_t k_b
         effect = verify_compare(one, one16, V, 0, &unused);
         free(one16);
     }
-    for (int32_t r = VERIFY_PROMPT; r < VERIFY_TOKENS && quant; r++) {
+    for (int32_t r = VERIFY_PROMPT; r < VERIFY_TOKENS; r++) {
         noise = fmax(noise, max_abs_diff(ver + (int64_t)r * V, one + (int64_t)r * V, V));
         noise_dir = fmax(noise_dir, max_abs_diff(ver + (int64_t)r * V, dir + (int64_t)r * V, V));
     }
@@ -2639,8 +2641,9 @@ static void verify_steps_case(const char *shared, const char *model, int32_t k_b
     snprintf(name, sizeof name, "verification steps K + 1 = 2..%d == one at a time %s K%d/V%d (%d rows)",
              VERIFY_MAX_K + 1, model, k_bits, v_bits, VERIFY_TOKENS - VERIFY_PROMPT);
     report(name, e, 5e-3 + effect);
-    snprintf(name, sizeof name, "verification steps argmax mismatches %s K%d/V%d%s", model, k_bits, v_bits,
-             quant ? " (where the top-2 gap > 2 x noise)" : "");
+    snprintf(name, sizeof name,
+             "verification steps argmax mismatches %s K%d/V%d (where the top-2 gap > 2 x noise %.1e)", model, k_bits,
+             v_bits, noise);
     report(name, mism, 0);
     snprintf(name, sizeof name, "verification steps graph replay == launches one by one %s K%d/V%d", model, k_bits,
              v_bits);
