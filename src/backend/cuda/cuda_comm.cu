@@ -237,6 +237,7 @@ exl_status exl_cuda_comm_init(exl_backend *const *ranks, int32_t n) {
     }
     for (int32_t k = 0; k < n; k++) {
         exl_cuda_backend *cb = exl_cuda(ranks[k]);
+        exl_cuda_graph_forget(cb); /* its CUDA graphs hold the old communicator's buffers */
         exl_cuda_comm_release(cb);
         cb->comm = c;
         cb->rank = k;
