@@ -123,7 +123,15 @@ __device__ __forceinline__ void push_units(const push_args &a, int64_t set, int6
                     store_volatile<V>(a.recv[k] + set + (int64_t)a.rank * a.stride + e, mine);
             continue;
         }
-        float s[V];
+        float s[V], r[V]; /* the residual read before the waits: its latency hidden behind them */
+        if (a.resid) {
+            if constexpr (V == 4) {
+                const float4 f = __ldcg((const float4 *)(a.resid + e));
+                r[0] = f.x, r[1] = f.y, r[2] = f.z, r[3] = f.w;
+            } else {
+                r[0] = __ldcg(a.resid + e);
+            }
+        }
         for (int k = 0; k < a.n_ranks; k++) {
             float *slot = a.recv[a.rank] + set + (int64_t)k * a.stride + e;
             const bits_of<V> v = k == a.rank ? mine : wait_values<V>(slot);
@@ -140,14 +148,12 @@ __device__ __forceinline__ void push_units(const push_args &a, int64_t set, int6
         }
         if constexpr (V == 4) {
             *(float4 *)(a.x + e) = make_float4(s[0], s[1], s[2], s[3]);
-            if (a.resid) {
-                const float4 r = __ldcg((const float4 *)(a.resid + e));
-                *(float4 *)(a.resid + e) = make_float4(r.x + s[0], r.y + s[1], r.z + s[2], r.w + s[3]);
-            }
+            if (a.resid)
+                *(float4 *)(a.resid + e) = make_float4(r[0] + s[0], r[1] + s[1], r[2] + s[2], r[3] + s[3]);
         } else {
             a.x[e] = s[0];
             if (a.resid)
-                a.resid[e] = __ldcg(a.resid + e) + s[0];
+                a.resid[e] = r[0] + s[0];
         }
     }
 }
@@ -156,12 +162,11 @@ __device__ __forceinline__ void push_units(const push_args &a, int64_t set, int6
  * V = 1: every float one by one */
 template <int V>
 __global__ void __launch_bounds__(PUSH_THREADS) push_all_reduce_kernel(const push_args a) {
-    __shared__ unsigned round;
     exl_pdl_trigger(); /* every block of this kernel is resident once the next one may start */
     exl_pdl_wait();
-    if (threadIdx.x == 0)
-        round = *(volatile unsigned *)(a.rounds + blockIdx.x); /* the previous launch's: past L1 */
-    __syncthreads();
+    /* every thread reads the block's round (the previous launch's, past L1), in flight with its first values; the
+     * block's last __syncthreads orders these reads before the update */
+    const unsigned round = *(volatile const unsigned *)(a.rounds + blockIdx.x);
     const int64_t set = (int64_t)(round & 1) * a.n_ranks * a.stride;
     const int64_t units = a.n / V, per = (units + gridDim.x - 1) / gridDim.x;
     const int64_t u0 = min(units, per * blockIdx.x), u1 = min(units, u0 + per);
