@@ -17,6 +17,7 @@
 
 #include <dirent.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1412,9 +1413,235 @@ static void test_models(const char *shared) {
     unsetenv("EXL_CUDA_EXACT_PREFILL");
 }
 
-/* ---- tensor parallelism: the fixtures split over $EXL_TEST_TP GPUs (default 2) through NCCL, against the same
- * references and bound as one GPU; skipped where the machine has too few GPUs or no NCCL */
-static void test_models_tp(const char *shared) {
+/* ---- the all-reduce alone, on two GPUs, by each way of EXL_TP_P2P (push, NCCL, pull): every rank's sums
+ * bit-identical and within 1e-6 (relative to the sum of magnitudes) of the sum in double; 1000 rounds back to back
+ * with inputs that change every round (a mix-up of rounds or buffer sets reads another round's values, or hangs);
+ * a graph of all_reduce and the residual add after it (the plan fuses them) captured and replayed; and the time of
+ * one all_reduce + add in a CUDA graph of 80 of them (a 70B decode step has 160) */
+
+#define AR_RANKS 2
+#define AR_PATTERNS 3 /* inputs by turns: rounds r and r + 2 (the same buffer set) differ */
+#define AR_CHAIN 80
+
+typedef struct ar_shared {
+    pthread_barrier_t bar;
+    exl_backend *be[AR_RANKS];
+    int comm; /* the communicator of the mode under way made */
+    float *in[AR_RANKS][AR_PATTERNS];
+    float *out[AR_RANKS]; /* what each rank read back */
+    double us;
+} ar_shared;
+
+typedef struct ar_rank {
+    ar_shared *s;
+    int32_t rank;
+} ar_rank;
+
+static const char *const ar_modes[][2] = {{"2", "push"}, {"0", "NCCL"}, {"1", "pull"}};
+
+/* rank 0, every rank's results in: `rounds` results of n floats, round r from inputs (first + r) % AR_PATTERNS,
+ * against the sums in double; the worst error, or 1 where the ranks' bits differ */
+static double ar_check(const ar_shared *s, int64_t n, int32_t rounds, int32_t first) {
+    double worst = 0;
+    for (int32_t r = 0; r < rounds; r++)
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t at = (int64_t)r * n + i;
+            double sum = 0, mag = 0;
+            for (int k = 0; k < AR_RANKS; k++) {
+                const float v = s->in[k][(first + r) % AR_PATTERNS][i];
+                sum += v, mag += fabs(v);
+            }
+            for (int k = 1; k < AR_RANKS; k++)
+                if (memcmp(&s->out[k][at], &s->out[0][at], sizeof(float)))
+                    return 1.0;
+            const double e = fabs((double)s->out[0][at] - sum) / (mag > 0 ? mag : 1);
+            worst = e > worst || isnan(e) ? e : worst;
+        }
+    return worst;
+}
+
+/* each rank's check in: rank 0 reports it, then every rank frees its results */
+static void ar_report(ar_rank *me, const char *name, int64_t n, int32_t rounds, int32_t first) {
+    pthread_barrier_wait(&me->s->bar);
+    if (me->rank == 0)
+        report(name, ar_check(me->s, n, rounds, first), 1e-6);
+    pthread_barrier_wait(&me->s->bar);
+    free(me->s->out[me->rank]);
+    me->s->out[me->rank] = NULL;
+}
+
+static void ar_inputs(ar_shared *s, int32_t rank, int64_t n) {
+    uint64_t st = 0x51ed2701u + 977u * (uint64_t)rank + (uint64_t)n;
+    for (int p = 0; p < AR_PATTERNS; p++) {
+        free(s->in[rank][p]);
+        s->in[rank][p] = malloc((size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++)
+            s->in[rank][p][i] = 2.0f * qg_uniform(&st) - 1.0f;
+    }
+}
+
+/* one size: all_reduce of x (offset floats into its buffer: 1 for the unaligned path) once; then rounds of upload,
+ * all_reduce, add into the round's slot of a zeroed buffer, with no wait between; then a graph of all_reduce and
+ * the add after it, replayed with new inputs */
+static void ar_case(ar_rank *me, const char *mode, int64_t n, int64_t offset, int32_t rounds) {
+    exl_backend *be = me->s->be[me->rank];
+    const int32_t k = me->rank;
+    const size_t bytes = (size_t)n * sizeof(float);
+    char name[128];
+    ar_inputs(me->s, k, n);
+    float *buf = be->ops->alloc(be, bytes + (size_t)offset * sizeof(float)), *x = buf + offset;
+    float *slots = be->ops->alloc(be, (size_t)rounds * bytes), *zero = calloc((size_t)rounds * n, sizeof(float));
+    require(buf && slots && zero, "all-reduce buffers");
+    require(be->ops->upload(be, slots, zero, (size_t)rounds * bytes) == EXL_OK, "upload");
+    require(be->ops->upload(be, x, me->s->in[k][0], bytes) == EXL_OK, "upload");
+    be->ops->all_reduce(be, x, n);
+    me->s->out[k] = get(be, x, n);
+    snprintf(name, sizeof name, "all_reduce %s: %lld floats%s", mode, (long long)n, offset ? " (unaligned)" : "");
+    ar_report(me, name, n, 1, 0);
+    for (int32_t r = 0; r < rounds; r++) {
+        require(be->ops->upload(be, x, me->s->in[k][r % AR_PATTERNS], bytes) == EXL_OK, "upload");
+        be->ops->all_reduce(be, x, n);
+        be->ops->add(be, slots + (int64_t)r * n, x, n);
+    }
+    me->s->out[k] = get(be, slots, (int64_t)rounds * n);
+    snprintf(name, sizeof name, "all_reduce %s: %d rounds of %lld floats back to back", mode, rounds, (long long)n);
+    ar_report(me, name, n, rounds, 0);
+    /* the graph: x = the sum, y += x (y from rank 0's next inputs): the sums checked, and y against y0 + x here */
+    exl_graph g = {0};
+    exl_graph_reset(&g, NULL);
+    const exl_node nodes[2] = {{.op = EXL_OP_ALL_REDUCE, .all_reduce = {x, n}},
+                               {.op = EXL_OP_ADD, .add = {slots, x, n}}};
+    require(exl_graph_add(&g, &nodes[0]) == EXL_OK && exl_graph_add(&g, &nodes[1]) == EXL_OK &&
+                exl_graph_output(&g, x, n) == EXL_OK && exl_graph_output(&g, slots, n) == EXL_OK,
+            "graph");
+    for (int32_t r = 0; r < 4; r++) {
+        const float *y0 = me->s->in[0][(r + 1) % AR_PATTERNS];
+        require(be->ops->upload(be, x, me->s->in[k][r % AR_PATTERNS], bytes) == EXL_OK &&
+                    be->ops->upload(be, slots, y0, bytes) == EXL_OK && be->ops->graph_run(be, &g) == EXL_OK,
+                "all_reduce graph_run");
+        float *sum = get(be, x, n), *y = get(be, slots, n);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++)
+            bad += y[i] != y0[i] + sum[i];
+        free(y);
+        if (bad)
+            memset(sum, 0xff, bytes); /* a NaN: fails the check */
+        me->s->out[k] = sum;
+        snprintf(name, sizeof name, "all_reduce %s: + residual add, graph run %d, %lld floats", mode, r, (long long)n);
+        ar_report(me, name, n, 1, r);
+    }
+    exl_graph_free(&g);
+    be->ops->free(be, buf);
+    be->ops->free(be, slots);
+    free(zero);
+}
+
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* AR_CHAIN pairs of all_reduce(h) and x += h in one graph (zeros: the values stay put), replayed: the time of a pair */
+static void ar_speed(ar_rank *me, int64_t n) {
+    exl_backend *be = me->s->be[me->rank];
+    const size_t bytes = (size_t)n * sizeof(float);
+    float *h = be->ops->alloc(be, bytes), *x = be->ops->alloc(be, bytes), *zero = calloc((size_t)n, sizeof(float));
+    require(h && x && zero && be->ops->upload(be, h, zero, bytes) == EXL_OK &&
+                be->ops->upload(be, x, zero, bytes) == EXL_OK,
+            "all-reduce buffers");
+    exl_graph g = {0};
+    exl_graph_reset(&g, NULL);
+    for (int i = 0; i < AR_CHAIN; i++) {
+        const exl_node nodes[2] = {{.op = EXL_OP_ALL_REDUCE, .all_reduce = {h, n}},
+                                   {.op = EXL_OP_ADD, .add = {x, h, n}}};
+        require(exl_graph_add(&g, &nodes[0]) == EXL_OK && exl_graph_add(&g, &nodes[1]) == EXL_OK, "graph add");
+    }
+    require(exl_graph_output(&g, x, n) == EXL_OK, "graph output");
+    const int warm = 5, runs = 20;
+    double t0 = 0;
+    for (int i = 0; i < warm + runs; i++) {
+        if (i == warm) {
+            pthread_barrier_wait(&me->s->bar);
+            t0 = seconds_now();
+        }
+        require(be->ops->graph_run(be, &g) == EXL_OK && be->ops->synchronize(be) == EXL_OK, "all_reduce chain");
+    }
+    if (me->rank == 0)
+        me->s->us = (seconds_now() - t0) * 1e6 / (runs * AR_CHAIN);
+    exl_graph_free(&g);
+    be->ops->free(be, h);
+    be->ops->free(be, x);
+    free(zero);
+}
+
+static void *ar_thread(void *arg) {
+    ar_rank *me = arg;
+    ar_shared *s = me->s;
+    if (exl_backend_init_ordinal(EXL_DEVICE_CUDA, me->rank, 1, &s->be[me->rank]) != EXL_OK)
+        printf("SKIP all_reduce on %d GPUs: rank %d: %s\n", AR_RANKS, me->rank, exl_last_error());
+    pthread_barrier_wait(&s->bar);
+    const int gpus = s->be[0] && s->be[1];
+    for (size_t m = 0; gpus && m < sizeof ar_modes / sizeof ar_modes[0]; m++) {
+        const char *mode = ar_modes[m][1];
+        if (me->rank == 0) { /* the others wait at the barrier: nobody reads the environment meanwhile */
+            setenv("EXL_TP_P2P", ar_modes[m][0], 1);
+            exl_status cs = s->be[0]->ops->comm_init(s->be, AR_RANKS);
+            unsetenv("EXL_TP_P2P");
+            s->comm = cs == EXL_OK;
+            if (cs != EXL_OK)
+                printf("%s all_reduce %s: %s\n", cs == EXL_ERR_UNSUPPORTED ? "SKIP" : "FAIL", mode, exl_last_error());
+            n_fail += cs != EXL_OK && cs != EXL_ERR_UNSUPPORTED;
+        }
+        pthread_barrier_wait(&s->bar);
+        if (!s->comm) { /* every rank read it before rank 0 sets it again (the barrier at the end) */
+            pthread_barrier_wait(&s->bar);
+            continue;
+        }
+        ar_case(me, mode, 1, 0, 1000);
+        ar_case(me, mode, 7, 0, 1000);
+        ar_case(me, mode, 7, 1, 100);
+        ar_case(me, mode, 8192, 0, 1000);
+        ar_case(me, mode, 65536, 0, 200);
+        ar_speed(me, 8192);
+        pthread_barrier_wait(&s->bar);
+        if (me->rank == 0)
+            printf("info all_reduce %s: 8192 floats + residual add: %.2f us each in a CUDA graph of %d\n", mode, s->us,
+                   AR_CHAIN);
+        pthread_barrier_wait(&s->bar);
+    }
+    for (int p = 0; p < AR_PATTERNS; p++)
+        free(s->in[me->rank][p]);
+    if (s->be[me->rank])
+        s->be[me->rank]->ops->destroy(s->be[me->rank]);
+    return NULL;
+}
+
+static void test_all_reduce(void) {
+    ar_shared s;
+    memset(&s, 0, sizeof s);
+    pthread_barrier_init(&s.bar, NULL, AR_RANKS);
+    ar_rank ranks[AR_RANKS];
+    pthread_t threads[AR_RANKS];
+    for (int32_t k = 0; k < AR_RANKS; k++) {
+        ranks[k] = (ar_rank){&s, k};
+        require(k == 0 || pthread_create(&threads[k], NULL, ar_thread, &ranks[k]) == 0, "thread");
+    }
+    ar_thread(&ranks[0]);
+    for (int32_t k = 1; k < AR_RANKS; k++)
+        pthread_join(threads[k], NULL);
+    pthread_barrier_destroy(&s.bar);
+}
+
+/* ---- tensor parallelism: the fixtures split over $EXL_TEST_TP GPUs (default 2) with the all-reduce of
+ * EXL_TP_P2P=p2p (NULL: the default, the push all-reduce where the GPUs reach each other's memory), against the same
+ * references and bound as one GPU, and greedy jobs' tokens against one GPU's; skipped where the machine has too few
+ * GPUs or no NCCL */
+static int generate_batch(const char *dir, const char *tok_dir, int n_jobs, int32_t tp, int32_t *out);
+
+static void test_models_tp(const char *shared, const char *p2p, const char *how) {
+    if (p2p)
+        setenv("EXL_TP_P2P", p2p, 1);
     const char *models[] = {"tinystories-656k",
                             "rand-llama",
                             "rand-qwen2",
@@ -1430,6 +1657,7 @@ static void test_models_tp(const char *shared) {
                             "rand-qwen3moe"};
     const char *env = getenv("EXL_TEST_TP");
     int32_t tp = env && atoi(env) > 1 ? atoi(env) : 2;
+    int loaded = 0; /* models loaded over tp GPUs (none: too few GPUs, or no NCCL) */
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         char dir[1024], ref[1024], name[128];
         snprintf(dir, sizeof dir, "%s/models/%s", shared, models[i]);
@@ -1440,22 +1668,37 @@ static void test_models_tp(const char *shared) {
         exl_model *m;
         exl_status st = exl_model_load(dir, &p, &m);
         if (st == EXL_ERR_UNSUPPORTED || st == EXL_ERR_DEVICE) {
-            printf("SKIP logits --tp %d %s: %s\n", tp, models[i], exl_last_error());
+            printf("SKIP logits --tp %d (%s) %s: %s\n", tp, how, models[i], exl_last_error());
             continue;
         }
         if (st != EXL_OK) {
-            printf("FAIL logits --tp %d %s: %s\n", tp, models[i], exl_last_error());
+            printf("FAIL logits --tp %d (%s) %s: %s\n", tp, how, models[i], exl_last_error());
             n_fail++;
             continue;
         }
         exl_model_free(m);
+        loaded++;
         int mism = 0, npos = 0;
         double e = ref_compare_model(dir, ref, "logits", &p, &mism, &npos);
-        snprintf(name, sizeof name, "logits --tp %d %s (%d pos)", tp, models[i], npos);
+        snprintf(name, sizeof name, "logits --tp %d (%s) %s (%d pos)", tp, how, models[i], npos);
         report(name, e, 5e-3);
-        snprintf(name, sizeof name, "argmax mismatches --tp %d %s", tp, models[i]);
+        snprintf(name, sizeof name, "argmax mismatches --tp %d (%s) %s", tp, how, models[i]);
         report(name, npos > 0 ? mism : -1, 0);
     }
+    const char *greedy[] = {"rand-llama", "rand-llama-exl2-3.0bpw-h6"};
+    for (size_t i = 0; loaded && i < sizeof greedy / sizeof greedy[0]; i++) {
+        char dir[1024], tok_dir[1024], name[128];
+        snprintf(dir, sizeof dir, "%s/models/%s", shared, greedy[i]);
+        snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
+        int32_t a[8 * 16] = {0}, b[8 * 16] = {0};
+        const int na = generate_batch(dir, tok_dir, 8, 1, a), nb = generate_batch(dir, tok_dir, 8, tp, b);
+        snprintf(name, sizeof name, "8 greedy jobs --tp %d (%s) == one GPU: %s", tp, how, greedy[i]);
+        if (na < 8 * 14 || nb != na)
+            printf("     (%d and %d tokens of %d: %s)\n", na, nb, 8 * 16, exl_last_error());
+        report(name, na >= 8 * 14 && nb == na ? (double)memcmp(a, b, sizeof a) != 0 : 1.0, 0);
+    }
+    if (p2p)
+        unsetenv("EXL_TP_P2P");
 }
 
 /* ---- logits through a quantized KV cache: the GPU's against the CPU's, each through sessions of the same cache
@@ -2242,9 +2485,10 @@ static void test_fed_chain(const char *shared, const char *model) {
  * that decode steps of many rows replayed as CUDA graphs (9+ rows: the tensor-core matmul) give
  * the tokens of the same steps launched one kernel at a time, and decode ahead those of steps
  * taken one by one. */
-static int generate_batch(const char *dir, const char *tok_dir, int n_jobs, int32_t *out) {
+static int generate_batch(const char *dir, const char *tok_dir, int n_jobs, int32_t tp, int32_t *out) {
     exl_model_params p = exl_model_default_params();
     p.device = EXL_DEVICE_CUDA;
+    p.tp = tp;
     exl_model *m;
     exl_tokenizer *tok;
     if (exl_model_load(dir, &p, &m) != EXL_OK)
@@ -2284,9 +2528,9 @@ static void same_tokens_with_env_off(const char *shared, int n_jobs, const char 
     snprintf(dir, sizeof dir, "%s/models/rand-llama-exl2-3.0bpw-h6", shared);
     snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
     int32_t *a = calloc((size_t)n_jobs * 16, sizeof *a), *b = calloc((size_t)n_jobs * 16, sizeof *b);
-    int na = generate_batch(dir, tok_dir, n_jobs, a);
+    int na = generate_batch(dir, tok_dir, n_jobs, 1, a);
     setenv(env, "0", 1);
-    int nb = generate_batch(dir, tok_dir, n_jobs, b);
+    int nb = generate_batch(dir, tok_dir, n_jobs, 1, b);
     unsetenv(env);
     char name[96];
     snprintf(name, sizeof name, "%d greedy jobs: %s", n_jobs, what);
@@ -3143,8 +3387,11 @@ int main(int argc, char **argv) {
      * (the fast one's own error is the "fast prefill:" lines above), so that its fp16 rounding of the prompt's keys
      * and values does not stand in for theirs */
     setenv("EXL_CUDA_EXACT_PREFILL", "1", 1);
-    if (only("tp"))
-        test_models_tp(shared);
+    if (only("tp")) {
+        test_all_reduce();
+        test_models_tp(shared, NULL, "default: push");
+        test_models_tp(shared, "0", "NCCL");
+    }
     if (only("kv")) {
         cache_formats_case(shared, "tinystories-656k");
         cache_formats_case(shared, "rand-llama");

@@ -481,6 +481,7 @@ typedef enum exl_cuda_item_kind {
     EXL_CUDA_RUN_MATMUL,         /* matmuls with their norm, GLU or residual add: mm */
     EXL_CUDA_RUN_ROPE_KV_STORE,  /* rope q, rope k, kv_store */
     EXL_CUDA_RUN_ROPE_ATTENTION, /* rope q, rope k, kv_store, attention; out_order as in exl_cuda_run_rope_attention */
+    EXL_CUDA_RUN_ALL_REDUCE_ADD, /* all_reduce of y, then x += y (exl_cuda_run_all_reduce_add) */
 } exl_cuda_item_kind;
 
 typedef struct exl_cuda_plan_item {
@@ -524,6 +525,24 @@ void exl_cuda_gather_cols(exl_backend *be, const exl_gather_cols_node *n);
 void exl_cuda_run_all_reduce(exl_backend *be, float *x, int64_t n);
 void exl_cuda_run_gather_cols(exl_backend *be, const exl_gather_cols_node *n);
 void exl_cuda_comm_release(exl_cuda_backend *cb);
+/* an all_reduce node and the add of its result to x that follows it (cuda_plan.cu): x += the sum too */
+void exl_cuda_run_all_reduce_add(exl_backend *be, float *sum, int64_t n, float *x);
+
+/* the push all-reduce between GPUs with peer access (cuda_allreduce.cu): each rank's receive buffer (two sets of
+ * one slot of max_floats a rank, allocated on its device) and round counts (EXL_CUDA_PUSH_BLOCKS, on its device) */
+#define EXL_CUDA_PUSH_MAX_RANKS 16
+#define EXL_CUDA_PUSH_BLOCKS 32
+typedef struct exl_cuda_push {
+    float *recv[EXL_CUDA_PUSH_MAX_RANKS];
+    unsigned *rounds[EXL_CUDA_PUSH_MAX_RANKS];
+    int64_t max_floats; /* a multiple of 4 */
+} exl_cuda_push;
+/* rank's buffers, on the current device */
+exl_status exl_cuda_push_alloc(exl_cuda_push *p, int32_t rank, int32_t n_ranks, int64_t max_floats);
+void exl_cuda_push_free(exl_cuda_push *p, int32_t n_ranks);
+/* x [n] = the sum over the ranks (n <= max_floats), in rank order; resid (NULL: none) += that sum */
+void exl_cuda_push_all_reduce(exl_cuda_backend *cb, const exl_cuda_push *p, int32_t n_ranks, float *x, float *resid,
+                              int64_t n);
 /* Something that cannot be captured (a buffer growing) is about to happen inside a step:
  * launch what was captured so far, drop the cached graph, run the rest of the step directly. */
 void exl_cuda_graph_flush(exl_cuda_backend *cb);

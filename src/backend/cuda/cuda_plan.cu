@@ -7,6 +7,8 @@
  *   rope q, rope k, kv_store, then attention over them             -> rope_attention (q and k dead after it where
  *                                                                     the one-launch kernel takes it, which leaves
  *                                                                     them unrotated); without attention rope_kv_store
+ *   all_reduce of y, then x += y (tensor parallelism's residual)   -> one launch where the push all-reduce takes it
+ *                                                                     (cuda_comm.cu), y written too
  * A buffer is dead after a node when it is no graph output and the next node to touch it overwrites it whole
  * without reading it (or none does). Then, over the launches, what the kernels can do with what the graph says:
  *   - slot order: a GEMV computing gate and up that only the next launch reads, a GEMV of the GLU and down_proj,
@@ -344,6 +346,19 @@ static int32_t try_rope(compiler *c, int32_t i, int *oom) {
     return n;
 }
 
+/* all_reduce of y, then x += y */
+static int32_t try_all_reduce(compiler *c, int32_t i, int *oom) {
+    const exl_all_reduce_node *r = &c->p->nodes[i].all_reduce;
+    if (i + 1 >= c->p->n_nodes || c->p->nodes[i + 1].op != EXL_OP_ADD)
+        return 0;
+    const exl_add_node *a = &c->p->nodes[i + 1].add;
+    if (a->y != r->x || a->n != r->n || exl_spans_overlap(span(a->x, a->n), span(r->x, r->n)))
+        return 0;
+    if (!add_launch(c, EXL_CUDA_RUN_ALL_REDUCE_ADD, i, 2))
+        return *oom = 1, 0;
+    return 2;
+}
+
 /* ---- what the launches can do with what the graph says (see the top) */
 
 static const exl_attention_node *attention_of(const compiler *c, const exl_cuda_plan_item *l) {
@@ -507,6 +522,7 @@ exl_status exl_cuda_plan_compile(exl_cuda_backend *cb, const exl_graph *g, exl_c
         case EXL_OP_GLU: taken = try_glu(&c, i, &oom); break;
         case EXL_OP_MATMUL: taken = try_matmuls(&c, i, &oom); break;
         case EXL_OP_ROPE: taken = try_rope(&c, i, &oom); break;
+        case EXL_OP_ALL_REDUCE: taken = try_all_reduce(&c, i, &oom); break;
         default: break;
         }
         if (!taken && !oom) {
@@ -610,6 +626,9 @@ void exl_cuda_plan_run(exl_cuda_backend *cb, const exl_cuda_plan *p) {
                                         q->rot_dim, q->inv_freq, q->attn_factor, l->out_order);
             break;
         }
+        case EXL_CUDA_RUN_ALL_REDUCE_ADD:
+            exl_cuda_run_all_reduce_add(be, n[0].all_reduce.x, n[0].all_reduce.n, n[1].add.x);
+            break;
         }
     }
 }
