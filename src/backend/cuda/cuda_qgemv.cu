@@ -640,6 +640,116 @@ __device__ __forceinline__ int mma_xs_at(int xs_stride, int r, int lc, int p) {
     return (r % 8) * xs_stride + lc * 32 + (p / 4) * 8 + ((p / 2) % 2) * 4 + (p % 2) * 2 + r / 8;
 }
 
+/* activation pairs a thread of qgemv_mma_kernel has the inputs of read before griddepcontrol.wait (the head of a 7B
+ * model: 2048 pairs a block, 4 a thread) */
+#define MMA_PRE_PAIRS 4 /* (sp[0 .. 3] are picked by compares in the gather) */
+
+/* 1 / RMS of each of the R rows into inv (shared memory), by the whole block: every row's loads of a pass in flight
+ * together (a.in % 4 == 0: the launcher folds the norm in only then) */
+__device__ void mma_inv_rms(const gemv_args &a, int R, int threads, float *inv) {
+    __shared__ float red[MMA_COL_WARPS * 2][EXL_CUDA_QGEMV_MAX_ROWS];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float ss[EXL_CUDA_QGEMV_MAX_ROWS];
+#pragma unroll
+    for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+        ss[r] = 0.0f;
+    for (int i = threadIdx.x; i < a.in / 4; i += threads) {
+        float4 v[EXL_CUDA_QGEMV_MAX_ROWS];
+#pragma unroll
+        for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+            v[r] = r < R ? __ldg((const float4 *)(a.x + (int64_t)r * a.in) + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+            ss[r] += v[r].x * v[r].x + v[r].y * v[r].y + v[r].z * v[r].z + v[r].w * v[r].w;
+    }
+#pragma unroll
+    for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+        if (r < R) {
+            float v = ss[r];
+            for (int o = 16; o > 0; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0)
+                red[warp][r] = v;
+        }
+    __syncthreads();
+    if ((int)threadIdx.x < R) {
+        float s = 0.0f;
+        for (int w = 0; w < threads / 32; w++)
+            s += red[w][threadIdx.x];
+        inv[threadIdx.x] = rsqrtf(s / a.in + a.eps);
+    }
+    __syncthreads();
+}
+
+/* The last block of a column tile adds the splits' partial sums (in split order) and writes the outputs: every thread
+ * of the block a few of the tile's R x COL_TILE outputs, the loads of four splits for all of them in flight together
+ * (a few memory round trips, where a lane summing its own 16 outputs split by split took ~2 per output) */
+template <int KW>
+__device__ void mma_merge_splits(const gemv_args &a, const gemv_mat &M, int tile_col, int64_t width) {
+    constexpr int THREADS = MMA_COL_WARPS * KW * 32, OUTS = EXL_CUDA_QGEMV_MAX_ROWS * COL_TILE / THREADS;
+    const int R = a.rows;
+    const float *p = a.partial + (int64_t)blockIdx.x * COL_TILE;
+    float v[OUTS];
+#pragma unroll
+    for (int k = 0; k < OUTS; k++)
+        v[k] = 0.0f;
+    for (unsigned y0 = 0; y0 < gridDim.y; y0 += 4) {
+        float u[4][OUTS];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+#pragma unroll
+            for (int k = 0; k < OUTS; k++) {
+                const int o = (int)threadIdx.x + k * THREADS, r = o / COL_TILE;
+                u[e][k] = y0 + e < gridDim.y && r < R ? __ldcg(p + ((int64_t)(y0 + e) * R + r) * width + o % COL_TILE)
+                                                      : 0.0f;
+            }
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+#pragma unroll
+            for (int k = 0; k < OUTS; k++)
+                v[k] += u[e][k];
+    }
+#pragma unroll
+    for (int k = 0; k < OUTS; k++) {
+        const int o = (int)threadIdx.x + k * THREADS, r = o / COL_TILE, c = tile_col + o % COL_TILE;
+        if (r < R && c < M.n_out) {
+            float *dst = M.out + (int64_t)r * M.n_out + (a.out_map ? __ldg(a.out_map + c) : c);
+            *dst = (a.accumulate ? *dst : 0.0f) + v[k] + (M.bias ? M.bias[c] : 0.0f);
+        }
+    }
+}
+
+/* Activation pair i (inputs s) of every row into xs (mma_xs_at; rows R .. 15 zeros): the loads of all rows first, in
+ * flight together, then the input transform (input_at's, with the same roundings) */
+__device__ __forceinline__ void mma_gather_pair(const gemv_args &a, int R, int2 s, const float *inv, __half2 *xs,
+                                                int xs_stride, int i) {
+    float2 v[EXL_CUDA_QGEMV_MAX_ROWS], u[EXL_CUDA_QGEMV_MAX_ROWS];
+#pragma unroll
+    for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++) {
+        const float *xr = a.x + (int64_t)r * a.in;
+        v[r] = make_float2(r < R && s.x >= 0 ? __ldg(xr + s.x) : 0.0f, r < R && s.y >= 0 ? __ldg(xr + s.y) : 0.0f);
+    }
+    if (a.up) {
+#pragma unroll
+        for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++) {
+            const float *ur = a.up + (int64_t)r * a.in;
+            u[r] = make_float2(r < R && s.x >= 0 ? __ldg(ur + s.x) : 0.0f, r < R && s.y >= 0 ? __ldg(ur + s.y) : 0.0f);
+        }
+#pragma unroll
+        for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+            v[r] = make_float2(exl_cuda_activate(v[r].x, a.act) * u[r].x, exl_cuda_activate(v[r].y, a.act) * u[r].y);
+    } else if (a.norm) {
+        const float n0 = s.x >= 0 ? __ldg(a.norm + s.x) : 0.0f, n1 = s.y >= 0 ? __ldg(a.norm + s.y) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+            if (r < R)
+                v[r] = make_float2(n0 * (v[r].x * inv[r]), n1 * (v[r].y * inv[r]));
+    }
+#pragma unroll
+    for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+        xs[mma_xs_at(xs_stride, r, i / 16, i % 16)] = __floats2half2_rn(v[r].x, v[r].y);
+}
+
 /* KW: the k warps a column warp has. 2 (the default): 512 threads, 16 warps an SM to hide the multiply's latencies,
  * half the split; 1: 256 threads, 8 warps. 115 and 125 registers, no spill (-Xptxas -v, sm_90, CUDA 13.0; the
  * 6-bit path through decode_quarter's word selects took 153, and 88 bytes spilled at 512 threads). */
@@ -649,6 +759,7 @@ __global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 1) qgemv_mma_kernel(co
      * stages */
     extern __shared__ uint4 mma_smem[];
     __shared__ int is_last;
+    __shared__ float inv_rms[EXL_CUDA_QGEMV_MAX_ROWS];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4, R = a.rows;
     const int cw = warp % MMA_COL_WARPS, kw = warp / MMA_COL_WARPS;
     int mi = 0;
@@ -687,19 +798,20 @@ __global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 1) qgemv_mma_kernel(co
             mma_issue(src, n_pad, desc[kw + s * KW], ring_at + s * stage_bytes, lane);
         cp_async_commit();
     }
+    /* this thread's first activation pairs' inputs (constant tables) before the wait; their values after it, every
+     * row's loads of a pair in flight together */
+    const int n_pairs = n_loc * 16, threads = MMA_COL_WARPS * KW * 32;
+    int2 sp[MMA_PRE_PAIRS];
+#pragma unroll
+    for (int j = 0; j < MMA_PRE_PAIRS; j++)
+        sp[j] = tid + j * threads < n_pairs ? slot_pair(a, q, c0, tid + j * threads) : make_int2(-1, -1);
     exl_pdl_start();
-    /* every (row, pair) an item of its own, so that a thread's loads are in flight together; the 16 rows of the
-     * m16 tile, those past a.rows zeros */
-    const int n_pairs = n_loc * 16;
-#pragma unroll 2
-    for (int at = tid; at < 16 * n_pairs; at += (MMA_COL_WARPS * KW * 32)) {
-        const int r = at / n_pairs, i = at - r * n_pairs;
-        __half2 v = __float2half2_rn(0.0f);
-        if (r < R) {
-            const int2 sp = slot_pair(a, q, c0, i);
-            v = __floats2half2_rn(input_raw(a, r, sp.x), input_raw(a, r, sp.y));
-        }
-        xs[mma_xs_at(xs_stride, r, i / 16, i % 16)] = v;
+    if (a.norm)
+        mma_inv_rms(a, R, threads, inv_rms);
+    for (int j = 0, i = tid; i < n_pairs; j++, i += threads) {
+        /* by compares, not an index: sp stays in registers (as a local array it took a stack frame) */
+        const int2 s = j == 0 ? sp[0] : j == 1 ? sp[1] : j == 2 ? sp[2] : j == 3 ? sp[3] : slot_pair(a, q, c0, i);
+        mma_gather_pair(a, R, s, inv_rms, xs, xs_stride, i);
     }
     __syncthreads();
 
@@ -784,21 +896,13 @@ __global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 1) qgemv_mma_kernel(co
         if (tid == 0)
             is_last = atomicAdd(&a.counters[blockIdx.x], 1u) == gridDim.y - 1;
         __syncthreads();
-        if (!is_last || kw > 0)
+        if (!is_last)
             return;
         __threadfence();
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = g + 8 * (e / 2);
-                float v = 0.0f;
-                for (unsigned y = 0; r < R && y < gridDim.y; y++) /* in split order */
-                    v += __ldcg(a.partial + ((int64_t)y * R + r) * width + gcol + 4 * (e % 2) + j);
-                acc[j][e] = v;
-            }
+        mma_merge_splits<KW>(a, M, tile_col, width);
         if (tid == 0)
             a.counters[blockIdx.x] = 0;
+        return;
     }
     if (kw > 0)
         return;
@@ -896,6 +1000,11 @@ static int gemv_kind(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
  * one an SM; the tests set 1, so that each warp's ring goes round several times on the small fixtures), its k warps
  * (EXL_CUDA_GEMV_MMA_K_WARPS) */
 static int mma_smem_max, mma_stages = MMA_STAGES_DEFAULT, mma_blocks, mma_k_warps = MMA_K_WARPS_DEFAULT;
+/* the most rows whose RMSNorm a qgemv_mma_kernel block computes itself (EXL_CUDA_GEMV_MMA_NORM_ROWS; more: a launch
+ * of its own first): each block reads the rows whole, rows x in x 4 bytes (8 rows of a 7B model: 128 KiB a block,
+ * 33 MB of L2 reads for gate and up's 258 blocks), where the launch of its own costs a kernel's start and end */
+#define MMA_NORM_ROWS_DEFAULT 8
+static int mma_norm_rows = MMA_NORM_ROWS_DEFAULT;
 
 /* the dynamic shared memory of a qgemv_mma_kernel block: activations, descriptors, rings */
 static size_t mma_smem_bytes(int cpb, int ring) {
@@ -1012,6 +1121,8 @@ void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
         mma_stages = atoi(e) < MMA_MAX_STAGES ? atoi(e) : MMA_MAX_STAGES;
     e = getenv("EXL_CUDA_GEMV_MMA_BLOCKS");
     mma_blocks = e && atoi(e) > 0 ? atoi(e) : 0;
+    e = getenv("EXL_CUDA_GEMV_MMA_NORM_ROWS");
+    mma_norm_rows = e ? atoi(e) : MMA_NORM_ROWS_DEFAULT;
 }
 
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
@@ -1063,7 +1174,8 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     if (kind == GEMV_MMA) {
         a.x = f->x;
         a.up = f->up;
-        if (f->norm) { /* normed first, by one launch instead of in every block */
+        if (f->norm && (f->rows > mma_norm_rows || a.in % 4)) { /* normed first by one launch: every block would read
+                                                                    * all rows whole */
             if (!exl_cuda_ensure(cb, (void **)&cb->gemv_normed, &cb->gemv_normed_bytes,
                                  (size_t)EXL_CUDA_QGEMV_MAX_ROWS * a.in * sizeof(float), "GEMV normed input"))
                 return;
