@@ -504,7 +504,14 @@ typedef struct mma_src {
     const uint32_t *words; /* word row 0 */
     const __half *sz;      /* group 0 */
     int row, sz_lanes;     /* l / 8; lanes that copy scales and zeros (4 or 8) */
+    int dst;               /* where in a stage the lane's first 16 bytes go (mma_word_at) */
 } mma_src;
+
+/* Where in a stage the 16 bytes of word row r of columns 4c .. 4c + 3 (of the warp's 32) lie: the row's eight pieces
+ * permuted by row (c ^ 2r), so that the lanes of a quarter warp, which read rows t (4 bits) or k .. k + 4 (6 bits, k =
+ * 3t / 4) of columns 4g .. 4g + 3 for g of one pair, hit eight different banks (in column order the four rows of
+ * 4-bit quarters were a 4-way conflict: ncu counted 4.5-way conflicts, 37% of the shared-memory wavefronts) */
+__device__ __forceinline__ int mma_word_at(int r, int c) { return r * MMA_ROW_BYTES + 16 * (c ^ ((2 * r) & 7)); }
 
 __device__ __forceinline__ mma_src mma_src_of(const exl_qmatrix &q, const uint32_t *wcol, int col, int lane) {
     mma_src m;
@@ -512,17 +519,18 @@ __device__ __forceinline__ mma_src mma_src_of(const exl_qmatrix &q, const uint32
     m.row = lane / 8;
     m.sz_lanes = q.zeros ? 8 : 4;
     m.sz = (lane < 4 ? q.scales : q.zeros ? q.zeros : q.scales) + col + (lane % 4) * 8;
+    m.dst = mma_word_at(lane / 8, lane % 8); /* row l / 8 + 4: 4 rows further, the same permutation */
     return m;
 }
 
-/* Chunk m of the warp's 32 columns into the stage at `stage`: word row r at r * MMA_ROW_BYTES (the lanes' pieces
- * l and l + 32 of 16 bytes), then the group's 32 scales (64 bytes) and zeros (GPTQ) */
+/* Chunk m of the warp's 32 columns into the stage at `stage`: word row r at r * MMA_ROW_BYTES (its pieces permuted:
+ * mma_word_at), then the group's 32 scales (64 bytes) and zeros (GPTQ) */
 __device__ __forceinline__ void mma_issue(const mma_src &src, int64_t n_pad, int4 m, unsigned stage, int lane) {
     const uint32_t *w = src.words + (int64_t)m.x * EXL_QW_TILE;
     if (src.row < m.y)
-        cp_async16(stage + 16 * lane, w);
+        cp_async16(stage + src.dst, w);
     if (src.row + 4 < m.y)
-        cp_async16(stage + 16 * lane + 4 * MMA_ROW_BYTES, w + 4 * EXL_QW_TILE);
+        cp_async16(stage + src.dst + 4 * MMA_ROW_BYTES, w + 4 * EXL_QW_TILE);
     if (lane < src.sz_lanes)
         cp_async16(stage + m.y * MMA_ROW_BYTES + 16 * lane, src.sz + (int64_t)m.z * n_pad);
 }
@@ -551,14 +559,14 @@ __device__ __forceinline__ void mma_stage_step(const char *stage, int g, int t, 
     uint4 wv[NW];
     if constexpr (B == 6) {
         const int k = 3 * t / 4;
-        wv[0] = *(const uint4 *)(stage + k * MMA_ROW_BYTES + 16 * g);
-        wv[1] = *(const uint4 *)(stage + (k + 1) * MMA_ROW_BYTES + 16 * g);
-        wv[2] = *(const uint4 *)(stage + (k + 3) * MMA_ROW_BYTES + 16 * g);
-        wv[3] = *(const uint4 *)(stage + min(k + 4, 5) * MMA_ROW_BYTES + 16 * g);
+        wv[0] = *(const uint4 *)(stage + mma_word_at(k, g));
+        wv[1] = *(const uint4 *)(stage + mma_word_at(k + 1, g));
+        wv[2] = *(const uint4 *)(stage + mma_word_at(k + 3, g));
+        wv[3] = *(const uint4 *)(stage + mma_word_at(min(k + 4, 5), g));
     } else {
 #pragma unroll
         for (int i = 0; i < NW; i++)
-            wv[i] = *(const uint4 *)(stage + (quarter_first<B>(t) + i) * MMA_ROW_BYTES + 16 * g);
+            wv[i] = *(const uint4 *)(stage + mma_word_at(quarter_first<B>(t) + i, g));
     }
     const uint4 sc = *(const uint4 *)(stage + B * MMA_ROW_BYTES + 16 * t); /* columns 8t .. 8t + 7 */
     __half sh[8];
