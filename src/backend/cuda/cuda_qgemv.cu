@@ -690,21 +690,22 @@ __device__ void mma_inv_rms(const gemv_args &a, int R, int threads, float *inv) 
 }
 
 /* The last block of a column tile adds the splits' partial sums (in split order) and writes the outputs: every thread
- * of the block a few of the tile's R x COL_TILE outputs, the loads of four splits for all of them in flight together
+ * of the block a few of the tile's R x COL_TILE outputs, the loads of several splits for all of them in flight together
  * (a few memory round trips, where a lane summing its own 16 outputs split by split took ~2 per output) */
 template <int KW>
 __device__ void mma_merge_splits(const gemv_args &a, const gemv_mat &M, int tile_col, int64_t width) {
     constexpr int THREADS = MMA_COL_WARPS * KW * 32, OUTS = EXL_CUDA_QGEMV_MAX_ROWS * COL_TILE / THREADS;
+    constexpr int YB = 32 / OUTS; /* splits a batch: 32 loads a thread in flight (64 spilled at 128 registers) */
     const int R = a.rows;
     const float *p = a.partial + (int64_t)blockIdx.x * COL_TILE;
     float v[OUTS];
 #pragma unroll
     for (int k = 0; k < OUTS; k++)
         v[k] = 0.0f;
-    for (unsigned y0 = 0; y0 < gridDim.y; y0 += 4) {
-        float u[4][OUTS];
+    for (unsigned y0 = 0; y0 < gridDim.y; y0 += YB) {
+        float u[YB][OUTS];
 #pragma unroll
-        for (int e = 0; e < 4; e++)
+        for (int e = 0; e < YB; e++)
 #pragma unroll
             for (int k = 0; k < OUTS; k++) {
                 const int o = (int)threadIdx.x + k * THREADS, r = o / COL_TILE;
@@ -712,7 +713,7 @@ __device__ void mma_merge_splits(const gemv_args &a, const gemv_mat &M, int tile
                                                       : 0.0f;
             }
 #pragma unroll
-        for (int e = 0; e < 4; e++)
+        for (int e = 0; e < YB; e++)
 #pragma unroll
             for (int k = 0; k < OUTS; k++)
                 v[k] += u[e][k];
@@ -762,7 +763,8 @@ __device__ __forceinline__ void mma_gather_pair(const gemv_args &a, int R, int2 
  * half the split; 1: 256 threads, 8 warps. 115 and 125 registers, no spill (-Xptxas -v, sm_90, CUDA 13.0; the
  * 6-bit path through decode_quarter's word selects took 153, and 88 bytes spilled at 512 threads). */
 template <int KW>
-__global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 1) qgemv_mma_kernel(const __grid_constant__ gemv_args a) {
+__global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 3 - KW)
+    qgemv_mma_kernel(const __grid_constant__ gemv_args a) {
     /* [8][mma_xs_stride] activation pairs (mma_xs_at), [chunks_per_block] descriptors, [MMA_COL_WARPS * KW][a.mma_ring]
      * stages */
     extern __shared__ uint4 mma_smem[];
@@ -1008,6 +1010,11 @@ static int gemv_kind(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
  * one an SM; the tests set 1, so that each warp's ring goes round several times on the small fixtures), its k warps
  * (EXL_CUDA_GEMV_MMA_K_WARPS) */
 static int mma_smem_max, mma_stages = MMA_STAGES_DEFAULT, mma_blocks, mma_k_warps = MMA_K_WARPS_DEFAULT;
+/* blocks of qgemv_mma_kernel an SM holds (EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM): 1, or 2 with 1 k warp (256 threads, at
+ * most 128 registers: two blocks' registers fill the file), each with half the shared memory, so that one block's
+ * start and end overlap the other's chunks, and the next launch's blocks start (programmatic dependent launch) while
+ * this one's last blocks run */
+static int mma_sm_blocks = 1;
 /* the most rows whose RMSNorm a qgemv_mma_kernel block computes itself (EXL_CUDA_GEMV_MMA_NORM_ROWS; more: a launch
  * of its own first): each block reads the rows whole, rows x in x 4 bytes (8 rows of a 7B model: 128 KiB a block,
  * 33 MB of L2 reads for gate and up's 258 blocks), where the launch of its own costs a kernel's start and end */
@@ -1032,7 +1039,7 @@ static size_t mma_smem_bytes(int cpb, int ring) {
  * chunk. */
 static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, gemv_args *a, int *split) {
     const int budget = mma_smem_max > 0 ? mma_smem_max : 48 * 1024;
-    const int64_t slots = mma_blocks > 0 ? mma_blocks : cb->n_sms;
+    const int64_t slots = mma_blocks > 0 ? mma_blocks : (int64_t)cb->n_sms * mma_sm_blocks;
     int s = 1;
     int64_t best = -1;
     for (int c = 1; c <= chunks && c <= 4 * slots; c++) {
@@ -1110,7 +1117,7 @@ void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
     const char *e = getenv("EXL_CUDA_GEMV_MMA_K_WARPS");
     mma_k_warps = e && (atoi(e) == 1 || atoi(e) == 2) ? atoi(e) : MMA_K_WARPS_DEFAULT;
     int optin = 0;
-    cudaFuncAttributes f1, f2;
+    cudaFuncAttributes f1 = {}, f2 = {};
     mma_smem_max = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cb->device) == cudaSuccess &&
         cudaFuncGetAttributes(&f1, qgemv_mma_kernel<1>) == cudaSuccess &&
@@ -1121,6 +1128,18 @@ void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
                 cudaSuccess &&
             cudaFuncSetAttribute(qgemv_mma_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most) == cudaSuccess)
             mma_smem_max = most;
+    }
+    cudaGetLastError();
+    /* two 256-thread blocks an SM: each half the shared memory (less what the SM reserves a block) */
+    e = getenv("EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM");
+    mma_sm_blocks = 1;
+    int sm_smem = 0, reserved = 0;
+    if (e && atoi(e) == 2 && mma_k_warps == 1 && mma_smem_max > 0 &&
+        cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, cb->device) == cudaSuccess) {
+        const int half = (sm_smem / 2 - reserved - (int)f1.sharedSizeBytes) / 128 * 128;
+        mma_smem_max = half < mma_smem_max ? half : mma_smem_max;
+        mma_sm_blocks = 2;
     }
     cudaGetLastError();
     e = getenv("EXL_CUDA_GEMV_MMA_STAGES");
