@@ -3,7 +3,8 @@
 # (test_gpu's "decode 2-16 rows" lines, also with EXL_CUDA_DETERMINISTIC=1), then the per-matrix times of 1-64
 # decode rows and their ratio to one row (gpu_bench exl2 --layers 1 --kernels-only) for each configuration of
 # KERNEL_CFGS, then whole decode steps of the 32-layer 7B shape (1-16 sequences a step and one sequence's 1-16-row
-# verification steps) for each of STEP_CFGS. A configuration is "default" or environment settings joined by commas,
+# verification steps) for each of STEP_CFGS, with the per-matrix times again (so KERNELS=0 loses nothing for the
+# configurations STEP_CFGS names). A configuration is "default" or environment settings joined by commas,
 # e.g. EXL_CUDA_GEMV_MMA_K_WARPS=1,EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM=2; the defaults compare the tensor-core GEMV
 # from 2 rows (the default), its 256-thread blocks one or two an SM, rows 2-4 on the CUDA-core GEMV
 # (EXL_CUDA_GEMV_MMA_ROWS=5) and the old split (=17: CUDA cores up to 4 rows, cuda_qmma.cu beyond), and for the steps
@@ -59,5 +60,6 @@ step_cfgs=${STEP_CFGS:-"default EXL_CUDA_GEMV_MMA_NORM_ROWS=16 EXL_CUDA_GEMV_MMA
     tag=${cfg:-default}
     tag=${tag//,/_}
     env ${cfg//,/ } timeout 240 "$bin/gpu_bench" exl2 --kernels-only 2>"$out/rows_steps_$tag.log" >/dev/null
-    grep -E "decode steps|verification steps" "$out/rows_steps_$tag.log"
+    grep -E "^  [a-z_]+ [0-9]+x[0-9]+ |as decode rows|decode steps|verification steps" "$out/rows_steps_$tag.log" |
+        sed -E 's/ *\| [0-9]+ rows [^|]*//g'
 done
