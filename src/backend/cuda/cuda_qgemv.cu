@@ -437,10 +437,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
  * the warp's own. (Loading a chunk into registers at the top of its iteration, as this kernel first did, kept one
  * chunk a warp in flight, ~8 KiB an SM where the memory wants ~23 KiB: 2.5-7x one row; bench/LOG.md.) The chunk
  * descriptors of the warp are read once into shared memory, and the first stages are asked for before
- * griddepcontrol.wait (weights are constant), so they come while the activations are gathered. One block an SM
- * (its rings take most of the shared memory, its registers most of the file): the launcher picks the split by the
- * waves of blocks it takes (plan_mma). The launcher applies an RMSNorm first (a separate launch: every block would
- * read all rows whole). */
+ * griddepcontrol.wait (weights are constant), so they come while the activations are gathered (every row's loads
+ * of a pair at once). One block an SM (its rings take most of the shared memory, its registers most of the file; or
+ * two 256-thread blocks with half of each, EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM): the launcher picks the split by the
+ * waves of blocks it takes (plan_mma). An RMSNorm before it is computed by every block for up to
+ * EXL_CUDA_GEMV_MMA_NORM_ROWS rows (each reads the rows whole), else by a launch of its own first. With a split, the
+ * last block of a tile adds the partial sums with all its threads (mma_merge_splits). Nsight Compute of the first
+ * version (bench/LOG.md, r2-rows3) found that merge done lane by lane (half of a 2-row q_proj launch with the other
+ * SMs idle), the gather's dependent loads repeated per row and 4-way bank conflicts on the stages (mma_word_at). */
 
 #define MMA_COL_WARPS (COL_TILE / 32)
 #define MMA_K_WARPS_DEFAULT 2                      /* k warps (EXL_CUDA_GEMV_MMA_K_WARPS) */
@@ -760,8 +764,9 @@ __device__ __forceinline__ void mma_gather_pair(const gemv_args &a, int R, int2 
 }
 
 /* KW: the k warps a column warp has. 2 (the default): 512 threads, 16 warps an SM to hide the multiply's latencies,
- * half the split; 1: 256 threads, 8 warps. 115 and 125 registers, no spill (-Xptxas -v, sm_90, CUDA 13.0; the
- * 6-bit path through decode_quarter's word selects took 153, and 88 bytes spilled at 512 threads). */
+ * half the split; 1: 256 threads, 8 warps (held to 128 registers for two blocks an SM). 128 registers each, no
+ * spill (-Xptxas -v, sm_90, CUDA 13.0; the 6-bit path through decode_quarter's word selects took 153, and 88 bytes
+ * spilled at 512 threads). */
 template <int KW>
 __global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 3 - KW)
     qgemv_mma_kernel(const __grid_constant__ gemv_args a) {
