@@ -76,9 +76,10 @@ typedef struct gemv_args {
     const exl_attn_seq *kv_seqs;
     const int32_t *kv_pages;
     int32_t kv_n_seqs, kv_page_size, kv_width;
-    int32_t rows;       /* qgemv_mma_kernel: the rows (2 .. EXL_CUDA_QGEMV_MAX_ROWS), */
-    int32_t mma_ring;   /* the bytes of each warp's ring of stages */
-    int32_t mma_stages; /* and the most stages it is cut into */
+    int32_t rows;         /* qgemv_mma_kernel: the rows (2 .. EXL_CUDA_QGEMV_MAX_ROWS), */
+    int32_t mma_ring;     /* the bytes of each warp's ring of stages */
+    int32_t mma_stages;   /* and the most stages it is cut into */
+    int32_t mma_l2_ahead; /* chunks past its ring a warp sequence's tile chunks are asked of L2 (mma_l2_ahead) */
 } gemv_args;
 
 /* ---- the input transform */
@@ -539,6 +540,24 @@ __device__ __forceinline__ void mma_issue(const mma_src &src, int64_t n_pad, int
         cp_async16(stage + m.y * MMA_ROW_BYTES + 16 * lane, src.sz + (int64_t)m.z * n_pad);
 }
 
+/* Chunk m of the whole column tile asked of L2: its word rows (m.y KiB in one piece: a tile's rows lie together)
+ * and its group's 256 scales and zeros, one bulk prefetch each, through the TMA unit rather than the load/store
+ * path the ring's cp.async copies queue in. The ring's copies (each warp 128 bytes of every 1 KiB row, at its own
+ * pace) then find the rows in L2, read from DRAM whole and in order. */
+__device__ __forceinline__ void mma_l2_ahead(const uint32_t *wtile, const __half *sc, const __half *zr, int64_t n_pad,
+                                             int4 m) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wtile + (int64_t)m.x * EXL_QW_TILE),
+                 "r"((unsigned)m.y * EXL_QW_TILE * 4u)
+                 : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sc + (int64_t)m.z * n_pad), "r"(2u * COL_TILE)
+                 : "memory");
+    if (zr)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(zr + (int64_t)m.z * n_pad), "r"(2u * COL_TILE)
+                     : "memory");
+#endif
+}
+
 /* the 4-bit quarter: decode_quarter<4>'s pairs, the odd ones from the codes in place (as decode_chunk does: one
  * shift for two pairs) */
 __device__ __forceinline__ void quarter4(uint32_t w, __half2 zz, uint32_t (&pr)[4]) {
@@ -813,6 +832,12 @@ __global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 3 - KW)
             mma_issue(src, n_pad, desc[kw + s * KW], ring_at + s * stage_bytes, lane);
         cp_async_commit();
     }
+    /* the whole tile's next chunks of this k warp's sequence asked of L2 by one lane (column warp 0's first) */
+    const bool l2_lane = a.mma_l2_ahead > 0 && cw == 0 && lane == 0;
+    const uint32_t *wtile = exl_qw_col(q, tile_col);
+    const __half *sc_tile = q.scales + tile_col, *z_tile = gptq ? q.zeros + tile_col : nullptr;
+    for (int s = stages - 1; l2_lane && s < nk && s < stages - 1 + a.mma_l2_ahead; s++)
+        mma_l2_ahead(wtile, sc_tile, z_tile, n_pad, desc[kw + s * KW]);
     /* this thread's first activation pairs' inputs (constant tables) before the wait; their values after it, every
      * row's loads of a pair in flight together */
     const int n_pairs = n_loc * 16, threads = MMA_COL_WARPS * KW * 32;
@@ -845,6 +870,8 @@ __global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 3 - KW)
         if (next < nk)
             mma_issue(src, n_pad, desc[kw + next * KW], ring_at + next_at * stage_bytes, lane);
         cp_async_commit();
+        if (l2_lane && next + a.mma_l2_ahead < nk)
+            mma_l2_ahead(wtile, sc_tile, z_tile, n_pad, desc[kw + (next + a.mma_l2_ahead) * KW]);
         const int lc = kw + k * KW;
         /* A: rows g and g + 8, pairs 4t .. 4t + 3 (k step s: pairs 4t + 2s, 4t + 2s + 1) */
         const uint4 *xa = (const uint4 *)(xs + g * xs_stride + lc * 32 + 8 * t);
@@ -1025,6 +1052,11 @@ static int mma_sm_blocks = 1;
  * 33 MB of L2 reads for gate and up's 258 blocks), where the launch of its own costs a kernel's start and end */
 #define MMA_NORM_ROWS_DEFAULT 8
 static int mma_norm_rows = MMA_NORM_ROWS_DEFAULT;
+/* chunks past a ring's that its warp sequence's whole-tile chunks are asked of L2 by bulk prefetches
+ * (EXL_CUDA_GEMV_MMA_L2_AHEAD; 0: none). ncu of the ring alone: DRAM at 11-21% of its peak on q_proj and gate cold
+ * with 7 stages of 16 warps asked for, each warp 128 bytes of every 1 KiB row at its own pace. */
+#define MMA_L2_AHEAD_DEFAULT 8
+static int mma_l2_chunks = MMA_L2_AHEAD_DEFAULT;
 
 /* the dynamic shared memory of a qgemv_mma_kernel block: activations, descriptors, rings */
 static size_t mma_smem_bytes(int cpb, int ring) {
@@ -1065,6 +1097,7 @@ static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, 
     int ring = (int)((budget - mma_smem_bytes(cpb, 0)) / (MMA_COL_WARPS * mma_k_warps)) / 128 * 128;
     a->mma_ring = ring < mma_stages * MMA_STAGE_MAX ? ring : mma_stages * MMA_STAGE_MAX;
     a->mma_stages = mma_stages;
+    a->mma_l2_ahead = mma_l2_chunks;
 }
 
 /* The launch arguments for f (less the per-row-group pointers) and its split; the kernel (gemv_kind), GEMV_NONE if
@@ -1155,6 +1188,8 @@ void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
     mma_blocks = e && atoi(e) > 0 ? atoi(e) : 0;
     e = getenv("EXL_CUDA_GEMV_MMA_NORM_ROWS");
     mma_norm_rows = e ? atoi(e) : MMA_NORM_ROWS_DEFAULT;
+    e = getenv("EXL_CUDA_GEMV_MMA_L2_AHEAD");
+    mma_l2_chunks = e && atoi(e) >= 0 ? atoi(e) : MMA_L2_AHEAD_DEFAULT;
 }
 
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
