@@ -452,7 +452,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
 #define MMA_ROW_BYTES 128                          /* one word row of a warp's 32 columns */
 #define MMA_STAGE_MAX (8 * MMA_ROW_BYTES + 2 * 64) /* an 8-bit chunk with its scales and zeros */
 #define MMA_MAX_STAGES 16                          /* the most stages a ring has (mma_stage_count) */
-/* stages with 2 k warps (EXL_CUDA_GEMV_MMA_STAGES), twice as many with 1: 56-60 KiB of 4-bit codes an SM in flight */
+/* stages with 2 k warps or two 1-k-warp blocks an SM (EXL_CUDA_GEMV_MMA_STAGES), twice as many with one 1-k-warp
+ * block: 56-60 KiB of 4-bit codes an SM in flight */
 #define MMA_STAGES_DEFAULT 8
 
 /* the shared memory address of p, for cp.async */
@@ -1181,7 +1182,8 @@ void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
     }
     cudaGetLastError();
     e = getenv("EXL_CUDA_GEMV_MMA_STAGES");
-    mma_stages = mma_k_warps == 1 ? 2 * MMA_STAGES_DEFAULT : MMA_STAGES_DEFAULT; /* the same bytes in flight an SM */
+    /* the same bytes in flight an SM: twice the stages for one 256-thread block */
+    mma_stages = mma_k_warps == 1 && mma_sm_blocks == 1 ? 2 * MMA_STAGES_DEFAULT : MMA_STAGES_DEFAULT;
     if (e && atoi(e) >= 2)
         mma_stages = atoi(e) < MMA_MAX_STAGES ? atoi(e) : MMA_MAX_STAGES;
     e = getenv("EXL_CUDA_GEMV_MMA_BLOCKS");
