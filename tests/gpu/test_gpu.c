@@ -2053,12 +2053,14 @@ static void test_decode_rows(const char *shared, const char *model) {
     free(step_out);
 }
 
-/* Decode steps of 2 to 16 sequences (by default: the plain GEMV up to 4 rows a launch, cuda_qmma.cu beyond) against
- * each sequence's step alone (one row: the plain GEMV), row by row (ref_decode_rows); with env ("NAME=VALUE", set
- * while the model's backend starts), another split: EXL_CUDA_GEMV_MMA_ROWS=2 every 2-16 rows on the GEMV on tensor
- * cores, =5 rows 2-4 on the plain GEMV and 5-16 on tensor cores; EXL_CUDA_GEMV_MMA_BLOCKS=1 one split (each warp's ring goes round several
+/* Decode steps of 2 to 16 sequences (by default: the GEMV on tensor cores) against each sequence's step alone (one
+ * row: the plain GEMV), row by row (ref_decode_rows); with env ("NAME=VALUE", set while the model's backend starts),
+ * another split: EXL_CUDA_GEMV_MMA_ROWS=5 rows 2-4 on the plain GEMV and 5-16 on tensor cores, =17 the plain GEMV up
+ * to 4 rows a launch and cuda_qmma.cu beyond; EXL_CUDA_GEMV_MMA_BLOCKS=1 one split (each warp's ring goes round several
  * times), with EXL_CUDA_GEMV_MMA_STAGES=2 or 3 the tensor-core GEMV's shortest rings; EXL_CUDA_GEMV_MMA_K_WARPS=1
- * its 256-thread blocks (one warp a column range). The models
+ * its 256-thread blocks (one warp a column range), with EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM=2 two of them an SM with half
+ * the shared memory each; EXL_CUDA_GEMV_MMA_NORM_ROWS=16 or =1 the RMSNorm computed by every
+ * block of the tensor-core GEMV at any row count, or always by a launch of its own. The models
  * cover EXL2 of mixed widths (2-8 bits), GPTQ (act-order, sym), biases (qwen2), matrices of 64, 128 and 640 columns
  * (k/v_proj, qwen2's ffn) and GELU (gemma); the decode steps run every fused case (norm first, GLU input, out_map
  * and x_slots, accumulation into the residual, atomic adds of the splits; with EXL_CUDA_DETERMINISTIC=1, as
@@ -3434,8 +3436,20 @@ int main(int argc, char **argv) {
                                "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_K_WARPS=1");
         test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym",
                                "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_BLOCKS=1 EXL_CUDA_GEMV_MMA_K_WARPS=1");
+        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6",
+                               "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_NORM_ROWS=16");
+        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym",
+                               "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_NORM_ROWS=1");
+        test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6",
+                               "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_NORM_ROWS=16 EXL_CUDA_GEMV_MMA_K_WARPS=1");
+        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6",
+                               "EXL_CUDA_GEMV_MMA_K_WARPS=1 EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM=2");
+        test_decode_batch_rows(
+            shared, "rand-llama-gptq-4bit-g32-actorder-asym",
+            "EXL_CUDA_GEMV_MMA_K_WARPS=1 EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM=2 EXL_CUDA_GEMV_MMA_BLOCKS=1");
         test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", "EXL_CUDA_GEMV_MMA_ROWS=5");
-        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", "EXL_CUDA_GEMV_MMA_ROWS=2");
+        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", "EXL_CUDA_GEMV_MMA_ROWS=17");
+        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym", "EXL_CUDA_GEMV_MMA_ROWS=17");
         test_decode_rows(shared, "rand-mixtral"); /* 1-3 rows a step: the grouped GEMVs over several rows */
         test_decode_rows(shared, "rand-qwen3moe");
     }
