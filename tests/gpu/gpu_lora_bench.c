@@ -4,8 +4,14 @@
  *   batch 1:  no adapter, then one adapter (the model's set);
  *   batch 32: 32 sequences with no adapter, then spread over 4 adapters (sequence i uses adapter i % 4), all in
  *             the same steps (the gathered lora op);
- * both with the lora op's default path (fused, one launch a group of projections), then with its two launches a
- * group (EXL_CUDA_LORA_FUSED_USES=0, the path before; cuda_lora.cu).
+ * each case through every path the environment selects (the variants below: the default first, then each other one
+ * with its variables set and every cached CUDA graph dropped, so that the steps are compiled and captured anew):
+ *   default            one-row steps: the updates folded into the GEMVs (cuda_lora_fold.cuh), no lora launch;
+ *                      32 uses: by adapter (SGMV, cuda_lora.cu), one launch a group;
+ *   SGMV in two        EXL_CUDA_LORA_SGMV_LAUNCHES=2: the same, SGMV's shrink and expand as two launches;
+ *   before (r2-lora2)  EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0: one row: the fused lora launch, one a group;
+ *                      32 uses: shrink and expand a use at a time, two launches a group;
+ *   two launches       the same with EXL_CUDA_LORA_FUSED_USES=0: shrink and expand at one row too.
  * Prints a markdown table: tokens/s without and with adapters, and their ratio.
  *
  * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] */
@@ -160,6 +166,28 @@ static double decode_rate(exl_model *m, exl_kv_cache *cache, const int32_t *page
     return (double)n * (STEPS + 1) / (now() - t0);
 }
 
+/* every cached CUDA graph dropped (a buffer freed does it), so that the next steps are compiled anew */
+static void fresh_graphs(exl_model *m) {
+    void *p = m->be->ops->alloc(m->be, 256);
+    if (p)
+        m->be->ops->free(m->be, p);
+}
+
+/* the paths compared: environment variables set for each (NULL: none) */
+typedef struct variant {
+    const char *name;
+    const char *env[3][2];
+} variant;
+
+static const variant variants[] = {
+    {"default", {{NULL, NULL}}},
+    {"EXL_CUDA_LORA_SGMV_LAUNCHES=2", {{"EXL_CUDA_LORA_SGMV_LAUNCHES", "2"}}},
+    {"EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (r2-lora2)",
+     {{"EXL_CUDA_LORA_GEMV", "0"}, {"EXL_CUDA_LORA_SGMV", "0"}}},
+    {"EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 EXL_CUDA_LORA_FUSED_USES=0",
+     {{"EXL_CUDA_LORA_GEMV", "0"}, {"EXL_CUDA_LORA_SGMV", "0"}, {"EXL_CUDA_LORA_FUSED_USES", "0"}}},
+};
+
 /* the prompts: ctx tokens in each of n sequences */
 static void prefill(exl_model *m, exl_kv_cache *cache, const int32_t *pages, int32_t n, int32_t ctx) {
     int32_t *ids = malloc((size_t)ctx * sizeof *ids);
@@ -202,36 +230,41 @@ int main(int argc, char **argv) {
     for (int k = 0; k < N_ADAPTERS; k++)
         adapters[k] = random_adapter(m, rank, k);
     exl_lora_use one = {adapters[0], 1.0f};
-    EK(exl_model_set_lora(m, &one, 1));
-    double lora1 = decode_rate(m, cache, pages, 1, ctx, NULL);
     exl_lora_set sets[N_ADAPTERS];
     const exl_lora_set *per_seq[BATCH];
     for (int k = 0; k < N_ADAPTERS; k++)
         sets[k] = (exl_lora_set){.uses = {{adapters[k], 1.0f}}, .n = 1};
     for (int i = 0; i < BATCH; i++)
         per_seq[i] = &sets[i % N_ADAPTERS];
-    double lora32 = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
-    /* the same through the lora op's two launches (cuda_lora.cu's split path): each case's graph differs from the one
-     * before it, so that it is captured anew with the path the variable picks */
-    setenv("EXL_CUDA_LORA_FUSED_USES", "0", 1);
-    double split1 = decode_rate(m, cache, pages, 1, ctx, NULL);
-    double split32 = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
-    unsetenv("EXL_CUDA_LORA_FUSED_USES");
-    EK(exl_model_set_lora(m, NULL, 0));
+    enum { N_VARIANTS = sizeof variants / sizeof variants[0] };
+    double lora1[N_VARIANTS], lora32[N_VARIANTS];
+    for (int v = 0; v < N_VARIANTS; v++) {
+        for (int e = 0; e < 3; e++)
+            if (variants[v].env[e][0])
+                setenv(variants[v].env[e][0], variants[v].env[e][1], 1);
+        fresh_graphs(m);
+        EK(exl_model_set_lora(m, &one, 1));
+        lora1[v] = decode_rate(m, cache, pages, 1, ctx, NULL);
+        EK(exl_model_set_lora(m, NULL, 0));
+        fresh_graphs(m);
+        lora32[v] = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
+        for (int e = 0; e < 3; e++)
+            if (variants[v].env[e][0])
+                unsetenv(variants[v].env[e][0]);
+    }
+    fresh_graphs(m);
     double again1 = decode_rate(m, cache, pages, 1, ctx, NULL); /* the base once more: drift of the clocks */
+    double again32 = decode_rate(m, cache, pages, BATCH, ctx, NULL);
 
     printf("| %d layers, EXL2 4-bit, rank-%d adapters on q,k,v,o,gate,up,down, ctx %d | no adapter t/s | "
            "adapters t/s | ratio |\n|---|---|---|---|\n",
            n_layers, rank, ctx);
-    printf("| batch 1, one adapter | %.1f | %.1f | %.3f (overhead %.1f%%) |\n", base1, lora1, lora1 / base1,
-           100 * (base1 / lora1 - 1));
-    printf("| batch %d, %d adapters (sequence i: adapter i %% %d) | %.1f | %.1f | %.3f |\n", BATCH, N_ADAPTERS,
-           N_ADAPTERS, base32, lora32, lora32 / base32);
-    printf("| batch 1, one adapter, two launches a group (EXL_CUDA_LORA_FUSED_USES=0) | %.1f | %.1f | %.3f (overhead "
-           "%.1f%%) |\n",
-           base1, split1, split1 / base1, 100 * (base1 / split1 - 1));
-    printf("| batch %d, %d adapters, two launches a group (EXL_CUDA_LORA_FUSED_USES=0) | %.1f | %.1f | %.3f |\n", BATCH,
-           N_ADAPTERS, base32, split32, split32 / base32);
-    printf("(batch 1 without adapters again, after them: %.1f t/s)\n", again1);
+    for (int v = 0; v < N_VARIANTS; v++) {
+        printf("| batch 1, one adapter, %s | %.1f | %.1f | %.3f (overhead %.1f%%) |\n", variants[v].name, base1,
+               lora1[v], lora1[v] / base1, 100 * (base1 / lora1[v] - 1));
+        printf("| batch %d, %d adapters (sequence i: adapter i %% %d), %s | %.1f | %.1f | %.3f |\n", BATCH, N_ADAPTERS,
+               N_ADAPTERS, variants[v].name, base32, lora32[v], lora32[v] / base32);
+    }
+    printf("(without adapters again, after them: batch 1 %.1f t/s, batch %d %.1f t/s)\n", again1, BATCH, again32);
     return 0;
 }
