@@ -12,7 +12,9 @@
  *   before (r2-lora2)  EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0: one row: the fused lora launch, one a group;
  *                      32 uses: shrink and expand a use at a time, two launches a group;
  *   two launches       the same with EXL_CUDA_LORA_FUSED_USES=0: shrink and expand at one row too.
- * Prints a markdown table: tokens/s without and with adapters, and their ratio.
+ * Prints a markdown table: tokens/s without and with adapters, and their ratio; then the default paths' logits of one
+ * step against r2-lora2's (the fold and the SGMV at this model's shapes, which test_gpu's small fixtures do not reach:
+ * several runs a dot product, 8 adapters' uses a block).
  *
  * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] */
 #include "model/lora.h"
@@ -22,6 +24,7 @@
 #include "base/half.h"
 #include "quant_gen.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,6 +191,45 @@ static const variant variants[] = {
      {{"EXL_CUDA_LORA_GEMV", "0"}, {"EXL_CUDA_LORA_SGMV", "0"}, {"EXL_CUDA_LORA_FUSED_USES", "0"}}},
 };
 
+/* the largest difference of one step's logits (n sequences at position ctx, each with its set: NULL the model's)
+ * between the default paths and r2-lora2's (EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0), relative to the largest
+ * logit; *argmax_diff: the sequences whose argmax differs */
+static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pages, int32_t n, int32_t ctx,
+                           const exl_lora_set *const *sets, int *argmax_diff) {
+    float *lg[2];
+    exl_seq_step st[BATCH];
+    int32_t ids[BATCH];
+    for (int k = 0; k < 2; k++) {
+        if (k == 0)
+            setenv("EXL_CUDA_LORA_GEMV", "0", 1), setenv("EXL_CUDA_LORA_SGMV", "0", 1);
+        fresh_graphs(m);
+        for (int32_t i = 0; i < n; i++) {
+            ids[i] = 100 + i;
+            st[i] = (exl_seq_step){
+                .ids = &ids[i], .n_new = 1, .n_past = ctx, .pages = &pages[i], .n_pages = 1, .want_logits = 1};
+        }
+        lg[k] = malloc((size_t)n * V * sizeof(float));
+        exl_lora_step_sets(m, sets, sets ? n : 0);
+        EK(exl_model_forward(m, cache, st, n, lg[k]));
+        unsetenv("EXL_CUDA_LORA_GEMV"), unsetenv("EXL_CUDA_LORA_SGMV");
+    }
+    double worst = 0, top = 0;
+    *argmax_diff = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t a0 = 0, a1 = 0;
+        for (int32_t v = 0; v < V; v++) {
+            const float x = lg[0][(int64_t)i * V + v], y = lg[1][(int64_t)i * V + v];
+            worst = fabs(x - y) > worst ? fabs(x - y) : worst;
+            top = fabs(x) > top ? fabs(x) : top;
+            a0 = x > lg[0][(int64_t)i * V + a0] ? v : a0;
+            a1 = y > lg[1][(int64_t)i * V + a1] ? v : a1;
+        }
+        *argmax_diff += a0 != a1;
+    }
+    free(lg[0]), free(lg[1]);
+    return top > 0 ? worst / top : worst;
+}
+
 /* the prompts: ctx tokens in each of n sequences */
 static void prefill(exl_model *m, exl_kv_cache *cache, const int32_t *pages, int32_t n, int32_t ctx) {
     int32_t *ids = malloc((size_t)ctx * sizeof *ids);
@@ -266,5 +308,13 @@ int main(int argc, char **argv) {
                N_ADAPTERS, variants[v].name, base32, lora32[v], lora32[v] / base32);
     }
     printf("(without adapters again, after them: batch 1 %.1f t/s, batch %d %.1f t/s)\n", again1, BATCH, again32);
+    int diff1, diff32;
+    EK(exl_model_set_lora(m, &one, 1));
+    const double e1 = paths_differ(m, cache, pages, 1, ctx, NULL, &diff1);
+    EK(exl_model_set_lora(m, NULL, 0));
+    const double e32 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, &diff32);
+    printf("logits of one step, default paths against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (largest difference "
+           "over the largest logit; argmax differing): batch 1 %.2e (%d), batch %d %.2e (%d of %d)\n",
+           e1, diff1, BATCH, e32, diff32, BATCH);
     return 0;
 }

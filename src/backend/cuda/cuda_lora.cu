@@ -419,11 +419,11 @@ __device__ void sgmv_expand(const exl_lora_node &n, const float *tp, const float
 template <int MODE>
 __global__ void __launch_bounds__(SGMV_THREADS)
     lora_sgmv_kernel(exl_lora_node n, const float *norm_w, float *tp, float *ss, unsigned *sync, int32_t slices,
-                     int32_t seg_slots, int32_t shrink_blocks, int phase) {
+                     int32_t shrink_slots, int32_t expand_slots, int32_t shrink_blocks, int phase) {
     exl_pdl_start();
     const int32_t b = (int32_t)blockIdx.x;
     if (phase == SGMV_SHRINK || (phase == SGMV_BOTH && b < shrink_blocks)) {
-        sgmv_shrink<MODE>(n, norm_w, tp, ss, slices, b / seg_slots, b % seg_slots, seg_slots);
+        sgmv_shrink<MODE>(n, norm_w, tp, ss, slices, b / shrink_slots, b % shrink_slots, shrink_slots);
         if (phase == SGMV_BOTH) { /* every warp's sums visible before the block counts itself */
             __threadfence();
             __syncthreads();
@@ -433,14 +433,14 @@ __global__ void __launch_bounds__(SGMV_THREADS)
         return;
     }
     const int32_t e = phase == SGMV_BOTH ? b - shrink_blocks : b;
-    if (phase == SGMV_BOTH && e % seg_slots < n.by_adapter[0]) { /* a block with an adapter to expand */
+    if (phase == SGMV_BOTH && e % expand_slots < n.by_adapter[0]) { /* a block with an adapter to expand */
         if (threadIdx.x == 0)
             while (atomicAdd(sync, 0u) < (unsigned)shrink_blocks)
                 __nanosleep(64);
         __syncthreads();
         __threadfence();
     }
-    sgmv_expand(n, tp, ss, slices, e / seg_slots, e % seg_slots, seg_slots, MODE == INPUT_NORM);
+    sgmv_expand(n, tp, ss, slices, e / expand_slots, e % expand_slots, expand_slots, MODE == INPUT_NORM);
     if (phase == SGMV_BOTH && threadIdx.x == 0 &&
         atomicAdd(sync + 1, 1u) == gridDim.x - (unsigned)shrink_blocks - 1) { /* the last: reset */
         sync[0] = 0;
@@ -458,7 +458,7 @@ static int32_t sgmv_min_uses(void) {
 
 static void run_sgmv(exl_cuda_backend *cb, const exl_lora_node *n) {
     const int32_t slices = (n->in_features + SGMV_SLICE - 1) / SGMV_SLICE;
-    const int32_t seg_slots = n->n_uses < SGMV_SEGMENTS ? n->n_uses : SGMV_SEGMENTS;
+    const int32_t shrink_slots = n->n_uses < SGMV_SEGMENTS ? n->n_uses : SGMV_SEGMENTS;
     int32_t tiles = 0;
     for (int32_t o = 0; o < n->n_out; o++)
         tiles += (n->out_features[o] + SGMV_THREADS - 1) / SGMV_THREADS;
@@ -475,8 +475,8 @@ static void run_sgmv(exl_cuda_backend *cb, const exl_lora_node *n) {
     unsigned *sync = (unsigned *)cb->lora_sgmv;
     float *tp = (float *)((char *)cb->lora_sgmv + 256), *ss = tp + tp_floats;
     const char *e = getenv("EXL_CUDA_LORA_SGMV_LAUNCHES");
-    const int32_t shrink = slices * seg_slots, expand = tiles * seg_slots;
-    /* one launch where the waiting blocks are fewer than the SMs hold at once */
+    /* one launch where the expand blocks (they wait) are fewer than the SMs hold at once: as many segment slots for
+     * them as that allows (at least one; 7B gate/up at 4 blocks an SM: 6) */
     int per_sm = INT32_MAX, k_sm[3] = {0, 0, 0};
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k_sm[0], lora_sgmv_kernel<INPUT_PLAIN>, SGMV_THREADS, 0) ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k_sm[1], lora_sgmv_kernel<INPUT_NORM>, SGMV_THREADS, 0) ||
@@ -484,7 +484,10 @@ static void run_sgmv(exl_cuda_backend *cb, const exl_lora_node *n) {
         cudaGetLastError();
     for (int k = 0; k < 3; k++)
         per_sm = k_sm[k] < per_sm ? k_sm[k] : per_sm;
-    const int one = !(e && atoi(e) == 2) && expand < (int64_t)per_sm * cb->n_sms;
+    const int64_t room = ((int64_t)per_sm * cb->n_sms - 1) / tiles;
+    const int one = !(e && atoi(e) == 2) && room >= 1;
+    const int32_t expand_slots = one && room < shrink_slots ? (int32_t)room : shrink_slots;
+    const int32_t shrink = slices * shrink_slots, expand = tiles * expand_slots;
     const float *norm_w = n->norm ? n->norm->v : NULL;
     const int phases[2][2] = {{SGMV_BOTH, SGMV_BOTH}, {SGMV_SHRINK, SGMV_EXPAND}};
     for (int k = 0; k < (one ? 1 : 2); k++) {
@@ -492,13 +495,13 @@ static void run_sgmv(exl_cuda_backend *cb, const exl_lora_node *n) {
         const dim3 grid((unsigned)(phase == SGMV_BOTH ? shrink + expand : phase == SGMV_SHRINK ? shrink : expand));
         if (n->norm)
             exl_cuda_launch(cb, lora_sgmv_kernel<INPUT_NORM>, grid, dim3(SGMV_THREADS), 0, *n, norm_w, tp, ss, sync,
-                            slices, seg_slots, shrink, phase);
+                            slices, shrink_slots, expand_slots, shrink, phase);
         else if (n->up)
             exl_cuda_launch(cb, lora_sgmv_kernel<INPUT_GLU>, grid, dim3(SGMV_THREADS), 0, *n, norm_w, tp, ss, sync,
-                            slices, seg_slots, shrink, phase);
+                            slices, shrink_slots, expand_slots, shrink, phase);
         else
             exl_cuda_launch(cb, lora_sgmv_kernel<INPUT_PLAIN>, grid, dim3(SGMV_THREADS), 0, *n, norm_w, tp, ss, sync,
-                            slices, seg_slots, shrink, phase);
+                            slices, shrink_slots, expand_slots, shrink, phase);
         exl_cuda_check_launch(cb, "lora (by adapter)");
     }
 }
