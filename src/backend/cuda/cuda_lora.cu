@@ -344,6 +344,7 @@ __device__ void sgmv_shrink(const exl_lora_node &n, const float *norm_w, float *
 #pragma unroll
                 for (int uu = 0; uu < SGMV_USES; uu++)
                     acc[uu] = 0.0f;
+#pragma unroll 8
                 for (int32_t k = lane; k < len; k += 32) {
                     const float av = a[k];
 #pragma unroll
@@ -412,6 +413,42 @@ __device__ void sgmv_expand(const exl_lora_node &n, const float *tp, const float
     }
 }
 
+/* Before griddepcontrol.wait (the step's tables and the factors are constant within it): the block's factors asked
+ * of L2, A's rows over its slice (shrink block b) or Bt's rows over its tile (expand block b), for its adapters */
+__device__ void sgmv_prefetch(const exl_lora_node &n, int shrinks, int32_t b, int32_t slots) {
+    const int32_t *seg = n.by_adapter + 1, *order = seg + n.n_uses + 1, n_seg = n.by_adapter[0];
+    int32_t tile = b / slots, o = 0, col0 = 0;
+    if (!shrinks) {
+        for (; o < n.n_out; o++) {
+            const int32_t tiles = (n.out_features[o] + SGMV_THREADS - 1) / SGMV_THREADS;
+            if (tile < tiles)
+                break;
+            tile -= tiles;
+        }
+        if (o >= n.n_out)
+            return;
+        col0 = tile * SGMV_THREADS;
+    }
+    for (int32_t s = b % slots; s < n_seg; s += slots) {
+        const int32_t slot = n.use_slot[order[seg[s]]];
+        if (shrinks) {
+            const int32_t k0 = tile * SGMV_SLICE, len = min(SGMV_SLICE, n.in_features - k0);
+            for (int32_t oo = 0; oo < n.n_out; oo++) {
+                const exl_lora_factors f = n.factors[oo][slot];
+                for (int32_t j = 0; j < f.rank; j++)
+                    for (int32_t i = (int32_t)threadIdx.x * 32; i < len; i += SGMV_THREADS * 32)
+                        asm volatile("prefetch.global.L2 [%0];" ::"l"(f.a + (int64_t)j * n.in_features + k0 + i));
+            }
+        } else {
+            const exl_lora_factors f = n.factors[o][slot];
+            const int32_t width = n.out_features[o];
+            for (int32_t k = threadIdx.x; k < f.rank * 8; k += SGMV_THREADS)
+                if (col0 + k % 8 * 32 < width)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(f.bt + (int64_t)(k / 8) * width + col0 + k % 8 * 32));
+        }
+    }
+}
+
 /* One launch of both (SGMV_BOTH: the first shrink_blocks blocks shrink, publish and count themselves in sync[0], the
  * rest expand once all have, counting themselves in sync[1], the last resetting both: cuda_lora_fold.cuh's scheme,
  * whose argument against hanging holds as the expand blocks, the only ones waiting, are fewer than the SMs hold at
@@ -420,9 +457,16 @@ template <int MODE>
 __global__ void __launch_bounds__(SGMV_THREADS)
     lora_sgmv_kernel(exl_lora_node n, const float *norm_w, float *tp, float *ss, unsigned *sync, int32_t slices,
                      int32_t shrink_slots, int32_t expand_slots, int32_t shrink_blocks, int phase) {
-    exl_pdl_start();
+    exl_pdl_trigger();
     const int32_t b = (int32_t)blockIdx.x;
-    if (phase == SGMV_SHRINK || (phase == SGMV_BOTH && b < shrink_blocks)) {
+    const int shrinks = phase == SGMV_SHRINK || (phase == SGMV_BOTH && b < shrink_blocks);
+    sgmv_prefetch(n, shrinks,
+                  shrinks              ? b
+                  : phase == SGMV_BOTH ? b - shrink_blocks
+                                       : b,
+                  shrinks ? shrink_slots : expand_slots);
+    exl_pdl_wait();
+    if (shrinks) {
         sgmv_shrink<MODE>(n, norm_w, tp, ss, slices, b / shrink_slots, b % shrink_slots, shrink_slots);
         if (phase == SGMV_BOTH) { /* every warp's sums visible before the block counts itself */
             __threadfence();
