@@ -302,8 +302,8 @@ typedef struct exl_lora_factors {
  * output), act(x) * up. Each row uses its own adapters, the uses of row r being row_uses[r] .. row_uses[r + 1] - 1, one use u naming the adapter
  * slot use_slot[u] (an entry of each projection's factors) and the weight use_scale[u]; use_row[u] is the row of
  * use u. t is scratch of n_uses * n_out * max_rank floats. by_adapter (or NULL), the uses grouped by adapter for a
- * backend that reads each adapter's factors once for all its rows (Punica's SGMV): n_seg, seg[n_uses + 1], order[n_uses]
- * (segment i is uses order[seg[i] .. seg[i + 1]), all of one slot; seg past n_seg is n_uses). */
+ * backend that reads each adapter's factors once for all its rows (Punica's SGMV): n_seg, seg[n_uses + 1],
+ * order[n_uses] (segment i is uses order[seg[i] .. seg[i + 1]), all of one slot; seg past n_seg is n_uses). */
 #define EXL_LORA_MAX_OUT 3
 typedef struct exl_lora_node {
     float *out[EXL_LORA_MAX_OUT];                      /* [rows, out_features[i]], added to */

@@ -2662,6 +2662,26 @@ static void test_verify_steps(const char *shared) {
 /* ---- LoRA adapters (model/lora.h): the lora op against the CPU's, PEFT fixtures' logits against the reference (the
  * prompt at once and token by token, CUDA graphs replayed), and jobs of different adapters in one step */
 
+/* an environment variable's value as the run gave it (NULL: unset), to put back after a case changed it */
+typedef struct env_saved {
+    const char *name;
+    char *value;
+} env_saved;
+
+static env_saved save_env(const char *name) {
+    const char *v = getenv(name);
+    return (env_saved){name, v ? strdup(v) : NULL};
+}
+
+static void restore_env(const env_saved *saved, int n) {
+    for (int i = 0; i < n; i++) {
+        if (saved[i].value)
+            setenv(saved[i].name, saved[i].value, 1);
+        else
+            unsetenv(saved[i].name);
+    }
+}
+
 /* one backend's lora op over rows (at most 16) with the uses below, for two projections of x (widths outf and outf2,
  * the second with the same adapters' factors read as narrower); the outputs start as out0; mode 1: x normed on the
  * way (weights out0's first values), 2: through the GLU (up: out0's) */
@@ -2757,6 +2777,12 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
  * with 3 a warp; spans of 3 tiles, 3 spans in 7000 columns); through the two launches of EXL_CUDA_DETERMINISTIC; and
  * by adapter (SGMV; the default from 5 uses) in one launch and in two (EXL_CUDA_LORA_SGMV_LAUNCHES=2) */
 static void lora_op_case(void) {
+    /* the variables the paths set, as the run gave them (the later cases run with those) */
+    static const char *const vars[3] = {"EXL_CUDA_LORA_FUSED_USES", "EXL_CUDA_LORA_SGMV",
+                                        "EXL_CUDA_LORA_SGMV_LAUNCHES"};
+    env_saved saved[3];
+    for (int i = 0; i < 3; i++)
+        saved[i] = save_env(vars[i]);
     setenv("EXL_CUDA_DETERMINISTIC", "1", 1);
     exl_backend *split;
     require(exl_backend_init(EXL_DEVICE_CUDA, 0, &split) == EXL_OK, "cuda backend");
@@ -2785,12 +2811,9 @@ static void lora_op_case(void) {
             for (int path = 0; path < 4; path++) {
                 setenv("EXL_CUDA_LORA_FUSED_USES", path >= 2 ? "0" : "64", 1);
                 setenv("EXL_CUDA_LORA_SGMV", path >= 2 ? "1" : "0", 1);
-                if (path == 3)
-                    setenv("EXL_CUDA_LORA_SGMV_LAUNCHES", "2", 1);
+                setenv("EXL_CUDA_LORA_SGMV_LAUNCHES", path == 3 ? "2" : "1", 1);
                 float *g = lora_op_on(path == 1 ? split : gpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
-                unsetenv("EXL_CUDA_LORA_FUSED_USES");
-                unsetenv("EXL_CUDA_LORA_SGMV");
-                unsetenv("EXL_CUDA_LORA_SGMV_LAUNCHES");
+                restore_env(saved, 3);
                 char name[160];
                 snprintf(name, sizeof name, "lora op (%s, %d rows, in %d, out %d, ranks %d %d): %s", paths[path],
                          (int)rows, (int)in, (int)outf, (int)ranks[0], (int)ranks[1], modes[mode]);
@@ -2804,6 +2827,8 @@ static void lora_op_case(void) {
             free(a[i]), free(bt[i]);
     }
     split->ops->destroy(split);
+    for (int i = 0; i < 3; i++)
+        free(saved[i].value);
 }
 
 /* the worst relative error and argmax mismatches of sequence s of tag, fed in one step (chunk 0) or a prefix of 48
@@ -2907,10 +2932,13 @@ static void lora_fold_case(const char *shared, const exl_st_file *rf) {
     for (int c = 0; c < 3; c++) {
         const char *const *ad = c == 1 ? both + 1 : both;
         const int n = c == 2 ? 2 : 1;
+        env_saved saved = save_env("EXL_CUDA_LORA_GEMV");
         setenv("EXL_CUDA_LORA_GEMV", "0", 1);
         float *want = lora_quant_logits(shared, ad, scales[c], n, (const int32_t *)ids->data, len);
-        unsetenv("EXL_CUDA_LORA_GEMV");
+        setenv("EXL_CUDA_LORA_GEMV", "1", 1);
         float *got = lora_quant_logits(shared, ad, scales[c], n, (const int32_t *)ids->data, len);
+        restore_env(&saved, 1);
+        free(saved.value);
         double worst = 0;
         int mism = 0;
         for (int32_t t = 48; t < len; t++) {

@@ -16,13 +16,13 @@
  *   a block asks L2 for its factors (constant within a step; ~160 MB fp32 for rank 16 on a 7B model, not resident
  *   between steps). A decode step's update of a group is one launch of a few microseconds instead of two
  *   latency-bound ones (bench/LOG.md).
- * by adapter (SGMV, Punica / S-LoRA: at least EXL_CUDA_LORA_SGMV uses, default 5, the node's by_adapter given, not
- *   EXL_CUDA_DETERMINISTIC): the uses of one adapter together, so that its factors are read once for all its rows,
- *   not once a use. Shrink blocks (slice of 256 inputs, adapter): x' of 8 of the adapter's uses over the slice staged,
- *   A's rows over it read once for them, partial dots a slice; expand blocks (tile of 256 columns, adapter): the
- *   slices summed, Bt's column read once for all the adapter's uses. One launch, whose expand blocks wait until every
- *   shrink block has published (cuda_lora_fold.cuh's scheme), where they are fewer than the SMs hold at once; else,
- *   or with EXL_CUDA_LORA_SGMV_LAUNCHES=2, two.
+ * by adapter (SGMV, Punica / S-LoRA: EXL_CUDA_LORA_SGMV (default 5) to 64 uses, the node's by_adapter given, ranks
+ *   up to 256, not EXL_CUDA_DETERMINISTIC): the uses of one adapter together, so that its factors are read once for
+ *   all its rows, not once a use. Shrink blocks (slice of 256 inputs, adapter): x' of 8 of the adapter's uses over
+ *   the slice staged, A's rows over it read once for them, partial dots a slice; expand blocks (tile of 256 columns,
+ *   adapter): the slices summed, Bt's column read once for all the adapter's uses. One launch, whose expand blocks
+ *   wait until every shrink block has counted itself (the last expand block resets the count), where they are fewer
+ *   than the SMs hold at once (cuda_lora_fold.cuh's argument); else, or with EXL_CUDA_LORA_SGMV_LAUNCHES=2, two.
  * split (more uses, or a fixed summation order), two launches:
  *   shrink  one block per (use, projection and rank index): t[u, o, j] = scale_u * x'[row_u] · A_o,slot(u)[j], a
  *           block-wide dot product over the input features (ranks past the adapter's own give 0);
@@ -291,6 +291,9 @@ static void run_fused(exl_cuda_backend *cb, const exl_lora_node *n) {
 #define SGMV_SEGMENTS 8 /* blocks a slice or column tile has for the adapters (more adapters: each several) */
 #define SGMV_TS 2048    /* floats of t an expand block stages at a time */
 #define SGMV_MIN_USES 5 /* default of EXL_CUDA_LORA_SGMV: steps with at least this many uses (past the fused path) */
+/* and at most this many (decode batches: a shrink block takes an adapter's uses 8 at a time, one after another;
+ * prompts' hundreds of rows keep the split path's parallelism) */
+#define SGMV_MAX_USES 64
 
 enum { SGMV_BOTH, SGMV_SHRINK, SGMV_EXPAND };
 
@@ -450,9 +453,10 @@ __device__ void sgmv_prefetch(const exl_lora_node &n, int shrinks, int32_t b, in
 }
 
 /* One launch of both (SGMV_BOTH: the first shrink_blocks blocks shrink, publish and count themselves in sync[0], the
- * rest expand once all have, counting themselves in sync[1], the last resetting both: cuda_lora_fold.cuh's scheme,
- * whose argument against hanging holds as the expand blocks, the only ones waiting, are fewer than the SMs hold at
- * once), or one of them (two launches). Grid: 1-D, shrink blocks (slice, segment slot) then expand blocks (tile, segment slot). */
+ * rest expand once all have, counting themselves in sync[1], the last resetting both; cuda_lora_fold.cuh's
+ * argument against hanging holds as the expand blocks, the only ones waiting, are fewer than the SMs hold at
+ * once), or one of them (two launches). Grid: 1-D, shrink blocks (slice, segment slot) then expand blocks (tile,
+ * segment slot). */
 template <int MODE>
 __global__ void __launch_bounds__(SGMV_THREADS)
     lora_sgmv_kernel(exl_lora_node n, const float *norm_w, float *tp, float *ss, unsigned *sync, int32_t slices,
@@ -569,7 +573,8 @@ void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n) {
         run_fused(cb, n);
         return;
     }
-    if (n->by_adapter && n->n_uses >= sgmv_min_uses() && !cb->deterministic) {
+    if (n->by_adapter && n->n_uses >= sgmv_min_uses() && n->n_uses <= SGMV_MAX_USES && n->max_rank <= FUSED_MAX_RANK &&
+        !cb->deterministic) {
         run_sgmv(cb, n);
         return;
     }

@@ -28,7 +28,7 @@
 #define EXL_LORA_FOLD_PRE 2 /* inputs of a run a thread loads around griddepcontrol.wait (more: after the gather) */
 #define EXL_LORA_UNSET 0xffffffffu /* a run's sum not stored yet (arithmetic NaNs are 0x7fffffff) */
 
-/* the launch's side of the fold (set by exl_cuda_lora_fold_args) */
+/* the launch's side of the fold (cuda_qgemv.cu sets it: lora_fold_of) */
 typedef struct exl_lora_fold {
     const exl_lora_factors *factors[3]; /* matrix i's factors by adapter slot, or NULL (no update) */
     const int32_t *use_slot;
