@@ -2911,6 +2911,26 @@ static void test_verify_steps(const char *shared) {
 /* ---- LoRA adapters (model/lora.h): the lora op against the CPU's, PEFT fixtures' logits against the reference (the
  * prompt at once and token by token, CUDA graphs replayed), and jobs of different adapters in one step */
 
+/* an environment variable's value as the run gave it (NULL: unset), to put back after a case changed it */
+typedef struct env_saved {
+    const char *name;
+    char *value;
+} env_saved;
+
+static env_saved save_env(const char *name) {
+    const char *v = getenv(name);
+    return (env_saved){name, v ? strdup(v) : NULL};
+}
+
+static void restore_env(const env_saved *saved, int n) {
+    for (int i = 0; i < n; i++) {
+        if (saved[i].value)
+            setenv(saved[i].name, saved[i].value, 1);
+        else
+            unsetenv(saved[i].name);
+    }
+}
+
 /* one backend's lora op over rows (at most 16) with the uses below, for two projections of x (widths outf and outf2,
  * the second with the same adapters' factors read as narrower); the outputs start as out0; mode 1: x normed on the
  * way (weights out0's first values), 2: through the GLU (up: out0's) */
@@ -2931,6 +2951,17 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
             use_row[n_uses] = r, use_slot[n_uses] = slot_of[r % 5][k], use_scale[n_uses] = scale_of[r % 5][k];
     }
     row_uses[rows] = n_uses;
+    int32_t by_adapter[2 + 2 * 32], n_seg = 0, k = 0, *seg = by_adapter + 1, *order = seg + n_uses + 1;
+    for (int32_t slot = 0; slot < n_slots; slot++) { /* graph.h's by_adapter, slot by slot */
+        seg[n_seg] = k;
+        for (int32_t u = 0; u < n_uses; u++)
+            if (use_slot[u] == slot)
+                order[k++] = u;
+        n_seg += k > seg[n_seg];
+    }
+    for (int32_t i = n_seg; i <= n_uses; i++)
+        seg[i] = n_uses;
+    by_adapter[0] = n_seg;
     exl_lora_factors f[3], f2[3];
     void *mem[6];
     for (int32_t i = 0; i < n_slots; i++) {
@@ -2939,7 +2970,7 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
         f[i] = (exl_lora_factors){mem[2 * i], mem[2 * i + 1], ranks[i], 0};
         f2[i] = (exl_lora_factors){mem[2 * i], mem[2 * i + 1], ranks[i] / 2, 0}; /* rows of outf2 floats */
     }
-    void *bufs[10] = {put(be, out0, (size_t)rows * outf * sizeof(float)),
+    void *bufs[11] = {put(be, out0, (size_t)rows * outf * sizeof(float)),
                       put(be, x, (size_t)rows * in * sizeof(float)),
                       put(be, f, sizeof f),
                       put(be, row_uses, (size_t)(rows + 1) * sizeof(int32_t)),
@@ -2948,7 +2979,8 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
                       put(be, use_scale, (size_t)n_uses * sizeof(float)),
                       put(be, out0, (size_t)n_uses * 2 * max_rank * sizeof(float)),
                       put(be, out0, (size_t)rows * outf2 * sizeof(float)),
-                      put(be, f2, sizeof f2)};
+                      put(be, f2, sizeof f2),
+                      put(be, by_adapter, (size_t)(2 + 2 * n_uses) * sizeof(int32_t))};
     exl_lora_node n = {.out = {bufs[0], bufs[8]},
                        .factors = {bufs[2], bufs[9]},
                        .out_features = {outf, outf2},
@@ -2958,6 +2990,7 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
                        .use_row = bufs[4],
                        .use_slot = bufs[5],
                        .use_scale = bufs[6],
+                       .by_adapter = bufs[10],
                        .t = bufs[7],
                        .rows = rows,
                        .in_features = in,
@@ -2990,8 +3023,15 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
 
 /* the op on the GPU against the CPU: through the fused path with 4 uses (4 ranks a block), its input read in float4
  * loads (in 96), one value at a time (97) and a quarter a warp (8200), then with 9 uses (all ranks a block: 8, or 24
- * with 3 a warp; spans of 3 tiles, 3 spans in 7000 columns); and through the two launches of EXL_CUDA_DETERMINISTIC */
+ * with 3 a warp; spans of 3 tiles, 3 spans in 7000 columns); through the two launches of EXL_CUDA_DETERMINISTIC; and
+ * by adapter (SGMV; the default from 5 uses) in one launch and in two (EXL_CUDA_LORA_SGMV_LAUNCHES=2) */
 static void lora_op_case(void) {
+    /* the variables the paths set, as the run gave them (the later cases run with those) */
+    static const char *const vars[3] = {"EXL_CUDA_LORA_FUSED_USES", "EXL_CUDA_LORA_SGMV",
+                                        "EXL_CUDA_LORA_SGMV_LAUNCHES"};
+    env_saved saved[3];
+    for (int i = 0; i < 3; i++)
+        saved[i] = save_env(vars[i]);
     setenv("EXL_CUDA_DETERMINISTIC", "1", 1);
     exl_backend *split;
     require(exl_backend_init(EXL_DEVICE_CUDA, 0, &split) == EXL_OK, "cuda backend");
@@ -3016,12 +3056,16 @@ static void lora_op_case(void) {
                                              "the input through a GLU"};
         for (int mode = 0; mode < 3; mode++) {
             float *c = lora_op_on(cpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
-            for (int path = 0; path < 2; path++) {
-                float *g = lora_op_on(path ? split : gpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
+            static const char *const paths[4] = {"fused", "two launches", "by adapter", "by adapter, 2 launches"};
+            for (int path = 0; path < 4; path++) {
+                setenv("EXL_CUDA_LORA_FUSED_USES", path >= 2 ? "0" : "64", 1);
+                setenv("EXL_CUDA_LORA_SGMV", path >= 2 ? "1" : "0", 1);
+                setenv("EXL_CUDA_LORA_SGMV_LAUNCHES", path == 3 ? "2" : "1", 1);
+                float *g = lora_op_on(path == 1 ? split : gpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
+                restore_env(saved, 3);
                 char name[160];
-                snprintf(name, sizeof name, "lora op (%s, %d rows, in %d, out %d, ranks %d %d): %s",
-                         path ? "two launches" : "fused", (int)rows, (int)in, (int)outf, (int)ranks[0], (int)ranks[1],
-                         modes[mode]);
+                snprintf(name, sizeof name, "lora op (%s, %d rows, in %d, out %d, ranks %d %d): %s", paths[path],
+                         (int)rows, (int)in, (int)outf, (int)ranks[0], (int)ranks[1], modes[mode]);
                 report(name, ref_rel_err(g, c, (int64_t)rows * (outf + outf2)), 1e-5);
                 free(g);
             }
@@ -3032,6 +3076,8 @@ static void lora_op_case(void) {
             free(a[i]), free(bt[i]);
     }
     split->ops->destroy(split);
+    for (int i = 0; i < 3; i++)
+        free(saved[i].value);
 }
 
 /* the worst relative error and argmax mismatches of sequence s of tag, fed in one step (chunk 0) or a prefix of 48
@@ -3090,6 +3136,76 @@ static void lora_logits_case(const char *shared, const char *model, const char *
     exl_model_free(m);
 }
 
+/* logits of ids (len tokens; the first 48 one prompt, then one token a step: one-row decode steps, where the GEMV
+ * takes the LoRA updates unless EXL_CUDA_LORA_GEMV=0) on the quantized base with adapters[0..n) at scales[] */
+static float *lora_quant_logits(const char *shared, const char *const *adapters, const float *scales, int n,
+                                const int32_t *ids, int32_t len) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/rand-llama-exl2-5.0bpw-h8", shared);
+    exl_model_params p = exl_model_default_params();
+    p.device = EXL_DEVICE_CUDA;
+    exl_model *m;
+    require(exl_model_load(dir, &p, &m) == EXL_OK, "lora model");
+    exl_lora_use set[2];
+    for (int i = 0; i < n; i++) {
+        snprintf(dir, sizeof dir, "%s/models/%s", shared, adapters[i]);
+        exl_lora *lo;
+        require(exl_lora_load(m, dir, &lo) == EXL_OK, "lora adapter");
+        set[i] = (exl_lora_use){lo, scales[i]};
+    }
+    require(exl_model_set_lora(m, set, n) == EXL_OK, "lora set");
+    const int32_t vocab = m->cfg.vocab_size;
+    float *out = malloc((size_t)len * vocab * sizeof *out);
+    exl_session *ses;
+    require(out && exl_session_init(m, len, &ses) == EXL_OK, "session");
+    for (int32_t t = 0; t < len;) {
+        int32_t k = t == 0 ? (len < 48 ? len : 48) : 1;
+        require(exl_session_eval(ses, ids + t, k, out + (int64_t)t * vocab, NULL) == EXL_OK, "lora eval");
+        t += k;
+    }
+    exl_session_free(ses);
+    exl_model_free(m);
+    return out;
+}
+
+/* The one-row GEMV with the updates folded in (cuda_lora_fold.cuh) against the lora launches (EXL_CUDA_LORA_GEMV=0),
+ * token by token on the quantized base: a1 (q, k, v, o), a2 (gate, up, down: the GLU's input in slot order) and
+ * 0.5 a1 + a2 (two uses a row) */
+static void lora_fold_case(const char *shared, const exl_st_file *rf) {
+    const exl_st_tensor *ids = exl_st_find(rf, "q_ids_b"); /* 200 tokens */
+    require(ids != NULL, "lora reference ids");
+    const int32_t len = (int32_t)ids->shape[0], vocab = 2048; /* the fixture's */
+    const char *const names[3] = {"a1", "a2", "0.5 a1 + a2"};
+    const char *const both[2] = {"rand-llama-lora-a1", "rand-llama-lora-a2"};
+    const float scales[3][2] = {{1, 0}, {1, 0}, {0.5f, 1}};
+    for (int c = 0; c < 3; c++) {
+        const char *const *ad = c == 1 ? both + 1 : both;
+        const int n = c == 2 ? 2 : 1;
+        env_saved saved = save_env("EXL_CUDA_LORA_GEMV");
+        setenv("EXL_CUDA_LORA_GEMV", "0", 1);
+        float *want = lora_quant_logits(shared, ad, scales[c], n, (const int32_t *)ids->data, len);
+        setenv("EXL_CUDA_LORA_GEMV", "1", 1);
+        float *got = lora_quant_logits(shared, ad, scales[c], n, (const int32_t *)ids->data, len);
+        restore_env(&saved, 1);
+        free(saved.value);
+        double worst = 0;
+        int mism = 0;
+        for (int32_t t = 48; t < len; t++) {
+            const float *g = got + (int64_t)t * vocab, *w = want + (int64_t)t * vocab;
+            double e = ref_rel_err(g, w, vocab);
+            worst = e > worst ? e : worst;
+            mism += ref_argmax(g, vocab) != ref_argmax(w, vocab);
+        }
+        char name[160];
+        snprintf(name, sizeof name, "lora folded into the GEMV == lora launches: %s (%d steps)", names[c], len - 48);
+        report(name, worst, 5e-3);
+        snprintf(name, sizeof name, "lora folded into the GEMV: argmax mismatches %s", names[c]);
+        report(name, mism, 0);
+        free(want);
+        free(got);
+    }
+}
+
 /* 4 greedy jobs of rand-llama, job i with set pick[i] of (a1, none, a2, 0.5 a1 + a2), 16 tokens each, into out */
 static int lora_jobs(const char *shared, const int *pick, int32_t *out) {
     char dir[1024];
@@ -3145,6 +3261,7 @@ static void test_lora(const char *shared) {
         lora_logits_case(shared, "rand-llama", "w", weighted, both, 2, rf, tbt);
         lora_logits_case(shared, "rand-llama-exl2-5.0bpw-h8", "q", one, a1, 1, rf, tbt);
     }
+    lora_fold_case(shared, rf);
     exl_st_close(rf);
     /* a step mixing four sets gives each job the tokens of a step where all four jobs share its set; and with
      * CUDA graphs off (steps launched one by one), the same */

@@ -88,6 +88,10 @@ typedef struct exl_cuda_backend {
     size_t gemv_normed_bytes;
     unsigned *gemv_counters; /* per column tile arrival counters (self-resetting) */
     size_t gemv_counter_count;
+    void *lora_fold; /* LoRA updates folded into a GEMV: a counter, then partial sums (self-resetting) */
+    size_t lora_fold_bytes;
+    void *lora_sgmv; /* the lora op by adapter (cuda_lora.cu): 2 counters (self-resetting), then partial sums */
+    size_t lora_sgmv_bytes;
     float *attn_partial; /* split-K partials of decode attention */
     size_t attn_partial_bytes;
     __half *dequant; /* quantized weights decoded to fp16 hi and lo for cuBLAS (cuda_qgemm.cu) */
@@ -268,6 +272,9 @@ typedef struct exl_cuda_fused_mm {
         const int32_t *page_tables;
         int32_t n_seqs, page_size, width;
     } kv;
+    /* lora (one row, the GEMV only; NULL: none): the node's updates added to these outputs by this launch, where
+     * exl_cuda_qgemv_lora_fits (the plan folds it, cuda_plan.cu) */
+    const exl_lora_node *lora;
 } exl_cuda_fused_mm;
 
 void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
@@ -280,6 +287,8 @@ int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f)
 /* at backend creation: the kernels' launch attributes (not allowed inside a graph capture) */
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb);
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f);
+/* 1 if the one-row GEMV that takes f can add n's updates to f's outputs as well (cuda_lora_fold.cuh) */
+int exl_cuda_qgemv_lora_fits(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, const exl_lora_node *n);
 /* The order in which a producer may store the input of a later matmul of rows over w with in_features width,
  * so that the GEMV that takes it reads consecutive rows (w's slot_of), or NULL. */
 const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t width);
@@ -379,6 +388,9 @@ typedef struct exl_cuda_moe_launch {
 void exl_cuda_moe_gemv(exl_cuda_backend *cb, const exl_cuda_moe_launch *l);
 /* LoRA updates (cuda_lora.cu) */
 void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n);
+/* 1 if the plan may fold one-row lora nodes into their GEMVs (EXL_CUDA_LORA_GEMV, default 1; not with
+ * EXL_CUDA_DETERMINISTIC) */
+int exl_cuda_lora_fold_on(const exl_cuda_backend *cb);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor);

@@ -16,7 +16,9 @@
  *     one-launch decode attention and the o_proj GEMV after it;
  *   - split sums without a merge (decode steps): a GEMV whose outputs the GEMV before it can zero (no launch in
  *     between touches them) has them zeroed there and adds its split sums onto them with atomics;
- *   - KV L2 prefetch (decode steps): the GEMV before an attention asks L2 for the cache rows it will read.
+ *   - KV L2 prefetch (decode steps): the GEMV before an attention asks L2 for the cache rows it will read;
+ *   - LoRA (one-row decode steps): a lora node beside the GEMV of its projections is folded into it (first, so that
+ *     the passes above see the launches as without adapters).
  * A plan holds its own copy of the graph (nodes field by field, the batch's device side), which its launches
  * refer to and which cuda_graph.cu compares with the next steps' graphs. */
 #include "backend/cuda/cuda_internal.h"
@@ -142,7 +144,8 @@ static exl_node canonical(const exl_node *n) {
             o.out[i] = a.out[i], o.factors[i] = a.factors[i], o.out_features[i] = a.out_features[i];
         o.norm = a.norm, o.up = a.up, o.eps = a.eps, o.act = a.act;
         o.n_out = a.n_out, o.x = a.x, o.row_uses = a.row_uses, o.use_row = a.use_row, o.use_slot = a.use_slot;
-        o.use_scale = a.use_scale, o.t = a.t, o.rows = a.rows, o.in_features = a.in_features, o.n_uses = a.n_uses;
+        o.use_scale = a.use_scale, o.by_adapter = a.by_adapter, o.t = a.t, o.rows = a.rows,
+        o.in_features = a.in_features, o.n_uses = a.n_uses;
         o.max_rank = a.max_rank;
         break;
     }
@@ -418,6 +421,37 @@ static void plan_slot_order(compiler *c) {
     }
 }
 
+/* one-row lora nodes folded into the GEMV of their projections right before them (q/k/v, o, gate/up) or right after
+ * (down_proj's, whose GLU input is read before the GLU), which then adds their updates itself (cuda_lora_fold.cuh):
+ * their launches leave the plan, and the GEMV's nodes take them in, so that the passes below see the launches beside
+ * each other as without adapters */
+static void plan_lora_fold(compiler *c) {
+    exl_cuda_plan *p = c->p;
+    int32_t kept = 0;
+    for (int32_t i = 0; i < p->n_launches; i++) {
+        exl_cuda_plan_item *l = &p->launches[i];
+        if (l->kind == EXL_CUDA_RUN_NODE && p->nodes[l->node].op == EXL_OP_LORA) {
+            const exl_lora_node *n = &p->nodes[l->node].lora;
+            exl_cuda_plan_item *prev = kept > 0 ? &p->launches[kept - 1] : NULL;
+            exl_cuda_plan_item *next = i + 1 < p->n_launches ? &p->launches[i + 1] : NULL;
+            if (prev && prev->kind == EXL_CUDA_RUN_MATMUL && !prev->mm.lora && prev->node + prev->n_nodes == l->node &&
+                exl_cuda_qgemv_lora_fits(c->cb, &prev->mm, n)) {
+                prev->mm.lora = n, prev->n_nodes++;
+                continue;
+            }
+            if (next && next->kind == EXL_CUDA_RUN_MATMUL && !next->mm.lora && next->node == l->node + 1 &&
+                exl_cuda_qgemv_lora_fits(c->cb, &next->mm, n)) {
+                next->mm.lora = n, next->node--, next->n_nodes++;
+                continue;
+            }
+        }
+        if (kept != i)
+            p->launches[kept] = *l;
+        kept++;
+    }
+    p->n_launches = kept;
+}
+
 /* GEMVs whose outputs the GEMV before them zeroes */
 static void plan_zeroing(compiler *c) {
     for (int32_t i = 1; i < c->p->n_launches; i++) {
@@ -536,6 +570,8 @@ exl_status exl_cuda_plan_compile(exl_cuda_backend *cb, const exl_graph *g, exl_c
         p->n_nodes = p->n_launches = 0;
         return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory compiling a step");
     }
+    if (p->has_batch && p->batch.max_q == 1 && exl_cuda_lora_fold_on(cb))
+        plan_lora_fold(&c);
     if (p->has_batch && p->batch.max_q == 1) { /* decode steps */
         plan_kv_prefetch(&c);
         if (!cb->deterministic)

@@ -26,6 +26,7 @@
  * for o_proj; that matrix's launch then reads consecutive rows (gemv_args.out_map, x_slots).
  * The q/k/v launch of a decode step also asks L2 for the short sequences' KV cache rows that the
  * attention after it reads (exl_cuda_fused_mm.kv, kv_prefetch). */
+#include "backend/cuda/cuda_lora_fold.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_qdecode.cuh"
 
@@ -80,6 +81,7 @@ typedef struct gemv_args {
     int32_t mma_ring;     /* the bytes of each warp's ring of stages */
     int32_t mma_stages;   /* and the most stages it is cut into */
     int32_t mma_l2_ahead; /* chunks past its ring a warp sequence's tile chunks are asked of L2 (mma_l2_ahead) */
+    exl_lora_fold lora;   /* one row: the LoRA updates folded in (cuda_lora_fold.cuh; units 0: none) */
 } gemv_args;
 
 /* ---- the input transform */
@@ -279,7 +281,15 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
                                     sp[j].y >= 0 ? __ldg(a.norm + sp[j].y) : 0.0f);
         }
     }
+    exl_lora_first lrun = {};
+    if (R == 1 && a.lora.units) {
+        lrun = exl_lora_run_start(a.lora, a.n_mats, a.in, a.norm, a.x_slots);
+        if (blockIdx.y == 0)
+            exl_lora_prefetch_bt(a.lora, mi, col0 - quad * 4, M.n_out);
+    }
     exl_pdl_start();
+    if (R == 1 && a.lora.units)
+        exl_lora_run_load(lrun, a.x, a.up, a.act);
     /* one normed row: the RMS pass's coalesced loads keep the row in shared memory and the
      * gather reads it there, instead of one scattered global load per input */
     float *stage = R == 1 && a.stage ? (float *)(xs + R * xs_stride) : nullptr;
@@ -319,7 +329,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         for (int r = 0; r < R; r++)
             xs[r * xs_stride + i] = __floats2half2_rn(input_at<R>(a, r, sp.x, inv), input_at<R>(a, r, sp.y, inv));
     }
+    if (R == 1 && a.lora.units)
+        exl_lora_run_sum(a.lora, lrun, a.n_mats, a.in, a.x, a.up, a.norm, a.act, a.x_slots, red_rms);
     __syncthreads();
+    if (R == 1 && a.lora.units) {
+        exl_lora_run_publish(a.lora, lrun.unit, red_rms);
+        exl_lora_run_rest(a.lora, a.n_mats, a.in, a.x, a.up, a.norm, a.act, a.x_slots, red_rms);
+    }
 
     float acc[R][4];
 #pragma unroll
@@ -371,7 +387,12 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         for (int s = 0; s < SUBS; s++)
             sum[r] += red[s][r][tid];
     }
+    /* the LoRA updates folded in: added by one block a column tile (the split's first where its blocks add, else
+     * the one that stores the sum); red is free by then (the expand's first barrier) */
+    const float lora_inv = R == 1 && a.norm ? inv[0] : 1.0f;
     if (a.atomic_add) {
+        if (R == 1 && a.lora.units && blockIdx.y == 0)
+            sum[0] += exl_lora_expand(a.lora, a.n_mats, mi, tcol, M.n_out, lora_inv, &red[0][0][0]);
         /* no partial sums, fence or counter: the adds are done in L2, after the block is gone */
         if (tcol < M.n_out)
 #pragma unroll
@@ -410,6 +431,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         if (tid == 0)
             a.counters[blockIdx.x] = 0;
     }
+    if (R == 1 && a.lora.units)
+        sum[0] += exl_lora_expand(a.lora, a.n_mats, mi, tcol, M.n_out, lora_inv, &red[0][0][0]);
     if (tcol < M.n_out)
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -1200,6 +1223,49 @@ int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f)
     return plan(cb, f, &a, &split);
 }
 
+/* ---- LoRA updates folded into a one-row launch (cuda_lora_fold.cuh) */
+
+/* matrix i's factor table in n (whose output is f's out[i]), or NULL */
+static const exl_lora_factors *lora_factors_of(const exl_cuda_fused_mm *f, const exl_lora_node *n, int i) {
+    for (int32_t o = 0; o < n->n_out; o++)
+        if (n->out[o] == f->out[i] && n->out_features[o] == f->w[i]->out)
+            return n->factors[o];
+    return NULL;
+}
+
+/* The fold's arguments for f and n (units 0 where it does not fit: see exl_cuda_qgemv_lora_fits) */
+static exl_lora_fold lora_fold_of(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, const exl_lora_node *n) {
+    exl_lora_fold L;
+    memset(&L, 0, sizeof L);
+    gemv_args a;
+    int split;
+    if (!n || plan(cb, f, &a, &split) != GEMV_PLAIN || f->rows != 1 || n->rows != 1 || n->n_uses < 1 ||
+        n->max_rank < 1 || n->n_uses * n->max_rank > SUBS * COL_TILE || n->x != f->x || n->up != f->up ||
+        n->norm != f->norm || (n->up && n->act != f->act) || (n->norm && n->eps != f->eps) || n->in_features != a.in)
+        return L;
+    const int32_t tiles = a.m[a.n_mats - 1].tile_end, blocks = tiles * split;
+    const int32_t dots = n->n_uses * a.n_mats * n->max_rank;
+    if (tiles >= cb->n_sms || (f->x_slots && !f->w[0]->q.slot_of))
+        return L;
+    int found = 0;
+    for (int i = 0; i < a.n_mats; i++)
+        found += (L.factors[i] = lora_factors_of(f, n, i)) != NULL;
+    if (found != n->n_out)
+        return L;
+    L.use_slot = n->use_slot, L.use_scale = n->use_scale, L.slot_of = f->x_slots ? f->w[0]->q.slot_of : NULL;
+    L.n_uses = n->n_uses, L.max_rank = n->max_rank;
+    /* runs for the blocks of the first wave (BLOCKS_PER_SM an SM), which start at once */
+    const int32_t first = blocks < BLOCKS_PER_SM * cb->n_sms ? blocks : BLOCKS_PER_SM * cb->n_sms;
+    L.pieces = first > dots ? first / dots : 1;
+    L.piece_len = (a.in + L.pieces - 1) / L.pieces;
+    L.units = dots * L.pieces;
+    return L;
+}
+
+int exl_cuda_qgemv_lora_fits(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, const exl_lora_node *n) {
+    return lora_fold_of(cb, f, n).units > 0;
+}
+
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     gemv_args a;
     int split;
@@ -1227,6 +1293,26 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
         }
         a.partial = cb->gemv_partial;
         a.counters = cb->gemv_counters;
+    }
+    if (f->lora) {
+        a.lora = lora_fold_of(cb, f, f->lora);
+        const size_t bytes = 256 + (size_t)(a.lora.units + 3) / 4 * 4 * sizeof(float);
+        if (!a.lora.units) {
+            exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: a LoRA update folded into a GEMV it does not fit");
+            return;
+        }
+        if (bytes > cb->lora_fold_bytes) {
+            if (!exl_cuda_ensure(cb, (void **)&cb->lora_fold, &cb->lora_fold_bytes, bytes, "LoRA partial sums"))
+                return;
+            /* the counter at 0, every run unset (EXL_LORA_UNSET) */
+            if (cudaMemsetAsync(cb->lora_fold, 0, 256, cb->stream) != cudaSuccess ||
+                cudaMemsetAsync((char *)cb->lora_fold + 256, 0xff, bytes - 256, cb->stream) != cudaSuccess) {
+                exl_cuda_check_launch(cb, "LoRA counters");
+                return;
+            }
+        }
+        a.lora.sync = (unsigned *)cb->lora_fold;
+        a.lora.t_part = (float *)((char *)cb->lora_fold + 256);
     }
     /* the clears are done by the first launch (not with EXL_CUDA_DETERMINISTIC=1, whose merges never add onto
      * them) */
