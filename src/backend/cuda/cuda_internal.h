@@ -418,13 +418,13 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
  * (captured 16-64-job generator steps ran 3-11% faster than launched one by one,
  * bench/RESULTS.md); prompt pieces, which attention marks, run directly. */
 #define EXL_CUDA_GRAPH_MAX_ROWS 64
-/* Largest row count the quantized GEMV takes (cuda_qgemv.cu). By default 2-16 rows take the GEMV on tensor cores
- * (one launch, the weights read once for all rows, streamed through shared memory with cp.async);
- * EXL_CUDA_GEMV_MMA_ROWS=N sends only N..16 rows there, fewer to launches of up to 4 rows on CUDA cores (N = 17: 1-4
- * rows on CUDA cores and 5+ on cuda_qmma.cu, the split measured best before the tensor-core GEMV's serial round
- * trips and bank conflicts were removed: bench/LOG.md, r2-rows3). */
+/* Largest row count the quantized GEMV takes (cuda_qgemv.cu). EXL_CUDA_GEMV_MMA_ROWS=N sends N..16 rows to the GEMV
+ * on tensor cores (one launch, the weights read once for all rows, streamed through shared memory with cp.async),
+ * fewer to launches of up to 4 rows on CUDA cores. The default, 17, keeps 1-4 rows on CUDA cores and 5+ on
+ * cuda_qmma.cu: on an H100 it beat the tensor-core GEMV at every row count but the head's 8-16 even after r2-rows3
+ * (2 sequences a step 1.55x one against 2.35x; bench/RESULTS.md "decode of 2-16 rows"). */
 #define EXL_CUDA_QGEMV_MAX_ROWS 16
-#define EXL_CUDA_GEMV_MMA_ROWS_DEFAULT 2
+#define EXL_CUDA_GEMV_MMA_ROWS_DEFAULT 17
 /* Decode-sized steps: every sequence with at most EXL_CUDA_DECODE_MAX_Q new tokens (any number of rows), or at most
  * EXL_CUDA_VERIFY_MAX_Q (speculative decoding's verification, a draft's K + 1 tokens) in a step of at most
  * EXL_CUDA_VERIFY_MAX_ROWS rows. They are captured as CUDA graphs (cuda_plan.cu's graphable) and take the decode

@@ -16,7 +16,7 @@
  *   a block asks L2 for its factors (constant within a step; ~160 MB fp32 for rank 16 on a 7B model, not resident
  *   between steps). A decode step's update of a group is one launch of a few microseconds instead of two
  *   latency-bound ones (bench/LOG.md).
- * by adapter (SGMV, Punica / S-LoRA: EXL_CUDA_LORA_SGMV (default 5) to 64 uses, the node's by_adapter given, ranks
+ * by adapter (SGMV, Punica / S-LoRA: from EXL_CUDA_LORA_SGMV uses (default off: slower, bench/RESULTS.md) to 64, the node's by_adapter given, ranks
  *   up to 256, not EXL_CUDA_DETERMINISTIC): the uses of one adapter together, so that its factors are read once for
  *   all its rows, not once a use. Shrink blocks (slice of 256 inputs, adapter): x' of 8 of the adapter's uses over
  *   the slice staged, A's rows over it read once for them, partial dots a slice; expand blocks (tile of 256 columns,
@@ -290,7 +290,9 @@ static void run_fused(exl_cuda_backend *cb, const exl_lora_node *n) {
 #define SGMV_USES 8     /* uses a shrink block multiplies at once (one register each) */
 #define SGMV_SEGMENTS 8 /* blocks a slice or column tile has for the adapters (more adapters: each several) */
 #define SGMV_TS 2048    /* floats of t an expand block stages at a time */
-#define SGMV_MIN_USES 5 /* default of EXL_CUDA_LORA_SGMV: steps with at least this many uses (past the fused path) */
+/* default of EXL_CUDA_LORA_SGMV: 0, off (from 5 uses it measured 0.634 of the no-adapter rate at 32 jobs over 4
+ * adapters against the two launches' 0.727 on an H100) */
+#define SGMV_MIN_USES 0
 /* and at most this many (decode batches: a shrink block takes an adapter's uses 8 at a time, one after another;
  * prompts' hundreds of rows keep the split path's parallelism) */
 #define SGMV_MAX_USES 64
