@@ -650,14 +650,20 @@ static exl_status gptq_rows(float *Wp, const exl_qz_hinv *h, qstate *qs, const e
     for (int32_t g = 0; st == EXL_OK && g < layout->n_groups; g++) {
         int64_t r1 = r0 + layout->rows[g];
         qs->bits = layout->bits[g];
+        exl_qz_prof_enter(EXL_QZ_PROF_SCALES);
         if (qs->scheme == EXL_QZ_EXL2)
             st = exl2_group_params(qs, Wp, r0, r1, g, pool, out);
         else
             gptq_group_params(qs, Wp, r0, r1, g, out);
+        exl_qz_prof_leave();
         for (int64_t i1 = r0; st == EXL_OK && i1 < r1; i1 += BLOCK) {
             int64_t i2 = i1 + BLOCK < r1 ? i1 + BLOCK : r1;
+            exl_qz_prof_enter(EXL_QZ_PROF_ROWS);
             quant_block(qs, Wp, h->U, E, K, i1, i2, out->codes, pool);
+            exl_qz_prof_leave();
+            exl_qz_prof_enter(EXL_QZ_PROF_UPDATE);
             st = update_rest(qs, Wp, h->U, E, K, i1, i2, pool, be);
+            exl_qz_prof_leave();
         }
         r0 = r1;
     }
@@ -672,10 +678,15 @@ exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, ex
         rows += layout->rows[g];
     if (rows != K)
         return exl_fail(EXL_ERR_ARG, "quantization groups cover %lld of %lld rows", (long long)rows, (long long)K);
-    EXL_TRY(alloc_result(out, K, N, layout->n_groups, scheme));
+    exl_qz_prof_enter(EXL_QZ_PROF_GPTQ);
+    exl_status st = alloc_result(out, K, N, layout->n_groups, scheme);
+    if (st != EXL_OK) {
+        exl_qz_prof_leave();
+        return st;
+    }
     memcpy(out->perm, h->perm, (size_t)K * sizeof(int32_t));
     float *Wp = exl_malloc((size_t)(K * N) * sizeof(float)), *sc = exl_malloc((size_t)N * 2 * sizeof(float));
-    exl_status st = Wp && sc ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    st = Wp && sc ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
     if (st == EXL_OK) {
         for (int64_t r = 0; r < K; r++)
             memcpy(Wp + r * N, W + (int64_t)h->perm[r] * N, (size_t)N * sizeof(float));
@@ -688,5 +699,6 @@ exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, ex
     exl_free(sc);
     if (st != EXL_OK)
         exl_qz_result_free(out);
+    exl_qz_prof_leave();
     return st;
 }

@@ -128,11 +128,14 @@ static exl_status load_layer(qz *q, int32_t l) { return exl_qz_layer_load(q->m, 
 /* The GPTQ factor of a Hessian (EXL2 always in act-order); rounding to nearest, or a linear that saw no rows (an
  * expert no calibration token chose), takes the identity. */
 static exl_status hinv_of(qz *q, exl_hessian *h, exl_qz_hinv *hi) {
+    exl_qz_prof_enter(EXL_QZ_PROF_FACTOR);
     if (rtn(q) || h->n == 0)
         exl_hessian_identity(h);
     else
         exl_hessian_finish(h);
-    return exl_gptq_prepare(h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
+    exl_status st = exl_gptq_prepare(h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
+    exl_qz_prof_leave();
+    return st;
 }
 
 /* Run the layer's block k with linears w (as q->layer.lin) over the hidden states x of r's sequences into x_out
@@ -155,7 +158,10 @@ static exl_status run_block_on(qz *q, exl_qz_runner *r, int k, exl_linear *const
 
 /* The same over all the calibration sequences. */
 static exl_status run_block(qz *q, int k, exl_linear *const *w, const float *x, float *x_out, exl_hessian *const *h) {
-    return run_block_on(q, &q->run, k, w, x, x_out, h);
+    exl_qz_prof_enter(EXL_QZ_PROF_CALIB);
+    exl_status st = run_block_on(q, &q->run, k, w, x, x_out, h);
+    exl_qz_prof_leave();
+    return st;
 }
 
 /* The rows of the sequences candidates are scored on: sequence e of n_eval is calibration sequence e·rows/n_eval. */
@@ -315,7 +321,9 @@ typedef struct wcache {
 } wcache;
 
 static void wcache_free(qz *q, wcache *c) {
+    exl_qz_prof_enter(EXL_QZ_PROF_TRIAL);
     exl_qz_trial_free(q->be, &c->t);
+    exl_qz_prof_leave();
     exl_free(c->Wq);
     c->Wq = NULL;
 }
@@ -346,9 +354,11 @@ static exl_status cached_quant(qz *q, wcache *c, int32_t r, const exl_qz_opt *o,
     res.Wq = NULL;
     exl_qz_result_free(&res);
     exl_qz_layout_free(&l);
-    EXL_TRY(exl_qz_trial_init(q->be, q->pool, slot->Wq, &x->src, &slot->t));
+    exl_qz_prof_enter(EXL_QZ_PROF_TRIAL);
+    exl_status st = exl_qz_trial_init(q->be, q->pool, slot->Wq, &x->src, &slot->t);
+    exl_qz_prof_leave();
     *w = slot->t.w;
-    return EXL_OK;
+    return st;
 }
 
 /* The weights of a block. */
@@ -406,12 +416,14 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
     int64_t ne = (int64_t)q->n_eval * q->p->length * q->H;
     const float *xe = q->x, *refe = q->ref;
     float *ye = q->y;
+    exl_qz_prof_enter(EXL_QZ_PROF_ACCURACY);
     if (q->xe) {
         gather_eval(q, q->x, q->xe);
         gather_eval(q, q->ref, q->refe);
         xe = q->xe, refe = q->refe, ye = q->ye;
     }
     double norm = st == EXL_OK ? sq_norm(refe, ne) : 0; /* of the hidden states after the block */
+    exl_qz_prof_leave();
     if (st == EXL_OK)
         st = exl_qz_candidates(bm->desc, &bm->r, &bm->n);
     for (int32_t r = 0; st == EXL_OK && r < bm->n; r++) {
@@ -419,11 +431,15 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
             const exl_qz_lin *x = &L->lin[first + i];
             st = cached_quant(q, c + i * WAYS, r, &bm->r[r].opt[x->opt], x, &hi[x->hslot], &w[first + i]);
         }
+        exl_qz_prof_enter(EXL_QZ_PROF_CAND);
         if (st == EXL_OK)
             st = run_block_on(q, q->xe ? &q->run_eval : &q->run, k, w, xe, ye, NULL);
+        exl_qz_prof_leave();
         if (st != EXL_OK)
             break;
+        exl_qz_prof_enter(EXL_QZ_PROF_ACCURACY);
         bm->r[r].accuracy = accuracy_of(ye, refe, ne, norm);
+        exl_qz_prof_leave();
         exl_qz_clock_step(&q->clock, (k + (double)(r + 1) / bm->n) / 2);
     }
     for (int32_t i = 0; c && i < n * WAYS; i++)
@@ -484,8 +500,10 @@ static exl_status quant_block(qz *q, exl_qz_part *part, int32_t l, int k) {
                                  rc ? &rc->opt[x->opt] : NULL, &Wq[i], &b);
             bits += b;
             weights += (double)x->src.in_features * x->src.out_features;
+            exl_qz_prof_enter(EXL_QZ_PROF_TRIAL);
             if (st == EXL_OK && !rtn(q))
                 st = exl_qz_trial_init(q->be, q->pool, Wq[i], &x->src, &t[i]);
+            exl_qz_prof_leave();
             if (st == EXL_OK && !rtn(q))
                 w[first + i] = t[i].w;
             exl_qz_clock_step(&q->clock, (k + (double)(i + 1) / n) / 2);
@@ -494,7 +512,9 @@ static exl_status quant_block(qz *q, exl_qz_part *part, int32_t l, int k) {
     double acc = -1;
     if (st == EXL_OK && !rtn(q)) {
         st = run_block(q, k, w, q->x, q->x, NULL);
+        exl_qz_prof_enter(EXL_QZ_PROF_ACCURACY);
         acc = accuracy_of(q->x, q->ref, q->T * q->H, sq_norm(q->ref, q->T * q->H));
+        exl_qz_prof_leave();
     }
     if (st == EXL_OK)
         exl_qz_clock_block(&q->clock, k, q->block_desc[2 * l + k]->suffix, acc, bits / weights);
@@ -757,6 +777,7 @@ static exl_status setup(qz *q) {
     mp.n_threads = p->n_threads;
     EXL_TRY(exl_model_load(p->in_dir, &mp, &q->m));
     q->be = q->m->be;
+    exl_qz_prof_init(q->be);
     /* GPTQ's own parallel work: on the CPU backend's threads where the model runs on the CPU */
     if (!(q->pool = exl_backend_cpu_pool(q->be))) {
         EXL_TRY(exl_pool_init(p->n_threads, &q->own_pool));
@@ -962,6 +983,7 @@ static exl_status run(qz *q) {
             st = save_state(q, 0, l + 1);
         if (st == EXL_OK)
             exl_qz_clock_layer_done(&q->clock);
+        exl_qz_prof_report("measuring", l);
         if (st == EXL_OK && l + 1 == L) {
             progress(q, "measuring", L, L);
             char *final = exl_path_join(p->out_dir, "measurement.json");
@@ -999,11 +1021,13 @@ static exl_status run(qz *q) {
             st = save_state(q, 1, l + 1);
         if (st == EXL_OK)
             exl_qz_clock_layer_done(&q->clock);
+        exl_qz_prof_report("quantizing", l);
     }
     if (st == EXL_OK) {
         progress(q, "quantizing", L, L);
         exl_qz_clock_stage(&q->clock, "head", L);
         st = write_head(q);
+        exl_qz_prof_report("head", L);
     }
     if (st == EXL_OK) {
         exl_qz_clock_stage(&q->clock, "writing", L);
@@ -1049,6 +1073,7 @@ exl_status exl_quantize(const exl_quantize_params *params, char **report) {
     exl_free(q.refe);
     exl_free(q.ye);
     exl_free(q.block_desc);
+    exl_qz_prof_init(NULL);
     exl_model_free(q.m);
     if (q.own_pool)
         exl_pool_free(q.own_pool);

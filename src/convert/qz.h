@@ -15,6 +15,7 @@
  *   trial_linear.c  backend linears from the weights being tried
  *   qz_layer.c    a decoder layer's linears under ExLlamaV2's names (fused ones split, experts one by one)
  *   qz_status.c   progress: the stage, the layer, time so far and an estimate of what is left
+ *   qz_prof.c     EXL_QUANT_PROFILE: where the wall time of each layer went
  *   quantize.c    the driver: layer by layer, resumable, writing OUT_DIR
  *
  * Weights are W[k, n] (in x out) fp32 while being quantized. The big products (the Hessian's
@@ -288,6 +289,30 @@ void exl_qz_clock_tick(void *user);
 /* Block k of the layer is done: its accuracy (< 0: not measured) and bits per weight. */
 void exl_qz_clock_block(exl_qz_clock *c, int k, const char *name, double accuracy, double bpw);
 void exl_qz_clock_layer_done(exl_qz_clock *c);
+
+/* ---- profile (qz_prof.c): EXL_QUANT_PROFILE=1 prints where each layer's wall time went */
+
+typedef enum exl_qz_prof_part {
+    EXL_QZ_PROF_CALIB,    /* forwards of all the calibration rows (Hessians, reference states, the quantized block) */
+    EXL_QZ_PROF_CAND,     /* the measuring pass's candidate forwards */
+    EXL_QZ_PROF_TRANSFER, /* hidden states to and from the backend */
+    EXL_QZ_PROF_HESSIAN,  /* a linear's inputs downloaded and added to its Hessian */
+    EXL_QZ_PROF_FACTOR,   /* GPTQ's factor of the damped inverse Hessian */
+    EXL_QZ_PROF_GPTQ,     /* GPTQ outside the parts below (permuting, copies) */
+    EXL_QZ_PROF_SCALES,   /* a group's scales (EXL2: the scale search) */
+    EXL_QZ_PROF_ROWS,     /* the row loop of a block (rounding, the error spread within the block) */
+    EXL_QZ_PROF_UPDATE,   /* the rows after a block updated */
+    EXL_QZ_PROF_TRIAL,    /* trial linears built, uploaded and freed */
+    EXL_QZ_PROF_ACCURACY, /* a candidate's or a block's accuracy */
+    EXL_QZ_PROF_N
+} exl_qz_prof_part;
+
+/* Reads EXL_QUANT_PROFILE; be: the backend waited for at each switch of parts (NULL: the profile off). */
+void exl_qz_prof_init(exl_backend *be);
+void exl_qz_prof_enter(exl_qz_prof_part part);
+void exl_qz_prof_leave(void);
+/* A notice with the time of each part since the last report (or init), then counts from zero. */
+void exl_qz_prof_report(const char *stage, int32_t layer);
 
 /* ---- output (writer.c) */
 
