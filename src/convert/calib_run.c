@@ -128,6 +128,33 @@ exl_status exl_qz_run_layer(exl_qz_runner *r, const exl_layer *layer, int32_t li
     return each_step(r, NULL, layer_step, &c);
 }
 
+typedef struct err_ctx {
+    const exl_layer *layer;
+    int32_t li;
+    const float *x_in, *ref;
+    double *err;
+} err_ctx;
+
+static exl_status err_step(exl_qz_runner *r, void *ctx, int32_t n_seqs, int64_t row0, int32_t rows) {
+    const err_ctx *c = ctx;
+    exl_backend *be = r->m->be;
+    int32_t width = r->m->cfg.hidden_size;
+    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
+    be->ops->copy_cols(be, r->m->fs.x, c->x_in + row0 * width, rows, width, width, 0);
+    exl_qz_prof_leave();
+    EXL_TRY(exl_model_layer_forward(r->m, c->layer, c->li, r->cache, r->steps, n_seqs, NULL, NULL));
+    exl_qz_prof_enter(EXL_QZ_PROF_ACCURACY);
+    exl_status st = be->ops->sq_dist(be, r->m->fs.x, c->ref + row0 * width, (int64_t)rows * width, c->err);
+    exl_qz_prof_leave();
+    return st;
+}
+
+exl_status exl_qz_run_layer_err(exl_qz_runner *r, const exl_layer *layer, int32_t li, const float *x_in,
+                                const float *ref, double *err) {
+    err_ctx c = {layer, li, x_in, ref, err};
+    return each_step(r, NULL, err_step, &c);
+}
+
 typedef struct head_ctx {
     const float *x;
     exl_linear_hook hook;

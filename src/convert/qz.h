@@ -206,6 +206,10 @@ exl_status exl_qz_run_embed(exl_qz_runner *r, const int32_t *ids, float *x);
  * x_in; x_out may be x_in, or NULL where only the hook's inputs are wanted. */
 exl_status exl_qz_run_layer(exl_qz_runner *r, const exl_layer *layer, int32_t li, const float *x_in, float *x_out,
                             exl_linear_hook hook, void *user);
+/* The squared distance of decoder layer li's output over x_in (backend memory, r's rows) from ref (backend memory,
+ * as many rows) added to *err: the hidden states stay on the backend, one wait a step (sq_dist). */
+exl_status exl_qz_run_layer_err(exl_qz_runner *r, const exl_layer *layer, int32_t li, const float *x_in,
+                                const float *ref, double *err);
 /* The head's input (the final norm of x) to the hook. */
 exl_status exl_qz_run_head(exl_qz_runner *r, const float *x, exl_linear_hook hook, void *user);
 
@@ -224,9 +228,13 @@ exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w,
 typedef struct exl_qz_trial {
     void *wt; /* W in the Hugging Face layout [N, K] (fp32 on the CPU, fp16 elsewhere), which w may read */
     exl_linear *w;
+    int64_t K, N;
 } exl_qz_trial;
 exl_status exl_qz_trial_init(exl_backend *be, exl_pool *pool, const float *W, const exl_linear_src *like,
                              exl_qz_trial *out);
+/* New weights W [K, N] for a trial linear t (no allocation: the backend's linear_set_dense, in order with the work
+ * queued before). */
+exl_status exl_qz_trial_set(exl_backend *be, exl_pool *pool, const float *W, exl_qz_trial *t);
 void exl_qz_trial_free(exl_backend *be, exl_qz_trial *t);
 
 /* ---- a decoder layer's linears (qz_layer.c) */

@@ -4,8 +4,9 @@
  * innermost part entered, so the parts of a line add up to the layer's wall time ("other": in none). With the
  * profile on, entering and leaving a part waits for the backend (its synchronize), so that device work is counted
  * where it was launched rather than where the host next waited for it; the count after each part is how often it
- * was entered, and "syncs" how often the host waited in all. Off (the default) every call returns at once. Only the
- * thread that runs exl_quantize enters parts. */
+ * was entered, and "switches" how often the profile waited (each switch of parts: waits the run has without the
+ * profile are not counted). Off (the default) every call returns at once. Only the thread that runs exl_quantize
+ * enters parts. */
 #include "convert/qz.h"
 
 #include "base/notice.h"
@@ -29,7 +30,7 @@ static struct {
     double last, start;
     double seconds[EXL_QZ_PROF_N + 1]; /* the last: in no part */
     int64_t calls[EXL_QZ_PROF_N];
-    int64_t syncs;
+    int64_t switches;
 } prof;
 
 static double now_s(void) {
@@ -41,7 +42,7 @@ static double now_s(void) {
 /* the time since the last switch to the part on top (or to none), after the device caught up */
 static void charge(void) {
     prof.be->ops->synchronize(prof.be);
-    prof.syncs++;
+    prof.switches++;
     double t = now_s();
     prof.seconds[prof.depth ? prof.stack[prof.depth - 1] : EXL_QZ_PROF_N] += t - prof.last;
     prof.last = t;
@@ -86,10 +87,10 @@ void exl_qz_prof_report(const char *stage, int32_t layer) {
     if (n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, " other %.2f", prof.seconds[EXL_QZ_PROF_N]);
     if (n < (int)sizeof line)
-        snprintf(line + n, sizeof line - (size_t)n, "; syncs %lld", (long long)prof.syncs);
+        snprintf(line + n, sizeof line - (size_t)n, "; switches %lld", (long long)prof.switches);
     exl_notice("%s", line);
     memset(prof.seconds, 0, sizeof prof.seconds);
     memset(prof.calls, 0, sizeof prof.calls);
-    prof.syncs = 0;
+    prof.switches = 0;
     prof.start = prof.last;
 }
