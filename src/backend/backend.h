@@ -189,6 +189,10 @@ typedef struct exl_backend_ops {
     exl_status (*linear_set_dense)(exl_backend *be, exl_linear *w, const exl_dense_src *src);
     /* *acc (HOST) += the sum over i < n of (a[i] - b[i])², in double; returns when *acc is written. */
     exl_status (*sq_dist)(exl_backend *be, const float *a, const float *b, int64_t n, double *acc);
+    /* host_gemm's product on backend memory (the quantizer's GPTQ updates where the rows stay on the device), in
+     * order with the other work, strict fp32 */
+    exl_status (*gemm)(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 } exl_backend_ops;
 
 #define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */

@@ -20,7 +20,7 @@
  *
  * Weights are W[k, n] (in x out) fp32 while being quantized. The big products (the Hessian's
  * XᵀX, GPTQ's update of the rows after a block) are the backend's host_gemm (the CPU's or the
- * GPU's, in fp32 either way). */
+ * GPU's, in fp32 either way); a large GPTQ on a GPU keeps its rows there (the backend's gemm). */
 #ifndef EXL_QUANT_QZ_H
 #define EXL_QUANT_QZ_H
 
@@ -85,11 +85,18 @@ typedef struct exl_qz_result {
 #define EXL_QZ_DAMP 0.3
 #define EXL_QZ_DAMP_PER_DIM 3.0
 
+/* U in a backend's memory, put there by the first quantization that updates its rows on that backend (gptq.c). */
+typedef struct exl_qz_hinv_dev {
+    exl_backend *be;
+    float *U; /* NULL: not there yet */
+} exl_qz_hinv_dev;
+
 /* What GPTQ needs of a Hessian, shared by every quantization of the linears that see it. */
 typedef struct exl_qz_hinv {
     int64_t K;
-    int32_t *perm; /* [K] permuted row r is original row perm[r] (act-order or identity) */
-    float *U;      /* [K, K] upper Cholesky factor of the permuted, damped H⁻¹ */
+    int32_t *perm;        /* [K] permuted row r is original row perm[r] (act-order or identity) */
+    float *U;             /* [K, K] upper Cholesky factor of the permuted, damped H⁻¹ */
+    exl_qz_hinv_dev *dev; /* U on a backend */
 } exl_qz_hinv;
 
 /* act_order sorts rows by diag(H) descending. */

@@ -152,6 +152,7 @@ static const exl_backend_ops cpu_ops = {
     .lora = exl_cpu_lora,
     .linear_set_dense = cpu_linear_set_dense,
     .sq_dist = cpu_sq_dist,
+    .gemm = exl_cpu_host_gemm, /* backend memory is host memory */
 };
 
 exl_pool *exl_backend_cpu_pool(exl_backend *be) { return be->ops == &cpu_ops ? exl_cpu(be)->pool : NULL; }

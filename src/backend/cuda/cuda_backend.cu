@@ -385,6 +385,7 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_lora,
     cu_linear_set_dense,
     exl_cuda_sq_dist,
+    exl_cuda_gemm,
 };
 
 /* ---- creation */
