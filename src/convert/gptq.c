@@ -71,11 +71,8 @@ void exl_qz_hinv_free(exl_qz_hinv *h) {
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-/* element-wise work only (no sums across lanes): AVX-512 too, with the same results */
-#define SIMD_CLONES_512 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define SIMD_CLONES
-#define SIMD_CLONES_512
 #endif
 
 /* C [m, n] = (beta ? C : 0) + alpha·A [m, k]·B [k, n], row-major with leading dimensions lda,
@@ -419,7 +416,7 @@ typedef struct scale_ctx {
  * even by adding and taking away 1.5·2^23 (exact below 2^22, and beyond it the clamp decides); rows outer and
  * columns inner, so it vectorizes. */
 #define NCAND 4
-SIMD_CLONES_512 static void column_errs(const float *W, int64_t N, int64_t rows, int64_t w, const float *s,
+SIMD_CLONES static void column_errs(const float *W, int64_t N, int64_t rows, int64_t w, const float *s,
                                         const float *inv, float z, float maxq, float *e) {
     const float magic = 12582912.0f;
     for (int64_t r = 0; r < rows; r++) {

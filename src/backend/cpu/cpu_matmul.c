@@ -32,43 +32,32 @@ static void dense_dot(const matmul_job *j, long n0, long n1) {
     }
 }
 
-/* Cache tiles of the block kernels' loop: COL_TILE columns against ROW_TILE rows at a time. A 512-row step's
- * activations (1.2 MB at 576 features, 3 MB at 1536) are over a core's L2: streamed once per EXL_CPU_NC columns they
- * came from L3 every time; tiled, a tile of each (at most 64 x 1536 floats and 48 columns of as many) stays in L2. */
-#define ROW_TILE 64
-#define COL_TILE (16 * EXL_CPU_NC)
-
-/* EXL_CPU_NC columns at a time with the block kernels (same results as dense_dot), EXL_CPU_MAX_NR rows against them
- * while their weights are in cache; a last partial block repeats its last column (result dropped). */
+/* EXL_CPU_NC columns at a time with the block kernels (same results as dense_dot), all
+ * rows against them while their weights are in cache; a last partial block repeats its
+ * last column (result dropped). */
 static void dense_block(const matmul_job *j, long n0, long n1) {
     const exl_linear_src *s = &j->w->src;
     const exl_cpu_kernels *k = j->be->k;
     int64_t K = s->in_features, N = s->out_features;
     size_t esize = s->dense.dtype == EXL_DTYPE_F32 ? 4 : 2;
     float acc[EXL_CPU_MAX_NR * EXL_CPU_NC];
-    for (long t0 = n0; t0 < n1; t0 += COL_TILE) {
-        long t1 = n1 - t0 < COL_TILE ? n1 : t0 + COL_TILE;
-        for (int32_t q0 = 0; q0 < j->rows; q0 += ROW_TILE) {
-            int32_t q1 = j->rows - q0 < ROW_TILE ? j->rows : q0 + ROW_TILE;
-            for (long n = t0; n < t1; n += EXL_CPU_NC) {
-                int nc = t1 - n < EXL_CPU_NC ? (int)(t1 - n) : EXL_CPU_NC;
-                const void *w[EXL_CPU_NC];
-                for (int c = 0; c < EXL_CPU_NC; c++)
-                    w[c] = (const char *)s->dense.data + (size_t)(n + (c < nc ? c : nc - 1)) * (size_t)K * esize;
-                for (int32_t r0 = q0; r0 < q1; r0 += EXL_CPU_MAX_NR) {
-                    int nr = q1 - r0 < EXL_CPU_MAX_NR ? q1 - r0 : EXL_CPU_MAX_NR;
-                    const float *xr = j->x + (int64_t)r0 * K;
-                    switch (s->dense.dtype) {
-                    case EXL_DTYPE_F16: k->block_f16(xr, K, nr, (const uint16_t *const *)w, K, acc); break;
-                    case EXL_DTYPE_BF16: k->block_bf16(xr, K, nr, (const uint16_t *const *)w, K, acc); break;
-                    default: k->block_f32(xr, K, nr, (const float *const *)w, K, acc); break;
-                    }
-                    for (int r = 0; r < nr; r++)
-                        for (int c = 0; c < nc; c++)
-                            j->out[(int64_t)(r0 + r) * N + n + c] = acc[r * EXL_CPU_NC + c] +
-                                                                    (j->w->bias ? j->w->bias[n + c] : 0.0f);
-                }
+    for (long n = n0; n < n1; n += EXL_CPU_NC) {
+        int nc = n1 - n < EXL_CPU_NC ? (int)(n1 - n) : EXL_CPU_NC;
+        const void *w[EXL_CPU_NC];
+        for (int c = 0; c < EXL_CPU_NC; c++)
+            w[c] = (const char *)s->dense.data + (size_t)(n + (c < nc ? c : nc - 1)) * (size_t)K * esize;
+        for (int32_t r0 = 0; r0 < j->rows; r0 += EXL_CPU_MAX_NR) {
+            int nr = j->rows - r0 < EXL_CPU_MAX_NR ? j->rows - r0 : EXL_CPU_MAX_NR;
+            const float *xr = j->x + (int64_t)r0 * K;
+            switch (s->dense.dtype) {
+            case EXL_DTYPE_F16: k->block_f16(xr, K, nr, (const uint16_t *const *)w, K, acc); break;
+            case EXL_DTYPE_BF16: k->block_bf16(xr, K, nr, (const uint16_t *const *)w, K, acc); break;
+            default: k->block_f32(xr, K, nr, (const float *const *)w, K, acc); break;
             }
+            for (int r = 0; r < nr; r++)
+                for (int c = 0; c < nc; c++)
+                    j->out[(int64_t)(r0 + r) * N + n + c] = acc[r * EXL_CPU_NC + c] +
+                                                            (j->w->bias ? j->w->bias[n + c] : 0.0f);
         }
     }
 }
