@@ -2,7 +2,8 @@
 # gpu_lora.sh - what LoRA adapters cost the CUDA decode (issue 33's two numbers), on a GPU machine:
 #   7B EXL2 (4-bit, random weights of Llama-2-7B's shape) batch-1 greedy decode with a rank-16 adapter on all seven
 #   projections vs none (target: overhead <= 10%), and 32 sequences spread over 4 adapters vs 32 with none (target:
-#   >= 85% of the no-adapter rate). Prints tests/gpu/gpu_lora_bench.c's markdown table.
+#   >= 85% of the no-adapter rate). Prints tests/gpu/gpu_lora_bench.c's markdown table: both cases through each path
+#   (the default: one row folded into the GEMVs, 32 uses by adapter; SGMV in two launches; r2-lora2's paths).
 #
 # usage (from the repo root): bench/gpu_lora.sh [DIR] [-- gpu_lora_bench args: --rank R --layers N --ctx C]
 #   DIR (default .gpu): bin/gpu_lora_bench built by tests/gpu/prepare.sh; without it, builds here (build-gpu,

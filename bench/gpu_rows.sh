@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # gpu_rows.sh - on the GPU machine: decode of 2-16 rows (issue 31; issue 32's verification steps). Correctness
 # (test_gpu's "decode 2-16 rows" lines, also with EXL_CUDA_DETERMINISTIC=1), then the per-matrix times of 1-64
-# decode rows and their ratio to one row (gpu_bench exl2 --layers 1 --kernels-only) for the tensor-core GEMV with
-# its defaults (512 threads: 2 k warps, 8 stages), 4 and 12 stages, 256 threads (1 k warp, 16 stages), rows 2-4 on
-# the CUDA-core GEMV (EXL_CUDA_GEMV_MMA_ROWS=5) and the old split (=17: CUDA cores up to 4 rows, cuda_qmma.cu
-# beyond), then whole decode steps of the 32-layer 7B shape: 1-16 sequences a step and one sequence's 1-16-row
-# verification steps, new and old split.
+# decode rows and their ratio to one row (gpu_bench exl2 --layers 1 --kernels-only) for each configuration of
+# KERNEL_CFGS, then whole decode steps of the 32-layer 7B shape (1-16 sequences a step and one sequence's 1-16-row
+# verification steps) for each of STEP_CFGS, with the per-matrix times again (so KERNELS=0 loses nothing for the
+# configurations STEP_CFGS names). A configuration is "default" or environment settings joined by commas,
+# e.g. EXL_CUDA_GEMV_MMA_K_WARPS=1,EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM=2; by default the matrices compare the
+# tensor-core GEMV from 2 rows (the default) with and without its L2 bulk prefetch (EXL_CUDA_GEMV_MMA_L2_AHEAD=0),
+# its 256-thread blocks two an SM, rows 2-4 on the CUDA-core GEMV (EXL_CUDA_GEMV_MMA_ROWS=5) and the old split (=17:
+# CUDA cores up to 4 rows, cuda_qmma.cu beyond); the steps the default and the old split (more, e.g. the RMSNorm in
+# every block up to 16 rows or never: EXL_CUDA_GEMV_MMA_NORM_ROWS=16 / =1, default 8).
 # usage (from the repo root): bench/gpu_rows.sh [DIR]   DIR as tests/gpu/run.sh's (default .gpu: bin/ from
 # tests/gpu/prepare.sh, shared/ or staged fixtures); without DIR/bin it builds build-gpu here. TESTS=0, KERNELS=0,
-# STEPS=0 skip the three parts (about 3, 2 and 3 minutes on an H100), e.g. to keep a device call under 10 minutes;
-# KERNEL_CFGS and STEP_CFGS (space-separated, "default" for none) choose the configurations; the tests run
-# test_gpu's rows group (EXL_TEST_ONLY, default rows).
+# STEPS=0 skip the three parts (about 3, 2 and 4 minutes on an H100), e.g. to keep a device call under 10 minutes;
+# the tests run test_gpu's rows group (EXL_TEST_ONLY, default rows).
 set -uo pipefail
 dir=${1:-.gpu}
 out=${OUT:-$dir/out}
@@ -38,20 +41,24 @@ if [ "${TESTS:-1}" != 0 ]; then
     grep -E "decode 2-16 rows|^FAIL" "$out/rows_test_gpu_det.log"
     tail -1 "$out/rows_test_gpu_det.log"
 fi
-kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_GEMV_MMA_STAGES=4 EXL_CUDA_GEMV_MMA_STAGES=12 EXL_CUDA_GEMV_MMA_K_WARPS=1
-    EXL_CUDA_GEMV_MMA_ROWS=5 EXL_CUDA_GEMV_MMA_ROWS=17"}
+kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_GEMV_MMA_L2_AHEAD=0
+    EXL_CUDA_GEMV_MMA_K_WARPS=1,EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM=2 EXL_CUDA_GEMV_MMA_ROWS=5 EXL_CUDA_GEMV_MMA_ROWS=17"}
 [ "${KERNELS:-1}" = 0 ] || for cfg in $kernel_cfgs; do
     [ "$cfg" = default ] && cfg=""
-    echo "==== per matrix, ${cfg:-default (tensor-core GEMV from 2 rows, 2 k warps, 8 stages)}"
+    echo "==== per matrix, ${cfg:-default}"
     tag=${cfg:-default}
-    tag=${tag// /_}
-    env $cfg timeout 120 "$bin/gpu_bench" exl2 --layers 1 --kernels-only 2>"$out/rows_kernels_$tag.log" >/dev/null
+    tag=${tag//,/_}
+    env ${cfg//,/ } timeout 120 "$bin/gpu_bench" exl2 --layers 1 --kernels-only 2>"$out/rows_kernels_$tag.log" >/dev/null
     grep -E "^  [a-z_]+ [0-9]+x[0-9]+ |as decode rows" "$out/rows_kernels_$tag.log" |
         sed -E 's/ *\| [0-9]+ rows [^|]*//g'
 done
-[ "${STEPS:-1}" = 0 ] || for cfg in ${STEP_CFGS:-default EXL_CUDA_GEMV_MMA_ROWS=17}; do
+step_cfgs=${STEP_CFGS:-"default EXL_CUDA_GEMV_MMA_ROWS=17"}
+[ "${STEPS:-1}" = 0 ] || for cfg in $step_cfgs; do
     [ "$cfg" = default ] && cfg=""
     echo "==== whole decode steps, 32 layers, ${cfg:-default}"
-    env $cfg timeout 240 "$bin/gpu_bench" exl2 --kernels-only 2>"$out/rows_steps_${cfg:-default}.log" >/dev/null
-    grep -E "decode steps|verification steps" "$out/rows_steps_${cfg:-default}.log"
+    tag=${cfg:-default}
+    tag=${tag//,/_}
+    env ${cfg//,/ } timeout 240 "$bin/gpu_bench" exl2 --kernels-only 2>"$out/rows_steps_$tag.log" >/dev/null
+    grep -E "^  [a-z_]+ [0-9]+x[0-9]+ |as decode rows|decode steps|verification steps" "$out/rows_steps_$tag.log" |
+        sed -E 's/ *\| [0-9]+ rows [^|]*//g'
 done

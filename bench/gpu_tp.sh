@@ -6,15 +6,21 @@
 #      equal: the bound one GPU is held to), and exl run --greedy with --tp 2 equal to one GPU's tokens;
 #   2. speed of random-weight EXL2 4.0 bpw models of the Llama-2-70B and 7B shapes on 1, 2 and 4 GPUs: prefill of
 #      2048 tokens and decode at batch 1 (exl bench), generation at batch 1 and 32 (generator_bench);
-#   2b. with EXL_TP_P2P=1: the one-shot peer-to-peer all-reduce instead of NCCL for sizes up to 64K floats;
+#   2b. the all-reduces of up to 64K floats (decode steps) by each way: the default (EXL_TP_P2P=2, the push
+#      all-reduce with the residual add fused), NCCL (EXL_TP_P2P=0) and the pull one-shot (EXL_TP_P2P=1; PULL=0
+#      leaves it out);
 #   3. the collectives' time per decode step: the same decode with EXL_TP_NO_COMM=1 (collectives left out, wrong
 #      tokens), the difference being their cost;
 #   4. --gpu-split with a model larger than one GPU's share: the 70B shape (~35 GB) with EXL_CUDA_MEMORY_LIMIT=24GiB
 #      (each GPU pretends to have 24 GiB): refused on one GPU, split 20,20 over two.
-# A device call lasts 10 minutes at most: run the parts one call each (the machine keeps /tmp while it is held):
-#   bench/gpu_tp.sh check; bench/gpu_tp.sh models; bench/gpu_tp.sh speed m7b; bench/gpu_tp.sh speed m70b;
+# A device call lasts 10 minutes at most: run the parts one call each (the machine keeps /tmp while it is held;
+# speed and split make the model they need when /tmp lacks it):
+#   bench/gpu_tp.sh check; bench/gpu_tp.sh speed m7b; TP_SIZES="1 2" bench/gpu_tp.sh speed m70b;
 #   bench/gpu_tp.sh split        (no argument: all of them)
-# env: TP_SIZES (default "1 2 4"), P2P=0 (leave out the peer-to-peer runs)
+# Timing plan of `TP_SIZES="1 2" speed m70b` (a 33 GB load ~40 s, each line one load): making the model 22 s;
+# --tp 1 bench, generator; --tp 2 bench (push), generator, bench NCCL, bench pull, bench without collectives:
+# 7 loads, ~330 s in all. split: making the model 22 s, the refusal (at most a load), the split load ~40 s: ~130 s.
+# env: TP_SIZES (default "1 2 4"), P2P=0 (leave out the A/B of the all-reduces), PULL=0 (leave out the pull one)
 set -uo pipefail
 what=${1:-all}
 model_arg=${2:-}
@@ -30,8 +36,8 @@ ldconfig -p | grep -q libnccl.so.2 || [ -n "${EXL_NCCL_LIBRARY:-}" ] || echo "WA
 check() {
 echo "==== 1. correctness"
 tests/gpu/run.sh --stage .gpu >/dev/null 2>&1
-EXL_TEST_TP=2 timeout 300 "$bin/test_gpu" "$shared" >"$out/test_gpu_tp2.log" 2>&1
-grep -E "^(ok|FAIL|SKIP).*--tp" "$out/test_gpu_tp2.log"
+EXL_TEST_ONLY=tp EXL_TEST_TP=2 timeout 400 "$bin/test_gpu" "$shared" >"$out/test_gpu_tp2.log" 2>&1
+grep -E "^(ok|FAIL|SKIP|info).*(--tp|all_reduce)|^test_gpu" "$out/test_gpu_tp2.log"
 for tp in 1 2; do
     "$bin/exl" run -m "$shared/models/rand-llama" --device cuda --tp $tp -p "Once upon a time" -p "The dog" -n 48 \
         --greedy --json 2>/dev/null | md5sum | sed "s/-/greedy tokens, --tp $tp/"
@@ -43,41 +49,60 @@ make() { # dir hidden layers heads kv_heads ffn vocab
         --kv-heads "$5" --ffn "$6" --vocab "$7" --tokenizer-from .gputp/tok --same-layers >/dev/null
 }
 models() {
-    make /tmp/m7b 4096 32 32 32 11008 32000
-    make /tmp/m70b 8192 80 64 8 28672 32000
+    model m7b
+    model m70b
     du -sh /tmp/m7b /tmp/m70b
+}
+
+model() { # name: made unless /tmp has it
+    case $1 in
+    m7b) make /tmp/m7b 4096 32 32 32 11008 32000 ;;
+    m70b) make /tmp/m70b 8192 80 64 8 28672 32000 ;;
+    *) echo "no model $1" && exit 2 ;;
+    esac
+}
+
+bench() { # log name, then VAR=value ... : exl bench of /tmp/$m over $tp GPUs with that environment
+    local log=$1
+    shift
+    env "$@" timeout 150 "$bin/exl" bench -m /tmp/$m --device cuda --tp $tp -p 2048 -n 128 >"$out/$log.log" 2>&1
+    tail -4 "$out/$log.log"
+    echo "   ($SECONDS s into the call)"
 }
 
 speed() { # model name (m7b or m70b)
     m=$1
+    model "$m"
     echo "==== 2. speed of $m (tok/s)"
     for tp in ${TP_SIZES:-1 2 4}; do
         [ "$tp" -le "$gpus" ] || continue
-        echo "== $m --tp $tp"
-        timeout 300 "$bin/exl" bench -m /tmp/$m --device cuda --tp $tp -p 2048 -n 128 >"$out/bench_${m}_tp$tp.log" 2>&1
-        tail -4 "$out/bench_${m}_tp$tp.log"
-        EXL_BENCH_DEVICE=cuda EXL_BENCH_TP=$tp EXL_BENCH_TEMPERATURE=0 timeout 300 "$bin/generator_bench" /tmp/$m 32 64 \
+        echo "== $m --tp $tp (the default all-reduce: push where the GPUs have peer access)"
+        bench "bench_${m}_tp$tp"
+        EXL_BENCH_DEVICE=cuda EXL_BENCH_TP=$tp EXL_BENCH_TEMPERATURE=0 timeout 150 "$bin/generator_bench" /tmp/$m 32 64 \
             1 1 32 >"$out/gen_${m}_tp$tp.log" 2>&1
         tail -2 "$out/gen_${m}_tp$tp.log"
         [ "$tp" -gt 1 ] || continue
         if [ "${P2P:-1}" = 1 ]; then
-            echo "-- the same with the peer-to-peer all-reduce for small sizes (EXL_TP_P2P=1)"
-            EXL_TP_P2P=1 timeout 300 "$bin/exl" bench -m /tmp/$m --device cuda --tp $tp -p 2048 -n 128 \
-                >"$out/bench_${m}_tp${tp}_p2p.log" 2>&1
-            tail -4 "$out/bench_${m}_tp${tp}_p2p.log"
+            echo "-- the same through NCCL (EXL_TP_P2P=0)"
+            bench "bench_${m}_tp${tp}_nccl" EXL_TP_P2P=0
+            if [ "${PULL:-1}" = 1 ]; then
+                echo "-- the same with the pull one-shot (EXL_TP_P2P=1)"
+                bench "bench_${m}_tp${tp}_pull" EXL_TP_P2P=1
+            fi
         fi
         echo "-- the same without the collectives (EXL_TP_NO_COMM=1): their cost is the difference"
-        EXL_TP_NO_COMM=1 timeout 300 "$bin/exl" bench -m /tmp/$m --device cuda --tp $tp -p 2048 -n 128 \
-            >"$out/bench_${m}_tp${tp}_nocomm.log" 2>&1
-        tail -4 "$out/bench_${m}_tp${tp}_nocomm.log"
+        bench "bench_${m}_tp${tp}_nocomm" EXL_TP_NO_COMM=1
     done
 }
 
 split() {
 echo "==== 4. --gpu-split with a model larger than one GPU's share (EXL_CUDA_MEMORY_LIMIT=24GiB)"
+model m70b
 export EXL_CUDA_MEMORY_LIMIT=24GiB
-timeout 300 "$bin/exl" bench -m /tmp/m70b --device cuda -p 512 -n 32 2>&1 | tail -2
+timeout 150 "$bin/exl" bench -m /tmp/m70b --device cuda -p 512 -n 32 2>&1 | tail -2
+echo "   ($SECONDS s into the call)"
 timeout 300 "$bin/exl" bench -m /tmp/m70b --device cuda --gpu-split 20,20 -p 512 -n 32 2>&1 | tail -6
+echo "   ($SECONDS s into the call)"
 }
 
 shared=.gpu/shared

@@ -301,7 +301,9 @@ typedef struct exl_lora_factors {
  * the projections' matmuls, which then need not write it): with norm, x / rms(x) * norm (eps); with up (one
  * output), act(x) * up. Each row uses its own adapters, the uses of row r being row_uses[r] .. row_uses[r + 1] - 1, one use u naming the adapter
  * slot use_slot[u] (an entry of each projection's factors) and the weight use_scale[u]; use_row[u] is the row of
- * use u. t is scratch of n_uses * n_out * max_rank floats. */
+ * use u. t is scratch of n_uses * n_out * max_rank floats. by_adapter (or NULL), the uses grouped by adapter for a
+ * backend that reads each adapter's factors once for all its rows (Punica's SGMV): n_seg, seg[n_uses + 1],
+ * order[n_uses] (segment i is uses order[seg[i] .. seg[i + 1]), all of one slot; seg past n_seg is n_uses). */
 #define EXL_LORA_MAX_OUT 3
 typedef struct exl_lora_node {
     float *out[EXL_LORA_MAX_OUT];                      /* [rows, out_features[i]], added to */
@@ -316,6 +318,7 @@ typedef struct exl_lora_node {
     const int32_t *row_uses; /* backend memory, [rows + 1] */
     const int32_t *use_row, *use_slot;
     const float *use_scale;
+    const int32_t *by_adapter;
     float *t;
     int32_t rows, in_features, n_uses, max_rank;
 } exl_lora_node;

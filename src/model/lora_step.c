@@ -50,7 +50,8 @@ void exl_lora_step_sets(exl_model *m, const exl_lora_set *const *sets, int32_t n
     m->lora->n_step_sets = sets ? n_seqs : 0;
 }
 
-/* the step's table (row_uses, use_row, use_slot, use_scale) for `ints` int32s and t for `floats` */
+/* the step's table (row_uses, use_row, use_slot, use_scale, then the uses by adapter) for `ints` int32s and t for
+ * `floats` */
 static exl_status ensure_buffers(exl_model *m, int32_t ints, int64_t floats) {
     exl_lora_state *s = m->lora;
     exl_backend *be = m->be;
@@ -76,6 +77,25 @@ static exl_status ensure_buffers(exl_model *m, int32_t ints, int64_t floats) {
         s->t_cap = cap;
     }
     return EXL_OK;
+}
+
+/* The uses by adapter (graph.h's lora node: by_adapter), in step order within an adapter */
+static void by_adapter(const int32_t *use_slot, int32_t n, int32_t *out) {
+    int32_t *seg = out + 1, *order = seg + n + 1, n_seg = 0, k = 0;
+    unsigned char seen[EXL_LORA_SLOTS] = {0};
+    for (int32_t u = 0; u < n; u++) {
+        const int32_t slot = use_slot[u];
+        if (seen[slot])
+            continue;
+        seen[slot] = 1;
+        seg[n_seg++] = k;
+        for (int32_t v = u; v < n; v++)
+            if (use_slot[v] == slot)
+                order[k++] = v;
+    }
+    for (int32_t i = n_seg; i <= n; i++)
+        seg[i] = n;
+    out[0] = n_seg;
 }
 
 static const exl_lora_set *seq_set(const exl_lora_state *s, int32_t i) {
@@ -110,7 +130,8 @@ exl_status exl_lora_begin_step(exl_model *m, const exl_seq_step *steps, int32_t 
         s->step_sets = NULL; /* the sets were for this step */
         return EXL_OK;
     }
-    EXL_TRY(ensure_buffers(m, rows + 1 + 3 * n_uses, (int64_t)n_uses * EXL_LORA_MAX_OUT * s->max_rank));
+    const int32_t ints = rows + 1 + 3 * n_uses + 2 + 2 * n_uses;
+    EXL_TRY(ensure_buffers(m, ints, (int64_t)n_uses * EXL_LORA_MAX_OUT * s->max_rank));
     int32_t *row_uses = s->host_table, *use_row = row_uses + rows + 1, *use_slot = use_row + n_uses;
     float *use_scale = (float *)(void *)(use_slot + n_uses);
     int32_t row = 0, k = 0;
@@ -127,9 +148,10 @@ exl_status exl_lora_begin_step(exl_model *m, const exl_seq_step *steps, int32_t 
         }
     }
     row_uses[rows] = k;
+    by_adapter(use_slot, n_uses, use_slot + 2 * n_uses);
     s->n_uses = n_uses;
     s->step_sets = NULL;
-    return m->be->ops->upload(m->be, s->table, s->host_table, (size_t)(rows + 1 + 3 * n_uses) * sizeof(int32_t));
+    return m->be->ops->upload(m->be, s->table, s->host_table, (size_t)ints * sizeof(int32_t));
 }
 
 exl_status exl_lora_nodes(exl_model *m, exl_graph *g, int32_t li, int32_t n, const exl_lora_proj *p,
@@ -150,6 +172,7 @@ exl_status exl_lora_nodes(exl_model *m, exl_graph *g, int32_t li, int32_t n, con
                               .use_row = use_row,
                               .use_slot = use_slot,
                               .use_scale = (const float *)(const void *)(use_slot + s->n_uses),
+                              .by_adapter = use_slot + 2 * s->n_uses,
                               .t = s->t,
                               .rows = s->rows,
                               .in_features = in->in,

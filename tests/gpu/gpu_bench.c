@@ -13,7 +13,8 @@
  * --bits: the EXL2 layers' code width, 2-8 (default 4; the head is 6 bits).
  * --profile: only a 128-token prompt and 3 decode steps of the first kind (for ncu).
  * --prefill-only: only the prefill columns (for an A/B of EXL_CUDA_EXACT_PREFILL=1, the ~22-bit prompt path).
- * --kernels-only: only the per-matrix times (for an A/B of EXL_CUDA_GEMV_MMA_ROWS=17, the old split of rows). */
+ * --kernels-only: only the per-matrix times (for an A/B of EXL_CUDA_GEMV_MMA_ROWS=17, the old split of rows).
+ * GPU_BENCH_REPS=N: launches of a matrix a timed run (default 200; 1 under ncu), and no prompt rows. */
 #include "model/model.h"
 
 #include "base/alloc.h"
@@ -291,7 +292,8 @@ static double prefill_speed(exl_model *m, exl_kv_cache *cache, int32_t *pages, i
  * into a CUDA graph, which the timed run replays), for the efficiency of each shape; decode: the rows are decode
  * tokens (a batch of max_q 1), whose activations may be rounded to fp16, else prompt rows (kept to ~22 bits) */
 static double matmul_us(exl_model *m, const exl_linear *w, int64_t K, int64_t N, int32_t rows, int decode) {
-    enum { REPS = 200 };
+    const char *reps_env = getenv("GPU_BENCH_REPS"); /* e.g. 1 under ncu: one launch a run */
+    const int REPS = reps_env && atoi(reps_env) > 0 ? atoi(reps_env) : 200;
     exl_backend *be = m->be;
     float *x = be->ops->alloc(be, rows * K * 4), *y = be->ops->alloc(be, rows * N * 4);
     float *hx = malloc(rows * K * 4);
@@ -645,7 +647,7 @@ int main(int argc, char **argv) {
                     100 * bytes / (us * 1e-6) / bw);
             /* prompt rows (prefill chunks): time and tensor-core rate */
             const int32_t many[5] = {16, 32, 64, 256, 1024};
-            for (int i = 0; i < 5; i++) {
+            for (int i = 0; i < (getenv("GPU_BENCH_REPS") ? 0 : 5); i++) {
                 int32_t rows = many[i];
                 double t = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, rows, 0);
                 fprintf(stderr, "  | %d rows %.1f us %.0f TFLOP/s", rows, t,

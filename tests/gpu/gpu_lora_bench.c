@@ -4,9 +4,17 @@
  *   batch 1:  no adapter, then one adapter (the model's set);
  *   batch 32: 32 sequences with no adapter, then spread over 4 adapters (sequence i uses adapter i % 4), all in
  *             the same steps (the gathered lora op);
- * both with the lora op's default path (fused, one launch a group of projections), then with its two launches a
- * group (EXL_CUDA_LORA_FUSED_USES=0, the path before; cuda_lora.cu).
- * Prints a markdown table: tokens/s without and with adapters, and their ratio.
+ * each case through every path the environment selects (the variants below: the default first, then each other one
+ * with its variables set and every cached CUDA graph dropped, so that the steps are compiled and captured anew):
+ *   default            one-row steps: the updates folded into the GEMVs (cuda_lora_fold.cuh), no lora launch;
+ *                      32 uses: by adapter (SGMV, cuda_lora.cu), one launch a group;
+ *   SGMV in two        EXL_CUDA_LORA_SGMV_LAUNCHES=2: the same, SGMV's shrink and expand as two launches;
+ *   before (r2-lora2)  EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0: one row: the fused lora launch, one a group;
+ *                      32 uses: shrink and expand a use at a time, two launches a group;
+ *   two launches       the same with EXL_CUDA_LORA_FUSED_USES=0: shrink and expand at one row too.
+ * Prints a markdown table: tokens/s without and with adapters, and their ratio; then the default paths' logits of one
+ * step against r2-lora2's (the fold and the SGMV at this model's shapes, which test_gpu's small fixtures do not reach:
+ * several runs a dot product, 8 adapters' uses a block).
  *
  * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] */
 #include "model/lora.h"
@@ -16,6 +24,7 @@
 #include "base/half.h"
 #include "quant_gen.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,6 +169,67 @@ static double decode_rate(exl_model *m, exl_kv_cache *cache, const int32_t *page
     return (double)n * (STEPS + 1) / (now() - t0);
 }
 
+/* every cached CUDA graph dropped (a buffer freed does it), so that the next steps are compiled anew */
+static void fresh_graphs(exl_model *m) {
+    void *p = m->be->ops->alloc(m->be, 256);
+    if (p)
+        m->be->ops->free(m->be, p);
+}
+
+/* the paths compared: environment variables set for each (NULL: none) */
+typedef struct variant {
+    const char *name;
+    const char *env[3][2];
+} variant;
+
+static const variant variants[] = {
+    {"default", {{NULL, NULL}}},
+    {"EXL_CUDA_LORA_SGMV_LAUNCHES=2", {{"EXL_CUDA_LORA_SGMV_LAUNCHES", "2"}}},
+    {"EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (r2-lora2)",
+     {{"EXL_CUDA_LORA_GEMV", "0"}, {"EXL_CUDA_LORA_SGMV", "0"}}},
+    {"EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 EXL_CUDA_LORA_FUSED_USES=0",
+     {{"EXL_CUDA_LORA_GEMV", "0"}, {"EXL_CUDA_LORA_SGMV", "0"}, {"EXL_CUDA_LORA_FUSED_USES", "0"}}},
+};
+
+/* the largest difference of one step's logits (n sequences at position ctx, each with its set: NULL the model's)
+ * between the default paths and r2-lora2's (EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0), relative to the largest
+ * logit; *argmax_diff: the sequences whose argmax differs */
+static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pages, int32_t n, int32_t ctx,
+                           const exl_lora_set *const *sets, int *argmax_diff) {
+    float *lg[2];
+    exl_seq_step st[BATCH];
+    int32_t ids[BATCH];
+    for (int k = 0; k < 2; k++) {
+        if (k == 0)
+            setenv("EXL_CUDA_LORA_GEMV", "0", 1), setenv("EXL_CUDA_LORA_SGMV", "0", 1);
+        fresh_graphs(m);
+        for (int32_t i = 0; i < n; i++) {
+            ids[i] = 100 + i;
+            st[i] = (exl_seq_step){
+                .ids = &ids[i], .n_new = 1, .n_past = ctx, .pages = &pages[i], .n_pages = 1, .want_logits = 1};
+        }
+        lg[k] = malloc((size_t)n * V * sizeof(float));
+        exl_lora_step_sets(m, sets, sets ? n : 0);
+        EK(exl_model_forward(m, cache, st, n, lg[k]));
+        unsetenv("EXL_CUDA_LORA_GEMV"), unsetenv("EXL_CUDA_LORA_SGMV");
+    }
+    double worst = 0, top = 0;
+    *argmax_diff = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t a0 = 0, a1 = 0;
+        for (int32_t v = 0; v < V; v++) {
+            const float x = lg[0][(int64_t)i * V + v], y = lg[1][(int64_t)i * V + v];
+            worst = fabs(x - y) > worst ? fabs(x - y) : worst;
+            top = fabs(x) > top ? fabs(x) : top;
+            a0 = x > lg[0][(int64_t)i * V + a0] ? v : a0;
+            a1 = y > lg[1][(int64_t)i * V + a1] ? v : a1;
+        }
+        *argmax_diff += a0 != a1;
+    }
+    free(lg[0]), free(lg[1]);
+    return top > 0 ? worst / top : worst;
+}
+
 /* the prompts: ctx tokens in each of n sequences */
 static void prefill(exl_model *m, exl_kv_cache *cache, const int32_t *pages, int32_t n, int32_t ctx) {
     int32_t *ids = malloc((size_t)ctx * sizeof *ids);
@@ -202,36 +272,49 @@ int main(int argc, char **argv) {
     for (int k = 0; k < N_ADAPTERS; k++)
         adapters[k] = random_adapter(m, rank, k);
     exl_lora_use one = {adapters[0], 1.0f};
-    EK(exl_model_set_lora(m, &one, 1));
-    double lora1 = decode_rate(m, cache, pages, 1, ctx, NULL);
     exl_lora_set sets[N_ADAPTERS];
     const exl_lora_set *per_seq[BATCH];
     for (int k = 0; k < N_ADAPTERS; k++)
         sets[k] = (exl_lora_set){.uses = {{adapters[k], 1.0f}}, .n = 1};
     for (int i = 0; i < BATCH; i++)
         per_seq[i] = &sets[i % N_ADAPTERS];
-    double lora32 = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
-    /* the same through the lora op's two launches (cuda_lora.cu's split path): each case's graph differs from the one
-     * before it, so that it is captured anew with the path the variable picks */
-    setenv("EXL_CUDA_LORA_FUSED_USES", "0", 1);
-    double split1 = decode_rate(m, cache, pages, 1, ctx, NULL);
-    double split32 = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
-    unsetenv("EXL_CUDA_LORA_FUSED_USES");
-    EK(exl_model_set_lora(m, NULL, 0));
+    enum { N_VARIANTS = sizeof variants / sizeof variants[0] };
+    double lora1[N_VARIANTS], lora32[N_VARIANTS];
+    for (int v = 0; v < N_VARIANTS; v++) {
+        for (int e = 0; e < 3; e++)
+            if (variants[v].env[e][0])
+                setenv(variants[v].env[e][0], variants[v].env[e][1], 1);
+        fresh_graphs(m);
+        EK(exl_model_set_lora(m, &one, 1));
+        lora1[v] = decode_rate(m, cache, pages, 1, ctx, NULL);
+        EK(exl_model_set_lora(m, NULL, 0));
+        fresh_graphs(m);
+        lora32[v] = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
+        for (int e = 0; e < 3; e++)
+            if (variants[v].env[e][0])
+                unsetenv(variants[v].env[e][0]);
+    }
+    fresh_graphs(m);
     double again1 = decode_rate(m, cache, pages, 1, ctx, NULL); /* the base once more: drift of the clocks */
+    double again32 = decode_rate(m, cache, pages, BATCH, ctx, NULL);
 
     printf("| %d layers, EXL2 4-bit, rank-%d adapters on q,k,v,o,gate,up,down, ctx %d | no adapter t/s | "
            "adapters t/s | ratio |\n|---|---|---|---|\n",
            n_layers, rank, ctx);
-    printf("| batch 1, one adapter | %.1f | %.1f | %.3f (overhead %.1f%%) |\n", base1, lora1, lora1 / base1,
-           100 * (base1 / lora1 - 1));
-    printf("| batch %d, %d adapters (sequence i: adapter i %% %d) | %.1f | %.1f | %.3f |\n", BATCH, N_ADAPTERS,
-           N_ADAPTERS, base32, lora32, lora32 / base32);
-    printf("| batch 1, one adapter, two launches a group (EXL_CUDA_LORA_FUSED_USES=0) | %.1f | %.1f | %.3f (overhead "
-           "%.1f%%) |\n",
-           base1, split1, split1 / base1, 100 * (base1 / split1 - 1));
-    printf("| batch %d, %d adapters, two launches a group (EXL_CUDA_LORA_FUSED_USES=0) | %.1f | %.1f | %.3f |\n", BATCH,
-           N_ADAPTERS, base32, split32, split32 / base32);
-    printf("(batch 1 without adapters again, after them: %.1f t/s)\n", again1);
+    for (int v = 0; v < N_VARIANTS; v++) {
+        printf("| batch 1, one adapter, %s | %.1f | %.1f | %.3f (overhead %.1f%%) |\n", variants[v].name, base1,
+               lora1[v], lora1[v] / base1, 100 * (base1 / lora1[v] - 1));
+        printf("| batch %d, %d adapters (sequence i: adapter i %% %d), %s | %.1f | %.1f | %.3f |\n", BATCH, N_ADAPTERS,
+               N_ADAPTERS, variants[v].name, base32, lora32[v], lora32[v] / base32);
+    }
+    printf("(without adapters again, after them: batch 1 %.1f t/s, batch %d %.1f t/s)\n", again1, BATCH, again32);
+    int diff1, diff32;
+    EK(exl_model_set_lora(m, &one, 1));
+    const double e1 = paths_differ(m, cache, pages, 1, ctx, NULL, &diff1);
+    EK(exl_model_set_lora(m, NULL, 0));
+    const double e32 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, &diff32);
+    printf("logits of one step, default paths against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (largest difference "
+           "over the largest logit; argmax differing): batch 1 %.2e (%d), batch %d %.2e (%d of %d)\n",
+           e1, diff1, BATCH, e32, diff32, BATCH);
     return 0;
 }

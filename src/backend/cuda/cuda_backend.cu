@@ -150,6 +150,8 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->gemv_partial);
     cudaFree(cb->gemv_normed);
     cudaFree(cb->gemv_counters);
+    cudaFree(cb->lora_fold);
+    cudaFree(cb->lora_sgmv);
     cudaFree(cb->top_k_buf);
     cudaFree(cb->mask_buf);
     cudaFree(cb->sample_buf);

@@ -6,12 +6,16 @@
  * rank's stream, so it is captured into that rank's CUDA graph like any launch. NVLink multicast (NVLS) stays off:
  * NCCL_NVLS_ENABLE=0 is set before the communicators are made.
  *
- * EXL_TP_P2P=1 (opt-in, for small all-reduces such as a decode step's): a one-shot all-reduce over peer memory
- * instead of NCCL, where every pair of GPUs can reach each other's memory. Each rank copies its values into its
- * staging buffer (two, used by turns), tells every rank so through a flag in that rank's memory, waits for every
- * rank's flag of the same round, and sums the ranks' staging buffers in rank order: one kernel, one round trip. A
- * rank two rounds ahead cannot exist (it would need this rank's flag of the round between), so two buffers
- * suffice. Sizes above P2P_MAX floats go through NCCL. */
+ * Small all-reduces (a decode step's: up to $EXL_TP_P2P_MAX floats, default 64K) go over peer memory instead of
+ * NCCL where every pair of GPUs can reach each other's memory; EXL_TP_P2P picks how:
+ *   2 (the default): the push all-reduce (cuda_allreduce.cu): each rank stores its values into every peer's
+ *     receive buffer and sums what it receives in its own; with the residual add after it fused (cuda_plan.cu);
+ *   1: the pull one-shot: each rank copies its values into its staging buffer (two, used by turns), tells every
+ *     rank so through a flag in that rank's memory, waits for every rank's flag of the same round, and sums the
+ *     ranks' staging buffers in rank order (remote loads). A rank two rounds ahead cannot exist (it would need this
+ *     rank's flag of the round between), so two buffers suffice;
+ *   0: NCCL for every size.
+ * 1 or 2 given where some pair of GPUs has no peer access is an error; by default those machines use NCCL. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <dlfcn.h>
@@ -38,7 +42,8 @@ typedef struct nccl_api {
 static nccl_api nccl;
 
 #define MAX_RANKS 16
-#define P2P_MAX (64 * 1024) /* floats of the largest peer-to-peer all-reduce */
+#define P2P_MAX (64 * 1024) /* floats of the largest pull all-reduce, and the push one's by default */
+#define PUSH_MAX_LIMIT ((int64_t)1 << 22)
 #define P2P_THREADS 1024
 
 /* every rank's staging buffers [2 * P2P_MAX] and flags [MAX_RANKS + 1] (the last: this rank's round), passed by
@@ -48,11 +53,15 @@ typedef struct p2p_peers {
     unsigned *flags[MAX_RANKS];
 } p2p_peers;
 
+enum { MODE_NCCL, MODE_PULL, MODE_PUSH };
+
 struct exl_cuda_comm {
     int32_t n, refs;
     ncclComm_t comms[MAX_RANKS];
-    int p2p; /* EXL_TP_P2P=1 and every pair of GPUs reaches the other's memory */
-    p2p_peers peers;
+    int mode;           /* how all-reduces of up to p2p_max floats go (the top) */
+    int64_t p2p_max;    /* floats */
+    p2p_peers peers;    /* MODE_PULL */
+    exl_cuda_push push; /* MODE_PUSH */
 };
 
 static exl_status load_nccl(void) {
@@ -81,6 +90,17 @@ static exl_status load_nccl(void) {
     return EXL_OK;
 }
 
+static void comm_free(exl_cuda_comm *c) {
+    for (int32_t k = 0; k < c->n; k++) {
+        if (c->comms[k])
+            nccl.comm_destroy(c->comms[k]);
+        cudaFree(c->peers.stage[k]);
+        cudaFree(c->peers.flags[k]);
+    }
+    exl_cuda_push_free(&c->push, c->n);
+    free(c);
+}
+
 void exl_cuda_comm_release(exl_cuda_backend *cb) {
     exl_cuda_comm *c = cb->comm;
     if (!c)
@@ -88,18 +108,12 @@ void exl_cuda_comm_release(exl_cuda_backend *cb) {
     cb->comm = NULL;
     if (--c->refs > 0) /* the ranks are freed one after another (model/tp.c) */
         return;
-    for (int32_t k = 0; k < c->n; k++) {
-        if (c->comms[k])
-            nccl.comm_destroy(c->comms[k]);
-        cudaFree(c->peers.stage[k]);
-        cudaFree(c->peers.flags[k]);
-    }
-    free(c);
+    comm_free(c);
 }
 
-/* The peer-to-peer all-reduce's memory and peer access (comm_init's thread; it ends on devices[0]); 0 when some
- * pair of GPUs cannot reach each other, which leaves every all-reduce to NCCL. */
-static int p2p_init(exl_cuda_comm *c, const int *devices) {
+/* Peer access between every pair of the devices (comm_init's thread, left on some device); 0 where some pair of
+ * GPUs cannot reach each other (or a device is twice in the list). */
+static int peer_access(const exl_cuda_comm *c, const int *devices) {
     for (int32_t r = 0; r < c->n; r++) {
         if (cudaSetDevice(devices[r]) != cudaSuccess)
             return 0;
@@ -114,12 +128,53 @@ static int p2p_init(exl_cuda_comm *c, const int *devices) {
                 return 0;
             cudaGetLastError();
         }
+    }
+    return 1;
+}
+
+/* The memory of c's mode, each rank's on its device (comm_init's thread, left on some device). */
+static exl_status p2p_alloc(exl_cuda_comm *c, const int *devices) {
+    for (int32_t r = 0; r < c->n; r++) {
+        if (cudaSetDevice(devices[r]) != cudaSuccess)
+            return exl_cuda_fail(EXL_ERR_DEVICE, "CUDA: selecting device %d", devices[r]);
+        if (c->mode == MODE_PUSH) {
+            EXL_TRY(exl_cuda_push_alloc(&c->push, r, c->n, c->p2p_max));
+            continue;
+        }
         if (cudaMalloc((void **)&c->peers.stage[r], 2 * P2P_MAX * sizeof(float)) != cudaSuccess ||
             cudaMalloc((void **)&c->peers.flags[r], (MAX_RANKS + 1) * sizeof(unsigned)) != cudaSuccess ||
             cudaMemset(c->peers.flags[r], 0, (MAX_RANKS + 1) * sizeof(unsigned)) != cudaSuccess)
-            return 0;
+            return exl_cuda_fail(EXL_ERR_NOMEM, "CUDA: the all-reduce's buffers on device %d: %s", devices[r],
+                                 cudaGetErrorString(cudaGetLastError()));
     }
-    return cudaDeviceSynchronize() == cudaSuccess;
+    if (cudaDeviceSynchronize() != cudaSuccess)
+        return exl_cuda_fail(EXL_ERR_DEVICE, "CUDA: %s", cudaGetErrorString(cudaGetLastError()));
+    return EXL_OK;
+}
+
+/* EXL_TP_P2P and EXL_TP_P2P_MAX into c's mode and size, and what the mode needs (comm_init's thread, left on some
+ * device) */
+static exl_status p2p_init(exl_cuda_comm *c, const int *devices) {
+    const char *mode = getenv("EXL_TP_P2P"), *max = getenv("EXL_TP_P2P_MAX");
+    const int given = mode && *mode;
+    c->mode = given ? atoi(mode) : MODE_PUSH;
+    if (c->mode < MODE_NCCL || c->mode > MODE_PUSH)
+        return exl_cuda_fail(EXL_ERR_ARG, "EXL_TP_P2P=%s: 0 (NCCL), 1 (pull one-shot) or 2 (push)", mode);
+    const long long floats = max && *max ? atoll(max) : P2P_MAX;
+    if (floats < 4 || floats > PUSH_MAX_LIMIT) /* the push all-reduce's; the pull one's is P2P_MAX */
+        return exl_cuda_fail(EXL_ERR_ARG, "EXL_TP_P2P_MAX=%s: floats, 4 .. %lld", max, (long long)PUSH_MAX_LIMIT);
+    c->p2p_max = (floats + 3) / 4 * 4;
+    if (c->mode == MODE_NCCL)
+        return EXL_OK;
+    if (!peer_access(c, devices)) {
+        cudaGetLastError();
+        if (given)
+            return exl_cuda_fail(EXL_ERR_UNSUPPORTED, "EXL_TP_P2P=%s: some pair of the %d GPUs has no peer access",
+                                 mode, c->n);
+        c->mode = MODE_NCCL;
+        return EXL_OK;
+    }
+    return p2p_alloc(c, devices);
 }
 
 __global__ void __launch_bounds__(P2P_THREADS)
@@ -174,14 +229,15 @@ exl_status exl_cuda_comm_init(exl_backend *const *ranks, int32_t n) {
         free(c);
         return exl_cuda_fail(EXL_ERR_DEVICE, "NCCL: making the communicators of %d GPUs: %s", n, nccl.error_string(r));
     }
-    const char *p2p = getenv("EXL_TP_P2P");
-    if (p2p && !strcmp(p2p, "1")) {
-        c->p2p = p2p_init(c, devices);
-        cudaGetLastError();
-        cudaSetDevice(exl_cuda(ranks[0])->device);
+    exl_status st = p2p_init(c, devices);
+    cudaSetDevice(exl_cuda(ranks[0])->device);
+    if (st != EXL_OK) {
+        comm_free(c);
+        return st;
     }
     for (int32_t k = 0; k < n; k++) {
         exl_cuda_backend *cb = exl_cuda(ranks[k]);
+        exl_cuda_graph_forget(cb); /* its CUDA graphs hold the old communicator's buffers */
         exl_cuda_comm_release(cb);
         cb->comm = c;
         cb->rank = k;
@@ -204,7 +260,11 @@ void exl_cuda_run_all_reduce(exl_backend *be, float *x, int64_t n) {
     if (!cb->comm)
         return;
     exl_cuda_comm *c = cb->comm;
-    if (c->p2p && n <= P2P_MAX) { /* the same choice on every rank: n is the same */
+    if (c->mode == MODE_PUSH && n <= c->p2p_max) { /* the same choice on every rank: n is the same */
+        exl_cuda_push_all_reduce(cb, &c->push, c->n, x, NULL, n);
+        return;
+    }
+    if (c->mode == MODE_PULL && n <= P2P_MAX) {
         p2p_all_reduce_kernel<<<1, P2P_THREADS, 0, cb->stream>>>(x, (int)n, c->peers, cb->rank, c->n);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess)
@@ -213,6 +273,17 @@ void exl_cuda_run_all_reduce(exl_backend *be, float *x, int64_t n) {
     }
     check(cb, nccl.all_reduce(x, x, (size_t)n, NCCL_FLOAT32, NCCL_SUM, cb->comm->comms[cb->rank], cb->stream),
           "all_reduce");
+}
+
+void exl_cuda_run_all_reduce_add(exl_backend *be, float *sum, int64_t n, float *x) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    exl_cuda_comm *c = cb->comm;
+    if (c && c->mode == MODE_PUSH && n <= c->p2p_max) {
+        exl_cuda_push_all_reduce(cb, &c->push, c->n, sum, x, n);
+        return;
+    }
+    exl_cuda_run_all_reduce(be, sum, n);
+    exl_cuda_run_add(be, x, sum, n);
 }
 
 /* Each rank's slice broadcast from it: straight into out for one row, else into tmp (rank-major) and from there

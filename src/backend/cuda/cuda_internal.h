@@ -88,6 +88,10 @@ typedef struct exl_cuda_backend {
     size_t gemv_normed_bytes;
     unsigned *gemv_counters; /* per column tile arrival counters (self-resetting) */
     size_t gemv_counter_count;
+    void *lora_fold; /* LoRA updates folded into a GEMV: a counter, then partial sums (self-resetting) */
+    size_t lora_fold_bytes;
+    void *lora_sgmv; /* the lora op by adapter (cuda_lora.cu): 2 counters (self-resetting), then partial sums */
+    size_t lora_sgmv_bytes;
     float *attn_partial; /* split-K partials of decode attention */
     size_t attn_partial_bytes;
     __half *dequant; /* quantized weights decoded to fp16 hi and lo for cuBLAS (cuda_qgemm.cu) */
@@ -268,6 +272,9 @@ typedef struct exl_cuda_fused_mm {
         const int32_t *page_tables;
         int32_t n_seqs, page_size, width;
     } kv;
+    /* lora (one row, the GEMV only; NULL: none): the node's updates added to these outputs by this launch, where
+     * exl_cuda_qgemv_lora_fits (the plan folds it, cuda_plan.cu) */
+    const exl_lora_node *lora;
 } exl_cuda_fused_mm;
 
 void exl_cuda_run_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
@@ -280,6 +287,8 @@ int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f)
 /* at backend creation: the kernels' launch attributes (not allowed inside a graph capture) */
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb);
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f);
+/* 1 if the one-row GEMV that takes f can add n's updates to f's outputs as well (cuda_lora_fold.cuh) */
+int exl_cuda_qgemv_lora_fits(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, const exl_lora_node *n);
 /* The order in which a producer may store the input of a later matmul of rows over w with in_features width,
  * so that the GEMV that takes it reads consecutive rows (w's slot_of), or NULL. */
 const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t width);
@@ -379,6 +388,9 @@ typedef struct exl_cuda_moe_launch {
 void exl_cuda_moe_gemv(exl_cuda_backend *cb, const exl_cuda_moe_launch *l);
 /* LoRA updates (cuda_lora.cu) */
 void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n);
+/* 1 if the plan may fold one-row lora nodes into their GEMVs (EXL_CUDA_LORA_GEMV, default 1; not with
+ * EXL_CUDA_DETERMINISTIC) */
+int exl_cuda_lora_fold_on(const exl_cuda_backend *cb);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor);
@@ -406,13 +418,13 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
  * (captured 16-64-job generator steps ran 3-11% faster than launched one by one,
  * bench/RESULTS.md); prompt pieces, which attention marks, run directly. */
 #define EXL_CUDA_GRAPH_MAX_ROWS 64
-/* Largest row count the quantized GEMV takes (cuda_qgemv.cu). By default 1-4 rows take launches of up to 4 rows on
- * CUDA cores and 5+ rows the tensor-core kernel of cuda_qmma.cu; EXL_CUDA_GEMV_MMA_ROWS=N sends N..16 rows to the
- * GEMV on tensor cores (one launch, the weights streamed through shared memory with cp.async), which measured slower
- * on an H100 (bench/RESULTS.md "decode of 2-16 rows": q_proj 2 rows 1.98x one row against 1.16x, 16 rows 4.04x
- * against 1.53x; whole decode steps of 2-16 sequences 2.15-3.94x against 1.63-3.02x), so it is off by default (17). */
+/* Largest row count the quantized GEMV takes (cuda_qgemv.cu). By default 2-16 rows take the GEMV on tensor cores
+ * (one launch, the weights read once for all rows, streamed through shared memory with cp.async);
+ * EXL_CUDA_GEMV_MMA_ROWS=N sends only N..16 rows there, fewer to launches of up to 4 rows on CUDA cores (N = 17: 1-4
+ * rows on CUDA cores and 5+ on cuda_qmma.cu, the split measured best before the tensor-core GEMV's serial round
+ * trips and bank conflicts were removed: bench/LOG.md, r2-rows3). */
 #define EXL_CUDA_QGEMV_MAX_ROWS 16
-#define EXL_CUDA_GEMV_MMA_ROWS_DEFAULT 17
+#define EXL_CUDA_GEMV_MMA_ROWS_DEFAULT 2
 /* Decode-sized steps: every sequence with at most EXL_CUDA_DECODE_MAX_Q new tokens (any number of rows), or at most
  * EXL_CUDA_VERIFY_MAX_Q (speculative decoding's verification, a draft's K + 1 tokens) in a step of at most
  * EXL_CUDA_VERIFY_MAX_ROWS rows. They are captured as CUDA graphs (cuda_plan.cu's graphable) and take the decode
@@ -484,6 +496,7 @@ typedef enum exl_cuda_item_kind {
     EXL_CUDA_RUN_MATMUL,         /* matmuls with their norm, GLU or residual add: mm */
     EXL_CUDA_RUN_ROPE_KV_STORE,  /* rope q, rope k, kv_store */
     EXL_CUDA_RUN_ROPE_ATTENTION, /* rope q, rope k, kv_store, attention; out_order as in exl_cuda_run_rope_attention */
+    EXL_CUDA_RUN_ALL_REDUCE_ADD, /* all_reduce of y, then x += y (exl_cuda_run_all_reduce_add) */
 } exl_cuda_item_kind;
 
 typedef struct exl_cuda_plan_item {
@@ -527,6 +540,24 @@ void exl_cuda_gather_cols(exl_backend *be, const exl_gather_cols_node *n);
 void exl_cuda_run_all_reduce(exl_backend *be, float *x, int64_t n);
 void exl_cuda_run_gather_cols(exl_backend *be, const exl_gather_cols_node *n);
 void exl_cuda_comm_release(exl_cuda_backend *cb);
+/* an all_reduce node and the add of its result to x that follows it (cuda_plan.cu): x += the sum too */
+void exl_cuda_run_all_reduce_add(exl_backend *be, float *sum, int64_t n, float *x);
+
+/* the push all-reduce between GPUs with peer access (cuda_allreduce.cu): each rank's receive buffer (two sets of
+ * one slot of max_floats a rank, allocated on its device) and round counts (EXL_CUDA_PUSH_BLOCKS, on its device) */
+#define EXL_CUDA_PUSH_MAX_RANKS 16
+#define EXL_CUDA_PUSH_BLOCKS 32
+typedef struct exl_cuda_push {
+    float *recv[EXL_CUDA_PUSH_MAX_RANKS];
+    unsigned *rounds[EXL_CUDA_PUSH_MAX_RANKS];
+    int64_t max_floats; /* a multiple of 4 */
+} exl_cuda_push;
+/* rank's buffers, on the current device */
+exl_status exl_cuda_push_alloc(exl_cuda_push *p, int32_t rank, int32_t n_ranks, int64_t max_floats);
+void exl_cuda_push_free(exl_cuda_push *p, int32_t n_ranks);
+/* x [n] = the sum over the ranks (n <= max_floats), in rank order; resid (NULL: none) += that sum */
+void exl_cuda_push_all_reduce(exl_cuda_backend *cb, const exl_cuda_push *p, int32_t n_ranks, float *x, float *resid,
+                              int64_t n);
 /* Something that cannot be captured (a buffer growing) is about to happen inside a step:
  * launch what was captured so far, drop the cached graph, run the rest of the step directly. */
 void exl_cuda_graph_flush(exl_cuda_backend *cb);

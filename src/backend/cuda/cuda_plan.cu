@@ -7,6 +7,8 @@
  *   rope q, rope k, kv_store, then attention over them             -> rope_attention (q and k dead after it where
  *                                                                     the one-launch kernel takes it, which leaves
  *                                                                     them unrotated); without attention rope_kv_store
+ *   all_reduce of y, then x += y (tensor parallelism's residual)   -> one launch where the push all-reduce takes it
+ *                                                                     (cuda_comm.cu), y written too
  * A buffer is dead after a node when it is no graph output and the next node to touch it overwrites it whole
  * without reading it (or none does). Then, over the launches, what the kernels can do with what the graph says:
  *   - slot order: a GEMV computing gate and up that only the next launch reads, a GEMV of the GLU and down_proj,
@@ -14,7 +16,9 @@
  *     one-launch decode attention and the o_proj GEMV after it;
  *   - split sums without a merge (decode steps): a GEMV whose outputs the GEMV before it can zero (no launch in
  *     between touches them) has them zeroed there and adds its split sums onto them with atomics;
- *   - KV L2 prefetch (decode steps): the GEMV before an attention asks L2 for the cache rows it will read.
+ *   - KV L2 prefetch (decode steps): the GEMV before an attention asks L2 for the cache rows it will read;
+ *   - LoRA (one-row decode steps): a lora node beside the GEMV of its projections is folded into it (first, so that
+ *     the passes above see the launches as without adapters).
  * A plan holds its own copy of the graph (nodes field by field, the batch's device side), which its launches
  * refer to and which cuda_graph.cu compares with the next steps' graphs. */
 #include "backend/cuda/cuda_internal.h"
@@ -140,7 +144,8 @@ static exl_node canonical(const exl_node *n) {
             o.out[i] = a.out[i], o.factors[i] = a.factors[i], o.out_features[i] = a.out_features[i];
         o.norm = a.norm, o.up = a.up, o.eps = a.eps, o.act = a.act;
         o.n_out = a.n_out, o.x = a.x, o.row_uses = a.row_uses, o.use_row = a.use_row, o.use_slot = a.use_slot;
-        o.use_scale = a.use_scale, o.t = a.t, o.rows = a.rows, o.in_features = a.in_features, o.n_uses = a.n_uses;
+        o.use_scale = a.use_scale, o.by_adapter = a.by_adapter, o.t = a.t, o.rows = a.rows,
+        o.in_features = a.in_features, o.n_uses = a.n_uses;
         o.max_rank = a.max_rank;
         break;
     }
@@ -344,6 +349,19 @@ static int32_t try_rope(compiler *c, int32_t i, int *oom) {
     return n;
 }
 
+/* all_reduce of y, then x += y */
+static int32_t try_all_reduce(compiler *c, int32_t i, int *oom) {
+    const exl_all_reduce_node *r = &c->p->nodes[i].all_reduce;
+    if (i + 1 >= c->p->n_nodes || c->p->nodes[i + 1].op != EXL_OP_ADD)
+        return 0;
+    const exl_add_node *a = &c->p->nodes[i + 1].add;
+    if (a->y != r->x || a->n != r->n || exl_spans_overlap(span(a->x, a->n), span(r->x, r->n)))
+        return 0;
+    if (!add_launch(c, EXL_CUDA_RUN_ALL_REDUCE_ADD, i, 2))
+        return *oom = 1, 0;
+    return 2;
+}
+
 /* ---- what the launches can do with what the graph says (see the top) */
 
 static const exl_attention_node *attention_of(const compiler *c, const exl_cuda_plan_item *l) {
@@ -401,6 +419,37 @@ static void plan_slot_order(compiler *c) {
                 pr->out_order = order, co->mm.x_slots = 1;
         }
     }
+}
+
+/* one-row lora nodes folded into the GEMV of their projections right before them (q/k/v, o, gate/up) or right after
+ * (down_proj's, whose GLU input is read before the GLU), which then adds their updates itself (cuda_lora_fold.cuh):
+ * their launches leave the plan, and the GEMV's nodes take them in, so that the passes below see the launches beside
+ * each other as without adapters */
+static void plan_lora_fold(compiler *c) {
+    exl_cuda_plan *p = c->p;
+    int32_t kept = 0;
+    for (int32_t i = 0; i < p->n_launches; i++) {
+        exl_cuda_plan_item *l = &p->launches[i];
+        if (l->kind == EXL_CUDA_RUN_NODE && p->nodes[l->node].op == EXL_OP_LORA) {
+            const exl_lora_node *n = &p->nodes[l->node].lora;
+            exl_cuda_plan_item *prev = kept > 0 ? &p->launches[kept - 1] : NULL;
+            exl_cuda_plan_item *next = i + 1 < p->n_launches ? &p->launches[i + 1] : NULL;
+            if (prev && prev->kind == EXL_CUDA_RUN_MATMUL && !prev->mm.lora && prev->node + prev->n_nodes == l->node &&
+                exl_cuda_qgemv_lora_fits(c->cb, &prev->mm, n)) {
+                prev->mm.lora = n, prev->n_nodes++;
+                continue;
+            }
+            if (next && next->kind == EXL_CUDA_RUN_MATMUL && !next->mm.lora && next->node == l->node + 1 &&
+                exl_cuda_qgemv_lora_fits(c->cb, &next->mm, n)) {
+                next->mm.lora = n, next->node--, next->n_nodes++;
+                continue;
+            }
+        }
+        if (kept != i)
+            p->launches[kept] = *l;
+        kept++;
+    }
+    p->n_launches = kept;
 }
 
 /* GEMVs whose outputs the GEMV before them zeroes */
@@ -507,6 +556,7 @@ exl_status exl_cuda_plan_compile(exl_cuda_backend *cb, const exl_graph *g, exl_c
         case EXL_OP_GLU: taken = try_glu(&c, i, &oom); break;
         case EXL_OP_MATMUL: taken = try_matmuls(&c, i, &oom); break;
         case EXL_OP_ROPE: taken = try_rope(&c, i, &oom); break;
+        case EXL_OP_ALL_REDUCE: taken = try_all_reduce(&c, i, &oom); break;
         default: break;
         }
         if (!taken && !oom) {
@@ -520,6 +570,8 @@ exl_status exl_cuda_plan_compile(exl_cuda_backend *cb, const exl_graph *g, exl_c
         p->n_nodes = p->n_launches = 0;
         return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory compiling a step");
     }
+    if (p->has_batch && p->batch.max_q == 1 && exl_cuda_lora_fold_on(cb))
+        plan_lora_fold(&c);
     if (p->has_batch && p->batch.max_q == 1) { /* decode steps */
         plan_kv_prefetch(&c);
         if (!cb->deterministic)
@@ -610,6 +662,9 @@ void exl_cuda_plan_run(exl_cuda_backend *cb, const exl_cuda_plan *p) {
                                         q->rot_dim, q->inv_freq, q->attn_factor, l->out_order);
             break;
         }
+        case EXL_CUDA_RUN_ALL_REDUCE_ADD:
+            exl_cuda_run_all_reduce_add(be, n[0].all_reduce.x, n[0].all_reduce.n, n[1].add.x);
+            break;
         }
     }
 }

@@ -26,6 +26,7 @@
  * for o_proj; that matrix's launch then reads consecutive rows (gemv_args.out_map, x_slots).
  * The q/k/v launch of a decode step also asks L2 for the short sequences' KV cache rows that the
  * attention after it reads (exl_cuda_fused_mm.kv, kv_prefetch). */
+#include "backend/cuda/cuda_lora_fold.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_qdecode.cuh"
 
@@ -76,9 +77,11 @@ typedef struct gemv_args {
     const exl_attn_seq *kv_seqs;
     const int32_t *kv_pages;
     int32_t kv_n_seqs, kv_page_size, kv_width;
-    int32_t rows;       /* qgemv_mma_kernel: the rows (2 .. EXL_CUDA_QGEMV_MAX_ROWS), */
-    int32_t mma_ring;   /* the bytes of each warp's ring of stages */
-    int32_t mma_stages; /* and the most stages it is cut into */
+    int32_t rows;         /* qgemv_mma_kernel: the rows (2 .. EXL_CUDA_QGEMV_MAX_ROWS), */
+    int32_t mma_ring;     /* the bytes of each warp's ring of stages */
+    int32_t mma_stages;   /* and the most stages it is cut into */
+    int32_t mma_l2_ahead; /* chunks past its ring a warp sequence's tile chunks are asked of L2 (mma_l2_ahead) */
+    exl_lora_fold lora;   /* one row: the LoRA updates folded in (cuda_lora_fold.cuh; units 0: none) */
 } gemv_args;
 
 /* ---- the input transform */
@@ -278,7 +281,15 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
                                     sp[j].y >= 0 ? __ldg(a.norm + sp[j].y) : 0.0f);
         }
     }
+    exl_lora_first lrun = {};
+    if (R == 1 && a.lora.units) {
+        lrun = exl_lora_run_start(a.lora, a.n_mats, a.in, a.norm, a.x_slots);
+        if (blockIdx.y == 0)
+            exl_lora_prefetch_bt(a.lora, mi, col0 - quad * 4, M.n_out);
+    }
     exl_pdl_start();
+    if (R == 1 && a.lora.units)
+        exl_lora_run_load(lrun, a.x, a.up, a.act);
     /* one normed row: the RMS pass's coalesced loads keep the row in shared memory and the
      * gather reads it there, instead of one scattered global load per input */
     float *stage = R == 1 && a.stage ? (float *)(xs + R * xs_stride) : nullptr;
@@ -318,7 +329,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         for (int r = 0; r < R; r++)
             xs[r * xs_stride + i] = __floats2half2_rn(input_at<R>(a, r, sp.x, inv), input_at<R>(a, r, sp.y, inv));
     }
+    if (R == 1 && a.lora.units)
+        exl_lora_run_sum(a.lora, lrun, a.n_mats, a.in, a.x, a.up, a.norm, a.act, a.x_slots, red_rms);
     __syncthreads();
+    if (R == 1 && a.lora.units) {
+        exl_lora_run_publish(a.lora, lrun.unit, red_rms);
+        exl_lora_run_rest(a.lora, a.n_mats, a.in, a.x, a.up, a.norm, a.act, a.x_slots, red_rms);
+    }
 
     float acc[R][4];
 #pragma unroll
@@ -370,7 +387,12 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         for (int s = 0; s < SUBS; s++)
             sum[r] += red[s][r][tid];
     }
+    /* the LoRA updates folded in: added by one block a column tile (the split's first where its blocks add, else
+     * the one that stores the sum); red is free by then (the expand's first barrier) */
+    const float lora_inv = R == 1 && a.norm ? inv[0] : 1.0f;
     if (a.atomic_add) {
+        if (R == 1 && a.lora.units && blockIdx.y == 0)
+            sum[0] += exl_lora_expand(a.lora, a.n_mats, mi, tcol, M.n_out, lora_inv, &red[0][0][0]);
         /* no partial sums, fence or counter: the adds are done in L2, after the block is gone */
         if (tcol < M.n_out)
 #pragma unroll
@@ -409,6 +431,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         if (tid == 0)
             a.counters[blockIdx.x] = 0;
     }
+    if (R == 1 && a.lora.units)
+        sum[0] += exl_lora_expand(a.lora, a.n_mats, mi, tcol, M.n_out, lora_inv, &red[0][0][0]);
     if (tcol < M.n_out)
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -437,17 +461,22 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
  * the warp's own. (Loading a chunk into registers at the top of its iteration, as this kernel first did, kept one
  * chunk a warp in flight, ~8 KiB an SM where the memory wants ~23 KiB: 2.5-7x one row; bench/LOG.md.) The chunk
  * descriptors of the warp are read once into shared memory, and the first stages are asked for before
- * griddepcontrol.wait (weights are constant), so they come while the activations are gathered. One block an SM
- * (its rings take most of the shared memory, its registers most of the file): the launcher picks the split by the
- * waves of blocks it takes (plan_mma). The launcher applies an RMSNorm first (a separate launch: every block would
- * read all rows whole). */
+ * griddepcontrol.wait (weights are constant), so they come while the activations are gathered (every row's loads
+ * of a pair at once). One block an SM (its rings take most of the shared memory, its registers most of the file; or
+ * two 256-thread blocks with half of each, EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM): the launcher picks the split by the
+ * waves of blocks it takes (plan_mma). An RMSNorm before it is computed by every block for up to
+ * EXL_CUDA_GEMV_MMA_NORM_ROWS rows (each reads the rows whole), else by a launch of its own first. With a split, the
+ * last block of a tile adds the partial sums with all its threads (mma_merge_splits). Nsight Compute of the first
+ * version (bench/LOG.md, r2-rows3) found that merge done lane by lane (half of a 2-row q_proj launch with the other
+ * SMs idle), the gather's dependent loads repeated per row and 4-way bank conflicts on the stages (mma_word_at). */
 
 #define MMA_COL_WARPS (COL_TILE / 32)
 #define MMA_K_WARPS_DEFAULT 2                      /* k warps (EXL_CUDA_GEMV_MMA_K_WARPS) */
 #define MMA_ROW_BYTES 128                          /* one word row of a warp's 32 columns */
 #define MMA_STAGE_MAX (8 * MMA_ROW_BYTES + 2 * 64) /* an 8-bit chunk with its scales and zeros */
 #define MMA_MAX_STAGES 16                          /* the most stages a ring has (mma_stage_count) */
-/* stages with 2 k warps (EXL_CUDA_GEMV_MMA_STAGES), twice as many with 1: 56-60 KiB of 4-bit codes an SM in flight */
+/* stages with 2 k warps or two 1-k-warp blocks an SM (EXL_CUDA_GEMV_MMA_STAGES), twice as many with one 1-k-warp
+ * block: 56-60 KiB of 4-bit codes an SM in flight */
 #define MMA_STAGES_DEFAULT 8
 
 /* the shared memory address of p, for cp.async */
@@ -504,7 +533,14 @@ typedef struct mma_src {
     const uint32_t *words; /* word row 0 */
     const __half *sz;      /* group 0 */
     int row, sz_lanes;     /* l / 8; lanes that copy scales and zeros (4 or 8) */
+    int dst;               /* where in a stage the lane's first 16 bytes go (mma_word_at) */
 } mma_src;
+
+/* Where in a stage the 16 bytes of word row r of columns 4c .. 4c + 3 (of the warp's 32) lie: the row's eight pieces
+ * permuted by row (c ^ 2r), so that the lanes of a quarter warp, which read rows t (4 bits) or k .. k + 4 (6 bits, k =
+ * 3t / 4) of columns 4g .. 4g + 3 for g of one pair, hit eight different banks (in column order the four rows of
+ * 4-bit quarters were a 4-way conflict: ncu counted 4.5-way conflicts, 37% of the shared-memory wavefronts) */
+__device__ __forceinline__ int mma_word_at(int r, int c) { return r * MMA_ROW_BYTES + 16 * (c ^ ((2 * r) & 7)); }
 
 __device__ __forceinline__ mma_src mma_src_of(const exl_qmatrix &q, const uint32_t *wcol, int col, int lane) {
     mma_src m;
@@ -512,19 +548,38 @@ __device__ __forceinline__ mma_src mma_src_of(const exl_qmatrix &q, const uint32
     m.row = lane / 8;
     m.sz_lanes = q.zeros ? 8 : 4;
     m.sz = (lane < 4 ? q.scales : q.zeros ? q.zeros : q.scales) + col + (lane % 4) * 8;
+    m.dst = mma_word_at(lane / 8, lane % 8); /* row l / 8 + 4: 4 rows further, the same permutation */
     return m;
 }
 
-/* Chunk m of the warp's 32 columns into the stage at `stage`: word row r at r * MMA_ROW_BYTES (the lanes' pieces
- * l and l + 32 of 16 bytes), then the group's 32 scales (64 bytes) and zeros (GPTQ) */
+/* Chunk m of the warp's 32 columns into the stage at `stage`: word row r at r * MMA_ROW_BYTES (its pieces permuted:
+ * mma_word_at), then the group's 32 scales (64 bytes) and zeros (GPTQ) */
 __device__ __forceinline__ void mma_issue(const mma_src &src, int64_t n_pad, int4 m, unsigned stage, int lane) {
     const uint32_t *w = src.words + (int64_t)m.x * EXL_QW_TILE;
     if (src.row < m.y)
-        cp_async16(stage + 16 * lane, w);
+        cp_async16(stage + src.dst, w);
     if (src.row + 4 < m.y)
-        cp_async16(stage + 16 * lane + 4 * MMA_ROW_BYTES, w + 4 * EXL_QW_TILE);
+        cp_async16(stage + src.dst + 4 * MMA_ROW_BYTES, w + 4 * EXL_QW_TILE);
     if (lane < src.sz_lanes)
         cp_async16(stage + m.y * MMA_ROW_BYTES + 16 * lane, src.sz + (int64_t)m.z * n_pad);
+}
+
+/* Chunk m of the whole column tile asked of L2: its word rows (m.y KiB in one piece: a tile's rows lie together)
+ * and its group's 256 scales and zeros, one bulk prefetch each, through the TMA unit rather than the load/store
+ * path the ring's cp.async copies queue in. The ring's copies (each warp 128 bytes of every 1 KiB row, at its own
+ * pace) then find the rows in L2, read from DRAM whole and in order. */
+__device__ __forceinline__ void mma_l2_ahead(const uint32_t *wtile, const __half *sc, const __half *zr, int64_t n_pad,
+                                             int4 m) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wtile + (int64_t)m.x * EXL_QW_TILE),
+                 "r"((unsigned)m.y * EXL_QW_TILE * 4u)
+                 : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sc + (int64_t)m.z * n_pad), "r"(2u * COL_TILE)
+                 : "memory");
+    if (zr)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(zr + (int64_t)m.z * n_pad), "r"(2u * COL_TILE)
+                     : "memory");
+#endif
 }
 
 /* the 4-bit quarter: decode_quarter<4>'s pairs, the odd ones from the codes in place (as decode_chunk does: one
@@ -551,14 +606,14 @@ __device__ __forceinline__ void mma_stage_step(const char *stage, int g, int t, 
     uint4 wv[NW];
     if constexpr (B == 6) {
         const int k = 3 * t / 4;
-        wv[0] = *(const uint4 *)(stage + k * MMA_ROW_BYTES + 16 * g);
-        wv[1] = *(const uint4 *)(stage + (k + 1) * MMA_ROW_BYTES + 16 * g);
-        wv[2] = *(const uint4 *)(stage + (k + 3) * MMA_ROW_BYTES + 16 * g);
-        wv[3] = *(const uint4 *)(stage + min(k + 4, 5) * MMA_ROW_BYTES + 16 * g);
+        wv[0] = *(const uint4 *)(stage + mma_word_at(k, g));
+        wv[1] = *(const uint4 *)(stage + mma_word_at(k + 1, g));
+        wv[2] = *(const uint4 *)(stage + mma_word_at(k + 3, g));
+        wv[3] = *(const uint4 *)(stage + mma_word_at(min(k + 4, 5), g));
     } else {
 #pragma unroll
         for (int i = 0; i < NW; i++)
-            wv[i] = *(const uint4 *)(stage + (quarter_first<B>(t) + i) * MMA_ROW_BYTES + 16 * g);
+            wv[i] = *(const uint4 *)(stage + mma_word_at(quarter_first<B>(t) + i, g));
     }
     const uint4 sc = *(const uint4 *)(stage + B * MMA_ROW_BYTES + 16 * t); /* columns 8t .. 8t + 7 */
     __half sh[8];
@@ -640,15 +695,129 @@ __device__ __forceinline__ int mma_xs_at(int xs_stride, int r, int lc, int p) {
     return (r % 8) * xs_stride + lc * 32 + (p / 4) * 8 + ((p / 2) % 2) * 4 + (p % 2) * 2 + r / 8;
 }
 
-/* KW: the k warps a column warp has. 2 (the default): 512 threads, 16 warps an SM to hide the multiply's latencies,
- * half the split; 1: 256 threads, 8 warps. 115 and 125 registers, no spill (-Xptxas -v, sm_90, CUDA 13.0; the
- * 6-bit path through decode_quarter's word selects took 153, and 88 bytes spilled at 512 threads). */
+/* activation pairs a thread of qgemv_mma_kernel has the inputs of read before griddepcontrol.wait (the head of a 7B
+ * model: 2048 pairs a block, 4 a thread) */
+#define MMA_PRE_PAIRS 4 /* (sp[0 .. 3] are picked by compares in the gather) */
+
+/* 1 / RMS of each of the R rows into inv (shared memory), by the whole block: every row's loads of a pass in flight
+ * together (a.in % 4 == 0: the launcher folds the norm in only then) */
+__device__ void mma_inv_rms(const gemv_args &a, int R, int threads, float *inv) {
+    __shared__ float red[MMA_COL_WARPS * 2][EXL_CUDA_QGEMV_MAX_ROWS];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float ss[EXL_CUDA_QGEMV_MAX_ROWS];
+#pragma unroll
+    for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+        ss[r] = 0.0f;
+    for (int i = threadIdx.x; i < a.in / 4; i += threads) {
+        float4 v[EXL_CUDA_QGEMV_MAX_ROWS];
+#pragma unroll
+        for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+            v[r] = r < R ? __ldg((const float4 *)(a.x + (int64_t)r * a.in) + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+            ss[r] += v[r].x * v[r].x + v[r].y * v[r].y + v[r].z * v[r].z + v[r].w * v[r].w;
+    }
+#pragma unroll
+    for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+        if (r < R) {
+            float v = ss[r];
+            for (int o = 16; o > 0; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0)
+                red[warp][r] = v;
+        }
+    __syncthreads();
+    if ((int)threadIdx.x < R) {
+        float s = 0.0f;
+        for (int w = 0; w < threads / 32; w++)
+            s += red[w][threadIdx.x];
+        inv[threadIdx.x] = rsqrtf(s / a.in + a.eps);
+    }
+    __syncthreads();
+}
+
+/* The last block of a column tile adds the splits' partial sums (in split order) and writes the outputs: every thread
+ * of the block a few of the tile's R x COL_TILE outputs, the loads of several splits for all of them in flight together
+ * (a few memory round trips, where a lane summing its own 16 outputs split by split took ~2 per output) */
 template <int KW>
-__global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 1) qgemv_mma_kernel(const __grid_constant__ gemv_args a) {
+__device__ void mma_merge_splits(const gemv_args &a, const gemv_mat &M, int tile_col, int64_t width) {
+    constexpr int THREADS = MMA_COL_WARPS * KW * 32, OUTS = EXL_CUDA_QGEMV_MAX_ROWS * COL_TILE / THREADS;
+    constexpr int YB = 32 / OUTS; /* splits a batch: 32 loads a thread in flight (64 spilled at 128 registers) */
+    const int R = a.rows;
+    const float *p = a.partial + (int64_t)blockIdx.x * COL_TILE;
+    float v[OUTS];
+#pragma unroll
+    for (int k = 0; k < OUTS; k++)
+        v[k] = 0.0f;
+    for (unsigned y0 = 0; y0 < gridDim.y; y0 += YB) {
+        float u[YB][OUTS];
+#pragma unroll
+        for (int e = 0; e < YB; e++)
+#pragma unroll
+            for (int k = 0; k < OUTS; k++) {
+                const int o = (int)threadIdx.x + k * THREADS, r = o / COL_TILE;
+                u[e][k] = y0 + e < gridDim.y && r < R ? __ldcg(p + ((int64_t)(y0 + e) * R + r) * width + o % COL_TILE)
+                                                      : 0.0f;
+            }
+#pragma unroll
+        for (int e = 0; e < YB; e++)
+#pragma unroll
+            for (int k = 0; k < OUTS; k++)
+                v[k] += u[e][k];
+    }
+#pragma unroll
+    for (int k = 0; k < OUTS; k++) {
+        const int o = (int)threadIdx.x + k * THREADS, r = o / COL_TILE, c = tile_col + o % COL_TILE;
+        if (r < R && c < M.n_out) {
+            float *dst = M.out + (int64_t)r * M.n_out + (a.out_map ? __ldg(a.out_map + c) : c);
+            *dst = (a.accumulate ? *dst : 0.0f) + v[k] + (M.bias ? M.bias[c] : 0.0f);
+        }
+    }
+}
+
+/* Activation pair i (inputs s) of every row into xs (mma_xs_at; rows R .. 15 zeros): the loads of all rows first, in
+ * flight together, then the input transform (input_at's, with the same roundings) */
+__device__ __forceinline__ void mma_gather_pair(const gemv_args &a, int R, int2 s, const float *inv, __half2 *xs,
+                                                int xs_stride, int i) {
+    float2 v[EXL_CUDA_QGEMV_MAX_ROWS], u[EXL_CUDA_QGEMV_MAX_ROWS];
+#pragma unroll
+    for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++) {
+        const float *xr = a.x + (int64_t)r * a.in;
+        v[r] = make_float2(r < R && s.x >= 0 ? __ldg(xr + s.x) : 0.0f, r < R && s.y >= 0 ? __ldg(xr + s.y) : 0.0f);
+    }
+    if (a.up) {
+#pragma unroll
+        for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++) {
+            const float *ur = a.up + (int64_t)r * a.in;
+            u[r] = make_float2(r < R && s.x >= 0 ? __ldg(ur + s.x) : 0.0f, r < R && s.y >= 0 ? __ldg(ur + s.y) : 0.0f);
+        }
+#pragma unroll
+        for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+            v[r] = make_float2(exl_cuda_activate(v[r].x, a.act) * u[r].x, exl_cuda_activate(v[r].y, a.act) * u[r].y);
+    } else if (a.norm) {
+        const float n0 = s.x >= 0 ? __ldg(a.norm + s.x) : 0.0f, n1 = s.y >= 0 ? __ldg(a.norm + s.y) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+            if (r < R)
+                v[r] = make_float2(n0 * (v[r].x * inv[r]), n1 * (v[r].y * inv[r]));
+    }
+#pragma unroll
+    for (int r = 0; r < EXL_CUDA_QGEMV_MAX_ROWS; r++)
+        xs[mma_xs_at(xs_stride, r, i / 16, i % 16)] = __floats2half2_rn(v[r].x, v[r].y);
+}
+
+/* KW: the k warps a column warp has. 2 (the default): 512 threads, 16 warps an SM to hide the multiply's latencies,
+ * half the split; 1: 256 threads, 8 warps (held to 128 registers for two blocks an SM). 128 registers each, no
+ * spill (-Xptxas -v, sm_90, CUDA 13.0; the 6-bit path through decode_quarter's word selects took 153, and 88 bytes
+ * spilled at 512 threads). */
+template <int KW>
+__global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 3 - KW)
+    qgemv_mma_kernel(const __grid_constant__ gemv_args a) {
     /* [8][mma_xs_stride] activation pairs (mma_xs_at), [chunks_per_block] descriptors, [MMA_COL_WARPS * KW][a.mma_ring]
      * stages */
     extern __shared__ uint4 mma_smem[];
     __shared__ int is_last;
+    __shared__ float inv_rms[EXL_CUDA_QGEMV_MAX_ROWS];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4, R = a.rows;
     const int cw = warp % MMA_COL_WARPS, kw = warp / MMA_COL_WARPS;
     int mi = 0;
@@ -687,19 +856,26 @@ __global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 1) qgemv_mma_kernel(co
             mma_issue(src, n_pad, desc[kw + s * KW], ring_at + s * stage_bytes, lane);
         cp_async_commit();
     }
+    /* the whole tile's next chunks of this k warp's sequence asked of L2 by one lane (column warp 0's first) */
+    const bool l2_lane = a.mma_l2_ahead > 0 && cw == 0 && lane == 0;
+    const uint32_t *wtile = exl_qw_col(q, tile_col);
+    const __half *sc_tile = q.scales + tile_col, *z_tile = gptq ? q.zeros + tile_col : nullptr;
+    for (int s = stages - 1; l2_lane && s < nk && s < stages - 1 + a.mma_l2_ahead; s++)
+        mma_l2_ahead(wtile, sc_tile, z_tile, n_pad, desc[kw + s * KW]);
+    /* this thread's first activation pairs' inputs (constant tables) before the wait; their values after it, every
+     * row's loads of a pair in flight together */
+    const int n_pairs = n_loc * 16, threads = MMA_COL_WARPS * KW * 32;
+    int2 sp[MMA_PRE_PAIRS];
+#pragma unroll
+    for (int j = 0; j < MMA_PRE_PAIRS; j++)
+        sp[j] = tid + j * threads < n_pairs ? slot_pair(a, q, c0, tid + j * threads) : make_int2(-1, -1);
     exl_pdl_start();
-    /* every (row, pair) an item of its own, so that a thread's loads are in flight together; the 16 rows of the
-     * m16 tile, those past a.rows zeros */
-    const int n_pairs = n_loc * 16;
-#pragma unroll 2
-    for (int at = tid; at < 16 * n_pairs; at += (MMA_COL_WARPS * KW * 32)) {
-        const int r = at / n_pairs, i = at - r * n_pairs;
-        __half2 v = __float2half2_rn(0.0f);
-        if (r < R) {
-            const int2 sp = slot_pair(a, q, c0, i);
-            v = __floats2half2_rn(input_raw(a, r, sp.x), input_raw(a, r, sp.y));
-        }
-        xs[mma_xs_at(xs_stride, r, i / 16, i % 16)] = v;
+    if (a.norm)
+        mma_inv_rms(a, R, threads, inv_rms);
+    for (int j = 0, i = tid; i < n_pairs; j++, i += threads) {
+        /* by compares, not an index: sp stays in registers (as a local array it took a stack frame) */
+        const int2 s = j == 0 ? sp[0] : j == 1 ? sp[1] : j == 2 ? sp[2] : j == 3 ? sp[3] : slot_pair(a, q, c0, i);
+        mma_gather_pair(a, R, s, inv_rms, xs, xs_stride, i);
     }
     __syncthreads();
 
@@ -718,6 +894,8 @@ __global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 1) qgemv_mma_kernel(co
         if (next < nk)
             mma_issue(src, n_pad, desc[kw + next * KW], ring_at + next_at * stage_bytes, lane);
         cp_async_commit();
+        if (l2_lane && next + a.mma_l2_ahead < nk)
+            mma_l2_ahead(wtile, sc_tile, z_tile, n_pad, desc[kw + (next + a.mma_l2_ahead) * KW]);
         const int lc = kw + k * KW;
         /* A: rows g and g + 8, pairs 4t .. 4t + 3 (k step s: pairs 4t + 2s, 4t + 2s + 1) */
         const uint4 *xa = (const uint4 *)(xs + g * xs_stride + lc * 32 + 8 * t);
@@ -784,21 +962,13 @@ __global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 1) qgemv_mma_kernel(co
         if (tid == 0)
             is_last = atomicAdd(&a.counters[blockIdx.x], 1u) == gridDim.y - 1;
         __syncthreads();
-        if (!is_last || kw > 0)
+        if (!is_last)
             return;
         __threadfence();
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = g + 8 * (e / 2);
-                float v = 0.0f;
-                for (unsigned y = 0; r < R && y < gridDim.y; y++) /* in split order */
-                    v += __ldcg(a.partial + ((int64_t)y * R + r) * width + gcol + 4 * (e % 2) + j);
-                acc[j][e] = v;
-            }
+        mma_merge_splits<KW>(a, M, tile_col, width);
         if (tid == 0)
             a.counters[blockIdx.x] = 0;
+        return;
     }
     if (kw > 0)
         return;
@@ -896,6 +1066,21 @@ static int gemv_kind(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
  * one an SM; the tests set 1, so that each warp's ring goes round several times on the small fixtures), its k warps
  * (EXL_CUDA_GEMV_MMA_K_WARPS) */
 static int mma_smem_max, mma_stages = MMA_STAGES_DEFAULT, mma_blocks, mma_k_warps = MMA_K_WARPS_DEFAULT;
+/* blocks of qgemv_mma_kernel an SM holds (EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM): 1, or 2 with 1 k warp (256 threads, at
+ * most 128 registers: two blocks' registers fill the file), each with half the shared memory, so that one block's
+ * start and end overlap the other's chunks, and the next launch's blocks start (programmatic dependent launch) while
+ * this one's last blocks run */
+static int mma_sm_blocks = 1;
+/* the most rows whose RMSNorm a qgemv_mma_kernel block computes itself (EXL_CUDA_GEMV_MMA_NORM_ROWS; more: a launch
+ * of its own first): each block reads the rows whole, rows x in x 4 bytes (8 rows of a 7B model: 128 KiB a block,
+ * 33 MB of L2 reads for gate and up's 258 blocks), where the launch of its own costs a kernel's start and end */
+#define MMA_NORM_ROWS_DEFAULT 8
+static int mma_norm_rows = MMA_NORM_ROWS_DEFAULT;
+/* chunks past a ring's that its warp sequence's whole-tile chunks are asked of L2 by bulk prefetches
+ * (EXL_CUDA_GEMV_MMA_L2_AHEAD; 0: none). ncu of the ring alone: DRAM at 11-21% of its peak on q_proj and gate cold
+ * with 7 stages of 16 warps asked for, each warp 128 bytes of every 1 KiB row at its own pace. */
+#define MMA_L2_AHEAD_DEFAULT 8
+static int mma_l2_chunks = MMA_L2_AHEAD_DEFAULT;
 
 /* the dynamic shared memory of a qgemv_mma_kernel block: activations, descriptors, rings */
 static size_t mma_smem_bytes(int cpb, int ring) {
@@ -915,7 +1100,7 @@ static size_t mma_smem_bytes(int cpb, int ring) {
  * chunk. */
 static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, gemv_args *a, int *split) {
     const int budget = mma_smem_max > 0 ? mma_smem_max : 48 * 1024;
-    const int64_t slots = mma_blocks > 0 ? mma_blocks : cb->n_sms;
+    const int64_t slots = mma_blocks > 0 ? mma_blocks : (int64_t)cb->n_sms * mma_sm_blocks;
     int s = 1;
     int64_t best = -1;
     for (int c = 1; c <= chunks && c <= 4 * slots; c++) {
@@ -936,6 +1121,7 @@ static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, 
     int ring = (int)((budget - mma_smem_bytes(cpb, 0)) / (MMA_COL_WARPS * mma_k_warps)) / 128 * 128;
     a->mma_ring = ring < mma_stages * MMA_STAGE_MAX ? ring : mma_stages * MMA_STAGE_MAX;
     a->mma_stages = mma_stages;
+    a->mma_l2_ahead = mma_l2_chunks;
 }
 
 /* The launch arguments for f (less the per-row-group pointers) and its split; the kernel (gemv_kind), GEMV_NONE if
@@ -993,7 +1179,7 @@ void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
     const char *e = getenv("EXL_CUDA_GEMV_MMA_K_WARPS");
     mma_k_warps = e && (atoi(e) == 1 || atoi(e) == 2) ? atoi(e) : MMA_K_WARPS_DEFAULT;
     int optin = 0;
-    cudaFuncAttributes f1, f2;
+    cudaFuncAttributes f1 = {}, f2 = {};
     mma_smem_max = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cb->device) == cudaSuccess &&
         cudaFuncGetAttributes(&f1, qgemv_mma_kernel<1>) == cudaSuccess &&
@@ -1006,18 +1192,78 @@ void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
             mma_smem_max = most;
     }
     cudaGetLastError();
+    /* two 256-thread blocks an SM: each half the shared memory (less what the SM reserves a block) */
+    e = getenv("EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM");
+    mma_sm_blocks = 1;
+    int sm_smem = 0, reserved = 0;
+    if (e && atoi(e) == 2 && mma_k_warps == 1 && mma_smem_max > 0 &&
+        cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, cb->device) == cudaSuccess) {
+        const int half = (sm_smem / 2 - reserved - (int)f1.sharedSizeBytes) / 128 * 128;
+        mma_smem_max = half < mma_smem_max ? half : mma_smem_max;
+        mma_sm_blocks = 2;
+    }
+    cudaGetLastError();
     e = getenv("EXL_CUDA_GEMV_MMA_STAGES");
-    mma_stages = mma_k_warps == 1 ? 2 * MMA_STAGES_DEFAULT : MMA_STAGES_DEFAULT; /* the same bytes in flight an SM */
+    /* the same bytes in flight an SM: twice the stages for one 256-thread block */
+    mma_stages = mma_k_warps == 1 && mma_sm_blocks == 1 ? 2 * MMA_STAGES_DEFAULT : MMA_STAGES_DEFAULT;
     if (e && atoi(e) >= 2)
         mma_stages = atoi(e) < MMA_MAX_STAGES ? atoi(e) : MMA_MAX_STAGES;
     e = getenv("EXL_CUDA_GEMV_MMA_BLOCKS");
     mma_blocks = e && atoi(e) > 0 ? atoi(e) : 0;
+    e = getenv("EXL_CUDA_GEMV_MMA_NORM_ROWS");
+    mma_norm_rows = e ? atoi(e) : MMA_NORM_ROWS_DEFAULT;
+    e = getenv("EXL_CUDA_GEMV_MMA_L2_AHEAD");
+    mma_l2_chunks = e && atoi(e) >= 0 ? atoi(e) : MMA_L2_AHEAD_DEFAULT;
 }
 
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     gemv_args a;
     int split;
     return plan(cb, f, &a, &split);
+}
+
+/* ---- LoRA updates folded into a one-row launch (cuda_lora_fold.cuh) */
+
+/* matrix i's factor table in n (whose output is f's out[i]), or NULL */
+static const exl_lora_factors *lora_factors_of(const exl_cuda_fused_mm *f, const exl_lora_node *n, int i) {
+    for (int32_t o = 0; o < n->n_out; o++)
+        if (n->out[o] == f->out[i] && n->out_features[o] == f->w[i]->out)
+            return n->factors[o];
+    return NULL;
+}
+
+/* The fold's arguments for f and n (units 0 where it does not fit: see exl_cuda_qgemv_lora_fits) */
+static exl_lora_fold lora_fold_of(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, const exl_lora_node *n) {
+    exl_lora_fold L;
+    memset(&L, 0, sizeof L);
+    gemv_args a;
+    int split;
+    if (!n || plan(cb, f, &a, &split) != GEMV_PLAIN || f->rows != 1 || n->rows != 1 || n->n_uses < 1 ||
+        n->max_rank < 1 || n->n_uses * n->max_rank > SUBS * COL_TILE || n->x != f->x || n->up != f->up ||
+        n->norm != f->norm || (n->up && n->act != f->act) || (n->norm && n->eps != f->eps) || n->in_features != a.in)
+        return L;
+    const int32_t tiles = a.m[a.n_mats - 1].tile_end, blocks = tiles * split;
+    const int32_t dots = n->n_uses * a.n_mats * n->max_rank;
+    if (tiles >= cb->n_sms || (f->x_slots && !f->w[0]->q.slot_of))
+        return L;
+    int found = 0;
+    for (int i = 0; i < a.n_mats; i++)
+        found += (L.factors[i] = lora_factors_of(f, n, i)) != NULL;
+    if (found != n->n_out)
+        return L;
+    L.use_slot = n->use_slot, L.use_scale = n->use_scale, L.slot_of = f->x_slots ? f->w[0]->q.slot_of : NULL;
+    L.n_uses = n->n_uses, L.max_rank = n->max_rank;
+    /* runs for the blocks of the first wave (BLOCKS_PER_SM an SM), which start at once */
+    const int32_t first = blocks < BLOCKS_PER_SM * cb->n_sms ? blocks : BLOCKS_PER_SM * cb->n_sms;
+    L.pieces = first > dots ? first / dots : 1;
+    L.piece_len = (a.in + L.pieces - 1) / L.pieces;
+    L.units = dots * L.pieces;
+    return L;
+}
+
+int exl_cuda_qgemv_lora_fits(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, const exl_lora_node *n) {
+    return lora_fold_of(cb, f, n).units > 0;
 }
 
 void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
@@ -1048,6 +1294,26 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
         a.partial = cb->gemv_partial;
         a.counters = cb->gemv_counters;
     }
+    if (f->lora) {
+        a.lora = lora_fold_of(cb, f, f->lora);
+        const size_t bytes = 256 + (size_t)(a.lora.units + 3) / 4 * 4 * sizeof(float);
+        if (!a.lora.units) {
+            exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: a LoRA update folded into a GEMV it does not fit");
+            return;
+        }
+        if (bytes > cb->lora_fold_bytes) {
+            if (!exl_cuda_ensure(cb, (void **)&cb->lora_fold, &cb->lora_fold_bytes, bytes, "LoRA partial sums"))
+                return;
+            /* the counter at 0, every run unset (EXL_LORA_UNSET) */
+            if (cudaMemsetAsync(cb->lora_fold, 0, 256, cb->stream) != cudaSuccess ||
+                cudaMemsetAsync((char *)cb->lora_fold + 256, 0xff, bytes - 256, cb->stream) != cudaSuccess) {
+                exl_cuda_check_launch(cb, "LoRA counters");
+                return;
+            }
+        }
+        a.lora.sync = (unsigned *)cb->lora_fold;
+        a.lora.t_part = (float *)((char *)cb->lora_fold + 256);
+    }
     /* the clears are done by the first launch (not with EXL_CUDA_DETERMINISTIC=1, whose merges never add onto
      * them) */
     for (int i = 0; i < 3 && !cb->deterministic; i++)
@@ -1063,7 +1329,8 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     if (kind == GEMV_MMA) {
         a.x = f->x;
         a.up = f->up;
-        if (f->norm) { /* normed first, by one launch instead of in every block */
+        if (f->norm && (f->rows > mma_norm_rows || a.in % 4)) { /* normed first by one launch: every block would read
+                                                                    * all rows whole */
             if (!exl_cuda_ensure(cb, (void **)&cb->gemv_normed, &cb->gemv_normed_bytes,
                                  (size_t)EXL_CUDA_QGEMV_MAX_ROWS * a.in * sizeof(float), "GEMV normed input"))
                 return;

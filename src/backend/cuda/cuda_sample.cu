@@ -126,6 +126,29 @@ struct sample_shared {
     int32_t found;
 };
 
+/* Adds every lane's mass m (and a count of one) to bin `bin` of the histogram (-1: nothing), one atomic per
+ * distinct bin of the warp: the lanes of a bin sum their masses first. Logits crowd into a few bins (the first pass
+ * looks at the keys' top byte: sign and exponent), where one atomic per element serialized thousands of them on a
+ * single shared address. Integer sums: the result does not depend on the grouping. */
+__device__ __forceinline__ void hist_add_warp(sample_shared *sh, int bin, uint64_t m) {
+    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+    const int lane = threadIdx.x % 32;
+    uint64_t sum = 0;
+    if (peers == 0xffffffffu) { /* the whole warp in one bin (or none) */
+        sum = m;
+        for (int off = 16; off; off >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    } else {
+        for (unsigned rest = peers; rest; rest &= rest - 1)
+            sum += __shfl_sync(peers, m, __ffs(rest) - 1);
+    }
+    if (bin >= 0 && lane == __ffs(peers) - 1) {
+        if (sum)
+            atomicAdd((unsigned long long *)&sh->hist[bin], (unsigned long long)sum);
+        atomicAdd(&sh->hist_n[bin], (unsigned)__popc(peers));
+    }
+}
+
 /* key of element i for a select: 0 in logit order, 1 in typical order */
 __device__ __forceinline__ uint32_t select_key(const sample_row &r, int order, float l, float w) {
     return order ? typical_key(r, w) : sample_key(l);
@@ -187,17 +210,19 @@ __device__ void select_in_order(const sample_row &r, int order, uint64_t need, i
         for (int b = threadIdx.x; b < 256; b += SAMPLE_THREADS)
             sh->hist[b] = 0, sh->hist_n[b] = 0;
         __syncthreads();
-        for (int32_t i = threadIdx.x; i < r.vocab; i += SAMPLE_THREADS) {
-            float l = r.x[i], w = sample_weight(r, l);
-            if (!sample_kept(r, i, l, w))
-                continue;
-            uint32_t key = select_key(r, order, l, w);
-            if ((key & mask) == prefix) {
-                uint64_t m = by_count ? 1 : sample_fixed(r, w);
-                if (m)
-                    atomicAdd((unsigned long long *)&sh->hist[(key >> shift) & 255], (unsigned long long)m);
-                atomicAdd(&sh->hist_n[(key >> shift) & 255], 1u);
+        for (int32_t base = 0; base < r.vocab; base += SAMPLE_THREADS) { /* whole warps: hist_add_warp */
+            const int32_t i = base + (int32_t)threadIdx.x;
+            int bin = -1;
+            uint64_t m = 0;
+            if (i < r.vocab) {
+                float l = r.x[i], w = sample_weight(r, l);
+                if (sample_kept(r, i, l, w)) {
+                    uint32_t key = select_key(r, order, l, w);
+                    if ((key & mask) == prefix)
+                        bin = (int)((key >> shift) & 255), m = by_count ? 1 : sample_fixed(r, w);
+                }
             }
+            hist_add_warp(sh, bin, m);
         }
         __syncthreads();
         if (threadIdx.x == 0) {

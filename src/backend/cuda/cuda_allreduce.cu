@@ -1,0 +1,220 @@
+/* cuda_allreduce.cu - the push all-reduce: tensor parallelism's decode-sized all-reduces (cuda_comm.cu picks it)
+ * between GPUs of one process that reach each other's memory, in one kernel of a few microseconds, optionally with
+ * the residual add that follows the all-reduce in every layer (cuda_plan.cu fuses the two nodes).
+ *
+ * Each rank owns a receive buffer: two sets (used by turns, by a round count) of one slot per rank, every float of
+ * it "empty" (the NaN 0xffffffff) until written. A block of the kernel owns a slice of the vector: it stores its
+ * rank's values of the slice straight into the slot of its rank in every peer's receive buffer (stores over NVLink
+ * are posted: no round trip), then polls its own receive buffer (local memory) until every peer's values of the
+ * slice are there (no flag: a value that is not "empty" is the value; a value that is the empty pattern is sent as
+ * the canonical NaN 0x7fffffff, still a NaN), sums the ranks' values in rank order (every rank gets the same
+ * bits), marks the slots empty again, and writes the sum (and adds it to the residual when fused).
+ *
+ * Why two sets suffice: a peer writes round r + 2's values (the same set as round r) only after it has this rank's
+ * values of round r + 1, which this rank sends in a later kernel than the one that read and emptied round r's slots.
+ * Each block keeps its own round count in device memory (so CUDA graph replays advance it: nothing of the round is
+ * baked into the graph), and every launch has the same number of blocks, so all counts stay equal, on every rank.
+ * Co-residency (the ranks' blocks wait for each other): PUSH_BLOCKS small blocks, far fewer than any GPU holds at
+ * once. Programmatic dependent launch: the kernel lets the next one start its prologue (the GEMV's weight prefetch)
+ * at once, and touches nothing another kernel writes before its wait. A peer that never comes (its rank failed)
+ * ends the wait after PUSH_TIMEOUT_NS with a trap (a device error on this rank) rather than a hang. */
+#include "backend/cuda/cuda_internal.h"
+
+#include <stdint.h>
+
+#define PUSH_THREADS 128
+#define PUSH_EMPTY 0xffffffffu
+#define PUSH_FILLED 0x7fffffffu        /* what a value with the empty pattern is sent as */
+#define PUSH_TIMEOUT_NS 30000000000ull /* 30 s */
+
+typedef struct push_args {
+    float *recv[EXL_CUDA_PUSH_MAX_RANKS]; /* every rank's receive buffer */
+    unsigned *rounds;                     /* this rank's round count, one a block */
+    float *x, *resid;                     /* x = the sum of x over the ranks; resid += it (resid may be NULL) */
+    int64_t n, stride;                    /* floats; floats a slot holds */
+    int rank, n_ranks;
+} push_args;
+
+__device__ __forceinline__ unsigned sendable(float v) {
+    const unsigned b = __float_as_uint(v);
+    return b == PUSH_EMPTY ? PUSH_FILLED : b;
+}
+
+__device__ __forceinline__ uint64_t now_ns(void) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* V floats (1 or 4) as bits, stored and loaded so that every access goes to memory (L2, or the peer's over NVLink) */
+template <int V>
+struct bits_of {
+    unsigned v[V];
+};
+
+template <int V>
+__device__ __forceinline__ void store_volatile(float *p, const bits_of<V> &b) {
+    if constexpr (V == 4)
+        asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(b.v[0]), "r"(b.v[1]),
+                     "r"(b.v[2]), "r"(b.v[3])
+                     : "memory");
+    else
+        asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(b.v[0]) : "memory");
+}
+
+template <int V>
+__device__ __forceinline__ bits_of<V> load_volatile(const float *p) {
+    bits_of<V> b;
+    if constexpr (V == 4)
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(b.v[0]), "=r"(b.v[1]), "=r"(b.v[2]), "=r"(b.v[3])
+                     : "l"(p)
+                     : "memory");
+    else
+        asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(b.v[0]) : "l"(p) : "memory");
+    return b;
+}
+
+/* this rank's values at x (another kernel's output: past L1) */
+template <int V>
+__device__ __forceinline__ bits_of<V> own_values(const float *x) {
+    bits_of<V> b;
+    if constexpr (V == 4) {
+        const float4 f = __ldcg((const float4 *)x);
+        b.v[0] = sendable(f.x), b.v[1] = sendable(f.y), b.v[2] = sendable(f.z), b.v[3] = sendable(f.w);
+    } else {
+        b.v[0] = sendable(__ldcg(x));
+    }
+    return b;
+}
+
+/* a peer's values at p once all of them are there */
+template <int V>
+__device__ __forceinline__ bits_of<V> wait_values(const float *p) {
+    uint64_t since = 0;
+    for (unsigned spins = 1;; spins++) {
+        bits_of<V> b = load_volatile<V>(p);
+        bool all = true;
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            all &= b.v[i] != PUSH_EMPTY;
+        if (all)
+            return b;
+        if (spins % 4096 == 0) {
+            const uint64_t t = now_ns();
+            if (!since)
+                since = t;
+            else if (t - since > PUSH_TIMEOUT_NS)
+                __trap();
+        }
+    }
+}
+
+/* the block's units [u0, u1) of V floats from float `base` on: send (phase 0), or receive, sum, empty (phase 1) */
+template <int V>
+__device__ __forceinline__ void push_units(const push_args &a, int64_t set, int64_t base, int64_t u0, int64_t u1,
+                                           int phase) {
+    for (int64_t u = u0 + threadIdx.x; u < u1; u += PUSH_THREADS) {
+        const int64_t e = base + u * V;
+        const bits_of<V> mine = own_values<V>(a.x + e);
+        if (phase == 0) {
+            for (int k = 0; k < a.n_ranks; k++)
+                if (k != a.rank)
+                    store_volatile<V>(a.recv[k] + set + (int64_t)a.rank * a.stride + e, mine);
+            continue;
+        }
+        float s[V], r[V]; /* the residual read before the waits: its latency hidden behind them */
+        if (a.resid) {
+            if constexpr (V == 4) {
+                const float4 f = __ldcg((const float4 *)(a.resid + e));
+                r[0] = f.x, r[1] = f.y, r[2] = f.z, r[3] = f.w;
+            } else {
+                r[0] = __ldcg(a.resid + e);
+            }
+        }
+        for (int k = 0; k < a.n_ranks; k++) {
+            float *slot = a.recv[a.rank] + set + (int64_t)k * a.stride + e;
+            const bits_of<V> v = k == a.rank ? mine : wait_values<V>(slot);
+#pragma unroll
+            for (int i = 0; i < V; i++)
+                s[i] = k ? s[i] + __uint_as_float(v.v[i]) : __uint_as_float(v.v[i]);
+            if (k != a.rank) {
+                bits_of<V> empty;
+#pragma unroll
+                for (int i = 0; i < V; i++)
+                    empty.v[i] = PUSH_EMPTY;
+                store_volatile<V>(slot, empty);
+            }
+        }
+        if constexpr (V == 4) {
+            *(float4 *)(a.x + e) = make_float4(s[0], s[1], s[2], s[3]);
+            if (a.resid)
+                *(float4 *)(a.resid + e) = make_float4(r[0] + s[0], r[1] + s[1], r[2] + s[2], r[3] + s[3]);
+        } else {
+            a.x[e] = s[0];
+            if (a.resid)
+                a.resid[e] = r[0] + s[0];
+        }
+    }
+}
+
+/* V = 4: the first n / 4 * 4 floats by float4 (x and resid 16-byte aligned), the last n % 4 by the last block;
+ * V = 1: every float one by one */
+template <int V>
+__global__ void __launch_bounds__(PUSH_THREADS) push_all_reduce_kernel(const push_args a) {
+    exl_pdl_trigger(); /* every block of this kernel is resident once the next one may start */
+    exl_pdl_wait();
+    /* every thread reads the block's round (the previous launch's, past L1), in flight with its first values; the
+     * block's last __syncthreads orders these reads before the update */
+    const unsigned round = *(volatile const unsigned *)(a.rounds + blockIdx.x);
+    const int64_t set = (int64_t)(round & 1) * a.n_ranks * a.stride;
+    const int64_t units = a.n / V, per = (units + gridDim.x - 1) / gridDim.x;
+    const int64_t u0 = min(units, per * blockIdx.x), u1 = min(units, u0 + per);
+    const bool tail = V > 1 && blockIdx.x == gridDim.x - 1;
+    for (int phase = 0; phase < 2; phase++) {
+        push_units<V>(a, set, 0, u0, u1, phase);
+        if (tail)
+            push_units<1>(a, set, units * V, 0, a.n - units * V, phase);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        a.rounds[blockIdx.x] = round + 1;
+}
+
+exl_status exl_cuda_push_alloc(exl_cuda_push *p, int32_t rank, int32_t n_ranks, int64_t max_floats) {
+    const size_t bytes = 2 * (size_t)n_ranks * (size_t)max_floats * sizeof(float);
+    EXL_TRY(exl_cuda_malloc((void **)&p->recv[rank], bytes, "the all-reduce's receive buffer"));
+    EXL_TRY(
+        exl_cuda_malloc((void **)&p->rounds[rank], EXL_CUDA_PUSH_BLOCKS * sizeof(unsigned), "the all-reduce's rounds"));
+    if (cudaMemset(p->recv[rank], 0xff, bytes) != cudaSuccess ||
+        cudaMemset(p->rounds[rank], 0, EXL_CUDA_PUSH_BLOCKS * sizeof(unsigned)) != cudaSuccess)
+        return exl_cuda_fail(EXL_ERR_DEVICE, "CUDA: clearing the all-reduce's buffers: %s",
+                             cudaGetErrorString(cudaGetLastError()));
+    p->max_floats = max_floats;
+    return EXL_OK;
+}
+
+void exl_cuda_push_free(exl_cuda_push *p, int32_t n_ranks) {
+    for (int32_t k = 0; k < n_ranks; k++) {
+        cudaFree(p->recv[k]);
+        cudaFree(p->rounds[k]);
+        p->recv[k] = NULL;
+        p->rounds[k] = NULL;
+    }
+}
+
+void exl_cuda_push_all_reduce(exl_cuda_backend *cb, const exl_cuda_push *p, int32_t n_ranks, float *x, float *resid,
+                              int64_t n) {
+    push_args a;
+    for (int32_t k = 0; k < EXL_CUDA_PUSH_MAX_RANKS; k++)
+        a.recv[k] = k < n_ranks ? p->recv[k] : NULL;
+    a.rounds = p->rounds[cb->rank];
+    a.x = x, a.resid = resid, a.n = n, a.stride = p->max_floats;
+    a.rank = cb->rank, a.n_ranks = n_ranks;
+    const int aligned = !(((uintptr_t)x | (uintptr_t)resid) % 16);
+    if (aligned)
+        exl_cuda_launch(cb, push_all_reduce_kernel<4>, dim3(EXL_CUDA_PUSH_BLOCKS), dim3(PUSH_THREADS), 0, a);
+    else
+        exl_cuda_launch(cb, push_all_reduce_kernel<1>, dim3(EXL_CUDA_PUSH_BLOCKS), dim3(PUSH_THREADS), 0, a);
+    exl_cuda_check_launch(cb, "all_reduce (push)");
+}
