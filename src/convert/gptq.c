@@ -417,7 +417,7 @@ typedef struct scale_ctx {
  * columns inner, so it vectorizes. */
 #define NCAND 4
 SIMD_CLONES static void column_errs(const float *W, int64_t N, int64_t rows, int64_t w, const float *s,
-                                        const float *inv, float z, float maxq, float *e) {
+                                    const float *inv, float z, float maxq, float *e) {
     const float magic = 12582912.0f;
     for (int64_t r = 0; r < rows; r++) {
         const float *row = W + r * N;
