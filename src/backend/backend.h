@@ -20,7 +20,7 @@
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 18
+#define EXL_BACKEND_ABI 19
 
 typedef struct exl_backend exl_backend;
 
@@ -182,6 +182,17 @@ typedef struct exl_backend_ops {
 
     /* gathered low-rank adapter updates added to a linear's output (graph.h: lora) */
     void (*lora)(exl_backend *be, const exl_lora_node *n);
+
+    /* The quantizer's trial weights. A dense linear's weights replaced by src (HOST, the dtype and shape the linear
+     * was made with), in order with the work queued before: the CPU reads src from then on (keep it), a device
+     * copies it (src may be reused when the call returns). */
+    exl_status (*linear_set_dense)(exl_backend *be, exl_linear *w, const exl_dense_src *src);
+    /* *acc (HOST) += the sum over i < n of (a[i] - b[i])², in double; returns when *acc is written. */
+    exl_status (*sq_dist)(exl_backend *be, const float *a, const float *b, int64_t n, double *acc);
+    /* host_gemm's product on backend memory (the quantizer's GPTQ updates where the rows stay on the device), in
+     * order with the other work, strict fp32 */
+    exl_status (*gemm)(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 } exl_backend_ops;
 
 #define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */

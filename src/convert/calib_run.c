@@ -83,13 +83,20 @@ static exl_status each_step(exl_qz_runner *r, const int32_t *ids, step_fn fn, vo
 /* Rows row0 .. row0 + rows of the host's hidden states x to the forward's (m->fs.x), and back. */
 static exl_status upload_rows(exl_qz_runner *r, const float *x, int64_t row0, int32_t rows) {
     size_t width = (size_t)r->m->cfg.hidden_size;
-    return r->m->be->ops->upload(r->m->be, r->m->fs.x, x + (size_t)row0 * width, (size_t)rows * width * sizeof(float));
+    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
+    exl_status st = r->m->be->ops->upload(r->m->be, r->m->fs.x, x + (size_t)row0 * width,
+                                          (size_t)rows * width * sizeof(float));
+    exl_qz_prof_leave();
+    return st;
 }
 
 static exl_status download_rows(exl_qz_runner *r, float *x, int64_t row0, int32_t rows) {
     size_t width = (size_t)r->m->cfg.hidden_size;
-    return r->m->be->ops->download(r->m->be, x + (size_t)row0 * width, r->m->fs.x,
-                                   (size_t)rows * width * sizeof(float));
+    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
+    exl_status st = r->m->be->ops->download(r->m->be, x + (size_t)row0 * width, r->m->fs.x,
+                                            (size_t)rows * width * sizeof(float));
+    exl_qz_prof_leave();
+    return st;
 }
 
 static exl_status embed_step(exl_qz_runner *r, void *ctx, int32_t n_seqs, int64_t row0, int32_t rows) {
@@ -121,6 +128,33 @@ exl_status exl_qz_run_layer(exl_qz_runner *r, const exl_layer *layer, int32_t li
     return each_step(r, NULL, layer_step, &c);
 }
 
+typedef struct err_ctx {
+    const exl_layer *layer;
+    int32_t li;
+    const float *x_in, *ref;
+    double *err;
+} err_ctx;
+
+static exl_status err_step(exl_qz_runner *r, void *ctx, int32_t n_seqs, int64_t row0, int32_t rows) {
+    const err_ctx *c = ctx;
+    exl_backend *be = r->m->be;
+    int32_t width = r->m->cfg.hidden_size;
+    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
+    be->ops->copy_cols(be, r->m->fs.x, c->x_in + row0 * width, rows, width, width, 0);
+    exl_qz_prof_leave();
+    EXL_TRY(exl_model_layer_forward(r->m, c->layer, c->li, r->cache, r->steps, n_seqs, NULL, NULL));
+    exl_qz_prof_enter(EXL_QZ_PROF_ACCURACY);
+    exl_status st = be->ops->sq_dist(be, r->m->fs.x, c->ref + row0 * width, (int64_t)rows * width, c->err);
+    exl_qz_prof_leave();
+    return st;
+}
+
+exl_status exl_qz_run_layer_err(exl_qz_runner *r, const exl_layer *layer, int32_t li, const float *x_in,
+                                const float *ref, double *err) {
+    err_ctx c = {layer, li, x_in, ref, err};
+    return each_step(r, NULL, err_step, &c);
+}
+
 typedef struct head_ctx {
     const float *x;
     exl_linear_hook hook;
@@ -144,8 +178,12 @@ exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w,
     for (int32_t i = 0; i < c->n; i++) {
         if (w != c->w[i] || !c->h[i])
             continue;
-        EXL_TRY(be->ops->download(be, c->r->buf, x, (size_t)rows * (size_t)c->h[i]->K * sizeof(float)));
-        EXL_TRY(exl_hessian_add(c->h[i], c->r->buf, rows, be));
+        exl_qz_prof_enter(EXL_QZ_PROF_HESSIAN);
+        exl_status st = be->ops->download(be, c->r->buf, x, (size_t)rows * (size_t)c->h[i]->K * sizeof(float));
+        if (st == EXL_OK)
+            st = exl_hessian_add(c->h[i], c->r->buf, rows, be);
+        exl_qz_prof_leave();
+        EXL_TRY(st);
     }
     return EXL_OK;
 }

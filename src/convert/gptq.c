@@ -9,7 +9,8 @@
  * for the rows after it in one pass when the block is done. So a group's scales are fixed
  * from its rows with every earlier error already spread into them. Work over rows and
  * columns is split across the pool; the update of the rows after a block, a product
- * W[rest] -= U[block, rest]ᵀ·E, is the backend's host_gemm (see qz.h). */
+ * W[rest] -= U[block, rest]ᵀ·E, is the backend's host_gemm (see qz.h), or on a GPU with the rows kept in its
+ * memory (its gemm, see "the updates on a backend that is not the CPU"). */
 #include "convert/qz.h"
 
 #include "base/alloc.h"
@@ -42,10 +43,14 @@ void exl_qz_result_free(exl_qz_result *r) {
 }
 
 void exl_qz_hinv_free(exl_qz_hinv *h) {
+    if (h->dev && h->dev->U)
+        h->dev->be->ops->free(h->dev->be, h->dev->U);
+    exl_free(h->dev);
     exl_free(h->perm);
     exl_free(h->U);
     h->perm = NULL;
     h->U = NULL;
+    h->dev = NULL;
 }
 
 /* ---- the inverse-Hessian factor
@@ -325,7 +330,9 @@ exl_status exl_gptq_prepare(const exl_hessian *H, int act_order, exl_pool *pool,
     out->K = K;
     out->perm = exl_malloc((size_t)K * sizeof(int32_t));
     out->U = exl_calloc((size_t)(K * K), sizeof(float));
-    exl_status st = out->perm && out->U ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory (K = %lld)", (long long)K);
+    out->dev = exl_calloc(1, sizeof *out->dev);
+    exl_status st = out->perm && out->U && out->dev ? EXL_OK
+                                                    : exl_fail(EXL_ERR_NOMEM, "out of memory (K = %lld)", (long long)K);
     if (st == EXL_OK)
         st = make_perm(H, act_order, out->perm);
     if (st == EXL_OK)
@@ -615,6 +622,68 @@ static exl_status update_rest(const qstate *qs, float *W, const float *U, float 
     return be->ops->host_gemm(be, 1, 0, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, 1.0f, W + i2 * N, N);
 }
 
+/* ---- the updates on a backend that is not the CPU (a GPU)
+ *
+ * A quantization with at least DEVICE_WORK multiply-adds of updates keeps the rows still to quantize in the backend's
+ * memory: W goes up once, then each block's scaled errors go up and the rows of the next block (or group, whose
+ * scales need all its rows) come down, 2 x 128 rows a block instead of every row after it both ways as host_gemm
+ * would move them; U goes up once per Hessian (exl_qz_hinv_dev). Rounding, scales and the spreading within a block
+ * stay on the host's threads. */
+#define DEVICE_WORK ((int64_t)1 << 26)
+
+typedef struct dev_rows {
+    exl_backend *be;
+    const float *U;
+    float *W, *E; /* [K, N] the rows, [BLOCK, N] a block's errors (NULL: the updates are the host's) */
+} dev_rows;
+
+static void dev_end(dev_rows *d) {
+    if (d->W)
+        d->be->ops->free(d->be, d->W);
+    if (d->E)
+        d->be->ops->free(d->be, d->E);
+    d->W = d->E = NULL;
+}
+
+static exl_status dev_begin(dev_rows *d, exl_backend *be, const exl_qz_hinv *h, const float *Wp, int64_t N) {
+    int64_t K = h->K;
+    d->be = be;
+    exl_qz_hinv_dev *hd = h->dev;
+    if (!hd->U) {
+        if (!(hd->U = be->ops->alloc(be, (size_t)(K * K) * sizeof(float))))
+            return exl_fail(EXL_ERR_NOMEM, "out of %s memory for a %lld x %lld factor", be->name, (long long)K,
+                            (long long)K);
+        hd->be = be;
+        EXL_TRY(be->ops->upload(be, hd->U, h->U, (size_t)(K * K) * sizeof(float)));
+    }
+    d->U = hd->U;
+    d->W = be->ops->alloc(be, (size_t)(K * N) * sizeof(float));
+    d->E = be->ops->alloc(be, (size_t)(BLOCK * N) * sizeof(float));
+    if (!d->W || !d->E) {
+        dev_end(d);
+        return exl_fail(EXL_ERR_NOMEM, "out of %s memory for a %lld x %lld matrix", be->name, (long long)K,
+                        (long long)N);
+    }
+    return be->ops->upload(be, d->W, Wp, (size_t)(K * N) * sizeof(float));
+}
+
+/* Rows [r0, r1) of the backend's W to Wp. */
+static exl_status dev_get(const dev_rows *d, float *Wp, int64_t N, int64_t r0, int64_t r1) {
+    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
+    exl_status st = d->be->ops->download(d->be, Wp + r0 * N, d->W + r0 * N, (size_t)((r1 - r0) * N) * sizeof(float));
+    exl_qz_prof_leave();
+    return st;
+}
+
+/* The backend's W[i2 .. K) -= U[i1 .. i2, i2 .. K)ᵀ · E */
+static exl_status dev_update(const dev_rows *d, const float *E, int64_t K, int64_t N, int64_t i1, int64_t i2) {
+    if (i2 >= K)
+        return EXL_OK;
+    EXL_TRY(d->be->ops->upload(d->be, d->E, E, (size_t)((i2 - i1) * N) * sizeof(float)));
+    return d->be->ops->gemm(d->be, 1, 0, K - i2, N, i2 - i1, -1.0f, d->U + i1 * K + i2, K, d->E, N, 1.0f, d->W + i2 * N,
+                            N);
+}
+
 /* ---- driver */
 
 static exl_status alloc_result(exl_qz_result *r, int64_t K, int64_t N, int32_t G, exl_qz_scheme scheme) {
@@ -647,20 +716,38 @@ static exl_status gptq_rows(float *Wp, const exl_qz_hinv *h, qstate *qs, const e
     int64_t K = h->K, N = qs->N, r0 = 0;
     float *E = exl_malloc((size_t)(BLOCK * N) * sizeof(float));
     exl_status st = E ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    dev_rows d = {0};
+    if (st == EXL_OK && !exl_backend_cpu_pool(be) && be->ops->gemm && K * K / 2 * N >= DEVICE_WORK)
+        st = dev_begin(&d, be, h, Wp, N);
     for (int32_t g = 0; st == EXL_OK && g < layout->n_groups; g++) {
         int64_t r1 = r0 + layout->rows[g];
         qs->bits = layout->bits[g];
+        if (d.W) /* the group's rows with every earlier block's update */
+            st = dev_get(&d, Wp, N, r0, r1);
+        if (st != EXL_OK)
+            break;
+        exl_qz_prof_enter(EXL_QZ_PROF_SCALES);
         if (qs->scheme == EXL_QZ_EXL2)
             st = exl2_group_params(qs, Wp, r0, r1, g, pool, out);
         else
             gptq_group_params(qs, Wp, r0, r1, g, out);
+        exl_qz_prof_leave();
         for (int64_t i1 = r0; st == EXL_OK && i1 < r1; i1 += BLOCK) {
             int64_t i2 = i1 + BLOCK < r1 ? i1 + BLOCK : r1;
+            if (d.W && i1 > r0) /* the group's later blocks: with the updates of its earlier ones */
+                st = dev_get(&d, Wp, N, i1, i2);
+            if (st != EXL_OK)
+                break;
+            exl_qz_prof_enter(EXL_QZ_PROF_ROWS);
             quant_block(qs, Wp, h->U, E, K, i1, i2, out->codes, pool);
-            st = update_rest(qs, Wp, h->U, E, K, i1, i2, pool, be);
+            exl_qz_prof_leave();
+            exl_qz_prof_enter(EXL_QZ_PROF_UPDATE);
+            st = d.W ? dev_update(&d, E, K, N, i1, i2) : update_rest(qs, Wp, h->U, E, K, i1, i2, pool, be);
+            exl_qz_prof_leave();
         }
         r0 = r1;
     }
+    dev_end(&d);
     exl_free(E);
     return st;
 }
@@ -672,10 +759,15 @@ exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, ex
         rows += layout->rows[g];
     if (rows != K)
         return exl_fail(EXL_ERR_ARG, "quantization groups cover %lld of %lld rows", (long long)rows, (long long)K);
-    EXL_TRY(alloc_result(out, K, N, layout->n_groups, scheme));
+    exl_qz_prof_enter(EXL_QZ_PROF_GPTQ);
+    exl_status st = alloc_result(out, K, N, layout->n_groups, scheme);
+    if (st != EXL_OK) {
+        exl_qz_prof_leave();
+        return st;
+    }
     memcpy(out->perm, h->perm, (size_t)K * sizeof(int32_t));
     float *Wp = exl_malloc((size_t)(K * N) * sizeof(float)), *sc = exl_malloc((size_t)N * 2 * sizeof(float));
-    exl_status st = Wp && sc ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    st = Wp && sc ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
     if (st == EXL_OK) {
         for (int64_t r = 0; r < K; r++)
             memcpy(Wp + r * N, W + (int64_t)h->perm[r] * N, (size_t)N * sizeof(float));
@@ -688,5 +780,6 @@ exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, ex
     exl_free(sc);
     if (st != EXL_OK)
         exl_qz_result_free(out);
+    exl_qz_prof_leave();
     return st;
 }

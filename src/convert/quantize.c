@@ -15,7 +15,9 @@
  * status callback (qz_status.c).
  *
  * Everything runs on the device parameter's backend: the forward passes, and the big products (Hessians, GPTQ
- * updates) as its host_gemm, in fp32 on the GPU as on the CPU.
+ * updates) as its host_gemm, in fp32 on the GPU as on the CPU. Scoring a candidate keeps the hidden states on the
+ * backend (its evaluation rows uploaded once a block, its trial linears given new weights in place, the error summed
+ * there: one wait a forward step); EXL_QUANT_PROFILE=1 prints where each layer's time went (qz_prof.c).
  *
  * Resuming: OUT_DIR/.exl-quant holds state.json (parameters, pass, next layer), the
  * hidden states after the last finished layer, the partial measurement and one
@@ -60,12 +62,13 @@ typedef struct qz {
     exl_qz_block_desc desc[3];            /* attention, MLP, experts */
     const exl_qz_block_desc **block_desc; /* [2 * layers] */
     float *x;                             /* [T, H] hidden states */
-    float *ref, *y;                       /* [T, H] after a block: with the unquantized weights, with a candidate's */
+    float *ref;                           /* [T, H] after a block with the unquantized weights */
     /* the measuring pass scores candidates on EVAL_SEQS of the calibration sequences, spread evenly (all of them
-     * when there are no more): their inputs, reference outputs and a candidate's outputs, and their runner */
+     * when there are no more): their inputs and reference outputs on the host, and their runner */
     int32_t n_eval;
-    float *xe, *refe, *ye;
+    float *xe, *refe;
     exl_qz_runner run_eval;
+    float *dxe, *drefe; /* the evaluation rows' inputs and reference outputs in backend memory (EXL2) */
     exl_qz_layer layer; /* the layer being quantized: its linears, their fp32 weights */
     exl_qz_measurement meas;
     int32_t *choice; /* recipe per block */
@@ -105,10 +108,15 @@ static double sq_norm(const float *a, int64_t n) {
     return e;
 }
 
-/* 1 - the relative error of y against ref (norm: ref's squared) */
-static double accuracy_of(const float *y, const float *ref, int64_t n, double norm) {
-    double err = norm > 0 ? sqrt(sq_dist(y, ref, n) / norm) : 0;
+/* 1 - the relative error of outputs whose squared distance from the reference is dist (norm: the reference's
+ * squared) */
+static double accuracy_from(double dist, double norm) {
+    double err = norm > 0 ? sqrt(dist / norm) : 0;
     return err < 1 ? 1 - err : 0;
+}
+
+static double accuracy_of(const float *y, const float *ref, int64_t n, double norm) {
+    return accuracy_from(sq_dist(y, ref, n), norm);
 }
 
 /* Round to nearest: no calibration, no forward passes, identity Hessians. */
@@ -128,17 +136,21 @@ static exl_status load_layer(qz *q, int32_t l) { return exl_qz_layer_load(q->m, 
 /* The GPTQ factor of a Hessian (EXL2 always in act-order); rounding to nearest, or a linear that saw no rows (an
  * expert no calibration token chose), takes the identity. */
 static exl_status hinv_of(qz *q, exl_hessian *h, exl_qz_hinv *hi) {
+    exl_qz_prof_enter(EXL_QZ_PROF_FACTOR);
     if (rtn(q) || h->n == 0)
         exl_hessian_identity(h);
     else
         exl_hessian_finish(h);
-    return exl_gptq_prepare(h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
+    exl_status st = exl_gptq_prepare(h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
+    exl_qz_prof_leave();
+    return st;
 }
 
-/* Run the layer's block k with linears w (as q->layer.lin) over the hidden states x of r's sequences into x_out
- * (NULL: none), adding the inputs of each linear i of the block with h[i - first] non-NULL to that Hessian. */
-static exl_status run_block_on(qz *q, exl_qz_runner *r, int k, exl_linear *const *w, const float *x, float *x_out,
-                               exl_hessian *const *h) {
+/* Run the layer's block k with linears w (as q->layer.lin) over the hidden states x of all the calibration sequences
+ * into x_out (NULL: none), adding the inputs of each linear i of the block with h[i - first] non-NULL to that
+ * Hessian. */
+static exl_status run_block(qz *q, int k, exl_linear *const *w, const float *x, float *x_out, exl_hessian *const *h) {
+    exl_qz_runner *r = &q->run;
     exl_qz_layer *L = &q->layer;
     exl_layer b = exl_qz_layer_block(L, k, w);
     int32_t first = L->first[k], n = L->first[k + 1] - first;
@@ -148,14 +160,11 @@ static exl_status run_block_on(qz *q, exl_qz_runner *r, int k, exl_linear *const
     for (int32_t i = 0; h && i < n; i++)
         want[i] = h[i] ? w[first + i] : NULL;
     exl_qz_capture cap = {r, n, want, h};
+    exl_qz_prof_enter(EXL_QZ_PROF_CALIB);
     exl_status st = exl_qz_run_layer(r, &b, L->li, x, x_out, h ? exl_qz_capture_inputs : NULL, &cap);
+    exl_qz_prof_leave();
     exl_free(want);
     return st;
-}
-
-/* The same over all the calibration sequences. */
-static exl_status run_block(qz *q, int k, exl_linear *const *w, const float *x, float *x_out, exl_hessian *const *h) {
-    return run_block_on(q, &q->run, k, w, x, x_out, h);
 }
 
 /* The rows of the sequences candidates are scored on: sequence e of n_eval is calibration sequence e·rows/n_eval. */
@@ -314,10 +323,18 @@ typedef struct wcache {
     int32_t used; /* the last candidate that asked for it */
 } wcache;
 
-static void wcache_free(qz *q, wcache *c) {
-    exl_qz_trial_free(q->be, &c->t);
+/* An empty way keeps its trial linear for the next recipe (new weights, no allocation); all is freed at the end of the
+ * block. */
+static void wcache_empty(wcache *c) {
     exl_free(c->Wq);
     c->Wq = NULL;
+}
+
+static void wcache_free(qz *q, wcache *c) {
+    exl_qz_prof_enter(EXL_QZ_PROF_TRIAL);
+    exl_qz_trial_free(q->be, &c->t);
+    exl_qz_prof_leave();
+    wcache_empty(c);
 }
 
 /* The trial linear of recipe o for linear x (its ways c[0 .. WAYS)) as asked by candidate r. */
@@ -332,11 +349,11 @@ static exl_status cached_quant(qz *q, wcache *c, int32_t r, const exl_qz_opt *o,
         }
     for (int i = 0; i < WAYS; i++) {
         if (c[i].Wq && c[i].used < r - KEEP)
-            wcache_free(q, &c[i]);
+            wcache_empty(&c[i]);
         if (!slot || (slot->Wq && (!c[i].Wq || c[i].used < slot->used))) /* an empty way, else the oldest */
             slot = &c[i];
     }
-    wcache_free(q, slot);
+    wcache_empty(slot);
     exl_qz_result res;
     exl_qz_layout l;
     EXL_TRY(quant_exl2(q, o, x->W, h, x->src.out_features, &res, &l));
@@ -346,9 +363,12 @@ static exl_status cached_quant(qz *q, wcache *c, int32_t r, const exl_qz_opt *o,
     res.Wq = NULL;
     exl_qz_result_free(&res);
     exl_qz_layout_free(&l);
-    EXL_TRY(exl_qz_trial_init(q->be, q->pool, slot->Wq, &x->src, &slot->t));
+    exl_qz_prof_enter(EXL_QZ_PROF_TRIAL);
+    exl_status st = slot->t.w ? exl_qz_trial_set(q->be, q->pool, slot->Wq, &slot->t)
+                              : exl_qz_trial_init(q->be, q->pool, slot->Wq, &x->src, &slot->t);
+    exl_qz_prof_leave();
     *w = slot->t.w;
-    return EXL_OK;
+    return st;
 }
 
 /* The weights of a block. */
@@ -402,15 +422,20 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
         st = hinv_of(q, &hs[s], &hi[s]);
     for (int32_t s = 0; hs && s < slots; s++)
         exl_hessian_free(&hs[s]);
-    /* candidates are scored on the evaluation sequences */
+    /* candidates are scored on the evaluation sequences, whose inputs and reference outputs go to the backend once */
     int64_t ne = (int64_t)q->n_eval * q->p->length * q->H;
     const float *xe = q->x, *refe = q->ref;
-    float *ye = q->y;
+    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
     if (q->xe) {
         gather_eval(q, q->x, q->xe);
         gather_eval(q, q->ref, q->refe);
-        xe = q->xe, refe = q->refe, ye = q->ye;
+        xe = q->xe, refe = q->refe;
     }
+    if (st == EXL_OK)
+        st = q->be->ops->upload(q->be, q->dxe, xe, (size_t)ne * sizeof(float));
+    if (st == EXL_OK)
+        st = q->be->ops->upload(q->be, q->drefe, refe, (size_t)ne * sizeof(float));
+    exl_qz_prof_leave();
     double norm = st == EXL_OK ? sq_norm(refe, ne) : 0; /* of the hidden states after the block */
     if (st == EXL_OK)
         st = exl_qz_candidates(bm->desc, &bm->r, &bm->n);
@@ -419,11 +444,16 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
             const exl_qz_lin *x = &L->lin[first + i];
             st = cached_quant(q, c + i * WAYS, r, &bm->r[r].opt[x->opt], x, &hi[x->hslot], &w[first + i]);
         }
-        if (st == EXL_OK)
-            st = run_block_on(q, q->xe ? &q->run_eval : &q->run, k, w, xe, ye, NULL);
+        double dist = 0;
+        exl_qz_prof_enter(EXL_QZ_PROF_CAND);
+        if (st == EXL_OK) {
+            exl_layer b = exl_qz_layer_block(L, k, w);
+            st = exl_qz_run_layer_err(q->xe ? &q->run_eval : &q->run, &b, L->li, q->dxe, q->drefe, &dist);
+        }
+        exl_qz_prof_leave();
         if (st != EXL_OK)
             break;
-        bm->r[r].accuracy = accuracy_of(ye, refe, ne, norm);
+        bm->r[r].accuracy = accuracy_from(dist, norm);
         exl_qz_clock_step(&q->clock, (k + (double)(r + 1) / bm->n) / 2);
     }
     for (int32_t i = 0; c && i < n * WAYS; i++)
@@ -484,8 +514,10 @@ static exl_status quant_block(qz *q, exl_qz_part *part, int32_t l, int k) {
                                  rc ? &rc->opt[x->opt] : NULL, &Wq[i], &b);
             bits += b;
             weights += (double)x->src.in_features * x->src.out_features;
+            exl_qz_prof_enter(EXL_QZ_PROF_TRIAL);
             if (st == EXL_OK && !rtn(q))
                 st = exl_qz_trial_init(q->be, q->pool, Wq[i], &x->src, &t[i]);
+            exl_qz_prof_leave();
             if (st == EXL_OK && !rtn(q))
                 w[first + i] = t[i].w;
             exl_qz_clock_step(&q->clock, (k + (double)(i + 1) / n) / 2);
@@ -494,7 +526,9 @@ static exl_status quant_block(qz *q, exl_qz_part *part, int32_t l, int k) {
     double acc = -1;
     if (st == EXL_OK && !rtn(q)) {
         st = run_block(q, k, w, q->x, q->x, NULL);
+        exl_qz_prof_enter(EXL_QZ_PROF_ACCURACY);
         acc = accuracy_of(q->x, q->ref, q->T * q->H, sq_norm(q->ref, q->T * q->H));
+        exl_qz_prof_leave();
     }
     if (st == EXL_OK)
         exl_qz_clock_block(&q->clock, k, q->block_desc[2 * l + k]->suffix, acc, bits / weights);
@@ -757,6 +791,7 @@ static exl_status setup(qz *q) {
     mp.n_threads = p->n_threads;
     EXL_TRY(exl_model_load(p->in_dir, &mp, &q->m));
     q->be = q->m->be;
+    exl_qz_prof_init(q->be);
     /* GPTQ's own parallel work: on the CPU backend's threads where the model runs on the CPU */
     if (!(q->pool = exl_backend_cpu_pool(q->be))) {
         EXL_TRY(exl_pool_init(p->n_threads, &q->own_pool));
@@ -767,12 +802,15 @@ static exl_status setup(qz *q) {
     q->run.tick = exl_qz_clock_tick;
     q->run.tick_user = &q->clock;
     size_t states = (size_t)(q->T * q->H) * sizeof(float);
-    if (!(q->x = exl_malloc(states)) || !(q->ref = exl_malloc(states)) || !(q->y = exl_malloc(states)))
+    if (!(q->x = exl_malloc(states)) || !(q->ref = exl_malloc(states)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory for %lld hidden states", (long long)q->T);
     q->n_eval = p->rows < EVAL_SEQS ? p->rows : EVAL_SEQS;
+    size_t eval = (size_t)q->n_eval * (size_t)p->length * (size_t)q->H * sizeof(float);
+    if (p->format == EXL_QUANT_EXL2 &&
+        (!(q->dxe = q->be->ops->alloc(q->be, eval)) || !(q->drefe = q->be->ops->alloc(q->be, eval))))
+        return exl_fail(EXL_ERR_NOMEM, "out of %s memory for the evaluation rows", q->be->name);
     if (p->format == EXL_QUANT_EXL2 && q->n_eval < p->rows) {
-        size_t eval = (size_t)q->n_eval * (size_t)p->length * (size_t)q->H * sizeof(float);
-        if (!(q->xe = exl_malloc(eval)) || !(q->refe = exl_malloc(eval)) || !(q->ye = exl_malloc(eval)))
+        if (!(q->xe = exl_malloc(eval)) || !(q->refe = exl_malloc(eval)))
             return exl_fail(EXL_ERR_NOMEM, "out of memory for the evaluation rows");
         EXL_TRY(exl_qz_runner_init(&q->run_eval, q->m, q->n_eval, p->length));
         q->run_eval.tick = exl_qz_clock_tick;
@@ -962,6 +1000,7 @@ static exl_status run(qz *q) {
             st = save_state(q, 0, l + 1);
         if (st == EXL_OK)
             exl_qz_clock_layer_done(&q->clock);
+        exl_qz_prof_report("measuring", l);
         if (st == EXL_OK && l + 1 == L) {
             progress(q, "measuring", L, L);
             char *final = exl_path_join(p->out_dir, "measurement.json");
@@ -999,11 +1038,13 @@ static exl_status run(qz *q) {
             st = save_state(q, 1, l + 1);
         if (st == EXL_OK)
             exl_qz_clock_layer_done(&q->clock);
+        exl_qz_prof_report("quantizing", l);
     }
     if (st == EXL_OK) {
         progress(q, "quantizing", L, L);
         exl_qz_clock_stage(&q->clock, "head", L);
         st = write_head(q);
+        exl_qz_prof_report("head", L);
     }
     if (st == EXL_OK) {
         exl_qz_clock_stage(&q->clock, "writing", L);
@@ -1042,13 +1083,16 @@ exl_status exl_quantize(const exl_quantize_params *params, char **report) {
     exl_qz_measurement_free(&q.meas);
     exl_free(q.x);
     exl_free(q.ref);
-    exl_free(q.y);
     exl_qz_runner_free(&q.run);
     exl_qz_runner_free(&q.run_eval);
     exl_free(q.xe);
     exl_free(q.refe);
-    exl_free(q.ye);
+    if (q.dxe)
+        q.be->ops->free(q.be, q.dxe);
+    if (q.drefe)
+        q.be->ops->free(q.be, q.drefe);
     exl_free(q.block_desc);
+    exl_qz_prof_init(NULL);
     exl_model_free(q.m);
     if (q.own_pool)
         exl_pool_free(q.own_pool);

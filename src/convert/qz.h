@@ -15,11 +15,12 @@
  *   trial_linear.c  backend linears from the weights being tried
  *   qz_layer.c    a decoder layer's linears under ExLlamaV2's names (fused ones split, experts one by one)
  *   qz_status.c   progress: the stage, the layer, time so far and an estimate of what is left
+ *   qz_prof.c     EXL_QUANT_PROFILE: where the wall time of each layer went
  *   quantize.c    the driver: layer by layer, resumable, writing OUT_DIR
  *
  * Weights are W[k, n] (in x out) fp32 while being quantized. The big products (the Hessian's
  * XᵀX, GPTQ's update of the rows after a block) are the backend's host_gemm (the CPU's or the
- * GPU's, in fp32 either way). */
+ * GPU's, in fp32 either way); a large GPTQ on a GPU keeps its rows there (the backend's gemm). */
 #ifndef EXL_QUANT_QZ_H
 #define EXL_QUANT_QZ_H
 
@@ -84,11 +85,18 @@ typedef struct exl_qz_result {
 #define EXL_QZ_DAMP 0.3
 #define EXL_QZ_DAMP_PER_DIM 3.0
 
+/* U in a backend's memory, put there by the first quantization that updates its rows on that backend (gptq.c). */
+typedef struct exl_qz_hinv_dev {
+    exl_backend *be;
+    float *U; /* NULL: not there yet */
+} exl_qz_hinv_dev;
+
 /* What GPTQ needs of a Hessian, shared by every quantization of the linears that see it. */
 typedef struct exl_qz_hinv {
     int64_t K;
-    int32_t *perm; /* [K] permuted row r is original row perm[r] (act-order or identity) */
-    float *U;      /* [K, K] upper Cholesky factor of the permuted, damped H⁻¹ */
+    int32_t *perm;        /* [K] permuted row r is original row perm[r] (act-order or identity) */
+    float *U;             /* [K, K] upper Cholesky factor of the permuted, damped H⁻¹ */
+    exl_qz_hinv_dev *dev; /* U on a backend */
 } exl_qz_hinv;
 
 /* act_order sorts rows by diag(H) descending. */
@@ -205,6 +213,10 @@ exl_status exl_qz_run_embed(exl_qz_runner *r, const int32_t *ids, float *x);
  * x_in; x_out may be x_in, or NULL where only the hook's inputs are wanted. */
 exl_status exl_qz_run_layer(exl_qz_runner *r, const exl_layer *layer, int32_t li, const float *x_in, float *x_out,
                             exl_linear_hook hook, void *user);
+/* The squared distance of decoder layer li's output over x_in (backend memory, r's rows) from ref (backend memory,
+ * as many rows) added to *err: the hidden states stay on the backend, one wait a step (sq_dist). */
+exl_status exl_qz_run_layer_err(exl_qz_runner *r, const exl_layer *layer, int32_t li, const float *x_in,
+                                const float *ref, double *err);
 /* The head's input (the final norm of x) to the hook. */
 exl_status exl_qz_run_head(exl_qz_runner *r, const float *x, exl_linear_hook hook, void *user);
 
@@ -223,9 +235,13 @@ exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w,
 typedef struct exl_qz_trial {
     void *wt; /* W in the Hugging Face layout [N, K] (fp32 on the CPU, fp16 elsewhere), which w may read */
     exl_linear *w;
+    int64_t K, N;
 } exl_qz_trial;
 exl_status exl_qz_trial_init(exl_backend *be, exl_pool *pool, const float *W, const exl_linear_src *like,
                              exl_qz_trial *out);
+/* New weights W [K, N] for a trial linear t (no allocation: the backend's linear_set_dense, in order with the work
+ * queued before). */
+exl_status exl_qz_trial_set(exl_backend *be, exl_pool *pool, const float *W, exl_qz_trial *t);
 void exl_qz_trial_free(exl_backend *be, exl_qz_trial *t);
 
 /* ---- a decoder layer's linears (qz_layer.c) */
@@ -288,6 +304,30 @@ void exl_qz_clock_tick(void *user);
 /* Block k of the layer is done: its accuracy (< 0: not measured) and bits per weight. */
 void exl_qz_clock_block(exl_qz_clock *c, int k, const char *name, double accuracy, double bpw);
 void exl_qz_clock_layer_done(exl_qz_clock *c);
+
+/* ---- profile (qz_prof.c): EXL_QUANT_PROFILE=1 prints where each layer's wall time went */
+
+typedef enum exl_qz_prof_part {
+    EXL_QZ_PROF_CALIB,    /* forwards of all the calibration rows (Hessians, reference states, the quantized block) */
+    EXL_QZ_PROF_CAND,     /* the measuring pass's candidate forwards */
+    EXL_QZ_PROF_TRANSFER, /* hidden states to and from the backend */
+    EXL_QZ_PROF_HESSIAN,  /* a linear's inputs downloaded and added to its Hessian */
+    EXL_QZ_PROF_FACTOR,   /* GPTQ's factor of the damped inverse Hessian */
+    EXL_QZ_PROF_GPTQ,     /* GPTQ outside the parts below (permuting, copies) */
+    EXL_QZ_PROF_SCALES,   /* a group's scales (EXL2: the scale search) */
+    EXL_QZ_PROF_ROWS,     /* the row loop of a block (rounding, the error spread within the block) */
+    EXL_QZ_PROF_UPDATE,   /* the rows after a block updated */
+    EXL_QZ_PROF_TRIAL,    /* trial linears built, uploaded and freed */
+    EXL_QZ_PROF_ACCURACY, /* a candidate's or a block's accuracy */
+    EXL_QZ_PROF_N
+} exl_qz_prof_part;
+
+/* Reads EXL_QUANT_PROFILE; be: the backend waited for at each switch of parts (NULL: the profile off). */
+void exl_qz_prof_init(exl_backend *be);
+void exl_qz_prof_enter(exl_qz_prof_part part);
+void exl_qz_prof_leave(void);
+/* A notice with the time of each part since the last report (or init), then counts from zero. */
+void exl_qz_prof_report(const char *stage, int32_t layer);
 
 /* ---- output (writer.c) */
 

@@ -33,6 +33,15 @@ static void transpose_task(void *ctx, int index, int count) {
                 }
 }
 
+/* wt = W transposed (fp16 off the CPU) */
+static void transpose(exl_backend *be, exl_pool *pool, const float *W, void *wt, int64_t K, int64_t N) {
+    transpose_ctx c = {W, wt, K, N, exl_backend_cpu_pool(be) == NULL};
+    if (pool)
+        exl_pool_run_work(pool, transpose_task, &c, K * N);
+    else
+        transpose_task(&c, 0, 1);
+}
+
 exl_status exl_qz_trial_init(exl_backend *be, exl_pool *pool, const float *W, const exl_linear_src *like,
                              exl_qz_trial *out) {
     int64_t K = like->in_features, N = like->out_features;
@@ -40,13 +49,11 @@ exl_status exl_qz_trial_init(exl_backend *be, exl_pool *pool, const float *W, co
      * pool rather than by its upload on one thread */
     int half = exl_backend_cpu_pool(be) == NULL;
     out->w = NULL;
+    out->K = K;
+    out->N = N;
     if (!(out->wt = exl_malloc((size_t)(K * N) * (half ? sizeof(uint16_t) : sizeof(float)))))
         return exl_fail(EXL_ERR_NOMEM, "out of memory for a %lld x %lld trial linear", (long long)K, (long long)N);
-    transpose_ctx c = {W, out->wt, K, N, half};
-    if (pool)
-        exl_pool_run_work(pool, transpose_task, &c, K * N);
-    else
-        transpose_task(&c, 0, 1);
+    transpose(be, pool, W, out->wt, K, N);
     exl_linear_src src = *like;
     src.kind = EXL_LINEAR_DENSE;
     src.dense = (exl_dense_src){half ? EXL_DTYPE_F16 : EXL_DTYPE_F32, out->wt};
@@ -54,6 +61,12 @@ exl_status exl_qz_trial_init(exl_backend *be, exl_pool *pool, const float *W, co
     if (st != EXL_OK)
         exl_qz_trial_free(be, out);
     return st;
+}
+
+exl_status exl_qz_trial_set(exl_backend *be, exl_pool *pool, const float *W, exl_qz_trial *t) {
+    transpose(be, pool, W, t->wt, t->K, t->N);
+    exl_dense_src src = {exl_backend_cpu_pool(be) ? EXL_DTYPE_F32 : EXL_DTYPE_F16, t->wt};
+    return be->ops->linear_set_dense(be, t->w, &src);
 }
 
 void exl_qz_trial_free(exl_backend *be, exl_qz_trial *t) {

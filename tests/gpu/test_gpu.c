@@ -2175,6 +2175,56 @@ static void test_host_gemm(void) {
     unsetenv("EXL_CUDA_HOST_GEMM_LIMIT");
 }
 
+/* ---- the quantizer's scoring ops: sq_dist against the CPU's (double sums in another order: relative 1e-12), and
+ * linear_set_dense (new weights in place, fp16 as they are and fp32 converted) against a linear made from the same
+ * weights (the same fp16 weights and kernel: equal outputs) */
+static void test_quant_scoring_ops(void) {
+    const int64_t n = 1000003;
+    float *a = rnd(n, -1, 1), *b = rnd(n, -1, 1);
+    float *da = put(gpu, a, (size_t)n * 4), *db = put(gpu, b, (size_t)n * 4);
+    double want = 1.5, got = 1.5;
+    require(cpu->ops->sq_dist(cpu, a, b, n, &want) == EXL_OK, "sq_dist cpu");
+    exl_status st = gpu->ops->sq_dist(gpu, da, db, n, &got);
+    report("sq_dist 1000003 values (+= 1.5)", st == EXL_OK ? fabs(got - want) / want : 1, 1e-12);
+    gpu->ops->free(gpu, da), gpu->ops->free(gpu, db), free(a), free(b);
+
+    const int K = 96, N = 80, rows = 5;
+    float *w1 = rnd(K * N, -1, 1), *w2 = rnd(K * N, -1, 1), *x = rnd(rows * K, -1, 1);
+    uint16_t *h1 = malloc(K * N * 2), *h2 = malloc(K * N * 2);
+    for (int i = 0; i < K * N; i++)
+        h1[i] = exl_f32_to_f16(w1[i]), h2[i] = exl_f32_to_f16(w2[i]);
+    exl_linear_src ls = {0};
+    ls.kind = EXL_LINEAR_DENSE;
+    ls.in_features = K;
+    ls.out_features = N;
+    ls.dense = (exl_dense_src){EXL_DTYPE_F16, h1};
+    ls.name = "trial";
+    exl_linear *trial, *fresh;
+    require(gpu->ops->linear_init(gpu, &ls, &trial) == EXL_OK, "trial linear");
+    ls.dense.data = h2;
+    require(gpu->ops->linear_init(gpu, &ls, &fresh) == EXL_OK, "fresh linear");
+    float *xg = put(gpu, x, rows * K * 4), *o1 = gpu->ops->alloc(gpu, rows * N * 4),
+          *o2 = gpu->ops->alloc(gpu, rows * N * 4);
+    const exl_dense_src srcs[2] = {{EXL_DTYPE_F16, h2}, {EXL_DTYPE_F32, w2}};
+    for (int i = 0; i < 2; i++) {
+        gpu->ops->matmul(gpu, o1, xg, trial, rows); /* with the old weights, queued before the new ones */
+        st = gpu->ops->linear_set_dense(gpu, trial, &srcs[i]);
+        gpu->ops->matmul(gpu, o1, xg, trial, rows);
+        gpu->ops->matmul(gpu, o2, xg, fresh, rows);
+        float *g1 = get(gpu, o1, rows * N), *g2 = get(gpu, o2, rows * N);
+        double e = st == EXL_OK ? 0 : 1;
+        for (int j = 0; j < rows * N; j++)
+            e = fmax(e, fabs((double)g1[j] - g2[j]));
+        report(i ? "linear_set_dense F32 == a new linear" : "linear_set_dense F16 == a new linear", e, 0);
+        free(g1), free(g2);
+        ls.dense.data = h1; /* back to the first weights for the next source */
+        require(gpu->ops->linear_set_dense(gpu, trial, &ls.dense) == EXL_OK, "linear_set_dense back");
+    }
+    gpu->ops->free(gpu, xg), gpu->ops->free(gpu, o1), gpu->ops->free(gpu, o2);
+    gpu->ops->linear_free(gpu, trial), gpu->ops->linear_free(gpu, fresh);
+    free(w1), free(w2), free(x), free(h1), free(h2);
+}
+
 /* ---- the quantizer on the GPU against the CPU */
 
 static double now_s(void) {
@@ -3439,6 +3489,7 @@ static void test_quantize_exl2_speed(const char *shared) {
         return;
     }
     double s_gpu[2], s_cpu[2];
+    setenv("EXL_QUANT_PROFILE", "1", 0); /* where each layer's time went, on stderr */
     double t_gpu = quantize_exl2_on(shared, dir, EXL_DEVICE_CUDA, s_gpu);
     double t_cpu = quantize_exl2_on(shared, dir, EXL_DEVICE_CPU, s_cpu);
     /* fp16 weights of a layer: q, o; k, v; gate, up, down */
@@ -3576,8 +3627,10 @@ int main(int argc, char **argv) {
         test_decode_rows(shared, "rand-mixtral"); /* 1-3 rows a step: the grouped GEMVs over several rows */
         test_decode_rows(shared, "rand-qwen3moe");
     }
-    if (only("ops"))
+    if (only("ops")) {
         test_host_gemm();
+        test_quant_scoring_ops();
+    }
     if (only("quantize"))
         test_quantize_device(shared);
     if (only("sampling")) {

@@ -2110,3 +2110,53 @@ EXL_TEST(gptq_factor_inverts_the_damped_hessian) {
     free(A);
     free(G);
 }
+
+/* GPTQ's updates kept on a backend that is not the CPU (gptq.c: the rows stay there, blocks come down): run here on
+ * the CPU backend under another op table (so it counts as not the CPU, its memory being the host's), the same
+ * products by the same host_gemm give the same codes and weights as the host's path, bit for bit. */
+EXL_TEST(gptq_updates_on_a_device_backend_match_the_host) {
+    enum { K = 640, N = 384, ROWS = 1300, GS = 128 };
+    float *x = malloc(sizeof(float) * ROWS * K), *W = malloc(sizeof(float) * K * N);
+    REQUIRE(x && W);
+    uint32_t seed = 11;
+    for (int i = 0; i < ROWS * K; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = ((float)(seed >> 8) / (float)(1u << 24) - 0.5f) * (float)(1 + i % K % 5);
+    }
+    for (int i = 0; i < K * N; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        W[i] = ((float)(seed >> 8) / (float)(1u << 24) - 0.5f) * 0.05f;
+    }
+    exl_pool *pool;
+    exl_backend *be;
+    exl_hessian h;
+    exl_qz_hinv hi = {0};
+    REQUIRE_OK(exl_pool_init(QT_THREADS, &pool));
+    REQUIRE_OK(exl_backend_cpu_init(QT_THREADS, &be));
+    REQUIRE_OK(exl_hessian_init(&h, K));
+    REQUIRE_OK(exl_hessian_add(&h, x, ROWS, be));
+    exl_hessian_finish(&h);
+    REQUIRE_OK(exl_gptq_prepare(&h, 1, pool, &hi));
+    int32_t bits[K / GS], rows[K / GS];
+    for (int g = 0; g < K / GS; g++)
+        bits[g] = 4, rows[g] = GS;
+    exl_qz_layout l = {K / GS, bits, rows};
+    exl_qz_result host, dev;
+    REQUIRE_OK(exl_gptq_quantize(W, &hi, N, EXL_QZ_GPTQ_SYM, &l, pool, be, &host));
+    const exl_backend_ops *cpu_ops = be->ops;
+    exl_backend_ops other = *cpu_ops;
+    be->ops = &other;
+    exl_status st = exl_gptq_quantize(W, &hi, N, EXL_QZ_GPTQ_SYM, &l, pool, be, &dev);
+    exl_qz_hinv_free(&hi); /* U's backend copy, freed through the op table that made it */
+    be->ops = cpu_ops;
+    REQUIRE_OK(st);
+    CHECK(!memcmp(host.codes, dev.codes, (size_t)K * N));
+    CHECK(!memcmp(host.Wq, dev.Wq, sizeof(float) * K * N));
+    exl_qz_result_free(&host);
+    exl_qz_result_free(&dev);
+    exl_hessian_free(&h);
+    exl_pool_free(pool);
+    be->ops->destroy(be);
+    free(x);
+    free(W);
+}

@@ -110,31 +110,47 @@ static void attend_block(const attn_job *j, const exl_attn_seq *seq, int32_t row
     }
 }
 
+/* Work item it: a row's query heads of one KV head over one block of its keys; si is the sequence of the item
+ * before (a hint). */
+static void attend_item(const attn_job *j, long it, int32_t *si) {
+    const exl_attn_shape *s = j->s;
+    int32_t nkv = s->n_kv_heads, group = s->n_heads / s->n_kv_heads;
+    int32_t block = (int32_t)(it % j->n_blocks);
+    int32_t kvh = (int32_t)(it / j->n_blocks % nkv), row = (int32_t)(it / j->n_blocks / nkv);
+    while (*si + 1 < j->b->n_seqs && row >= j->b->seqs[*si + 1].q_start)
+        (*si)++;
+    while (*si > 0 && row < j->b->seqs[*si].q_start)
+        (*si)--;
+    const exl_attn_seq *seq = &j->b->seqs[*si];
+    int32_t last = seq->n_kv - seq->n_q + (row - seq->q_start); /* causal: keys first..last */
+    int32_t first = 0;
+    if (s->sliding_window > 0 && last - s->sliding_window + 1 > 0)
+        first = last - s->sliding_window + 1;
+    long b0, b1;
+    exl_split_range(last - first + 1, block, j->n_blocks, KEY_CHUNK, &b0, &b1);
+    for (int32_t h = 0; h < group; h += HEADS_MAX)
+        attend_block(j, seq, row, kvh * group + h, group - h < HEADS_MAX ? group - h : HEADS_MAX, first + (int32_t)b0,
+                     first + (int32_t)b1, block);
+}
+
+/* Unsplit rows (a prompt) cost more the later they come in their sequence (causal), so threads take stripes of
+ * STRIPE items in turn rather than one range each (a 512-token prompt on 2 threads: 1 : 3 by ranges); split rows
+ * (decode) cost alike and take ranges. */
+#define STRIPE 16
+
 static void attention_task(void *p, int ti, int tn) {
     const attn_job *j = p;
-    const exl_attn_shape *s = j->s;
+    int32_t si = 0;
+    if (j->n_blocks == 1) {
+        for (long s0 = (long)ti * STRIPE; s0 < j->n_items; s0 += (long)tn * STRIPE)
+            for (long it = s0; it < s0 + STRIPE && it < j->n_items; it++)
+                attend_item(j, it, &si);
+        return;
+    }
     long i0, i1;
     exl_split_range(j->n_items, ti, tn, 1, &i0, &i1);
-    int32_t nkv = s->n_kv_heads, group = s->n_heads / s->n_kv_heads;
-    int32_t si = 0;
-    for (long it = i0; it < i1; it++) {
-        int32_t block = (int32_t)(it % j->n_blocks);
-        int32_t kvh = (int32_t)(it / j->n_blocks % nkv), row = (int32_t)(it / j->n_blocks / nkv);
-        while (si + 1 < j->b->n_seqs && row >= j->b->seqs[si + 1].q_start)
-            si++;
-        while (si > 0 && row < j->b->seqs[si].q_start)
-            si--;
-        const exl_attn_seq *seq = &j->b->seqs[si];
-        int32_t last = seq->n_kv - seq->n_q + (row - seq->q_start); /* causal: keys first..last */
-        int32_t first = 0;
-        if (s->sliding_window > 0 && last - s->sliding_window + 1 > 0)
-            first = last - s->sliding_window + 1;
-        long b0, b1;
-        exl_split_range(last - first + 1, block, j->n_blocks, KEY_CHUNK, &b0, &b1);
-        for (int32_t h = 0; h < group; h += HEADS_MAX)
-            attend_block(j, seq, row, kvh * group + h, group - h < HEADS_MAX ? group - h : HEADS_MAX,
-                         first + (int32_t)b0, first + (int32_t)b1, block);
-    }
+    for (long it = i0; it < i1; it++)
+        attend_item(j, it, &si);
 }
 
 /* Rows split into sequence blocks: each head's output from its blocks' softmax states. */

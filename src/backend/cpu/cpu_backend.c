@@ -80,6 +80,24 @@ static void cpu_linear_free(exl_backend *be, exl_linear *w) {
     exl_free(w);
 }
 
+static exl_status cpu_linear_set_dense(exl_backend *be, exl_linear *w, const exl_dense_src *src) {
+    if (w->src.kind != EXL_LINEAR_DENSE || src->dtype != w->src.dense.dtype)
+        return exl_fail(EXL_ERR_ARG, "linear_set_dense: not a dense linear of that dtype");
+    w->src.dense.data = src->data;
+    return EXL_OK;
+}
+
+/* in order, one double: what the quantizer summed on the host before this op (its results stay bit-identical) */
+static exl_status cpu_sq_dist(exl_backend *be, const float *a, const float *b, int64_t n, double *acc) {
+    double e = *acc;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        e += d * d;
+    }
+    *acc = e;
+    return EXL_OK;
+}
+
 static exl_status cpu_vector_init(exl_backend *be, const exl_dense_src *src, int64_t n, float add, exl_vector **out) {
     exl_vector *v = exl_calloc(1, sizeof *v);
     if (!v || !(v->v = exl_malloc((size_t)n * sizeof(float)))) {
@@ -132,6 +150,9 @@ static const exl_backend_ops cpu_ops = {
     .gather_cols = exl_cpu_gather_cols,
     .sample = exl_cpu_sample,
     .lora = exl_cpu_lora,
+    .linear_set_dense = cpu_linear_set_dense,
+    .sq_dist = cpu_sq_dist,
+    .gemm = exl_cpu_host_gemm, /* backend memory is host memory */
 };
 
 exl_pool *exl_backend_cpu_pool(exl_backend *be) { return be->ops == &cpu_ops ? exl_cpu(be)->pool : NULL; }

@@ -252,6 +252,35 @@ static exl_status upload_dense(exl_cuda_backend *cb, exl_linear *w, const exl_li
     return st;
 }
 
+/* New weights for a dense linear, in the stream's order: fp16 sources copied as they are, others converted on the
+ * host in slices (from pageable memory the runtime stages each slice before the copy returns). */
+static exl_status cu_linear_set_dense(exl_backend *be, exl_linear *w, const exl_dense_src *src) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    exl_cuda_graph_finish(cb);
+    if (w->kind != EXL_LINEAR_DENSE || !w->w)
+        return exl_cuda_fail(EXL_ERR_ARG, "linear_set_dense: not a dense linear");
+    size_t n = (size_t)w->in * (size_t)w->out;
+    if (src->dtype == EXL_DTYPE_F16) {
+        CUDA_CHECK(cudaMemcpyAsync(w->w, src->data, n * sizeof(__half), cudaMemcpyHostToDevice, cb->stream),
+                   "linear_set_dense");
+        return exl_cuda_take_sticky(cb);
+    }
+    const size_t slice = (size_t)1 << 20;
+    uint16_t *h = (uint16_t *)malloc(slice * sizeof(uint16_t));
+    if (!h)
+        return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory");
+    cudaError_t e = cudaSuccess;
+    for (size_t i0 = 0; i0 < n && e == cudaSuccess; i0 += slice) {
+        size_t m = n - i0 < slice ? n - i0 : slice;
+        for (size_t i = 0; i < m; i++)
+            h[i] = exl_f32_to_f16(dense_value(src->dtype, src->data, (int64_t)(i0 + i)));
+        e = cudaMemcpyAsync((uint16_t *)w->w + i0, h, m * sizeof(uint16_t), cudaMemcpyHostToDevice, cb->stream);
+    }
+    free(h);
+    CUDA_CHECK(e, "linear_set_dense");
+    return exl_cuda_take_sticky(cb);
+}
+
 static void cu_linear_free(exl_backend *be, exl_linear *w) {
     if (!w)
         return;
@@ -356,6 +385,9 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_gather_cols,
     exl_cuda_sample,
     exl_cuda_lora,
+    cu_linear_set_dense,
+    exl_cuda_sq_dist,
+    exl_cuda_gemm,
 };
 
 /* ---- creation */

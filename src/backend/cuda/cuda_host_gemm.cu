@@ -1,5 +1,5 @@
 /* cuda_host_gemm.cu - host_gemm: an fp32 GEMM on host pointers (the quantizer's big products)
- * through cuBLAS in strict fp32 (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32 or other reduced
+ * through cuBLAS in strict fp32 (and gemm, the same on device pointers) (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32 or other reduced
  * precision, so results match the CPU up to fp32 rounding).
  *
  * C is taken in chunks of rows and the contraction in chunks of K, so no staged operand
@@ -98,4 +98,23 @@ exl_status exl_cuda_host_gemm(exl_backend *be, int trans_a, int trans_b, int64_t
         EXL_TRY(get_block(cb, C + m0 * ldc, ldc, dC, mr, N));
     }
     return EXL_OK;
+}
+
+/* The same product on device pointers, queued on the stream (row-major as above: cuBLAS gets B first). */
+exl_status exl_cuda_gemm(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (M == 0 || N == 0)
+        return EXL_OK;
+    if (M < 1 || N < 1 || K < 1 || M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+        return exl_cuda_fail(EXL_ERR_ARG, "gemm: unsupported shape %lld x %lld x %lld", (long long)M, (long long)N,
+                             (long long)K);
+    exl_cuda_graph_finish(cb);
+    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasStatus_t s = cublasGemmEx(cb->cublas, op_b, op_a, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, (int)ldb, A,
+                                    CUDA_R_32F, (int)lda, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F_PEDANTIC,
+                                    CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return exl_cuda_fail(EXL_ERR_DEVICE, "cuBLAS: gemm: %s", cublasGetStatusString(s));
+    return exl_cuda_take_sticky(cb);
 }

@@ -459,6 +459,9 @@ void exl_cuda_attention(exl_backend *be, float *out, const float *q, const float
 void exl_cuda_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
 void exl_cuda_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n, int32_t width);
+exl_status exl_cuda_sq_dist(exl_backend *be, const float *a, const float *b, int64_t n, double *acc);
+exl_status exl_cuda_gemm(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void exl_cuda_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
                         int32_t col);
 void exl_cuda_softcap(exl_backend *be, float *x, int64_t n, float cap);

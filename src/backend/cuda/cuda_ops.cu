@@ -1,6 +1,7 @@
 /* cuda_ops.cu - element-wise and row ops on the GPU: embed, rmsnorm, rope, glu, add,
- * gather, column copies, soft-capping, sigmoid row gates, and the fp16 KV-cache writes (alone or fused with
- * rope; a quantized cache's go to cuda_kv_quant.cu). All fp32 in and out, fp32 arithmetic. */
+ * gather, the quantizer's squared distance, column copies, soft-capping, sigmoid row gates, and the fp16 KV-cache
+ * writes (alone or fused with rope; a quantized cache's go to cuda_kv_quant.cu). All fp32 in and out, fp32
+ * arithmetic (the squared distance sums in double). */
 #include "backend/cuda/cuda_internal.h"
 
 #define ROW_THREADS 256
@@ -153,6 +154,63 @@ void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const
     dim3 grid(blocks_for(width, ROW_THREADS), (unsigned)n);
     exl_cuda_launch(cb, gather_rows_kernel, grid, dim3(ROW_THREADS), 0, out, x, idx, width);
     exl_cuda_check_launch(cb, "gather_rows");
+}
+
+/* ---- sq_dist: the sum of squared differences in double, in a fixed order (each block its stride, then one block
+ * over the blocks' sums), so a run repeats its results */
+
+#define DIST_BLOCKS ROW_THREADS
+
+/* the sum of v over the block (blockDim.x a power of two, sh as large) */
+static __device__ double block_sum(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s)
+            sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    return sh[0];
+}
+
+__global__ void sq_dist_kernel(double *part, const float *a, const float *b, int64_t n) {
+    __shared__ double sh[ROW_THREADS];
+    exl_pdl_start();
+    double e = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        double d = (double)a[i] - (double)b[i];
+        e += d * d;
+    }
+    double s = block_sum(e, sh);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = s;
+}
+
+__global__ void sum_parts_kernel(double *part) {
+    __shared__ double sh[DIST_BLOCKS];
+    exl_pdl_start();
+    double s = block_sum(part[threadIdx.x], sh);
+    if (threadIdx.x == 0)
+        part[DIST_BLOCKS] = s;
+}
+
+exl_status exl_cuda_sq_dist(exl_backend *be, const float *a, const float *b, int64_t n, double *acc) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    exl_cuda_graph_finish(cb);
+    double *part = NULL, sum = 0;
+    CUDA_CHECK(cudaMallocAsync((void **)&part, (DIST_BLOCKS + 1) * sizeof(double), cb->stream), "sq_dist");
+    exl_cuda_launch(cb, sq_dist_kernel, dim3(DIST_BLOCKS), dim3(ROW_THREADS), 0, part, a, b, n);
+    exl_cuda_launch(cb, sum_parts_kernel, dim3(1), dim3(DIST_BLOCKS), 0, part);
+    exl_cuda_check_launch(cb, "sq_dist");
+    cudaError_t e = cudaMemcpyAsync(&sum, part + DIST_BLOCKS, sizeof sum, cudaMemcpyDeviceToHost, cb->stream);
+    cudaError_t f = cudaFreeAsync(part, cb->stream);
+    if (e == cudaSuccess)
+        e = f;
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cb->stream);
+    CUDA_CHECK(e, "sq_dist");
+    *acc += sum;
+    return exl_cuda_take_sticky(cb);
 }
 
 /* ---- copy_cols, softcap, row_gate */
