@@ -69,6 +69,17 @@ static void attend_keys(const attn_job *j, const exl_attn_seq *seq, int32_t row,
             kp[i] = j->k_cache + slot * kvw + (int64_t)kv_head * hd;
             vp[i] = j->v_cache + slot * kvw + (int64_t)kv_head * hd;
         }
+        /* the next block's keys and values on their way while this one is computed (decode reads them from memory,
+         * each key's head a few cache lines 2 * kvw bytes apart: too short a stream for the prefetchers) */
+        for (int32_t t = t0 + EXL_CPU_KEYS; t < t_end && t < t0 + 2 * EXL_CPU_KEYS; t++) {
+            const int64_t slot = (int64_t)pages[t / s->page_size] * s->page_size + t % s->page_size;
+            const char *kn = (const char *)(j->k_cache + slot * kvw + (int64_t)kv_head * hd);
+            const char *vn = (const char *)(j->v_cache + slot * kvw + (int64_t)kv_head * hd);
+            for (int32_t o = 0; o < hd * 2; o += 64) {
+                __builtin_prefetch(kn + o);
+                __builtin_prefetch(vn + o);
+            }
+        }
         k->scores_f16(q, nh, kp, n, hd, sc);
         for (int32_t h = 0; h < nh; h++) {
             float *sh = sc + h * EXL_CPU_KEYS, cm = -INFINITY;
