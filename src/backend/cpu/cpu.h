@@ -40,6 +40,13 @@ static inline exl_cpu_backend *exl_cpu(exl_backend *be) { return (exl_cpu_backen
 
 /* x·W + b for EXL2 / GPTQ weights (cpu_qmatmul.c) */
 void exl_cpu_qmatmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
+/* Up to EXL_CPU_FUSED_MATMULS decode matmuls of one input x (q, k, v; gate, up) as one job of the pool, each with
+ * the results of exl_cpu_qmatmul, where exl_cpu_qmatmul_fusable says yes for each (cpu_graph.c) */
+#define EXL_CPU_FUSED_MATMULS 3
+int exl_cpu_qmatmul_fusable(exl_backend *be, const exl_linear *w, int32_t rows);
+void exl_cpu_qmatmul_many(exl_backend *be, float *const *outs, const float *x, const exl_linear *const *ws, int n,
+                          int32_t rows);
+exl_status exl_cpu_graph_run(exl_backend *be, const exl_graph *g);
 void exl_cpu_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
 void exl_cpu_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows, float scale);
 void exl_cpu_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,

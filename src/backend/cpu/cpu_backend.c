@@ -132,6 +132,7 @@ static const exl_backend_ops cpu_ops = {
     .gather_cols = exl_cpu_gather_cols,
     .sample = exl_cpu_sample,
     .lora = exl_cpu_lora,
+    .graph_run = exl_cpu_graph_run,
 };
 
 exl_pool *exl_backend_cpu_pool(exl_backend *be) { return be->ops == &cpu_ops ? exl_cpu(be)->pool : NULL; }
