@@ -61,24 +61,29 @@ static void attend_keys(const attn_job *j, const exl_attn_seq *seq, int32_t row,
     memset(acc, 0, (size_t)(nh * hd) * sizeof(float));
     for (int32_t h = 0; h < nh; h++)
         m[h] = -INFINITY, l[h] = 0;
+    const int64_t head_off = (int64_t)kv_head * hd;
+    int32_t page = t_begin / s->page_size, off = t_begin % s->page_size; /* where key t0 is; walked, not divided */
     for (int32_t t0 = t_begin; t0 < t_end; t0 += EXL_CPU_KEYS) {
         const int n = t_end - t0 < EXL_CPU_KEYS ? t_end - t0 : EXL_CPU_KEYS;
         for (int i = 0; i < n; i++) {
-            const int32_t t = t0 + i;
-            const int64_t slot = (int64_t)pages[t / s->page_size] * s->page_size + t % s->page_size;
-            kp[i] = j->k_cache + slot * kvw + (int64_t)kv_head * hd;
-            vp[i] = j->v_cache + slot * kvw + (int64_t)kv_head * hd;
+            const int64_t slot = (int64_t)pages[page] * s->page_size + off;
+            kp[i] = j->k_cache + slot * kvw + head_off;
+            vp[i] = j->v_cache + slot * kvw + head_off;
+            if (++off == s->page_size)
+                page++, off = 0;
         }
         /* the next block's keys and values on their way while this one is computed (decode reads them from memory,
          * each key's head a few cache lines 2 * kvw bytes apart: too short a stream for the prefetchers) */
-        for (int32_t t = t0 + EXL_CPU_KEYS; t < t_end && t < t0 + 2 * EXL_CPU_KEYS; t++) {
-            const int64_t slot = (int64_t)pages[t / s->page_size] * s->page_size + t % s->page_size;
-            const char *kn = (const char *)(j->k_cache + slot * kvw + (int64_t)kv_head * hd);
-            const char *vn = (const char *)(j->v_cache + slot * kvw + (int64_t)kv_head * hd);
-            for (int32_t o = 0; o < hd * 2; o += 64) {
-                __builtin_prefetch(kn + o);
-                __builtin_prefetch(vn + o);
+        for (int32_t t = t0 + n, p = page, o = off; t < t_end && t < t0 + n + EXL_CPU_KEYS; t++) {
+            const int64_t slot = (int64_t)pages[p] * s->page_size + o;
+            const char *kn = (const char *)(j->k_cache + slot * kvw + head_off);
+            const char *vn = (const char *)(j->v_cache + slot * kvw + head_off);
+            for (int32_t b = 0; b < hd * 2; b += 64) {
+                __builtin_prefetch(kn + b);
+                __builtin_prefetch(vn + b);
             }
+            if (++o == s->page_size)
+                p++, o = 0;
         }
         k->scores_f16(q, nh, kp, n, hd, sc);
         for (int32_t h = 0; h < nh; h++) {
@@ -89,7 +94,7 @@ static void attend_keys(const attn_job *j, const exl_attn_seq *seq, int32_t row,
             for (int i = 0; i < n; i++)
                 cm = sh[i] > cm ? sh[i] : cm;
             const float nm = cm > m[h] ? cm : m[h];
-            corr[h] = expf(m[h] - nm);
+            corr[h] = nm == m[h] ? 1.0f : expf(m[h] - nm); /* the running max mostly holds after the first blocks */
             l[h] = l[h] * corr[h] + k->exp_sum(sh, nm, n);
             m[h] = nm;
         }
