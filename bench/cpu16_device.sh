@@ -8,7 +8,8 @@
 #   device: bench/cpu16_device.sh [GGUF]   (carry .gpucpu; GGUF: /tmp/exl-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)
 #           prints the CPU, builds llama-bench with every core, then bench/llama_cpp_compare.sh for 1, 2 and all
 #           cores (THREADS; nproc, or a cgroup CPU quota if lower): prefill 512, decode at context 16 and 512,
-#           engines alternated, median of 3, with the read bandwidth exl bench measures after each decode. About 5
+#           engines alternated, median of 3, with the read bandwidth exl bench measures after each decode; then
+#           (unless KV_AB=0) bench/cpu_kv16_ab.sh: decode with the fp32 and the fp16 KV cache alternated. About 7
 #           minutes on 16 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,5 +63,9 @@ fi
 WORK=$work LLAMA_SRC=$work/llama-src GGUF=$gguf JOBS=$cores SETUP_ONLY=1 bench/llama_cpp_compare.sh "$kit/bin"
 stamp "built; running"
 WORK=$work LLAMA_SRC=$work/llama-src GGUF=$gguf THREADS=${THREADS:-"1 2 $cores"} bench/llama_cpp_compare.sh "$kit/bin"
+if [ "${KV_AB:-1}" = 1 ]; then # the CPU KV cache's element, fp32 against fp16 (the default), same runs alternated
+    stamp "KV cache A/B"
+    THREADS=${THREADS:-"1 2 $cores"} bench/cpu_kv16_ab.sh "$work/smollm2-exl2-4.0" "$kit/bin"
+fi
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
 stamp "done"

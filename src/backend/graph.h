@@ -39,7 +39,8 @@
  *
  * Contract. Running a graph means running its nodes one after another through the op table's primitive ops:
  * exl_graph_exec (graph_exec.c), the generic executor, does exactly that (an accumulating matmul through the
- * graph's tmp buffer, then add), and a backend without a graph_run op (the CPU) gets it; with a hook it calls it
+ * graph's tmp buffer, then add), and a backend without a graph_run op gets it (the CPU's runs it too, fusing
+ * neighbouring decode matmuls of one input into one job); with a hook it calls it
  * before each matmul with that node's input (the quantizer's capture; for moe_experts, with each expert's gate, up
  * and down and the rows routed to that expert, computed for the hook before the node runs). A backend with graph_run may compile the
  * graph instead, knowing from the graph alone:

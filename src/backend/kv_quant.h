@@ -3,7 +3,7 @@
  *
  * A cache layer holds its keys (or values) as slots one after another, exl_kv_slot_bytes each; a slot is one
  * token's row of width = n_kv_heads * head_dim values. At 16 bits (or 0) it is width values of the backend's own
- * element (kv_elem_bytes: fp32 on the CPU, fp16 on CUDA). Quantized, it is
+ * element (kv_elem_bytes: fp16 on CUDA and by default on the CPU, fp32 on the CPU's exact path). Quantized, it is
  *   codes    width * bits / 8 bytes: value i of the row in bits [i * bits, (i + 1) * bits) of them, read as one
  *            little-endian number (so head h's codes start at byte h * head_dim * bits / 8);
  *   scales   width / G fp16 values, one per group of G consecutive values (a group never straddles two heads:

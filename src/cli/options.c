@@ -369,7 +369,7 @@ cli_group cli_cache_group(cli_cache_args *a, int parts, const char *tokens_defau
     *a = (cli_cache_args){.k_bits = 16, .v_bits = 16};
     const cli_option bits[] = {
         {NULL, "--cache-bits", CLI_STRING, &a->bits, "K[,V]", .default_text = "16",
-         .help = "bits per cached key and value: 16 (unquantized: fp16 on CUDA,\nfp32 on the CPU), 8, 6 or 4; "
+         .help = "bits per cached key and value: 16 (unquantized: fp16; fp32 on\nthe CPU's exact path), 8, 6 or 4; "
                  "V defaults to K"},
     };
     const cli_option tokens[] = {

@@ -118,6 +118,75 @@ EXL_TEST(simd_kernels_agree_with_scalar) {
     }
 }
 
+/* The fp16 attention kernels (cpu_attention_f16.c) of every table against plain double arithmetic: scores of a
+ * block of keys for 1..8 heads, the exponentials and their sum, the weighted value sums, head_dim with and without a
+ * tail, partial blocks. */
+EXL_TEST(fp16_attention_kernels_agree_with_double) {
+    enum { HD = 80, KEYS = EXL_CPU_KEYS, HEADS = EXL_CPU_HEADS };
+    static float q[HEADS * HD], acc[HEADS * HD], acc0[HEADS * HD], s[HEADS * KEYS], p[HEADS * KEYS], x[37];
+    static uint16_t kv[KEYS][HD];
+    const uint16_t *rows[KEYS];
+    float corr[HEADS];
+    for (int i = 0; i < HEADS * HD; i++)
+        q[i] = sinf((float)i * 0.7f), acc0[i] = cosf((float)i * 0.11f);
+    for (int i = 0; i < KEYS; i++) {
+        rows[i] = kv[i];
+        for (int d = 0; d < HD; d++)
+            kv[i][d] = exl_f32_to_f16(cosf((float)(i * HD + d) * 0.37f));
+    }
+    for (int h = 0; h < HEADS; h++)
+        corr[h] = 0.5f + 0.1f * (float)h;
+    for (int i = 0; i < HEADS * KEYS; i++)
+        p[i] = 0.01f * (float)(i % 29);
+    const char *isas[] = {"scalar", "avx2", "avx512"};
+    for (int t = 0; t < 3; t++) {
+        const exl_cpu_kernels *v = exl_cpu_kernels_named(isas[t]);
+        if (!v)
+            continue;
+        for (int hd = 16; hd <= HD; hd += 64 - 16) /* 16 and 64 + 16 */
+            for (int nh = 1; nh <= HEADS; nh++)
+                for (int n = 1; n <= KEYS; n += 5) {
+                    double worst_s = 0, worst_v = 0;
+                    v->scores_f16(q, nh, rows, n, hd, s);
+                    memcpy(acc, acc0, sizeof acc);
+                    v->values_f16(acc, nh, corr, p, rows, n, hd);
+                    for (int h = 0; h < nh; h++) {
+                        for (int i = 0; i < n; i++) {
+                            double want = 0;
+                            for (int d = 0; d < hd; d++)
+                                want += (double)q[h * hd + d] * exl_f16_to_f32(kv[i][d]);
+                            worst_s = fmax(worst_s, fabs(s[h * KEYS + i] - want));
+                        }
+                        for (int d = 0; d < hd; d++) {
+                            double want = (double)acc0[h * hd + d] * corr[h];
+                            for (int i = 0; i < n; i++)
+                                want += (double)p[h * KEYS + i] * exl_f16_to_f32(kv[i][d]);
+                            worst_v = fmax(worst_v, fabs(acc[h * hd + d] - want));
+                        }
+                    }
+                    CHECK_MSG(worst_s < 1e-4 && worst_v < 1e-5,
+                              "%s hd %d, %d heads, %d keys: scores off by %g, values %g", isas[t], hd, nh, n, worst_s,
+                              worst_v);
+                }
+        for (int n = 1; n <= 37; n += 4) {
+            for (int i = 0; i < 37; i++)
+                x[i] = -20.0f + 0.6f * (float)i;
+            double want_sum = 0, worst = 0;
+            float arg[37]; /* x - m as the kernel computes it, in fp32 */
+            for (int i = 0; i < 37; i++)
+                arg[i] = x[i] - 1.5f;
+            float sum = v->exp_sum(x, 1.5f, n);
+            for (int i = 0; i < n; i++) {
+                double e = exp((double)arg[i]);
+                want_sum += e;
+                worst = fmax(worst, fabs(x[i] - e) / e);
+            }
+            CHECK_MSG(worst < 1e-6 && fabs(sum - want_sum) < 1e-6 * want_sum, "%s exp_sum of %d: off by %g", isas[t], n,
+                      worst);
+        }
+    }
+}
+
 /* A block kernel's every (row, column) must equal dot_* on that column bit for bit: the
  * matmul picks between them by batch size, and rows must not depend on their batch. */
 EXL_TEST(block_kernels_match_dot_bitwise) {

@@ -42,11 +42,12 @@ static double code_value(const unsigned char *slot, int bits, int group, int i) 
     return ((double)c - 0.5 * ((1 << bits) - 1)) * exl_f16_to_f32(h);
 }
 
-/* the row a slot holds, decoded: x = H y group by group (or the fp32 row at full precision) */
-static void decode_row(const unsigned char *slot, int bits, int group, double *x) {
+/* the row a slot holds, decoded: x = H y group by group (or the fp32 or fp16 row at full precision) */
+static void decode_row(const unsigned char *slot, int bits, int group, size_t elem_bytes, double *x) {
     if (!exl_kv_quantized(bits)) {
         for (int i = 0; i < WIDTH; i++)
-            x[i] = ((const float *)(const void *)slot)[i];
+            x[i] = elem_bytes == 2 ? exl_f16_to_f32(((const uint16_t *)(const void *)slot)[i])
+                                   : ((const float *)(const void *)slot)[i];
         return;
     }
     for (int g = 0; g < WIDTH; g += group) {
@@ -67,9 +68,18 @@ typedef struct fixture {
     exl_kv_format fmt;
 } fixture;
 
-static int fixture_init(fixture *f, int k_bits, int v_bits) {
+/* a CPU backend of n_threads with its full-precision cache in fp16 (kv16) or fp32 */
+static exl_backend *cpu_backend(int n_threads, int kv16) {
+    exl_backend *be = NULL;
+    setenv("EXL_CPU_KV", kv16 ? "fp16" : "fp32", 1);
+    exl_status st = exl_backend_cpu_init(n_threads, &be);
+    unsetenv("EXL_CPU_KV");
+    return st == EXL_OK ? be : NULL;
+}
+
+static int fixture_init(fixture *f, int k_bits, int v_bits, int kv16) {
     memset(f, 0, sizeof *f);
-    if (exl_backend_cpu_init(1, &f->be) != EXL_OK)
+    if (!(f->be = cpu_backend(1, kv16)))
         return -1;
     f->fmt = (exl_kv_format){k_bits, v_bits, exl_kv_group(HD)};
     f->k_slot = exl_kv_slot_bytes(WIDTH, k_bits, f->fmt.group, f->be->kv_elem_bytes);
@@ -98,7 +108,7 @@ EXL_TEST(store_writes_nearest_codes) {
     for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++) {
         const int bits = widths[w], top = (1 << bits) - 1;
         fixture f;
-        REQUIRE(fixture_init(&f, bits, bits) == 0);
+        REQUIRE(fixture_init(&f, bits, bits, 0) == 0);
         float k[3][WIDTH], v[3][WIDTH];
         for (int r = 0; r < 3; r++)
             for (int i = 0; i < WIDTH; i++) {
@@ -183,8 +193,10 @@ static void reference(const fixture *f, const scene *s, int r, int h, double cap
                 kx[i] = s->k[row][i], vx[t][i] = s->v[row][i];
         } else {
             const int32_t slot = slot_of(s, seq, t);
-            decode_row((const unsigned char *)f->k_cache + slot * f->k_slot, f->fmt.k_bits, f->fmt.group, kx);
-            decode_row((const unsigned char *)f->v_cache + slot * f->v_slot, f->fmt.v_bits, f->fmt.group, vx[t]);
+            decode_row((const unsigned char *)f->k_cache + slot * f->k_slot, f->fmt.k_bits, f->fmt.group,
+                       f->be->kv_elem_bytes, kx);
+            decode_row((const unsigned char *)f->v_cache + slot * f->v_slot, f->fmt.v_bits, f->fmt.group,
+                       f->be->kv_elem_bytes, vx[t]);
         }
         double d = 0;
         for (int i = 0; i < HD; i++)
@@ -242,19 +254,29 @@ static double off_reference(const fixture *f, const scene *s, double cap, float 
     return worst;
 }
 
+/* for every format, with the full-precision side fp32 and fp16 (whose cache holds the step's own rows rounded: the
+ * scene's new rows are fp16 values there, so that the reference's exact rows are what the cache holds) */
 EXL_TEST(attention_reads_quantized_slots) {
     static const int formats[][2] = {{16, 16}, {8, 8}, {6, 6}, {4, 4}, {8, 4}, {16, 4}, {4, 16}, {6, 8}};
     scene *s = malloc(sizeof *s);
     REQUIRE(s);
-    scene_init(s, 3);
-    for (size_t fi = 0; fi < sizeof formats / sizeof formats[0]; fi++) {
-        fixture f;
-        REQUIRE(fixture_init(&f, formats[fi][0], formats[fi][1]) == 0);
-        float out[4][HEADS * HD];
-        attend(&f, s, 0.0f, out);
-        double worst = off_reference(&f, s, 0, out);
-        CHECK_MSG(worst < 2e-5, "K%d/V%d: attention off by %g", formats[fi][0], formats[fi][1], worst);
-        fixture_free(&f);
+    for (int kv16 = 0; kv16 <= 1; kv16++) {
+        scene_init(s, 3);
+        for (int r = 0; kv16 && r < 4; r++)
+            for (int i = 0; i < WIDTH; i++) {
+                s->k[r][i] = exl_f16_to_f32(exl_f32_to_f16(s->k[r][i]));
+                s->v[r][i] = exl_f16_to_f32(exl_f32_to_f16(s->v[r][i]));
+            }
+        for (size_t fi = 0; fi < sizeof formats / sizeof formats[0]; fi++) {
+            fixture f;
+            REQUIRE(fixture_init(&f, formats[fi][0], formats[fi][1], kv16) == 0);
+            float out[4][HEADS * HD];
+            attend(&f, s, 0.0f, out);
+            double worst = off_reference(&f, s, 0, out);
+            CHECK_MSG(worst < 2e-5, "K%d/V%d (%s): attention off by %g", formats[fi][0], formats[fi][1],
+                      kv16 ? "fp16" : "fp32", worst);
+            fixture_free(&f);
+        }
     }
     free(s);
 }
@@ -267,8 +289,8 @@ EXL_TEST(softcapped_attention_over_an_8_bit_cache) {
     REQUIRE(s);
     scene_init(s, 5);
     fixture q8, full;
-    REQUIRE(fixture_init(&q8, 8, 8) == 0);
-    REQUIRE(fixture_init(&full, 16, 16) == 0);
+    REQUIRE(fixture_init(&q8, 8, 8, 0) == 0);
+    REQUIRE(fixture_init(&full, 16, 16, 0) == 0);
     float out8[4][HEADS * HD], out16[4][HEADS * HD], uncapped[4][HEADS * HD];
     attend(&q8, s, cap, out8);
     attend(&full, s, cap, out16);
@@ -286,4 +308,82 @@ EXL_TEST(softcapped_attention_over_an_8_bit_cache) {
     fixture_free(&q8);
     fixture_free(&full);
     free(s);
+}
+
+/* Decode over a long fp16 cache, where the row's keys are split into sequence blocks among the threads and merged:
+ * one row at position 299 of a paged sequence, against double over the fp16 values, with and without a soft cap;
+ * and close to the same attention over the fp32 cache. */
+EXL_TEST(fp16_cache_decode_over_a_long_context) {
+    enum { T = 300, LPAGE = 16, LPAGES = 20 };
+    float *k = malloc(sizeof(float) * T * WIDTH), *v = malloc(sizeof(float) * T * WIDTH);
+    int32_t pages[LPAGES], slots[T], pos = T - 1;
+    REQUIRE(k && v);
+    uint64_t seed = 11;
+    for (int i = 0; i < T * WIDTH; i++)
+        k[i] = rnd(&seed) * 2, v[i] = rnd(&seed);
+    float q[HEADS * HD];
+    for (int i = 0; i < HEADS * HD; i++)
+        q[i] = rnd(&seed);
+    for (int p = 0; p < LPAGES; p++)
+        pages[p] = (p * 7) % LPAGES;
+    for (int t = 0; t < T; t++)
+        slots[t] = pages[t / LPAGE] * LPAGE + t % LPAGE;
+    exl_attn_seq seq = {0, 1, T, 0};
+    for (int capped = 0; capped <= 1; capped++) {
+        const float cap = capped ? 0.5f : 0.0f;
+        float out[2][HEADS * HD];
+        for (int kv16 = 0; kv16 <= 1; kv16++) {
+            exl_backend *be = cpu_backend(4, kv16);
+            REQUIRE(be);
+            void *kc = exl_calloc((size_t)LPAGES * LPAGE, WIDTH * be->kv_elem_bytes);
+            void *vc = exl_calloc((size_t)LPAGES * LPAGE, WIDTH * be->kv_elem_bytes);
+            REQUIRE(kc && vc);
+            exl_batch b = {.n_rows = T, .slots = slots, .d_slots = slots};
+            be->ops->kv_store(be, kc, vc, k, v, &b, WIDTH);
+            b = (exl_batch){.n_rows = 1,
+                            .n_seqs = 1,
+                            .max_q = 1,
+                            .max_kv = T,
+                            .seqs = &seq,
+                            .pos = &pos,
+                            .slots = slots + T - 1,
+                            .d_seqs = &seq,
+                            .d_pos = &pos,
+                            .d_slots = slots + T - 1,
+                            .d_page_tables = pages};
+            exl_attn_shape sh = {HEADS, KV_HEADS, HD, LPAGE, 0, 1.0f / sqrtf((float)HD), cap};
+            be->ops->attention(be, out[kv16], q, k + (T - 1) * WIDTH, v + (T - 1) * WIDTH, kc, vc, &b, &sh);
+            exl_free(kc);
+            exl_free(vc);
+            be->ops->destroy(be);
+        }
+        double worst = 0, apart = 0;
+        for (int h = 0; h < HEADS; h++) {
+            const int kvh = h / (HEADS / KV_HEADS);
+            double score[T], m = -INFINITY, l = 0, want[HD] = {0};
+            for (int t = 0; t < T; t++) {
+                double d = 0;
+                for (int i = 0; i < HD; i++)
+                    d += q[h * HD + i] * (double)exl_f16_to_f32(exl_f32_to_f16(k[t * WIDTH + kvh * HD + i]));
+                score[t] = d / sqrt((double)HD);
+                if (cap > 0)
+                    score[t] = cap * tanh(score[t] / cap);
+                m = fmax(m, score[t]);
+            }
+            for (int t = 0; t < T; t++) {
+                double p = exp(score[t] - m);
+                l += p;
+                for (int i = 0; i < HD; i++)
+                    want[i] += p * exl_f16_to_f32(exl_f32_to_f16(v[t * WIDTH + kvh * HD + i]));
+            }
+            for (int i = 0; i < HD; i++) {
+                worst = fmax(worst, fabs(out[1][h * HD + i] - want[i] / l));
+                apart = fmax(apart, fabs(out[1][h * HD + i] - out[0][h * HD + i]));
+            }
+        }
+        CHECK_MSG(worst < 2e-5, "fp16 cache%s: attention off by %g", capped ? " (soft cap)" : "", worst);
+        CHECK_MSG(apart < 2e-3, "fp16 cache%s: %g from the fp32 cache's attention", capped ? " (soft cap)" : "", apart);
+    }
+    free(k);
+    free(v);
 }

@@ -17,6 +17,7 @@ typedef struct exl_cpu_backend {
     const exl_cpu_kernels *k;
     const exl_cpu_qkernels *qk; /* same ISA as k */
     int q8;                     /* quantized matmuls with int8 activations (qk->group_q8; not EXL_CPU_ACT=fp32) */
+    int kv16;                   /* the KV cache in fp16 (cpu_attention_f16.c), else fp32: kv_elem_bytes says which */
     void *q8_scratch;           /* their int8 activations, steps and sums (cpu_qmatmul.c), grown as needed */
     size_t q8_scratch_bytes;
     struct exl_host_comm *comm; /* tensor parallelism: the ranks' communicator (cpu_comm.c), or NULL */
@@ -39,6 +40,13 @@ static inline exl_cpu_backend *exl_cpu(exl_backend *be) { return (exl_cpu_backen
 
 /* x·W + b for EXL2 / GPTQ weights (cpu_qmatmul.c) */
 void exl_cpu_qmatmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
+/* Up to EXL_CPU_FUSED_MATMULS decode matmuls of one input x (q, k, v; gate, up) as one job of the pool, each with
+ * the results of exl_cpu_qmatmul, where exl_cpu_qmatmul_fusable says yes for each (cpu_graph.c) */
+#define EXL_CPU_FUSED_MATMULS 3
+int exl_cpu_qmatmul_fusable(exl_backend *be, const exl_linear *w, int32_t rows);
+void exl_cpu_qmatmul_many(exl_backend *be, float *const *outs, const float *x, const exl_linear *const *ws, int n,
+                          int32_t rows);
+exl_status exl_cpu_graph_run(exl_backend *be, const exl_graph *g);
 void exl_cpu_matmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows);
 void exl_cpu_embed(exl_backend *be, float *out, const exl_linear *table, const int32_t *ids, int32_t rows, float scale);
 void exl_cpu_rmsnorm(exl_backend *be, float *out, const float *x, const exl_vector *w, int32_t rows, int32_t width,
@@ -54,6 +62,11 @@ void exl_cpu_kv_store_quant(exl_backend *be, void *k_cache, void *v_cache, const
                             const exl_batch *b, int32_t kv_width);
 void exl_cpu_attention_quant(exl_backend *be, float *out, const float *q, const float *k, const float *v,
                              const void *k_cache, const void *v_cache, const exl_batch *b, const exl_attn_shape *shape);
+/* kv_store and attention for the fp16 cache (cpu_attention_f16.c) */
+void exl_cpu_kv_store_f16(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                          const exl_batch *b, int32_t kv_width);
+void exl_cpu_attention_f16(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
+                           const exl_batch *b, const exl_attn_shape *shape);
 void exl_cpu_glu(exl_backend *be, float *gate, const float *up, int32_t rows, int32_t width, int act);
 void exl_cpu_add(exl_backend *be, float *x, const float *y, int64_t n);
 void exl_cpu_gather_rows(exl_backend *be, float *out, const float *x, const int32_t *idx, int32_t n, int32_t width);

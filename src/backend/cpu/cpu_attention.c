@@ -1,7 +1,7 @@
 /* cpu_attention.c - KV cache writes and causal attention over paged K/V on the CPU.
  *
  * Cache layout: slot s (= page * page_size + offset) holds n_kv_heads * head_dim fp32
- * values (a cache with a quantized side goes to cpu_kv_quant.c). Attention uses an online softmax over chunks of
+ * values (a cache with a quantized side goes to cpu_kv_quant.c, an fp16 one to cpu_attention_f16.c). Attention uses an online softmax over chunks of
  * keys, so no score buffer is allocated whatever the context length; keys outside the layer's sliding window are
  * skipped, scores soft-capped where the layer asks. Work items are (row, KV head, sequence block): the query heads
  * sharing a KV head read its keys and values once, and with few rows (decode) each row's keys are split into
@@ -19,6 +19,10 @@ void exl_cpu_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float
                       int32_t kv_width) {
     if (exl_kv_quantized(b->kv.k_bits) || exl_kv_quantized(b->kv.v_bits)) {
         exl_cpu_kv_store_quant(be, k_cache, v_cache, k, v, b, kv_width);
+        return;
+    }
+    if (exl_cpu(be)->kv16) {
+        exl_cpu_kv_store_f16(be, k_cache, v_cache, k, v, b, kv_width);
         return;
     }
     for (int32_t r = 0; r < b->n_rows; r++) {
@@ -180,6 +184,10 @@ void exl_cpu_attention(exl_backend *be, float *out, const float *q, const float 
                        const void *v_cache, const exl_batch *b, const exl_attn_shape *shape) {
     if (exl_kv_quantized(b->kv.k_bits) || exl_kv_quantized(b->kv.v_bits)) {
         exl_cpu_attention_quant(be, out, q, k, v, k_cache, v_cache, b, shape);
+        return;
+    }
+    if (exl_cpu(be)->kv16) {
+        exl_cpu_attention_f16(be, out, q, k_cache, v_cache, b, shape);
         return;
     }
     (void)k, (void)v; /* the cache is fp32: the new rows' cached copies are exact */

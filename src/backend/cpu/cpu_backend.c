@@ -153,6 +153,7 @@ static const exl_backend_ops cpu_ops = {
     .linear_set_dense = cpu_linear_set_dense,
     .sq_dist = cpu_sq_dist,
     .gemm = exl_cpu_host_gemm, /* backend memory is host memory */
+    .graph_run = exl_cpu_graph_run,
 };
 
 exl_pool *exl_backend_cpu_pool(exl_backend *be) { return be->ops == &cpu_ops ? exl_cpu(be)->pool : NULL; }
@@ -174,7 +175,11 @@ exl_status exl_backend_cpu_init(int n_threads, exl_backend **out) {
     be->q8 = !(act && !strcmp(act, "fp32")) && exl_cpu_q8_for(be->qk) != NULL;
     be->base.ops = &cpu_ops;
     be->base.name = "cpu";
-    be->base.kv_elem_bytes = sizeof(float);
+    /* the KV cache in fp16 where its kernels are vectorized (AVX-512), as llama.cpp's and the GPU's, except on the
+     * exact path; EXL_CPU_KV=fp16|fp32 chooses either way */
+    const char *kv = getenv("EXL_CPU_KV");
+    be->kv16 = kv ? !strcmp(kv, "fp16") : be->q8 && !strcmp(be->k->isa, "avx512");
+    be->base.kv_elem_bytes = be->kv16 ? sizeof(uint16_t) : sizeof(float);
     be->base.step_rows = EXL_CPU_STEP_ROWS;
     *out = &be->base;
     return EXL_OK;

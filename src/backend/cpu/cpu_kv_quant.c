@@ -1,6 +1,7 @@
 /* cpu_kv_quant.c - the KV cache on the CPU when either side is quantized (backend/kv_quant.h): kv_store quantizes
  * the step's rows into their slots, attention reads the quantized slots as they are (one key's head decoded at a
- * time, no dequantized copy of the cache). A full-precision side stays fp32 rows, as in cpu_attention.c.
+ * time, no dequantized copy of the cache). A full-precision side stays rows of the backend's element: fp32 as in
+ * cpu_attention.c, or fp16 as in cpu_attention_f16.c (converted a key at a time here).
  *
  * Attention takes the keys and values of the step's own rows from the fp32 k and v (exact, as computed), the
  * earlier ones from the cache. Quantized keys are scored against the query rotated group by group (H q . y);
@@ -17,20 +18,21 @@
 #define KEY_CHUNK 64
 #define MAX_HEAD_DIM 1024
 
-/* One side of a cache layer: fp32 rows, or quantized slots. */
+/* One side of a cache layer: fp32 or fp16 rows (half), or quantized slots. */
 typedef struct kv_side {
     unsigned char *base;
     size_t slot_bytes, codes_bytes;
-    int32_t bits, quant, group;
+    int32_t bits, quant, group, half;
 } kv_side;
 
-static kv_side side_of(const void *cache, int32_t bits, int32_t group, int32_t width) {
+static kv_side side_of(const exl_backend *be, const void *cache, int32_t bits, int32_t group, int32_t width) {
     kv_side s = {(unsigned char *)(uintptr_t)cache,
-                 exl_kv_slot_bytes(width, bits, group, sizeof(float)),
+                 exl_kv_slot_bytes(width, bits, group, be->kv_elem_bytes),
                  0,
                  bits,
                  exl_kv_quantized(bits),
-                 group};
+                 group,
+                 !exl_kv_quantized(bits) && be->kv_elem_bytes == sizeof(uint16_t)};
     s.codes_bytes = s.quant ? exl_kv_codes_bytes(width, bits) : 0;
     return s;
 }
@@ -88,6 +90,9 @@ static void store_side(const kv_side *s, const float *x, const exl_batch *b, int
         unsigned char *slot = s->base + (size_t)b->slots[r] * s->slot_bytes;
         if (s->quant)
             quantize_row(s, slot, x + (int64_t)r * width, width);
+        else if (s->half)
+            for (int32_t i = 0; i < width; i++)
+                ((uint16_t *)(void *)slot)[i] = exl_f32_to_f16(x[(int64_t)r * width + i]);
         else
             memcpy(slot, x + (int64_t)r * width, (size_t)width * sizeof(float));
     }
@@ -95,8 +100,8 @@ static void store_side(const kv_side *s, const float *x, const exl_batch *b, int
 
 void exl_cpu_kv_store_quant(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                             const exl_batch *b, int32_t kv_width) {
-    kv_side ks = side_of(k_cache, b->kv.k_bits, b->kv.group, kv_width);
-    kv_side vs = side_of(v_cache, b->kv.v_bits, b->kv.group, kv_width);
+    kv_side ks = side_of(be, k_cache, b->kv.k_bits, b->kv.group, kv_width);
+    kv_side vs = side_of(be, v_cache, b->kv.v_bits, b->kv.group, kv_width);
     store_side(&ks, k, b, kv_width);
     store_side(&vs, v, b, kv_width);
 }
@@ -161,8 +166,9 @@ static int64_t seq_items(const qattn_job *j, const exl_attn_seq *seq) {
     return (int64_t)j->s->n_kv_heads * ((per_kv + j->block - 1) / j->block);
 }
 
-/* Where key t of seq reads its K or V head: the step's own fp32 row (*exact), a fp32 cache row, or a quantized
- * slot decoded into buf (rotated); returns the head's values. */
+/* Where key t of seq reads its K or V head: the step's own fp32 row (*exact), a fp32 cache row, an fp16 one
+ * converted into buf (*exact: not rotated), or a quantized slot decoded into buf (rotated); returns the head's
+ * values. */
 static const float *key_head(const qattn_job *j, const kv_side *s, const float *rows, const exl_attn_seq *seq,
                              int32_t t, int32_t kv_head, float *buf, int *exact) {
     const exl_attn_shape *sh = j->s;
@@ -174,6 +180,11 @@ static const float *key_head(const qattn_job *j, const kv_side *s, const float *
     const int64_t slot = (int64_t)pages[t / sh->page_size] * sh->page_size + t % sh->page_size;
     const unsigned char *p = s->base + (size_t)slot * s->slot_bytes;
     *exact = !s->quant;
+    if (s->half) {
+        for (int32_t i = 0; i < hd; i++)
+            buf[i] = exl_f16_to_f32(((const uint16_t *)(const void *)p)[(int64_t)kv_head * hd + i]);
+        return buf;
+    }
     if (!s->quant)
         return (const float *)(const void *)p + (int64_t)kv_head * hd;
     decode(s, p, kv_head * hd, hd, buf);
@@ -286,8 +297,8 @@ void exl_cpu_attention_quant(exl_backend *be, float *out, const float *q, const 
                    .q = q,
                    .k = k,
                    .v = v,
-                   .ks = side_of(k_cache, b->kv.k_bits, b->kv.group, width),
-                   .vs = side_of(v_cache, b->kv.v_bits, b->kv.group, width),
+                   .ks = side_of(be, k_cache, b->kv.k_bits, b->kv.group, width),
+                   .vs = side_of(be, v_cache, b->kv.v_bits, b->kv.group, width),
                    .b = b,
                    .s = shape};
     block_sizes(shape->head_dim, &j.chunk, &j.block);

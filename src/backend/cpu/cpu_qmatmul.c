@@ -132,27 +132,79 @@ static void quantize_task(void *p, int ti, int tn) {
     exl_cpu_q8_quantize(j->qk, j->w->q, j->x, j->w->src.in_features, j->rows, j->xq, j->dx, j->xsum, ti, tn);
 }
 
+/* Bytes of one copy of rows of w's int8 activations with their steps and sums (xq, dx, xsum; each xq_bytes). */
+static size_t q8_bytes(const exl_linear *w, int32_t rows, size_t *xq_bytes) {
+    int64_t K = w->src.in_features, n = (int64_t)rows * w->q->n_groups;
+    *xq_bytes = ((size_t)(rows * K) + 63) & ~(size_t)63;
+    return (*xq_bytes + (size_t)n * 8 + 63) & ~(size_t)63;
+}
+
+/* The backend's int8 scratch grown to bytes; 0 if memory is short (the exact path then). */
+static int q8_scratch(exl_cpu_backend *cpu, size_t bytes) {
+    if (bytes > cpu->q8_scratch_bytes) {
+        exl_free_aligned(cpu->q8_scratch);
+        cpu->q8_scratch = exl_malloc_aligned(bytes);
+        cpu->q8_scratch_bytes = cpu->q8_scratch ? bytes : 0;
+    }
+    return cpu->q8_scratch != NULL;
+}
+
+/* j's int8 activations at base: xq, then the steps, then the sums */
+static void q8_place(qmatmul_job *j, char *base, size_t xq_bytes) {
+    int64_t n = (int64_t)j->rows * j->w->q->n_groups;
+    j->xq = (int8_t *)base, j->dx = (float *)(base + xq_bytes), j->xsum = (int32_t *)(base + xq_bytes + n * 4);
+}
+
 void exl_cpu_qmatmul(exl_backend *be, float *out, const float *x, const exl_linear *w, int32_t rows) {
     exl_cpu_backend *cpu = exl_cpu(be);
     qmatmul_job j = {cpu->qk, out, x, w, rows, NULL, NULL, NULL, 0};
     if (cpu->q8) { /* int8 activations in the backend's scratch; if memory is short, the exact path */
-        int64_t K = w->src.in_features, n = (int64_t)rows * w->q->n_groups;
-        size_t xq_bytes = ((size_t)(rows * K) + 63) & ~(size_t)63, one = (xq_bytes + (size_t)n * 8 + 63) & ~(size_t)63;
+        size_t xq_bytes, one = q8_bytes(w, rows, &xq_bytes);
         int own = rows <= Q8_OWN_ROWS && exl_pool_size(cpu->pool) > 1;
-        size_t bytes = own ? one * (size_t)exl_pool_size(cpu->pool) : one;
-        if (bytes > cpu->q8_scratch_bytes) {
-            exl_free_aligned(cpu->q8_scratch);
-            cpu->q8_scratch = exl_malloc_aligned(bytes);
-            cpu->q8_scratch_bytes = cpu->q8_scratch ? bytes : 0;
-        }
-        if (cpu->q8_scratch) {
-            char *base = cpu->q8_scratch;
-            j.xq = (int8_t *)base, j.dx = (float *)(base + xq_bytes), j.xsum = (int32_t *)(base + xq_bytes + n * 4);
+        if (q8_scratch(cpu, own ? one * (size_t)exl_pool_size(cpu->pool) : one)) {
+            q8_place(&j, cpu->q8_scratch, xq_bytes);
             if (own)
                 j.own_stride = one;
             else
-                exl_pool_run_work(cpu->pool, quantize_task, &j, rows * K * 8);
+                exl_pool_run_work(cpu->pool, quantize_task, &j, rows * w->src.in_features * 8);
         }
     }
     exl_pool_run(cpu->pool, qmatmul_task, &j);
+}
+
+typedef struct {
+    qmatmul_job jobs[EXL_CPU_FUSED_MATMULS];
+    int n;
+} qmatmul_many_job;
+
+static void qmatmul_many_task(void *p, int ti, int tn) {
+    const qmatmul_many_job *m = p;
+    for (int i = 0; i < m->n; i++)
+        qmatmul_task((void *)(uintptr_t)&m->jobs[i], ti, tn);
+}
+
+int exl_cpu_qmatmul_fusable(exl_backend *be, const exl_linear *w, int32_t rows) {
+    exl_cpu_backend *cpu = exl_cpu(be);
+    return w->src.kind != EXL_LINEAR_DENSE && cpu->q8 && rows <= Q8_OWN_ROWS && exl_pool_size(cpu->pool) > 1;
+}
+
+void exl_cpu_qmatmul_many(exl_backend *be, float *const *outs, const float *x, const exl_linear *const *ws, int n,
+                          int32_t rows) {
+    exl_cpu_backend *cpu = exl_cpu(be);
+    qmatmul_many_job m = {.n = n};
+    size_t xq_bytes[EXL_CPU_FUSED_MATMULS], stride = 0;
+    for (int i = 0; i < n; i++) { /* one stride for all: a thread's copy for one matrix never reaches the next's */
+        size_t one = q8_bytes(ws[i], rows, &xq_bytes[i]);
+        stride = one > stride ? one : stride;
+    }
+    if (!q8_scratch(cpu, stride * (size_t)exl_pool_size(cpu->pool))) {
+        for (int i = 0; i < n; i++)
+            exl_cpu_qmatmul(be, outs[i], x, ws[i], rows);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        m.jobs[i] = (qmatmul_job){cpu->qk, outs[i], x, ws[i], rows, NULL, NULL, NULL, stride};
+        q8_place(&m.jobs[i], cpu->q8_scratch, xq_bytes[i]);
+    }
+    exl_pool_run(cpu->pool, qmatmul_many_task, &m);
 }

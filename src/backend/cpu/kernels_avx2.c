@@ -52,5 +52,15 @@ DEFINE_DOT(dot_f32, float, load_f32, one_f32)
 DEFINE_DOT(dot_f16, uint16_t, load_f16, exl_f16_to_f32)
 DEFINE_DOT(dot_bf16, uint16_t, load_bf16, exl_bf16_to_f32)
 
-const exl_cpu_kernels exl_cpu_kernels_avx2 = {"avx2", dot_f32, dot_f16, dot_bf16,
-                                              NULL,   NULL,    NULL,    exl_cpu_axpy_f32_scalar};
+/* fp16 attention: the portable loops (the fp16 cache is the default only with AVX-512, cpu_backend.c) */
+const exl_cpu_kernels exl_cpu_kernels_avx2 = {"avx2",
+                                              dot_f32,
+                                              dot_f16,
+                                              dot_bf16,
+                                              NULL,
+                                              NULL,
+                                              NULL,
+                                              exl_cpu_axpy_f32_scalar,
+                                              exl_cpu_scores_f16_scalar,
+                                              exl_cpu_exp_sum_scalar,
+                                              exl_cpu_values_f16_scalar};

@@ -3,6 +3,7 @@
 
 #include "base/half.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -39,5 +40,42 @@ void exl_cpu_axpy_f32_scalar(float *y, float a, const float *x, int32_t n) {
         y[i] += a * x[i];
 }
 
-const exl_cpu_kernels exl_cpu_kernels_scalar = {"scalar", dot_f32, dot_f16, dot_bf16,
-                                                NULL,     NULL,    NULL,    exl_cpu_axpy_f32_scalar};
+void exl_cpu_scores_f16_scalar(const float *q, int nh, const uint16_t *const *k, int n, int32_t hd, float *s) {
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < nh; h++)
+            dot_f16(q + (int64_t)h * hd, hd, 1, k[i], hd, s + h * EXL_CPU_KEYS + i);
+}
+
+float exl_cpu_exp_sum_scalar(float *x, float m, int n) {
+    float sum = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        sum += x[i];
+    }
+    return sum;
+}
+
+void exl_cpu_values_f16_scalar(float *acc, int nh, const float *corr, const float *p, const uint16_t *const *v, int n,
+                               int32_t hd) {
+    for (int h = 0; h < nh; h++) {
+        float *a = acc + (int64_t)h * hd;
+        for (int32_t d = 0; d < hd; d++) {
+            float sum = a[d] * corr[h];
+            for (int i = 0; i < n; i++)
+                sum += p[h * EXL_CPU_KEYS + i] * exl_f16_to_f32(v[i][d]);
+            a[d] = sum;
+        }
+    }
+}
+
+const exl_cpu_kernels exl_cpu_kernels_scalar = {"scalar",
+                                                dot_f32,
+                                                dot_f16,
+                                                dot_bf16,
+                                                NULL,
+                                                NULL,
+                                                NULL,
+                                                exl_cpu_axpy_f32_scalar,
+                                                exl_cpu_scores_f16_scalar,
+                                                exl_cpu_exp_sum_scalar,
+                                                exl_cpu_values_f16_scalar};
