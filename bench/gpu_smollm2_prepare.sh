@@ -42,7 +42,7 @@ cp "$shared"/models/rand-llama/tokenizer.json "$shared"/models/rand-llama/tokeni
 cp "$shared"/data/calibration/*.utf8 .gpuq1/calibration/
 # the GGUF: the first piece as large as kit 1 leaves room for, the rest in kit 2; its checksum goes with kit 2
 total=$(stat -c %s "$gguf")
-room=$((limit - $(du -sb .gpuq1 | cut -f1)))
+room=$((limit - $(du -sb .gpuq1 | cut -f1) - 65536)) # du also counts the folders' own blocks
 first=$((total / 2 < room ? total / 2 : room))
 head -c "$first" "$gguf" >.gpuq1/gguf.part1
 tail -c +$((first + 1)) "$gguf" >.gpuq2/gguf.part2
