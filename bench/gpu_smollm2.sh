@@ -12,15 +12,19 @@
 #                                                windows of the fp32 model, prints the table
 #
 # Steps already done are kept: part2 called again (same warm machine) resumes an interrupted quantization and goes
-# on. part2 stops starting new work after $BUDGET seconds (default 510: a call may run 600). Logs go to $OUT.
+# on. part2 stops starting new work after $BUDGET seconds (default 510: a call may run 600). Logs go to $OUT (copied
+# there from $STAGE/logs at the end of each call).
 set -uo pipefail
 STAGE=${STAGE:-/tmp/exl-smollm2}
-OUT=${OUT:-$STAGE/out}
+# the logs stay in $STAGE/logs across calls (a device call's $OUT is a new empty folder each time, and the table
+# reads every earlier call's logs); they are copied to $OUT at the end
+RESULT_DIR=${OUT:-$STAGE/out}
+OUT=$STAGE/logs
 BUDGET=${BUDGET:-510}
 DEVICE=${DEVICE:-cuda} # cpu: a dry run of the script elsewhere
 PYTHON=${PYTHON:-python3} # with numpy
 GGUF=$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf
-mkdir -p "$STAGE" "$OUT"
+mkdir -p "$STAGE" "$OUT" "$RESULT_DIR"
 start=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - start))); }
 
@@ -142,5 +146,6 @@ echo
 echo "perplexity over 2 windows of the fp32 model: cuda $(cat "$WORK/fp32-w2-cuda.ppl" 2> /dev/null), cpu" \
     "$(cat "$WORK/fp32-w2-cpu.ppl" 2> /dev/null) (this model on the 2-core machine, same protocol: 18.837617)"
 cp "$WORK"/*.ppl "$OUT/" 2> /dev/null
+[ "$RESULT_DIR" = "$OUT" ] || cp "$OUT"/* "$RESULT_DIR/" 2> /dev/null
 [ -f "$WORK/gptq/config.json" ] && [ -s "$WORK/fp32-w2-cpu.ppl" ] && echo "all done" ||
     echo "not all done in ${BUDGET} s: call part2 again on the same machine to go on"
