@@ -11,7 +11,8 @@
 #      leaves it out);
 #   3. the collectives' time per decode step: the same decode with EXL_TP_NO_COMM=1 (collectives left out, wrong
 #      tokens), the difference being their cost;
-#   4. --gpu-split with a model larger than one GPU's share: the 70B shape (~35 GB) with EXL_CUDA_MEMORY_LIMIT=24GiB
+#   4. --gpu-split with a model larger than one GPU's share: the 7B shape under EXL_CUDA_MEMORY_LIMIT=3GiB (split
+#      2.5,2.5), then the 70B shape (~35 GB) with EXL_CUDA_MEMORY_LIMIT=24GiB
 #      (each GPU pretends to have 24 GiB): refused on one GPU, split 20,20 over two.
 # A device call lasts 10 minutes at most: run the parts one call each (the machine keeps /tmp while it is held;
 # speed and split make the model they need when /tmp lacks it):
@@ -96,13 +97,24 @@ speed() { # model name (m7b or m70b)
 }
 
 split() {
-echo "==== 4. --gpu-split with a model larger than one GPU's share (EXL_CUDA_MEMORY_LIMIT=24GiB)"
+echo "==== 4. --gpu-split with a model larger than one GPU's share (EXL_CUDA_MEMORY_LIMIT)"
+# first the 7B shape (3.9 GB) under a 3 GiB limit: seconds, and it shows whether the split path runs at all; then the
+# 70B shape under 24 GiB. Each run's output goes to its log as it comes (a timeout keeps what was printed).
+model m7b
+EXL_CUDA_MEMORY_LIMIT=3GiB timeout 60 "$bin/exl" bench -m /tmp/m7b --device cuda -p 512 -n 32 >"$out/split_7b_one.log" 2>&1
+tail -2 "$out/split_7b_one.log"
+EXL_CUDA_MEMORY_LIMIT=3GiB timeout 120 "$bin/exl" bench -m /tmp/m7b --device cuda --gpu-split 2.5,2.5 -p 512 -n 32 \
+    >"$out/split_7b.log" 2>&1
+echo "   rc $? ($SECONDS s into the call)"
+tail -6 "$out/split_7b.log"
 model m70b
-export EXL_CUDA_MEMORY_LIMIT=24GiB
-timeout 150 "$bin/exl" bench -m /tmp/m70b --device cuda -p 512 -n 32 2>&1 | tail -2
+EXL_CUDA_MEMORY_LIMIT=24GiB timeout 150 "$bin/exl" bench -m /tmp/m70b --device cuda -p 512 -n 32 >"$out/split_70b_one.log" 2>&1
+tail -2 "$out/split_70b_one.log"
 echo "   ($SECONDS s into the call)"
-timeout 300 "$bin/exl" bench -m /tmp/m70b --device cuda --gpu-split 20,20 -p 512 -n 32 2>&1 | tail -6
-echo "   ($SECONDS s into the call)"
+EXL_CUDA_MEMORY_LIMIT=24GiB timeout 300 "$bin/exl" bench -m /tmp/m70b --device cuda --gpu-split 20,20 -p 512 -n 32 \
+    >"$out/split_70b.log" 2>&1
+echo "   rc $? ($SECONDS s into the call)"
+tail -6 "$out/split_70b.log"
 }
 
 shared=.gpu/shared
