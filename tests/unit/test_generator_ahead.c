@@ -35,6 +35,7 @@ static void run_schedule(int ahead, exl_model *m, exl_tokenizer *tok, const sche
     setenv("EXL_DECODE_AHEAD", ahead ? "1" : "0", 1);
     exl_generator *g = gu_generator(m, tok, 64, 16, 0); /* pages of 16: many page crossings */
     unsetenv("EXL_DECODE_AHEAD");
+    unsetenv("EXL_SAMPLED_AHEAD");
     if (!g)
         return;
     for (int step = 0;; step++) {
@@ -113,6 +114,75 @@ EXL_TEST(same_tokens_with_and_without_decode_ahead) {
               (long long)st_on.dropped);
     CHECK_MSG(st_alone.kept >= alone_on->n_ids - 2 - 120 / 16, "alone: kept %lld of %d tokens",
               (long long)st_alone.kept, alone_on->n_ids);
+    CHECK(st_off.kept == 0 && st_off.dropped == 0);
+    free(on);
+    free(off);
+    free(alone_on);
+    free(alone_off);
+    exl_tokenizer_free(tok);
+    exl_model_free(m);
+}
+
+static exl_job_params sampled(const char *text, int32_t max_new, float temperature, uint64_t seed) {
+    exl_job_params p = greedy(text, max_new);
+    p.sampling.temperature = temperature;
+    p.sampling.seed = seed;
+    return p;
+}
+
+/* Sampled steps queued ahead (EXL_SAMPLED_AHEAD, on by default where decode runs ahead) give the tokens of sampled
+ * steps run one by one, for the same seeds, while jobs join, end on a stop string or their length, are cancelled,
+ * or use penalties (left out of it). */
+EXL_TEST(sampled_decode_ahead_same_tokens) {
+    exl_tokenizer *tok;
+    exl_model *m = gu_load("tinystories-656k", &tok);
+    REQUIRE(m);
+    static const char *const stops[] = {" the"};
+    enum { N = 8 };
+    sched_job jobs[N] = {
+        {0, -1, sampled("Once upon a time", 90, 0.8f, 1)},      /* top-p 0.95: alone at first */
+        {0, -1, sampled("Tom had a red ball", 30, 1.0f, 2)},    /* min-p; ends on its length */
+        {4, -1, sampled("The sun", 100, 0.7f, 3)},              /* a stop string mid-run */
+        {40, -1, sampled("A cat and a dog", 20, 0.9f, 4)},      /* repetition penalty: not ahead */
+        {2, -1, sampled("She was happy because", 60, 0.8f, 5)}, /* top-k and top-p, log-probabilities */
+        {20, -1, sampled("Lily", 50, 1.2f, 6)},                 /* typical, min_new */
+        {3, 25, sampled("Ben and Mia", 100, 0.8f, 7)},          /* cancelled */
+        {70, -1, sampled("One day", 30, 0.8f, 8)},              /* presence penalty, joins late */
+    };
+    jobs[0].p.sampling.top_p = 0.95f;
+    jobs[1].p.sampling.min_p = 0.05f;
+    jobs[2].p.sampling.top_p = 0.9f;
+    jobs[2].p.stop_strings = stops;
+    jobs[2].p.n_stop_strings = 1;
+    jobs[3].p.sampling.repetition_penalty = 1.2f;
+    jobs[4].p.sampling.top_k = 20, jobs[4].p.sampling.top_p = 0.95f, jobs[4].p.logprobs = 1;
+    jobs[5].p.sampling.typical_p = 0.9f, jobs[5].p.min_new_tokens = 10;
+    jobs[6].p.sampling.top_p = 0.95f;
+    jobs[7].p.sampling.presence_penalty = 0.5f;
+    gu_result *on = calloc(N, sizeof *on), *off = calloc(N, sizeof *off), *alone_on = calloc(1, sizeof *on),
+              *alone_off = calloc(1, sizeof *off);
+    exl_gen_ahead st_on, st_off, st_alone;
+    run_schedule(1, m, tok, jobs, N, on, &st_on); /* EXL_SAMPLED_AHEAD unset: on */
+    setenv("EXL_SAMPLED_AHEAD", "0", 1);
+    run_schedule(1, m, tok, jobs, N, off, &st_off);
+    setenv("EXL_SAMPLED_AHEAD", "0", 1);
+    run_schedule(1, m, tok, jobs, 1, alone_off, &st_off);
+    run_schedule(1, m, tok, jobs, 1, alone_on, &st_alone);
+    for (int i = 0; i < N; i++) {
+        CHECK_MSG(on[i].n_ids == off[i].n_ids && !memcmp(on[i].ids, off[i].ids, sizeof on[i].ids[0] * on[i].n_ids),
+                  "job %d: %d tokens ahead, %d without, or other tokens", i, on[i].n_ids, off[i].n_ids);
+        CHECK_MSG(on[i].finish == off[i].finish && on[i].finish != EXL_FINISH_NONE, "job %d: finish %d vs %d", i,
+                  on[i].finish, off[i].finish);
+    }
+    CHECK(on[1].finish == EXL_FINISH_LENGTH && on[1].n_ids == 30);
+    CHECK(on[2].finish == EXL_FINISH_STOP && on[2].n_ids < 100);
+    CHECK(on[6].finish == EXL_FINISH_CANCELLED);
+    CHECK(alone_on->n_ids == alone_off->n_ids &&
+          !memcmp(alone_on->ids, alone_off->ids, sizeof alone_on->ids[0] * alone_on->n_ids));
+    CHECK_MSG(st_on.kept > 20 && st_on.dropped >= 2, "kept %lld, dropped %lld", (long long)st_on.kept,
+              (long long)st_on.dropped);
+    CHECK_MSG(st_alone.kept >= alone_on->n_ids - 2 - 90 / 16, "alone: kept %lld of %d tokens", (long long)st_alone.kept,
+              alone_on->n_ids);
     CHECK(st_off.kept == 0 && st_off.dropped == 0);
     free(on);
     free(off);
