@@ -1,5 +1,6 @@
 /* forward_sample.c - a forward step whose tokens are sampled where the logits lie (the backend's sample op), masked
- * first for constrained decoding: one token per row comes back instead of a vocabulary of logits. */
+ * first for constrained decoding: one token per row comes back instead of a vocabulary of logits; or queued ahead of
+ * the host (sample_queue), its tokens left where the next step reads them, as forward_ahead.c's argmax. */
 #include "model/model.h"
 
 #include "base/error.h"
