@@ -2673,8 +2673,9 @@ static void sample_op_case(const char *what, const float *x, int32_t rows, int32
     free(params), free(edits), free(rg), free(rc);
 }
 
-/* n sampled jobs through the generator, the first 24 tokens of each into out[24 j ..] (-1 on failure) */
-static int generate_sampled(exl_model *m, exl_tokenizer *tok, int n_jobs, int32_t *out) {
+/* n sampled jobs through the generator, the first 24 tokens of each into out[24 j ..] (-1 on failure); penalties: a
+ * repetition penalty on every fourth job (which keeps its steps from running ahead of the host) */
+static int generate_sampled(exl_model *m, exl_tokenizer *tok, int n_jobs, int penalties, int32_t *out) {
     exl_generator *g;
     if (exl_generator_init(m, tok, NULL, &g) != EXL_OK)
         return -1;
@@ -2690,7 +2691,7 @@ static int generate_sampled(exl_model *m, exl_tokenizer *tok, int n_jobs, int32_
         jp.sampling.seed = 100 + (uint64_t)j;
         jp.sampling.temperature = 0.8f, jp.sampling.top_p = 0.95f;
         if (j % 4 == 1)
-            jp.sampling.top_p = 1, jp.sampling.min_p = 0.05f, jp.sampling.repetition_penalty = 1.2f;
+            jp.sampling.top_p = 1, jp.sampling.min_p = 0.05f, jp.sampling.repetition_penalty = penalties ? 1.2f : 1;
         if (j % 4 == 2)
             jp.sampling.typical_p = 0.9f, jp.sampling.logit_bias = bias, jp.sampling.n_logit_bias = 1;
         if (exl_generator_submit(g, &jp, &ids[j]) != EXL_OK)
@@ -2735,14 +2736,27 @@ static void test_device_sampling(const char *shared) {
     enum { JOBS = 12 };
     int32_t a[JOBS * 24], b[JOBS * 24];
     setenv("EXL_DEVICE_SAMPLING", "1", 1); /* whatever the default, the first run samples with the op */
-    int na = generate_sampled(m, tok, JOBS, a);
+    int na = generate_sampled(m, tok, JOBS, 1, a);
     setenv("EXL_DEVICE_SAMPLING", "0", 1);
-    int nb = generate_sampled(m, tok, JOBS, b);
+    int nb = generate_sampled(m, tok, JOBS, 1, b);
     unsetenv("EXL_DEVICE_SAMPLING");
     if (na != JOBS * 24 || nb != na)
         printf("     (%d and %d tokens of %d: %s)\n", na, nb, JOBS * 24, exl_last_error());
     report("12 sampled jobs: on the device == on the host",
            na == JOBS * 24 && nb == na ? (double)memcmp(a, b, sizeof a) != 0 : 1.0, 0);
+    /* sampled steps queued ahead of the host (the default) against steps that wait for their tokens */
+    for (int n_jobs = 1; n_jobs <= JOBS; n_jobs += JOBS - 1) {
+        na = generate_sampled(m, tok, n_jobs, 0, a);
+        setenv("EXL_SAMPLED_AHEAD", "0", 1);
+        nb = generate_sampled(m, tok, n_jobs, 0, b);
+        unsetenv("EXL_SAMPLED_AHEAD");
+        if (na != n_jobs * 24 || nb != na)
+            printf("     (%d and %d tokens of %d: %s)\n", na, nb, n_jobs * 24, exl_last_error());
+        char name[96];
+        snprintf(name, sizeof name, "%d sampled job%s: queued ahead == waiting for tokens", n_jobs,
+                 n_jobs > 1 ? "s" : "");
+        report(name, na == n_jobs * 24 && nb == na ? (double)memcmp(a, b, (size_t)na * sizeof *a) != 0 : 1.0, 0);
+    }
     exl_tokenizer_free(tok);
     exl_model_free(m);
 }
