@@ -258,3 +258,61 @@ EXL_TEST(model_fed_chain_matches_plain_forwards) {
     exl_tokenizer_free(tok);
     exl_model_free(m);
 }
+
+/* The model's sampled chain (each step queued, drawing with u or u_next by what the step before kept, before the
+ * last one's token is read) gives the tokens of plain sampled forwards with the stream moved on here; misuse is
+ * refused. */
+EXL_TEST(model_sampled_chain_matches_plain_forwards) {
+    exl_tokenizer *tok;
+    exl_model *m = gu_load("tinystories-656k", &tok);
+    REQUIRE(m);
+    int32_t ps = 16;
+    exl_kv_cache *cache;
+    REQUIRE_OK(exl_kv_cache_init(m, 8, ps, 16, 16, &cache));
+    enum { PROMPT = 6, STEPS = 40 };
+    int32_t prompt[PROMPT] = {1, 400, 300, 200, 100, 50}, pages[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    double us[STEPS + 2];
+    for (int i = 0; i < STEPS + 2; i++)
+        us[i] = (double)((i * 7919 + 13) % 1000) / 1000.0;
+    exl_sample_params p = {.temperature = 0.9f, .top_p = 0.8f, .typical_p = 1, .repetition_penalty = 1};
+    int32_t want[STEPS + 1], got[STEPS + 1], seq[PROMPT + STEPS + 1];
+    memcpy(seq, prompt, sizeof prompt);
+    int used = 0, ui = 0, drew = 0;
+    /* plain */
+    exl_seq_step st = {prompt, PROMPT, 0, pages, 1, 1};
+    for (int i = 0; i <= STEPS; i++) {
+        exl_sample_result r;
+        p.u = us[ui];
+        REQUIRE_OK(exl_model_forward_sample(m, cache, &st, 1, NULL, NULL, NULL, &p, NULL, 0, &r));
+        ui += r.n_kept > 1;
+        drew += r.n_kept > 1;
+        want[i] = seq[PROMPT + i] = r.id < 0 ? 0 : r.id;
+        int32_t n = PROMPT + i + 1;
+        st = (exl_seq_step){&seq[PROMPT + i], 1, PROMPT + i, pages, (n + ps - 1) / ps, 1};
+    }
+    /* queued, one step ahead */
+    int64_t t[STEPS + 1];
+    exl_sample_result r;
+    st = (exl_seq_step){prompt, PROMPT, 0, pages, 1, 1};
+    p.u = us[0], p.u_next = us[1];
+    REQUIRE_OK(exl_model_forward_sample_ahead(m, cache, &st, 1, &p, NULL, 0, 0, &t[0]));
+    for (int i = 1; i <= STEPS + 1; i++) {
+        if (i <= STEPS) {
+            int32_t n = PROMPT + i;
+            st = (exl_seq_step){NULL, 1, PROMPT + i - 1, pages, (n + ps - 1) / ps, 1};
+            p.u = us[used], p.u_next = us[used + 1]; /* the stream as far as the steps read back moved it */
+            REQUIRE_OK(exl_model_forward_sample_ahead(m, cache, &st, 1, &p, NULL, 0, 1, &t[i]));
+        }
+        REQUIRE_OK(exl_model_sample_wait(m, t[i - 1], &r, 1));
+        got[i - 1] = r.id < 0 ? 0 : r.id;
+        used += r.n_kept > 1;
+    }
+    CHECK(!memcmp(got, want, sizeof want));
+    CHECK_MSG(used == ui && drew > 0 && drew <= STEPS, "stream at %d, not %d (%d draws)", used, ui, drew);
+    CHECK(exl_model_sample_wait(m, t[STEPS - EXL_ARGMAX_KEEP], &r, 1) == EXL_ERR_ARG); /* too old */
+    CHECK(exl_model_sample_wait(m, t[STEPS], &r, 2) == EXL_ERR_ARG);                   /* wrong rows */
+    CHECK(exl_model_sample_wait(m, t[STEPS] + 1, &r, 1) == EXL_ERR_ARG);               /* not issued */
+    exl_kv_cache_free(m, cache);
+    exl_tokenizer_free(tok);
+    exl_model_free(m);
+}
