@@ -42,6 +42,8 @@ static exl_status sample_on_host(exl_model *m, int32_t n, const exl_sample_param
     EXL_TRY(m->be->ops->sample(m->be, s->host_sample[slot], s->logits, n, m->cfg.vocab_size, p, edits, n_edits));
     for (int32_t r = 0; r < n; r++)
         s->host_fed[r] = s->host_sample[slot][r].id < 0 ? 0 : s->host_sample[slot][r].id;
+    if (m->be->ops->argmax) /* the next step reads fed tokens where the argmax op leaves them */
+        EXL_TRY(m->be->ops->upload(m->be, s->table, s->host_fed, (size_t)n * sizeof(int32_t)));
     s->host_sample_rows[slot] = n;
     *ticket = s->host_sample_issued++;
     return EXL_OK;
@@ -61,7 +63,7 @@ exl_status exl_model_forward_sample_ahead(exl_model *m, exl_kv_cache *cache, con
     EXL_TRY(exl_model_forward_to_logits(m, cache, steps, n_seqs, 1, &n));
     if (n < 1)
         return exl_fail(EXL_ERR_ARG, "forward_sample_ahead: no row wants a token");
-    if (op->sample_queue && op->argmax) { /* the next step finds the tokens where the argmax op leaves them */
+    if (op->sample_queue && op->argmax) { /* the next step reads fed tokens where the argmax op leaves them */
         *ticket = op->sample_queue(m->be, m->fs.table, m->fs.logits, n, m->cfg.vocab_size, params, edits, n_edits,
                                    chained);
         if (*ticket < 0)
