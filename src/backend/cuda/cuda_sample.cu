@@ -562,6 +562,7 @@ int64_t exl_cuda_sample_queue(exl_backend *be, int32_t *ids, float *logits, int3
 
 exl_status exl_cuda_sample_wait(exl_backend *be, int64_t ticket, exl_sample_result *out, int32_t rows) {
     exl_cuda_backend *cb = exl_cuda(be);
+    exl_cuda_graph_finish(cb); /* what was queued after the ticket runs while the host waits */
     if (ticket < 0 || ticket >= cb->sample_issued || cb->sample_issued - ticket > EXL_ARGMAX_KEEP)
         return exl_cuda_fail(EXL_ERR_ARG, "sample_wait: ticket %lld is not among the last %d of %lld",
                              (long long)ticket, EXL_ARGMAX_KEEP, (long long)cb->sample_issued);
