@@ -45,7 +45,7 @@ static int greedy_step(const exl_generator *g) {
 
 /* Whether job j's token at pos can be picked ahead in mode. */
 static int ahead_at(exl_generator *g, const exl_job *j, int32_t pos, exl_gen_ahead_mode mode) {
-    return mode == EXL_AHEAD_GREEDY ? exl_gen_greedy_at(g, j, pos) : exl_gen_dsample_ahead_at(g, j, pos);
+    return mode == EXL_AHEAD_GREEDY ? exl_gen_greedy_at(g, j, pos) : exl_gen_dsample_ahead_at(g, j);
 }
 
 static int sampled_step(exl_generator *g) {
@@ -54,7 +54,7 @@ static int sampled_step(exl_generator *g) {
         const exl_job *j = g->step_jobs[s];
         if (!g->steps[s].want_logits)
             continue;
-        if (g->steps[s].want_logits != 1 || !exl_gen_dsample_ahead_at(g, j, j->n_tokens) || ++rows > EXL_ARGMAX_ROWS)
+        if (g->steps[s].want_logits != 1 || !exl_gen_dsample_ahead_at(g, j) || ++rows > EXL_ARGMAX_ROWS)
             return 0;
     }
     return rows > 0;

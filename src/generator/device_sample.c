@@ -141,16 +141,13 @@ exl_status exl_gen_dsample_forward(exl_generator *g) {
                                     g->masks, d->params, d->edits, d->n_edits, d->out);
 }
 
-int exl_gen_dsample_ahead_at(exl_generator *g, const exl_job *j, int32_t pos) {
+/* Bans at pos and min_new's stop bans are known before the token at pos - 1 is (a rewind, which adds bans, changes
+ * the tokens, and the queued step is dropped); the penalty window is not. */
+int exl_gen_dsample_ahead_at(exl_generator *g, const exl_job *j) {
     const exl_sampling *sp = &j->sampling;
-    if (!enabled(g) || !covers(j) || sp->mirostat || j->spec.enabled || j->constraint || pos - j->n_prompt < j->min_new)
+    if (!enabled(g) || !covers(j) || sp->mirostat || j->spec.enabled || j->constraint)
         return 0;
-    if (sp->repetition_penalty != 1.0f || sp->frequency_penalty != 0.0f || sp->presence_penalty != 0.0f)
-        return 0; /* the queued step's edits would depend on the token drawn before it */
-    for (int32_t i = 0; i < j->n_bans; i++)
-        if (j->ban_pos[i] == pos)
-            return 0;
-    return 1;
+    return sp->repetition_penalty == 1.0f && sp->frequency_penalty == 0.0f && sp->presence_penalty == 0.0f;
 }
 
 /* Rows of a queued step sample with prepare_row's u, the job's next number, or u_next where the step before drew

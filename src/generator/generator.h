@@ -203,9 +203,9 @@ void exl_gen_ahead_drop(exl_generator *g);
 int exl_gen_dsample_step(exl_generator *g);
 /* Run the planned step, its rows sampled on the backend (masked first where a job is constrained). */
 exl_status exl_gen_dsample_forward(exl_generator *g);
-/* Whether job j's token at position pos can be sampled ahead: covered, and nothing of the host's that the token
- * before it changes (penalties, bans, min_new, masks). */
-int exl_gen_dsample_ahead_at(exl_generator *g, const exl_job *j, int32_t pos);
+/* Whether job j's tokens can be sampled ahead: covered, and nothing of the host's that the token before changes
+ * (penalties, masks, Mirostat's state, drafts). */
+int exl_gen_dsample_ahead_at(exl_generator *g, const exl_job *j);
 /* The steps (one per g->step_jobs[s]) queued with exl_model_forward_sample_ahead; next: each samples the token after
  * the one the queued step before it is drawing (chained on that step). */
 exl_status exl_gen_dsample_queue(exl_generator *g, const exl_seq_step *steps, int next, int64_t *ticket);

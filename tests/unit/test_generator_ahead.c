@@ -137,14 +137,14 @@ EXL_TEST(sampled_decode_ahead_same_tokens) {
     exl_tokenizer *tok;
     exl_model *m = gu_load("tinystories-656k", &tok);
     REQUIRE(m);
-    static const char *const stops[] = {" the"};
+    static const char *const stops[] = {" the"}, *const banned[] = {" and"};
     enum { N = 8 };
     sched_job jobs[N] = {
         {0, -1, sampled("Once upon a time", 90, 0.8f, 1)},      /* top-p 0.95: alone at first */
         {0, -1, sampled("Tom had a red ball", 30, 1.0f, 2)},    /* min-p; ends on its length */
         {4, -1, sampled("The sun", 100, 0.7f, 3)},              /* a stop string mid-run */
         {40, -1, sampled("A cat and a dog", 20, 0.9f, 4)},      /* repetition penalty: not ahead */
-        {2, -1, sampled("She was happy because", 60, 0.8f, 5)}, /* top-k and top-p, log-probabilities */
+        {2, -1, sampled("She was happy because", 60, 0.8f, 5)}, /* top-k + top-p, log-probabilities, a ban */
         {20, -1, sampled("Lily", 50, 1.2f, 6)},                 /* typical, min_new */
         {3, 25, sampled("Ben and Mia", 100, 0.8f, 7)},          /* cancelled */
         {70, -1, sampled("One day", 30, 0.8f, 8)},              /* presence penalty, joins late */
@@ -156,7 +156,8 @@ EXL_TEST(sampled_decode_ahead_same_tokens) {
     jobs[2].p.n_stop_strings = 1;
     jobs[3].p.sampling.repetition_penalty = 1.2f;
     jobs[4].p.sampling.top_k = 20, jobs[4].p.sampling.top_p = 0.95f, jobs[4].p.logprobs = 1;
-    jobs[5].p.sampling.typical_p = 0.9f, jobs[5].p.min_new_tokens = 10;
+    jobs[4].p.banned_strings = banned, jobs[4].p.n_banned_strings = 1;  /* rewinds, then bans at a position */
+    jobs[5].p.sampling.typical_p = 0.9f, jobs[5].p.min_new_tokens = 10; /* stop ids banned ahead too */
     jobs[6].p.sampling.top_p = 0.95f;
     jobs[7].p.sampling.presence_penalty = 0.5f;
     gu_result *on = calloc(N, sizeof *on), *off = calloc(N, sizeof *off), *alone_on = calloc(1, sizeof *on),
