@@ -4,12 +4,14 @@
 #   gen:   generator_bench at 1..256 jobs (8-token prompts, 128 new tokens): greedy, sampled (temperature 0.8, top-p
 #          0.95, sampled on the device) and the same sampled with EXL_DEVICE_SAMPLING=0 (logits to the host: before);
 #   serve: `exl serve --max-jobs 64` under bench/server_load.py at 1/16/32/64 streaming clients (128-token
-#          completions, temperature 0.8 + top-p 0.95), on the device and with EXL_DEVICE_SAMPLING=0.
+#          completions, temperature 0.8 + top-p 0.95), on the device and with EXL_DEVICE_SAMPLING=0;
+#   ahead: generator_bench at 1/16/32/64 jobs: greedy, sampled (queued ahead) and sampled with EXL_SAMPLED_AHEAD=0;
+#   ahead-serve: the serve phase's load with EXL_SAMPLED_AHEAD=1 and 0.
 # Each table goes to stdout and $OUT/serve_load.log.
 #
 # usage, here (builds the programs and copies them with the llama2 tokenizer into .gpuserve/, git-ignored):
 #   bench/gpu_serve_load.sh --prepare [SHARED_DIR]
-# then on the GPU machine (carry .gpuserve; PHASES: gen, serve or both, the default):
+# then on the GPU machine (carry .gpuserve; PHASES: gen, serve (both: the default), ahead, ahead-serve):
 #   bench/gpu_serve_load.sh [PHASES...]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -70,6 +72,26 @@ for phase in $phases; do
                 --max-tokens 128 2>&1 | tee -a "$log"
         done
         ;;
-    *) say "unknown phase $phase (gen, serve)" ;;
+    ahead)
+        say "## generator_bench, sampled steps queued ahead (EXL_SAMPLED_AHEAD) against greedy, 1-64 jobs"
+        for mode in greedy sampled sampled-waiting; do
+            say "### $mode"
+            t=0.8 sa=1
+            [ $mode = greedy ] && t=0
+            [ $mode = sampled-waiting ] && sa=0
+            EXL_SAMPLED_AHEAD=$sa EXL_BENCH_DEVICE=cuda EXL_BENCH_TEMPERATURE=$t EXL_BENCH_TOP_K=0 timeout 200 \
+                "$bin/generator_bench" "$M" 8 128 1 1 16 32 64 2>&1 | tee -a "$log"
+        done
+        ;;
+    ahead-serve)
+        command -v python3 >/dev/null || { say "no python3 here: the serve phase needs it"; continue; }
+        for sa in 1 0; do
+            say "## exl serve --max-jobs 64, 128-token streamed completions, temperature 0.8 + top-p 0.95, EXL_SAMPLED_AHEAD=$sa"
+            EXL_SAMPLED_AHEAD=$sa timeout 280 python3 "$root/bench/server_load.py" --exl "$bin/exl" -m "$M" \
+                --serve-args "--max-jobs 64" --top-p 0.95 --concurrency 1,16,32,64 --requests-per-client 2 \
+                --max-tokens 128 2>&1 | tee -a "$log"
+        done
+        ;;
+    *) say "unknown phase $phase (gen, serve, ahead, ahead-serve)" ;;
     esac
 done

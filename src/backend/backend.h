@@ -20,7 +20,7 @@
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 19
+#define EXL_BACKEND_ABI 20
 
 typedef struct exl_backend exl_backend;
 
@@ -41,6 +41,7 @@ typedef struct exl_sample_params {
     int32_t first_edit, n_bias, n_penalized, n_banned;
     int32_t want_logprob; /* the chosen token's log-probability under the unedited logits */
     double u;             /* a uniform number in [0, 1) from the row's random stream */
+    double u_next;        /* sample_queue, chained: the stream's number after u */
 } exl_sample_params;
 
 typedef struct exl_logit_edit {
@@ -193,6 +194,17 @@ typedef struct exl_backend_ops {
      * order with the other work, strict fp32 */
     exl_status (*gemm)(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+    /* Optional (NULL on the CPU): sampled decode that runs ahead of the host, as argmax is to greedy decode. The
+     * sample op's result for rows (1 .. EXL_ARGMAX_ROWS) rows, queued without waiting: each row's token goes to
+     * ids[r] (backend memory, 0 in place of -1) for the next step to read, and its result is kept for sample_wait.
+     * chained: row r's uniform is params[r].u where row r of the last sample_queue kept at most one candidate, else
+     * params[r].u_next (the host, which has not seen that result, gives both). params and edits may be reused when
+     * the call returns. Returns the call's ticket (>= 0), or -1 with a message. sample_wait waits for that ticket's
+     * results (not for work queued after it) and copies them to HOST out; only the last EXL_ARGMAX_KEEP tickets can
+     * be waited on. */
+    int64_t (*sample_queue)(exl_backend *be, int32_t *ids, float *logits, int32_t rows, int32_t vocab,
+                            const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits, int chained);
+    exl_status (*sample_wait)(exl_backend *be, int64_t ticket, exl_sample_result *out, int32_t rows);
 } exl_backend_ops;
 
 #define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */

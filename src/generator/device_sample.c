@@ -60,11 +60,12 @@ static exl_status reserve_edits(exl_gen_dsample *d, int64_t n) {
 
 static void add_edit(exl_gen_dsample *d, int32_t id, float v) { d->edits[d->n_edits++] = (exl_logit_edit){id, v}; }
 
-/* Row `row`'s settings and edits for job j's next token (in the order exl_sampler_process and sample_job use). */
-static exl_status prepare_row(exl_generator *g, exl_job *j, int32_t row) {
+/* Row `row`'s settings and edits for job j's token at pos (in the order exl_sampler_process and sample_job use): its
+ * next one, or the one after where exl_gen_dsample_ahead_at holds. */
+static exl_status prepare_row(exl_generator *g, exl_job *j, int32_t row, int32_t pos) {
     exl_gen_dsample *d = &g->dsample;
     const exl_sampling *sp = &j->sampling;
-    int32_t pos = j->n_tokens, k = pos - j->n_prompt;
+    int32_t k = pos - j->n_prompt;
     const int32_t *hist = j->tokens;
     int32_t n_hist = j->n_tokens;
     int penalize = sp->repetition_penalty != 1.0f || sp->frequency_penalty != 0.0f || sp->presence_penalty != 0.0f;
@@ -91,6 +92,7 @@ static exl_status prepare_row(exl_generator *g, exl_job *j, int32_t row) {
         .want_logprob = j->logprobs != 0,
         .u = exl_sampler_uniform(&rng),
     };
+    p->u_next = exl_sampler_uniform(&rng);
     for (int32_t i = 0; i < sp->n_logit_bias; i++)
         add_edit(d, sp->logit_bias[i].id, sp->logit_bias[i].bias);
     p->n_bias = d->n_edits - p->first_edit;
@@ -115,7 +117,7 @@ static exl_status prepare_row(exl_generator *g, exl_job *j, int32_t row) {
     return EXL_OK;
 }
 
-exl_status exl_gen_dsample_forward(exl_generator *g) {
+static exl_status prepare_rows(exl_generator *g, const exl_seq_step *steps, int next) {
     exl_gen_dsample *d = &g->dsample;
     if (!d->params) {
         d->params = exl_malloc((size_t)g->params.max_jobs * sizeof *d->params);
@@ -126,11 +128,43 @@ exl_status exl_gen_dsample_forward(exl_generator *g) {
     d->n_edits = 0;
     int32_t row = 0;
     for (int32_t s = 0; s < g->n_step; s++)
-        if (g->steps[s].want_logits)
-            EXL_TRY(prepare_row(g, g->step_jobs[s], row++));
+        if (steps[s].want_logits)
+            EXL_TRY(prepare_row(g, g->step_jobs[s], row++, g->step_jobs[s]->n_tokens + next));
+    return EXL_OK;
+}
+
+exl_status exl_gen_dsample_forward(exl_generator *g) {
+    exl_gen_dsample *d = &g->dsample;
+    EXL_TRY(prepare_rows(g, g->steps, 0));
     int constrained = exl_gen_step_constrained(g);
     return exl_model_forward_sample(g->model, g->cache, g->steps, g->n_step, constrained ? exl_gen_fill_masks : NULL, g,
                                     g->masks, d->params, d->edits, d->n_edits, d->out);
+}
+
+/* Bans at pos and min_new's stop bans are known before the token at pos - 1 is (a rewind, which adds bans, changes
+ * the tokens, and the queued step is dropped); the penalty window is not. */
+int exl_gen_dsample_ahead_at(exl_generator *g, const exl_job *j) {
+    const exl_sampling *sp = &j->sampling;
+    if (!enabled(g) || !covers(j) || sp->mirostat || j->spec.enabled || j->constraint)
+        return 0;
+    return sp->repetition_penalty == 1.0f && sp->frequency_penalty == 0.0f && sp->presence_penalty == 0.0f;
+}
+
+/* Rows of a queued step sample with prepare_row's u, the job's next number, or u_next where the step before drew
+ * from more than one candidate and so used the next number (exl_gen_dsample_take advances the stream then). */
+exl_status exl_gen_dsample_queue(exl_generator *g, const exl_seq_step *steps, int next, int64_t *ticket) {
+    exl_gen_dsample *d = &g->dsample;
+    EXL_TRY(prepare_rows(g, steps, next));
+    return exl_model_forward_sample_ahead(g->model, g->cache, steps, g->n_step, d->params, d->edits, d->n_edits, next,
+                                          ticket);
+}
+
+exl_status exl_gen_dsample_wait(exl_generator *g, int64_t ticket, int32_t rows) {
+    exl_gen_dsample *d = &g->dsample;
+    EXL_TRY(exl_model_sample_wait(g->model, ticket, d->out, rows));
+    for (int32_t r = 0; r < rows; r++)
+        g->ahead.ids[r] = d->out[r].id;
+    return EXL_OK;
 }
 
 int32_t exl_gen_dsample_take(exl_generator *g, exl_job *j, int32_t row) {

@@ -89,15 +89,23 @@ typedef struct exl_job_list {
 
 /* Greedy decode ahead of the host (ahead.c): the next step queued on the device, feeding the
  * tokens its argmax picks, before the host has seen them. */
+typedef enum exl_gen_ahead_mode {
+    EXL_AHEAD_NONE,
+    EXL_AHEAD_GREEDY,  /* the step's tokens are its argmax */
+    EXL_AHEAD_SAMPLED, /* sampled by the backend's sample op (device_sample.c) */
+} exl_gen_ahead_mode;
+
 typedef struct exl_gen_ahead {
-    int enabled;    /* EXL_DECODE_AHEAD: 0 off, 1 on; default on where the backend has an argmax op */
-    int64_t ticket; /* of the queued step's argmax; -1: none queued */
-    int32_t n;      /* its sequences, one per row of the step before, in order */
+    int enabled;             /* EXL_DECODE_AHEAD: 0 off, 1 on; default on where the backend has an argmax op */
+    int sampled_enabled;     /* EXL_SAMPLED_AHEAD: 0 leaves sampled steps out; default on */
+    exl_gen_ahead_mode mode; /* of the queued step */
+    int64_t ticket;          /* of the queued step's argmax; -1: none queued */
+    int32_t n;               /* its sequences, one per row of the step before, in order */
     uint64_t job[EXL_ARGMAX_ROWS];
     int32_t pos[EXL_ARGMAX_ROWS], page[EXL_ARGMAX_ROWS];
     int32_t tok[EXL_ARGMAX_ROWS]; /* the token each feeds, once the step before's are back */
     exl_seq_step steps[EXL_ARGMAX_ROWS];
-    int32_t ids[EXL_ARGMAX_ROWS]; /* the current greedy step's tokens */
+    int32_t ids[EXL_ARGMAX_ROWS]; /* the current step's tokens (greedy or sampled ahead) */
     int64_t kept, dropped;        /* queued steps that were the next plan, and that were not */
 } exl_gen_ahead;
 
@@ -173,18 +181,18 @@ void exl_job_release_pages(exl_generator *g, exl_job *j);
  * write into. */
 exl_status exl_job_truncate(exl_generator *g, exl_job *j, int32_t n);
 
-/* ---- greedy decode ahead of the host (ahead.c) */
+/* ---- greedy and sampled decode ahead of the host (ahead.c) */
 void exl_gen_ahead_init(exl_generator *g);
 /* Whether job j's token at position pos is the plain argmax of its logits. */
 int exl_gen_greedy_at(const exl_generator *g, const exl_job *j, int32_t pos);
-/* Whether the planned step's tokens are all plain argmaxes (1 .. EXL_ARGMAX_ROWS of them). */
-int exl_gen_greedy_step(const exl_generator *g);
 /* After planning: the ticket of the queued step when it is exactly the planned one, else -1
  * (a queued step that is not is waited for and dropped: its cache writes are harmless). */
 int64_t exl_gen_ahead_take(exl_generator *g);
-/* Once the planned greedy step is queued: queue the next one behind it when every job of this
- * step will go on decoding greedily alone, within the pages it holds. */
-void exl_gen_ahead_queue(exl_generator *g);
+/* How the planned step can run ahead: greedy, sampled or not at all. */
+exl_gen_ahead_mode exl_gen_ahead_step_mode(exl_generator *g);
+/* The planned step in that mode (ticket >= 0: already queued), the next one queued behind it, its tokens back in
+ * ahead.ids (and, sampled, its results in dsample.out). */
+exl_status exl_gen_ahead_run(exl_generator *g, int64_t ticket, exl_gen_ahead_mode mode);
 /* The current step's tokens are back in ahead.ids: they are what the queued step feeds. */
 void exl_gen_ahead_fed(exl_generator *g);
 /* Wait for a queued step and forget it (before the cache or its pages go). */
@@ -195,6 +203,14 @@ void exl_gen_ahead_drop(exl_generator *g);
 int exl_gen_dsample_step(exl_generator *g);
 /* Run the planned step, its rows sampled on the backend (masked first where a job is constrained). */
 exl_status exl_gen_dsample_forward(exl_generator *g);
+/* Whether job j's tokens can be sampled ahead: covered, and nothing of the host's that the token before changes
+ * (penalties, masks, Mirostat's state, drafts). */
+int exl_gen_dsample_ahead_at(exl_generator *g, const exl_job *j);
+/* The steps (one per g->step_jobs[s]) queued with exl_model_forward_sample_ahead; next: each samples the token after
+ * the one the queued step before it is drawing (chained on that step). */
+exl_status exl_gen_dsample_queue(exl_generator *g, const exl_seq_step *steps, int next, int64_t *ticket);
+/* The results of ticket's rows into dsample.out, their tokens into ahead.ids. */
+exl_status exl_gen_dsample_wait(exl_generator *g, int64_t ticket, int32_t rows);
 /* Job j's token from row `row` of the step just run (-1: every token banned); its random stream and
  * log-probability brought up to date. */
 int32_t exl_gen_dsample_take(exl_generator *g, exl_job *j, int32_t row);

@@ -288,20 +288,14 @@ static exl_status run_step(exl_generator *g) {
     if (!g->n_step)
         return EXL_OK;
     double t0 = now_seconds();
-    int greedy = ticket >= 0 || exl_gen_greedy_step(g);          /* the device picks the tokens */
-    int on_backend = !greedy && exl_gen_dsample_step(g);         /* the backend samples them */
+    exl_gen_ahead_mode ahead = ticket >= 0 ? g->ahead.mode : exl_gen_ahead_step_mode(g); /* the device runs ahead */
+    int greedy = ahead == EXL_AHEAD_GREEDY;                                              /* the device picks */
+    int on_backend = ahead == EXL_AHEAD_SAMPLED || (!greedy && exl_gen_dsample_step(g)); /* the backend samples */
     int32_t head = greedy || on_backend ? 0 : step_head_size(g); /* > 0: only the head of each row comes back */
     exl_status st;
     exl_lora_step_sets(g->model, g->step_sets, g->n_step);
-    if (greedy) {
-        int32_t rows = 0;
-        for (int32_t s = 0; s < g->n_step; s++)
-            rows += g->steps[s].want_logits != 0;
-        st = ticket >= 0 ? EXL_OK : exl_model_forward_argmax(g->model, g->cache, g->steps, g->n_step, &ticket);
-        if (st == EXL_OK) {
-            exl_gen_ahead_queue(g);
-            st = exl_model_argmax_wait(g->model, ticket, g->ahead.ids, rows);
-        }
+    if (ahead) {
+        st = exl_gen_ahead_run(g, ticket, ahead);
     } else if (on_backend) {
         st = exl_gen_dsample_forward(g);
     } else if (exl_gen_step_constrained(g)) { /* the masks are filled while the device runs */
@@ -322,7 +316,7 @@ static exl_status run_step(exl_generator *g) {
             exl_gen_finish(g, g->step_jobs[s], EXL_FINISH_ERROR, msg);
         return exl_fail(st, "%s", msg);
     }
-    if (greedy)
+    if (ahead)
         exl_gen_ahead_fed(g);
     g->stats.steps++;
     exl_sched_commit(g);

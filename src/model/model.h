@@ -69,6 +69,11 @@ typedef struct exl_forward_scratch {
     int64_t host_argmax_issued;
     float *host_logits; /* [host_logit_rows, vocab] */
     int32_t host_logit_rows;
+    /* sampled decode ahead of the host (forward_sample.c), without the backend's sample_queue: results as
+     * host_argmax's */
+    exl_sample_result host_sample[EXL_ARGMAX_KEEP][EXL_ARGMAX_ROWS];
+    int32_t host_sample_rows[EXL_ARGMAX_KEEP];
+    int64_t host_sample_issued;
 } exl_forward_scratch;
 
 /* What one linear layer was loaded from (kept for `exl info` and the quantizer); src.name is NULL. */
@@ -170,6 +175,15 @@ exl_status exl_model_forward_sample(exl_model *m, exl_kv_cache *cache, const exl
                                     exl_logit_mask_fn fill, void *user, uint32_t *masks,
                                     const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits,
                                     exl_sample_result *out);
+/* Sampled decode that runs ahead of the host: as exl_model_forward_argmax, but each row's token is the sample op's
+ * with params[row] and its edits (without masks), fetched by exl_model_sample_wait(*ticket). chained: the step before
+ * was one of these, with the same rows; row r then uses params[r].u_next where that step's row r kept more than one
+ * candidate (backend.h: sample_queue). Without the backend's op the step runs at once and samples on the host side
+ * with the same results. */
+exl_status exl_model_forward_sample_ahead(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
+                                          const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits,
+                                          int chained, int64_t *ticket);
+exl_status exl_model_sample_wait(exl_model *m, int64_t ticket, exl_sample_result *out, int32_t n);
 /* Greedy decode that runs ahead of the host. As exl_model_forward, but it only queues the step:
  * each row that wants logits gets the lowest id of its largest logit (-1 where every logit is
  * -inf or NaN), fetched by exl_model_argmax_wait(*ticket) (n: those rows, at most

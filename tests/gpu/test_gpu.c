@@ -9,6 +9,7 @@
 #include "backend/kv_quant.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "generator/generator.h"
 #include "model/lora.h"
 #include "model/model.h"
 #include "quant_gen.h"
@@ -2531,6 +2532,58 @@ static void test_fed_chain(const char *shared, const char *model) {
     exl_model_free(m);
 }
 
+/* The sampled chain on the device (each step queued with both uniforms its stream may be at, the op choosing by what
+ * the step before kept, before the last step's token is read) against plain sampled forwards with the stream moved
+ * on by the host: the same tokens, with draws that kept one candidate and draws that kept more among them. */
+static void test_sampled_chain(const char *shared) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/tinystories-656k", shared);
+    exl_model_params mp = exl_model_default_params();
+    mp.device = EXL_DEVICE_CUDA;
+    exl_model *m;
+    if (exl_model_load(dir, &mp, &m) != EXL_OK) {
+        printf("FAIL sampled chain: %s\n", exl_last_error());
+        n_fail++;
+        return;
+    }
+    enum { STEPS = 60, PS = 16 };
+    int32_t pages[8] = {0, 1, 2, 3, 4, 5, 6, 7}, bos = 1, seq[STEPS + 2] = {1};
+    int32_t fed[STEPS + 1], plain[STEPS + 1];
+    int64_t t[STEPS + 1];
+    double us[STEPS + 2];
+    for (int i = 0; i < STEPS + 2; i++)
+        us[i] = (double)((i * 7919 + 13) % 1000) / 1000.0;
+    exl_sample_params p = {.temperature = 0.9f, .top_p = 0.8f, .typical_p = 1, .repetition_penalty = 1};
+    exl_sample_result r;
+    exl_kv_cache *cache;
+    int bad = exl_kv_cache_init(m, 8, PS, 16, 16, &cache) != EXL_OK, ui = 0, draws = 0, used = 0;
+    exl_seq_step st = {&bos, 1, 0, pages, 1, 1};
+    for (int i = 0; i <= STEPS && !bad; i++) {
+        p.u = us[ui];
+        bad = exl_model_forward_sample(m, cache, &st, 1, NULL, NULL, NULL, &p, NULL, 0, &r) != EXL_OK;
+        ui += r.n_kept > 1, draws += r.n_kept > 1;
+        plain[i] = seq[i + 1] = r.id < 0 ? 0 : r.id;
+        st = (exl_seq_step){&seq[i + 1], 1, i + 1, pages, (i + 1) / PS + 1, 1};
+    }
+    st = (exl_seq_step){&bos, 1, 0, pages, 1, 1};
+    p.u = us[0], p.u_next = us[1];
+    bad = bad || exl_model_forward_sample_ahead(m, cache, &st, 1, &p, NULL, 0, 0, &t[0]) != EXL_OK;
+    for (int i = 1; i <= STEPS + 1 && !bad; i++) {
+        st = (exl_seq_step){NULL, 1, i, pages, i / PS + 1, 1};
+        p.u = us[used], p.u_next = us[used + 1];
+        bad = (i <= STEPS && exl_model_forward_sample_ahead(m, cache, &st, 1, &p, NULL, 0, 1, &t[i]) != EXL_OK) ||
+              exl_model_sample_wait(m, t[i - 1], &r, 1) != EXL_OK;
+        fed[i - 1] = r.id < 0 ? 0 : r.id;
+        used += r.n_kept > 1;
+    }
+    if (bad || used != ui || draws == 0 || draws > STEPS)
+        printf("     (stream at %d and %d, %d draws of %d: %s)\n", used, ui, draws, STEPS + 1, exl_last_error());
+    report("sampled chain queued ahead == plain sampled forwards (tinystories)",
+           bad || used != ui ? 1.0 : (double)memcmp(fed, plain, sizeof fed) != 0, 0);
+    exl_kv_cache_free(m, cache);
+    exl_model_free(m);
+}
+
 /* n_jobs greedy jobs of distinct prompts, up to 16 new tokens each (some end a token or two
  * early), through the generator on a quantized model; the first 16 tokens of job j go to
  * out[16 j ...]. Returns the tokens collected, -1 on failure. Run twice with a switch off, it shows
@@ -2673,8 +2726,10 @@ static void sample_op_case(const char *what, const float *x, int32_t rows, int32
     free(params), free(edits), free(rg), free(rc);
 }
 
-/* n sampled jobs through the generator, the first 24 tokens of each into out[24 j ..] (-1 on failure) */
-static int generate_sampled(exl_model *m, exl_tokenizer *tok, int n_jobs, int32_t *out) {
+/* n sampled jobs through the generator, the first 24 tokens of each into out[24 j ..] (-1 on failure); penalties: a
+ * repetition penalty on every fourth job (which keeps its steps from running ahead of the host); *kept: the steps
+ * that ran queued ahead */
+static int generate_sampled(exl_model *m, exl_tokenizer *tok, int n_jobs, int penalties, int32_t *out, int64_t *kept) {
     exl_generator *g;
     if (exl_generator_init(m, tok, NULL, &g) != EXL_OK)
         return -1;
@@ -2690,7 +2745,7 @@ static int generate_sampled(exl_model *m, exl_tokenizer *tok, int n_jobs, int32_
         jp.sampling.seed = 100 + (uint64_t)j;
         jp.sampling.temperature = 0.8f, jp.sampling.top_p = 0.95f;
         if (j % 4 == 1)
-            jp.sampling.top_p = 1, jp.sampling.min_p = 0.05f, jp.sampling.repetition_penalty = 1.2f;
+            jp.sampling.top_p = 1, jp.sampling.min_p = 0.05f, jp.sampling.repetition_penalty = penalties ? 1.2f : 1;
         if (j % 4 == 2)
             jp.sampling.typical_p = 0.9f, jp.sampling.logit_bias = bias, jp.sampling.n_logit_bias = 1;
         if (exl_generator_submit(g, &jp, &ids[j]) != EXL_OK)
@@ -2698,6 +2753,7 @@ static int generate_sampled(exl_model *m, exl_tokenizer *tok, int n_jobs, int32_
     }
     if (n == 0)
         n = drain(g, ids, n_jobs, 24, out);
+    *kept = g->ahead.kept;
     exl_generator_free(g);
     return n;
 }
@@ -2735,14 +2791,33 @@ static void test_device_sampling(const char *shared) {
     enum { JOBS = 12 };
     int32_t a[JOBS * 24], b[JOBS * 24];
     setenv("EXL_DEVICE_SAMPLING", "1", 1); /* whatever the default, the first run samples with the op */
-    int na = generate_sampled(m, tok, JOBS, a);
+    int64_t kept_a, kept_b;
+    int na = generate_sampled(m, tok, JOBS, 1, a, &kept_a);
     setenv("EXL_DEVICE_SAMPLING", "0", 1);
-    int nb = generate_sampled(m, tok, JOBS, b);
+    int nb = generate_sampled(m, tok, JOBS, 1, b, &kept_b);
     unsetenv("EXL_DEVICE_SAMPLING");
     if (na != JOBS * 24 || nb != na)
         printf("     (%d and %d tokens of %d: %s)\n", na, nb, JOBS * 24, exl_last_error());
     report("12 sampled jobs: on the device == on the host",
            na == JOBS * 24 && nb == na ? (double)memcmp(a, b, sizeof a) != 0 : 1.0, 0);
+    /* sampled steps queued ahead of the host (the default) against steps that wait for their tokens */
+    for (int n_jobs = 1; n_jobs <= JOBS; n_jobs += JOBS - 1) {
+        na = generate_sampled(m, tok, n_jobs, 0, a, &kept_a);
+        setenv("EXL_SAMPLED_AHEAD", "0", 1);
+        nb = generate_sampled(m, tok, n_jobs, 0, b, &kept_b);
+        unsetenv("EXL_SAMPLED_AHEAD");
+        if (na != n_jobs * 24 || nb != na || kept_a < 16 || kept_b)
+            printf("     (%d and %d tokens of %d, %lld and %lld steps queued ahead: %s)\n", na, nb, n_jobs * 24,
+                   (long long)kept_a, (long long)kept_b, exl_last_error());
+        char name[96];
+        snprintf(name, sizeof name, "%d sampled job%s: queued ahead == waiting for tokens", n_jobs,
+                 n_jobs > 1 ? "s" : "");
+        report(name,
+               na == n_jobs * 24 && nb == na && kept_a >= 16 && !kept_b
+                   ? (double)memcmp(a, b, (size_t)na * sizeof *a) != 0
+                   : 1.0,
+               0);
+    }
     exl_tokenizer_free(tok);
     exl_model_free(m);
 }
@@ -3636,6 +3711,7 @@ int main(int argc, char **argv) {
     if (only("sampling")) {
         test_head_sampling(shared);
         test_device_sampling(shared);
+        test_sampled_chain(shared);
     }
     if (only("graphs")) {
         same_tokens_with_env_off(shared, 12, "EXL_CUDA_GRAPHS", "graph replay == launches one by one");

@@ -35,6 +35,7 @@ static void run_schedule(int ahead, exl_model *m, exl_tokenizer *tok, const sche
     setenv("EXL_DECODE_AHEAD", ahead ? "1" : "0", 1);
     exl_generator *g = gu_generator(m, tok, 64, 16, 0); /* pages of 16: many page crossings */
     unsetenv("EXL_DECODE_AHEAD");
+    unsetenv("EXL_SAMPLED_AHEAD");
     if (!g)
         return;
     for (int step = 0;; step++) {
@@ -122,6 +123,76 @@ EXL_TEST(same_tokens_with_and_without_decode_ahead) {
     exl_model_free(m);
 }
 
+static exl_job_params sampled(const char *text, int32_t max_new, float temperature, uint64_t seed) {
+    exl_job_params p = greedy(text, max_new);
+    p.sampling.temperature = temperature;
+    p.sampling.seed = seed;
+    return p;
+}
+
+/* Sampled steps queued ahead (EXL_SAMPLED_AHEAD, on by default where decode runs ahead) give the tokens of sampled
+ * steps run one by one, for the same seeds, while jobs join, end on a stop string or their length, are cancelled,
+ * or use penalties (left out of it). */
+EXL_TEST(sampled_decode_ahead_same_tokens) {
+    exl_tokenizer *tok;
+    exl_model *m = gu_load("tinystories-656k", &tok);
+    REQUIRE(m);
+    static const char *const stops[] = {" the"}, *const banned[] = {" and"};
+    enum { N = 8 };
+    sched_job jobs[N] = {
+        {0, -1, sampled("Once upon a time", 90, 0.8f, 1)},      /* top-p 0.95: alone at first */
+        {0, -1, sampled("Tom had a red ball", 30, 1.0f, 2)},    /* min-p; ends on its length */
+        {4, -1, sampled("The sun", 100, 0.7f, 3)},              /* a stop string mid-run */
+        {40, -1, sampled("A cat and a dog", 20, 0.9f, 4)},      /* repetition penalty: not ahead */
+        {2, -1, sampled("She was happy because", 60, 0.8f, 5)}, /* top-k + top-p, log-probabilities, a ban */
+        {20, -1, sampled("Lily", 50, 1.2f, 6)},                 /* typical, min_new */
+        {3, 25, sampled("Ben and Mia", 100, 0.8f, 7)},          /* cancelled */
+        {70, -1, sampled("One day", 30, 0.8f, 8)},              /* presence penalty, joins late */
+    };
+    jobs[0].p.sampling.top_p = 0.95f;
+    jobs[1].p.sampling.min_p = 0.05f;
+    jobs[2].p.sampling.top_p = 0.9f;
+    jobs[2].p.stop_strings = stops;
+    jobs[2].p.n_stop_strings = 1;
+    jobs[3].p.sampling.repetition_penalty = 1.2f;
+    jobs[4].p.sampling.top_k = 20, jobs[4].p.sampling.top_p = 0.95f, jobs[4].p.logprobs = 1;
+    jobs[4].p.banned_strings = banned, jobs[4].p.n_banned_strings = 1;  /* rewinds, then bans at a position */
+    jobs[5].p.sampling.typical_p = 0.9f, jobs[5].p.min_new_tokens = 10; /* stop ids banned ahead too */
+    jobs[6].p.sampling.top_p = 0.95f;
+    jobs[7].p.sampling.presence_penalty = 0.5f;
+    gu_result *on = calloc(N, sizeof *on), *off = calloc(N, sizeof *off), *alone_on = calloc(1, sizeof *on),
+              *alone_off = calloc(1, sizeof *off);
+    exl_gen_ahead st_on, st_off, st_alone;
+    run_schedule(1, m, tok, jobs, N, on, &st_on); /* EXL_SAMPLED_AHEAD unset: on */
+    setenv("EXL_SAMPLED_AHEAD", "0", 1);
+    run_schedule(1, m, tok, jobs, N, off, &st_off);
+    setenv("EXL_SAMPLED_AHEAD", "0", 1);
+    run_schedule(1, m, tok, jobs, 1, alone_off, &st_off);
+    run_schedule(1, m, tok, jobs, 1, alone_on, &st_alone);
+    for (int i = 0; i < N; i++) {
+        CHECK_MSG(on[i].n_ids == off[i].n_ids && !memcmp(on[i].ids, off[i].ids, sizeof on[i].ids[0] * on[i].n_ids),
+                  "job %d: %d tokens ahead, %d without, or other tokens", i, on[i].n_ids, off[i].n_ids);
+        CHECK_MSG(on[i].finish == off[i].finish && on[i].finish != EXL_FINISH_NONE, "job %d: finish %d vs %d", i,
+                  on[i].finish, off[i].finish);
+    }
+    CHECK(on[1].finish == EXL_FINISH_LENGTH && on[1].n_ids == 30);
+    CHECK(on[2].finish == EXL_FINISH_STOP && on[2].n_ids < 100);
+    CHECK(on[6].finish == EXL_FINISH_CANCELLED);
+    CHECK(alone_on->n_ids == alone_off->n_ids &&
+          !memcmp(alone_on->ids, alone_off->ids, sizeof alone_on->ids[0] * alone_on->n_ids));
+    CHECK_MSG(st_on.kept > 20 && st_on.dropped >= 2, "kept %lld, dropped %lld", (long long)st_on.kept,
+              (long long)st_on.dropped);
+    CHECK_MSG(st_alone.kept >= alone_on->n_ids - 2 - 90 / 16, "alone: kept %lld of %d tokens", (long long)st_alone.kept,
+              alone_on->n_ids);
+    CHECK(st_off.kept == 0 && st_off.dropped == 0);
+    free(on);
+    free(off);
+    free(alone_on);
+    free(alone_off);
+    exl_tokenizer_free(tok);
+    exl_model_free(m);
+}
+
 static int32_t argmax_of(const float *x, int32_t n) {
     int32_t b = 0;
     for (int32_t i = 1; i < n; i++)
@@ -184,6 +255,64 @@ EXL_TEST(model_fed_chain_matches_plain_forwards) {
     st = (exl_seq_step){NULL, 1, PROMPT + STEPS + 2, pages, 4, 1};
     CHECK(exl_model_forward(m, cache, &st, 1, logits) == EXL_ERR_ARG);
     free(logits);
+    exl_kv_cache_free(m, cache);
+    exl_tokenizer_free(tok);
+    exl_model_free(m);
+}
+
+/* The model's sampled chain (each step queued, drawing with u or u_next by what the step before kept, before the
+ * last one's token is read) gives the tokens of plain sampled forwards with the stream moved on here; misuse is
+ * refused. */
+EXL_TEST(model_sampled_chain_matches_plain_forwards) {
+    exl_tokenizer *tok;
+    exl_model *m = gu_load("tinystories-656k", &tok);
+    REQUIRE(m);
+    int32_t ps = 16;
+    exl_kv_cache *cache;
+    REQUIRE_OK(exl_kv_cache_init(m, 8, ps, 16, 16, &cache));
+    enum { PROMPT = 6, STEPS = 40 };
+    int32_t prompt[PROMPT] = {1, 400, 300, 200, 100, 50}, pages[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    double us[STEPS + 2];
+    for (int i = 0; i < STEPS + 2; i++)
+        us[i] = (double)((i * 7919 + 13) % 1000) / 1000.0;
+    exl_sample_params p = {.temperature = 0.9f, .top_p = 0.8f, .typical_p = 1, .repetition_penalty = 1};
+    int32_t want[STEPS + 1], got[STEPS + 1], seq[PROMPT + STEPS + 1];
+    memcpy(seq, prompt, sizeof prompt);
+    int used = 0, ui = 0, drew = 0;
+    /* plain */
+    exl_seq_step st = {prompt, PROMPT, 0, pages, 1, 1};
+    for (int i = 0; i <= STEPS; i++) {
+        exl_sample_result r;
+        p.u = us[ui];
+        REQUIRE_OK(exl_model_forward_sample(m, cache, &st, 1, NULL, NULL, NULL, &p, NULL, 0, &r));
+        ui += r.n_kept > 1;
+        drew += r.n_kept > 1;
+        want[i] = seq[PROMPT + i] = r.id < 0 ? 0 : r.id;
+        int32_t n = PROMPT + i + 1;
+        st = (exl_seq_step){&seq[PROMPT + i], 1, PROMPT + i, pages, (n + ps - 1) / ps, 1};
+    }
+    /* queued, one step ahead */
+    int64_t t[STEPS + 1];
+    exl_sample_result r;
+    st = (exl_seq_step){prompt, PROMPT, 0, pages, 1, 1};
+    p.u = us[0], p.u_next = us[1];
+    REQUIRE_OK(exl_model_forward_sample_ahead(m, cache, &st, 1, &p, NULL, 0, 0, &t[0]));
+    for (int i = 1; i <= STEPS + 1; i++) {
+        if (i <= STEPS) {
+            int32_t n = PROMPT + i;
+            st = (exl_seq_step){NULL, 1, PROMPT + i - 1, pages, (n + ps - 1) / ps, 1};
+            p.u = us[used], p.u_next = us[used + 1]; /* the stream as far as the steps read back moved it */
+            REQUIRE_OK(exl_model_forward_sample_ahead(m, cache, &st, 1, &p, NULL, 0, 1, &t[i]));
+        }
+        REQUIRE_OK(exl_model_sample_wait(m, t[i - 1], &r, 1));
+        got[i - 1] = r.id < 0 ? 0 : r.id;
+        used += r.n_kept > 1;
+    }
+    CHECK(!memcmp(got, want, sizeof want));
+    CHECK_MSG(used == ui && drew > 0 && drew <= STEPS, "stream at %d, not %d (%d draws)", used, ui, drew);
+    CHECK(exl_model_sample_wait(m, t[STEPS - EXL_ARGMAX_KEEP], &r, 1) == EXL_ERR_ARG); /* too old */
+    CHECK(exl_model_sample_wait(m, t[STEPS], &r, 2) == EXL_ERR_ARG);                   /* wrong rows */
+    CHECK(exl_model_sample_wait(m, t[STEPS] + 1, &r, 1) == EXL_ERR_ARG);               /* not issued */
     exl_kv_cache_free(m, cache);
     exl_tokenizer_free(tok);
     exl_model_free(m);

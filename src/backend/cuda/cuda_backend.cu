@@ -158,6 +158,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->host_gemm_buf);
     exl_cuda_moe_free(cb);
     exl_cuda_argmax_free(cb);
+    exl_cuda_sample_free(cb);
     exl_cuda_comm_release(cb);
     cublasDestroy(cb->cublas);
     cudaStreamDestroy(cb->stream);
@@ -388,6 +389,8 @@ static const exl_backend_ops cuda_ops = {
     cu_linear_set_dense,
     exl_cuda_sq_dist,
     exl_cuda_gemm,
+    exl_cuda_sample_queue,
+    exl_cuda_sample_wait,
 };
 
 /* ---- creation */

@@ -112,6 +112,12 @@ typedef struct exl_cuda_backend {
     cudaEvent_t argmax_done[EXL_ARGMAX_KEEP]; /* recorded after the launch holding each ticket */
     int32_t argmax_rows[EXL_ARGMAX_KEEP];
     int64_t argmax_issued, argmax_marked; /* tickets handed out; of those, with their event recorded */
+    /* sampled tokens for decode ahead of the host (cuda_sample.cu: sample_queue) */
+    exl_sample_result *sample_ring;           /* page-locked, mapped: [EXL_ARGMAX_KEEP][EXL_ARGMAX_ROWS] results */
+    int32_t *sample_kept;                     /* device: each row's n_kept in the last queued launch */
+    cudaEvent_t sample_done[EXL_ARGMAX_KEEP]; /* recorded after the launch holding each ticket */
+    int32_t sample_rows[EXL_ARGMAX_KEEP];
+    int64_t sample_issued;
     /* steps (cuda_graph.cu): graph_run compiles a step's graph into a plan; the plans of the last few decode-sized
      * steps of different shapes are kept with their CUDA graphs, each replayed when a step's graph equals its plan */
     int step_state; /* idle, replay (a cached step matched), capture */
@@ -478,6 +484,11 @@ exl_status exl_cuda_mask_logits(exl_backend *be, float *logits, int32_t rows, in
                                 exl_logit_mask_fn fill, void *user);
 exl_status exl_cuda_sample(exl_backend *be, exl_sample_result *out, float *logits, int32_t rows, int32_t vocab,
                            const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits);
+int64_t exl_cuda_sample_queue(exl_backend *be, int32_t *ids, float *logits, int32_t rows, int32_t vocab,
+                              const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits,
+                              int chained);
+exl_status exl_cuda_sample_wait(exl_backend *be, int64_t ticket, exl_sample_result *out, int32_t rows);
+void exl_cuda_sample_free(exl_cuda_backend *cb);
 
 /* ---- argmax (cuda_argmax.cu) */
 

@@ -265,12 +265,15 @@ __device__ void select_in_order(const sample_row &r, int order, uint64_t need, i
 
 /* ---------------------------------------------------------------- the kernel */
 
+/* ids, kept: NULL, or (sample_queue) the token table the next step reads and each row's n_kept, kept on the device
+ * for a chained launch's choice of uniform */
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_kernel(exl_sample_result *out, float *logits, int32_t vocab, const exl_sample_params *params,
-                  const exl_logit_edit *edits, float *orig, int shift) {
+                  const exl_logit_edit *edits, float *orig, int shift, int32_t *ids, int32_t *kept, int chained) {
     exl_pdl_start();
     __shared__ sample_shared sh;
     const exl_sample_params p = params[blockIdx.x];
+    const double u = chained && kept[blockIdx.x] > 1 ? p.u_next : p.u; /* read before tid 0 writes it, below */
     float *x = logits + (int64_t)blockIdx.x * vocab;
     const exl_logit_edit *e = edits + p.first_edit;
     const int32_t n_edits = p.n_bias + p.n_penalized + p.n_banned;
@@ -408,7 +411,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         res.n_kept = (int32_t)block_sum_u64(count, sh.part);
         uint64_t need = 1;
         if (res.n_kept > 1) {
-            need = (uint64_t)floor(p.u * (double)total) + 1;
+            need = (uint64_t)floor(u * (double)total) + 1;
             need = need > total ? total : need;
         }
         if (res.n_kept == 1 || order < 0) { /* the one candidate, or the draw in id order */
@@ -429,12 +432,15 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             res.logprob = raw - lse;
         }
         out[blockIdx.x] = res;
+        if (ids) {
+            ids[blockIdx.x] = res.id < 0 ? 0 : res.id;
+            kept[blockIdx.x] = res.n_kept;
+        }
     }
 }
 
-exl_status exl_cuda_sample(exl_backend *be, exl_sample_result *out, float *logits, int32_t rows, int32_t vocab,
-                           const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits) {
-    exl_cuda_backend *cb = exl_cuda(be);
+static exl_status check_edits(int32_t rows, int32_t vocab, const exl_sample_params *params, const exl_logit_edit *edits,
+                              int32_t n_edits) {
     for (int32_t r = 0; r < rows; r++) {
         const exl_sample_params *p = &params[r];
         int64_t end = (int64_t)p->first_edit + p->n_bias + p->n_penalized + p->n_banned;
@@ -445,27 +451,129 @@ exl_status exl_cuda_sample(exl_backend *be, exl_sample_result *out, float *logit
                 return exl_cuda_fail(EXL_ERR_ARG, "sample: row %d edits token %d of a vocabulary of %d", r, edits[e].id,
                                      vocab);
     }
-    if (rows <= 0)
-        return EXL_OK;
+    return EXL_OK;
+}
+
+/* The settings and edits copied down (in stream order: a launch queued before has read its own) and the kernel
+ * launched, its results to d_out, or where launch_out points when that is set. */
+static exl_status launch_sample(exl_cuda_backend *cb, exl_sample_result **d_out, exl_sample_result *launch_out,
+                                float *logits, int32_t rows, int32_t vocab, const exl_sample_params *params,
+                                const exl_logit_edit *edits, int32_t n_edits, int32_t *ids, int chained) {
     exl_cuda_graph_finish(cb);
-    size_t p_bytes = (size_t)rows * sizeof *params, r_bytes = (size_t)rows * sizeof *out;
+    size_t p_bytes = (size_t)rows * sizeof *params, r_bytes = (size_t)rows * sizeof **d_out;
     size_t e_bytes = (size_t)n_edits * sizeof *edits, o_bytes = (size_t)n_edits * sizeof(float);
     size_t bytes = r_bytes + p_bytes + e_bytes + o_bytes;
     if (!exl_cuda_ensure(cb, &cb->sample_buf, &cb->sample_bytes, bytes, "sampling settings"))
         return exl_cuda_take_sticky(cb);
     char *base = (char *)cb->sample_buf;
-    exl_sample_result *d_out = (exl_sample_result *)base;
+    *d_out = (exl_sample_result *)base;
     exl_sample_params *d_params = (exl_sample_params *)(base + r_bytes);
     exl_logit_edit *d_edits = (exl_logit_edit *)(base + r_bytes + p_bytes);
     float *d_orig = (float *)(base + r_bytes + p_bytes + e_bytes);
     CUDA_CHECK(cudaMemcpyAsync(d_params, params, p_bytes, cudaMemcpyHostToDevice, cb->stream), "sampling settings");
     if (e_bytes)
         CUDA_CHECK(cudaMemcpyAsync(d_edits, edits, e_bytes, cudaMemcpyHostToDevice, cb->stream), "logit edits");
-    exl_cuda_launch(cb, sample_kernel, dim3((unsigned)rows), dim3(SAMPLE_THREADS), 0, d_out, logits, vocab,
-                    (const exl_sample_params *)d_params, (const exl_logit_edit *)d_edits, d_orig,
-                    exl_sample_shift(vocab));
+    exl_cuda_launch(cb, sample_kernel, dim3((unsigned)rows), dim3(SAMPLE_THREADS), 0, launch_out ? launch_out : *d_out,
+                    logits, vocab, (const exl_sample_params *)d_params, (const exl_logit_edit *)d_edits, d_orig,
+                    exl_sample_shift(vocab), ids, ids ? cb->sample_kept : (int32_t *)NULL, chained);
     exl_cuda_check_launch(cb, "sample");
-    CUDA_CHECK(cudaMemcpyAsync(out, d_out, r_bytes, cudaMemcpyDeviceToHost, cb->stream), "sampled tokens");
+    return EXL_OK;
+}
+
+exl_status exl_cuda_sample(exl_backend *be, exl_sample_result *out, float *logits, int32_t rows, int32_t vocab,
+                           const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    EXL_TRY(check_edits(rows, vocab, params, edits, n_edits));
+    if (rows <= 0)
+        return EXL_OK;
+    exl_sample_result *d_out;
+    EXL_TRY(launch_sample(cb, &d_out, NULL, logits, rows, vocab, params, edits, n_edits, NULL, 0));
+    CUDA_CHECK(cudaMemcpyAsync(out, d_out, (size_t)rows * sizeof *out, cudaMemcpyDeviceToHost, cb->stream),
+               "sampled tokens");
     CUDA_CHECK(cudaStreamSynchronize(cb->stream), "sample");
     return exl_cuda_take_sticky(cb);
+}
+
+/* ---------------------------------------------------------------- queued ahead of the host */
+
+static int queue_ready(exl_cuda_backend *cb) {
+    if (cb->sample_ring)
+        return 1;
+    exl_cuda_graph_flush(cb); /* no allocation inside a capture */
+    cudaError_t e = cudaHostAlloc((void **)&cb->sample_ring,
+                                  sizeof(exl_sample_result) * EXL_ARGMAX_KEEP * EXL_ARGMAX_ROWS, cudaHostAllocMapped);
+    if (e == cudaSuccess)
+        e = cudaMalloc((void **)&cb->sample_kept, EXL_ARGMAX_ROWS * sizeof(int32_t));
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(cb->sample_kept, 0, EXL_ARGMAX_ROWS * sizeof(int32_t), cb->stream);
+    for (int i = 0; i < EXL_ARGMAX_KEEP && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&cb->sample_done[i], cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        exl_cuda_sample_free(cb);
+        exl_cuda_fail(EXL_ERR_DEVICE, "CUDA: setting up sampled tokens ahead of the host: %s", cudaGetErrorString(e));
+        return 0;
+    }
+    return 1;
+}
+
+void exl_cuda_sample_free(exl_cuda_backend *cb) {
+    for (int i = 0; i < EXL_ARGMAX_KEEP; i++)
+        if (cb->sample_done[i])
+            cudaEventDestroy(cb->sample_done[i]), cb->sample_done[i] = NULL;
+    cudaFreeHost(cb->sample_ring);
+    cudaFree(cb->sample_kept);
+    cb->sample_ring = NULL;
+    cb->sample_kept = NULL;
+}
+
+int64_t exl_cuda_sample_queue(exl_backend *be, int32_t *ids, float *logits, int32_t rows, int32_t vocab,
+                              const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits,
+                              int chained) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (rows < 1 || rows > EXL_ARGMAX_ROWS || vocab < 1) {
+        exl_cuda_fail(EXL_ERR_ARG, "sample_queue: %d rows of %d (1 .. %d rows)", rows, vocab, EXL_ARGMAX_ROWS);
+        return -1;
+    }
+    if (check_edits(rows, vocab, params, edits, n_edits) != EXL_OK)
+        return -1;
+    if (!queue_ready(cb))
+        return -1;
+    int slot = (int)(cb->sample_issued % EXL_ARGMAX_KEEP);
+    exl_sample_result *ring = NULL, *d_out;
+    if (cudaHostGetDevicePointer((void **)&ring, cb->sample_ring, 0) != cudaSuccess) {
+        cudaGetLastError();
+        exl_cuda_fail(EXL_ERR_DEVICE, "CUDA: sampled tokens are not mapped for the GPU");
+        return -1;
+    }
+    if (launch_sample(cb, &d_out, ring + slot * EXL_ARGMAX_ROWS, logits, rows, vocab, params, edits, n_edits, ids,
+                      chained) != EXL_OK)
+        return -1;
+    cudaError_t e = cudaEventRecord(cb->sample_done[slot], cb->stream);
+    if (e != cudaSuccess) {
+        exl_cuda_fail(EXL_ERR_DEVICE, "CUDA: sample event: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    if (exl_cuda_take_sticky(cb) != EXL_OK)
+        return -1;
+    cb->sample_rows[slot] = rows;
+    return cb->sample_issued++;
+}
+
+exl_status exl_cuda_sample_wait(exl_backend *be, int64_t ticket, exl_sample_result *out, int32_t rows) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    exl_cuda_graph_finish(cb); /* what was queued after the ticket runs while the host waits */
+    if (ticket < 0 || ticket >= cb->sample_issued || cb->sample_issued - ticket > EXL_ARGMAX_KEEP)
+        return exl_cuda_fail(EXL_ERR_ARG, "sample_wait: ticket %lld is not among the last %d of %lld",
+                             (long long)ticket, EXL_ARGMAX_KEEP, (long long)cb->sample_issued);
+    int slot = (int)(ticket % EXL_ARGMAX_KEEP);
+    if (rows != cb->sample_rows[slot])
+        return exl_cuda_fail(EXL_ERR_ARG, "sample_wait: ticket %lld has %d rows, not %d", (long long)ticket,
+                             cb->sample_rows[slot], rows);
+    CUDA_CHECK(cudaEventSynchronize(cb->sample_done[slot]), "waiting for sampled tokens");
+    EXL_TRY(exl_cuda_take_sticky(cb));
+    const volatile exl_sample_result *r = cb->sample_ring + slot * EXL_ARGMAX_ROWS;
+    for (int32_t i = 0; i < rows; i++)
+        out[i] = (exl_sample_result){r[i].id, r[i].n_kept, r[i].logprob, 0};
+    return EXL_OK;
 }
