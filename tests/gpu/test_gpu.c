@@ -2800,8 +2800,9 @@ static void test_device_sampling(const char *shared) {
         printf("     (%d and %d tokens of %d: %s)\n", na, nb, JOBS * 24, exl_last_error());
     report("12 sampled jobs: on the device == on the host",
            na == JOBS * 24 && nb == na ? (double)memcmp(a, b, sizeof a) != 0 : 1.0, 0);
-    /* sampled steps queued ahead of the host (the default) against steps that wait for their tokens */
+    /* sampled steps queued ahead of the host (EXL_SAMPLED_AHEAD=1) against steps that wait for their tokens */
     for (int n_jobs = 1; n_jobs <= JOBS; n_jobs += JOBS - 1) {
+        setenv("EXL_SAMPLED_AHEAD", "1", 1);
         na = generate_sampled(m, tok, n_jobs, 0, a, &kept_a);
         setenv("EXL_SAMPLED_AHEAD", "0", 1);
         nb = generate_sampled(m, tok, n_jobs, 0, b, &kept_b);

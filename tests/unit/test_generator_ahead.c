@@ -130,7 +130,7 @@ static exl_job_params sampled(const char *text, int32_t max_new, float temperatu
     return p;
 }
 
-/* Sampled steps queued ahead (EXL_SAMPLED_AHEAD, on by default where decode runs ahead) give the tokens of sampled
+/* Sampled steps queued ahead (EXL_SAMPLED_AHEAD=1, where decode runs ahead) give the tokens of sampled
  * steps run one by one, for the same seeds, while jobs join, end on a stop string or their length, are cancelled,
  * or use penalties (left out of it). */
 EXL_TEST(sampled_decode_ahead_same_tokens) {
@@ -163,11 +163,13 @@ EXL_TEST(sampled_decode_ahead_same_tokens) {
     gu_result *on = calloc(N, sizeof *on), *off = calloc(N, sizeof *off), *alone_on = calloc(1, sizeof *on),
               *alone_off = calloc(1, sizeof *off);
     exl_gen_ahead st_on, st_off, st_alone;
-    run_schedule(1, m, tok, jobs, N, on, &st_on); /* EXL_SAMPLED_AHEAD unset: on */
+    setenv("EXL_SAMPLED_AHEAD", "1", 1); /* run_schedule unsets it once the generator has read it */
+    run_schedule(1, m, tok, jobs, N, on, &st_on);
     setenv("EXL_SAMPLED_AHEAD", "0", 1);
     run_schedule(1, m, tok, jobs, N, off, &st_off);
     setenv("EXL_SAMPLED_AHEAD", "0", 1);
     run_schedule(1, m, tok, jobs, 1, alone_off, &st_off);
+    setenv("EXL_SAMPLED_AHEAD", "1", 1);
     run_schedule(1, m, tok, jobs, 1, alone_on, &st_alone);
     for (int i = 0; i < N; i++) {
         CHECK_MSG(on[i].n_ids == off[i].n_ids && !memcmp(on[i].ids, off[i].ids, sizeof on[i].ids[0] * on[i].n_ids),
