@@ -6,9 +6,8 @@
  * skipped, scores soft-capped where the layer asks. Work items are (row, KV head, sequence block): the query heads
  * sharing a KV head read its keys and values once, and with few rows (decode) each row's keys are split into
  * blocks whose softmax states are merged afterwards, so that all threads share a long context. */
-#include "backend/cpu/cpu.h"
+#include "backend/cpu/cpu_attention_split.h"
 #include "backend/kv_quant.h"
-#include "base/alloc.h"
 
 #include <math.h>
 #include <string.h>
@@ -32,27 +31,22 @@ void exl_cpu_kv_store(exl_backend *be, void *k_cache, void *v_cache, const float
     }
 }
 
-#define HEADS_MAX 8  /* query heads of one KV head attended together */
-#define BLOCK_MIN 64 /* the fewest keys of a sequence block */
-#define ITEMS_PER 8  /* work items per thread that decode aims for */
+#define HEADS_MAX 8 /* query heads of one KV head attended together */
 
 typedef struct {
     exl_cpu_backend *be;
-    float *out;
     const float *q;
     const float *k_cache, *v_cache;
     const exl_batch *b;
     const exl_attn_shape *s;
-    int32_t n_blocks; /* sequence blocks per (row, KV head) */
-    float *part;      /* n_blocks > 1: [row * n_heads + head][block] of (max, sum, acc[head_dim]) */
-    int64_t n_items;  /* rows * KV heads * blocks */
+    exl_cpu_attn_split sp;
 } attn_job;
 
-/* Query heads h0 .. h0+nh-1 (one KV head's) of one row over keys t_begin .. t_end-1, each key
- * read once for all of them; the online softmax state of each head goes to `part` or, when the
- * row has one block, normalized to out. */
-static void attend_block(const attn_job *j, const exl_attn_seq *seq, int32_t row, int32_t h0, int32_t nh,
-                         int32_t t_begin, int32_t t_end, int32_t block) {
+/* Query heads h0 .. h0+nh-1 (of the item's KV head) over the item's keys, each key read once for all of them;
+ * each head's online softmax state to exl_cpu_attn_store. */
+static void attend_block(const attn_job *j, const exl_cpu_attn_item *it, int32_t h0, int32_t nh) {
+    const exl_attn_seq *seq = it->seq;
+    const int32_t row = it->row, t_begin = it->t_begin, t_end = it->t_end;
     const exl_attn_shape *s = j->s;
     const exl_cpu_kernels *k = j->be->k;
     int32_t hd = s->head_dim, kvw = s->n_kv_heads * hd;
@@ -100,41 +94,17 @@ static void attend_block(const attn_job *j, const exl_attn_seq *seq, int32_t row
             m[h] = nm;
         }
     }
-    for (int32_t h = 0; h < nh; h++) {
-        int64_t rh = (int64_t)row * s->n_heads + h0 + h;
-        if (j->n_blocks == 1) {
-            float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f, *o = j->out + rh * hd;
-            for (int32_t d = 0; d < hd; d++)
-                o[d] = acc[h][d] * inv;
-        } else {
-            float *pp = j->part + (rh * j->n_blocks + block) * (hd + 2);
-            pp[0] = m[h], pp[1] = l[h];
-            memcpy(pp + 2, acc[h], (size_t)hd * sizeof(float));
-        }
-    }
+    for (int32_t h = 0; h < nh; h++)
+        exl_cpu_attn_store(&j->sp, s, it, h0 + h, m[h], l[h], acc[h]);
 }
 
-/* Work item it: a row's query heads of one KV head over one block of its keys; si is the sequence of the item
+/* Work item i: a row's query heads of one KV head over one block of its keys; si is the sequence of the item
  * before (a hint). */
-static void attend_item(const attn_job *j, long it, int32_t *si) {
-    const exl_attn_shape *s = j->s;
-    int32_t nkv = s->n_kv_heads, group = s->n_heads / s->n_kv_heads;
-    int32_t block = (int32_t)(it % j->n_blocks);
-    int32_t kvh = (int32_t)(it / j->n_blocks % nkv), row = (int32_t)(it / j->n_blocks / nkv);
-    while (*si + 1 < j->b->n_seqs && row >= j->b->seqs[*si + 1].q_start)
-        (*si)++;
-    while (*si > 0 && row < j->b->seqs[*si].q_start)
-        (*si)--;
-    const exl_attn_seq *seq = &j->b->seqs[*si];
-    int32_t last = seq->n_kv - seq->n_q + (row - seq->q_start); /* causal: keys first..last */
-    int32_t first = 0;
-    if (s->sliding_window > 0 && last - s->sliding_window + 1 > 0)
-        first = last - s->sliding_window + 1;
-    long b0, b1;
-    exl_split_range(last - first + 1, block, j->n_blocks, KEY_CHUNK, &b0, &b1);
+static void attend_item(const attn_job *j, long i, int32_t *si) {
+    const int32_t group = j->s->n_heads / j->s->n_kv_heads;
+    const exl_cpu_attn_item it = exl_cpu_attn_item_of(&j->sp, j->b, j->s, i, KEY_CHUNK, si);
     for (int32_t h = 0; h < group; h += HEADS_MAX)
-        attend_block(j, seq, row, kvh * group + h, group - h < HEADS_MAX ? group - h : HEADS_MAX, first + (int32_t)b0,
-                     first + (int32_t)b1, block);
+        attend_block(j, &it, it.kv_head * group + h, group - h < HEADS_MAX ? group - h : HEADS_MAX);
 }
 
 /* Unsplit rows (a prompt) cost more the later they come in their sequence (causal), so threads take stripes of
@@ -145,39 +115,16 @@ static void attend_item(const attn_job *j, long it, int32_t *si) {
 static void attention_task(void *p, int ti, int tn) {
     const attn_job *j = p;
     int32_t si = 0;
-    if (j->n_blocks == 1) {
-        for (long s0 = (long)ti * STRIPE; s0 < j->n_items; s0 += (long)tn * STRIPE)
-            for (long it = s0; it < s0 + STRIPE && it < j->n_items; it++)
+    if (j->sp.n_blocks == 1) {
+        for (long s0 = (long)ti * STRIPE; s0 < j->sp.n_items; s0 += (long)tn * STRIPE)
+            for (long it = s0; it < s0 + STRIPE && it < j->sp.n_items; it++)
                 attend_item(j, it, &si);
         return;
     }
     long i0, i1;
-    exl_split_range(j->n_items, ti, tn, 1, &i0, &i1);
+    exl_split_range(j->sp.n_items, ti, tn, 1, &i0, &i1);
     for (long it = i0; it < i1; it++)
         attend_item(j, it, &si);
-}
-
-/* Rows split into sequence blocks: each head's output from its blocks' softmax states. */
-static void merge_blocks(const attn_job *j) {
-    int32_t hd = j->s->head_dim;
-    for (int64_t rh = 0; rh < (int64_t)j->b->n_rows * j->s->n_heads; rh++) {
-        const float *pp = j->part + rh * j->n_blocks * (hd + 2);
-        float mx = -INFINITY, l = 0, *o = j->out + rh * hd;
-        for (int32_t b = 0; b < j->n_blocks; b++)
-            mx = pp[b * (hd + 2)] > mx ? pp[b * (hd + 2)] : mx;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        for (int32_t b = 0; b < j->n_blocks; b++) {
-            const float *q = pp + b * (hd + 2);
-            if (q[1] <= 0)
-                continue;
-            float w = expf(q[0] - mx);
-            l += q[1] * w;
-            j->be->k->axpy_f32(o, w, q + 2, hd);
-        }
-        float inv = l > 0 ? 1.0f / l : 0.0f;
-        for (int32_t d = 0; d < hd; d++)
-            o[d] *= inv;
-    }
 }
 
 void exl_cpu_attention(exl_backend *be, float *out, const float *q, const float *k, const float *v, const void *k_cache,
@@ -192,23 +139,8 @@ void exl_cpu_attention(exl_backend *be, float *out, const float *q, const float 
     }
     (void)k, (void)v; /* the cache is fp32: the new rows' cached copies are exact */
     exl_cpu_backend *cpu = exl_cpu(be);
-    attn_job j = {cpu, out, q, k_cache, v_cache, b, shape, 1, NULL, 0};
-    /* few rows (decode): split each row's keys into blocks so that every thread has work */
-    int64_t units = (int64_t)b->n_rows * shape->n_kv_heads, want = (int64_t)ITEMS_PER * exl_pool_size(cpu->pool);
-    if (units < want) {
-        int64_t by_len = (b->max_kv + BLOCK_MIN - 1) / BLOCK_MIN, by_work = (want + units - 1) / units;
-        j.n_blocks = (int32_t)(by_len < by_work ? by_len : by_work);
-    }
-    if (j.n_blocks > 1) {
-        j.part = exl_malloc((size_t)b->n_rows * (size_t)shape->n_heads * (size_t)j.n_blocks *
-                            (size_t)(shape->head_dim + 2) * sizeof(float));
-        if (!j.part)
-            j.n_blocks = 1; /* out of memory: unsplit rows need no scratch */
-    }
-    j.n_items = units * j.n_blocks;
+    attn_job j = {cpu, q, k_cache, v_cache, b, shape, exl_cpu_attn_split_plan(cpu, out, b, shape)};
     exl_pool_run_work(cpu->pool, attention_task, &j,
                       (int64_t)b->n_rows * shape->n_heads * b->max_kv * shape->head_dim * 2);
-    if (j.n_blocks > 1)
-        merge_blocks(&j);
-    exl_free(j.part);
+    exl_cpu_attn_finish(&j.sp, cpu->k, b, shape);
 }

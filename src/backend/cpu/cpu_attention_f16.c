@@ -7,15 +7,12 @@
  * add its values with the block's weights, the online softmax rescaling once per block. Work items are (row, KV
  * head, sequence block) as in cpu_attention.c: with few rows (decode) a row's keys are split into blocks that all
  * threads share, their softmax states merged afterwards. */
-#include "backend/cpu/cpu.h"
-#include "base/alloc.h"
+#include "backend/cpu/cpu_attention_split.h"
 #include "base/half.h"
 
 #include <math.h>
 #include <string.h>
 
-#define BLOCK_MIN 64 /* the fewest keys of a sequence block */
-#define ITEMS_PER 8  /* work items per thread that decode aims for */
 #define MAX_HEAD_DIM 1024
 
 void exl_cpu_kv_store_f16(exl_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
@@ -33,20 +30,18 @@ void exl_cpu_kv_store_f16(exl_backend *be, void *k_cache, void *v_cache, const f
 
 typedef struct {
     exl_cpu_backend *be;
-    float *out;
     const float *q;
     const uint16_t *k_cache, *v_cache;
     const exl_batch *b;
     const exl_attn_shape *s;
-    int32_t n_blocks; /* sequence blocks per (row, KV head) */
-    float *part;      /* n_blocks > 1: [row * n_heads + head][block] of (max, sum, acc[head_dim]) */
-    int64_t n_items;  /* rows * KV heads * blocks */
+    exl_cpu_attn_split sp;
 } attn_job;
 
-/* Query heads h0 .. h0+nh-1 (one KV head's) of one row over keys t_begin .. t_end-1; the online softmax state of
- * each head goes to `part` or, when the row has one block, normalized to out. */
-static void attend_keys(const attn_job *j, const exl_attn_seq *seq, int32_t row, int32_t h0, int32_t nh,
-                        int32_t t_begin, int32_t t_end, int32_t block) {
+/* Query heads h0 .. h0+nh-1 (of the item's KV head) over the item's keys; each head's online softmax state to
+ * exl_cpu_attn_store. */
+static void attend_keys(const attn_job *j, const exl_cpu_attn_item *it, int32_t h0, int32_t nh) {
+    const exl_attn_seq *seq = it->seq;
+    const int32_t row = it->row, t_begin = it->t_begin, t_end = it->t_end;
     const exl_attn_shape *s = j->s;
     const exl_cpu_kernels *k = j->be->k;
     const int32_t hd = s->head_dim, kvw = s->n_kv_heads * hd, kv_head = h0 / (s->n_heads / s->n_kv_heads);
@@ -100,89 +95,28 @@ static void attend_keys(const attn_job *j, const exl_attn_seq *seq, int32_t row,
         }
         k->values_f16(acc, nh, corr, sc, vp, n, hd);
     }
-    for (int32_t h = 0; h < nh; h++) {
-        const int64_t rh = (int64_t)row * s->n_heads + h0 + h;
-        if (j->n_blocks == 1) {
-            float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f, *o = j->out + rh * hd;
-            for (int32_t d = 0; d < hd; d++)
-                o[d] = acc[h * hd + d] * inv;
-        } else {
-            float *pp = j->part + (rh * j->n_blocks + block) * (hd + 2);
-            pp[0] = m[h], pp[1] = l[h];
-            memcpy(pp + 2, acc + h * hd, (size_t)hd * sizeof(float));
-        }
-    }
+    for (int32_t h = 0; h < nh; h++)
+        exl_cpu_attn_store(&j->sp, s, it, h0 + h, m[h], l[h], acc + h * hd);
 }
 
 static void attention_task(void *p, int ti, int tn) {
     const attn_job *j = p;
     const exl_attn_shape *s = j->s;
+    const int32_t group = s->n_heads / s->n_kv_heads;
     long i0, i1;
-    exl_split_range(j->n_items, ti, tn, 1, &i0, &i1);
-    const int32_t nkv = s->n_kv_heads, group = s->n_heads / s->n_kv_heads;
+    exl_split_range(j->sp.n_items, ti, tn, 1, &i0, &i1);
     int32_t si = 0;
-    for (long it = i0; it < i1; it++) {
-        const int32_t block = (int32_t)(it % j->n_blocks);
-        const int32_t kvh = (int32_t)(it / j->n_blocks % nkv), row = (int32_t)(it / j->n_blocks / nkv);
-        while (si + 1 < j->b->n_seqs && row >= j->b->seqs[si + 1].q_start)
-            si++;
-        while (si > 0 && row < j->b->seqs[si].q_start)
-            si--;
-        const exl_attn_seq *seq = &j->b->seqs[si];
-        const int32_t last = seq->n_kv - seq->n_q + (row - seq->q_start); /* causal: keys first..last */
-        int32_t first = 0;
-        if (s->sliding_window > 0 && last - s->sliding_window + 1 > 0)
-            first = last - s->sliding_window + 1;
-        long b0, b1;
-        exl_split_range(last - first + 1, block, j->n_blocks, EXL_CPU_KEYS, &b0, &b1);
+    for (long i = i0; i < i1; i++) {
+        const exl_cpu_attn_item it = exl_cpu_attn_item_of(&j->sp, j->b, s, i, EXL_CPU_KEYS, &si);
         for (int32_t h = 0; h < group; h += EXL_CPU_HEADS)
-            attend_keys(j, seq, row, kvh * group + h, group - h < EXL_CPU_HEADS ? group - h : EXL_CPU_HEADS,
-                        first + (int32_t)b0, first + (int32_t)b1, block);
-    }
-}
-
-/* Rows split into sequence blocks: each head's output from its blocks' softmax states. */
-static void merge_blocks(const attn_job *j) {
-    const int32_t hd = j->s->head_dim;
-    for (int64_t rh = 0; rh < (int64_t)j->b->n_rows * j->s->n_heads; rh++) {
-        const float *pp = j->part + rh * j->n_blocks * (hd + 2);
-        float mx = -INFINITY, l = 0, *o = j->out + rh * hd;
-        for (int32_t b = 0; b < j->n_blocks; b++)
-            mx = pp[b * (hd + 2)] > mx ? pp[b * (hd + 2)] : mx;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        for (int32_t b = 0; b < j->n_blocks; b++) {
-            const float *q = pp + b * (hd + 2);
-            if (q[1] <= 0)
-                continue;
-            const float w = expf(q[0] - mx);
-            l += q[1] * w;
-            j->be->k->axpy_f32(o, w, q + 2, hd);
-        }
-        const float inv = l > 0 ? 1.0f / l : 0.0f;
-        for (int32_t d = 0; d < hd; d++)
-            o[d] *= inv;
+            attend_keys(j, &it, it.kv_head * group + h, group - h < EXL_CPU_HEADS ? group - h : EXL_CPU_HEADS);
     }
 }
 
 void exl_cpu_attention_f16(exl_backend *be, float *out, const float *q, const void *k_cache, const void *v_cache,
                            const exl_batch *b, const exl_attn_shape *shape) {
     exl_cpu_backend *cpu = exl_cpu(be);
-    attn_job j = {cpu, out, q, k_cache, v_cache, b, shape, 1, NULL, 0};
-    /* few rows (decode): split each row's keys into blocks so that every thread has work */
-    const int64_t units = (int64_t)b->n_rows * shape->n_kv_heads, want = (int64_t)ITEMS_PER * exl_pool_size(cpu->pool);
-    if (units < want) {
-        const int64_t by_len = (b->max_kv + BLOCK_MIN - 1) / BLOCK_MIN, by_work = (want + units - 1) / units;
-        j.n_blocks = (int32_t)(by_len < by_work ? by_len : by_work);
-    }
-    if (j.n_blocks > 1) {
-        j.part = exl_malloc((size_t)b->n_rows * (size_t)shape->n_heads * (size_t)j.n_blocks *
-                            (size_t)(shape->head_dim + 2) * sizeof(float));
-        if (!j.part)
-            j.n_blocks = 1; /* out of memory: unsplit rows need no scratch */
-    }
-    j.n_items = units * j.n_blocks;
+    attn_job j = {cpu, q, k_cache, v_cache, b, shape, exl_cpu_attn_split_plan(cpu, out, b, shape)};
     exl_pool_run_work(cpu->pool, attention_task, &j, (int64_t)b->n_rows * shape->n_heads * b->max_kv * shape->head_dim);
-    if (j.n_blocks > 1)
-        merge_blocks(&j);
-    exl_free(j.part);
+    exl_cpu_attn_finish(&j.sp, cpu->k, b, shape);
 }
