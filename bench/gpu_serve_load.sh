@@ -51,6 +51,16 @@ if [ ! -f "$M/config.json" ]; then
         --vocab 32000 --tokenizer-from "$kit/tok" >/dev/null || { say "make_random_quant failed"; exit 1; }
 fi
 levels="1 2 4 8 16 32 64 128 256"
+# the server under bench/server_load.py's streaming top-p clients, with the variable $1 at 1 and then 0
+serve_load() {
+    command -v python3 >/dev/null || { say "no python3 here: the serve phases need it"; return; }
+    for v in 1 0; do
+        say "## exl serve --max-jobs 64, 128-token streamed completions, temperature 0.8 + top-p 0.95, $1=$v"
+        env "$1=$v" timeout "$2" python3 "$root/bench/server_load.py" --exl "$bin/exl" -m "$M" \
+            --serve-args "--max-jobs 64" --top-p 0.95 --concurrency 1,16,32,64 --requests-per-client 2 \
+            --max-tokens 128 2>&1 | tee -a "$log"
+    done
+}
 for phase in $phases; do
     case $phase in
     gen)
@@ -63,15 +73,7 @@ for phase in $phases; do
         EXL_DEVICE_SAMPLING=0 EXL_BENCH_DEVICE=cuda EXL_BENCH_TOP_K=0 timeout 300 "$bin/generator_bench" "$M" 8 128 1 \
             1 16 32 64 2>&1 | tee -a "$log"
         ;;
-    serve)
-        command -v python3 >/dev/null || { say "no python3 here: the serve phase needs it"; continue; }
-        for ds in 1 0; do
-            say "## exl serve --max-jobs 64, 128-token streamed completions, temperature 0.8 + top-p 0.95, EXL_DEVICE_SAMPLING=$ds"
-            EXL_DEVICE_SAMPLING=$ds timeout 400 python3 "$root/bench/server_load.py" --exl "$bin/exl" -m "$M" \
-                --serve-args "--max-jobs 64" --top-p 0.95 --concurrency 1,16,32,64 --requests-per-client 2 \
-                --max-tokens 128 2>&1 | tee -a "$log"
-        done
-        ;;
+    serve) serve_load EXL_DEVICE_SAMPLING 400 ;;
     ahead)
         say "## generator_bench, sampled steps queued ahead (EXL_SAMPLED_AHEAD) against greedy, 1-64 jobs"
         for mode in greedy sampled sampled-waiting; do
@@ -83,15 +85,7 @@ for phase in $phases; do
                 "$bin/generator_bench" "$M" 8 128 1 1 16 32 64 2>&1 | tee -a "$log"
         done
         ;;
-    ahead-serve)
-        command -v python3 >/dev/null || { say "no python3 here: the serve phase needs it"; continue; }
-        for sa in 1 0; do
-            say "## exl serve --max-jobs 64, 128-token streamed completions, temperature 0.8 + top-p 0.95, EXL_SAMPLED_AHEAD=$sa"
-            EXL_SAMPLED_AHEAD=$sa timeout 280 python3 "$root/bench/server_load.py" --exl "$bin/exl" -m "$M" \
-                --serve-args "--max-jobs 64" --top-p 0.95 --concurrency 1,16,32,64 --requests-per-client 2 \
-                --max-tokens 128 2>&1 | tee -a "$log"
-        done
-        ;;
+    ahead-serve) serve_load EXL_SAMPLED_AHEAD 280 ;;
     *) say "unknown phase $phase (gen, serve, ahead, ahead-serve)" ;;
     esac
 done
