@@ -3,11 +3,13 @@
  * defines it): the same edits, filters and draw, with weights in the same fixed point so every sum is exact.
  *
  * One block per row. Orders (larger key first, lower id first among equals) are never sorted: each filter and the
- * draw need only "the element at which the mass in order first reaches a target", found by a radix select over the
- * 32-bit keys (four 8-bit passes with shared histograms of integer mass, so the result does not depend on the order
- * of the atomics) and, among the elements with that exact key, a scan in id order (contiguous id ranges per thread,
- * a block-wide prefix sum). The kept set is a predicate recomputed from the logits on every pass: the cut in logit
- * order (top-k, then top-p), min-p's threshold and the cut in typical order. */
+ * draw need only "the element at which the mass in order first reaches a target". The cuts in logit order take the
+ * fast path below (a histogram of buckets, then one bucket sorted); typical sampling, the draws in id order and
+ * what the fast path cannot hold use a radix select over the 32-bit keys (four 8-bit passes with shared histograms
+ * of integer mass, so the result does not depend on the order of the atomics) and, among the elements with that
+ * exact key, a scan in id order (contiguous id ranges per thread, a block-wide prefix sum). There the kept set is a
+ * predicate recomputed from the logits on every pass: the cut in logit order (top-k, then top-p), min-p's threshold
+ * and the cut in typical order. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <math.h>
@@ -115,7 +117,7 @@ __device__ uint64_t block_scan_u64(uint64_t v, uint64_t *s_part, uint64_t *total
 }
 
 struct sample_shared {
-    uint64_t hist[256];
+    uint32_t hist_lo[256], hist_hi[256]; /* a bin's mass: 32-bit halves, as sample_fast_shared's */
     uint32_t hist_n[256];
     uint64_t part[SAMPLE_WARPS];
     double dpart[SAMPLE_WARPS];
@@ -125,6 +127,15 @@ struct sample_shared {
     uint32_t prefix, ties;
     int32_t found;
 };
+
+/* *lo, *hi += m as 32-bit halves, the carry out of the low half into the high one: shared memory's 64-bit atomic add
+ * is a compare-and-swap loop, which colliding lanes and warps serialize. Exact while the sum stays below 2^64. */
+__device__ __forceinline__ void add_mass_halves(unsigned *lo, unsigned *hi, uint64_t m) {
+    const unsigned l = (unsigned)m, old = atomicAdd(lo, l);
+    const unsigned h = (unsigned)(m >> 32) + (old + l < old ? 1u : 0u);
+    if (h)
+        atomicAdd(hi, h);
+}
 
 /* Adds every lane's mass m (and a count of one) to bin `bin` of the histogram (-1: nothing), one atomic per
  * distinct bin of the warp: the lanes of a bin sum their masses first. Logits crowd into a few bins (the first pass
@@ -144,7 +155,7 @@ __device__ __forceinline__ void hist_add_warp(sample_shared *sh, int bin, uint64
     }
     if (bin >= 0 && lane == __ffs(peers) - 1) {
         if (sum)
-            atomicAdd((unsigned long long *)&sh->hist[bin], (unsigned long long)sum);
+            add_mass_halves(&sh->hist_lo[bin], &sh->hist_hi[bin], sum);
         atomicAdd(&sh->hist_n[bin], (unsigned)__popc(peers));
     }
 }
@@ -208,7 +219,7 @@ __device__ void select_in_order(const sample_row &r, int order, uint64_t need, i
     uint32_t prefix = 0, mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = threadIdx.x; b < 256; b += SAMPLE_THREADS)
-            sh->hist[b] = 0, sh->hist_n[b] = 0;
+            sh->hist_lo[b] = 0, sh->hist_hi[b] = 0, sh->hist_n[b] = 0;
         __syncthreads();
         for (int32_t base = 0; base < r.vocab; base += SAMPLE_THREADS) { /* whole warps: hist_add_warp */
             const int32_t i = base + (int32_t)threadIdx.x;
@@ -229,9 +240,10 @@ __device__ void select_in_order(const sample_row &r, int order, uint64_t need, i
             uint64_t cum = 0;
             int b = 255;
             for (; b > 0; b--) {
-                if (cum + sh->hist[b] >= need)
+                const uint64_t m = (uint64_t)sh->hist_hi[b] << 32 | sh->hist_lo[b];
+                if (cum + m >= need)
                     break;
-                cum += sh->hist[b];
+                cum += m;
             }
             sh->need = need - cum;
             sh->prefix = prefix | (uint32_t)b << shift;
@@ -270,15 +282,18 @@ __device__ void select_in_order(const sample_row &r, int order, uint64_t need, i
  * the maximum, b = min((max - l) * scale, FAST_BINS - 1): monotone in the logit, so every element of a lower bucket
  * comes before every element of a higher one in logit order, and the bucket where a mass (or count) in logit order
  * is reached is found by a scan of the histogram. That bucket's elements (a few dozen in practice: the buckets span
- * the logits whose weights are not 0 in fixed point) are gathered into shared memory and sorted (key descending, id
- * ascending), and the exact element is found by a prefix sum among them. The sums are the same integers as the
- * reference's, so the choice is the same; a bucket of more than FAST_CAP elements (long runs of equal logits) falls
- * back to the radix select. A second histogram holds the elements min-p keeps. */
+ * the finite logits, or those whose weights are not 0 in fixed point where that is narrower) are gathered into
+ * shared memory and sorted (key descending, id ascending), and the exact element is found by a prefix sum among
+ * them. The sums are the same integers as the reference's, so the choice is the same; a bucket of more than FAST_CAP
+ * elements (long runs of equal logits) falls back to the radix select. A second histogram holds the elements min-p
+ * keeps. */
 #define FAST_BINS 4096
 #define FAST_CAP 2048
 
 struct sample_fast_shared {
-    unsigned long long mass[2][FAST_BINS]; /* [0] every finite logit, [1] those min-p keeps */
+    /* [0] every finite logit, [1] those min-p keeps; the mass in 32-bit halves (add_mass_halves): a bucket's is
+     * below the row's, at most 2^63 (exl_sample_shift) */
+    unsigned int mass_lo[2][FAST_BINS], mass_hi[2][FAST_BINS];
     unsigned int count[2][FAST_BINS];
     unsigned long long key[FAST_CAP]; /* the gathered bucket: key << 32 | ~id, sorted descending */
     unsigned long long wi[FAST_CAP];  /* their fixed-point weights, in that order */
@@ -288,6 +303,14 @@ struct sample_fast_shared {
     unsigned long long got_mass, got_count;
 };
 
+__device__ __forceinline__ uint64_t fast_mass(const sample_fast_shared *fs, int set, int b) {
+    return (uint64_t)fs->mass_hi[set][b] << 32 | fs->mass_lo[set][b];
+}
+
+__device__ __forceinline__ void fast_add_mass(sample_fast_shared *fs, int set, int b, uint64_t W) {
+    add_mass_halves(&fs->mass_lo[set][b], &fs->mass_hi[set][b], W);
+}
+
 __device__ __forceinline__ int fast_bin(float lmax, float bscale, float l) {
     const float d = (lmax - l) * bscale; /* >= 0; NaN (an infinite maximum) goes last */
     return d < (float)(FAST_BINS - 1) ? (int)d : FAST_BINS - 1;
@@ -296,10 +319,9 @@ __device__ __forceinline__ int fast_bin(float lmax, float bscale, float l) {
 /* The histograms of the finite logits (and of min-p's), the last bucket summed in registers (the far tail, where
  * most of a peaked row lies); returns the total fixed-point mass. */
 __device__ uint64_t fast_histograms(const sample_row &r, float bscale, sample_shared *sh, sample_fast_shared *fs) {
-    unsigned long long *m0 = &fs->mass[0][0];
-    unsigned int *c0 = &fs->count[0][0];
+    unsigned int *lo = &fs->mass_lo[0][0], *hi = &fs->mass_hi[0][0], *c = &fs->count[0][0];
     for (int b = threadIdx.x; b < 2 * FAST_BINS; b += SAMPLE_THREADS)
-        m0[b] = 0, c0[b] = 0;
+        lo[b] = 0, hi[b] = 0, c[b] = 0;
     if (threadIdx.x == 0)
         fs->bucket = -1;
     __syncthreads();
@@ -319,11 +341,11 @@ __device__ uint64_t fast_histograms(const sample_row &r, float bscale, sample_sh
             continue;
         }
         if (W)
-            atomicAdd(&fs->mass[0][b], (unsigned long long)W);
+            fast_add_mass(fs, 0, b, W);
         atomicAdd(&fs->count[0][b], 1u);
         if (mp) {
             if (W)
-                atomicAdd(&fs->mass[1][b], (unsigned long long)W);
+                fast_add_mass(fs, 1, b, W);
             atomicAdd(&fs->count[1][b], 1u);
         }
     }
@@ -333,8 +355,10 @@ __device__ uint64_t fast_histograms(const sample_row &r, float bscale, sample_sh
     tail_mp_m = block_sum_u64(tail_mp_m, sh->part);
     tail_mp_c = block_sum_u64(tail_mp_c, sh->part);
     if (threadIdx.x == 0) {
-        fs->mass[0][FAST_BINS - 1] = tail_m, fs->count[0][FAST_BINS - 1] = (unsigned)tail_c;
-        fs->mass[1][FAST_BINS - 1] = tail_mp_m, fs->count[1][FAST_BINS - 1] = (unsigned)tail_mp_c;
+        fs->mass_lo[0][FAST_BINS - 1] = (unsigned)tail_m, fs->mass_hi[0][FAST_BINS - 1] = (unsigned)(tail_m >> 32);
+        fs->mass_lo[1][FAST_BINS - 1] = (unsigned)tail_mp_m,
+                                   fs->mass_hi[1][FAST_BINS - 1] = (unsigned)(tail_mp_m >> 32);
+        fs->count[0][FAST_BINS - 1] = (unsigned)tail_c, fs->count[1][FAST_BINS - 1] = (unsigned)tail_mp_c;
     }
     __syncthreads();
     return total;
@@ -348,7 +372,7 @@ __device__ int fast_find_bin(int set, int by_count, uint64_t need, sample_shared
     const int b0 = threadIdx.x * PER;
     uint64_t lm = 0, lc = 0;
     for (int j = 0; j < PER; j++)
-        lm += fs->mass[set][b0 + j], lc += fs->count[set][b0 + j];
+        lm += fast_mass(fs, set, b0 + j), lc += fs->count[set][b0 + j];
     if (threadIdx.x == 0)
         fs->found = -1;
     uint64_t tm, tc;
@@ -357,7 +381,7 @@ __device__ int fast_find_bin(int set, int by_count, uint64_t need, sample_shared
     const uint64_t before = by_count ? bc : bm, mine = by_count ? lc : lm;
     if (before < need && before + mine >= need) {
         for (int j = 0; j < PER; j++) {
-            const uint64_t vm = fs->mass[set][b0 + j], vc = fs->count[set][b0 + j];
+            const uint64_t vm = fast_mass(fs, set, b0 + j), vc = fs->count[set][b0 + j];
             if ((by_count ? bc + vc : bm + vm) >= need) {
                 fs->found = b0 + j, fs->got_mass = bm, fs->got_count = bc;
                 break;
@@ -377,7 +401,7 @@ __device__ void fast_below(int set, int bin, sample_shared *sh, sample_fast_shar
                            uint64_t *count) {
     uint64_t lm = 0, lc = 0;
     for (int b = threadIdx.x; b < bin; b += SAMPLE_THREADS)
-        lm += fs->mass[set][b], lc += fs->count[set][b];
+        lm += fast_mass(fs, set, b), lc += fs->count[set][b];
     *mass = block_sum_u64(lm, sh->part);
     *count = block_sum_u64(lc, sh->part);
 }
