@@ -2651,7 +2651,7 @@ static void same_tokens_with_env_off(const char *shared, int n_jobs, const char 
 
 /* Row r's settings (the server's, alone and together; r % SAMPLE_SETTINGS) and edits: bias and bans on its likely
  * tokens, penalties over a history. */
-enum { SAMPLE_SETTINGS = 16 };
+enum { SAMPLE_SETTINGS = 17 };
 static void sample_setting(int32_t r, const float *x, int32_t vocab, exl_sample_params *p, exl_logit_edit *e,
                            int32_t *n_edits) {
     const int32_t setting = r % SAMPLE_SETTINGS;
@@ -2680,7 +2680,8 @@ static void sample_setting(int32_t r, const float *x, int32_t vocab, exl_sample_
     case 12: p->temperature = 0.8f, p->top_p = 0.95f; break;
     case 13: p->top_k = 3000; break;
     case 14: p->temperature = 1.5f, p->top_p = 0.99f, p->min_p = 0.02f; break;
-    default: p->temperature = 0.5f, p->top_k = 200, p->min_p = 0.3f; break;
+    case 15: p->temperature = 0.5f, p->top_k = 200, p->min_p = 0.3f; break;
+    default: p->temperature = 0.7f, p->top_k = 100, p->min_p = 0.05f, p->typical_p = 0.7f; break;
     }
     if (setting == 11 || setting == 12) { /* bias on the top tokens, and in the second a ban of the top one */
         e[(*n_edits)++] = (exl_logit_edit){top, -2.5f};
@@ -2765,18 +2766,18 @@ static int generate_sampled(exl_model *m, exl_tokenizer *tok, int n_jobs, int pe
 
 static void test_device_sampling(const char *shared) {
     float *x = rnd(64 * 32000, -10, 10);
-    sample_op_case("16 rows x 32000", x, 16, 32000);
+    sample_op_case("17 rows x 32000", x, 17, 32000);
     for (int32_t r = 0; r < 64; r++) /* a few logits far above the rest: the cuts among them */
         for (int32_t i = 0; i < 24; i++)
             x[(int64_t)r * 32000 + (r * 977 + i * 1291) % 32000] = 12 + 0.5f * (float)(i % 17);
     sample_op_case("64 rows x 32000, peaked", x, 64, 32000);
     for (int64_t i = 0; i < 32 * 32000; i++)
         x[i] = floorf(x[i] / 4); /* many ties: 32000 a row (past the fast path's bucket), 2048 a row */
-    sample_op_case("16 rows x 32000, ties", x, 16, 32000);
+    sample_op_case("17 rows x 32000, ties", x, 17, 32000);
     sample_op_case("32 rows x 2048, ties", x, 32, 2048);
     free(x);
-    x = rnd(16 * 128256, -4, 4);
-    sample_op_case("16 rows x 128256", x, 16, 128256);
+    x = rnd(17 * 128256, -4, 4);
+    sample_op_case("17 rows x 128256", x, 17, 128256);
     free(x);
     exl_st_file *rf;
     char path[1024];

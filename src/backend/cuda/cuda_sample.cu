@@ -3,9 +3,9 @@
  * defines it): the same edits, filters and draw, with weights in the same fixed point so every sum is exact.
  *
  * One block per row. Orders (larger key first, lower id first among equals) are never sorted: each filter and the
- * draw need only "the element at which the mass in order first reaches a target". The cuts in logit order take the
- * fast path below (a histogram of buckets, then one bucket sorted); typical sampling, the draws in id order and
- * what the fast path cannot hold use a radix select over the 32-bit keys (four 8-bit passes with shared histograms
+ * draw need only "the element at which the mass in order first reaches a target". The cuts in logit order and typical
+ * sampling take the fast path below (a histogram of buckets, then one bucket sorted); the draws in id order and what
+ * the fast path cannot hold use a radix select over the 32-bit keys (four 8-bit passes with shared histograms
  * of integer mass, so the result does not depend on the order of the atomics) and, among the elements with that
  * exact key, a scan in id order (contiguous id ranges per thread, a block-wide prefix sum). There the kept set is a
  * predicate recomputed from the logits on every pass: the cut in logit order (top-k, then top-p), min-p's threshold
@@ -277,7 +277,7 @@ __device__ void select_in_order(const sample_row &r, int order, uint64_t need, i
 
 /* ---------------------------------------------------------------- the fast path: buckets, then one bucket sorted */
 
-/* The cuts in logit order (top-k, top-p, with or without min-p; not typical) without a radix select over the row.
+/* The cuts in logit order (top-k, top-p, with or without min-p) without a radix select over the row.
  * One pass computes every weight once and adds it to a histogram of FAST_BINS buckets of the logit's distance below
  * the maximum, b = min((max - l) * scale, FAST_BINS - 1): monotone in the logit, so every element of a lower bucket
  * comes before every element of a higher one in logit order, and the bucket where a mass (or count) in logit order
@@ -286,7 +286,7 @@ __device__ void select_in_order(const sample_row &r, int order, uint64_t need, i
  * shared memory and sorted (key descending, id ascending), and the exact element is found by a prefix sum among
  * them. The sums are the same integers as the reference's, so the choice is the same; a bucket of more than FAST_CAP
  * elements (long runs of equal logits) falls back to the radix select. A second histogram holds the elements min-p
- * keeps. */
+ * keeps. Typical sampling does the same in typical order, with buckets of the typical distance. */
 #define FAST_BINS 4096
 #define FAST_CAP 2048
 
@@ -316,9 +316,35 @@ __device__ __forceinline__ int fast_bin(float lmax, float bscale, float l) {
     return d < (float)(FAST_BINS - 1) ? (int)d : FAST_BINS - 1;
 }
 
-/* The histograms of the finite logits (and of min-p's), the last bucket summed in registers (the far tail, where
- * most of a peaked row lies); returns the total fixed-point mass. */
-__device__ uint64_t fast_histograms(const sample_row &r, float bscale, sample_shared *sh, sample_fast_shared *fs) {
+/* Typical sampling on the fast path: its set S is the finite logits up to the cut in logit order (key << 32 | ~id at
+ * least ckey; 0: no cut) that min-p keeps, q = w / wsum over S, and the buckets are of the typical distance
+ * |-log q - ent| (monotone in typical order's key, -distance), over [0, TYPICAL_SPAN). */
+#define TYPICAL_SPAN 64.0f
+struct typical_set {
+    unsigned long long ckey;
+    double wsum, ent;
+};
+
+__device__ __forceinline__ bool typical_in(const sample_row &r, const typical_set &t, int32_t i, float l, float w) {
+    return l > -INFINITY && ((unsigned long long)sample_key(l) << 32 | (uint32_t) ~(uint32_t)i) >= t.ckey &&
+           !(r.min_p > 0 && !(w >= r.min_p));
+}
+
+/* the distance whose negation typical_key() orders by (infinite where q is 0) */
+__device__ __forceinline__ float typical_distance(const typical_set &t, float w) {
+    const double q = (double)w / t.wsum;
+    return q > 0 ? (float)fabs(-log(q) - t.ent) : INFINITY;
+}
+
+__device__ __forceinline__ int typical_bin(float d) {
+    const float v = d * ((float)(FAST_BINS - 1) / TYPICAL_SPAN);
+    return v < (float)(FAST_BINS - 1) ? (int)v : FAST_BINS - 1;
+}
+
+/* The histograms of the finite logits (and of min-p's), or (t) of typical sampling's set by typical distance, the
+ * last bucket summed in registers (the far tail, where most of a peaked row lies); returns the total mass. */
+__device__ uint64_t fast_histograms(const sample_row &r, float bscale, const typical_set *t, sample_shared *sh,
+                                    sample_fast_shared *fs) {
     unsigned int *lo = &fs->mass_lo[0][0], *hi = &fs->mass_hi[0][0], *c = &fs->count[0][0];
     for (int b = threadIdx.x; b < 2 * FAST_BINS; b += SAMPLE_THREADS)
         lo[b] = 0, hi[b] = 0, c[b] = 0;
@@ -331,9 +357,11 @@ __device__ uint64_t fast_histograms(const sample_row &r, float bscale, sample_sh
         if (!(l > -INFINITY))
             continue;
         const float w = sample_weight(r, l);
+        if (t && !typical_in(r, *t, i, l, w))
+            continue;
         const uint64_t W = sample_fixed(r, w);
-        const bool mp = r.min_p > 0 && w >= r.min_p;
-        const int b = fast_bin(r.lmax, bscale, l);
+        const bool mp = !t && r.min_p > 0 && w >= r.min_p;
+        const int b = t ? typical_bin(typical_distance(*t, w)) : fast_bin(r.lmax, bscale, l);
         total += W;
         if (b == FAST_BINS - 1) {
             tail_m += W, tail_c++;
@@ -406,8 +434,9 @@ __device__ void fast_below(int set, int bin, sample_shared *sh, sample_fast_shar
     *count = block_sum_u64(lc, sh->part);
 }
 
-/* Bucket `bin`'s elements into fs->key (sorted: logit order), wi and mp; false when it holds more than FAST_CAP. */
-__device__ bool fast_gather(const sample_row &r, float bscale, int bin, sample_fast_shared *fs) {
+/* Bucket `bin`'s elements into fs->key (sorted: logit order, or typical order with t), wi and mp; false when it
+ * holds more than FAST_CAP. */
+__device__ bool fast_gather(const sample_row &r, float bscale, const typical_set *t, int bin, sample_fast_shared *fs) {
     if (fs->bucket == bin)
         return true;
     const unsigned n = fs->count[0][bin];
@@ -419,8 +448,19 @@ __device__ bool fast_gather(const sample_row &r, float bscale, int bin, sample_f
     __syncthreads();
     for (int32_t i = threadIdx.x; i < r.vocab; i += SAMPLE_THREADS) {
         const float l = r.x[i];
-        if (l > -INFINITY && fast_bin(r.lmax, bscale, l) == bin)
-            fs->key[atomicAdd(&fs->n, 1)] = (unsigned long long)sample_key(l) << 32 | (uint32_t) ~(uint32_t)i;
+        uint32_t key = 0;
+        if (!t) {
+            if (l > -INFINITY && fast_bin(r.lmax, bscale, l) == bin)
+                key = sample_key(l);
+        } else if (l > -INFINITY) {
+            const float w = sample_weight(r, l);
+            if (typical_in(r, *t, i, l, w)) {
+                const float d = typical_distance(*t, w);
+                key = typical_bin(d) == bin ? sample_key(-d) : 0; /* typical_key()'s */
+            }
+        }
+        if (key) /* every finite logit's key, and typical order's, is above 0 */
+            fs->key[atomicAdd(&fs->n, 1)] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)i;
     }
     unsigned m = 1;
     while (m < n)
@@ -497,11 +537,11 @@ __device__ void fast_sum_in_bucket(int set, int last, sample_shared *sh, sample_
 
 /* The element of `set` at which the count (by_count) or mass in logit order first reaches need: its index in the
  * gathered bucket (which it leaves gathered) and the mass and count of `set` up to it, inclusive; -1 to fall back. */
-__device__ int fast_select(const sample_row &r, float bscale, int set, int by_count, uint64_t need, sample_shared *sh,
-                           sample_fast_shared *fs, uint64_t *mass, uint64_t *count) {
+__device__ int fast_select(const sample_row &r, float bscale, const typical_set *t, int set, int by_count,
+                           uint64_t need, sample_shared *sh, sample_fast_shared *fs, uint64_t *mass, uint64_t *count) {
     uint64_t bm, bc, im, ic;
     const int bin = fast_find_bin(set, by_count, need, sh, fs, &bm, &bc);
-    if (bin < 0 || !fast_gather(r, bscale, bin, fs))
+    if (bin < 0 || !fast_gather(r, bscale, t, bin, fs))
         return -1;
     const int idx = fast_find_in_bucket(set, by_count, need - (by_count ? bc : bm), fs, &im, &ic);
     *mass = bm + im, *count = bc + ic;
@@ -513,26 +553,69 @@ __device__ __forceinline__ uint64_t fast_mass_target(float fraction, uint64_t to
     return t < 1 ? 1 : t >= (double)total ? total : (uint64_t)t;
 }
 
-/* The row's result by the fast path (top-k and/or top-p, then min-p, the draw in logit order); false to fall back
- * to the radix select (nothing written but shared memory). r: the row with no cut yet and its min_p set. */
+/* Typical sampling's cut and the draw in typical order over its set (t.ckey set); false to fall back. */
+__device__ bool fast_typical(const exl_sample_params &p, const sample_row &r, typical_set t, double u,
+                             sample_shared *sh, sample_fast_shared *fs, exl_sample_result *res) {
+    uint64_t mass = 0, count = 0;
+    double ws = 0;
+    for (int32_t i = threadIdx.x; i < r.vocab; i += SAMPLE_THREADS) {
+        const float l = r.x[i], w = sample_weight(r, l);
+        if (typical_in(r, t, i, l, w))
+            mass += sample_fixed(r, w), ws += w, count++;
+    }
+    const uint64_t total = block_sum_u64(mass, sh->part);
+    if (block_sum_u64(count, sh->part) == 0)
+        return false; /* min-p kept nothing: the radix path's answer */
+    t.wsum = block_sum_f64(ws, sh->dpart);
+    double ent = 0;
+    for (int32_t i = threadIdx.x; i < r.vocab; i += SAMPLE_THREADS) {
+        const float l = r.x[i], w = sample_weight(r, l);
+        const double q = (double)w / t.wsum;
+        if (typical_in(r, t, i, l, w) && q > 0)
+            ent -= q * log(q);
+    }
+    t.ent = block_sum_f64(ent, sh->dpart);
+    fast_histograms(r, 0, &t, sh, fs);
+    uint64_t kept_mass, kept;
+    if (fast_select(r, 0, &t, 0, 0, fast_mass_target(p.typical_p, total), sh, fs, &kept_mass, &kept) < 0)
+        return false;
+    uint64_t need = 1;
+    if (kept > 1) {
+        need = (uint64_t)floor(u * (double)kept_mass) + 1;
+        need = need > kept_mass ? kept_mass : need;
+    }
+    uint64_t m, c;
+    const int idx = fast_select(r, 0, &t, 0, kept == 1, need, sh, fs, &m, &c);
+    if (idx < 0)
+        return false;
+    res->id = (int32_t) ~(uint32_t)fs->key[idx], res->n_kept = (int32_t)kept;
+    return true;
+}
+
+/* The row's result by the fast path (top-k and/or top-p, then min-p, then typical; the draw in logit or typical
+ * order); false to fall back to the radix select (nothing written but shared memory). r: the row with no cut yet
+ * and its min_p set. */
 __device__ bool sample_fast(const exl_sample_params &p, const sample_row &r, int32_t n_finite, float lmin, double u,
                             int shift, sample_shared *sh, sample_fast_shared *fs, exl_sample_result *res) {
     /* the buckets span the finite logits, or those whose weight is at least 2^-(shift + 2) (below it W is 0) */
     const float span = fminf((float)(shift + 2) * 0.6931472f * p.temperature, r.lmax - lmin);
     float bscale = (float)(FAST_BINS - 1) / span; /* span 0 (equal logits): all in the first bucket */
     bscale = bscale < 1e30f ? bscale : 1e30f;
-    const uint64_t total_all = fast_histograms(r, bscale, sh, fs);
+    const bool top_k = p.top_k > 0 && p.top_k < r.vocab && n_finite >= p.top_k;
+    if (!top_k && !(p.top_p < 1.0f)) /* typical alone */
+        return fast_typical(p, r, typical_set{0, 0, 0}, u, sh, fs, res);
+    const uint64_t total_all = fast_histograms(r, bscale, NULL, sh, fs);
     uint64_t cut_mass = total_all, cut_count = (uint64_t)n_finite;
     int cut = -1; /* the cut's index in the gathered bucket */
-    if (p.top_k > 0 && p.top_k < r.vocab && n_finite >= p.top_k) {
-        if ((cut = fast_select(r, bscale, 0, 1, (uint64_t)p.top_k, sh, fs, &cut_mass, &cut_count)) < 0)
-            return false;
-    }
+    if (top_k && (cut = fast_select(r, bscale, NULL, 0, 1, (uint64_t)p.top_k, sh, fs, &cut_mass, &cut_count)) < 0)
+        return false;
     if (p.top_p < 1.0f) {
         const uint64_t need = fast_mass_target(p.top_p, cut_mass);
-        if ((cut = fast_select(r, bscale, 0, 0, need, sh, fs, &cut_mass, &cut_count)) < 0)
+        if ((cut = fast_select(r, bscale, NULL, 0, 0, need, sh, fs, &cut_mass, &cut_count)) < 0)
             return false;
     }
+    if (p.typical_p < 1.0f)
+        return fast_typical(p, r, typical_set{fs->key[cut], 0, 0}, u, sh, fs, res);
     uint64_t total = cut_mass, kept = cut_count;
     const int set = r.min_p > 0 ? 1 : 0;
     if (set) { /* min-p's elements up to the cut, whose bucket is the one gathered */
@@ -551,11 +634,88 @@ __device__ bool sample_fast(const exl_sample_params &p, const sample_row &r, int
         need = need > total ? total : need;
     }
     uint64_t m, c;
-    const int idx = fast_select(r, bscale, set, kept == 1, need, sh, fs, &m, &c);
+    const int idx = fast_select(r, bscale, NULL, set, kept == 1, need, sh, fs, &m, &c);
     if (idx < 0)
         return false;
     res->id = (int32_t) ~(uint32_t)fs->key[idx], res->n_kept = (int32_t)kept;
     return true;
+}
+
+/* ---------------------------------------------------------------- the radix path */
+
+/* The row's result by radix selects (what the fast path does not take: the draws in id order, big buckets). Not
+ * inlined: its registers stay out of the fast path's. */
+__device__ __noinline__ void sample_radix(const exl_sample_params &p, sample_row r, int32_t n_finite, double u,
+                                          sample_shared *sh, exl_sample_result *res) {
+    const int tid = threadIdx.x;
+    const float *x = r.x;
+    const int32_t vocab = r.vocab;
+    const bool top_k = p.top_k > 0 && p.top_k < vocab && n_finite >= p.top_k;
+    int order = -1; /* the draw's: -1 id order, 0 logit order, 1 typical order */
+    if (top_k) {
+        select_in_order(r, 0, (uint64_t)p.top_k, 1, sh, &r.cut_key, &r.cut_id);
+        r.logit_cut = 1;
+        order = 0;
+    }
+    if (p.top_p < 1.0f) {
+        uint64_t mass = 0;
+        for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
+            float l = x[i], w = sample_weight(r, l);
+            mass += sample_kept(r, i, l, w) ? sample_fixed(r, w) : 0;
+        }
+        uint64_t total = block_sum_u64(mass, sh->part);
+        double t = ceil((double)p.top_p * (double)total);
+        uint64_t need = t < 1 ? 1 : t >= (double)total ? total : (uint64_t)t;
+        uint32_t key;
+        int32_t id;
+        select_in_order(r, 0, need, 0, sh, &key, &id);
+        r.cut_key = key, r.cut_id = id, r.logit_cut = 1;
+        order = 0;
+    }
+    r.min_p = p.min_p;
+    if (p.typical_p < 1.0f) {
+        uint64_t mass = 0;
+        double ws = 0;
+        for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
+            float l = x[i], w = sample_weight(r, l);
+            if (sample_kept(r, i, l, w))
+                mass += sample_fixed(r, w), ws += w;
+        }
+        uint64_t total = block_sum_u64(mass, sh->part);
+        r.wsum = block_sum_f64(ws, sh->dpart);
+        double ent = 0;
+        for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
+            float l = x[i], w = sample_weight(r, l);
+            double q = (double)w / r.wsum;
+            if (sample_kept(r, i, l, w) && q > 0)
+                ent -= q * log(q);
+        }
+        r.ent = block_sum_f64(ent, sh->dpart);
+        double t = ceil((double)p.typical_p * (double)total);
+        uint64_t need = t < 1 ? 1 : t >= (double)total ? total : (uint64_t)t;
+        select_in_order(r, 1, need, 0, sh, &r.typ_key, &r.typ_id);
+        r.typical_cut = 1;
+        order = 1;
+    }
+    uint64_t mass = 0, count = 0;
+    for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
+        float l = x[i], w = sample_weight(r, l);
+        if (sample_kept(r, i, l, w))
+            mass += sample_fixed(r, w), count++;
+    }
+    uint64_t total = block_sum_u64(mass, sh->part);
+    res->n_kept = (int32_t)block_sum_u64(count, sh->part);
+    uint64_t need = 1;
+    if (res->n_kept > 1) {
+        need = (uint64_t)floor(u * (double)total) + 1;
+        need = need > total ? total : need;
+    }
+    if (res->n_kept == 1 || order < 0) { /* the one candidate, or the draw in id order */
+        res->id = scan_ids(r, 0, 0, 0, need, res->n_kept == 1, sh);
+    } else {
+        uint32_t key;
+        select_in_order(r, order, need, 0, sh, &key, &res->id);
+    }
 }
 
 /* ---------------------------------------------------------------- the kernel */
@@ -658,75 +818,10 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         const bool top_k = p.top_k > 0 && p.top_k < vocab && n_finite >= p.top_k;
         sample_row fast_row = r;
         fast_row.min_p = p.min_p;
-        const bool fast = p.typical_p >= 1.0f && (top_k || p.top_p < 1.0f) &&
+        const bool fast = (top_k || p.top_p < 1.0f || p.typical_p < 1.0f) &&
                           sample_fast(p, fast_row, n_finite, lo, u, shift, &sh, fs, &res);
-        if (!fast) {
-            int order = -1; /* the draw's: -1 id order, 0 logit order, 1 typical order */
-            if (top_k) {
-                select_in_order(r, 0, (uint64_t)p.top_k, 1, &sh, &r.cut_key, &r.cut_id);
-                r.logit_cut = 1;
-                order = 0;
-            }
-            if (p.top_p < 1.0f) {
-                uint64_t mass = 0;
-                for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
-                    float l = x[i], w = sample_weight(r, l);
-                    mass += sample_kept(r, i, l, w) ? sample_fixed(r, w) : 0;
-                }
-                uint64_t total = block_sum_u64(mass, sh.part);
-                double t = ceil((double)p.top_p * (double)total);
-                uint64_t need = t < 1 ? 1 : t >= (double)total ? total : (uint64_t)t;
-                uint32_t key;
-                int32_t id;
-                select_in_order(r, 0, need, 0, &sh, &key, &id);
-                r.cut_key = key, r.cut_id = id, r.logit_cut = 1;
-                order = 0;
-            }
-            r.min_p = p.min_p;
-            if (p.typical_p < 1.0f) {
-                uint64_t mass = 0;
-                double ws = 0;
-                for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
-                    float l = x[i], w = sample_weight(r, l);
-                    if (sample_kept(r, i, l, w))
-                        mass += sample_fixed(r, w), ws += w;
-                }
-                uint64_t total = block_sum_u64(mass, sh.part);
-                r.wsum = block_sum_f64(ws, sh.dpart);
-                double ent = 0;
-                for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
-                    float l = x[i], w = sample_weight(r, l);
-                    double q = (double)w / r.wsum;
-                    if (sample_kept(r, i, l, w) && q > 0)
-                        ent -= q * log(q);
-                }
-                r.ent = block_sum_f64(ent, sh.dpart);
-                double t = ceil((double)p.typical_p * (double)total);
-                uint64_t need = t < 1 ? 1 : t >= (double)total ? total : (uint64_t)t;
-                select_in_order(r, 1, need, 0, &sh, &r.typ_key, &r.typ_id);
-                r.typical_cut = 1;
-                order = 1;
-            }
-            uint64_t mass = 0, count = 0;
-            for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
-                float l = x[i], w = sample_weight(r, l);
-                if (sample_kept(r, i, l, w))
-                    mass += sample_fixed(r, w), count++;
-            }
-            uint64_t total = block_sum_u64(mass, sh.part);
-            res.n_kept = (int32_t)block_sum_u64(count, sh.part);
-            uint64_t need = 1;
-            if (res.n_kept > 1) {
-                need = (uint64_t)floor(u * (double)total) + 1;
-                need = need > total ? total : need;
-            }
-            if (res.n_kept == 1 || order < 0) { /* the one candidate, or the draw in id order */
-                res.id = scan_ids(r, 0, 0, 0, need, res.n_kept == 1, &sh);
-            } else {
-                uint32_t key;
-                select_in_order(r, order, need, 0, &sh, &key, &res.id);
-            }
-        }
+        if (!fast)
+            sample_radix(p, r, n_finite, u, &sh, &res);
     }
     if (tid == 0) {
         if (p.want_logprob && res.id >= 0) {
