@@ -643,8 +643,50 @@ __device__ bool sample_fast(const exl_sample_params &p, const sample_row &r, int
 
 /* ---------------------------------------------------------------- the radix path */
 
-/* The row's result by radix selects (what the fast path does not take: the draws in id order, big buckets). Not
- * inlined: its registers stay out of the fast path's. */
+/* The draw in id order over the kept set (no cut in force: temperature or min-p alone): the id at which the mass
+ * in id order reaches floor(u * total) + 1 (the one candidate's where one is kept, -1 where none) and the count. One
+ * pass over contiguous id ranges (one a thread) gives the total, the count and each range's prefix; the thread whose
+ * range holds the target scans it again. */
+__device__ int32_t draw_in_id_order(const sample_row &r, double u, sample_shared *sh, int32_t *n_kept) {
+    const int32_t chunk = (r.vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int32_t lo = min(r.vocab, (int32_t)threadIdx.x * chunk), hi = min(r.vocab, lo + chunk);
+    uint64_t mine_m = 0, mine_c = 0;
+    for (int32_t i = lo; i < hi; i++) {
+        const float l = r.x[i], w = sample_weight(r, l);
+        if (sample_kept(r, i, l, w))
+            mine_m += sample_fixed(r, w), mine_c++;
+    }
+    if (threadIdx.x == 0)
+        sh->found = -1;
+    uint64_t total, count;
+    const uint64_t before_m = block_scan_u64(mine_m, sh->part, &total);
+    const uint64_t before_c = block_scan_u64(mine_c, sh->part, &count);
+    *n_kept = (int32_t)count;
+    const bool by_count = count == 1;
+    uint64_t need = 1;
+    if (count > 1) {
+        need = (uint64_t)floor(u * (double)total) + 1;
+        need = need > total ? total : need;
+    }
+    const uint64_t before = by_count ? before_c : before_m, mine = by_count ? mine_c : mine_m;
+    if (count > 0 && before < need && before + mine >= need) {
+        uint64_t acc = before;
+        for (int32_t i = lo; i < hi; i++) {
+            const float l = r.x[i], w = sample_weight(r, l);
+            if (sample_kept(r, i, l, w) && (acc += by_count ? 1 : sample_fixed(r, w)) >= need) {
+                sh->found = i;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    const int32_t id = sh->found;
+    __syncthreads();
+    return id;
+}
+
+/* The row's result by radix selects (what the fast path does not take: big buckets) or, with no cut in force, the
+ * draw in id order. Not inlined: its registers stay out of the fast path's. */
 __device__ __noinline__ void sample_radix(const exl_sample_params &p, sample_row r, int32_t n_finite, double u,
                                           sample_shared *sh, exl_sample_result *res) {
     const int tid = threadIdx.x;
@@ -697,6 +739,10 @@ __device__ __noinline__ void sample_radix(const exl_sample_params &p, sample_row
         r.typical_cut = 1;
         order = 1;
     }
+    if (order < 0) {
+        res->id = draw_in_id_order(r, u, sh, &res->n_kept);
+        return;
+    }
     uint64_t mass = 0, count = 0;
     for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
         float l = x[i], w = sample_weight(r, l);
@@ -710,7 +756,7 @@ __device__ __noinline__ void sample_radix(const exl_sample_params &p, sample_row
         need = (uint64_t)floor(u * (double)total) + 1;
         need = need > total ? total : need;
     }
-    if (res->n_kept == 1 || order < 0) { /* the one candidate, or the draw in id order */
+    if (res->n_kept == 1) { /* the one candidate */
         res->id = scan_ids(r, 0, 0, 0, need, res->n_kept == 1, sh);
     } else {
         uint32_t key;
