@@ -15,7 +15,7 @@
  * --prefill-only: only the prefill columns (for an A/B of EXL_CUDA_EXACT_PREFILL=1, the ~22-bit prompt path).
  * --kernels-only: only the per-matrix times (for an A/B of EXL_CUDA_GEMV_MMA_ROWS=17, the old split of rows).
  * --sample-only: only the sample op's lines (also printed first in a full run): top-p 0.95 at temperature 0.8 on
- *   1, 16 and 64 rows of 32000 and one of 128256, beside greedy argmax on the same rows.
+ *   1, 16 and 64 rows of 32000 and one of 128256, beside greedy argmax on the same rows; then other settings.
  * GPU_BENCH_REPS=N: launches of a matrix a timed run (default 200; 1 under ncu), and no prompt rows. */
 #include "model/model.h"
 
@@ -582,6 +582,35 @@ static void sample_bench(void) {
         double greedy_us = sample_queued_us(be, ids, logits, rows, vocab, params, 1, REPS);
         printf("sample op: %d x %d, top-p 0.95 t 0.8: %.1f us queued, %.1f us a call; greedy argmax %.1f us queued\n",
                rows, vocab, queued_us, call_us, greedy_us);
+    }
+    /* the other settings the server accepts, queued, on 1 and 64 rows of 32000 */
+    const struct {
+        const char *name;
+        float temperature, top_p, min_p, typical_p;
+        int32_t top_k;
+    } settings[] = {{"t 0.8 alone", 0.8f, 1, 0, 1, 0},
+                    {"top-k 50", 0.8f, 1, 0, 1, 50},
+                    {"min-p 0.05", 0.8f, 1, 0.05f, 1, 0},
+                    {"top-k 40 + top-p 0.9 + min-p 0.05", 0.8f, 0.9f, 0.05f, 1, 40},
+                    {"typical 0.9", 0.8f, 1, 0, 0.9f, 0},
+                    {"top-p 0.95 + typical 0.9", 0.8f, 0.95f, 0, 0.9f, 0}};
+    for (int32_t rows = 1; rows <= EXL_ARGMAX_ROWS; rows += EXL_ARGMAX_ROWS - 1) {
+        printf("sample op: %d x 32000, other settings, us queued:", rows);
+        for (size_t k = 0; k < sizeof settings / sizeof settings[0]; k++) {
+            exl_sample_params sp[EXL_ARGMAX_ROWS];
+            for (int32_t r = 0; r < rows; r++)
+                sp[r] = (exl_sample_params){.temperature = settings[k].temperature,
+                                            .top_k = settings[k].top_k,
+                                            .top_p = settings[k].top_p,
+                                            .min_p = settings[k].min_p,
+                                            .typical_p = settings[k].typical_p,
+                                            .repetition_penalty = 1,
+                                            .u = params[r].u};
+            sample_queued_us(be, ids, logits, rows, 32000, sp, 0, 10);
+            printf("%s %s %.1f", k ? "," : "", settings[k].name,
+                   sample_queued_us(be, ids, logits, rows, 32000, sp, 0, REPS));
+        }
+        printf("\n");
     }
     fflush(stdout);
     be->ops->free(be, logits);
