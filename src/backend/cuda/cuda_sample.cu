@@ -28,6 +28,7 @@ struct sample_row {
     int32_t vocab;
     float lmax, inv_t, min_p;
     double scale;
+    float w_zero;               /* 2^-(shift + 1): a weight below it is 0 in fixed point */
     int logit_cut, typical_cut; /* the cuts in force */
     uint32_t cut_key, typ_key;  /* an element is in a cut when its key is above, or equal with id <= *_id */
     int32_t cut_id, typ_id;
@@ -39,7 +40,8 @@ __device__ __forceinline__ float sample_weight(const sample_row &r, float l) {
 }
 
 __device__ __forceinline__ uint64_t sample_fixed(const sample_row &r, float w) {
-    return __double2ull_rz((double)w * r.scale + 0.5); /* as the CPU's: exact, shift <= 52 */
+    /* as the CPU's: exact, shift <= 52; the far tail of a peaked row skips the double-precision conversions */
+    return w < r.w_zero ? 0 : __double2ull_rz((double)w * r.scale + 0.5);
 }
 
 __device__ __forceinline__ uint32_t typical_key(const sample_row &r, float w) {
@@ -861,6 +863,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         r.lmax = bv;
         r.inv_t = 1.0f / p.temperature;
         r.scale = ldexp(1.0, shift);
+        r.w_zero = ldexpf(1.0f, -(shift + 1));
         const bool top_k = p.top_k > 0 && p.top_k < vocab && n_finite >= p.top_k;
         sample_row fast_row = r;
         fast_row.min_p = p.min_p;
