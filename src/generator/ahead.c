@@ -162,9 +162,9 @@ void exl_gen_ahead_init(exl_generator *g) {
      * step is only computed early, and wasted when dropped: EXL_DECODE_AHEAD=1 forces it (tests) */
     const char *e = getenv("EXL_DECODE_AHEAD");
     g->ahead.enabled = e && *e ? strcmp(e, "0") != 0 : g->model->be->ops->argmax != NULL;
-    /* EXL_SAMPLED_AHEAD=1: sampled steps too. Off by default until the CUDA path has run on a GPU (test_gpu's
-     * sampling group; the CPU's generator logic is tested by CTest) */
+    /* sampled steps too, unless EXL_SAMPLED_AHEAD=0 (test_gpu's sampling group holds the CUDA path to steps that
+     * wait for their tokens; CTest the generator's logic) */
     e = getenv("EXL_SAMPLED_AHEAD");
-    g->ahead.sampled_enabled = e && *e && strcmp(e, "0") != 0;
+    g->ahead.sampled_enabled = !(e && *e && strcmp(e, "0") == 0);
     g->ahead.ticket = -1;
 }

@@ -97,7 +97,7 @@ typedef enum exl_gen_ahead_mode {
 
 typedef struct exl_gen_ahead {
     int enabled;             /* EXL_DECODE_AHEAD: 0 off, 1 on; default on where the backend has an argmax op */
-    int sampled_enabled;     /* EXL_SAMPLED_AHEAD=1: sampled steps too (default off) */
+    int sampled_enabled;     /* EXL_SAMPLED_AHEAD: sampled steps too (default on; 0 off) */
     exl_gen_ahead_mode mode; /* of the queued step */
     int64_t ticket;          /* of the queued step's argmax; -1: none queued */
     int32_t n;               /* its sequences, one per row of the step before, in order */

@@ -8,12 +8,14 @@
  * sequence's verification steps of 1-16 rows at context 128 and 2048 (us, ratio to one row at that context).
  *
  * usage: gpu_bench [fp16|exl2|gptq|exl2-8b|moe ...] [--layers N] [--bits B] [--profile] [--prefill-only]
- *        [--kernels-only]
+ *        [--kernels-only] [--sample-only]
  *        (default: exl2 gptq fp16 exl2-8b; moe: a mixture of experts of Qwen3-30B-A3B's shape, see moe_bench)
  * --bits: the EXL2 layers' code width, 2-8 (default 4; the head is 6 bits).
  * --profile: only a 128-token prompt and 3 decode steps of the first kind (for ncu).
  * --prefill-only: only the prefill columns (for an A/B of EXL_CUDA_EXACT_PREFILL=1, the ~22-bit prompt path).
  * --kernels-only: only the per-matrix times (for an A/B of EXL_CUDA_GEMV_MMA_ROWS=17, the old split of rows).
+ * --sample-only: only the sample op's lines (also printed first in a full run): top-p 0.95 at temperature 0.8 on
+ *   1, 16 and 64 rows of 32000 and one of 128256, beside greedy argmax on the same rows; then other settings.
  * GPU_BENCH_REPS=N: launches of a matrix a timed run (default 200; 1 under ncu), and no prompt rows. */
 #include "model/model.h"
 
@@ -524,10 +526,103 @@ static void moe_bench(int32_t n_layers, double bw, double tflops, float *logits)
     exl_model_free(m);
 }
 
+/* ---- the sample op: top-p 0.95 at temperature 0.8 (the server's common setting) on rows of near-Gaussian logits
+ * (sd ~1.3, as the random-weight models' heads give), against greedy argmax on the same rows. "queued": back to back
+ * through sample_queue / argmax, the last one waited for (the device's time when that exceeds the host's launch
+ * cost); "a call": the synchronous op (copies in and out, a wait) */
+
+static double sample_queued_us(exl_backend *be, int32_t *ids, float *logits, int32_t rows, int32_t vocab,
+                               const exl_sample_params *params, int greedy, int reps) {
+    exl_sample_result res[EXL_ARGMAX_ROWS];
+    int32_t host_ids[EXL_ARGMAX_ROWS];
+    int64_t ticket = -1;
+    double t0 = now();
+    for (int i = 0; i < reps; i++) {
+        ticket = greedy ? be->ops->argmax(be, ids, logits, rows, vocab)
+                        : be->ops->sample_queue(be, ids, logits, rows, vocab, params, NULL, 0, 0);
+        if (ticket < 0) {
+            fprintf(stderr, "sample bench: %s\n", exl_last_error());
+            exit(1);
+        }
+    }
+    EK(greedy ? be->ops->argmax_wait(be, ticket, host_ids, rows) : be->ops->sample_wait(be, ticket, res, rows));
+    return (now() - t0) / reps * 1e6;
+}
+
+static void sample_bench(void) {
+    exl_backend *be;
+    EK(exl_backend_init(EXL_DEVICE_CUDA, 0, &be));
+    const size_t n = (size_t)EXL_ARGMAX_ROWS * 32000 > 128256 ? (size_t)EXL_ARGMAX_ROWS * 32000 : 128256;
+    float *h = malloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++)
+        h[i] = (qg_uniform(&rng) + qg_uniform(&rng) + qg_uniform(&rng) + qg_uniform(&rng) - 2.0f) * 2.25f;
+    float *logits = be->ops->alloc(be, n * sizeof *h);
+    int32_t *ids = be->ops->alloc(be, EXL_ARGMAX_ROWS * sizeof *ids);
+    if (!logits || !ids) {
+        fprintf(stderr, "sample bench: %s\n", exl_last_error());
+        exit(1);
+    }
+    EK(be->ops->upload(be, logits, h, n * sizeof *h));
+    exl_sample_params params[EXL_ARGMAX_ROWS];
+    for (int r = 0; r < EXL_ARGMAX_ROWS; r++)
+        params[r] = (exl_sample_params){
+            .temperature = 0.8f, .top_p = 0.95f, .typical_p = 1, .repetition_penalty = 1, .u = qg_uniform(&rng)};
+    const struct { int32_t rows, vocab; } cases[] = {{1, 32000}, {16, 32000}, {64, 32000}, {1, 128256}};
+    enum { REPS = 200 };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int32_t rows = cases[c].rows, vocab = cases[c].vocab;
+        exl_sample_result res[EXL_ARGMAX_ROWS];
+        sample_queued_us(be, ids, logits, rows, vocab, params, 0, 10); /* warm up */
+        sample_queued_us(be, ids, logits, rows, vocab, params, 1, 10);
+        double t0 = now();
+        for (int i = 0; i < REPS; i++)
+            EK(be->ops->sample(be, res, logits, rows, vocab, params, NULL, 0));
+        double call_us = (now() - t0) / REPS * 1e6;
+        double queued_us = sample_queued_us(be, ids, logits, rows, vocab, params, 0, REPS);
+        double greedy_us = sample_queued_us(be, ids, logits, rows, vocab, params, 1, REPS);
+        printf("sample op: %d x %d, top-p 0.95 t 0.8: %.1f us queued, %.1f us a call; greedy argmax %.1f us queued\n",
+               rows, vocab, queued_us, call_us, greedy_us);
+    }
+    /* the other settings the server accepts, queued, on 1 and 64 rows of 32000 */
+    const struct {
+        const char *name;
+        float temperature, top_p, min_p, typical_p;
+        int32_t top_k;
+    } settings[] = {{"t 0.8 alone", 0.8f, 1, 0, 1, 0},
+                    {"top-k 50", 0.8f, 1, 0, 1, 50},
+                    {"min-p 0.05", 0.8f, 1, 0.05f, 1, 0},
+                    {"top-k 40 + top-p 0.9 + min-p 0.05", 0.8f, 0.9f, 0.05f, 1, 40},
+                    {"typical 0.9", 0.8f, 1, 0, 0.9f, 0},
+                    {"top-p 0.95 + typical 0.9", 0.8f, 0.95f, 0, 0.9f, 0}};
+    for (int32_t rows = 1; rows <= EXL_ARGMAX_ROWS; rows += EXL_ARGMAX_ROWS - 1) {
+        printf("sample op: %d x 32000, other settings, us queued:", rows);
+        for (size_t k = 0; k < sizeof settings / sizeof settings[0]; k++) {
+            exl_sample_params sp[EXL_ARGMAX_ROWS];
+            for (int32_t r = 0; r < rows; r++)
+                sp[r] = (exl_sample_params){.temperature = settings[k].temperature,
+                                            .top_k = settings[k].top_k,
+                                            .top_p = settings[k].top_p,
+                                            .min_p = settings[k].min_p,
+                                            .typical_p = settings[k].typical_p,
+                                            .repetition_penalty = 1,
+                                            .u = params[r].u};
+            sample_queued_us(be, ids, logits, rows, 32000, sp, 0, 10);
+            printf("%s %s %.1f", k ? "," : "", settings[k].name,
+                   sample_queued_us(be, ids, logits, rows, 32000, sp, 0, REPS));
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+    be->ops->free(be, logits);
+    be->ops->free(be, ids);
+    be->ops->destroy(be);
+    free(h);
+}
+
 int main(int argc, char **argv) {
     const char *kinds[8];
     int n_kinds = 0, n_layers = 0; /* 0: the shape's own (32, or 48 for moe) */
-    int profile = 0, prefill_only = 0, kernels_only = 0, header = 0;
+    int profile = 0, prefill_only = 0, kernels_only = 0, sample_only = 0, header = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc)
             n_layers = atoi(argv[++i]);
@@ -539,6 +634,8 @@ int main(int argc, char **argv) {
             prefill_only = 1;
         else if (!strcmp(argv[i], "--kernels-only"))
             kernels_only = 1;
+        else if (!strcmp(argv[i], "--sample-only"))
+            sample_only = 1;
         else if (n_kinds < 8)
             kinds[n_kinds++] = argv[i];
     }
@@ -550,10 +647,17 @@ int main(int argc, char **argv) {
         kinds[0] = "exl2", kinds[1] = "gptq", kinds[2] = "fp16", kinds[3] = "exl2-8b", n_kinds = 4;
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
+    if (sample_only) {
+        printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+        sample_bench();
+        return 0;
+    }
     double bw = copy_bandwidth(), tflops = gemm_rate();
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     printf("copy bandwidth (device-to-device, read+write): %.0f GB/s\n", bw / 1e9);
     printf("fp16 GEMM 8192^3 (cuBLAS, fp32 accumulate): %.0f TFLOP/s\n", tflops / 1e12);
+    if (!profile && !prefill_only && !kernels_only)
+        sample_bench();
     dense_pool_n = (size_t)128256 * 4096; /* the largest embedding table */
     dense_pool = malloc(dense_pool_n * 2);
     for (size_t i = 0; i < dense_pool_n; i++)

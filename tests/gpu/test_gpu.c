@@ -2649,17 +2649,19 @@ static void same_tokens_with_env_off(const char *shared, int n_jobs, const char 
  * to the host sampler) and the host sampler itself, on the same rows, settings and random numbers; and the
  * generator's tokens with EXL_DEVICE_SAMPLING on and off */
 
-/* Row r's settings (the server's, alone and together; r % 13) and edits: bias and bans on its likely tokens,
- * penalties over a history. */
+/* Row r's settings (the server's, alone and together; r % SAMPLE_SETTINGS) and edits: bias and bans on its likely
+ * tokens, penalties over a history. */
+enum { SAMPLE_SETTINGS = 17 };
 static void sample_setting(int32_t r, const float *x, int32_t vocab, exl_sample_params *p, exl_logit_edit *e,
                            int32_t *n_edits) {
+    const int32_t setting = r % SAMPLE_SETTINGS;
     int32_t top = host_argmax(x, vocab);
     top = top < 0 ? 0 : top;
     *p = (exl_sample_params){.temperature = 1, .top_p = 1, .typical_p = 1, .repetition_penalty = 1};
     p->first_edit = *n_edits;
     p->want_logprob = r % 2;
     p->u = qg_uniform(&rng);
-    switch (r % 13) {
+    switch (setting) {
     case 0: p->temperature = 0; break;
     case 1: break;
     case 2: p->temperature = 0.8f, p->top_p = 0.95f; break;
@@ -2675,19 +2677,23 @@ static void sample_setting(int32_t r, const float *x, int32_t vocab, exl_sample_
         break;
     case 10: p->temperature = 0, p->repetition_penalty = 1.5f; break;
     case 11: p->top_p = 0.95f, p->top_k = 64; break;
-    default: p->temperature = 0.8f, p->top_p = 0.95f; break;
+    case 12: p->temperature = 0.8f, p->top_p = 0.95f; break;
+    case 13: p->top_k = 3000; break;
+    case 14: p->temperature = 1.5f, p->top_p = 0.99f, p->min_p = 0.02f; break;
+    case 15: p->temperature = 0.5f, p->top_k = 200, p->min_p = 0.3f; break;
+    default: p->temperature = 0.7f, p->top_k = 100, p->min_p = 0.05f, p->typical_p = 0.7f; break;
     }
-    if (r % 13 >= 11) { /* bias on the top tokens, and in the last case a ban of the top one */
+    if (setting == 11 || setting == 12) { /* bias on the top tokens, and in the second a ban of the top one */
         e[(*n_edits)++] = (exl_logit_edit){top, -2.5f};
         e[(*n_edits)++] = (exl_logit_edit){(top + 3) % vocab, 3.0f};
         p->n_bias = 2;
     }
-    if (r % 13 == 9 || r % 13 == 10) { /* distinct ids of a history, with counts, the top one among them */
+    if (setting == 9 || setting == 10) { /* distinct ids of a history, with counts, the top one among them */
         for (int32_t i = 0; i < 40; i++)
             e[(*n_edits)++] = (exl_logit_edit){i == 0 ? top : (top + 5 + i * 37) % vocab, (float)(1 + i % 3)};
         p->n_penalized = 40;
     }
-    if (r % 13 == 12) {
+    if (setting == 12) {
         e[(*n_edits)++] = (exl_logit_edit){top, 0};
         e[(*n_edits)++] = (exl_logit_edit){(top + 1) % vocab, 0};
         p->n_banned = 2;
@@ -2708,10 +2714,10 @@ static void sample_op_case(const char *what, const float *x, int32_t rows, int32
         printf("     (%s)\n", exl_last_error());
     double lp_err = 0;
     for (int32_t r = 0; r < rows && !bad; r++) {
-        int differ = rg[r].id != rc[r].id || (rg[r].n_kept > 1) != (rc[r].n_kept > 1);
+        int differ = rg[r].id != rc[r].id || rg[r].n_kept != rc[r].n_kept;
         if (differ)
-            printf("     row %d (setting %d): GPU %d (%d kept), CPU %d (%d kept)\n", r, r % 13, rg[r].id, rg[r].n_kept,
-                   rc[r].id, rc[r].n_kept);
+            printf("     row %d (setting %d): GPU %d (%d kept), CPU %d (%d kept)\n", r, r % SAMPLE_SETTINGS, rg[r].id,
+                   rg[r].n_kept, rc[r].id, rc[r].n_kept);
         bad += differ;
         if (params[r].want_logprob && !differ)
             lp_err = fmax(lp_err, fabs((double)rg[r].logprob - rc[r].logprob));
@@ -2759,14 +2765,19 @@ static int generate_sampled(exl_model *m, exl_tokenizer *tok, int n_jobs, int pe
 }
 
 static void test_device_sampling(const char *shared) {
-    float *x = rnd(13 * 32000, -10, 10);
-    sample_op_case("13 rows x 32000", x, 13, 32000);
-    for (int64_t i = 0; i < 26 * 2048; i++)
-        x[i] = floorf(x[i] / 4); /* many ties */
-    sample_op_case("26 rows x 2048, ties", x, 26, 2048);
+    float *x = rnd(64 * 32000, -10, 10);
+    sample_op_case("17 rows x 32000", x, 17, 32000);
+    for (int32_t r = 0; r < 64; r++) /* a few logits far above the rest: the cuts among them */
+        for (int32_t i = 0; i < 24; i++)
+            x[(int64_t)r * 32000 + (r * 977 + i * 1291) % 32000] = 12 + 0.5f * (float)(i % 17);
+    sample_op_case("64 rows x 32000, peaked", x, 64, 32000);
+    for (int64_t i = 0; i < 32 * 32000; i++)
+        x[i] = floorf(x[i] / 4); /* many ties: 32000 a row (past the fast path's bucket), 2048 a row */
+    sample_op_case("17 rows x 32000, ties", x, 17, 32000);
+    sample_op_case("32 rows x 2048, ties", x, 32, 2048);
     free(x);
-    x = rnd(13 * 128256, -4, 4);
-    sample_op_case("13 rows x 128256", x, 13, 128256);
+    x = rnd(17 * 128256, -4, 4);
+    sample_op_case("17 rows x 128256", x, 17, 128256);
     free(x);
     exl_st_file *rf;
     char path[1024];
@@ -2800,9 +2811,11 @@ static void test_device_sampling(const char *shared) {
         printf("     (%d and %d tokens of %d: %s)\n", na, nb, JOBS * 24, exl_last_error());
     report("12 sampled jobs: on the device == on the host",
            na == JOBS * 24 && nb == na ? (double)memcmp(a, b, sizeof a) != 0 : 1.0, 0);
-    /* sampled steps queued ahead of the host (EXL_SAMPLED_AHEAD=1) against steps that wait for their tokens */
+    /* sampled steps queued ahead of the host (the default; 1 for one job) against steps that wait for their tokens
+     * (EXL_SAMPLED_AHEAD=0) */
     for (int n_jobs = 1; n_jobs <= JOBS; n_jobs += JOBS - 1) {
-        setenv("EXL_SAMPLED_AHEAD", "1", 1);
+        if (n_jobs == 1)
+            setenv("EXL_SAMPLED_AHEAD", "1", 1);
         na = generate_sampled(m, tok, n_jobs, 0, a, &kept_a);
         setenv("EXL_SAMPLED_AHEAD", "0", 1);
         nb = generate_sampled(m, tok, n_jobs, 0, b, &kept_b);

@@ -130,9 +130,9 @@ static exl_job_params sampled(const char *text, int32_t max_new, float temperatu
     return p;
 }
 
-/* Sampled steps queued ahead (EXL_SAMPLED_AHEAD=1, where decode runs ahead) give the tokens of sampled
- * steps run one by one, for the same seeds, while jobs join, end on a stop string or their length, are cancelled,
- * or use penalties (left out of it). */
+/* Sampled steps queued ahead (the default where decode runs ahead; EXL_SAMPLED_AHEAD=0 turns it off) give the
+ * tokens of sampled steps run one by one, for the same seeds, while jobs join, end on a stop string or their length,
+ * are cancelled, or use penalties (left out of it). */
 EXL_TEST(sampled_decode_ahead_same_tokens) {
     exl_tokenizer *tok;
     exl_model *m = gu_load("tinystories-656k", &tok);
@@ -169,8 +169,7 @@ EXL_TEST(sampled_decode_ahead_same_tokens) {
     run_schedule(1, m, tok, jobs, N, off, &st_off);
     setenv("EXL_SAMPLED_AHEAD", "0", 1);
     run_schedule(1, m, tok, jobs, 1, alone_off, &st_off);
-    setenv("EXL_SAMPLED_AHEAD", "1", 1);
-    run_schedule(1, m, tok, jobs, 1, alone_on, &st_alone);
+    run_schedule(1, m, tok, jobs, 1, alone_on, &st_alone); /* unset: on by default */
     for (int i = 0; i < N; i++) {
         CHECK_MSG(on[i].n_ids == off[i].n_ids && !memcmp(on[i].ids, off[i].ids, sizeof on[i].ids[0] * on[i].n_ids),
                   "job %d: %d tokens ahead, %d without, or other tokens", i, on[i].n_ids, off[i].n_ids);
