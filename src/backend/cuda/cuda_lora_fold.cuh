@@ -352,7 +352,7 @@ __device__ __forceinline__ void exl_lora_side(const exl_lora_fold &L, const exl_
             for (int e = 0; e < EXL_LORA_SIDE_DOTS; e++)
                 s[e] += row[e] ? v * __ldg(row[e] + k) : 0.0f;
         }
-        /* the block's sums: warp w's partials at ts[w * 8 + e] (e = 4: the sum of squares) */
+        /* the block's sums: warp w's partials at ts[w * 8 + e] */
 #pragma unroll
         for (int e = 0; e < EXL_LORA_SIDE_DOTS; e++)
             for (int off = 16; off > 0; off >>= 1)
