@@ -6,9 +6,12 @@
  *             the same steps (the gathered lora op);
  * each case through every path the environment selects (the variants below: the default first, then each other one
  * with its variables set and every cached CUDA graph dropped, so that the steps are compiled and captured anew):
- *   default            one-row steps: the updates folded into the GEMVs (cuda_lora_fold.cuh), no lora launch;
- *                      32 uses: by adapter (SGMV, cuda_lora.cu), one launch a group;
- *   SGMV in two        EXL_CUDA_LORA_SGMV_LAUNCHES=2: the same, SGMV's shrink and expand as two launches;
+ *   default            one-row steps: the updates folded into the GEMVs (cuda_lora_fold.cuh), no lora launch: side
+ *                      blocks beside the GEMV's own where those add atomically (every 7B GEMV), else in-block;
+ *                      32 uses: shrink and expand a use at a time, two launches a group;
+ *   in-block fold      EXL_CUDA_LORA_SIDE=0: one row folded into the GEMV's own blocks (r2-lora3);
+ *   SGMV               EXL_CUDA_LORA_SGMV=5: 32 uses by adapter (cuda_lora.cu), one launch a group;
+ *   SGMV in two        the same with EXL_CUDA_LORA_SGMV_LAUNCHES=2: SGMV's shrink and expand as two launches;
  *   before (r2-lora2)  EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0: one row: the fused lora launch, one a group;
  *                      32 uses: shrink and expand a use at a time, two launches a group;
  *   two launches       the same with EXL_CUDA_LORA_FUSED_USES=0: shrink and expand at one row too.
@@ -184,7 +187,10 @@ typedef struct variant {
 
 static const variant variants[] = {
     {"default", {{NULL, NULL}}},
-    {"EXL_CUDA_LORA_SGMV_LAUNCHES=2", {{"EXL_CUDA_LORA_SGMV_LAUNCHES", "2"}}},
+    {"EXL_CUDA_LORA_SIDE=0 (r2-lora3's in-block fold)", {{"EXL_CUDA_LORA_SIDE", "0"}}},
+    {"EXL_CUDA_LORA_SGMV=5", {{"EXL_CUDA_LORA_SGMV", "5"}}},
+    {"EXL_CUDA_LORA_SGMV=5 EXL_CUDA_LORA_SGMV_LAUNCHES=2",
+     {{"EXL_CUDA_LORA_SGMV", "5"}, {"EXL_CUDA_LORA_SGMV_LAUNCHES", "2"}}},
     {"EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (r2-lora2)",
      {{"EXL_CUDA_LORA_GEMV", "0"}, {"EXL_CUDA_LORA_SGMV", "0"}}},
     {"EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 EXL_CUDA_LORA_FUSED_USES=0",
@@ -192,7 +198,7 @@ static const variant variants[] = {
 };
 
 /* the largest difference of one step's logits (n sequences at position ctx, each with its set: NULL the model's)
- * between the default paths and r2-lora2's (EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0), relative to the largest
+ * between the default paths with SGMV on (EXL_CUDA_LORA_SGMV=5) and r2-lora2's (EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0), relative to the largest
  * logit; *argmax_diff: the sequences whose argmax differs */
 static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pages, int32_t n, int32_t ctx,
                            const exl_lora_set *const *sets, int *argmax_diff) {
@@ -202,6 +208,8 @@ static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pag
     for (int k = 0; k < 2; k++) {
         if (k == 0)
             setenv("EXL_CUDA_LORA_GEMV", "0", 1), setenv("EXL_CUDA_LORA_SGMV", "0", 1);
+        else
+            setenv("EXL_CUDA_LORA_SGMV", "5", 1);
         fresh_graphs(m);
         for (int32_t i = 0; i < n; i++) {
             ids[i] = 100 + i;
@@ -313,8 +321,9 @@ int main(int argc, char **argv) {
     const double e1 = paths_differ(m, cache, pages, 1, ctx, NULL, &diff1);
     EK(exl_model_set_lora(m, NULL, 0));
     const double e32 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, &diff32);
-    printf("logits of one step, default paths against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (largest difference "
-           "over the largest logit; argmax differing): batch 1 %.2e (%d), batch %d %.2e (%d of %d)\n",
-           e1, diff1, BATCH, e32, diff32, BATCH);
+    printf(
+        "logits of one step, default paths with EXL_CUDA_LORA_SGMV=5 against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (largest difference "
+        "over the largest logit; argmax differing): batch 1 %.2e (%d), batch %d %.2e (%d of %d)\n",
+        e1, diff1, BATCH, e32, diff32, BATCH);
     return 0;
 }

@@ -3309,24 +3309,28 @@ static float *lora_quant_logits(const char *shared, const char *const *adapters,
 
 /* The one-row GEMV with the updates folded in (cuda_lora_fold.cuh) against the lora launches (EXL_CUDA_LORA_GEMV=0),
  * token by token on the quantized base: a1 (q, k, v, o), a2 (gate, up, down: the GLU's input in slot order) and
- * 0.5 a1 + a2 (two uses a row) */
+ * 0.5 a1 + a2 (two uses a row); each with the fold in the GEMV's own blocks (EXL_CUDA_LORA_SIDE=0) and in side blocks
+ * wherever the outputs take atomic adds (EXL_CUDA_LORA_SIDE=2: every GEMV of the fixture but the head's) */
 static void lora_fold_case(const char *shared, const exl_st_file *rf) {
     const exl_st_tensor *ids = exl_st_find(rf, "q_ids_b"); /* 200 tokens */
     require(ids != NULL, "lora reference ids");
     const int32_t len = (int32_t)ids->shape[0], vocab = 2048; /* the fixture's */
     const char *const names[3] = {"a1", "a2", "0.5 a1 + a2"};
     const char *const both[2] = {"rand-llama-lora-a1", "rand-llama-lora-a2"};
+    const char *const modes[2][2] = {{"0", "in-block"}, {"2", "side blocks"}};
     const float scales[3][2] = {{1, 0}, {1, 0}, {0.5f, 1}};
-    for (int c = 0; c < 3; c++) {
-        const char *const *ad = c == 1 ? both + 1 : both;
-        const int n = c == 2 ? 2 : 1;
-        env_saved saved = save_env("EXL_CUDA_LORA_GEMV");
+    for (int c = 0; c < 6; c++) {
+        const char *const *ad = c % 3 == 1 ? both + 1 : both;
+        const int n = c % 3 == 2 ? 2 : 1;
+        env_saved saved[2] = {save_env("EXL_CUDA_LORA_GEMV"), save_env("EXL_CUDA_LORA_SIDE")};
+        setenv("EXL_CUDA_LORA_SIDE", modes[c / 3][0], 1);
         setenv("EXL_CUDA_LORA_GEMV", "0", 1);
-        float *want = lora_quant_logits(shared, ad, scales[c], n, (const int32_t *)ids->data, len);
+        float *want = lora_quant_logits(shared, ad, scales[c % 3], n, (const int32_t *)ids->data, len);
         setenv("EXL_CUDA_LORA_GEMV", "1", 1);
-        float *got = lora_quant_logits(shared, ad, scales[c], n, (const int32_t *)ids->data, len);
-        restore_env(&saved, 1);
-        free(saved.value);
+        float *got = lora_quant_logits(shared, ad, scales[c % 3], n, (const int32_t *)ids->data, len);
+        restore_env(saved, 2);
+        free(saved[0].value);
+        free(saved[1].value);
         double worst = 0, noise = 0;
         for (int32_t t = 48; t < len; t++)
             noise = fmax(noise, max_abs_diff(got + (int64_t)t * vocab, want + (int64_t)t * vocab, vocab));
@@ -3338,13 +3342,14 @@ static void lora_fold_case(const char *shared, const exl_st_file *rf) {
             mism += ref_argmax(g, vocab) != ref_argmax(w, vocab) && top2_gap(w, vocab) > 2 * noise;
         }
         char name[192];
-        snprintf(name, sizeof name, "lora folded into the GEMV == lora launches: %s (%d steps)", names[c], len - 48);
+        snprintf(name, sizeof name, "lora folded into the GEMV (%s) == lora launches: %s (%d steps)", modes[c / 3][1],
+                 names[c % 3], len - 48);
         report(name, worst, 5e-3);
         /* the gap rule: the fold adds its updates in another order than the launches (1e-3 relative), and the
          * random quantized base's logits are flat (one near tie in 152 steps flipped on an H100) */
         snprintf(name, sizeof name,
-                 "lora folded into the GEMV: argmax mismatches %s (where the top-2 gap > 2 x noise %.1e)", names[c],
-                 noise);
+                 "lora folded into the GEMV (%s): argmax mismatches %s (where the top-2 gap > 2 x noise %.1e)",
+                 modes[c / 3][1], names[c % 3], noise);
         report(name, mism, 0);
         free(want);
         free(got);

@@ -16,13 +16,15 @@
  *   a block asks L2 for its factors (constant within a step; ~160 MB fp32 for rank 16 on a 7B model, not resident
  *   between steps). A decode step's update of a group is one launch of a few microseconds instead of two
  *   latency-bound ones (bench/LOG.md).
- * by adapter (SGMV, Punica / S-LoRA: from EXL_CUDA_LORA_SGMV uses (default off: slower, bench/RESULTS.md) to 64, the node's by_adapter given, ranks
- *   up to 256, not EXL_CUDA_DETERMINISTIC): the uses of one adapter together, so that its factors are read once for
- *   all its rows, not once a use. Shrink blocks (slice of 256 inputs, adapter): x' of 8 of the adapter's uses over
- *   the slice staged, A's rows over it read once for them, partial dots a slice; expand blocks (tile of 256 columns,
- *   adapter): the slices summed, Bt's column read once for all the adapter's uses. One launch, whose expand blocks
- *   wait until every shrink block has counted itself (the last expand block resets the count), where they are fewer
- *   than the SMs hold at once (cuda_lora_fold.cuh's argument); else, or with EXL_CUDA_LORA_SGMV_LAUNCHES=2, two.
+ * by adapter (SGMV, Punica / S-LoRA: from EXL_CUDA_LORA_SGMV uses (default off: bench/RESULTS.md) to 64, the node's
+ *   by_adapter given, ranks up to 256, not EXL_CUDA_DETERMINISTIC): the uses of one adapter together, so that its
+ *   factors are read once for all its rows, not once a use. Shrink blocks (slice of 256 inputs, adapter, projection):
+ *   x' of 8 of the adapter's uses over the slice staged, the projection's A rows over it read once for them, the
+ *   slice's dots added atomically into t; expand blocks (tile of 256 columns, adapter): t staged (one load a value),
+ *   Bt's column read once for all the adapter's uses, the updates added atomically (no read of the output back). One
+ *   launch, whose expand blocks wait until every shrink block has counted itself, where they are fewer than the SMs
+ *   hold at once (cuda_lora_fold.cuh's argument); else, or with EXL_CUDA_LORA_SGMV_LAUNCHES=2, two. The last expand
+ *   block clears t and the counts for the next launch.
  * split (more uses, or a fixed summation order), two launches:
  *   shrink  one block per (use, projection and rank index): t[u, o, j] = scale_u * x'[row_u] · A_o,slot(u)[j], a
  *           block-wide dot product over the input features (ranks past the adapter's own give 0);
@@ -299,20 +301,21 @@ static void run_fused(exl_cuda_backend *cb, const exl_lora_node *n) {
 
 enum { SGMV_BOTH, SGMV_SHRINK, SGMV_EXPAND };
 
-/* Shrink, block (slice, segment slot): for each adapter s of its slot (s = slot, slot + segment slots, ...) and each
- * 8 of s's uses, stage x' of their rows over the slice (times the norm's weights; the RMS left to the expand), then
- * each warp takes (projection, rank) pairs: A's row over the slice read once for all 8 uses, their partial dots into
- * tp[((u * n_out + o) * max_rank + j) * slices + slice]; with a norm, each use's sum of squares over the slice into
- * ss[u * slices + slice]. */
+/* Shrink, block (slice, segment slot, projection o): for each adapter s of its slot (s = slot, slot + segment slots,
+ * ...) and each 8 of s's uses, stage x' of their rows over the slice (times the norm's weights; the RMS left to the
+ * expand), then warp w takes o's ranks w, w + 8, ...: A's row over the slice read once for all 8 uses, their partial
+ * dots added atomically to t[(u * n_out + o) * max_rank + j]; with a norm, the projection-0 blocks add each use's sum
+ * of squares over the slice to ss[u]. Both are zero between launches (the last expand block clears them). */
 template <int MODE>
-__device__ void sgmv_shrink(const exl_lora_node &n, const float *norm_w, float *tp, float *ss, int32_t slices,
-                            int32_t slice, int32_t seg_slot, int32_t seg_slots) {
+__device__ void sgmv_shrink(const exl_lora_node &n, const float *norm_w, float *t, float *ss, int32_t slice,
+                            int32_t seg_slot, int32_t seg_slots, int32_t o) {
     __shared__ float xs[SGMV_USES][SGMV_SLICE];
     const int32_t *seg = n.by_adapter + 1, *order = seg + n.n_uses + 1, n_seg = n.by_adapter[0];
     const int32_t k0 = slice * SGMV_SLICE, len = min(SGMV_SLICE, n.in_features - k0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int32_t s = seg_slot; s < n_seg; s += seg_slots) {
-        const int32_t end = seg[s + 1], slot = n.use_slot[order[seg[s]]];
+        const int32_t end = seg[s + 1];
+        const exl_lora_factors f = n.factors[o][n.use_slot[order[seg[s]]]];
         for (int32_t c0 = seg[s]; c0 < end; c0 += SGMV_USES) {
             const int32_t nu = min(SGMV_USES, end - c0);
             __syncthreads(); /* xs read by the uses before */
@@ -329,21 +332,17 @@ __device__ void sgmv_shrink(const exl_lora_node &n, const float *norm_w, float *
                 }
                 xs[uu][k] = v;
             }
-            if (MODE == INPUT_NORM && warp < nu) { /* warp w: use w's sum of squares over the slice */
+            if (MODE == INPUT_NORM && o == 0 && warp < nu) { /* warp w: use w's sum of squares over the slice */
                 const float *xr = n.x + (int64_t)n.use_row[order[c0 + warp]] * n.in_features + k0;
                 float q = 0.0f;
                 for (int32_t k = lane; k < len; k += 32)
                     q += xr[k] * xr[k];
                 q = warp_sum(q);
                 if (lane == 0)
-                    ss[(int64_t)order[c0 + warp] * slices + slice] = q;
+                    atomicAdd(ss + order[c0 + warp], q);
             }
             __syncthreads();
-            for (int32_t p = warp; p < n.n_out * n.max_rank; p += SGMV_THREADS / 32) {
-                const int32_t o = p / n.max_rank, j = p % n.max_rank;
-                const exl_lora_factors f = n.factors[o][slot];
-                if (j >= f.rank)
-                    continue;
+            for (int32_t j = warp; j < f.rank; j += SGMV_THREADS / 32) {
                 const float *a = f.a + (int64_t)j * n.in_features + k0;
                 float acc[SGMV_USES];
 #pragma unroll
@@ -358,9 +357,9 @@ __device__ void sgmv_shrink(const exl_lora_node &n, const float *norm_w, float *
                 }
 #pragma unroll
                 for (int uu = 0; uu < SGMV_USES; uu++) {
-                    const float t = warp_sum(acc[uu]);
+                    const float v = warp_sum(acc[uu]);
                     if (lane == 0 && uu < nu)
-                        tp[(((int64_t)order[c0 + uu] * n.n_out + o) * n.max_rank + j) * slices + slice] = t;
+                        atomicAdd(t + ((int64_t)order[c0 + uu] * n.n_out + o) * n.max_rank + j, v);
                 }
             }
         }
@@ -368,11 +367,11 @@ __device__ void sgmv_shrink(const exl_lora_node &n, const float *norm_w, float *
 }
 
 /* Expand, block (column tile of 256 of the projections side by side, segment slot): for each adapter of its slot,
- * each of its uses' t (the slices summed in order, times the use's scale and, with a norm, 1 / RMS of its row) staged,
- * then each thread adds to its column of each use's row: one read of Bt's column for all the adapter's uses (L1 after
- * the first), atomically where the row has other uses (other adapters' blocks add to it too) */
-__device__ void sgmv_expand(const exl_lora_node &n, const float *tp, const float *ss, int32_t slices, int32_t tile,
-                            int32_t seg_slot, int32_t seg_slots, int norm) {
+ * each of its uses' t (times the use's scale and, with a norm, 1 / RMS of its row) staged, one load each, then each
+ * thread adds to its column of each use's row: one read of Bt's column for all the adapter's uses (L1 after the
+ * first), atomically (no round trip: the adds are not waited for) */
+__device__ void sgmv_expand(const exl_lora_node &n, const float *t, const float *ss, int32_t tile, int32_t seg_slot,
+                            int32_t seg_slots, int norm) {
     __shared__ float ts[SGMV_TS];
     const int32_t *seg = n.by_adapter + 1, *order = seg + n.n_uses + 1, n_seg = n.by_adapter[0];
     int32_t c = tile * SGMV_THREADS + (int32_t)threadIdx.x, o = 0, t0 = 0;
@@ -394,58 +393,51 @@ __device__ void sgmv_expand(const exl_lora_node &n, const float *tp, const float
             __syncthreads(); /* ts read by the uses before */
             for (int32_t i = threadIdx.x; i < nu * f.rank; i += SGMV_THREADS) {
                 const int32_t uu = i / f.rank, j = i % f.rank, u = order[c0 + uu];
-                const float *t = tp + (((int64_t)u * n.n_out + o) * n.max_rank + j) * slices;
-                float sum = 0.0f, q = 0.0f;
-                for (int32_t p = 0; p < slices; p++) /* written by other blocks of this launch: from L2 */
-                    sum += __ldcg(t + p), q += norm ? __ldcg(ss + (int64_t)u * slices + p) : 0.0f;
-                ts[uu * f.rank + j] = sum * n.use_scale[u] * (norm ? rsqrtf(q / n.in_features + n.eps) : 1.0f);
+                /* written by other blocks (of this launch, or the launch before): from L2 */
+                const float v = __ldcg(t + ((int64_t)u * n.n_out + o) * n.max_rank + j);
+                ts[uu * f.rank + j] = v * n.use_scale[u] *
+                                      (norm ? rsqrtf(__ldcg(ss + u) / n.in_features + n.eps) : 1.0f);
             }
             __syncthreads();
             if (c >= width)
                 continue;
+            const float *bt = f.bt + c;
             for (int32_t uu = 0; uu < nu; uu++) {
-                const int32_t u = order[c0 + uu], row = n.use_row[u];
                 float acc = 0.0f;
+#pragma unroll 8
                 for (int32_t j = 0; j < f.rank; j++)
-                    acc += ts[uu * f.rank + j] * __ldg(f.bt + (int64_t)j * width + c);
-                float *dst = n.out[o] + (int64_t)row * width + c;
-                if (n.row_uses[row + 1] - n.row_uses[row] == 1)
-                    *dst += acc;
-                else
-                    atomicAdd(dst, acc);
+                    acc += ts[uu * f.rank + j] * __ldg(bt + (int64_t)j * width);
+                atomicAdd(n.out[o] + (int64_t)n.use_row[order[c0 + uu]] * width + c, acc);
             }
         }
     }
 }
 
 /* Before griddepcontrol.wait (the step's tables and the factors are constant within it): the block's factors asked
- * of L2, A's rows over its slice (shrink block b) or Bt's rows over its tile (expand block b), for its adapters */
-__device__ void sgmv_prefetch(const exl_lora_node &n, int shrinks, int32_t b, int32_t slots) {
+ * of L2, projection o's A rows over slice `at` (shrinks), or Bt's rows over column tile `at`, for the adapters of
+ * segment slot `slot` of `slots` */
+__device__ void sgmv_prefetch(const exl_lora_node &n, int shrinks, int32_t at, int32_t slot, int32_t slots, int32_t o) {
     const int32_t *seg = n.by_adapter + 1, *order = seg + n.n_uses + 1, n_seg = n.by_adapter[0];
-    int32_t tile = b / slots, o = 0, col0 = 0;
+    int32_t col0 = 0;
     if (!shrinks) {
-        for (; o < n.n_out; o++) {
+        for (o = 0; o < n.n_out; o++) {
             const int32_t tiles = (n.out_features[o] + SGMV_THREADS - 1) / SGMV_THREADS;
-            if (tile < tiles)
+            if (at < tiles)
                 break;
-            tile -= tiles;
+            at -= tiles;
         }
         if (o >= n.n_out)
             return;
-        col0 = tile * SGMV_THREADS;
+        col0 = at * SGMV_THREADS;
     }
-    for (int32_t s = b % slots; s < n_seg; s += slots) {
-        const int32_t slot = n.use_slot[order[seg[s]]];
+    for (int32_t s = slot; s < n_seg; s += slots) {
+        const exl_lora_factors f = n.factors[o][n.use_slot[order[seg[s]]]];
         if (shrinks) {
-            const int32_t k0 = tile * SGMV_SLICE, len = min(SGMV_SLICE, n.in_features - k0);
-            for (int32_t oo = 0; oo < n.n_out; oo++) {
-                const exl_lora_factors f = n.factors[oo][slot];
-                for (int32_t j = 0; j < f.rank; j++)
-                    for (int32_t i = (int32_t)threadIdx.x * 32; i < len; i += SGMV_THREADS * 32)
-                        asm volatile("prefetch.global.L2 [%0];" ::"l"(f.a + (int64_t)j * n.in_features + k0 + i));
-            }
+            const int32_t k0 = at * SGMV_SLICE, len = min(SGMV_SLICE, n.in_features - k0);
+            for (int32_t j = 0; j < f.rank; j++)
+                for (int32_t i = (int32_t)threadIdx.x * 32; i < len; i += SGMV_THREADS * 32)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(f.a + (int64_t)j * n.in_features + k0 + i));
         } else {
-            const exl_lora_factors f = n.factors[o][slot];
             const int32_t width = n.out_features[o];
             for (int32_t k = threadIdx.x; k < f.rank * 8; k += SGMV_THREADS)
                 if (col0 + k % 8 * 32 < width)
@@ -454,26 +446,24 @@ __device__ void sgmv_prefetch(const exl_lora_node &n, int shrinks, int32_t b, in
     }
 }
 
-/* One launch of both (SGMV_BOTH: the first shrink_blocks blocks shrink, publish and count themselves in sync[0], the
- * rest expand once all have, counting themselves in sync[1], the last resetting both; cuda_lora_fold.cuh's
- * argument against hanging holds as the expand blocks, the only ones waiting, are fewer than the SMs hold at
- * once), or one of them (two launches). Grid: 1-D, shrink blocks (slice, segment slot) then expand blocks (tile,
- * segment slot). */
+/* One launch of both (SGMV_BOTH: the first shrink_blocks blocks shrink and count themselves in sync[0], the rest
+ * expand once all have; cuda_lora_fold.cuh's argument against hanging holds as the expand blocks, the only ones
+ * waiting, are fewer than the SMs hold at once), or one of them (two launches). Every expand block counts itself in
+ * sync[1]; the last clears t, ss and both counts for the next launch. Grid: 1-D, shrink blocks (slice, segment slot,
+ * projection) then expand blocks (tile, segment slot). */
 template <int MODE>
 __global__ void __launch_bounds__(SGMV_THREADS)
-    lora_sgmv_kernel(exl_lora_node n, const float *norm_w, float *tp, float *ss, unsigned *sync, int32_t slices,
-                     int32_t shrink_slots, int32_t expand_slots, int32_t shrink_blocks, int phase) {
+    lora_sgmv_kernel(exl_lora_node n, const float *norm_w, float *t, float *ss, unsigned *sync, int32_t shrink_slots,
+                     int32_t expand_slots, int32_t shrink_blocks, int32_t expand_blocks, int phase) {
     exl_pdl_trigger();
     const int32_t b = (int32_t)blockIdx.x;
     const int shrinks = phase == SGMV_SHRINK || (phase == SGMV_BOTH && b < shrink_blocks);
-    sgmv_prefetch(n, shrinks,
-                  shrinks              ? b
-                  : phase == SGMV_BOTH ? b - shrink_blocks
-                                       : b,
-                  shrinks ? shrink_slots : expand_slots);
-    exl_pdl_wait();
     if (shrinks) {
-        sgmv_shrink<MODE>(n, norm_w, tp, ss, slices, b / shrink_slots, b % shrink_slots, shrink_slots);
+        const int32_t per_slice = shrink_slots * n.n_out, slice = b / per_slice, slot = b % per_slice / n.n_out,
+                      o = b % n.n_out;
+        sgmv_prefetch(n, 1, slice, slot, shrink_slots, o);
+        exl_pdl_wait();
+        sgmv_shrink<MODE>(n, norm_w, t, ss, slice, slot, shrink_slots, o);
         if (phase == SGMV_BOTH) { /* every warp's sums visible before the block counts itself */
             __threadfence();
             __syncthreads();
@@ -483,6 +473,8 @@ __global__ void __launch_bounds__(SGMV_THREADS)
         return;
     }
     const int32_t e = phase == SGMV_BOTH ? b - shrink_blocks : b;
+    sgmv_prefetch(n, 0, e / expand_slots, e % expand_slots, expand_slots, 0);
+    exl_pdl_wait();
     if (phase == SGMV_BOTH && e % expand_slots < n.by_adapter[0]) { /* a block with an adapter to expand */
         if (threadIdx.x == 0)
             while (atomicAdd(sync, 0u) < (unsigned)shrink_blocks)
@@ -490,12 +482,20 @@ __global__ void __launch_bounds__(SGMV_THREADS)
         __syncthreads();
         __threadfence();
     }
-    sgmv_expand(n, tp, ss, slices, e / expand_slots, e % expand_slots, expand_slots, MODE == INPUT_NORM);
-    if (phase == SGMV_BOTH && threadIdx.x == 0 &&
-        atomicAdd(sync + 1, 1u) == gridDim.x - (unsigned)shrink_blocks - 1) { /* the last: reset */
-        sync[0] = 0;
-        sync[1] = 0;
-    }
+    sgmv_expand(n, t, ss, e / expand_slots, e % expand_slots, expand_slots, MODE == INPUT_NORM);
+    __syncthreads(); /* the block's reads of t and ss done */
+    __shared__ int last;
+    if (threadIdx.x == 0)
+        last = atomicAdd(sync + 1, 1u) == (unsigned)expand_blocks - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    const int64_t nt = (int64_t)n.n_uses * n.n_out * n.max_rank;
+    for (int64_t i = threadIdx.x; i < nt + n.n_uses; i += SGMV_THREADS)
+        (i < nt ? t[i] : ss[i - nt]) = 0.0f;
+    if (threadIdx.x == 0)
+        sync[0] = 0, sync[1] = 0;
 }
 
 /* EXL_CUDA_LORA_SGMV: steps with at least this many uses take the SGMV path (0: never); EXL_CUDA_LORA_SGMV_LAUNCHES=2
@@ -512,18 +512,18 @@ static void run_sgmv(exl_cuda_backend *cb, const exl_lora_node *n) {
     int32_t tiles = 0;
     for (int32_t o = 0; o < n->n_out; o++)
         tiles += (n->out_features[o] + SGMV_THREADS - 1) / SGMV_THREADS;
-    const int64_t tp_floats = (int64_t)n->n_uses * n->n_out * n->max_rank * slices;
-    const size_t bytes = 256 + (size_t)(tp_floats + (int64_t)n->n_uses * slices) * sizeof(float);
+    const int64_t t_floats = (int64_t)n->n_uses * n->n_out * n->max_rank;
+    const size_t bytes = 256 + (size_t)(t_floats + n->n_uses) * sizeof(float);
     if (bytes > cb->lora_sgmv_bytes) {
-        if (!exl_cuda_ensure(cb, &cb->lora_sgmv, &cb->lora_sgmv_bytes, bytes, "LoRA SGMV partial sums"))
+        if (!exl_cuda_ensure(cb, &cb->lora_sgmv, &cb->lora_sgmv_bytes, bytes, "LoRA SGMV sums"))
             return;
-        if (cudaMemsetAsync(cb->lora_sgmv, 0, bytes, cb->stream) != cudaSuccess) { /* the counters start at 0 */
+        if (cudaMemsetAsync(cb->lora_sgmv, 0, bytes, cb->stream) != cudaSuccess) { /* counters and sums start at 0 */
             exl_cuda_check_launch(cb, "LoRA SGMV counters");
             return;
         }
     }
     unsigned *sync = (unsigned *)cb->lora_sgmv;
-    float *tp = (float *)((char *)cb->lora_sgmv + 256), *ss = tp + tp_floats;
+    float *t = (float *)((char *)cb->lora_sgmv + 256), *ss = t + t_floats;
     const char *e = getenv("EXL_CUDA_LORA_SGMV_LAUNCHES");
     /* one launch where the expand blocks (they wait) are fewer than the SMs hold at once: as many segment slots for
      * them as that allows (at least one; 7B gate/up at 4 blocks an SM: 6) */
@@ -537,21 +537,21 @@ static void run_sgmv(exl_cuda_backend *cb, const exl_lora_node *n) {
     const int64_t room = ((int64_t)per_sm * cb->n_sms - 1) / tiles;
     const int one = !(e && atoi(e) == 2) && room >= 1;
     const int32_t expand_slots = one && room < shrink_slots ? (int32_t)room : shrink_slots;
-    const int32_t shrink = slices * shrink_slots, expand = tiles * expand_slots;
+    const int32_t shrink = slices * shrink_slots * n->n_out, expand = tiles * expand_slots;
     const float *norm_w = n->norm ? n->norm->v : NULL;
     const int phases[2][2] = {{SGMV_BOTH, SGMV_BOTH}, {SGMV_SHRINK, SGMV_EXPAND}};
     for (int k = 0; k < (one ? 1 : 2); k++) {
         const int phase = phases[!one][k];
         const dim3 grid((unsigned)(phase == SGMV_BOTH ? shrink + expand : phase == SGMV_SHRINK ? shrink : expand));
         if (n->norm)
-            exl_cuda_launch(cb, lora_sgmv_kernel<INPUT_NORM>, grid, dim3(SGMV_THREADS), 0, *n, norm_w, tp, ss, sync,
-                            slices, shrink_slots, expand_slots, shrink, phase);
+            exl_cuda_launch(cb, lora_sgmv_kernel<INPUT_NORM>, grid, dim3(SGMV_THREADS), 0, *n, norm_w, t, ss, sync,
+                            shrink_slots, expand_slots, shrink, expand, phase);
         else if (n->up)
-            exl_cuda_launch(cb, lora_sgmv_kernel<INPUT_GLU>, grid, dim3(SGMV_THREADS), 0, *n, norm_w, tp, ss, sync,
-                            slices, shrink_slots, expand_slots, shrink, phase);
+            exl_cuda_launch(cb, lora_sgmv_kernel<INPUT_GLU>, grid, dim3(SGMV_THREADS), 0, *n, norm_w, t, ss, sync,
+                            shrink_slots, expand_slots, shrink, expand, phase);
         else
-            exl_cuda_launch(cb, lora_sgmv_kernel<INPUT_PLAIN>, grid, dim3(SGMV_THREADS), 0, *n, norm_w, tp, ss, sync,
-                            slices, shrink_slots, expand_slots, shrink, phase);
+            exl_cuda_launch(cb, lora_sgmv_kernel<INPUT_PLAIN>, grid, dim3(SGMV_THREADS), 0, *n, norm_w, t, ss, sync,
+                            shrink_slots, expand_slots, shrink, expand, phase);
         exl_cuda_check_launch(cb, "lora (by adapter)");
     }
 }

@@ -1,5 +1,13 @@
 /* cuda_lora_fold.cuh - a one-row decode step's LoRA updates folded into the GEMV launch of their projections
  * (cuda_qgemv.cu's qgemv_kernel<1>; the plan folds a lora node there, cuda_plan.cu), so that adapters add no launch.
+ * Two ways (the kernel's instantiations EXL_LORA_IN_BLOCK and EXL_LORA_SIDE; no adapter: EXL_LORA_NONE, no LoRA
+ * code at all):
+ * - side blocks (exl_lora_side, at the end), where the launch's blocks add their sums to the output atomically (every
+ *   decode GEMV of a 7B model): a few extra blocks, beside the GEMV's own, compute the updates whole and add them
+ *   atomically too; the GEMV's blocks do exactly what they do without an adapter. The updates' dependent round trips
+ *   (x, the dots, their exchange, Bt) run while the GEMV's blocks stream their weights, off their path.
+ * - in-block (the rest of this file, r2-lora3), where the blocks store their sums (one block a column tile merges):
+ *   the updates ride on the GEMV's blocks, as follows.
  *
  * The update of a projection's column c is sum over the row's uses u and ranks j of t[u, j] * Bt[j, c], where
  * t[u, j] = scale_u * x' · A[j] (x' the normed or GLU input the GEMV reads). Shrink: the dot products (u, matrix i,
@@ -37,7 +45,11 @@ typedef struct exl_lora_fold {
     float *t_part;          /* [units rounded up to 4], 16-byte aligned: EXL_LORA_UNSET between launches */
     unsigned *sync;         /* expanding blocks done; zero between launches */
     int32_t n_uses, max_rank, pieces, piece_len, units; /* units 0: no fold */
+    int32_t side_x0, side_cols; /* side blocks (side_cols 0: in-block fold): grid columns side_x0 .. + side_cols */
 } exl_lora_fold;
+
+/* the kernel's instantiations: no adapter (no LoRA code at all), the in-block fold, side blocks */
+enum { EXL_LORA_NONE, EXL_LORA_IN_BLOCK, EXL_LORA_SIDE };
 
 /* a run of a dot product */
 typedef struct exl_lora_run {
@@ -239,6 +251,183 @@ __device__ __forceinline__ float exl_lora_expand(const exl_lora_fold &L, int n_m
             acc += ts[k] * __ldg(f.bt + (int64_t)j * width + col);
     }
     return acc;
+}
+
+/* ---- side blocks: the updates beside the GEMV's own blocks, in launches whose blocks add to the output atomically */
+
+#define EXL_LORA_SIDE_DOTS 4   /* dot products a side block sums in one pass over the input */
+#define EXL_LORA_SIDE_MAX 1024 /* dots (uses x matrices x ranks) at most: ts in the kernel's red (1024 floats) */
+
+/* what a side block reads and where it adds (the GEMV's inputs and outputs) */
+typedef struct exl_lora_side_io {
+    const float *x, *up, *norm;
+    float eps;
+    int32_t act, in, x_slots, n_mats;
+    float *out[3];
+    int32_t width[3];       /* 0 past n_mats */
+    const int32_t *out_map; /* the GEMV's: output column c of a matrix goes to out_map[c] */
+} exl_lora_side_io;
+
+/* dot d's row of A (use u, matrix i, rank j as exl_lora_run_of with one piece), NULL where its t is 0 */
+__device__ __forceinline__ const float *exl_lora_dot_row(const exl_lora_fold &L, int d, int n_mats, int in) {
+    const int u = d / (n_mats * L.max_rank), i = d / L.max_rank % n_mats, j = d % L.max_rank;
+    if (!L.factors[i])
+        return NULL;
+    const exl_lora_factors f = L.factors[i][__ldg(L.use_slot + u)];
+    return j < f.rank ? f.a + (int64_t)j * in : NULL;
+}
+
+/* global column c of the matrices side by side: its matrix i and column in it (selects, not indexing: the struct
+ * stays in registers) */
+__device__ __forceinline__ int exl_lora_col_of(const exl_lora_side_io &io, int c, int &i) {
+    const int w0 = io.width[0], w01 = w0 + io.width[1];
+    i = io.n_mats > 1 && c >= w0 ? (io.n_mats > 2 && c >= w01 ? 2 : 1) : 0;
+    return i == 0 ? c : i == 1 ? c - w0 : c - w01;
+}
+
+/* matrix i's width and output (selects, as exl_lora_col_of) */
+__device__ __forceinline__ int exl_lora_width_of(const exl_lora_side_io &io, int i) {
+    return i == 0 ? io.width[0] : i == 1 ? io.width[1] : io.width[2];
+}
+__device__ __forceinline__ float *exl_lora_out_of(const exl_lora_side_io &io, int i) {
+    return i == 0 ? io.out[0] : i == 1 ? io.out[1] : io.out[2];
+}
+
+/* One side block (`side` of `sides`, grid columns side_x0 on; all its threads): it calls griddepcontrol's start
+ * itself. Before the wait it asks L2 for its dots' rows of A and its columns' rows of Bt (constant within a step);
+ * after it, one pass over the input sums its dots (d = side, side + sides, ..., EXL_LORA_SIDE_DOTS at a time: x'
+ * loaded once for them) and the row's sum of squares with a norm (every side block: each needs 1 / RMS), and thread
+ * e stores dot e's sum in t_part (EXL_LORA_UNSET until then: the value is its own flag, as the in-block fold's
+ * runs). Then it loads every dot (again where one is still unset), ts[d] = t * scale_u * (1 / RMS), counts itself
+ * (the last resets t_part and the count for the next launch, as exl_lora_expand), and adds its share of the columns'
+ * updates to the outputs atomically. The GEMV's blocks do nothing of this: no extra work or wait on their path.
+ * Why it cannot hang: only side blocks wait, only for side blocks, which never wait before they have stored their
+ * dots; the GEMV's blocks never wait, so a side block not yet placed gets an SM when they finish. ts: shared
+ * scratch of EXL_LORA_SIDE_MAX floats. */
+__device__ __forceinline__ void exl_lora_side(const exl_lora_fold &L, const exl_lora_side_io &io, int side, int sides,
+                                              float *ts) {
+    const int D = L.n_uses * io.n_mats * L.max_rank, tid = (int)threadIdx.x;
+    const int cols = io.width[0] + io.width[1] + io.width[2]; /* 0 past n_mats */
+    const int per = ((cols + sides - 1) / sides + 31) / 32 * 32, c_begin = side * per;
+    const int c_end = min(cols, c_begin + per);
+    for (int d = side; d < D; d += sides) {
+        const float *row = exl_lora_dot_row(L, d, io.n_mats, io.in);
+        for (int k = tid * 32; row && k < io.in; k += (int)blockDim.x * 32)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(row + k));
+    }
+    const int lines = (max(0, c_end - c_begin) + 31) / 32, pairs = L.n_uses * L.max_rank;
+    for (int k = tid; k < pairs * lines; k += (int)blockDim.x) {
+        const int u = k / lines / L.max_rank, j = k / lines % L.max_rank, i0 = c_begin + k % lines * 32;
+        int i;
+        const int c = exl_lora_col_of(io, i0, i);
+        if (!L.factors[i])
+            continue;
+        const exl_lora_factors f = L.factors[i][__ldg(L.use_slot + u)];
+        if (j < f.rank)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(f.bt + (int64_t)j * exl_lora_width_of(io, i) + c));
+    }
+    exl_pdl_start();
+    /* the dots, EXL_LORA_SIDE_DOTS a pass; one pass at least with a norm (its sum of squares) */
+    float ss = 0.0f;
+    for (int d0 = side, first = 1; d0 < D || (first && io.norm); d0 += EXL_LORA_SIDE_DOTS * sides, first = 0) {
+        const float *row[EXL_LORA_SIDE_DOTS];
+        float s[EXL_LORA_SIDE_DOTS];
+#pragma unroll
+        for (int e = 0; e < EXL_LORA_SIDE_DOTS; e++) {
+            const int d = d0 + e * sides;
+            row[e] = d < D ? exl_lora_dot_row(L, d, io.n_mats, io.in) : NULL;
+            s[e] = 0.0f;
+        }
+#pragma unroll 4
+        for (int k = tid; k < io.in; k += (int)blockDim.x) {
+            const int at = io.x_slots ? __ldg(L.slot_of + k) : k;
+            float v = __ldcg(io.x + at);
+            if (io.norm) {
+                ss += first ? v * v : 0.0f;
+                v *= __ldg(io.norm + k);
+            } else if (io.up) {
+                v = exl_cuda_activate(v, io.act) * __ldcg(io.up + at);
+            }
+#pragma unroll
+            for (int e = 0; e < EXL_LORA_SIDE_DOTS; e++)
+                s[e] += row[e] ? v * __ldg(row[e] + k) : 0.0f;
+        }
+        /* the block's sums: warp w's partials at ts[w * 8 + e] */
+#pragma unroll
+        for (int e = 0; e < EXL_LORA_SIDE_DOTS; e++)
+            for (int off = 16; off > 0; off >>= 1)
+                s[e] += __shfl_xor_sync(0xffffffffu, s[e], off);
+        __syncthreads(); /* ts read by the pass before */
+        if ((tid & 31) == 0)
+#pragma unroll
+            for (int e = 0; e < EXL_LORA_SIDE_DOTS; e++)
+                ts[(tid >> 5) * 8 + e] = s[e];
+        __syncthreads();
+        if (tid < EXL_LORA_SIDE_DOTS && d0 + tid * sides < D) {
+            float t = 0.0f;
+            for (int w = 0; w < (int)blockDim.x / 32; w++)
+                t += ts[w * 8 + tid];
+            __stcg(L.t_part + d0 + tid * sides, t);
+        }
+    }
+    float inv = 1.0f;
+    if (io.norm) {
+        for (int off = 16; off > 0; off >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        __syncthreads(); /* the partials read */
+        if ((tid & 31) == 0)
+            ts[tid >> 5] = ss;
+        __syncthreads();
+        ss = 0.0f;
+        for (int w = 0; w < (int)blockDim.x / 32; w++)
+            ss += ts[w];
+        inv = rsqrtf(ss / io.in + io.eps);
+    }
+    __syncthreads(); /* ts free */
+    /* every dot, 8 loads in flight a thread (D <= 1024: 4 a thread at most) */
+    for (int k0 = 0; k0 < D; k0 += 8 * (int)blockDim.x) {
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const int k = k0 + e * (int)blockDim.x + tid;
+            v[e] = k < D ? __ldcv(L.t_part + k) : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const int k = k0 + e * (int)blockDim.x + tid;
+            if (k >= D)
+                continue;
+            while (__float_as_uint(v[e]) == EXL_LORA_UNSET) { /* its side block has not stored it yet */
+                __nanosleep(32);
+                v[e] = __ldcv(L.t_part + k);
+            }
+            ts[k] = v[e] * __ldg(L.use_scale + k / (io.n_mats * L.max_rank)) * inv;
+        }
+    }
+    __syncthreads();
+    if (tid == 0 && atomicAdd(L.sync, 1u) == (unsigned)sides - 1) { /* the last: every dot unset again */
+        const float u = __uint_as_float(EXL_LORA_UNSET);
+        for (int k = 0; k < D; k += 4) /* 16 bytes a store: t_part is aligned and holds whole 4s */
+            __stcg((float4 *)(L.t_part + k), make_float4(u, u, u, u));
+        *L.sync = 0;
+    }
+    for (int g = c_begin + tid; g < c_end; g += (int)blockDim.x) {
+        int i;
+        const int c = exl_lora_col_of(io, g, i);
+        if (!L.factors[i])
+            continue;
+        const int width = exl_lora_width_of(io, i);
+        float acc = 0.0f;
+        for (int u = 0; u < L.n_uses; u++) {
+            const exl_lora_factors f = L.factors[i][__ldg(L.use_slot + u)];
+            const float *t = ts + (u * io.n_mats + i) * L.max_rank;
+            const float *bt = f.bt + c;
+#pragma unroll 8
+            for (int j = 0; j < f.rank; j++)
+                acc += t[j] * __ldg(bt + (int64_t)j * width);
+        }
+        atomicAdd(exl_lora_out_of(io, i) + (io.out_map ? __ldg(io.out_map + c) : c), acc);
+    }
 }
 
 #endif

@@ -236,13 +236,34 @@ __device__ __forceinline__ void gemv_chunk(const uint32_t *wcol, int64_t n_pad, 
     }
 }
 
-template <int R>
+/* LORA (one row): EXL_LORA_NONE, or how a LoRA update is folded in (cuda_lora_fold.cuh) */
+template <int R, int LORA = EXL_LORA_NONE>
 __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(const __grid_constant__ gemv_args a) {
     extern __shared__ __half2 xs[]; /* [R][chunks_per_block * 16] */
     __shared__ float red[SUBS][R][COL_TILE];
     __shared__ float inv[R], red_rms[GEMV_THREADS / 32];
     __shared__ int is_last;
     const int tid = threadIdx.x, quad = tid % 64, sub = tid / 64;
+    constexpr bool FOLD = R == 1 && LORA == EXL_LORA_IN_BLOCK;
+    if (R == 1 && LORA == EXL_LORA_SIDE && (int)blockIdx.x >= a.lora.side_x0) { /* a side block */
+        const exl_lora_side_io io = {a.x,
+                                     a.up,
+                                     a.norm,
+                                     a.eps,
+                                     a.act,
+                                     a.in,
+                                     a.x_slots,
+                                     a.n_mats,
+                                     {a.m[0].out, a.m[1].out, a.m[2].out},
+                                     {a.m[0].n_out, a.m[1].n_out, a.m[2].n_out},
+                                     a.out_map};
+        exl_lora_side(a.lora, io, ((int)blockIdx.x - a.lora.side_x0) * (int)gridDim.y + (int)blockIdx.y,
+                      a.lora.side_cols * (int)gridDim.y, &red[0][0][0]);
+        if (a.kv_k && tid == 0)
+            kv_prefetch(a);
+        clear_later(a);
+        return;
+    }
     int mi = 0;
     while (mi + 1 < a.n_mats && (int)blockIdx.x >= a.m[mi].tile_end)
         mi++;
@@ -282,13 +303,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         }
     }
     exl_lora_first lrun = {};
-    if (R == 1 && a.lora.units) {
+    if (FOLD) {
         lrun = exl_lora_run_start(a.lora, a.n_mats, a.in, a.norm, a.x_slots);
         if (blockIdx.y == 0)
             exl_lora_prefetch_bt(a.lora, mi, col0 - quad * 4, M.n_out);
     }
     exl_pdl_start();
-    if (R == 1 && a.lora.units)
+    if (FOLD)
         exl_lora_run_load(lrun, a.x, a.up, a.act);
     /* one normed row: the RMS pass's coalesced loads keep the row in shared memory and the
      * gather reads it there, instead of one scattered global load per input */
@@ -329,10 +350,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         for (int r = 0; r < R; r++)
             xs[r * xs_stride + i] = __floats2half2_rn(input_at<R>(a, r, sp.x, inv), input_at<R>(a, r, sp.y, inv));
     }
-    if (R == 1 && a.lora.units)
+    if (FOLD)
         exl_lora_run_sum(a.lora, lrun, a.n_mats, a.in, a.x, a.up, a.norm, a.act, a.x_slots, red_rms);
     __syncthreads();
-    if (R == 1 && a.lora.units) {
+    if (FOLD) {
         exl_lora_run_publish(a.lora, lrun.unit, red_rms);
         exl_lora_run_rest(a.lora, a.n_mats, a.in, a.x, a.up, a.norm, a.act, a.x_slots, red_rms);
     }
@@ -389,9 +410,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
     }
     /* the LoRA updates folded in: added by one block a column tile (the split's first where its blocks add, else
      * the one that stores the sum); red is free by then (the expand's first barrier) */
-    const float lora_inv = R == 1 && a.norm ? inv[0] : 1.0f;
+    const float lora_inv = FOLD && a.norm ? inv[0] : 1.0f;
     if (a.atomic_add) {
-        if (R == 1 && a.lora.units && blockIdx.y == 0)
+        if (FOLD && blockIdx.y == 0)
             sum[0] += exl_lora_expand(a.lora, a.n_mats, mi, tcol, M.n_out, lora_inv, &red[0][0][0]);
         /* no partial sums, fence or counter: the adds are done in L2, after the block is gone */
         if (tcol < M.n_out)
@@ -431,7 +452,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         if (tid == 0)
             a.counters[blockIdx.x] = 0;
     }
-    if (R == 1 && a.lora.units)
+    if (FOLD)
         sum[0] += exl_lora_expand(a.lora, a.n_mats, mi, tcol, M.n_out, lora_inv, &red[0][0][0]);
     if (tcol < M.n_out)
 #pragma unroll
@@ -1023,10 +1044,16 @@ static size_t occupancy_floor(const exl_cuda_backend *cb) {
 
 template <int R>
 static void launch(exl_cuda_backend *cb, const gemv_args *a, int split) {
-    dim3 grid((unsigned)a->m[a->n_mats - 1].tile_end, (unsigned)split);
+    dim3 grid((unsigned)(a->m[a->n_mats - 1].tile_end + a->lora.side_cols), (unsigned)split);
     size_t smem = (size_t)R * a->chunks_per_block * 16 * sizeof(__half2) + (a->stage ? a->in * sizeof(float) : 0);
     size_t floor = occupancy_floor<R>(cb);
-    exl_cuda_launch(cb, qgemv_kernel<R>, grid, dim3(GEMV_THREADS), smem > floor ? smem : floor, *a);
+    smem = smem > floor ? smem : floor;
+    if (R == 1 && a->lora.units && a->lora.side_cols)
+        exl_cuda_launch(cb, qgemv_kernel<1, EXL_LORA_SIDE>, grid, dim3(GEMV_THREADS), smem, *a);
+    else if (R == 1 && a->lora.units)
+        exl_cuda_launch(cb, qgemv_kernel<1, EXL_LORA_IN_BLOCK>, grid, dim3(GEMV_THREADS), smem, *a);
+    else
+        exl_cuda_launch(cb, qgemv_kernel<R>, grid, dim3(GEMV_THREADS), smem, *a);
     exl_cuda_check_launch(cb, "quantized GEMV");
 }
 
@@ -1169,9 +1196,20 @@ static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_arg
 
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
     const size_t floor = occupancy_floor<1>(cb), want = ACTS_SMEM_MAX + STAGE_MAX_IN * sizeof(float);
-    if (cudaFuncSetAttribute(qgemv_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)(want > floor ? want : floor)) == cudaSuccess)
+    const int most = (int)(want > floor ? want : floor);
+    /* the LoRA instantiations take the same launches (a failure: no row staged, as for the plain one) */
+    if (cudaFuncSetAttribute(qgemv_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most) == cudaSuccess &&
+        cudaFuncSetAttribute(qgemv_kernel<1, EXL_LORA_IN_BLOCK>, cudaFuncAttributeMaxDynamicSharedMemorySize, most) ==
+            cudaSuccess &&
+        cudaFuncSetAttribute(qgemv_kernel<1, EXL_LORA_SIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, most) ==
+            cudaSuccess)
         stage_max_in = STAGE_MAX_IN;
+    else if (floor > 0) {
+        cudaGetLastError();
+        cudaFuncSetAttribute(qgemv_kernel<1, EXL_LORA_IN_BLOCK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)floor);
+        cudaFuncSetAttribute(qgemv_kernel<1, EXL_LORA_SIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)floor);
+    }
     cudaGetLastError();
     occupancy_floor<2>(cb);
     occupancy_floor<3>(cb);
@@ -1262,6 +1300,32 @@ static exl_lora_fold lora_fold_of(const exl_cuda_backend *cb, const exl_cuda_fus
     return L;
 }
 
+/* EXL_CUDA_LORA_SIDE: 1 (default) side blocks where the launch's blocks add atomically anyway, 0 the in-block fold
+ * in every launch, 2 side blocks wherever the outputs allow atomic adds (zeroed before, or accumulated: the tests'
+ * small matrices, which take no split); read when a step is launched or captured */
+static int lora_side_mode(void) {
+    const char *e = getenv("EXL_CUDA_LORA_SIDE");
+    return e && *e ? atoi(e) : 1;
+}
+
+/* Side blocks (cuda_lora_fold.cuh) where the launch's blocks add their sums atomically: the dots whole (one piece)
+ * and extra grid columns, as many as give each side block about one dot while the grid still fits the GPU at once
+ * (BLOCKS_PER_SM an SM; one column at least) */
+static void lora_side_of(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_args *a, int split) {
+    exl_lora_fold *L = &a->lora;
+    const int32_t dots = L->n_uses * a->n_mats * L->max_rank, tiles = a->m[a->n_mats - 1].tile_end;
+    const int mode = lora_side_mode();
+    if (mode == 2 && (f->accumulate || f->out_zeroed) && !cb->deterministic)
+        a->atomic_add = 1;
+    if (!a->atomic_add || !L->units || dots > EXL_LORA_SIDE_MAX || mode == 0)
+        return;
+    int32_t cols = (dots + split - 1) / split;
+    while (cols > 1 && (int64_t)(tiles + cols) * split > (int64_t)BLOCKS_PER_SM * cb->n_sms)
+        cols--;
+    L->pieces = 1, L->piece_len = a->in, L->units = dots;
+    L->side_x0 = tiles, L->side_cols = cols;
+}
+
 int exl_cuda_qgemv_lora_fits(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, const exl_lora_node *n) {
     return lora_fold_of(cb, f, n).units > 0;
 }
@@ -1296,6 +1360,7 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     }
     if (f->lora) {
         a.lora = lora_fold_of(cb, f, f->lora);
+        lora_side_of(cb, f, &a, split);
         const size_t bytes = 256 + (size_t)(a.lora.units + 3) / 4 * 4 * sizeof(float);
         if (!a.lora.units) {
             exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "internal: a LoRA update folded into a GEMV it does not fit");
