@@ -14,7 +14,7 @@
 #   3. the collectives' time per decode step: the same decode with EXL_TP_NO_COMM=1 (collectives left out, wrong
 #      tokens), the difference being their cost;
 #   4. --gpu-split with a model larger than one GPU's share: the 7B shape under EXL_CUDA_MEMORY_LIMIT=3GiB (split
-#      1.8,1.8: each device also holds its CUDA context, ~0.75 GiB, which the limit counts), then the 70B shape
+#      1.7,1.9: each device also holds its CUDA context, ~0.75 GiB, which the limit counts), then the 70B shape
 #      (~35 GB) with EXL_CUDA_MEMORY_LIMIT=24GiB (each GPU pretends to have 24 GiB): refused on one GPU, split 20,20
 #      over two. Loading prints a line per device every 5 s and when done; stdout is line-buffered into the logs.
 # A device call lasts 10 minutes at most: run the parts one call each (the machine keeps /tmp while it is held;
@@ -127,7 +127,7 @@ model m7b
 EXL_CUDA_MEMORY_LIMIT=3GiB timeout 60 stdbuf -oL "$bin/exl" bench -m /tmp/m7b --device cuda -p 512 -n 32 \
     >"$out/split_7b_one.log" 2>&1
 tail -2 "$out/split_7b_one.log"
-EXL_CUDA_MEMORY_LIMIT=3GiB timeout 120 stdbuf -oL "$bin/exl" bench -m /tmp/m7b --device cuda --gpu-split 1.8,1.8 \
+EXL_CUDA_MEMORY_LIMIT=3GiB timeout 120 stdbuf -oL "$bin/exl" bench -m /tmp/m7b --device cuda --gpu-split 1.7,1.9 \
     -p 512 -n 32 >"$out/split_7b.log" 2>&1
 echo "   rc $? ($SECONDS s into the call)"
 tail -8 "$out/split_7b.log"
