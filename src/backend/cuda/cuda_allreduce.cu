@@ -36,12 +36,12 @@
 #define PUSH_TIMEOUT_NS 30000000000ull /* 30 s */
 #define TRACE_BINS 64                  /* of TRACE_BIN_NS, the last one everything longer */
 #define TRACE_BIN_NS 250
-#define TRACE_WORDS (2 + TRACE_BINS) /* calls, cycles in all, the bins */
+#define TRACE_WORDS (2 + TRACE_BINS) /* calls, cycles in all, the bins; all-reduces', then gathers' */
 
 typedef struct push_args {
     float *recv[EXL_CUDA_PUSH_MAX_RANKS]; /* every rank's receive buffer */
     unsigned *rounds;                     /* this rank's round count, one a block */
-    unsigned long long *trace;            /* TRACE_WORDS, or NULL */
+    unsigned long long *trace;            /* 2 x TRACE_WORDS, or NULL */
     unsigned cycles_per_bin;              /* SM cycles of TRACE_BIN_NS at the rated clock */
     float *x, *resid;                     /* x = the sum of x over the ranks; resid += it (resid may be NULL) */
     int64_t n, stride;                    /* floats; floats a slot holds */
@@ -258,9 +258,10 @@ __global__ void __launch_bounds__(PUSH_THREADS) push_all_reduce_kernel(const pus
     if (t0) {
         const unsigned long long cycles = (unsigned long long)(clock64() - t0);
         const unsigned long long bin = cycles / a.cycles_per_bin;
-        atomicAdd(a.trace, 1ull);
-        atomicAdd(a.trace + 1, cycles);
-        atomicAdd(a.trace + 2 + (bin < TRACE_BINS ? bin : TRACE_BINS - 1), 1ull);
+        unsigned long long *t = a.trace + (GATHER ? TRACE_WORDS : 0);
+        atomicAdd(t, 1ull);
+        atomicAdd(t + 1, cycles);
+        atomicAdd(t + 2 + (bin < TRACE_BINS ? bin : TRACE_BINS - 1), 1ull);
     }
 }
 
@@ -276,7 +277,7 @@ exl_status exl_cuda_push_alloc(exl_cuda_push *p, int32_t rank, int32_t n_ranks, 
     p->max_floats = max_floats;
     const char *trace = getenv("EXL_TP_PUSH_TRACE");
     if (trace && !strcmp(trace, "1")) {
-        const size_t tb = TRACE_WORDS * sizeof(unsigned long long);
+        const size_t tb = 2 * TRACE_WORDS * sizeof(unsigned long long);
         EXL_TRY(exl_cuda_malloc((void **)&p->trace[rank], tb, "the all-reduce's trace"));
         int khz = 0, device = 0;
         cudaGetDevice(&device);
@@ -289,30 +290,36 @@ exl_status exl_cuda_push_alloc(exl_cuda_push *p, int32_t rank, int32_t n_ranks, 
     return EXL_OK;
 }
 
-/* the trace of rank k on stderr, as the core's notices look (this library has no notice handler): launches, mean
- * and percentiles of block 0's time in the kernel */
+/* the trace of rank k on stderr, as the core's notices look (this library has no notice handler): for each kind,
+ * launches, mean and percentiles of block 0's time in the kernel */
 static void trace_print(const exl_cuda_push *p, int32_t k) {
-    unsigned long long t[TRACE_WORDS];
-    if (cudaMemcpy(t, p->trace[k], sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess || !t[0]) {
+    unsigned long long all[2 * TRACE_WORDS];
+    if (cudaMemcpy(all, p->trace[k], sizeof all, cudaMemcpyDeviceToHost) != cudaSuccess) {
         cudaGetLastError();
         return;
     }
-    double pct[3] = {0.5, 0.9, 0.99}, at[3] = {0, 0, 0};
-    for (int q = 0; q < 3; q++) {
-        unsigned long long seen = 0;
-        for (int b = 0; b < TRACE_BINS; b++) {
-            seen += t[2 + b];
-            if ((double)seen >= pct[q] * (double)t[0]) {
-                at[q] = (b + 1) * TRACE_BIN_NS / 1000.0;
-                break;
+    for (int kind = 0; kind < 2; kind++) {
+        const unsigned long long *t = all + kind * TRACE_WORDS;
+        if (!t[0])
+            continue;
+        double pct[3] = {0.5, 0.9, 0.99}, at[3] = {0, 0, 0};
+        for (int q = 0; q < 3; q++) {
+            unsigned long long seen = 0;
+            for (int b = 0; b < TRACE_BINS; b++) {
+                seen += t[2 + b];
+                if ((double)seen >= pct[q] * (double)t[0]) {
+                    at[q] = (b + 1) * TRACE_BIN_NS / 1000.0;
+                    break;
+                }
             }
         }
+        const double ns_per_cycle = (double)TRACE_BIN_NS / p->cycles_per_bin[k];
+        fprintf(stderr,
+                "exl: push %s trace, rank %d: %llu launches, block 0 in the kernel (after its wait) mean %.2f us, "
+                "median <= %.2f, p90 <= %.2f, p99 <= %.2f us (at the rated SM clock)\n",
+                kind ? "gather" : "all-reduce", k, t[0], (double)t[1] / (double)t[0] * ns_per_cycle / 1000.0, at[0],
+                at[1], at[2]);
     }
-    const double ns_per_cycle = (double)TRACE_BIN_NS / p->cycles_per_bin[k];
-    fprintf(stderr,
-            "exl: push all-reduce / gather trace, rank %d: %llu launches, block 0 in the kernel (after its wait) mean "
-            "%.2f us, median <= %.2f, p90 <= %.2f, p99 <= %.2f us (at the rated SM clock)\n",
-            k, t[0], (double)t[1] / (double)t[0] * ns_per_cycle / 1000.0, at[0], at[1], at[2]);
 }
 
 void exl_cuda_push_free(exl_cuda_push *p, int32_t n_ranks) {
