@@ -7,8 +7,36 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- the workers: rank k >= 1 runs every job on its own thread */
+
+/* A decode loop's steps come a host step's work apart (tens of microseconds), about what waking a thread from a
+ * condition variable takes, which delays the rank's launches (the others wait at its first collective) or rank 0's
+ * next step. So with GPU ranks (tp->spin) a waiting thread first polls for up to SPIN_NS. */
+#define SPIN_NS 200000
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* poll (without the lock) until *gen differs from seen (a job posted) or SPIN_NS passed */
+static void spin_for_job(const int64_t *gen, int64_t seen) {
+    const int64_t t0 = now_ns();
+    for (unsigned i = 1; __atomic_load_n(gen, __ATOMIC_ACQUIRE) == seen; i++)
+        if (i % 256 == 0 && now_ns() - t0 > SPIN_NS)
+            return;
+}
+
+/* poll (without the lock) until no worker is busy or SPIN_NS passed */
+static void spin_for_workers(const int32_t *busy) {
+    const int64_t t0 = now_ns();
+    for (unsigned i = 1; __atomic_load_n(busy, __ATOMIC_ACQUIRE) > 0; i++)
+        if (i % 256 == 0 && now_ns() - t0 > SPIN_NS)
+            return;
+}
 
 static void run_job(exl_tp *tp, int32_t k) {
     exl_tp_rank *r = &tp->ranks[k];
@@ -33,6 +61,11 @@ static void *worker(void *p) {
     int64_t seen = 0;
     pthread_mutex_lock(&tp->lock);
     for (;;) {
+        if (tp->spin && tp->job_gen == seen && !tp->quit) {
+            pthread_mutex_unlock(&tp->lock);
+            spin_for_job(&tp->job_gen, seen);
+            pthread_mutex_lock(&tp->lock);
+        }
         while (tp->job_gen == seen && !tp->quit)
             pthread_cond_wait(&tp->cond, &tp->lock);
         if (tp->quit)
@@ -41,7 +74,7 @@ static void *worker(void *p) {
         pthread_mutex_unlock(&tp->lock);
         run_job(tp, a.rank);
         pthread_mutex_lock(&tp->lock);
-        if (--tp->busy == 0)
+        if (__atomic_sub_fetch(&tp->busy, 1, __ATOMIC_ACQ_REL) == 0)
             pthread_cond_broadcast(&tp->cond);
     }
     pthread_mutex_unlock(&tp->lock);
@@ -71,10 +104,12 @@ exl_status exl_tp_each(exl_model *m, exl_tp_fn fn, void *arg) {
     tp->busy = 0;
     for (int32_t k = 1; k < tp->n; k++)
         tp->busy += tp->ranks[k].has_thread;
-    tp->job_gen++;
+    __atomic_store_n(&tp->job_gen, tp->job_gen + 1, __ATOMIC_RELEASE); /* polled without the lock */
     pthread_cond_broadcast(&tp->cond);
     pthread_mutex_unlock(&tp->lock);
     run_job(tp, 0);
+    if (tp->spin)
+        spin_for_workers(&tp->busy);
     pthread_mutex_lock(&tp->lock);
     while (tp->busy > 0)
         pthread_cond_wait(&tp->cond, &tp->lock);

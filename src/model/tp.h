@@ -60,6 +60,7 @@ struct exl_tp {
     int64_t job_gen;
     int32_t busy;
     int quit;
+    int spin; /* GPU ranks: waiting threads poll briefly before they sleep (tp.c) */
     exl_tp_fn fn;
     void *arg;
 };

@@ -421,7 +421,11 @@ exl_status exl_tp_load(exl_model *m, const exl_model_params *p) {
     }
     if (!bes[0]->ops->comm_init)
         return exl_fail(EXL_ERR_UNSUPPORTED, "the %s backend has no tensor parallelism", bes[0]->name);
-    return bes[0]->ops->comm_init(bes, tp->n);
+    EXL_TRY(bes[0]->ops->comm_init(bes, tp->n));
+    pthread_mutex_lock(&tp->lock);               /* the workers read it under the lock */
+    tp->spin = strcmp(bes[0]->name, "cpu") != 0; /* CPU ranks' threads are the compute's own */
+    pthread_mutex_unlock(&tp->lock);
+    return EXL_OK;
 }
 
 /* ---- freeing */

@@ -11,19 +11,65 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- loading: whole layers on each rank */
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define PROGRESS_EVERY_S 5.0 /* a loading rank's notice at most this often */
+#define PROGRESS_QUIET_S 1.0 /* and when it is done, if it took this long */
+
+/* What the devices of a layer split hold, by the tensors' bytes. */
+typedef struct split_bytes {
+    uint64_t *layer; /* [n_layers] */
+    uint64_t first;  /* the first device's other tensors: the embedding */
+    uint64_t last;   /* the last one's: the head and the final norm (and the embedding again for a tied head) */
+} split_bytes;
 
 typedef struct rank_load {
     const exl_model_params *p;
     const char *prefix; /* the text model's tensors */
+    const split_bytes *bytes;
 } rank_load;
+
+/* the bytes of rank k's tensors */
+static uint64_t rank_bytes(const exl_tp *tp, const split_bytes *b, int32_t k) {
+    uint64_t sum = (k == 0 ? b->first : 0) + (k == tp->n - 1 ? b->last : 0);
+    for (int32_t i = tp->layer_bounds[k]; i < tp->layer_bounds[k + 1]; i++)
+        sum += b->layer[i];
+    return sum;
+}
+
+/* refused before loading where the device's free memory cannot hold its share of the weights (rather than out of
+ * memory at some layer) */
+static exl_status check_room(exl_model *m, uint64_t bytes) {
+    size_t free_b = 0, total_b = 0;
+    if (!m->be->ops->memory || m->be->ops->memory(m->be, &free_b, &total_b) != EXL_OK || bytes <= free_b)
+        return EXL_OK;
+    const exl_tp *tp = m->tp;
+    return exl_fail(
+        EXL_ERR_NOMEM,
+        "--gpu-split: device %d gets %.2f GiB of weights (decoder layers %d..%d%s) but has %.2f of %.2f GiB "
+        "free: give it a smaller share (the rest of the device also holds the KV cache and scratch)",
+        m->rank, (double)bytes / GIB, tp->layer_bounds[m->rank], tp->layer_bounds[m->rank + 1] - 1,
+        m->rank == 0           ? ", the embedding"
+        : m->rank == tp->n - 1 ? ", the head"
+                               : "",
+        (double)free_b / GIB, (double)total_b / GIB);
+}
 
 static exl_status load_rank_layers(exl_model *m, void *arg) {
     const rank_load *a = arg;
     exl_tp *tp = m->tp;
     int32_t last = tp->n - 1;
     EXL_TRY(exl_backend_init_ordinal(a->p->device, m->rank, exl_tp_rank_threads(tp, a->p), &m->be));
+    EXL_TRY(check_room(m, rank_bytes(tp, a->bytes, m->rank)));
     const exl_hf_config *c = &m->cfg;
     exl_linear_src src;
     char name[128];
@@ -51,57 +97,85 @@ static exl_status load_rank_layers(exl_model *m, void *arg) {
     }
     if (!(m->layers = exl_calloc((size_t)c->n_layers, sizeof *m->layers)))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
-    for (int32_t i = tp->layer_bounds[m->rank]; i < tp->layer_bounds[m->rank + 1]; i++)
+    const int32_t lo = tp->layer_bounds[m->rank], hi = tp->layer_bounds[m->rank + 1];
+    const double start = seconds_now();
+    double told = start;
+    for (int32_t i = lo; i < hi; i++) {
         EXL_TRY(exl_model_load_layer(m, a->prefix, i));
-    return exl_model_alloc_forward(m);
+        const double now = seconds_now();
+        if (now - told >= PROGRESS_EVERY_S && i + 1 < hi) {
+            exl_notice("--gpu-split: device %d: %d of its %d decoder layers loaded (%.0f s)", m->rank, i + 1 - lo,
+                       hi - lo, now - start);
+            told = now;
+        }
+    }
+    EXL_TRY(exl_model_alloc_forward(m));
+    const double took = seconds_now() - start;
+    if (took >= PROGRESS_QUIET_S) /* a small model's load stays quiet */
+        exl_notice("--gpu-split: device %d: decoder layers %d..%d loaded, %.2f GiB of weights, in %.1f s", m->rank, lo,
+                   hi - 1, (double)rank_bytes(tp, a->bytes, m->rank) / GIB, took);
+    return EXL_OK;
 }
 
-/* The bytes of each decoder layer's tensors ([n_layers]) and of the rest (embedding, head, final norm). */
-static void layer_bytes(const exl_model *m, const char *prefix, uint64_t *bytes, uint64_t *rest) {
-    size_t plen = strlen(prefix);
-    *rest = 0;
+/* b's bytes (b->layer zeroed, [n_layers]); tensors of no device (another model's, such as a vision tower) left out */
+static void layer_bytes(const exl_model *m, const char *prefix, split_bytes *b) {
+    const size_t plen = strlen(prefix);
+    const char *head = exl_model_head_name(m->weights);
+    const size_t hlen = head ? strlen(head) : 0;
+    b->first = b->last = 0;
     for (int f = 0; f < m->weights->n_files; f++)
         for (int t = 0; t < m->weights->files[f]->n_tensors; t++) {
             const exl_st_tensor *x = &m->weights->files[f]->tensors[t];
+            const char *name = x->name + plen;
             char *end;
-            if (!strncmp(x->name, prefix, plen) && !strncmp(x->name + plen, "layers.", 7)) {
-                long i = strtol(x->name + plen + 7, &end, 10);
-                if (end != x->name + plen + 7 && *end == '.' && i >= 0 && i < m->cfg.n_layers) {
-                    bytes[i] += x->nbytes;
-                    continue;
-                }
+            if (head && !strncmp(x->name, head, hlen) && (!x->name[hlen] || x->name[hlen] == '.')) {
+                b->last += x->nbytes;
+                continue;
             }
-            *rest += x->nbytes;
+            if (strncmp(x->name, prefix, plen))
+                continue;
+            if (!strncmp(name, "layers.", 7)) {
+                long i = strtol(name + 7, &end, 10);
+                if (end != name + 7 && *end == '.' && i >= 0 && i < m->cfg.n_layers)
+                    b->layer[i] += x->nbytes;
+            } else if (!strncmp(name, "embed_tokens", 12)) {
+                b->first += x->nbytes;
+            } else {
+                b->last += x->nbytes; /* the final norm */
+            }
         }
+    if (!head) /* the head is the embedding (the loader refuses an untied model without one) */
+        for (int f = 0; f < m->weights->n_files; f++)
+            for (int t = 0; t < m->weights->files[f]->n_tensors; t++) {
+                const exl_st_tensor *x = &m->weights->files[f]->tensors[t];
+                if (!strncmp(x->name, prefix, plen) && !strncmp(x->name + plen, "embed_tokens", 12))
+                    b->last += x->nbytes;
+            }
 }
 
-/* Layers in order onto the devices: each takes layers while its share (GiB) holds them; the embedding counts on
- * the first, the head on the last. */
-static exl_status plan_layers(exl_model *m, const exl_model_params *p, const char *prefix, int32_t n) {
+/* Layers in order onto the devices: each takes layers while its share (GiB of weights) holds them; the embedding
+ * counts on the first, the head on the last. */
+static exl_status plan_layers(exl_model *m, const exl_model_params *p, const split_bytes *sb, int32_t n) {
     exl_tp *tp = m->tp;
-    uint64_t *bytes = exl_calloc((size_t)m->cfg.n_layers, sizeof *bytes), rest;
-    if (!bytes || !(tp->layer_bounds = exl_calloc((size_t)n + 1, sizeof(int32_t)))) {
-        exl_free(bytes);
+    if (!(tp->layer_bounds = exl_calloc((size_t)n + 1, sizeof(int32_t))))
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
-    }
-    layer_bytes(m, prefix, bytes, &rest);
-    const double gib = 1024.0 * 1024.0 * 1024.0;
-    double used = (double)rest / 2; /* about half is the embedding (rank 0), half the head (the last rank) */
+    double used = (double)sb->first;
     int32_t d = 0;
     for (int32_t i = 0; i < m->cfg.n_layers; i++) {
-        while (d < n - 1 && used + (double)bytes[i] > p->gpu_split[d] * gib) {
+        while (d < n - 1 && used + (double)sb->layer[i] > p->gpu_split[d] * GIB) {
             tp->layer_bounds[++d] = i;
-            used = d == n - 1 ? (double)rest / 2 : 0;
+            used = d == n - 1 ? (double)sb->last : 0;
         }
-        used += (double)bytes[i];
+        used += (double)sb->layer[i];
     }
+    if (d < n - 1) /* the layers all fit before the last device: it holds the head alone */
+        used = (double)sb->last;
     for (int32_t k = d + 1; k <= n; k++)
         tp->layer_bounds[k] = m->cfg.n_layers;
-    exl_free(bytes);
-    if (used > p->gpu_split[n - 1] * gib)
+    if (used > p->gpu_split[n - 1] * GIB)
         return exl_fail(EXL_ERR_NOMEM,
                         "%s: --gpu-split: the model needs %.1f MiB more than the split gives its devices", m->dir,
-                        (used - p->gpu_split[n - 1] * gib) / (1024.0 * 1024.0));
+                        (used - p->gpu_split[n - 1] * GIB) / (1024.0 * 1024.0));
     char text[512];
     int len = snprintf(text, sizeof text, "--gpu-split: decoder layers");
     for (int32_t k = 0; k < n && len > 0 && (size_t)len < sizeof text; k++) {
@@ -127,11 +201,20 @@ static exl_status sender_cols(int32_t n, int32_t width, int32_t senders, int32_t
 exl_status exl_tp_split_load(exl_model *m, const exl_model_params *p, const char *prefix) {
     exl_tp *tp = m->tp;
     tp->split = 1;
-    EXL_TRY(plan_layers(m, p, prefix, tp->n));
-    EXL_TRY(sender_cols(tp->n, m->cfg.hidden_size, tp->n - 1, 0, &tp->send_hidden));
-    EXL_TRY(sender_cols(tp->n, m->cfg.vocab_size, 1, tp->n - 1, &tp->send_vocab));
-    rank_load a = {p, prefix};
-    return exl_tp_each(m, load_rank_layers, &a);
+    split_bytes b = {exl_calloc((size_t)m->cfg.n_layers, sizeof(uint64_t)), 0, 0};
+    if (!b.layer)
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    layer_bytes(m, prefix, &b);
+    exl_status st = plan_layers(m, p, &b, tp->n);
+    if (st == EXL_OK)
+        st = sender_cols(tp->n, m->cfg.hidden_size, tp->n - 1, 0, &tp->send_hidden);
+    if (st == EXL_OK)
+        st = sender_cols(tp->n, m->cfg.vocab_size, 1, tp->n - 1, &tp->send_vocab);
+    rank_load a = {p, prefix, &b};
+    if (st == EXL_OK)
+        st = exl_tp_each(m, load_rank_layers, &a);
+    exl_free(b.layer);
+    return st;
 }
 
 /* ---- running */

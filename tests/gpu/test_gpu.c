@@ -1537,25 +1537,123 @@ static void ar_case(ar_rank *me, const char *mode, int64_t n, int64_t offset, in
     free(zero);
 }
 
+/* ---- gather_cols by the same ways: rank k's columns [cols[k], cols[k + 1]) of rows of width cols[AR_RANKS], every
+ * rank's output equal to the concatenation bit for bit; rounds back to back, each followed by an all_reduce of
+ * zeros (the two kinds share the push buffers' sets: a mix-up reads the other's values, or hangs); a graph of
+ * gather_cols and the residual add after it (the plan fuses them) captured and replayed */
+
+/* rank 0, every rank's results in: `rounds` gathers, round r from inputs (first + r) % AR_PATTERNS; 1 where some
+ * float differs from its rank's input */
+static double gather_check(const ar_shared *s, int32_t rows, const int32_t *cols, int32_t rounds, int32_t first) {
+    const int64_t width = cols[AR_RANKS], n = (int64_t)rows * width;
+    for (int32_t r = 0; r < rounds; r++)
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t row = i / width, col = i % width;
+            int k = 0;
+            while (col >= cols[k + 1])
+                k++;
+            const float want = s->in[k][(first + r) % AR_PATTERNS][row * (cols[k + 1] - cols[k]) + col - cols[k]];
+            for (int j = 0; j < AR_RANKS; j++)
+                if (memcmp(&s->out[j][(int64_t)r * n + i], &want, sizeof want))
+                    return 1.0;
+        }
+    return 0.0;
+}
+
+static void gather_report(ar_rank *me, const char *name, int32_t rows, const int32_t *cols, int32_t rounds,
+                          int32_t first) {
+    pthread_barrier_wait(&me->s->bar);
+    if (me->rank == 0)
+        report(name, gather_check(me->s, rows, cols, rounds, first), 0.0);
+    pthread_barrier_wait(&me->s->bar);
+    free(me->s->out[me->rank]);
+    me->s->out[me->rank] = NULL;
+}
+
+static void gather_case(ar_rank *me, const char *mode, int32_t rows, const int32_t *cols, int32_t rounds) {
+    exl_backend *be = me->s->be[me->rank];
+    const int32_t k = me->rank, width = cols[AR_RANKS], zn = 8192;
+    const int64_t n = (int64_t)rows * width;
+    const size_t bytes = (size_t)n * sizeof(float), mine = (size_t)rows * (cols[k + 1] - cols[k]) * sizeof(float);
+    char name[160], what[64];
+    snprintf(what, sizeof what, "%d x %d floats, columns %d|%d", rows, width, cols[1] - cols[0], cols[2] - cols[1]);
+    ar_inputs(me->s, k, n);
+    float *x = be->ops->alloc(be, mine), *out = be->ops->alloc(be, bytes), *tmp = be->ops->alloc(be, bytes);
+    float *slots = be->ops->alloc(be, (size_t)rounds * bytes), *zeros = be->ops->alloc(be, zn * sizeof(float));
+    float *zero = calloc((size_t)rounds * n + zn, sizeof(float));
+    require(x && out && tmp && slots && zeros && zero, "gather buffers");
+    require(be->ops->upload(be, slots, zero, (size_t)rounds * bytes) == EXL_OK &&
+                be->ops->upload(be, zeros, zero, zn * sizeof(float)) == EXL_OK,
+            "upload");
+    const exl_gather_cols_node g = {out, x, cols, rows, width, AR_RANKS, k, tmp};
+    for (int32_t r = 0; r < rounds; r++) {
+        require(be->ops->upload(be, x, me->s->in[k][r % AR_PATTERNS], mine) == EXL_OK, "upload");
+        be->ops->gather_cols(be, &g);
+        be->ops->add(be, slots + (int64_t)r * n, out, n);
+        be->ops->all_reduce(be, zeros, zn);
+    }
+    me->s->out[k] = get(be, slots, (int64_t)rounds * n);
+    float *z = get(be, zeros, zn);
+    if (memcmp(z, zero, zn * sizeof(float)))
+        memset(me->s->out[k], 0xff, bytes); /* the all_reduces of zeros went wrong: fails the check */
+    free(z);
+    snprintf(name, sizeof name, "gather_cols %s: %d rounds of %s, all_reduces between", mode, rounds, what);
+    gather_report(me, name, rows, cols, rounds, 0);
+    /* the graph: out = the gather, y += out (y from rank 0's next inputs): out checked, and y against y0 + out */
+    exl_graph gr = {0};
+    exl_graph_reset(&gr, NULL);
+    const exl_node nodes[2] = {{.op = EXL_OP_GATHER_COLS, .gather_cols = g},
+                               {.op = EXL_OP_ADD, .add = {slots, out, n}}};
+    require(exl_graph_add(&gr, &nodes[0]) == EXL_OK && exl_graph_add(&gr, &nodes[1]) == EXL_OK &&
+                exl_graph_output(&gr, out, n) == EXL_OK && exl_graph_output(&gr, slots, n) == EXL_OK,
+            "graph");
+    for (int32_t r = 0; r < 4; r++) {
+        const float *y0 = me->s->in[0][(r + 1) % AR_PATTERNS];
+        require(be->ops->upload(be, x, me->s->in[k][r % AR_PATTERNS], mine) == EXL_OK &&
+                    be->ops->upload(be, slots, y0, bytes) == EXL_OK && be->ops->graph_run(be, &gr) == EXL_OK,
+                "gather graph_run");
+        float *got = get(be, out, n), *y = get(be, slots, n);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++)
+            bad += y[i] != y0[i] + got[i];
+        free(y);
+        if (bad)
+            memset(got, 0xff, bytes);
+        me->s->out[k] = got;
+        snprintf(name, sizeof name, "gather_cols %s: + residual add, graph run %d, %s", mode, r, what);
+        gather_report(me, name, rows, cols, 1, r);
+    }
+    exl_graph_free(&gr);
+    float *bufs[] = {x, out, tmp, slots, zeros};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->ops->free(be, bufs[i]);
+    free(zero);
+}
+
 static double seconds_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* AR_CHAIN pairs of all_reduce(h) and x += h in one graph (zeros: the values stay put), replayed: the time of a pair */
-static void ar_speed(ar_rank *me, int64_t n) {
+/* AR_CHAIN pairs of all_reduce(h) (or with gather: gather_cols of half of h from each rank into h) and x += h in
+ * one graph (zeros: the values stay put), replayed: the time of a pair */
+static void ar_speed(ar_rank *me, int64_t n, int gather) {
     exl_backend *be = me->s->be[me->rank];
     const size_t bytes = (size_t)n * sizeof(float);
-    float *h = be->ops->alloc(be, bytes), *x = be->ops->alloc(be, bytes), *zero = calloc((size_t)n, sizeof(float));
-    require(h && x && zero && be->ops->upload(be, h, zero, bytes) == EXL_OK &&
-                be->ops->upload(be, x, zero, bytes) == EXL_OK,
+    float *h = be->ops->alloc(be, bytes), *x = be->ops->alloc(be, bytes), *part = be->ops->alloc(be, bytes);
+    float *tmp = be->ops->alloc(be, bytes), *zero = calloc((size_t)n, sizeof(float));
+    require(h && x && part && tmp && zero && be->ops->upload(be, h, zero, bytes) == EXL_OK &&
+                be->ops->upload(be, x, zero, bytes) == EXL_OK && be->ops->upload(be, part, zero, bytes) == EXL_OK,
             "all-reduce buffers");
+    const int32_t cols[AR_RANKS + 1] = {0, (int32_t)n / 2, (int32_t)n};
     exl_graph g = {0};
     exl_graph_reset(&g, NULL);
     for (int i = 0; i < AR_CHAIN; i++) {
-        const exl_node nodes[2] = {{.op = EXL_OP_ALL_REDUCE, .all_reduce = {h, n}},
-                                   {.op = EXL_OP_ADD, .add = {x, h, n}}};
+        const exl_node reduce = {.op = EXL_OP_ALL_REDUCE, .all_reduce = {h, n}};
+        const exl_node gath = {.op = EXL_OP_GATHER_COLS,
+                               .gather_cols = {h, part, cols, 1, (int32_t)n, AR_RANKS, me->rank, tmp}};
+        const exl_node nodes[2] = {gather ? gath : reduce, {.op = EXL_OP_ADD, .add = {x, h, n}}};
         require(exl_graph_add(&g, &nodes[0]) == EXL_OK && exl_graph_add(&g, &nodes[1]) == EXL_OK, "graph add");
     }
     require(exl_graph_output(&g, x, n) == EXL_OK, "graph output");
@@ -1573,6 +1671,8 @@ static void ar_speed(ar_rank *me, int64_t n) {
     exl_graph_free(&g);
     be->ops->free(be, h);
     be->ops->free(be, x);
+    be->ops->free(be, part);
+    be->ops->free(be, tmp);
     free(zero);
 }
 
@@ -1604,12 +1704,20 @@ static void *ar_thread(void *arg) {
         ar_case(me, mode, 7, 1, 100);
         ar_case(me, mode, 8192, 0, 1000);
         ar_case(me, mode, 65536, 0, 200);
-        ar_speed(me, 8192);
-        pthread_barrier_wait(&s->bar);
-        if (me->rank == 0)
-            printf("info all_reduce %s: 8192 floats + residual add: %.2f us each in a CUDA graph of %d\n", mode, s->us,
-                   AR_CHAIN);
-        pthread_barrier_wait(&s->bar);
+        static const int32_t halves[] = {0, 4096, 8192}, head[] = {0, 16000, 32000}, odd[] = {0, 3, 7},
+                             uneven[] = {0, 64, 96};
+        gather_case(me, mode, 1, halves, 1000);
+        gather_case(me, mode, 1, head, 200);
+        gather_case(me, mode, 3, odd, 1000);
+        gather_case(me, mode, 8, uneven, 500);
+        for (int gather = 0; gather < 2; gather++) {
+            ar_speed(me, 8192, gather);
+            pthread_barrier_wait(&s->bar);
+            if (me->rank == 0)
+                printf("info %s %s: 8192 floats + residual add: %.2f us each in a CUDA graph of %d\n",
+                       gather ? "gather_cols" : "all_reduce", mode, s->us, AR_CHAIN);
+            pthread_barrier_wait(&s->bar);
+        }
     }
     for (int p = 0; p < AR_PATTERNS; p++)
         free(s->in[me->rank][p]);

@@ -15,7 +15,9 @@
  *     ranks' staging buffers in rank order (remote loads). A rank two rounds ahead cannot exist (it would need this
  *     rank's flag of the round between), so two buffers suffice;
  *   0: NCCL for every size.
- * 1 or 2 given where some pair of GPUs has no peer access is an error; by default those machines use NCCL. */
+ * 1 or 2 given where some pair of GPUs has no peer access is an error; by default those machines use NCCL.
+ * With the push all-reduce, gathers of up to as many floats go through its kernel and buffers too (the head's
+ * vocabulary slices, EXL2 models' attention outputs and o_proj columns); EXL_TP_PUSH_GATHER=0 sends them to NCCL. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <dlfcn.h>
@@ -60,6 +62,7 @@ struct exl_cuda_comm {
     ncclComm_t comms[MAX_RANKS];
     int mode;           /* how all-reduces of up to p2p_max floats go (the top) */
     int64_t p2p_max;    /* floats */
+    int push_gather;    /* MODE_PUSH: gathers too (EXL_TP_PUSH_GATHER, default 1) */
     p2p_peers peers;    /* MODE_PULL */
     exl_cuda_push push; /* MODE_PUSH */
 };
@@ -164,6 +167,8 @@ static exl_status p2p_init(exl_cuda_comm *c, const int *devices) {
     if (floats < 4 || floats > PUSH_MAX_LIMIT) /* the push all-reduce's; the pull one's is P2P_MAX */
         return exl_cuda_fail(EXL_ERR_ARG, "EXL_TP_P2P_MAX=%s: floats, 4 .. %lld", max, (long long)PUSH_MAX_LIMIT);
     c->p2p_max = (floats + 3) / 4 * 4;
+    const char *gather = getenv("EXL_TP_PUSH_GATHER");
+    c->push_gather = !gather || strcmp(gather, "0");
     if (c->mode == MODE_NCCL)
         return EXL_OK;
     if (!peer_access(c, devices)) {
@@ -286,10 +291,28 @@ void exl_cuda_run_all_reduce_add(exl_backend *be, float *sum, int64_t n, float *
     exl_cuda_run_add(be, x, sum, n);
 }
 
+/* 1 if the push gather takes g (and x += its output, x NULL: none): the same choice on every rank (the sizes and
+ * columns are the same; so are the overlaps, the ranks' buffers being laid out alike) */
+static int push_takes_gather(const exl_cuda_comm *c, const exl_gather_cols_node *g, const float *x) {
+    const int64_t n = (int64_t)g->rows * g->out_width;
+    if (c->mode != MODE_PUSH || !c->push_gather || n > c->p2p_max || g->n_ranks != c->n)
+        return 0;
+    for (int32_t k = 0; k < g->n_ranks; k++)
+        if (g->cols[k + 1] <= g->cols[k]) /* a rank without columns (a layer split's receivers) would never wait */
+            return 0;
+    const exl_span out = {g->out, n}, mine = {g->x, (int64_t)g->rows * (g->cols[g->rank + 1] - g->cols[g->rank])};
+    const exl_span resid = {x, n};
+    return !exl_spans_overlap(out, mine) && (!x || !exl_spans_overlap(out, resid));
+}
+
 /* Each rank's slice broadcast from it: straight into out for one row, else into tmp (rank-major) and from there
- * into out's columns. */
+ * into out's columns; decode-sized gathers through the push all-reduce's buffers (cuda_allreduce.cu). */
 void exl_cuda_run_gather_cols(exl_backend *be, const exl_gather_cols_node *g) {
     exl_cuda_backend *cb = exl_cuda(be);
+    if (cb->comm && push_takes_gather(cb->comm, g, NULL)) {
+        exl_cuda_push_gather(cb, &cb->comm->push, g, NULL);
+        return;
+    }
     if (!cb->comm) {
         cudaMemcpyAsync(g->out, g->x, (size_t)g->rows * g->out_width * sizeof(float), cudaMemcpyDeviceToDevice,
                         cb->stream);
@@ -317,6 +340,16 @@ void exl_cuda_run_gather_cols(exl_backend *be, const exl_gather_cols_node *g) {
         if (e != cudaSuccess)
             exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "gather_cols: %s", cudaGetErrorString(e));
     }
+}
+
+void exl_cuda_run_gather_cols_add(exl_backend *be, const exl_gather_cols_node *g, float *x) {
+    exl_cuda_backend *cb = exl_cuda(be);
+    if (cb->comm && push_takes_gather(cb->comm, g, x)) {
+        exl_cuda_push_gather(cb, &cb->comm->push, g, x);
+        return;
+    }
+    exl_cuda_run_gather_cols(be, g);
+    exl_cuda_run_add(be, x, g->out, (int64_t)g->rows * g->out_width);
 }
 
 void exl_cuda_all_reduce(exl_backend *be, float *x, int64_t n) {

@@ -508,6 +508,7 @@ typedef enum exl_cuda_item_kind {
     EXL_CUDA_RUN_ROPE_KV_STORE,  /* rope q, rope k, kv_store */
     EXL_CUDA_RUN_ROPE_ATTENTION, /* rope q, rope k, kv_store, attention; out_order as in exl_cuda_run_rope_attention */
     EXL_CUDA_RUN_ALL_REDUCE_ADD, /* all_reduce of y, then x += y (exl_cuda_run_all_reduce_add) */
+    EXL_CUDA_RUN_GATHER_ADD,     /* gather_cols into y, then x += y (exl_cuda_run_gather_cols_add) */
 } exl_cuda_item_kind;
 
 typedef struct exl_cuda_plan_item {
@@ -553,6 +554,8 @@ void exl_cuda_run_gather_cols(exl_backend *be, const exl_gather_cols_node *n);
 void exl_cuda_comm_release(exl_cuda_backend *cb);
 /* an all_reduce node and the add of its result to x that follows it (cuda_plan.cu): x += the sum too */
 void exl_cuda_run_all_reduce_add(exl_backend *be, float *sum, int64_t n, float *x);
+/* a gather_cols node and the add of its output to x [rows * out_width] that follows it: x += the gathered rows */
+void exl_cuda_run_gather_cols_add(exl_backend *be, const exl_gather_cols_node *g, float *x);
 
 /* the push all-reduce between GPUs with peer access (cuda_allreduce.cu): each rank's receive buffer (two sets of
  * one slot of max_floats a rank, allocated on its device) and round counts (EXL_CUDA_PUSH_BLOCKS, on its device) */
@@ -561,6 +564,8 @@ void exl_cuda_run_all_reduce_add(exl_backend *be, float *sum, int64_t n, float *
 typedef struct exl_cuda_push {
     float *recv[EXL_CUDA_PUSH_MAX_RANKS];
     unsigned *rounds[EXL_CUDA_PUSH_MAX_RANKS];
+    unsigned long long *trace[EXL_CUDA_PUSH_MAX_RANKS]; /* EXL_TP_PUSH_TRACE=1 (cuda_allreduce.cu), else NULL */
+    unsigned cycles_per_bin[EXL_CUDA_PUSH_MAX_RANKS];
     int64_t max_floats; /* a multiple of 4 */
 } exl_cuda_push;
 /* rank's buffers, on the current device */
@@ -569,6 +574,10 @@ void exl_cuda_push_free(exl_cuda_push *p, int32_t n_ranks);
 /* x [n] = the sum over the ranks (n <= max_floats), in rank order; resid (NULL: none) += that sum */
 void exl_cuda_push_all_reduce(exl_cuda_backend *cb, const exl_cuda_push *p, int32_t n_ranks, float *x, float *resid,
                               int64_t n);
+/* g's gather through the same buffers (g->n_ranks of them, rows * out_width <= max_floats, every rank at least one
+ * column, g->out apart from g->x and resid): each rank's columns stored into every peer's receive buffer, read from
+ * its own; resid (NULL: none) += the gathered rows */
+void exl_cuda_push_gather(exl_cuda_backend *cb, const exl_cuda_push *p, const exl_gather_cols_node *g, float *resid);
 /* Something that cannot be captured (a buffer growing) is about to happen inside a step:
  * launch what was captured so far, drop the cached graph, run the rest of the step directly. */
 void exl_cuda_graph_flush(exl_cuda_backend *cb);

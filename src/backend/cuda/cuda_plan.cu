@@ -9,6 +9,7 @@
  *                                                                     them unrotated); without attention rope_kv_store
  *   all_reduce of y, then x += y (tensor parallelism's residual)   -> one launch where the push all-reduce takes it
  *                                                                     (cuda_comm.cu), y written too
+ *   gather_cols into y, then x += y (the same, o_proj by columns)  -> one launch where the push gather takes it
  * A buffer is dead after a node when it is no graph output and the next node to touch it overwrites it whole
  * without reading it (or none does). Then, over the launches, what the kernels can do with what the graph says:
  *   - slot order: a GEMV computing gate and up that only the next launch reads, a GEMV of the GLU and down_proj,
@@ -176,6 +177,7 @@ typedef struct compiler {
     const exl_graph *g;
     exl_cuda_plan *p;
     int32_t batch_rows;
+    int zero_normed; /* untouched_of: EXL_CUDA_ZERO_NORMED, default 1 */
 } compiler;
 
 static exl_span span(const float *p, int64_t n) {
@@ -203,15 +205,36 @@ static int dead_after(const compiler *c, int32_t i, exl_span s) {
     return 1;
 }
 
-/* 1 if a node of launch l reads or writes s */
+static int is_gemv(const compiler *c, const exl_cuda_plan_item *l) {
+    return l->kind == EXL_CUDA_RUN_MATMUL && exl_cuda_qgemv_takes(c->cb, &l->mm);
+}
+
+/* The buffer a GEMV launch with its input's norm fused never touches: the norm's output, which its matmuls read in
+ * the graph but the kernel computes from the norm's input as it gathers (dead after the launch: try_norm). So the
+ * launch can zero it for a later GEMV (tensor parallelism's o_proj and down_proj write their partial sums there
+ * before the all-reduce). EXL_CUDA_ZERO_NORMED=0 counts it as touched (the A/B). */
+static exl_span untouched_of(const compiler *c, const exl_cuda_plan_item *l) {
+    exl_span none = {NULL, 0};
+    if (!c->zero_normed || l->kind != EXL_CUDA_RUN_MATMUL || !l->mm.norm || !is_gemv(c, l))
+        return none;
+    for (int32_t j = l->node; j < l->node + l->n_nodes; j++) {
+        const exl_node *n = &c->p->nodes[j];
+        if (n->op == EXL_OP_RMSNORM)
+            return span(n->rmsnorm.out, (int64_t)n->rmsnorm.rows * n->rmsnorm.width);
+    }
+    return none;
+}
+
+/* 1 if a node of launch l reads or writes s (as the launch runs them) */
 static int touches(const compiler *c, const exl_cuda_plan_item *l, exl_span s) {
+    const exl_span skip = untouched_of(c, l);
     for (int32_t j = l->node; j < l->node + l->n_nodes; j++) {
         exl_node_access a = exl_node_access_of(&c->p->nodes[j], c->batch_rows);
         for (int32_t r = 0; r < a.n_reads; r++)
-            if (exl_spans_overlap(a.reads[r], s))
+            if (exl_spans_overlap(a.reads[r], s) && !(skip.n && covers(skip, a.reads[r])))
                 return 1;
         for (int32_t w = 0; w < a.n_writes; w++)
-            if (exl_spans_overlap(a.writes[w], s))
+            if (exl_spans_overlap(a.writes[w], s) && !(skip.n && covers(skip, a.writes[w])))
                 return 1;
     }
     return 0;
@@ -362,6 +385,20 @@ static int32_t try_all_reduce(compiler *c, int32_t i, int *oom) {
     return 2;
 }
 
+/* gather_cols into y, then x += y */
+static int32_t try_gather(compiler *c, int32_t i, int *oom) {
+    const exl_gather_cols_node *g = &c->p->nodes[i].gather_cols;
+    if (i + 1 >= c->p->n_nodes || c->p->nodes[i + 1].op != EXL_OP_ADD)
+        return 0;
+    const exl_add_node *a = &c->p->nodes[i + 1].add;
+    const int64_t n = (int64_t)g->rows * g->out_width;
+    if (a->y != g->out || a->n != n || exl_spans_overlap(span(a->x, a->n), span(g->out, n)))
+        return 0;
+    if (!add_launch(c, EXL_CUDA_RUN_GATHER_ADD, i, 2))
+        return *oom = 1, 0;
+    return 2;
+}
+
 /* ---- what the launches can do with what the graph says (see the top) */
 
 static const exl_attention_node *attention_of(const compiler *c, const exl_cuda_plan_item *l) {
@@ -370,10 +407,6 @@ static const exl_attention_node *attention_of(const compiler *c, const exl_cuda_
     if (l->kind == EXL_CUDA_RUN_NODE && c->p->nodes[l->node].op == EXL_OP_ATTENTION)
         return &c->p->nodes[l->node].attention;
     return NULL;
-}
-
-static int is_gemv(const compiler *c, const exl_cuda_plan_item *l) {
-    return l->kind == EXL_CUDA_RUN_MATMUL && exl_cuda_qgemv_takes(c->cb, &l->mm);
 }
 
 /* the GEMV before each attention asks L2 for its cache rows */
@@ -547,7 +580,8 @@ exl_status exl_cuda_plan_compile(exl_cuda_backend *cb, const exl_graph *g, exl_c
     }
     p->n_nodes = g->n_nodes;
     p->graphable = graphable(cb, p);
-    compiler c = {cb, g, p, p->batch.n_rows};
+    const char *zero_normed = getenv("EXL_CUDA_ZERO_NORMED");
+    compiler c = {cb, g, p, p->batch.n_rows, !zero_normed || strcmp(zero_normed, "0")};
     int oom = 0;
     for (int32_t i = 0; i < p->n_nodes && !oom;) {
         int32_t taken = 0;
@@ -557,6 +591,7 @@ exl_status exl_cuda_plan_compile(exl_cuda_backend *cb, const exl_graph *g, exl_c
         case EXL_OP_MATMUL: taken = try_matmuls(&c, i, &oom); break;
         case EXL_OP_ROPE: taken = try_rope(&c, i, &oom); break;
         case EXL_OP_ALL_REDUCE: taken = try_all_reduce(&c, i, &oom); break;
+        case EXL_OP_GATHER_COLS: taken = try_gather(&c, i, &oom); break;
         default: break;
         }
         if (!taken && !oom) {
@@ -665,6 +700,7 @@ void exl_cuda_plan_run(exl_cuda_backend *cb, const exl_cuda_plan *p) {
         case EXL_CUDA_RUN_ALL_REDUCE_ADD:
             exl_cuda_run_all_reduce_add(be, n[0].all_reduce.x, n[0].all_reduce.n, n[1].add.x);
             break;
+        case EXL_CUDA_RUN_GATHER_ADD: exl_cuda_run_gather_cols_add(be, &n[0].gather_cols, n[1].add.x); break;
         }
     }
 }
