@@ -20,7 +20,8 @@
  *
  * Weights are W[k, n] (in x out) fp32 while being quantized. The big products (the Hessian's
  * XᵀX, GPTQ's update of the rows after a block) are the backend's host_gemm (the CPU's or the
- * GPU's, in fp32 either way); a large GPTQ on a GPU keeps its rows there (the backend's gemm). */
+ * GPU's, in fp32 either way); a large GPTQ on a GPU keeps its rows there (the backend's gemm), and an EXL2 one runs
+ * there whole (the backend's qz_exl2_scales and qz_rows). */
 #ifndef EXL_QUANT_QZ_H
 #define EXL_QUANT_QZ_H
 
@@ -85,10 +86,13 @@ typedef struct exl_qz_result {
 #define EXL_QZ_DAMP 0.3
 #define EXL_QZ_DAMP_PER_DIM 3.0
 
-/* U in a backend's memory, put there by the first quantization that updates its rows on that backend (gptq.c). */
+/* U in a backend's memory, put there by the first quantization that updates its rows on that backend (gptq.c), and
+ * the room the quantizations of its linears there reuse. */
 typedef struct exl_qz_hinv_dev {
     exl_backend *be;
-    float *U; /* NULL: not there yet */
+    float *U;   /* NULL: not there yet */
+    void *work; /* NULL: none yet */
+    size_t work_bytes;
 } exl_qz_hinv_dev;
 
 /* What GPTQ needs of a Hessian, shared by every quantization of the linears that see it. */
