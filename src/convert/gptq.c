@@ -564,8 +564,7 @@ static void quant_block_cols(const qstate *qs, float *Wp, const float *U, float 
     }
 }
 
-/* The work of a block (quant_block_cols) or of the update of the rows after it (update_rows), split across the pool
- * by columns or by rows. */
+/* The work of a block (quant_block_cols), split across the pool by columns. */
 typedef struct block_ctx {
     const qstate *qs;
     float *Wp;
@@ -589,34 +588,17 @@ static void quant_block(const qstate *qs, float *Wp, const float *U, float *E, i
     exl_pool_run_work(pool, quant_block_task, &c, (i2 - i1) * (i2 - i1) * qs->N / 2);
 }
 
-/* W[j] -= sum over the block's rows i of U[i, j]·E[i] for this thread's rows j of [i2, K). */
-static void update_rows_task(void *ctx, int index, int count) {
-    const block_ctx *c = ctx;
-    int64_t N = c->qs->N;
-    long j0, j1;
-    exl_split_range((long)(c->K - c->i2), index, count, 1, &j0, &j1);
-    for (int64_t j = c->i2 + j0; j < c->i2 + j1; j++) {
-        float *wj = c->Wp + j * N;
-        for (int64_t i = c->i1; i < c->i2; i++) {
-            float u = c->U[i * c->K + j];
-            const float *e = c->E + (i - c->i1) * N;
-            for (int64_t n = 0; n < N; n++)
-                wj[n] -= u * e[n];
-        }
-    }
-}
-
 /* A product this small goes faster on the host's threads than through a backend that is not the CPU's: its
  * host_gemm (a GPU's) would move the rows after the block over the bus and back, for every block. */
 #define HOST_UPDATE_WORK ((int64_t)1 << 28)
 
-/* W[i2 .. K) -= U[i1 .. i2, i2 .. K)ᵀ · E */
+/* W[i2 .. K) -= U[i1 .. i2, i2 .. K)ᵀ · E: on the host's threads (exl_qz_atb) on the CPU, or where small enough,
+ * else by the backend's host_gemm */
 static exl_status update_rest(const qstate *qs, float *W, const float *U, float *E, int64_t K, int64_t i1, int64_t i2,
                               exl_pool *pool, exl_backend *be) {
     int64_t N = qs->N, work = (K - i2) * N * (i2 - i1);
-    if (!exl_backend_cpu_pool(be) && work < HOST_UPDATE_WORK) {
-        block_ctx c = {qs, W, U, E, K, i1, i2, NULL};
-        exl_pool_run_work(pool, update_rows_task, &c, work);
+    if (exl_backend_cpu_pool(be) || work < HOST_UPDATE_WORK) {
+        exl_qz_atb(pool, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, W + i2 * N, N, 0);
         return EXL_OK;
     }
     return be->ops->host_gemm(be, 1, 0, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, 1.0f, W + i2 * N, N);

@@ -1,6 +1,7 @@
 /* qz.h - the quantizer's internal pieces (the converter behind exl_quantize).
  *
  *   hessian.c     H = 2/n · XᵀX of a linear's calibration inputs
+ *   qz_atb.c      C += alpha·AᵀB on the CPU's threads (the Hessians' XᵀX, GPTQ's updates)
  *   gptq.c        GPTQ (Frantar et al. 2022): rows of W[K, N] quantized one after another in
  *                 act-order, the error of each spread over the rows not yet quantized through
  *                 the upper Cholesky factor of the damped H⁻¹, group by group in blocks of at
@@ -49,6 +50,11 @@ void exl_hessian_finish(exl_hessian *h);
 /* The identity (round to nearest through the same code path). */
 void exl_hessian_identity(exl_hessian *h);
 void exl_hessian_free(exl_hessian *h);
+
+/* C [M, N] (row-major, ldc) += alpha·AᵀB for A [rows, M] (lda) and B [rows, N] (ldb), on the pool's threads (qz_atb.c);
+ * upper (M == N): only C's upper triangle is wanted (some values below it are added to as well). */
+void exl_qz_atb(exl_pool *pool, int64_t M, int64_t N, int64_t rows, float alpha, const float *A, int64_t lda,
+                const float *B, int64_t ldb, float *C, int64_t ldc, int upper);
 
 /* ---- GPTQ core */
 

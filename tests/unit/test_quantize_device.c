@@ -1,9 +1,10 @@
-/* test_quantize_device.c - GPTQ with EXL2 scales on a backend that has the qz_exl2_scales and qz_rows ops (a GPU):
- * the host's orchestration (convert/gptq.c: W up once, scales and rows there, the update by the backend's gemm, the
- * results down at the end) run here on the CPU backend under another op table (so it counts as not the CPU, its
- * memory being the host's), with the two ops written out as cuda_gptq.cu's kernels compute them, one column at a
- * time. Against the host's own path: the same codes, scales and weights. test_gpu's quantize group runs the CUDA
- * kernels against the host the same way. */
+/* test_quantize_device.c - GPTQ on a backend that is not the CPU, run here on the CPU backend under another op table
+ * (so it counts as not the CPU, its memory being the host's), against the host's own path. EXL2 where the backend
+ * has the qz_exl2_scales and qz_rows ops (a GPU): gptq.c's device path (W up once, scales and rows there, the
+ * updates by the backend's gemm, the results down at the end) with the two ops written out as cuda_gptq.cu's
+ * kernels compute them, one column at a time, and gemm the host's update kernel: the same codes, scales and
+ * weights. GPTQ's scales with the rows kept there (the rounding the host's): the same codes and weights. test_gpu's
+ * quantize group runs the CUDA kernels against the host. */
 #include "test.h"
 
 #include "base/half.h"
@@ -114,6 +115,19 @@ static exl_status ref_rows(exl_backend *be, float *W, const float *U, int64_t ld
     return EXL_OK;
 }
 
+/* The updates of the device path through the host path's own kernel (exl_qz_atb), so both products are the same */
+static exl_pool *atb_pool;
+
+static exl_status atb_gemm(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                           const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                           int64_t ldc) {
+    (void)be;
+    if (!trans_a || trans_b || beta != 1.0f)
+        return EXL_ERR_ARG;
+    exl_qz_atb(atb_pool, M, N, K, alpha, A, lda, B, ldb, C, ldc, 0);
+    return EXL_OK;
+}
+
 static void fill(float *v, int64_t n, uint32_t *seed, float scale, int spread) {
     for (int64_t i = 0; i < n; i++) {
         *seed = *seed * 1664525u + 1013904223u;
@@ -121,8 +135,8 @@ static void fill(float *v, int64_t n, uint32_t *seed, float scale, int spread) {
     }
 }
 
-/* Groups of 6, 4 and 3 bits (32, 64 and 128 rows, the last of 96: blocks and groups both end mid-way); codes and
- * scales equal, the weights equal within fp32 rounding (the update's products are the same host_gemm). */
+/* Groups of 6, 4 and 3 bits (32, 64 and 128 rows, the last of 96: blocks and groups both end mid-way); codes,
+ * scales and weights equal (the updates are the same products, exl_qz_atb's). */
 EXL_TEST(exl2_gptq_on_a_device_backend_matches_the_host) {
     enum { K = 640, N = 200, ROWS = 1300 };
     float *x = malloc(sizeof(float) * ROWS * K), *W = malloc(sizeof(float) * K * N);
@@ -148,6 +162,8 @@ EXL_TEST(exl2_gptq_on_a_device_backend_matches_the_host) {
     exl_backend_ops other = *cpu_ops;
     other.qz_exl2_scales = ref_exl2_scales;
     other.qz_rows = ref_rows;
+    other.gemm = atb_gemm;
+    atb_pool = pool;
     be->ops = &other;
     exl_status st = exl_gptq_quantize(W, &hi, N, EXL_QZ_EXL2, &l, pool, be, &dev);
     exl_qz_hinv_free(&hi); /* the backend's copies, freed through the op table that made them */
@@ -159,6 +175,51 @@ EXL_TEST(exl2_gptq_on_a_device_backend_matches_the_host) {
     for (int64_t i = 0; i < (int64_t)K * N; i++)
         same += host.codes[i] == dev.codes[i];
     CHECK_MSG(same == (int64_t)K * N, "%lld of %d codes differ", (long long)((int64_t)K * N - same), K * N);
+    CHECK(!memcmp(host.Wq, dev.Wq, sizeof(float) * K * N));
+    exl_qz_result_free(&host);
+    exl_qz_result_free(&dev);
+    exl_hessian_free(&h);
+    exl_pool_free(pool);
+    be->ops->destroy(be);
+    free(x);
+    free(W);
+}
+
+/* GPTQ's scales (4-bit g128, symmetric) with the rows kept on the backend (gptq.c: they stay there, blocks come
+ * down, the updates are the backend's gemm): the same codes and weights as the host's path, bit for bit. */
+EXL_TEST(gptq_updates_on_a_device_backend_match_the_host) {
+    enum { K = 640, N = 384, ROWS = 1300, GS = 128 };
+    float *x = malloc(sizeof(float) * ROWS * K), *W = malloc(sizeof(float) * K * N);
+    REQUIRE(x && W);
+    uint32_t seed = 11;
+    fill(x, (int64_t)ROWS * K, &seed, 1.0f, 5);
+    fill(W, (int64_t)K * N, &seed, 0.05f, 0);
+    exl_pool *pool;
+    exl_backend *be;
+    exl_hessian h;
+    exl_qz_hinv hi = {0};
+    REQUIRE_OK(exl_pool_init(2, &pool));
+    REQUIRE_OK(exl_backend_cpu_init(2, &be));
+    REQUIRE_OK(exl_hessian_init(&h, K));
+    REQUIRE_OK(exl_hessian_add(&h, x, ROWS, be));
+    exl_hessian_finish(&h);
+    REQUIRE_OK(exl_gptq_prepare(&h, 1, pool, &hi));
+    int32_t bits[K / GS], rows[K / GS];
+    for (int g = 0; g < K / GS; g++)
+        bits[g] = 4, rows[g] = GS;
+    exl_qz_layout l = {K / GS, bits, rows};
+    exl_qz_result host, dev;
+    REQUIRE_OK(exl_gptq_quantize(W, &hi, N, EXL_QZ_GPTQ_SYM, &l, pool, be, &host));
+    const exl_backend_ops *cpu_ops = be->ops;
+    exl_backend_ops other = *cpu_ops;
+    other.gemm = atb_gemm;
+    atb_pool = pool;
+    be->ops = &other;
+    exl_status st = exl_gptq_quantize(W, &hi, N, EXL_QZ_GPTQ_SYM, &l, pool, be, &dev);
+    exl_qz_hinv_free(&hi); /* U's backend copy, freed through the op table that made it */
+    be->ops = cpu_ops;
+    REQUIRE_OK(st);
+    CHECK(!memcmp(host.codes, dev.codes, (size_t)K * N));
     CHECK(!memcmp(host.Wq, dev.Wq, sizeof(float) * K * N));
     exl_qz_result_free(&host);
     exl_qz_result_free(&dev);
