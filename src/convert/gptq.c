@@ -73,10 +73,22 @@ void exl_qz_hinv_free(exl_qz_hinv *h) {
 #define NB 128   /* columns per block */
 #define PANEL 64 /* rows per gemm call */
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* x86-64-v3 clones of the hot loops. GCC's -O2 vectorizes only loops of known counts (its very cheap cost model):
+ * these it vectorizes as -O3 would, each element's operations as in the scalar loop (FMA where v3 contracts them).
+ * EXACT_CLONES keeps every product and sum rounded on its own (no FMA), as the default build computes them (and
+ * cuda_gptq.cu's row loop). Clang vectorizes at -O2 and has no optimize attribute. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SIMD_CLONES \
+    __attribute__((target_clones("arch=x86-64-v3", "default"), optimize("tree-vectorize", "vect-cost-model=dynamic")))
+#define EXACT_CLONES                                           \
+    __attribute__((target_clones("arch=x86-64-v3", "default"), \
+                   optimize("tree-vectorize", "vect-cost-model=dynamic", "fp-contract=off")))
+#elif defined(__x86_64__) && defined(__clang__)
 #define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define EXACT_CLONES
 #else
 #define SIMD_CLONES
+#define EXACT_CLONES
 #endif
 
 /* C [m, n] = (beta ? C : 0) + alpha·A [m, k]·B [k, n], row-major with leading dimensions lda,
@@ -544,8 +556,8 @@ static exl_status exl2_group_params(qstate *qs, const float *W, int64_t r0, int6
 
 /* The rows [i1, i2) of a block, columns [n0, n1): each row rounded, its error (scaled by 1/U[i,i]) kept in E and
  * spread into the block's later rows. Columns are independent of each other here. */
-static void quant_block_cols(const qstate *qs, float *Wp, const float *U, float *E, int64_t K, int64_t i1, int64_t i2,
-                             int64_t n0, int64_t n1, uint8_t *codes) {
+EXACT_CLONES static void quant_block_cols(const qstate *qs, float *Wp, const float *U, float *E, int64_t K, int64_t i1,
+                                          int64_t i2, int64_t n0, int64_t n1, uint8_t *codes) {
     int64_t N = qs->N;
     int maxq = (1 << qs->bits) - 1;
     for (int64_t i = i1; i < i2; i++) {
