@@ -446,6 +446,18 @@ SIMD_CLONES static void column_errs(const float *W, int64_t N, int64_t rows, int
     }
 }
 
+/* Each column's least and largest value of the rows (row r at W + r·N), and 0, rows outer (vectorized). */
+SIMD_CLONES static void column_range(const float *W, int64_t N, int64_t rows, float *lo, float *hi) {
+    for (int64_t n = 0; n < N; n++)
+        lo[n] = hi[n] = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t n = 0; n < N; n++) {
+            float w = W[r * N + n];
+            lo[n] = w < lo[n] ? w : lo[n];
+            hi[n] = w > hi[n] ? w : hi[n];
+        }
+}
+
 static void scale_task(void *ctx, int index, int count) {
     const scale_ctx *c = ctx;
     long n0, n1;
@@ -468,14 +480,18 @@ static void scale_task(void *ctx, int index, int count) {
     float z = (float)(1 << (c->bits - 1)), maxq = (float)((1 << c->bits) - 1);
     for (int ti = 0; ti < c->n_try; ti++) {
         int t = c->tries[ti];
-        float smf = exl_f16_to_f32(c->sm[t]);
+        float smf = exl_f16_to_f32(c->sm[t]), sc[16], isc[16]; /* the scale of each code, its reciprocal */
+        for (int k = 0; k < 16; k++) {
+            sc[k] = exl_exl2_scale(c->sm[t], (uint32_t)k);
+            isc[k] = sc[k] != 0.0f ? 1.0f / sc[k] : 0.0f;
+        }
         for (int64_t i = 0; i < w; i++) {
             c0[i] = (int)nearbyintf(16.0f * sqrtf(c->ideal[n0 + i] / smf)) - 1;
             for (int j = 0; j < NCAND; j++) {
                 int k = c0[i] - 2 + j;
-                float sc = exl_exl2_scale(c->sm[t], (uint32_t)(k < 0 ? 0 : k > 15 ? 15 : k));
-                s[j * w + i] = sc;
-                inv[j * w + i] = sc != 0.0f ? 1.0f / sc : 0.0f;
+                k = k < 0 ? 0 : k > 15 ? 15 : k;
+                s[j * w + i] = sc[k];
+                inv[j * w + i] = isc[k];
                 e[j * w + i] = 0;
             }
         }
@@ -500,15 +516,10 @@ static exl_status exl2_group_params(qstate *qs, const float *W, int64_t r0, int6
                                     exl_qz_result *out) {
     int64_t N = qs->N;
     int mid = 1 << (qs->bits - 1), threads = exl_pool_size(pool);
-    float smax = 0;
+    float smax = 0, *lo = qs->zero, *hi = qs->scale; /* zero is set below, scale from hi */
+    column_range(W + r0 * N, N, r1 - r0, lo, hi);
     for (int64_t n = 0; n < N; n++) {
-        float lo = 0, hi = 0;
-        for (int64_t r = r0; r < r1; r++) {
-            float w = W[r * N + n];
-            lo = w < lo ? w : lo;
-            hi = w > hi ? w : hi;
-        }
-        float s1 = hi / (float)(mid - 1), s2 = -lo / (float)mid;
+        float s1 = hi[n] / (float)(mid - 1), s2 = -lo[n] / (float)mid;
         qs->scale[n] = s1 > s2 ? s1 : s2;
         smax = qs->scale[n] > smax ? qs->scale[n] : smax;
     }
