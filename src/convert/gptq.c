@@ -73,28 +73,31 @@ void exl_qz_hinv_free(exl_qz_hinv *h) {
 #define NB 128   /* columns per block */
 #define PANEL 64 /* rows per gemm call */
 
-/* x86-64-v3 clones of the hot loops. GCC's -O2 vectorizes only loops of known counts (its very cheap cost model):
- * these it vectorizes as -O3 would, each element's operations as in the scalar loop (FMA where v3 contracts them).
- * EXACT_CLONES keeps every product and sum rounded on its own (no FMA), as the default build computes them (and
+/* x86-64-v3 clones of the hot loops. GEMM_CLONES: the factor's products, vectorized as they are (their inner loops
+ * have fixed counts). GCC's -O2 vectorizes only such loops (its very cheap cost model): SIMD_CLONES vectorizes the
+ * others as -O3 would, each element's operations as in the scalar loop (FMA where v3 contracts them); EXACT_CLONES
+ * also keeps every product and sum rounded on its own (no FMA), as the default build computes them (and
  * cuda_gptq.cu's row loop). Clang vectorizes at -O2 and has no optimize attribute. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GEMM_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define GEMM_CLONES
+#endif
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define SIMD_CLONES \
     __attribute__((target_clones("arch=x86-64-v3", "default"), optimize("tree-vectorize", "vect-cost-model=dynamic")))
 #define EXACT_CLONES                                           \
     __attribute__((target_clones("arch=x86-64-v3", "default"), \
                    optimize("tree-vectorize", "vect-cost-model=dynamic", "fp-contract=off")))
-#elif defined(__x86_64__) && defined(__clang__)
-#define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#define EXACT_CLONES
 #else
-#define SIMD_CLONES
+#define SIMD_CLONES GEMM_CLONES
 #define EXACT_CLONES
 #endif
 
 /* C [m, n] = (beta ? C : 0) + alpha·A [m, k]·B [k, n], row-major with leading dimensions lda,
  * ldb, ldc; m % 4 == 0, n % 8 == 0, k > 0. Over slices of 256 of k and 64 rows of A, an 8-column
  * strip of B is copied to a contiguous buffer and 4 x 8 tiles of C accumulate in registers. */
-SIMD_CLONES static void gemm(int64_t m, int64_t n, int64_t k, double alpha, const double *A, int64_t lda,
+GEMM_CLONES static void gemm(int64_t m, int64_t n, int64_t k, double alpha, const double *A, int64_t lda,
                              const double *B, int64_t ldb, int beta, double *C, int64_t ldc) {
     double bp[256][8];
     for (int64_t p0 = 0; p0 < k; p0 += 256) {
