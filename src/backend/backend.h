@@ -20,7 +20,7 @@
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 20
+#define EXL_BACKEND_ABI 21
 
 typedef struct exl_backend exl_backend;
 
@@ -205,6 +205,19 @@ typedef struct exl_backend_ops {
     int64_t (*sample_queue)(exl_backend *be, int32_t *ids, float *logits, int32_t rows, int32_t vocab,
                             const exl_sample_params *params, const exl_logit_edit *edits, int32_t n_edits, int chained);
     exl_status (*sample_wait)(exl_backend *be, int64_t ticket, exl_sample_result *out, int32_t rows);
+
+    /* Optional (NULL on the CPU, whose threads run the host's version in convert/gptq.c): GPTQ with EXL2 scales on
+     * backend memory, in order with the other work; both give the host's results up to the order of a double sum.
+     * qz_exl2_scales: the scales of one group of rows x N weights W (row r at W + r·N) with bits-bit codes, chosen
+     * as format/exl2.h's EXL_EXL2_SCALE_* describe: each column's 4-bit code to scale_codes[N], the group's fp16
+     * maximum to *scale_max, each column's scale and zero point (2^(bits-1)) to scale[N] and zero[N].
+     * qz_rows: the rows of a GPTQ block, W [rows <= 128, N] (row i at W + i·N) rounded in order, row i with
+     * column n's scale and zero to codes[i·N + n] and the dequantized value back into W, its error (w - q) / U[i, i]
+     * to E[i·N + n] and spread into the block's later rows j as w_j -= U[i, j]·e (U[i, j] at U + i·ldu + j). */
+    exl_status (*qz_exl2_scales)(exl_backend *be, const float *W, int64_t N, int32_t rows, int32_t bits,
+                                 uint8_t *scale_codes, uint16_t *scale_max, float *scale, float *zero);
+    exl_status (*qz_rows)(exl_backend *be, float *W, const float *U, int64_t ldu, int64_t N, int32_t rows,
+                          const float *scale, const float *zero, int32_t bits, uint8_t *codes, float *E);
 } exl_backend_ops;
 
 #define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */

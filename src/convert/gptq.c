@@ -10,12 +10,14 @@
  * from its rows with every earlier error already spread into them. Work over rows and
  * columns is split across the pool; the update of the rows after a block, a product
  * W[rest] -= U[block, rest]ᵀ·E, is the backend's host_gemm (see qz.h), or on a GPU with the rows kept in its
- * memory (its gemm, see "the updates on a backend that is not the CPU"). */
+ * memory (its gemm, see "the updates on a backend that is not the CPU"); there EXL2's scale search and row loop
+ * are the backend's too ("GPTQ with EXL2 scales wholly on a backend"). */
 #include "convert/qz.h"
 
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "format/exl2.h"
 #include "format/quant.h"
 
 #include <math.h>
@@ -45,6 +47,8 @@ void exl_qz_result_free(exl_qz_result *r) {
 void exl_qz_hinv_free(exl_qz_hinv *h) {
     if (h->dev && h->dev->U)
         h->dev->be->ops->free(h->dev->be, h->dev->U);
+    if (h->dev && h->dev->work)
+        h->dev->be->ops->free(h->dev->be, h->dev->work);
     exl_free(h->dev);
     exl_free(h->perm);
     exl_free(h->U);
@@ -69,16 +73,31 @@ void exl_qz_hinv_free(exl_qz_hinv *h) {
 #define NB 128   /* columns per block */
 #define PANEL 64 /* rows per gemm call */
 
+/* x86-64-v3 clones of the hot loops. GEMM_CLONES: the factor's products, vectorized as they are (their inner loops
+ * have fixed counts). GCC's -O2 vectorizes only such loops (its very cheap cost model): SIMD_CLONES vectorizes the
+ * others as -O3 would, each element's operations as in the scalar loop (FMA where v3 contracts them); EXACT_CLONES
+ * also keeps every product and sum rounded on its own (no FMA), as the default build computes them (and
+ * cuda_gptq.cu's row loop). Clang vectorizes at -O2 and has no optimize attribute. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define GEMM_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
-#define SIMD_CLONES
+#define GEMM_CLONES
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SIMD_CLONES \
+    __attribute__((target_clones("arch=x86-64-v3", "default"), optimize("tree-vectorize", "vect-cost-model=dynamic")))
+#define EXACT_CLONES                                           \
+    __attribute__((target_clones("arch=x86-64-v3", "default"), \
+                   optimize("tree-vectorize", "vect-cost-model=dynamic", "fp-contract=off")))
+#else
+#define SIMD_CLONES GEMM_CLONES
+#define EXACT_CLONES
 #endif
 
 /* C [m, n] = (beta ? C : 0) + alpha·A [m, k]·B [k, n], row-major with leading dimensions lda,
  * ldb, ldc; m % 4 == 0, n % 8 == 0, k > 0. Over slices of 256 of k and 64 rows of A, an 8-column
  * strip of B is copied to a contiguous buffer and 4 x 8 tiles of C accumulate in registers. */
-SIMD_CLONES static void gemm(int64_t m, int64_t n, int64_t k, double alpha, const double *A, int64_t lda,
+GEMM_CLONES static void gemm(int64_t m, int64_t n, int64_t k, double alpha, const double *A, int64_t lda,
                              const double *B, int64_t ldb, int beta, double *C, int64_t ldc) {
     double bp[256][8];
     for (int64_t p0 = 0; p0 < k; p0 += 256) {
@@ -392,14 +411,10 @@ static void gptq_group_params(qstate *qs, const float *W, int64_t r0, int64_t r1
     }
 }
 
-/* EXL2 scales of one group: one fp16 maximum and per column a 4-bit code c giving
- * fp16(max/256)·(c+1)². The maximum is tried at EXL2_TRIES points around the smallest one
- * that codes every column without clipping; for each, every column takes the code (of the
- * few around its own no-clipping scale) with the least squared rounding error, and the
- * maximum with the least total wins. The maxima are tried coarse to fine: every COARSE-th, then those
- * around the best of them (the total error is smooth in the maximum). */
-#define EXL2_TRIES 20
-#define COARSE 4
+/* EXL2 scales of one group: one fp16 maximum and per column a 4-bit code c giving fp16(max/256)·(c+1)², searched as
+ * format/exl2.h describes (EXL_EXL2_SCALE_*; the total error is smooth in the maximum). */
+#define EXL2_TRIES EXL_EXL2_SCALE_TRIES
+#define COARSE EXL_EXL2_SCALE_COARSE
 typedef struct scale_ctx {
     const float *W;
     const float *ideal; /* [N] no-clipping scale per column */
@@ -415,7 +430,7 @@ typedef struct scale_ctx {
  * (scale s[j·w + i] of column i, its reciprocal inv, 0 for a zero scale), added to e[j·w + i]. Rounding to nearest
  * even by adding and taking away 1.5·2^23 (exact below 2^22, and beyond it the clamp decides); rows outer and
  * columns inner, so it vectorizes. */
-#define NCAND 4
+#define NCAND EXL_EXL2_SCALE_CANDS
 SIMD_CLONES static void column_errs(const float *W, int64_t N, int64_t rows, int64_t w, const float *s,
                                     const float *inv, float z, float maxq, float *e) {
     const float magic = 12582912.0f;
@@ -432,6 +447,18 @@ SIMD_CLONES static void column_errs(const float *W, int64_t N, int64_t rows, int
             }
         }
     }
+}
+
+/* Each column's least and largest value of the rows (row r at W + r·N), and 0, rows outer (vectorized). */
+SIMD_CLONES static void column_range(const float *W, int64_t N, int64_t rows, float *lo, float *hi) {
+    for (int64_t n = 0; n < N; n++)
+        lo[n] = hi[n] = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t n = 0; n < N; n++) {
+            float w = W[r * N + n];
+            lo[n] = w < lo[n] ? w : lo[n];
+            hi[n] = w > hi[n] ? w : hi[n];
+        }
 }
 
 static void scale_task(void *ctx, int index, int count) {
@@ -456,14 +483,18 @@ static void scale_task(void *ctx, int index, int count) {
     float z = (float)(1 << (c->bits - 1)), maxq = (float)((1 << c->bits) - 1);
     for (int ti = 0; ti < c->n_try; ti++) {
         int t = c->tries[ti];
-        float smf = exl_f16_to_f32(c->sm[t]);
+        float smf = exl_f16_to_f32(c->sm[t]), sc[16], isc[16]; /* the scale of each code, its reciprocal */
+        for (int k = 0; k < 16; k++) {
+            sc[k] = exl_exl2_scale(c->sm[t], (uint32_t)k);
+            isc[k] = sc[k] != 0.0f ? 1.0f / sc[k] : 0.0f;
+        }
         for (int64_t i = 0; i < w; i++) {
             c0[i] = (int)nearbyintf(16.0f * sqrtf(c->ideal[n0 + i] / smf)) - 1;
             for (int j = 0; j < NCAND; j++) {
                 int k = c0[i] - 2 + j;
-                float sc = exl_exl2_scale(c->sm[t], (uint32_t)(k < 0 ? 0 : k > 15 ? 15 : k));
-                s[j * w + i] = sc;
-                inv[j * w + i] = sc != 0.0f ? 1.0f / sc : 0.0f;
+                k = k < 0 ? 0 : k > 15 ? 15 : k;
+                s[j * w + i] = sc[k];
+                inv[j * w + i] = isc[k];
                 e[j * w + i] = 0;
             }
         }
@@ -488,15 +519,10 @@ static exl_status exl2_group_params(qstate *qs, const float *W, int64_t r0, int6
                                     exl_qz_result *out) {
     int64_t N = qs->N;
     int mid = 1 << (qs->bits - 1), threads = exl_pool_size(pool);
-    float smax = 0;
+    float smax = 0, *lo = qs->zero, *hi = qs->scale; /* zero is set below, scale from hi */
+    column_range(W + r0 * N, N, r1 - r0, lo, hi);
     for (int64_t n = 0; n < N; n++) {
-        float lo = 0, hi = 0;
-        for (int64_t r = r0; r < r1; r++) {
-            float w = W[r * N + n];
-            lo = w < lo ? w : lo;
-            hi = w > hi ? w : hi;
-        }
-        float s1 = hi / (float)(mid - 1), s2 = -lo / (float)mid;
+        float s1 = hi[n] / (float)(mid - 1), s2 = -lo[n] / (float)mid;
         qs->scale[n] = s1 > s2 ? s1 : s2;
         smax = qs->scale[n] > smax ? qs->scale[n] : smax;
     }
@@ -544,8 +570,8 @@ static exl_status exl2_group_params(qstate *qs, const float *W, int64_t r0, int6
 
 /* The rows [i1, i2) of a block, columns [n0, n1): each row rounded, its error (scaled by 1/U[i,i]) kept in E and
  * spread into the block's later rows. Columns are independent of each other here. */
-static void quant_block_cols(const qstate *qs, float *Wp, const float *U, float *E, int64_t K, int64_t i1, int64_t i2,
-                             int64_t n0, int64_t n1, uint8_t *codes) {
+EXACT_CLONES static void quant_block_cols(const qstate *qs, float *Wp, const float *U, float *E, int64_t K, int64_t i1,
+                                          int64_t i2, int64_t n0, int64_t n1, uint8_t *codes) {
     int64_t N = qs->N;
     int maxq = (1 << qs->bits) - 1;
     for (int64_t i = i1; i < i2; i++) {
@@ -564,8 +590,7 @@ static void quant_block_cols(const qstate *qs, float *Wp, const float *U, float 
     }
 }
 
-/* The work of a block (quant_block_cols) or of the update of the rows after it (update_rows), split across the pool
- * by columns or by rows. */
+/* The work of a block (quant_block_cols), split across the pool by columns. */
 typedef struct block_ctx {
     const qstate *qs;
     float *Wp;
@@ -589,34 +614,17 @@ static void quant_block(const qstate *qs, float *Wp, const float *U, float *E, i
     exl_pool_run_work(pool, quant_block_task, &c, (i2 - i1) * (i2 - i1) * qs->N / 2);
 }
 
-/* W[j] -= sum over the block's rows i of U[i, j]·E[i] for this thread's rows j of [i2, K). */
-static void update_rows_task(void *ctx, int index, int count) {
-    const block_ctx *c = ctx;
-    int64_t N = c->qs->N;
-    long j0, j1;
-    exl_split_range((long)(c->K - c->i2), index, count, 1, &j0, &j1);
-    for (int64_t j = c->i2 + j0; j < c->i2 + j1; j++) {
-        float *wj = c->Wp + j * N;
-        for (int64_t i = c->i1; i < c->i2; i++) {
-            float u = c->U[i * c->K + j];
-            const float *e = c->E + (i - c->i1) * N;
-            for (int64_t n = 0; n < N; n++)
-                wj[n] -= u * e[n];
-        }
-    }
-}
-
 /* A product this small goes faster on the host's threads than through a backend that is not the CPU's: its
  * host_gemm (a GPU's) would move the rows after the block over the bus and back, for every block. */
 #define HOST_UPDATE_WORK ((int64_t)1 << 28)
 
-/* W[i2 .. K) -= U[i1 .. i2, i2 .. K)ᵀ · E */
+/* W[i2 .. K) -= U[i1 .. i2, i2 .. K)ᵀ · E: on the host's threads (exl_qz_atb) on the CPU, or where small enough,
+ * else by the backend's host_gemm */
 static exl_status update_rest(const qstate *qs, float *W, const float *U, float *E, int64_t K, int64_t i1, int64_t i2,
                               exl_pool *pool, exl_backend *be) {
     int64_t N = qs->N, work = (K - i2) * N * (i2 - i1);
-    if (!exl_backend_cpu_pool(be) && work < HOST_UPDATE_WORK) {
-        block_ctx c = {qs, W, U, E, K, i1, i2, NULL};
-        exl_pool_run_work(pool, update_rows_task, &c, work);
+    if (exl_backend_cpu_pool(be) || work < HOST_UPDATE_WORK) {
+        exl_qz_atb(pool, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, W + i2 * N, N, 0);
         return EXL_OK;
     }
     return be->ops->host_gemm(be, 1, 0, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, 1.0f, W + i2 * N, N);
@@ -628,7 +636,7 @@ static exl_status update_rest(const qstate *qs, float *W, const float *U, float 
  * memory: W goes up once, then each block's scaled errors go up and the rows of the next block (or group, whose
  * scales need all its rows) come down, 2 x 128 rows a block instead of every row after it both ways as host_gemm
  * would move them; U goes up once per Hessian (exl_qz_hinv_dev). Rounding, scales and the spreading within a block
- * stay on the host's threads. */
+ * stay on the host's threads (GPTQ's scales; EXL2's go below where the backend has the ops). */
 #define DEVICE_WORK ((int64_t)1 << 26)
 
 typedef struct dev_rows {
@@ -645,18 +653,24 @@ static void dev_end(dev_rows *d) {
     d->W = d->E = NULL;
 }
 
+/* U on the backend (once per Hessian) */
+static exl_status dev_factor(exl_backend *be, const exl_qz_hinv *h) {
+    exl_qz_hinv_dev *hd = h->dev;
+    int64_t K = h->K;
+    if (hd->U)
+        return EXL_OK;
+    if (!(hd->U = be->ops->alloc(be, (size_t)(K * K) * sizeof(float))))
+        return exl_fail(EXL_ERR_NOMEM, "out of %s memory for a %lld x %lld factor", be->name, (long long)K,
+                        (long long)K);
+    hd->be = be;
+    return be->ops->upload(be, hd->U, h->U, (size_t)(K * K) * sizeof(float));
+}
+
 static exl_status dev_begin(dev_rows *d, exl_backend *be, const exl_qz_hinv *h, const float *Wp, int64_t N) {
     int64_t K = h->K;
     d->be = be;
-    exl_qz_hinv_dev *hd = h->dev;
-    if (!hd->U) {
-        if (!(hd->U = be->ops->alloc(be, (size_t)(K * K) * sizeof(float))))
-            return exl_fail(EXL_ERR_NOMEM, "out of %s memory for a %lld x %lld factor", be->name, (long long)K,
-                            (long long)K);
-        hd->be = be;
-        EXL_TRY(be->ops->upload(be, hd->U, h->U, (size_t)(K * K) * sizeof(float)));
-    }
-    d->U = hd->U;
+    EXL_TRY(dev_factor(be, h));
+    d->U = h->dev->U;
     d->W = be->ops->alloc(be, (size_t)(K * N) * sizeof(float));
     d->E = be->ops->alloc(be, (size_t)(BLOCK * N) * sizeof(float));
     if (!d->W || !d->E) {
@@ -682,6 +696,81 @@ static exl_status dev_update(const dev_rows *d, const float *E, int64_t K, int64
     EXL_TRY(d->be->ops->upload(d->be, d->E, E, (size_t)((i2 - i1) * N) * sizeof(float)));
     return d->be->ops->gemm(d->be, 1, 0, K - i2, N, i2 - i1, -1.0f, d->U + i1 * K + i2, K, d->E, N, 1.0f, d->W + i2 * N,
                             N);
+}
+
+/* ---- GPTQ with EXL2 scales wholly on a backend that has the ops (a GPU)
+ *
+ * W goes up once, the scale search (qz_exl2_scales) and each block's rows (qz_rows) run there, the rows after a block
+ * are updated there (gemm), and the codes, scales and quantized rows come down once at the end: one wait a
+ * quantization. The rows, the errors of a block, the scales and the codes live in the Hessian's room on the backend
+ * (exl_qz_hinv_dev.work), which the quantizations of its linears reuse. */
+
+/* EXL_QUANT_DEVICE_GPTQ=0: the host's rounding on every backend (for comparisons) */
+static int exl2_on_device(const exl_backend *be, exl_qz_scheme scheme) {
+    const char *env = getenv("EXL_QUANT_DEVICE_GPTQ");
+    return scheme == EXL_QZ_EXL2 && be->ops->qz_exl2_scales && be->ops->qz_rows && be->ops->gemm &&
+           !(env && !strcmp(env, "0"));
+}
+
+/* the Hessian's room on the backend, at least bytes (U there too) */
+static exl_status dev_room(exl_backend *be, const exl_qz_hinv *h, size_t bytes) {
+    exl_qz_hinv_dev *hd = h->dev;
+    EXL_TRY(dev_factor(be, h));
+    if (hd->work_bytes >= bytes)
+        return EXL_OK;
+    if (hd->work)
+        be->ops->free(be, hd->work);
+    hd->work_bytes = 0;
+    if (!(hd->work = be->ops->alloc(be, bytes)))
+        return exl_fail(EXL_ERR_NOMEM, "out of %s memory quantizing a %lld-row matrix", be->name, (long long)h->K);
+    hd->work_bytes = bytes;
+    return EXL_OK;
+}
+
+static exl_status gptq_rows_exl2_dev(float *Wp, const exl_qz_hinv *h, int64_t N, const exl_qz_layout *layout,
+                                     exl_backend *be, exl_qz_result *out) {
+    int64_t K = h->K, G = layout->n_groups;
+    size_t floats = (size_t)((K + BLOCK + 2) * N), bytes = floats * sizeof(float) + (size_t)((K + G) * N + 2 * G);
+    EXL_TRY(dev_room(be, h, bytes));
+    float *W = h->dev->work, *E = W + K * N, *scale = E + BLOCK * N, *zero = scale + N;
+    uint16_t *smax = (uint16_t *)(zero + N);
+    uint8_t *codes = (uint8_t *)(smax + G), *scale_codes = codes + K * N;
+    const float *U = h->dev->U;
+    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
+    exl_status st = be->ops->upload(be, W, Wp, (size_t)(K * N) * sizeof(float));
+    exl_qz_prof_leave();
+    int64_t r0 = 0;
+    for (int32_t g = 0; st == EXL_OK && g < G; g++) {
+        int64_t r1 = r0 + layout->rows[g];
+        int32_t bits = layout->bits[g];
+        exl_qz_prof_enter(EXL_QZ_PROF_SCALES);
+        st = be->ops->qz_exl2_scales(be, W + r0 * N, N, (int32_t)(r1 - r0), bits, scale_codes + g * N, smax + g, scale,
+                                     zero);
+        exl_qz_prof_leave();
+        for (int64_t i1 = r0; st == EXL_OK && i1 < r1; i1 += BLOCK) {
+            int64_t i2 = i1 + BLOCK < r1 ? i1 + BLOCK : r1;
+            exl_qz_prof_enter(EXL_QZ_PROF_ROWS);
+            st = be->ops->qz_rows(be, W + i1 * N, U + i1 * K + i1, K, N, (int32_t)(i2 - i1), scale, zero, bits,
+                                  codes + i1 * N, E);
+            exl_qz_prof_leave();
+            exl_qz_prof_enter(EXL_QZ_PROF_UPDATE);
+            if (st == EXL_OK && i2 < K)
+                st = be->ops->gemm(be, 1, 0, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, 1.0f, W + i2 * N, N);
+            exl_qz_prof_leave();
+        }
+        r0 = r1;
+    }
+    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
+    if (st == EXL_OK)
+        st = be->ops->download(be, out->codes, codes, (size_t)(K * N));
+    if (st == EXL_OK)
+        st = be->ops->download(be, out->scale_codes, scale_codes, (size_t)(G * N));
+    if (st == EXL_OK)
+        st = be->ops->download(be, out->scale_max, smax, (size_t)G * sizeof(uint16_t));
+    if (st == EXL_OK)
+        st = be->ops->download(be, Wp, W, (size_t)(K * N) * sizeof(float));
+    exl_qz_prof_leave();
+    return st;
 }
 
 /* ---- driver */
@@ -772,7 +861,8 @@ exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, ex
         for (int64_t r = 0; r < K; r++)
             memcpy(Wp + r * N, W + (int64_t)h->perm[r] * N, (size_t)N * sizeof(float));
         qstate qs = {scheme, N, 0, sc, sc + N};
-        st = gptq_rows(Wp, h, &qs, layout, pool, be, out);
+        st = !exl_backend_cpu_pool(be) && exl2_on_device(be, scheme) ? gptq_rows_exl2_dev(Wp, h, N, layout, be, out)
+                                                                     : gptq_rows(Wp, h, &qs, layout, pool, be, out);
     }
     for (int64_t r = 0; st == EXL_OK && r < K; r++)
         memcpy(out->Wq + (int64_t)h->perm[r] * N, Wp + r * N, (size_t)N * sizeof(float));

@@ -19,20 +19,16 @@ void exl_hessian_free(exl_hessian *h) {
     h->H = NULL;
 }
 
-/* Rows of H a product takes on the CPU (see exl_hessian_add). */
-#define STRIPE 128
-
-/* H += XᵀX; a fresh H (n = 0, all zeros) is not read. exl_hessian_finish reads the upper triangle only: on the CPU
- * that is computed alone, in stripes of STRIPE rows from the diagonal on (each value the same dot product as in the
- * whole product, about 0.55-0.6 of its work); another backend's host_gemm takes the whole at once (one transfer). */
+/* H += XᵀX. exl_hessian_finish reads the upper triangle only: on the CPU that is all that is computed (exl_qz_atb,
+ * the quantizer's own kernel); another backend's host_gemm takes the whole at once (one transfer, a fresh H not
+ * read). */
 exl_status exl_hessian_add(exl_hessian *h, const float *x, int64_t rows, exl_backend *be) {
     int64_t K = h->K;
-    float beta = h->n ? 1.0f : 0.0f;
-    if (!exl_backend_cpu_pool(be))
-        EXL_TRY(be->ops->host_gemm(be, 1, 0, K, K, rows, 1.0f, x, K, x, K, beta, h->H, K));
-    for (int64_t i0 = 0; exl_backend_cpu_pool(be) && i0 < K; i0 += STRIPE) {
-        int64_t m = K - i0 < STRIPE ? K - i0 : STRIPE;
-        EXL_TRY(be->ops->host_gemm(be, 1, 0, m, K - i0, rows, 1.0f, x + i0, K, x + i0, K, beta, h->H + i0 * K + i0, K));
+    exl_pool *pool = exl_backend_cpu_pool(be);
+    if (pool) {
+        exl_qz_atb(pool, K, K, rows, 1.0f, x, K, x, K, h->H, K, 1);
+    } else {
+        EXL_TRY(be->ops->host_gemm(be, 1, 0, K, K, rows, 1.0f, x, K, x, K, h->n ? 1.0f : 0.0f, h->H, K));
     }
     h->n += rows;
     return EXL_OK;

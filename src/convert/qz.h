@@ -1,6 +1,7 @@
 /* qz.h - the quantizer's internal pieces (the converter behind exl_quantize).
  *
  *   hessian.c     H = 2/n · XᵀX of a linear's calibration inputs
+ *   qz_atb.c      C += alpha·AᵀB on the CPU's threads (the Hessians' XᵀX, GPTQ's updates)
  *   gptq.c        GPTQ (Frantar et al. 2022): rows of W[K, N] quantized one after another in
  *                 act-order, the error of each spread over the rows not yet quantized through
  *                 the upper Cholesky factor of the damped H⁻¹, group by group in blocks of at
@@ -20,7 +21,8 @@
  *
  * Weights are W[k, n] (in x out) fp32 while being quantized. The big products (the Hessian's
  * XᵀX, GPTQ's update of the rows after a block) are the backend's host_gemm (the CPU's or the
- * GPU's, in fp32 either way); a large GPTQ on a GPU keeps its rows there (the backend's gemm). */
+ * GPU's, in fp32 either way); a large GPTQ on a GPU keeps its rows there (the backend's gemm), and an EXL2 one runs
+ * there whole (the backend's qz_exl2_scales and qz_rows). */
 #ifndef EXL_QUANT_QZ_H
 #define EXL_QUANT_QZ_H
 
@@ -48,6 +50,11 @@ void exl_hessian_finish(exl_hessian *h);
 /* The identity (round to nearest through the same code path). */
 void exl_hessian_identity(exl_hessian *h);
 void exl_hessian_free(exl_hessian *h);
+
+/* C [M, N] (row-major, ldc) += alpha·AᵀB for A [rows, M] (lda) and B [rows, N] (ldb), on the pool's threads (qz_atb.c);
+ * upper (M == N): only C's upper triangle is wanted (some values below it are added to as well). */
+void exl_qz_atb(exl_pool *pool, int64_t M, int64_t N, int64_t rows, float alpha, const float *A, int64_t lda,
+                const float *B, int64_t ldb, float *C, int64_t ldc, int upper);
 
 /* ---- GPTQ core */
 
@@ -85,10 +92,13 @@ typedef struct exl_qz_result {
 #define EXL_QZ_DAMP 0.3
 #define EXL_QZ_DAMP_PER_DIM 3.0
 
-/* U in a backend's memory, put there by the first quantization that updates its rows on that backend (gptq.c). */
+/* U in a backend's memory, put there by the first quantization that updates its rows on that backend (gptq.c), and
+ * the room the quantizations of its linears there reuse. */
 typedef struct exl_qz_hinv_dev {
     exl_backend *be;
-    float *U; /* NULL: not there yet */
+    float *U;   /* NULL: not there yet */
+    void *work; /* NULL: none yet */
+    size_t work_bytes;
 } exl_qz_hinv_dev;
 
 /* What GPTQ needs of a Hessian, shared by every quantization of the linears that see it. */

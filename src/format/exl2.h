@@ -55,6 +55,15 @@ static inline float exl_exl2_scale(uint16_t scale_max, uint32_t code) {
     return exl_f16_to_f32(exl_exl2_scale_f16(scale_max, code));
 }
 
+/* How exl's quantizer picks a group's scales (convert/gptq.c on the host, a backend's qz_exl2_scales): with m the
+ * largest of the columns' no-clipping scales, the maximum is tried at fp16(m·(0.65 + 0.025·t)) for t below
+ * EXL_EXL2_SCALE_TRIES; for each, every column takes the code of least squared rounding error among the
+ * EXL_EXL2_SCALE_CANDS codes around its own no-clipping scale, and the maximum of least total error wins. The maxima
+ * are tried coarse to fine: every COARSE-th from COARSE / 2, then the untried ones less than COARSE from the best. */
+#define EXL_EXL2_SCALE_TRIES 20
+#define EXL_EXL2_SCALE_COARSE 4
+#define EXL_EXL2_SCALE_CANDS 4
+
 /* The 4-bit scale code of (group g, column n); q_scale rows hold n_padded / 8 words. */
 static inline uint32_t exl_exl2_scale_code(const exl_exl2_src *e, int64_t g, int64_t n) {
     return ((uint32_t)e->q_scale[g * (e->n_padded / 8) + n / 8] >> (4 * (n % 8))) & 15u;

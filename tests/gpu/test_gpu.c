@@ -9,6 +9,8 @@
 #include "backend/kv_quant.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "base/threads.h"
+#include "convert/qz.h"
 #include "generator/generator.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -3676,6 +3678,75 @@ static double quantize_exl2_on(const char *shared, const char *dir, exl_device d
     return t;
 }
 
+/* GPTQ with EXL2 scales on the GPU (ops qz_exl2_scales, qz_rows; the updates by its gemm) against the host's threads
+ * on the CPU backend, for a linear of SmolLM2's q_proj and down_proj shapes with groups of 6, 4 and 3 bits: the
+ * kernels compute what the host does operation for operation, but cuBLAS's updates round otherwise than the CPU's,
+ * which flips near-ties: at most 1% of the codes and scale codes may differ, the groups' maxima at most 1 in 8. */
+static void test_gptq_exl2_device(void) {
+    static const struct { int K, N; } shapes[] = {{576, 576}, {1536, 576}};
+    exl_pool *pool;
+    require(exl_pool_init(4, &pool) == EXL_OK, "pool");
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const int K = shapes[c].K, N = shapes[c].N, ROWS = 4096;
+        float *x = rnd((int64_t)ROWS * K, -1, 1), *W = rnd((int64_t)K * N, -0.05f, 0.05f);
+        for (int64_t i = 0; i < (int64_t)ROWS * K; i++)
+            x[i] *= (float)(1 + i % K % 7);
+        exl_hessian h;
+        exl_qz_hinv hi = {0};
+        require(exl_hessian_init(&h, K) == EXL_OK, "hessian");
+        require(exl_hessian_add(&h, x, ROWS, cpu) == EXL_OK, "hessian rows");
+        exl_hessian_finish(&h);
+        require(exl_gptq_prepare(&h, 1, pool, &hi) == EXL_OK, "gptq factor");
+        int32_t bits[64], rows[64], G = 0;
+        for (int r = 0; r < K; G++) { /* 32 rows of 6 bits, 64 of 4, then 128 of 3 */
+            rows[G] = r < 32 ? 32 : r < 96 ? 64 : (K - r < 128 ? K - r : 128);
+            bits[G] = r < 32 ? 6 : r < 96 ? 4 : 3;
+            r += rows[G];
+        }
+        exl_qz_layout l = {G, bits, rows};
+        exl_qz_result on_cpu, on_gpu;
+        double t0 = now_s();
+        require(exl_gptq_quantize(W, &hi, N, EXL_QZ_EXL2, &l, pool, cpu, &on_cpu) == EXL_OK, "gptq exl2 cpu");
+        double t1 = now_s();
+        exl_status st = exl_gptq_quantize(W, &hi, N, EXL_QZ_EXL2, &l, pool, gpu, &on_gpu);
+        double t2 = now_s();
+        char what[96];
+        snprintf(what, sizeof what, "gptq exl2 %dx%d on cuda: codes != cpu", K, N);
+        if (st != EXL_OK) {
+            printf("FAIL %s: %s\n", what, exl_last_error());
+            n_fail++;
+        } else {
+            int64_t diff = 0, sdiff = 0, mdiff = 0;
+            for (int64_t i = 0; i < (int64_t)K * N; i++)
+                diff += on_cpu.codes[i] != on_gpu.codes[i];
+            for (int64_t i = 0; i < (int64_t)G * N; i++)
+                sdiff += on_cpu.scale_codes[i] != on_gpu.scale_codes[i];
+            for (int g = 0; g < G; g++)
+                mdiff += on_cpu.scale_max[g] != on_gpu.scale_max[g];
+            report(what, (double)diff / ((double)K * N), 0.01);
+            snprintf(what, sizeof what, "gptq exl2 %dx%d on cuda: scale codes != cpu", K, N);
+            report(what, (double)sdiff / ((double)G * N), 0.01);
+            snprintf(what, sizeof what, "gptq exl2 %dx%d on cuda: group maxima != cpu", K, N);
+            report(what, (double)mdiff / G, 0.125);
+            printf("     gptq exl2 %dx%d: cuda %.2f ms (the factor's upload the first time), cpu %.2f ms\n", K, N,
+                   (t2 - t1) * 1e3, (t1 - t0) * 1e3);
+            t1 = now_s();
+            exl_qz_result again;
+            if (exl_gptq_quantize(W, &hi, N, EXL_QZ_EXL2, &l, pool, gpu, &again) == EXL_OK) {
+                printf("     gptq exl2 %dx%d: cuda again %.2f ms, same codes: %s\n", K, N, (now_s() - t1) * 1e3,
+                       memcmp(again.codes, on_gpu.codes, (size_t)K * N) ? "no" : "yes");
+                exl_qz_result_free(&again);
+            }
+            exl_qz_result_free(&on_gpu);
+        }
+        exl_qz_result_free(&on_cpu);
+        exl_qz_hinv_free(&hi);
+        exl_hessian_free(&h);
+        free(x), free(W);
+    }
+    exl_pool_free(pool);
+}
+
 /* The time the EXL2 quantizer takes a layer of SmolLM2-135M's shape on each device (SmolLM2 has 30: at most 2 s a
  * layer keeps the whole model within issue 37's 60 s on an H100). */
 static void test_quantize_exl2_speed(const char *shared) {
@@ -3833,8 +3904,10 @@ int main(int argc, char **argv) {
         test_host_gemm();
         test_quant_scoring_ops();
     }
-    if (only("quantize"))
+    if (only("quantize")) {
+        test_gptq_exl2_device();
         test_quantize_device(shared);
+    }
     if (only("sampling")) {
         test_head_sampling(shared);
         test_device_sampling(shared);

@@ -391,6 +391,8 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_gemm,
     exl_cuda_sample_queue,
     exl_cuda_sample_wait,
+    exl_cuda_qz_exl2_scales,
+    exl_cuda_qz_rows,
 };
 
 /* ---- creation */

@@ -468,6 +468,10 @@ void exl_cuda_gather_rows(exl_backend *be, float *out, const float *x, const int
 exl_status exl_cuda_sq_dist(exl_backend *be, const float *a, const float *b, int64_t n, double *acc);
 exl_status exl_cuda_gemm(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+exl_status exl_cuda_qz_exl2_scales(exl_backend *be, const float *W, int64_t N, int32_t rows, int32_t bits,
+                                   uint8_t *scale_codes, uint16_t *scale_max, float *scale, float *zero);
+exl_status exl_cuda_qz_rows(exl_backend *be, float *W, const float *U, int64_t ldu, int64_t N, int32_t rows,
+                            const float *scale, const float *zero, int32_t bits, uint8_t *codes, float *E);
 void exl_cuda_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
                         int32_t col);
 void exl_cuda_softcap(exl_backend *be, float *x, int64_t n, float cap);

@@ -1,0 +1,231 @@
+/* test_quantize_device.c - GPTQ on a backend that is not the CPU, run here on the CPU backend under another op table
+ * (so it counts as not the CPU, its memory being the host's), against the host's own path. EXL2 where the backend
+ * has the qz_exl2_scales and qz_rows ops (a GPU): gptq.c's device path (W up once, scales and rows there, the
+ * updates by the backend's gemm, the results down at the end) with the two ops written out as cuda_gptq.cu's
+ * kernels compute them, one column at a time, and gemm the host's update kernel: the same codes, scales and
+ * weights. GPTQ's scales with the rows kept there (the rounding the host's): the same codes and weights. test_gpu's
+ * quantize group runs the CUDA kernels against the host. */
+#include "test.h"
+
+#include "base/half.h"
+#include "convert/qz.h"
+#include "format/exl2.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float f16_round(float x) { return exl_f16_to_f32(exl_f32_to_f16(x)); }
+
+static float tried_max(float smax, int t) { return f16_round((smax > 0 ? smax : 1e-6f) * (0.65f + 0.025f * (float)t)); }
+
+/* cuda_gptq.cu's exl2_ideal_kernel, exl2_try_kernel and exl2_pick_kernel, one column at a time */
+static exl_status ref_exl2_scales(exl_backend *be, const float *W, int64_t N, int32_t rows, int32_t bits,
+                                  uint8_t *scale_codes, uint16_t *scale_max, float *scale, float *zero) {
+    (void)be;
+    enum { TRIES = EXL_EXL2_SCALE_TRIES, CANDS = EXL_EXL2_SCALE_CANDS, COARSE = EXL_EXL2_SCALE_COARSE };
+    float *ideal = malloc(sizeof(float) * (size_t)N), smax = 0, mid = (float)(1 << (bits - 1));
+    uint8_t *codes = malloc((size_t)(N * TRIES));
+    if (!ideal || !codes) {
+        free(ideal), free(codes);
+        return EXL_ERR_NOMEM;
+    }
+    for (int64_t n = 0; n < N; n++) {
+        float lo = 0, hi = 0;
+        for (int32_t r = 0; r < rows; r++) {
+            float w = W[r * N + n];
+            lo = w < lo ? w : lo;
+            hi = w > hi ? w : hi;
+        }
+        float s1 = hi / (mid - 1.0f), s2 = -lo / mid;
+        ideal[n] = s1 > s2 ? s1 : s2;
+        smax = ideal[n] > smax ? ideal[n] : smax;
+    }
+    double total[TRIES] = {0};
+    const float magic = 12582912.0f, z = mid, maxq = (float)((1 << bits) - 1);
+    for (int t = 0; t < TRIES; t++) {
+        float smf = tried_max(smax, t);
+        for (int64_t n = 0; n < N; n++) {
+            int c0 = (int)nearbyintf(16.0f * sqrtf(ideal[n] / smf)) - 1;
+            float s[CANDS], inv[CANDS], e[CANDS];
+            for (int j = 0; j < CANDS; j++) {
+                int k = c0 - 2 + j;
+                s[j] = exl_exl2_scale(exl_f32_to_f16(smf), (uint32_t)(k < 0 ? 0 : k > 15 ? 15 : k));
+                inv[j] = s[j] != 0.0f ? 1.0f / s[j] : 0.0f;
+                e[j] = 0;
+            }
+            for (int32_t r = 0; r < rows; r++) {
+                float x = W[r * N + n];
+                for (int j = 0; j < CANDS; j++) {
+                    float q = (fmaf(x, inv[j], magic) - magic) + z;
+                    q = q < 0.0f ? 0.0f : q > maxq ? maxq : q;
+                    float d = fmaf(-(q - z), s[j], x);
+                    e[j] = fmaf(d, d, e[j]);
+                }
+            }
+            float best = INFINITY;
+            int best_c = 15;
+            for (int j = 0; j < CANDS; j++) {
+                int k = c0 - 2 + j;
+                if (k >= 0 && k <= 15 && e[j] < best)
+                    best = e[j], best_c = k;
+            }
+            codes[t * N + n] = (uint8_t)best_c;
+            total[t] += best;
+        }
+    }
+    int best = 0, tried[TRIES] = {0};
+    double best_err = INFINITY;
+    for (int round = 0; round < 2; round++) {
+        int list[TRIES], n_try = 0;
+        for (int t = 0; t < TRIES; t++)
+            if (!tried[t] && (round ? t > best - COARSE && t < best + COARSE : t % COARSE == COARSE / 2))
+                list[n_try++] = t, tried[t] = 1;
+        for (int i = 0; i < n_try; i++)
+            if (total[list[i]] < best_err || (total[list[i]] == best_err && list[i] < best))
+                best_err = total[list[i]], best = list[i];
+    }
+    *scale_max = exl_f32_to_f16(tried_max(smax, best));
+    for (int64_t n = 0; n < N; n++) {
+        scale_codes[n] = codes[best * N + n];
+        scale[n] = exl_exl2_scale(*scale_max, scale_codes[n]);
+        zero[n] = mid;
+    }
+    free(ideal), free(codes);
+    return EXL_OK;
+}
+
+/* cuda_gptq.cu's gptq_rows_kernel: a column's rows take the earlier rows' errors in order */
+static exl_status ref_rows(exl_backend *be, float *W, const float *U, int64_t ldu, int64_t N, int32_t rows,
+                           const float *scale, const float *zero, int32_t bits, uint8_t *codes, float *E) {
+    (void)be;
+    float maxq = (float)((1 << bits) - 1);
+    for (int64_t n = 0; n < N; n++)
+        for (int32_t i = 0; i < rows; i++) {
+            float w = W[i * N + n], s = scale[n], z = zero[n];
+            for (int32_t p = 0; p < i; p++)
+                w -= U[p * ldu + i] * E[p * N + n];
+            float q = s != 0.0f ? nearbyintf(w / s) + z : z;
+            q = q < 0.0f ? 0.0f : q > maxq ? maxq : q;
+            float dq = (q - z) * s;
+            codes[i * N + n] = (uint8_t)q;
+            W[i * N + n] = dq;
+            E[i * N + n] = (w - dq) / U[i * ldu + i];
+        }
+    return EXL_OK;
+}
+
+/* The updates of the device path through the host path's own kernel (exl_qz_atb), so both products are the same */
+static exl_pool *atb_pool;
+
+static exl_status atb_gemm(exl_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                           const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                           int64_t ldc) {
+    (void)be;
+    if (!trans_a || trans_b || beta != 1.0f)
+        return EXL_ERR_ARG;
+    exl_qz_atb(atb_pool, M, N, K, alpha, A, lda, B, ldb, C, ldc, 0);
+    return EXL_OK;
+}
+
+static void fill(float *v, int64_t n, uint32_t *seed, float scale, int spread) {
+    for (int64_t i = 0; i < n; i++) {
+        *seed = *seed * 1664525u + 1013904223u;
+        v[i] = ((float)(*seed >> 8) / (float)(1u << 24) - 0.5f) * scale * (float)(1 + (spread ? i % spread : 0));
+    }
+}
+
+/* Groups of 6, 4 and 3 bits (32, 64 and 128 rows, the last of 96: blocks and groups both end mid-way); codes,
+ * scales and weights equal (the updates are the same products, exl_qz_atb's). */
+EXL_TEST(exl2_gptq_on_a_device_backend_matches_the_host) {
+    enum { K = 640, N = 200, ROWS = 1300 };
+    float *x = malloc(sizeof(float) * ROWS * K), *W = malloc(sizeof(float) * K * N);
+    REQUIRE(x && W);
+    uint32_t seed = 5;
+    fill(x, (int64_t)ROWS * K, &seed, 1.0f, 7);
+    fill(W, (int64_t)K * N, &seed, 0.05f, 0);
+    exl_pool *pool;
+    exl_backend *be;
+    exl_hessian h;
+    exl_qz_hinv hi = {0};
+    REQUIRE_OK(exl_pool_init(2, &pool));
+    REQUIRE_OK(exl_backend_cpu_init(2, &be));
+    REQUIRE_OK(exl_hessian_init(&h, K));
+    REQUIRE_OK(exl_hessian_add(&h, x, ROWS, be));
+    exl_hessian_finish(&h);
+    REQUIRE_OK(exl_gptq_prepare(&h, 1, pool, &hi));
+    int32_t bits[] = {6, 6, 4, 4, 3, 3, 3, 3}, rows[] = {32, 32, 64, 64, 128, 128, 96, 96};
+    exl_qz_layout l = {8, bits, rows};
+    exl_qz_result host, dev;
+    REQUIRE_OK(exl_gptq_quantize(W, &hi, N, EXL_QZ_EXL2, &l, pool, be, &host));
+    const exl_backend_ops *cpu_ops = be->ops;
+    exl_backend_ops other = *cpu_ops;
+    other.qz_exl2_scales = ref_exl2_scales;
+    other.qz_rows = ref_rows;
+    other.gemm = atb_gemm;
+    atb_pool = pool;
+    be->ops = &other;
+    exl_status st = exl_gptq_quantize(W, &hi, N, EXL_QZ_EXL2, &l, pool, be, &dev);
+    exl_qz_hinv_free(&hi); /* the backend's copies, freed through the op table that made them */
+    be->ops = cpu_ops;
+    REQUIRE_OK(st);
+    CHECK(!memcmp(host.scale_max, dev.scale_max, sizeof(uint16_t) * 8));
+    CHECK(!memcmp(host.scale_codes, dev.scale_codes, (size_t)8 * N));
+    int64_t same = 0;
+    for (int64_t i = 0; i < (int64_t)K * N; i++)
+        same += host.codes[i] == dev.codes[i];
+    CHECK_MSG(same == (int64_t)K * N, "%lld of %d codes differ", (long long)((int64_t)K * N - same), K * N);
+    CHECK(!memcmp(host.Wq, dev.Wq, sizeof(float) * K * N));
+    exl_qz_result_free(&host);
+    exl_qz_result_free(&dev);
+    exl_hessian_free(&h);
+    exl_pool_free(pool);
+    be->ops->destroy(be);
+    free(x);
+    free(W);
+}
+
+/* GPTQ's scales (4-bit g128, symmetric) with the rows kept on the backend (gptq.c: they stay there, blocks come
+ * down, the updates are the backend's gemm): the same codes and weights as the host's path, bit for bit. */
+EXL_TEST(gptq_updates_on_a_device_backend_match_the_host) {
+    enum { K = 640, N = 384, ROWS = 1300, GS = 128 };
+    float *x = malloc(sizeof(float) * ROWS * K), *W = malloc(sizeof(float) * K * N);
+    REQUIRE(x && W);
+    uint32_t seed = 11;
+    fill(x, (int64_t)ROWS * K, &seed, 1.0f, 5);
+    fill(W, (int64_t)K * N, &seed, 0.05f, 0);
+    exl_pool *pool;
+    exl_backend *be;
+    exl_hessian h;
+    exl_qz_hinv hi = {0};
+    REQUIRE_OK(exl_pool_init(2, &pool));
+    REQUIRE_OK(exl_backend_cpu_init(2, &be));
+    REQUIRE_OK(exl_hessian_init(&h, K));
+    REQUIRE_OK(exl_hessian_add(&h, x, ROWS, be));
+    exl_hessian_finish(&h);
+    REQUIRE_OK(exl_gptq_prepare(&h, 1, pool, &hi));
+    int32_t bits[K / GS], rows[K / GS];
+    for (int g = 0; g < K / GS; g++)
+        bits[g] = 4, rows[g] = GS;
+    exl_qz_layout l = {K / GS, bits, rows};
+    exl_qz_result host, dev;
+    REQUIRE_OK(exl_gptq_quantize(W, &hi, N, EXL_QZ_GPTQ_SYM, &l, pool, be, &host));
+    const exl_backend_ops *cpu_ops = be->ops;
+    exl_backend_ops other = *cpu_ops;
+    other.gemm = atb_gemm;
+    atb_pool = pool;
+    be->ops = &other;
+    exl_status st = exl_gptq_quantize(W, &hi, N, EXL_QZ_GPTQ_SYM, &l, pool, be, &dev);
+    exl_qz_hinv_free(&hi); /* U's backend copy, freed through the op table that made it */
+    be->ops = cpu_ops;
+    REQUIRE_OK(st);
+    CHECK(!memcmp(host.codes, dev.codes, (size_t)K * N));
+    CHECK(!memcmp(host.Wq, dev.Wq, sizeof(float) * K * N));
+    exl_qz_result_free(&host);
+    exl_qz_result_free(&dev);
+    exl_hessian_free(&h);
+    exl_pool_free(pool);
+    be->ops->destroy(be);
+    free(x);
+    free(W);
+}
