@@ -1133,9 +1133,18 @@ static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, 
     a->mma_l2_ahead = mma_l2_chunks;
 }
 
-/* the dynamic shared memory of a qgemv_a_kernel block: activations, descriptors */
-static size_t a_smem_bytes(int cpb) {
-    return (size_t)8 * mma_xs_stride(cpb) * sizeof(__half2) + (size_t)cpb * sizeof(int4);
+/* the dynamic shared memory of a qgemv_a_kernel block: activations, descriptors, scales (and GPTQ zeros) */
+static size_t a_smem_bytes(int cpb, bool gptq) {
+    return (size_t)8 * mma_xs_stride(cpb) * sizeof(__half2) + (size_t)cpb * sizeof(int4) +
+           (size_t)cpb * COL_TILE * sizeof(__half) * (gptq ? 2 : 1);
+}
+
+/* any of a's matrices with zeros (GPTQ) */
+static bool a_gptq(const gemv_args *a) {
+    bool z = false;
+    for (int i = 0; i < a->n_mats; i++)
+        z = z || a->m[i].q.zeros != NULL;
+    return z;
 }
 
 /* qgemv_a_kernel's split: as plan_mma's (the fewest waves of blocks times a block's chunks and start), a_sm_blocks
@@ -1152,7 +1161,7 @@ static void plan_a(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, ge
             best = cost, s = c;
     }
     int cpb = (chunks + s - 1) / s;
-    while (cpb > 1 && a_smem_bytes(cpb) > (size_t)budget)
+    while (cpb > 1 && a_smem_bytes(cpb, a_gptq(a)) > (size_t)budget)
         cpb--;
     a->chunks_per_block = cpb;
     *split = (chunks + cpb - 1) / cpb;
@@ -1417,9 +1426,11 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
         if (kind == GEMV_A) {
             const dim3 grid((unsigned)tiles, (unsigned)split);
             if (f->rows <= 8)
-                exl_cuda_launch(cb, qgemv_a_kernel<1>, grid, dim3(A_THREADS), a_smem_bytes(a.chunks_per_block), a);
+                exl_cuda_launch(cb, qgemv_a_kernel<1>, grid, dim3(A_THREADS),
+                                a_smem_bytes(a.chunks_per_block, a_gptq(&a)), a);
             else
-                exl_cuda_launch(cb, qgemv_a_kernel<2>, grid, dim3(A_THREADS), a_smem_bytes(a.chunks_per_block), a);
+                exl_cuda_launch(cb, qgemv_a_kernel<2>, grid, dim3(A_THREADS),
+                                a_smem_bytes(a.chunks_per_block, a_gptq(&a)), a);
             exl_cuda_check_launch(cb, "quantized GEMV (weights as A)");
             return;
         }

@@ -24,7 +24,9 @@
  * griddepcontrol.wait (weights are constant), while the earlier kernel ends and the activations are gathered.
  * Zeros are exact as in every kernel here ((1024 + q) - (1024 + z) in fp16); products are summed in fp32 by the
  * mma for a chunk and scaled per chunk and feature in fp32. Splits, atomic adds, the merge, the norm and GLU of the
- * input, slot order, the residual add, bias, clears and KV prefetch are qgemv_mma_kernel's (same arguments). */
+ * input, slot order, the residual add, bias, clears and KV prefetch are qgemv_mma_kernel's (same arguments). The
+ * scales (and zeros) of the block's chunks are copied into shared memory with cp.async while the activations are
+ * gathered (a chunk's 256, 512 bytes; 1/8 of a 4-bit chunk's codes, mostly L2 hits), out of the batches' registers. */
 
 #define A_WARPS (COL_TILE / 32) /* a warp per 32 features of the column tile */
 #define A_THREADS (A_WARPS * 32)
@@ -81,12 +83,11 @@ __device__ __forceinline__ void a_decode(const uint4 (&w)[a_words<B>()], int f, 
     }
 }
 
-/* The lane's view of a block's work: word row 0 of its features 4g .. 4g + 3 and their scales (zeros: GPTQ) in
- * group 0 */
+/* The lane's view of a block's work: word row 0 of its features 4g .. 4g + 3, and their scales (zeros: GPTQ) of
+ * the block's chunk 0 in shared memory (COL_TILE halves a chunk) */
 typedef struct a_lane {
     const uint32_t *w;
-    const __half *sc, *zr;
-    int64_t n_pad;
+    const __half *ss, *zs;
     int t;
 } a_lane;
 
@@ -95,39 +96,40 @@ template <int B, bool GPTQ>
 struct a_batch {
     static constexpr int W = a_words<B>(), U = a_batch_chunks<B>();
     uint4 w[U][W];
-    uint2 s[U], z[GPTQ ? U : 1];
 };
 
-/* past the n chunks of the batch, chunk n - 1 again (L1 hits): every load unconditional, so that the batch stays in
- * registers */
+/* past the n chunks of the batch, its first chunk again (L1 hits): every load unconditional, so that the batch stays
+ * in registers */
 template <int B, bool GPTQ>
 __device__ __forceinline__ void a_load(const a_lane &L, const int4 *d, int n, a_batch<B, GPTQ> &b) {
 #pragma unroll
     for (int u = 0; u < a_batch<B, GPTQ>::U; u++) {
-        const int4 m = d[u < n ? u : n - 1];
-        const int64_t g0 = (int64_t)m.z * L.n_pad;
+        const int4 m = u == 0 || u < n ? d[u] : d[0];
 #pragma unroll
         for (int i = 0; i < a_batch<B, GPTQ>::W; i++)
             b.w[u][i] = __ldg((const uint4 *)(L.w + (int64_t)(m.x + a_word_row<B>(L.t, i)) * EXL_QW_TILE));
-        b.s[u] = __ldg((const uint2 *)(L.sc + g0));
-        if constexpr (GPTQ)
-            b.z[u] = __ldg((const uint2 *)(L.zr + g0));
     }
 }
 
 /* acc[m][nt][e] += the batch's products: m16 tile m (mma row g: feature 4g + 2m, row g + 8: 4g + 2m + 1), n8 tile
- * nt (rows 8nt ..); xa: the activation pairs of the batch's first chunk (mma_xs_at, rows g and g + 8, pairs 4t ..) */
+ * nt (rows 8nt ..); the batch's first chunk is the block's chunk k; xa: the activation pairs of chunk 0 (mma_xs_at,
+ * rows g and g + 8, pairs 4t ..) */
 template <int B, bool GPTQ, int NT>
-__device__ __forceinline__ void a_multiply(const a_batch<B, GPTQ> &b, int n, const __half2 *xa, int t,
+__device__ __forceinline__ void a_multiply(const a_lane &L, const a_batch<B, GPTQ> &b, int k, int n, const __half2 *xa,
                                            float (&acc)[2][NT][4]) {
+    const int t = L.t;
 #pragma unroll
     for (int u = 0; u < a_batch<B, GPTQ>::U; u++)
         if (u < n) {
-            const uint4 x0 = *(const uint4 *)(xa + u * 32), x1 = *(const uint4 *)(xa + u * 32 + 4);
+            const int lc = k + u;
+            const uint4 x0 = *(const uint4 *)(xa + lc * 32), x1 = *(const uint4 *)(xa + lc * 32 + 4);
+            const uint2 sv = *(const uint2 *)(L.ss + lc * COL_TILE);
             __half sh[4], zh[4];
-            memcpy(sh, &b.s[u], 8);
-            if constexpr (GPTQ)
-                memcpy(zh, &b.z[u], 8);
+            memcpy(sh, &sv, 8);
+            if constexpr (GPTQ) {
+                const uint2 zv = *(const uint2 *)(L.zs + lc * COL_TILE);
+                memcpy(zh, &zv, 8);
+            }
 #pragma unroll
             for (int m = 0; m < 2; m++) {
                 uint32_t lo[4], hi[4];
@@ -180,14 +182,14 @@ __device__ __forceinline__ int a_chunks(const a_lane &L, const int4 *desc, int k
         int n2 = a_next<B>(desc, k, n, n_loc, U);
         if (n2)
             a_load<B, GPTQ>(L, desc + k + n, n2, b1);
-        a_multiply<B, GPTQ, NT>(b0, n, xa + k * 32, L.t, acc);
+        a_multiply<B, GPTQ, NT>(L, b0, k, n, xa, acc);
         k += n, n = n2;
         if (!n)
             return k;
         n2 = a_next<B>(desc, k, n, n_loc, U);
         if (n2)
             a_load<B, GPTQ>(L, desc + k + n, n2, b0);
-        a_multiply<B, GPTQ, NT>(b1, n, xa + k * 32, L.t, acc);
+        a_multiply<B, GPTQ, NT>(L, b1, k, n, xa, acc);
         k += n, n = n2;
         if (!n)
             return k;
@@ -218,7 +220,8 @@ __device__ __forceinline__ void a_all_chunks(const a_lane &L, const int4 *desc, 
 
 template <int NT>
 __global__ void __launch_bounds__(A_THREADS, A_MIN_BLOCKS) qgemv_a_kernel(const __grid_constant__ gemv_args a) {
-    /* [8][mma_xs_stride] activation pairs (mma_xs_at), then [chunks_per_block] descriptors */
+    /* [8][mma_xs_stride] activation pairs (mma_xs_at), [chunks_per_block] descriptors, then the chunks' scales
+     * [chunks_per_block][COL_TILE] and (GPTQ) zeros, the same: a_smem_bytes */
     extern __shared__ uint4 a_smem[];
     __shared__ int is_last;
     __shared__ float inv_rms[EXL_CUDA_QGEMV_MAX_ROWS];
@@ -235,11 +238,11 @@ __global__ void __launch_bounds__(A_THREADS, A_MIN_BLOCKS) qgemv_a_kernel(const 
     const int tile_col = ((int)blockIdx.x - (mi ? a.m[mi - 1].tile_end : 0)) * COL_TILE;
     const int col = tile_col + warp * 32; /* the warp's first feature */
     const bool gptq = q.zeros != nullptr;
+    __half *scs = (__half *)(desc + cpb), *zrs = scs + (int64_t)cpb * COL_TILE;
     a_lane L;
     L.w = exl_qw_col(q, col + 4 * g);
-    L.n_pad = q.n_pad;
-    L.sc = q.scales + col + 4 * g;
-    L.zr = gptq ? q.zeros + col + 4 * g : nullptr;
+    L.ss = scs + warp * 32 + 4 * g;
+    L.zs = zrs + warp * 32 + 4 * g;
     L.t = t;
 
     for (int i = tid; i < n_loc; i += A_THREADS)
@@ -251,6 +254,15 @@ __global__ void __launch_bounds__(A_THREADS, A_MIN_BLOCKS) qgemv_a_kernel(const 
     for (int j = 0; j < MMA_PRE_PAIRS; j++)
         sp[j] = tid + j * A_THREADS < n_pairs ? slot_pair(a, q, c0, tid + j * A_THREADS) : make_int2(-1, -1);
     __syncthreads();
+    /* the chunks' scales and zeros for the tile (16 bytes a copy, 32 a chunk), in flight through the gather */
+    for (int i = tid; i < n_loc * (COL_TILE / 8); i += A_THREADS) {
+        const int c = i / (COL_TILE / 8), p = i % (COL_TILE / 8);
+        const int64_t at = (int64_t)desc[c].z * q.n_pad + tile_col + 8 * p;
+        cp_async16(smem_addr(scs + c * COL_TILE + 8 * p), q.scales + at);
+        if (gptq)
+            cp_async16(smem_addr(zrs + c * COL_TILE + 8 * p), q.zeros + at);
+    }
+    cp_async_commit();
     /* the first chunks' words asked of L2 while the previous kernel ends */
     for (int k = 0; k < n_loc && k < 4; k++) {
         const int4 m = desc[k];
@@ -264,6 +276,7 @@ __global__ void __launch_bounds__(A_THREADS, A_MIN_BLOCKS) qgemv_a_kernel(const 
         const int2 s = j == 0 ? sp[0] : j == 1 ? sp[1] : j == 2 ? sp[2] : j == 3 ? sp[3] : slot_pair(a, q, c0, i);
         mma_gather_pair(a, R, s, inv_rms, xs, xs_stride, i);
     }
+    cp_async_wait<0>();
     __syncthreads();
 
     float acc[2][NT][4];
