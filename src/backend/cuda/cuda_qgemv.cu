@@ -30,6 +30,7 @@
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_qdecode.cuh"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #define COL_TILE EXL_QW_TILE
@@ -1005,6 +1006,8 @@ __global__ void __launch_bounds__(MMA_COL_WARPS *KW * 32, 3 - KW)
         }
 }
 
+#include "backend/cuda/cuda_qgemv_a.cuh"
+
 /* ---- launch */
 
 /* Shared memory a block of qgemv_kernel<R> asks for at least, so that an SM holds no more than
@@ -1075,7 +1078,11 @@ const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t wi
     return w->q.slot_of;
 }
 
-enum { GEMV_NONE, GEMV_PLAIN, GEMV_MMA };
+enum { GEMV_NONE, GEMV_PLAIN, GEMV_MMA, GEMV_A };
+
+/* the rows qgemv_a_kernel takes (EXL_CUDA_GEMV_A=1; EXL_CUDA_GEMV_A_ROWS=LO or LO-HI, default 2-16; off: lo 0),
+ * its blocks an SM and the shared memory a block may ask for */
+static int a_rows_lo, a_rows_hi, a_sm_blocks = 2, a_smem_max;
 
 /* Which kernel takes f (GEMV_PLAIN: qgemv_kernel, up to ROWS_PER_LAUNCH rows a launch; GEMV_MMA: qgemv_mma_kernel,
  * from cb->gemv_mma_rows rows), GEMV_NONE if neither does (prompt rows past ROWS_PER_LAUNCH with
@@ -1083,6 +1090,8 @@ enum { GEMV_NONE, GEMV_PLAIN, GEMV_MMA };
 static int gemv_kind(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     if (f->rows < 1 || f->rows > EXL_CUDA_QGEMV_MAX_ROWS || f->n < 1 || f->n > MAX_MATS)
         return GEMV_NONE;
+    if (a_rows_lo > 0 && f->rows >= a_rows_lo && f->rows <= a_rows_hi && (f->decode || !cb->exact_prefill))
+        return GEMV_A;
     if (f->rows > 1 && f->rows >= cb->gemv_mma_rows && (f->decode || !cb->exact_prefill))
         return GEMV_MMA;
     return f->rows <= ROWS_PER_LAUNCH ? GEMV_PLAIN : GEMV_NONE;
@@ -1151,6 +1160,40 @@ static void plan_mma(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, 
     a->mma_l2_ahead = mma_l2_chunks;
 }
 
+/* the dynamic shared memory of a qgemv_a_kernel block: activations, descriptors, scales (and GPTQ zeros) */
+static size_t a_smem_bytes(int cpb, bool gptq) {
+    return (size_t)8 * mma_xs_stride(cpb) * sizeof(__half2) + (size_t)cpb * sizeof(int4) +
+           (size_t)cpb * COL_TILE * sizeof(__half) * (gptq ? 2 : 1);
+}
+
+/* any of a's matrices with zeros (GPTQ) */
+static bool a_gptq(const gemv_args *a) {
+    bool z = false;
+    for (int i = 0; i < a->n_mats; i++)
+        z = z || a->m[i].q.zeros != NULL;
+    return z;
+}
+
+/* qgemv_a_kernel's split: as plan_mma's (the fewest waves of blocks times a block's chunks and start), a_sm_blocks
+ * blocks an SM, with fewer chunks a block where its activations would not fit */
+static void plan_a(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, gemv_args *a, int *split) {
+    const int budget = a_smem_max > 0 ? a_smem_max : 48 * 1024;
+    const int64_t slots = mma_blocks > 0 ? mma_blocks : (int64_t)cb->n_sms * a_sm_blocks;
+    int s = 1;
+    int64_t best = -1;
+    for (int c = 1; c <= chunks && c <= 4 * slots; c++) {
+        const int64_t waves = ((int64_t)tiles * c + slots - 1) / slots,
+                      cost = waves * ((chunks + c - 1) / c + MMA_START_CHUNKS);
+        if (best < 0 || cost < best)
+            best = cost, s = c;
+    }
+    int cpb = (chunks + s - 1) / s;
+    while (cpb > 1 && a_smem_bytes(cpb, a_gptq(a)) > (size_t)budget)
+        cpb--;
+    a->chunks_per_block = cpb;
+    *split = (chunks + cpb - 1) / cpb;
+}
+
 /* The launch arguments for f (less the per-row-group pointers) and its split; the kernel (gemv_kind), GEMV_NONE if
  * neither takes f. */
 static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_args *a, int *split) {
@@ -1177,6 +1220,8 @@ static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_arg
     a->rows = f->rows;
     if (kind == GEMV_MMA)
         plan_mma(cb, tiles, chunks, a, split);
+    else if (kind == GEMV_A)
+        plan_a(cb, tiles, chunks, a, split);
     else {
         /* about 3 blocks per SM, at least 2 chunks per warp pair, activations under 24 KiB and with the static
          * reduction buffer (R KiB x 4) under 46 KiB */
@@ -1192,6 +1237,46 @@ static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_arg
     a->out_map = f->out_map;
     a->x_slots = f->x_slots;
     return kind;
+}
+
+/* qgemv_a_kernel's rows (EXL_CUDA_GEMV_A, EXL_CUDA_GEMV_A_ROWS), and its shared memory: a_sm_blocks blocks an SM
+ * (EXL_CUDA_GEMV_A_BLOCKS_PER_SM; default as many as its registers allow, at most 2), each at most its share of the
+ * SM's */
+static void a_init(const exl_cuda_backend *cb) {
+    const char *e = getenv("EXL_CUDA_GEMV_A");
+    a_rows_lo = a_rows_hi = 0;
+    if (e && atoi(e) == 1) {
+        a_rows_lo = 2, a_rows_hi = EXL_CUDA_QGEMV_MAX_ROWS;
+        e = getenv("EXL_CUDA_GEMV_A_ROWS");
+        int lo = 0, hi = 0;
+        const int n = e ? sscanf(e, "%d-%d", &lo, &hi) : 0;
+        if (n >= 1 && lo >= 2 && lo <= EXL_CUDA_QGEMV_MAX_ROWS)
+            a_rows_lo = lo;
+        if (n == 2 && hi >= a_rows_lo && hi <= EXL_CUDA_QGEMV_MAX_ROWS)
+            a_rows_hi = hi;
+    }
+    /* as many as the registers allow (A_MIN_BLOCKS at least), at most 2 unless asked */
+    e = getenv("EXL_CUDA_GEMV_A_BLOCKS_PER_SM");
+    int fit = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, qgemv_a_kernel<2>, A_THREADS, 0) != cudaSuccess || fit < 1)
+        fit = A_MIN_BLOCKS;
+    a_sm_blocks = e && atoi(e) >= 1 && atoi(e) <= 4 ? atoi(e) : fit < 2 ? fit : 2;
+    a_smem_max = 0;
+    int sm_smem = 0, reserved = 0;
+    cudaFuncAttributes f1 = {}, f2 = {};
+    if (cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, cb->device) == cudaSuccess &&
+        cudaFuncGetAttributes(&f1, qgemv_a_kernel<1>) == cudaSuccess &&
+        cudaFuncGetAttributes(&f2, qgemv_a_kernel<2>) == cudaSuccess) {
+        const int stat = (int)(f1.sharedSizeBytes > f2.sharedSizeBytes ? f1.sharedSizeBytes : f2.sharedSizeBytes);
+        const int share = (sm_smem / a_sm_blocks - reserved - stat) / 128 * 128;
+        if (share > 0 &&
+            cudaFuncSetAttribute(qgemv_a_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, share) ==
+                cudaSuccess &&
+            cudaFuncSetAttribute(qgemv_a_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, share) == cudaSuccess)
+            a_smem_max = share;
+    }
+    cudaGetLastError();
 }
 
 void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
@@ -1253,6 +1338,7 @@ void exl_cuda_qgemv_init(const exl_cuda_backend *cb) {
     mma_norm_rows = e ? atoi(e) : MMA_NORM_ROWS_DEFAULT;
     e = getenv("EXL_CUDA_GEMV_MMA_L2_AHEAD");
     mma_l2_chunks = e && atoi(e) >= 0 ? atoi(e) : MMA_L2_AHEAD_DEFAULT;
+    a_init(cb);
 }
 
 int exl_cuda_qgemv_takes(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
@@ -1340,7 +1426,7 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     }
     int32_t tiles = a.m[a.n_mats - 1].tile_end;
     if (split > 1 && !a.atomic_add) {
-        int R = kind == GEMV_MMA || f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
+        int R = kind != GEMV_PLAIN || f->rows < ROWS_PER_LAUNCH ? f->rows : ROWS_PER_LAUNCH;
         if (!exl_cuda_ensure(cb, (void **)&cb->gemv_partial, &cb->gemv_partial_bytes,
                              (size_t)split * R * tiles * COL_TILE * sizeof(float), "GEMV partial sums"))
             return;
@@ -1385,13 +1471,13 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
         if (f->n_clear[i] > 0)
             a.clear[i] = f->clear[i], a.n_clear[i] = f->n_clear[i];
     /* the attention's cache rows: one launch, a few sequences (more would crowd L2), rows of whole 16-byte pieces */
-    const int one_launch = kind == GEMV_MMA || f->rows <= ROWS_PER_LAUNCH;
+    const int one_launch = kind != GEMV_PLAIN || f->rows <= ROWS_PER_LAUNCH;
     if (f->kv.k_cache && one_launch && f->kv.n_seqs <= ROWS_PER_LAUNCH && f->kv.width % 8 == 0 && f->kv.page_size > 0) {
         a.kv_k = (const __half *)f->kv.k_cache, a.kv_v = (const __half *)f->kv.v_cache;
         a.kv_seqs = f->kv.seqs, a.kv_pages = f->kv.page_tables;
         a.kv_n_seqs = f->kv.n_seqs, a.kv_page_size = f->kv.page_size, a.kv_width = f->kv.width;
     }
-    if (kind == GEMV_MMA) {
+    if (kind == GEMV_MMA || kind == GEMV_A) {
         a.x = f->x;
         a.up = f->up;
         if (f->norm && (f->rows > mma_norm_rows || a.in % 4)) { /* normed first by one launch: every block would read
@@ -1401,6 +1487,17 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
                 return;
             exl_cuda_run_rmsnorm(&cb->base, cb->gemv_normed, f->x, f->norm, f->rows, a.in, f->eps);
             a.x = cb->gemv_normed, a.norm = NULL;
+        }
+        if (kind == GEMV_A) {
+            const dim3 grid((unsigned)tiles, (unsigned)split);
+            if (f->rows <= 8)
+                exl_cuda_launch(cb, qgemv_a_kernel<1>, grid, dim3(A_THREADS),
+                                a_smem_bytes(a.chunks_per_block, a_gptq(&a)), a);
+            else
+                exl_cuda_launch(cb, qgemv_a_kernel<2>, grid, dim3(A_THREADS),
+                                a_smem_bytes(a.chunks_per_block, a_gptq(&a)), a);
+            exl_cuda_check_launch(cb, "quantized GEMV (weights as A)");
+            return;
         }
         const size_t smem = mma_smem_bytes(a.chunks_per_block, a.mma_ring);
         const dim3 grid((unsigned)tiles, (unsigned)split), block(MMA_COL_WARPS * 32 * mma_k_warps);
