@@ -179,7 +179,12 @@ exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w,
         if (w != c->w[i] || !c->h[i])
             continue;
         exl_qz_prof_enter(EXL_QZ_PROF_HESSIAN);
-        exl_status st = be->ops->download(be, c->r->buf, x, (size_t)rows * (size_t)c->h[i]->K * sizeof(float));
+        size_t width = (size_t)c->h[i]->K;
+        exl_status st = be->ops->download(be, c->r->buf, x, (size_t)rows * width * sizeof(float));
+        if (st == EXL_OK && w == c->keep_w) {
+            memcpy(c->keep + (size_t)c->kept * width, c->r->buf, (size_t)rows * width * sizeof(float));
+            c->kept += rows;
+        }
         if (st == EXL_OK)
             st = exl_hessian_add(c->h[i], c->r->buf, rows, be);
         exl_qz_prof_leave();

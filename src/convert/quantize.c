@@ -148,8 +148,9 @@ static exl_status hinv_of(qz *q, exl_hessian *h, exl_qz_hinv *hi) {
 
 /* Run the layer's block k with linears w (as q->layer.lin) over the hidden states x of all the calibration sequences
  * into x_out (NULL: none), adding the inputs of each linear i of the block with h[i - first] non-NULL to that
- * Hessian. */
-static exl_status run_block(qz *q, int k, exl_linear *const *w, const float *x, float *x_out, exl_hessian *const *h) {
+ * Hessian; keep (NULL: none) receives the inputs of linear keep_i's (one of those). */
+static exl_status run_block(qz *q, int k, exl_linear *const *w, const float *x, float *x_out, exl_hessian *const *h,
+                            int32_t keep_i, float *keep) {
     exl_qz_runner *r = &q->run;
     exl_qz_layer *L = &q->layer;
     exl_layer b = exl_qz_layer_block(L, k, w);
@@ -159,10 +160,13 @@ static exl_status run_block(qz *q, int k, exl_linear *const *w, const float *x, 
         return exl_fail(EXL_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; h && i < n; i++)
         want[i] = h[i] ? w[first + i] : NULL;
-    exl_qz_capture cap = {r, n, want, h};
+    exl_qz_capture cap = {r, n, want, h, keep ? w[keep_i] : NULL, keep, 0};
     exl_qz_prof_enter(EXL_QZ_PROF_CALIB);
     exl_status st = exl_qz_run_layer(r, &b, L->li, x, x_out, h ? exl_qz_capture_inputs : NULL, &cap);
     exl_qz_prof_leave();
+    if (st == EXL_OK && keep && cap.kept != q->T)
+        st = exl_fail(EXL_ERR_ARG, "layer %d: %lld of %lld rows of %s's inputs kept", L->li, (long long)cap.kept,
+                      (long long)q->T, L->lin[keep_i].name);
     exl_free(want);
     return st;
 }
@@ -417,7 +421,7 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
     if (st == EXL_OK)
         st = slot_hessians(q, k, -1, hs, h);
     if (st == EXL_OK)
-        st = run_block(q, k, own, q->x, q->ref, h);
+        st = run_block(q, k, own, q->x, q->ref, h, 0, NULL);
     for (int32_t s = 0; st == EXL_OK && s < slots; s++)
         st = hinv_of(q, &hs[s], &hi[s]);
     for (int32_t s = 0; hs && s < slots; s++)
@@ -479,6 +483,45 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
 
 /* ---- the quantizing pass */
 
+/* The linear after which block k's output is its input plus that linear's output (its only stage-1 linear, o_proj
+ * or down_proj, with no post-norm and not in a mixture), where the quantizing pass takes the quantized block's
+ * output from that linear's inputs kept in the run before (tail_output): on the CPU, whose backend memory is the
+ * host's, and for inputs of at most 2 GiB; -1 otherwise (the block runs once more). */
+static int32_t tail_linear(const qz *q, int k) {
+    const exl_qz_layer *L = &q->layer;
+    const exl_layer *ml = &q->m->layers[L->li];
+    if (!exl_backend_cpu_pool(q->be) || rtn(q) || (k ? L->experts || ml->post_mlp_norm : ml->post_attn_norm != NULL))
+        return -1;
+    int32_t tail = -1;
+    for (int32_t i = L->first[k]; i < L->first[k + 1]; i++)
+        if (L->lin[i].stage == 1) {
+            if (tail >= 0)
+                return -1;
+            tail = i;
+        }
+    return tail >= 0 && q->T * L->lin[tail].src.in_features <= ((int64_t)1 << 29) ? tail : -1;
+}
+
+/* x += the tail linear w's output over its inputs keep [T, K], in the runner's steps: what running the block again
+ * with every linear quantized would give (the same inputs to w, its output added to the residual stream). */
+static exl_status tail_output(qz *q, const exl_linear *w, const float *keep, int64_t K) {
+    exl_backend *be = q->be;
+    int64_t step = (int64_t)q->run.seqs_per_step * q->run.piece;
+    float *out = exl_malloc((size_t)(step * q->H) * sizeof(float));
+    if (!out)
+        return exl_fail(EXL_ERR_NOMEM, "out of memory");
+    exl_qz_prof_enter(EXL_QZ_PROF_CALIB);
+    for (int64_t r0 = 0; r0 < q->T; r0 += step) {
+        int32_t rows = (int32_t)(q->T - r0 < step ? q->T - r0 : step);
+        be->ops->matmul(be, out, keep + r0 * K, w, rows);
+        be->ops->add(be, q->x + r0 * q->H, out, (int64_t)rows * q->H);
+    }
+    exl_status st = be->ops->synchronize(be);
+    exl_qz_prof_leave();
+    exl_free(out);
+    return st;
+}
+
 /* Quantize block k of layer l into the part: the stage-0 linears (q, k, v; gate, up; each expert's gate and up)
  * from the block's input, the stage-1 linears (o; down) from the outputs of the quantized stage 0; x advances past
  * the block with all of them quantized. The block's accuracy: against the unquantized block on the same input. */
@@ -495,11 +538,13 @@ static exl_status quant_block(qz *q, exl_qz_part *part, int32_t l, int k) {
     for (int32_t i = 0; st == EXL_OK && i < L->n; i++)
         w[i] = L->lin[i].own;
     double bits = 0, weights = 0;
+    int32_t tail = st == EXL_OK ? tail_linear(q, k) : -1;
+    float *keep = tail >= 0 ? exl_malloc((size_t)(q->T * L->lin[tail].src.in_features) * sizeof(float)) : NULL;
     for (int stage = 0; stage < 2 && st == EXL_OK; stage++) {
         st = slot_hessians(q, k, stage, hs, h);
         /* stage 0 runs the unquantized block: its output is the reference */
         if (st == EXL_OK && !rtn(q))
-            st = run_block(q, k, w, q->x, stage ? NULL : q->ref, h);
+            st = run_block(q, k, w, q->x, stage ? NULL : q->ref, h, tail, stage ? keep : NULL);
         for (int32_t i = 0; i < n && st == EXL_OK; i++) {
             const exl_qz_lin *x = &L->lin[first + i];
             if (x->stage != stage)
@@ -525,7 +570,8 @@ static exl_status quant_block(qz *q, exl_qz_part *part, int32_t l, int k) {
     }
     double acc = -1;
     if (st == EXL_OK && !rtn(q)) {
-        st = run_block(q, k, w, q->x, q->x, NULL);
+        st = keep ? tail_output(q, w[tail], keep, L->lin[tail].src.in_features)
+                  : run_block(q, k, w, q->x, q->x, NULL, 0, NULL);
         exl_qz_prof_enter(EXL_QZ_PROF_ACCURACY);
         acc = accuracy_of(q->x, q->ref, q->T * q->H, sq_norm(q->ref, q->T * q->H));
         exl_qz_prof_leave();
@@ -546,6 +592,7 @@ static exl_status quant_block(qz *q, exl_qz_part *part, int32_t l, int k) {
     exl_free(t);
     exl_free(Wq);
     exl_free(w);
+    exl_free(keep);
     return st;
 }
 
@@ -608,7 +655,7 @@ static exl_status write_head(qz *q) {
             st = exl_hessian_init(&h, q->H);
         const exl_linear *want[1] = {q->m->head};
         exl_hessian *hp[1] = {&h};
-        exl_qz_capture cap = {&q->run, 1, want, hp};
+        exl_qz_capture cap = {&q->run, 1, want, hp, NULL, NULL, 0};
         if (st == EXL_OK)
             st = exl_qz_run_head(&q->run, q->x, exl_qz_capture_inputs, &cap);
         if (st == EXL_OK)

@@ -230,12 +230,16 @@ exl_status exl_qz_run_layer_err(exl_qz_runner *r, const exl_layer *layer, int32_
 /* The head's input (the final norm of x) to the hook. */
 exl_status exl_qz_run_head(exl_qz_runner *r, const float *x, exl_linear_hook hook, void *user);
 
-/* An exl_linear_hook that adds the inputs of w[i] to Hessian h[i], i < n (an expert's: the rows routed to it). */
+/* An exl_linear_hook that adds the inputs of w[i] to Hessian h[i], i < n (an expert's: the rows routed to it); the
+ * inputs of keep_w (one of the w[i], or NULL) also go to keep, row after row (kept counts them). */
 typedef struct exl_qz_capture {
     exl_qz_runner *r;
     int32_t n;
     const exl_linear *const *w;
     exl_hessian *const *h;
+    const exl_linear *keep_w;
+    float *keep;
+    int64_t kept;
 } exl_qz_capture;
 exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w, const float *x, int32_t rows);
 
