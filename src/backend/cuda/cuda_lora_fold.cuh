@@ -2,10 +2,10 @@
  * (cuda_qgemv.cu's qgemv_kernel<1>; the plan folds a lora node there, cuda_plan.cu), so that adapters add no launch.
  * Two ways (the kernel's instantiations EXL_LORA_IN_BLOCK and EXL_LORA_SIDE; no adapter: EXL_LORA_NONE, no LoRA
  * code at all):
- * - side blocks (exl_lora_side, at the end), where the launch's blocks add their sums to the output atomically (every
- *   decode GEMV of a 7B model): a few extra blocks, beside the GEMV's own, compute the updates whole and add them
- *   atomically too; the GEMV's blocks do exactly what they do without an adapter. The updates' dependent round trips
- *   (x, the dots, their exchange, Bt) run while the GEMV's blocks stream their weights, off their path.
+ * - side blocks (exl_lora_side, at the end; EXL_CUDA_LORA_SIDE=1), where the launch's blocks add their sums to the
+ *   output atomically (every decode GEMV of a 7B model): the GEMV's blocks store the runs of the dots as below, and a
+ *   few extra blocks beside them do the expand (wait for the runs, sum them, add the updates atomically), so that no
+ *   GEMV block has the expand's round trips after its chunk loop.
  * - in-block (the rest of this file, r2-lora3), where the blocks store their sums (one block a column tile merges):
  *   the updates ride on the GEMV's blocks, as follows.
  *
@@ -65,6 +65,11 @@ typedef struct exl_lora_first {
     int unit;                      /* -1: none */
 } exl_lora_first;
 
+/* the GEMV's own grid columns (the side blocks' come after them) */
+__device__ __forceinline__ int exl_lora_grid_x(const exl_lora_fold &L) {
+    return L.side_cols ? L.side_x0 : (int)gridDim.x;
+}
+
 /* run `unit` into r.a, r.k0, r.n (n_mats matrices of in inputs) */
 __device__ __forceinline__ void exl_lora_run_of(const exl_lora_fold &L, int unit, int n_mats, int in, exl_lora_run &r) {
     r.a = NULL, r.k0 = 0, r.n = 0, r.unit = unit;
@@ -87,7 +92,7 @@ __device__ __forceinline__ exl_lora_first exl_lora_run_start(const exl_lora_fold
                                                              const float *norm, int x_slots) {
     exl_lora_first r;
     exl_lora_run run;
-    const int unit = (int)(blockIdx.y * gridDim.x + blockIdx.x);
+    const int unit = (int)blockIdx.y * exl_lora_grid_x(L) + (int)blockIdx.x;
     r.unit = unit < L.units ? unit : -1;
     run.a = NULL, run.n = 0, run.k0 = 0;
     if (r.unit >= 0)
@@ -176,8 +181,8 @@ __device__ __forceinline__ void exl_lora_run_publish(const exl_lora_fold &L, int
 __device__ __forceinline__ void exl_lora_run_rest(const exl_lora_fold &L, int n_mats, int in, const float *x,
                                                   const float *up, const float *norm, int act, int x_slots,
                                                   float *warp_sums) {
-    const int blocks = (int)(gridDim.x * gridDim.y);
-    for (int unit = (int)(blockIdx.y * gridDim.x + blockIdx.x) + blocks; unit < L.units; unit += blocks) {
+    const int blocks = exl_lora_grid_x(L) * (int)gridDim.y;
+    for (int unit = (int)blockIdx.y * exl_lora_grid_x(L) + (int)blockIdx.x + blocks; unit < L.units; unit += blocks) {
         exl_lora_run r;
         exl_lora_run_of(L, unit, n_mats, in, r);
         float s = exl_lora_run_dot(L, r, x, up, norm, act, x_slots, 0);
@@ -253,29 +258,19 @@ __device__ __forceinline__ float exl_lora_expand(const exl_lora_fold &L, int n_m
     return acc;
 }
 
-/* ---- side blocks: the updates beside the GEMV's own blocks, in launches whose blocks add to the output atomically */
+/* ---- side blocks: the expand beside the GEMV's own blocks, in launches whose blocks add to the output atomically */
 
-#define EXL_LORA_SIDE_DOTS 4   /* dot products a side block sums in one pass over the input */
-#define EXL_LORA_SIDE_MAX 1024 /* dots (uses x matrices x ranks) at most: ts in the kernel's red (1024 floats) */
+#define EXL_LORA_SIDE_MAX 1024 /* runs at most: staged in the kernel's red (1024 floats) */
 
 /* what a side block reads and where it adds (the GEMV's inputs and outputs) */
 typedef struct exl_lora_side_io {
-    const float *x, *up, *norm;
+    const float *x;
     float eps;
-    int32_t act, in, x_slots, n_mats;
+    int32_t in, n_mats, norm; /* norm: the runs leave out 1 / RMS of x */
     float *out[3];
     int32_t width[3];       /* 0 past n_mats */
     const int32_t *out_map; /* the GEMV's: output column c of a matrix goes to out_map[c] */
 } exl_lora_side_io;
-
-/* dot d's row of A (use u, matrix i, rank j as exl_lora_run_of with one piece), NULL where its t is 0 */
-__device__ __forceinline__ const float *exl_lora_dot_row(const exl_lora_fold &L, int d, int n_mats, int in) {
-    const int u = d / (n_mats * L.max_rank), i = d / L.max_rank % n_mats, j = d % L.max_rank;
-    if (!L.factors[i])
-        return NULL;
-    const exl_lora_factors f = L.factors[i][__ldg(L.use_slot + u)];
-    return j < f.rank ? f.a + (int64_t)j * in : NULL;
-}
 
 /* global column c of the matrices side by side: its matrix i and column in it (selects, not indexing: the struct
  * stays in registers) */
@@ -293,28 +288,23 @@ __device__ __forceinline__ float *exl_lora_out_of(const exl_lora_side_io &io, in
     return i == 0 ? io.out[0] : i == 1 ? io.out[1] : io.out[2];
 }
 
-/* One side block (`side` of `sides`, grid columns side_x0 on; all its threads): it calls griddepcontrol's start
- * itself. Before the wait it asks L2 for its dots' rows of A and its columns' rows of Bt (constant within a step);
- * after it, one pass over the input sums its dots (d = side, side + sides, ..., EXL_LORA_SIDE_DOTS at a time: x'
- * loaded once for them) and the row's sum of squares with a norm (every side block: each needs 1 / RMS), and thread
- * e stores dot e's sum in t_part (EXL_LORA_UNSET until then: the value is its own flag, as the in-block fold's
- * runs). Then it loads every dot (again where one is still unset), ts[d] = t * scale_u * (1 / RMS), counts itself
- * (the last resets t_part and the count for the next launch, as exl_lora_expand), and adds its share of the columns'
- * updates to the outputs atomically. The GEMV's blocks do nothing of this: no extra work or wait on their path.
- * Why it cannot hang: only side blocks wait, only for side blocks, which never wait before they have stored their
- * dots; the GEMV's blocks never wait, so a side block not yet placed gets an SM when they finish. ts: shared
- * scratch of EXL_LORA_SIDE_MAX floats. */
+/* One side block (`side` of `sides`, grid columns side_x0 on; all its threads; it calls griddepcontrol's start
+ * itself). The GEMV's own blocks store the runs of the dots as in the in-block fold (the shrink stays spread over the
+ * whole first wave: a side block summing whole dots takes 10-50 us, bench/LOG.md r2-lora4) and skip the expand.
+ * Before the wait a side block asks L2 for its columns' rows of Bt (constant within a step); after it, every thread
+ * loads its share of all the runs at once (again where one is still unset) into ts, with a norm also its share of the
+ * row's sum of squares (1 / RMS: the runs leave it out); the dots' sums (pieces a dot, in run order) times scale_u
+ * and 1 / RMS go back into ts; the block counts itself (the last resets the runs and the count for the next launch,
+ * as exl_lora_expand) and adds its share of the columns' updates (sum over uses and ranks of t * Bt) atomically.
+ * Why it cannot hang: only side blocks wait, for the GEMV's blocks, which store their runs before their chunk loop
+ * and never wait; a block not yet placed gets an SM when others finish. ts: shared scratch of EXL_LORA_SIDE_MAX
+ * floats (L.units at most). */
 __device__ __forceinline__ void exl_lora_side(const exl_lora_fold &L, const exl_lora_side_io &io, int side, int sides,
                                               float *ts) {
     const int D = L.n_uses * io.n_mats * L.max_rank, tid = (int)threadIdx.x;
     const int cols = io.width[0] + io.width[1] + io.width[2]; /* 0 past n_mats */
     const int per = ((cols + sides - 1) / sides + 31) / 32 * 32, c_begin = side * per;
     const int c_end = min(cols, c_begin + per);
-    for (int d = side; d < D; d += sides) {
-        const float *row = exl_lora_dot_row(L, d, io.n_mats, io.in);
-        for (int k = tid * 32; row && k < io.in; k += (int)blockDim.x * 32)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(row + k));
-    }
     const int lines = (max(0, c_end - c_begin) + 31) / 32, pairs = L.n_uses * L.max_rank;
     for (int k = tid; k < pairs * lines; k += (int)blockDim.x) {
         const int u = k / lines / L.max_rank, j = k / lines % L.max_rank, i0 = c_begin + k % lines * 32;
@@ -327,87 +317,74 @@ __device__ __forceinline__ void exl_lora_side(const exl_lora_fold &L, const exl_
             asm volatile("prefetch.global.L2 [%0];" ::"l"(f.bt + (int64_t)j * exl_lora_width_of(io, i) + c));
     }
     exl_pdl_start();
-    /* the dots, EXL_LORA_SIDE_DOTS a pass; one pass at least with a norm (its sum of squares) */
-    float ss = 0.0f;
-    for (int d0 = side, first = 1; d0 < D || (first && io.norm); d0 += EXL_LORA_SIDE_DOTS * sides, first = 0) {
-        const float *row[EXL_LORA_SIDE_DOTS];
-        float s[EXL_LORA_SIDE_DOTS];
+    /* the runs (4 a thread at most) and the sum of squares, their loads in flight together */
+    float v[EXL_LORA_SIDE_MAX / 256];
 #pragma unroll
-        for (int e = 0; e < EXL_LORA_SIDE_DOTS; e++) {
-            const int d = d0 + e * sides;
-            row[e] = d < D ? exl_lora_dot_row(L, d, io.n_mats, io.in) : NULL;
-            s[e] = 0.0f;
+    for (int e = 0; e < EXL_LORA_SIDE_MAX / 256; e++) {
+        const int k = e * (int)blockDim.x + tid;
+        v[e] = k < L.units ? __ldcv(L.t_part + k) : 0.0f;
+    }
+    float ss = 0.0f;
+    if (io.norm && io.in % 4 == 0 && ((uintptr_t)io.x & 15) == 0) {
+#pragma unroll 4
+        for (int k = tid; k < io.in / 4; k += (int)blockDim.x) {
+            const float4 x = __ldcg((const float4 *)io.x + k);
+            ss += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
         }
+    } else if (io.norm) {
 #pragma unroll 4
         for (int k = tid; k < io.in; k += (int)blockDim.x) {
-            const int at = io.x_slots ? __ldg(L.slot_of + k) : k;
-            float v = __ldcg(io.x + at);
-            if (io.norm) {
-                ss += first ? v * v : 0.0f;
-                v *= __ldg(io.norm + k);
-            } else if (io.up) {
-                v = exl_cuda_activate(v, io.act) * __ldcg(io.up + at);
-            }
-#pragma unroll
-            for (int e = 0; e < EXL_LORA_SIDE_DOTS; e++)
-                s[e] += row[e] ? v * __ldg(row[e] + k) : 0.0f;
+            const float x = __ldcg(io.x + k);
+            ss += x * x;
         }
-        /* the block's sums: warp w's partials at ts[w * 8 + e] */
+    }
 #pragma unroll
-        for (int e = 0; e < EXL_LORA_SIDE_DOTS; e++)
-            for (int off = 16; off > 0; off >>= 1)
-                s[e] += __shfl_xor_sync(0xffffffffu, s[e], off);
-        __syncthreads(); /* ts read by the pass before */
-        if ((tid & 31) == 0)
-#pragma unroll
-            for (int e = 0; e < EXL_LORA_SIDE_DOTS; e++)
-                ts[(tid >> 5) * 8 + e] = s[e];
-        __syncthreads();
-        if (tid < EXL_LORA_SIDE_DOTS && d0 + tid * sides < D) {
-            float t = 0.0f;
-            for (int w = 0; w < (int)blockDim.x / 32; w++)
-                t += ts[w * 8 + tid];
-            __stcg(L.t_part + d0 + tid * sides, t);
+    for (int e = 0; e < EXL_LORA_SIDE_MAX / 256; e++) {
+        const int k = e * (int)blockDim.x + tid;
+        if (k >= L.units)
+            continue;
+        while (__float_as_uint(v[e]) == EXL_LORA_UNSET) { /* its block has not stored it yet */
+            __nanosleep(32);
+            v[e] = __ldcv(L.t_part + k);
         }
+        ts[k] = v[e];
     }
     float inv = 1.0f;
     if (io.norm) {
         for (int off = 16; off > 0; off >>= 1)
             ss += __shfl_xor_sync(0xffffffffu, ss, off);
-        __syncthreads(); /* the partials read */
         if ((tid & 31) == 0)
-            ts[tid >> 5] = ss;
-        __syncthreads();
-        ss = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / 32; w++)
-            ss += ts[w];
-        inv = rsqrtf(ss / io.in + io.eps);
-    }
-    __syncthreads(); /* ts free */
-    /* every dot, 8 loads in flight a thread (D <= 1024: 4 a thread at most) */
-    for (int k0 = 0; k0 < D; k0 += 8 * (int)blockDim.x) {
-        float v[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            const int k = k0 + e * (int)blockDim.x + tid;
-            v[e] = k < D ? __ldcv(L.t_part + k) : 0.0f;
-        }
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            const int k = k0 + e * (int)blockDim.x + tid;
-            if (k >= D)
-                continue;
-            while (__float_as_uint(v[e]) == EXL_LORA_UNSET) { /* its side block has not stored it yet */
-                __nanosleep(32);
-                v[e] = __ldcv(L.t_part + k);
-            }
-            ts[k] = v[e] * __ldg(L.use_scale + k / (io.n_mats * L.max_rank)) * inv;
-        }
+            ts[EXL_LORA_SIDE_MAX - 1 - (tid >> 5)] = ss; /* past the runs: units <= EXL_LORA_SIDE_MAX - 8 */
     }
     __syncthreads();
-    if (tid == 0 && atomicAdd(L.sync, 1u) == (unsigned)sides - 1) { /* the last: every dot unset again */
+    if (io.norm) {
+        ss = 0.0f;
+        for (int w = 0; w < (int)blockDim.x / 32; w++)
+            ss += ts[EXL_LORA_SIDE_MAX - 1 - w];
+        inv = rsqrtf(ss / io.in + io.eps);
+    }
+    /* each dot's pieces summed in run order (a thread holds up to 4 dots), then back into ts[d] */
+    float t[EXL_LORA_SIDE_MAX / 256];
+#pragma unroll
+    for (int e = 0; e < EXL_LORA_SIDE_MAX / 256; e++) {
+        const int d = e * (int)blockDim.x + tid;
+        t[e] = 0.0f;
+        for (int p = 0; d < D && p < L.pieces; p++)
+            t[e] += ts[d * L.pieces + p];
+        if (d < D)
+            t[e] *= __ldg(L.use_scale + d / (io.n_mats * L.max_rank)) * inv;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < EXL_LORA_SIDE_MAX / 256; e++) {
+        const int d = e * (int)blockDim.x + tid;
+        if (d < D)
+            ts[d] = t[e];
+    }
+    __syncthreads();
+    if (tid == 0 && atomicAdd(L.sync, 1u) == (unsigned)sides - 1) { /* the last: every run unset again */
         const float u = __uint_as_float(EXL_LORA_UNSET);
-        for (int k = 0; k < D; k += 4) /* 16 bytes a store: t_part is aligned and holds whole 4s */
+        for (int k = 0; k < L.units; k += 4) /* 16 bytes a store: t_part is aligned and holds whole 4s */
             __stcg((float4 *)(L.t_part + k), make_float4(u, u, u, u));
         *L.sync = 0;
     }
@@ -420,11 +397,11 @@ __device__ __forceinline__ void exl_lora_side(const exl_lora_fold &L, const exl_
         float acc = 0.0f;
         for (int u = 0; u < L.n_uses; u++) {
             const exl_lora_factors f = L.factors[i][__ldg(L.use_slot + u)];
-            const float *t = ts + (u * io.n_mats + i) * L.max_rank;
+            const float *tu = ts + (u * io.n_mats + i) * L.max_rank;
             const float *bt = f.bt + c;
 #pragma unroll 8
             for (int j = 0; j < f.rank; j++)
-                acc += t[j] * __ldg(bt + (int64_t)j * width);
+                acc += tu[j] * __ldg(bt + (int64_t)j * width);
         }
         atomicAdd(exl_lora_out_of(io, i) + (io.out_map ? __ldg(io.out_map + c) : c), acc);
     }

@@ -245,16 +245,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
     __shared__ float inv[R], red_rms[GEMV_THREADS / 32];
     __shared__ int is_last;
     const int tid = threadIdx.x, quad = tid % 64, sub = tid / 64;
-    constexpr bool FOLD = R == 1 && LORA == EXL_LORA_IN_BLOCK;
+    /* the runs of the dots in these blocks (both ways), the expand too (in-block) */
+    constexpr bool SHRINK = R == 1 && LORA != EXL_LORA_NONE, FOLD = R == 1 && LORA == EXL_LORA_IN_BLOCK;
     if (R == 1 && LORA == EXL_LORA_SIDE && (int)blockIdx.x >= a.lora.side_x0) { /* a side block */
         const exl_lora_side_io io = {a.x,
-                                     a.up,
-                                     a.norm,
                                      a.eps,
-                                     a.act,
                                      a.in,
-                                     a.x_slots,
                                      a.n_mats,
+                                     a.norm != NULL,
                                      {a.m[0].out, a.m[1].out, a.m[2].out},
                                      {a.m[0].n_out, a.m[1].n_out, a.m[2].n_out},
                                      a.out_map};
@@ -304,13 +302,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         }
     }
     exl_lora_first lrun = {};
-    if (FOLD) {
+    if (SHRINK) {
         lrun = exl_lora_run_start(a.lora, a.n_mats, a.in, a.norm, a.x_slots);
-        if (blockIdx.y == 0)
+        if (FOLD && blockIdx.y == 0)
             exl_lora_prefetch_bt(a.lora, mi, col0 - quad * 4, M.n_out);
     }
     exl_pdl_start();
-    if (FOLD)
+    if (SHRINK)
         exl_lora_run_load(lrun, a.x, a.up, a.act);
     /* one normed row: the RMS pass's coalesced loads keep the row in shared memory and the
      * gather reads it there, instead of one scattered global load per input */
@@ -351,10 +349,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, R == 1 ? 3 : 2) qgemv_kernel(con
         for (int r = 0; r < R; r++)
             xs[r * xs_stride + i] = __floats2half2_rn(input_at<R>(a, r, sp.x, inv), input_at<R>(a, r, sp.y, inv));
     }
-    if (FOLD)
+    if (SHRINK)
         exl_lora_run_sum(a.lora, lrun, a.n_mats, a.in, a.x, a.up, a.norm, a.act, a.x_slots, red_rms);
     __syncthreads();
-    if (FOLD) {
+    if (SHRINK) {
         exl_lora_run_publish(a.lora, lrun.unit, red_rms);
         exl_lora_run_rest(a.lora, a.n_mats, a.in, a.x, a.up, a.norm, a.act, a.x_slots, red_rms);
     }
@@ -1386,12 +1384,13 @@ static exl_lora_fold lora_fold_of(const exl_cuda_backend *cb, const exl_cuda_fus
     return L;
 }
 
-/* EXL_CUDA_LORA_SIDE: 1 (default) side blocks where the launch's blocks add atomically anyway, 0 the in-block fold
- * in every launch, 2 side blocks wherever the outputs allow atomic adds (zeroed before, or accumulated: the tests'
+/* EXL_CUDA_LORA_SIDE: 0 (default: the side blocks measured 0.397 of the no-adapter rate against the in-block fold's
+ * 0.701 on an H100, bench/RESULTS.md) the in-block fold in every launch, 1 side blocks where the launch's blocks add
+ * atomically anyway, 2 side blocks wherever the outputs allow atomic adds (zeroed before, or accumulated: the tests'
  * small matrices, which take no split); read when a step is launched or captured */
 static int lora_side_mode(void) {
     const char *e = getenv("EXL_CUDA_LORA_SIDE");
-    return e && *e ? atoi(e) : 1;
+    return e && *e ? atoi(e) : 0;
 }
 
 /* Side blocks (cuda_lora_fold.cuh) where the launch's blocks add their sums atomically: the dots whole (one piece)
@@ -1401,14 +1400,15 @@ static void lora_side_of(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f,
     exl_lora_fold *L = &a->lora;
     const int32_t dots = L->n_uses * a->n_mats * L->max_rank, tiles = a->m[a->n_mats - 1].tile_end;
     const int mode = lora_side_mode();
+    if (mode == 0 || !L->units || L->units > EXL_LORA_SIDE_MAX - 8) /* the runs and 8 sums of squares in red */
+        return;
     if (mode == 2 && (f->accumulate || f->out_zeroed) && !cb->deterministic)
         a->atomic_add = 1;
-    if (!a->atomic_add || !L->units || dots > EXL_LORA_SIDE_MAX || mode == 0)
+    if (!a->atomic_add)
         return;
     int32_t cols = (dots + split - 1) / split;
     while (cols > 1 && (int64_t)(tiles + cols) * split > (int64_t)BLOCKS_PER_SM * cb->n_sms)
         cols--;
-    L->pieces = 1, L->piece_len = a->in, L->units = dots;
     L->side_x0 = tiles, L->side_cols = cols;
 }
 
