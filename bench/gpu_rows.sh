@@ -6,8 +6,9 @@
 # verification steps) for each of STEP_CFGS, with the per-matrix times again (so KERNELS=0 loses nothing for the
 # configurations STEP_CFGS names). A configuration is "default" or environment settings joined by commas,
 # e.g. EXL_CUDA_GEMV_A=1,EXL_CUDA_GEMV_A_ROWS=5; by default the matrices compare the default split (CUDA cores up
-# to 4 rows, cuda_qmma.cu beyond), the GEMV with the weights as the mma's A operand (EXL_CUDA_GEMV_A=1) and the
-# rows-as-A tensor-core GEMV from 2 rows (EXL_CUDA_GEMV_MMA_ROWS=2); the steps the
+# to 4 rows, cuda_qmma.cu beyond), the GEMV with the weights as the mma's A operand (EXL_CUDA_GEMV_A=1; two blocks an
+# SM, or one: EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1) and the rows-as-A tensor-core GEMV from 2 rows
+# (EXL_CUDA_GEMV_MMA_ROWS=2); the steps the
 # default and EXL_CUDA_GEMV_A=1 (more, e.g. the RMSNorm in every block up to 16 rows or never:
 # EXL_CUDA_GEMV_MMA_NORM_ROWS=16 / =1, default 8).
 # usage (from the repo root): bench/gpu_rows.sh [DIR]   DIR as tests/gpu/run.sh's (default .gpu: bin/ from
@@ -41,7 +42,8 @@ if [ "${TESTS:-1}" != 0 ]; then
     grep -E "decode 2-16 rows|^FAIL" "$out/rows_test_gpu_det.log"
     tail -1 "$out/rows_test_gpu_det.log"
 fi
-kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_MMA_ROWS=2"}
+kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_A=1,EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1
+    EXL_CUDA_GEMV_MMA_ROWS=2"}
 [ "${KERNELS:-1}" = 0 ] || for cfg in $kernel_cfgs; do
     [ "$cfg" = default ] && cfg=""
     echo "==== per matrix, ${cfg:-default}"
