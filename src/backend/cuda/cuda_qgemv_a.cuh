@@ -30,6 +30,7 @@
 
 #define A_WARPS (COL_TILE / 32) /* a warp per 32 features of the column tile */
 #define A_THREADS (A_WARPS * 32)
+#define A_L2_CHUNKS 8 /* chunks a warp asks L2 for before griddepcontrol.wait */
 
 /* word rows of a column's chunk a lane reads for its quarter at B bits, and which */
 template <int B>
@@ -162,18 +163,15 @@ __device__ __forceinline__ void a_multiply(const a_lane &L, const a_batch<B, GPT
         }
 }
 
-/* the chunks from k on of one width, at most `most` of them */
-__device__ __forceinline__ int a_run(const int4 *desc, int k, int n_loc, int bits, int most) {
-    int n = 1;
-    while (n < most && k + n < n_loc && desc[k + n].y == bits)
-        n++;
-    return n;
-}
+/* the chunks from k on of one width, at most `most` (<= A_RUN_MAX) of them: the run length the prologue left in
+ * desc[k].w */
+#define A_RUN_MAX 4
+__device__ __forceinline__ int a_run(const int4 *desc, int k, int most) { return min(desc[k].w, most); }
 
 /* The next batch after the one at k of n chunks: its first chunk (k + n) and count (0: the width changes there) */
 template <int B>
 __device__ __forceinline__ int a_next(const int4 *desc, int k, int n, int n_loc, int most) {
-    return k + n < n_loc && desc[k + n].y == B ? a_run(desc, k + n, n_loc, B, most) : 0;
+    return k + n < n_loc && desc[k + n].y == B ? a_run(desc, k + n, most) : 0;
 }
 
 /* The warp's chunks of width B from k on, while they last: batches of U in two sets of registers taken in turn, the
@@ -183,7 +181,7 @@ __device__ __forceinline__ int a_chunks(const a_lane &L, const int4 *desc, int k
                                         float (&acc)[2][NT][4]) {
     constexpr int U = a_batch<B, GPTQ, MB>::U;
     a_batch<B, GPTQ, MB> b0, b1;
-    int n = a_run(desc, k, n_loc, B, U);
+    int n = a_run(desc, k, U);
     a_load<B, GPTQ, MB>(L, desc + k, n, b0);
 #pragma unroll 1
     for (;;) {
@@ -254,8 +252,15 @@ __global__ void __launch_bounds__(A_THREADS, MB) qgemv_a_kernel(const __grid_con
     L.zs = zrs + warp * 32 + 4 * g;
     L.t = t;
 
-    for (int i = tid; i < n_loc; i += A_THREADS)
-        desc[i] = __ldg(q.chunks + c0 + i);
+    /* the chunk descriptors, each with the run of chunks of its width from it (.w, at most A_RUN_MAX) */
+    for (int i = tid; i < n_loc; i += A_THREADS) {
+        int4 m = __ldg(q.chunks + c0 + i);
+        int run = 1;
+        while (run < A_RUN_MAX && i + run < n_loc && __ldg(&q.chunks[c0 + i + run].y) == m.y)
+            run++;
+        m.w = run;
+        desc[i] = m;
+    }
     /* this thread's first activation pairs' inputs (constant tables) before the wait */
     const int n_pairs = n_loc * 16;
     int2 sp[MMA_PRE_PAIRS];
@@ -272,11 +277,12 @@ __global__ void __launch_bounds__(A_THREADS, MB) qgemv_a_kernel(const __grid_con
             cp_async16(smem_addr(zrs + c * COL_TILE + 8 * p), q.zeros + at);
     }
     cp_async_commit();
-    /* the first chunks' words asked of L2 while the previous kernel ends */
-    for (int k = 0; k < n_loc && k < 4; k++) {
+    /* the first A_L2_CHUNKS chunks' words asked of L2 while the previous kernel ends and the activations are
+     * gathered (the lanes of a t: a 128-byte row of the warp's features; all of a block's codes in q_proj's split) */
+    for (int k = 0; k < n_loc && k < A_L2_CHUNKS; k++) {
         const int4 m = desc[k];
-        if (t < m.y)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(L.w + (int64_t)(m.x + t) * EXL_QW_TILE));
+        for (int r = t; r < m.y; r += 4)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(L.w + (int64_t)(m.x + r) * EXL_QW_TILE));
     }
     exl_pdl_start();
     if (a.norm)
