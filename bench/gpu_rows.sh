@@ -7,7 +7,8 @@
 # configurations STEP_CFGS names). A configuration is "default" or environment settings joined by commas,
 # e.g. EXL_CUDA_GEMV_A=1,EXL_CUDA_GEMV_A_ROWS=5; by default the matrices compare the default split (CUDA cores up
 # to 4 rows, cuda_qmma.cu beyond), the GEMV with the weights as the mma's A operand (EXL_CUDA_GEMV_A=1; two blocks an
-# SM, or one: EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1) and the rows-as-A tensor-core GEMV from 2 rows
+# SM, or one: EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1; from one row: EXL_CUDA_GEMV_A_ROWS=1, its 1-row time against
+# qgemv_kernel<1>'s in the default's table) and the rows-as-A tensor-core GEMV from 2 rows
 # (EXL_CUDA_GEMV_MMA_ROWS=2); the steps the
 # default, EXL_CUDA_GEMV_A=1 and the same with the RMSNorm in every block only up to 2 rows (its ~240-block q/k/v
 # launch reads every normed row whole in each block: EXL_CUDA_GEMV_MMA_NORM_ROWS, default 8; beyond, a launch of
@@ -44,7 +45,7 @@ if [ "${TESTS:-1}" != 0 ]; then
     tail -1 "$out/rows_test_gpu_det.log"
 fi
 kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_A=1,EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1
-    EXL_CUDA_GEMV_MMA_ROWS=2"}
+    EXL_CUDA_GEMV_A=1,EXL_CUDA_GEMV_A_ROWS=1 EXL_CUDA_GEMV_MMA_ROWS=2"}
 [ "${KERNELS:-1}" = 0 ] || for cfg in $kernel_cfgs; do
     [ "$cfg" = default ] && cfg=""
     echo "==== per matrix, ${cfg:-default}"

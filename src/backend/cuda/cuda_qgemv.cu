@@ -1053,7 +1053,8 @@ const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t wi
 
 enum { GEMV_NONE, GEMV_PLAIN, GEMV_MMA, GEMV_A };
 
-/* the rows qgemv_a_kernel takes (EXL_CUDA_GEMV_A=1; EXL_CUDA_GEMV_A_ROWS=LO or LO-HI, default 2-16; off: lo 0),
+/* the rows qgemv_a_kernel takes (EXL_CUDA_GEMV_A=1; EXL_CUDA_GEMV_A_ROWS=LO or LO-HI, default 2-16, LO 1 for an A/B
+ * of one row, which then folds no LoRA update; off: lo 0),
  * its blocks an SM and the shared memory a block may ask for */
 static int a_rows_lo, a_rows_hi, a_sm_blocks = 2, a_smem_share[3];
 
@@ -1227,7 +1228,7 @@ static void a_init(const exl_cuda_backend *cb) {
         e = getenv("EXL_CUDA_GEMV_A_ROWS");
         int lo = 0, hi = 0;
         const int n = e ? sscanf(e, "%d-%d", &lo, &hi) : 0;
-        if (n >= 1 && lo >= 2 && lo <= EXL_CUDA_QGEMV_MAX_ROWS)
+        if (n >= 1 && lo >= 1 && lo <= EXL_CUDA_QGEMV_MAX_ROWS)
             a_rows_lo = lo;
         if (n == 2 && hi >= a_rows_lo && hi <= EXL_CUDA_QGEMV_MAX_ROWS)
             a_rows_hi = hi;
