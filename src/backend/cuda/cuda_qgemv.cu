@@ -1218,8 +1218,8 @@ static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_arg
 }
 
 /* qgemv_a_kernel's rows (EXL_CUDA_GEMV_A, EXL_CUDA_GEMV_A_ROWS), and its variant for up to 8 rows: two blocks an SM
- * (128 registers; small spills in the 6- and 8-bit paths) or with EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1 one (255 registers,
- * no spill); each block at most its share of the SM's shared memory */
+ * (128 registers; a few reloads a batch, more in the 6- and 8-bit paths) or with EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1 one
+ * (226 registers, no spill); each block at most its share of the SM's shared memory */
 static void a_init(const exl_cuda_backend *cb) {
     const char *e = getenv("EXL_CUDA_GEMV_A");
     a_rows_lo = a_rows_hi = 0;
