@@ -17,11 +17,12 @@
  * B alike, which is the order the activation gather (mma_xs_at) already stores: rows g and g + 8 of pairs 4t ..
  * 4t + 3 in two 16-byte loads serve both n8 tiles and both m16 tiles.
  *
- * Memory in flight: a warp loads its chunks in batches (a_batch_chunks: 4 at 2 and 4 bits, 2 at 3, 6 and 8, 1 at
- * 5), the next batch's loads issued before it multiplies this one: 2-4 KiB a warp at 4 bits, 32-64 KiB an SM with
- * two 8-warp blocks. The
- * chunk descriptors of the block are read into shared memory and the first chunks asked of L2 before
- * griddepcontrol.wait (weights are constant), while the earlier kernel ends and the activations are gathered.
+ * Memory in flight: a warp loads its chunks in batches of one width (a_batch_chunks; the run lengths are in the
+ * descriptors), the next batch's loads issued before it multiplies this one: 2-4 KiB a warp at 4 bits, 32-64 KiB an
+ * SM with two 8-warp blocks (MB 2, up to 8 rows), half that with one (MB 1: EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1, and
+ * 9-16 rows, whose second n8 tile needs the registers). The chunk descriptors of the block are read into shared
+ * memory and each warp's first A_L2_CHUNKS chunks asked of L2 before griddepcontrol.wait (weights are constant),
+ * while the earlier kernel ends and the activations are gathered.
  * Zeros are exact as in every kernel here ((1024 + q) - (1024 + z) in fp16); products are summed in fp32 by the
  * mma for a chunk and scaled per chunk and feature in fp32. Splits, atomic adds, the merge, the norm and GLU of the
  * input, slot order, the residual add, bias, clears and KV prefetch are qgemv_mma_kernel's (same arguments). The
