@@ -6,10 +6,13 @@
 # verification steps) for each of STEP_CFGS, with the per-matrix times again (so KERNELS=0 loses nothing for the
 # configurations STEP_CFGS names). A configuration is "default" or environment settings joined by commas,
 # e.g. EXL_CUDA_GEMV_A=1,EXL_CUDA_GEMV_A_ROWS=5; by default the matrices compare the default split (CUDA cores up
-# to 4 rows, cuda_qmma.cu beyond), the GEMV with the weights as the mma's A operand (EXL_CUDA_GEMV_A=1) and the
-# rows-as-A tensor-core GEMV from 2 rows (EXL_CUDA_GEMV_MMA_ROWS=2); the steps the
-# default and EXL_CUDA_GEMV_A=1 (more, e.g. the RMSNorm in every block up to 16 rows or never:
-# EXL_CUDA_GEMV_MMA_NORM_ROWS=16 / =1, default 8).
+# to 4 rows, cuda_qmma.cu beyond), the GEMV with the weights as the mma's A operand (EXL_CUDA_GEMV_A=1; two blocks an
+# SM, or one: EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1; from one row: EXL_CUDA_GEMV_A_ROWS=1, its 1-row time against
+# qgemv_kernel<1>'s in the default's table) and the rows-as-A tensor-core GEMV from 2 rows
+# (EXL_CUDA_GEMV_MMA_ROWS=2); the steps the
+# default, EXL_CUDA_GEMV_A=1 and the same with the RMSNorm in every block only up to 2 rows (its ~240-block q/k/v
+# launch reads every normed row whole in each block: EXL_CUDA_GEMV_MMA_NORM_ROWS, default 8; beyond, a launch of
+# its own first).
 # usage (from the repo root): bench/gpu_rows.sh [DIR]   DIR as tests/gpu/run.sh's (default .gpu: bin/ from
 # tests/gpu/prepare.sh, shared/ or staged fixtures); without DIR/bin it builds build-gpu here. TESTS=0, KERNELS=0,
 # STEPS=0 skip the three parts (about 3, 2 and 4 minutes on an H100), e.g. to keep a device call under 10 minutes;
@@ -41,7 +44,8 @@ if [ "${TESTS:-1}" != 0 ]; then
     grep -E "decode 2-16 rows|^FAIL" "$out/rows_test_gpu_det.log"
     tail -1 "$out/rows_test_gpu_det.log"
 fi
-kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_MMA_ROWS=2"}
+kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_A=1,EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1
+    EXL_CUDA_GEMV_A=1,EXL_CUDA_GEMV_A_ROWS=1 EXL_CUDA_GEMV_MMA_ROWS=2"}
 [ "${KERNELS:-1}" = 0 ] || for cfg in $kernel_cfgs; do
     [ "$cfg" = default ] && cfg=""
     echo "==== per matrix, ${cfg:-default}"
@@ -51,7 +55,7 @@ kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_MMA_ROWS=2"}
     grep -E "^  [a-z_]+ [0-9]+x[0-9]+ |as decode rows" "$out/rows_kernels_$tag.log" |
         sed -E 's/ *\| [0-9]+ rows [^|]*//g'
 done
-step_cfgs=${STEP_CFGS:-"default EXL_CUDA_GEMV_A=1"}
+step_cfgs=${STEP_CFGS:-"default EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_A=1,EXL_CUDA_GEMV_MMA_NORM_ROWS=2"}
 [ "${STEPS:-1}" = 0 ] || for cfg in $step_cfgs; do
     [ "$cfg" = default ] && cfg=""
     echo "==== whole decode steps, 32 layers, ${cfg:-default}"

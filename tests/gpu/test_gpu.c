@@ -3899,7 +3899,7 @@ int main(int argc, char **argv) {
         test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym", "EXL_CUDA_GEMV_MMA_ROWS=17");
         /* the GEMV with the weights as the mma's A operand (cuda_qgemv_a.cuh): every fixture; one block a launch (the
          * whole input in one block's loop: width changes inside a warp's run); the norm in every block or before;
-         * a row range that leaves the others to the default kernels */
+         * a row range that leaves the others to the default kernels; its one-block-an-SM variant */
         test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", "EXL_CUDA_GEMV_A=1");
         test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", "EXL_CUDA_GEMV_A=1");
         test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym", "EXL_CUDA_GEMV_A=1");
@@ -3912,6 +3912,10 @@ int main(int argc, char **argv) {
         test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6", "EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_MMA_NORM_ROWS=16");
         test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", "EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_MMA_NORM_ROWS=1");
         test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", "EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_A_ROWS=5-9");
+        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6",
+                               "EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1");
+        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym",
+                               "EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1 EXL_CUDA_GEMV_MMA_BLOCKS=1");
         test_decode_rows(shared, "rand-mixtral"); /* 1-3 rows a step: the grouped GEMVs over several rows */
         test_decode_rows(shared, "rand-qwen3moe");
     }

@@ -1078,9 +1078,14 @@ const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t wi
 
 enum { GEMV_NONE, GEMV_PLAIN, GEMV_MMA, GEMV_A };
 
-/* the rows qgemv_a_kernel takes (EXL_CUDA_GEMV_A=1; EXL_CUDA_GEMV_A_ROWS=LO or LO-HI, default 2-16; off: lo 0),
+/* the rows qgemv_a_kernel takes (EXL_CUDA_GEMV_A=1; EXL_CUDA_GEMV_A_ROWS=LO or LO-HI, default 2-16, LO 1 for an A/B
+ * of one row, which then folds no LoRA update; off: lo 0),
  * its blocks an SM and the shared memory a block may ask for */
-static int a_rows_lo, a_rows_hi, a_sm_blocks = 2, a_smem_max;
+static int a_rows_lo, a_rows_hi, a_sm_blocks = 2, a_smem_share[3];
+
+/* the blocks an SM of the variant that takes rows: 9-16 rows always the one-block one (two n8 tiles at 128 registers
+ * spilled a whole 4-bit batch, stored as soon as loaded: the warp waited for every load) */
+static int a_blocks_for(int32_t rows) { return rows > 8 ? 1 : a_sm_blocks; }
 
 /* Which kernel takes f (GEMV_PLAIN: qgemv_kernel, up to ROWS_PER_LAUNCH rows a launch; GEMV_MMA: qgemv_mma_kernel,
  * from cb->gemv_mma_rows rows), GEMV_NONE if neither does (prompt rows past ROWS_PER_LAUNCH with
@@ -1175,8 +1180,8 @@ static bool a_gptq(const gemv_args *a) {
 /* qgemv_a_kernel's split: as plan_mma's (the fewest waves of blocks times a block's chunks and start), a_sm_blocks
  * blocks an SM, with fewer chunks a block where its activations would not fit */
 static void plan_a(const exl_cuda_backend *cb, int32_t tiles, int32_t chunks, gemv_args *a, int *split) {
-    const int budget = a_smem_max > 0 ? a_smem_max : 48 * 1024;
-    const int64_t slots = mma_blocks > 0 ? mma_blocks : (int64_t)cb->n_sms * a_sm_blocks;
+    const int mb = a_blocks_for(a->rows), budget = a_smem_share[mb] > 0 ? a_smem_share[mb] : 48 * 1024;
+    const int64_t slots = mma_blocks > 0 ? mma_blocks : (int64_t)cb->n_sms * mb;
     int s = 1;
     int64_t best = -1;
     for (int c = 1; c <= chunks && c <= 4 * slots; c++) {
@@ -1237,9 +1242,9 @@ static int plan(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_arg
     return kind;
 }
 
-/* qgemv_a_kernel's rows (EXL_CUDA_GEMV_A, EXL_CUDA_GEMV_A_ROWS), and its shared memory: a_sm_blocks blocks an SM
- * (EXL_CUDA_GEMV_A_BLOCKS_PER_SM; default as many as its registers allow, at most 2), each at most its share of the
- * SM's */
+/* qgemv_a_kernel's rows (EXL_CUDA_GEMV_A, EXL_CUDA_GEMV_A_ROWS), and its variant for up to 8 rows: two blocks an SM
+ * (128 registers; a few reloads a batch, more in the 6- and 8-bit paths) or with EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1 one
+ * (226 registers, no spill); each block at most its share of the SM's shared memory */
 static void a_init(const exl_cuda_backend *cb) {
     const char *e = getenv("EXL_CUDA_GEMV_A");
     a_rows_lo = a_rows_hi = 0;
@@ -1248,31 +1253,33 @@ static void a_init(const exl_cuda_backend *cb) {
         e = getenv("EXL_CUDA_GEMV_A_ROWS");
         int lo = 0, hi = 0;
         const int n = e ? sscanf(e, "%d-%d", &lo, &hi) : 0;
-        if (n >= 1 && lo >= 2 && lo <= EXL_CUDA_QGEMV_MAX_ROWS)
+        if (n >= 1 && lo >= 1 && lo <= EXL_CUDA_QGEMV_MAX_ROWS)
             a_rows_lo = lo;
         if (n == 2 && hi >= a_rows_lo && hi <= EXL_CUDA_QGEMV_MAX_ROWS)
             a_rows_hi = hi;
     }
-    /* as many as the registers allow (A_MIN_BLOCKS at least), at most 2 unless asked */
     e = getenv("EXL_CUDA_GEMV_A_BLOCKS_PER_SM");
-    int fit = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, qgemv_a_kernel<2>, A_THREADS, 0) != cudaSuccess || fit < 1)
-        fit = A_MIN_BLOCKS;
-    a_sm_blocks = e && atoi(e) >= 1 && atoi(e) <= 4 ? atoi(e) : fit < 2 ? fit : 2;
-    a_smem_max = 0;
+    a_sm_blocks = e && atoi(e) == 1 ? 1 : 2;
+    /* each variant's share of the SM's shared memory */
     int sm_smem = 0, reserved = 0;
-    cudaFuncAttributes f1 = {}, f2 = {};
-    if (cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, cb->device) == cudaSuccess &&
-        cudaFuncGetAttributes(&f1, qgemv_a_kernel<1>) == cudaSuccess &&
-        cudaFuncGetAttributes(&f2, qgemv_a_kernel<2>) == cudaSuccess) {
-        const int stat = (int)(f1.sharedSizeBytes > f2.sharedSizeBytes ? f1.sharedSizeBytes : f2.sharedSizeBytes);
-        const int share = (sm_smem / a_sm_blocks - reserved - stat) / 128 * 128;
-        if (share > 0 &&
-            cudaFuncSetAttribute(qgemv_a_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, share) ==
-                cudaSuccess &&
-            cudaFuncSetAttribute(qgemv_a_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, share) == cudaSuccess)
-            a_smem_max = share;
+    cudaFuncAttributes fa[3] = {};
+    void (*const k[3])(gemv_args) = {qgemv_a_kernel<1, 1>, qgemv_a_kernel<1, 2>, qgemv_a_kernel<2, 1>};
+    const int blocks[3] = {1, 2, 1};
+    a_smem_share[1] = a_smem_share[2] = 0;
+    int ok = cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->device) == cudaSuccess &&
+             cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, cb->device) == cudaSuccess;
+    for (int i = 0; i < 3 && ok; i++)
+        ok = cudaFuncGetAttributes(&fa[i], k[i]) == cudaSuccess;
+    int stat = 0;
+    for (int i = 0; i < 3; i++)
+        stat = (int)fa[i].sharedSizeBytes > stat ? (int)fa[i].sharedSizeBytes : stat;
+    for (int mb = 1; mb <= 2 && ok; mb++) {
+        const int share = (sm_smem / mb - reserved - stat) / 128 * 128;
+        int set = share > 0;
+        for (int i = 0; i < 3 && set; i++)
+            if (blocks[i] == mb)
+                set = cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, share) == cudaSuccess;
+        a_smem_share[mb] = set ? share : 0;
     }
     cudaGetLastError();
 }
@@ -1490,12 +1497,12 @@ void exl_cuda_qgemv_fused(exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
         }
         if (kind == GEMV_A) {
             const dim3 grid((unsigned)tiles, (unsigned)split);
-            if (f->rows <= 8)
-                exl_cuda_launch(cb, qgemv_a_kernel<1>, grid, dim3(A_THREADS),
-                                a_smem_bytes(a.chunks_per_block, a_gptq(&a)), a);
+            const size_t smem = a_smem_bytes(a.chunks_per_block, a_gptq(&a));
+            if (f->rows > 8)
+                exl_cuda_launch(cb, qgemv_a_kernel<2, 1>, grid, dim3(A_THREADS), smem, a);
             else
-                exl_cuda_launch(cb, qgemv_a_kernel<2>, grid, dim3(A_THREADS),
-                                a_smem_bytes(a.chunks_per_block, a_gptq(&a)), a);
+                exl_cuda_launch(cb, a_sm_blocks == 1 ? qgemv_a_kernel<1, 1> : qgemv_a_kernel<1, 2>, grid,
+                                dim3(A_THREADS), smem, a);
             exl_cuda_check_launch(cb, "quantized GEMV (weights as A)");
             return;
         }

@@ -17,11 +17,12 @@
  * B alike, which is the order the activation gather (mma_xs_at) already stores: rows g and g + 8 of pairs 4t ..
  * 4t + 3 in two 16-byte loads serve both n8 tiles and both m16 tiles.
  *
- * Memory in flight: a warp loads its chunks in batches (a_batch_chunks: 4 at 2 and 4 bits, 2 at 3, 6 and 8, 1 at
- * 5), the next batch's loads issued before it multiplies this one: 2-4 KiB a warp at 4 bits, 32-64 KiB an SM with
- * two 8-warp blocks. The
- * chunk descriptors of the block are read into shared memory and the first chunks asked of L2 before
- * griddepcontrol.wait (weights are constant), while the earlier kernel ends and the activations are gathered.
+ * Memory in flight: a warp loads its chunks in batches of one width (a_batch_chunks; the run lengths are in the
+ * descriptors), the next batch's loads issued before it multiplies this one: 2-4 KiB a warp at 4 bits, 32-64 KiB an
+ * SM with two 8-warp blocks (MB 2, up to 8 rows), half that with one (MB 1: EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1, and
+ * 9-16 rows, whose second n8 tile needs the registers). The chunk descriptors of the block are read into shared
+ * memory and each warp's first A_L2_CHUNKS chunks asked of L2 before griddepcontrol.wait (weights are constant),
+ * while the earlier kernel ends and the activations are gathered.
  * Zeros are exact as in every kernel here ((1024 + q) - (1024 + z) in fp16); products are summed in fp32 by the
  * mma for a chunk and scaled per chunk and feature in fp32. Splits, atomic adds, the merge, the norm and GLU of the
  * input, slot order, the residual add, bias, clears and KV prefetch are qgemv_mma_kernel's (same arguments). The
@@ -30,9 +31,7 @@
 
 #define A_WARPS (COL_TILE / 32) /* a warp per 32 features of the column tile */
 #define A_THREADS (A_WARPS * 32)
-#ifndef A_MIN_BLOCKS
-#define A_MIN_BLOCKS 1 /* blocks an SM the registers must allow (1: up to 255 registers a thread) */
-#endif
+#define A_L2_CHUNKS 8 /* chunks a warp asks L2 for before griddepcontrol.wait */
 
 /* word rows of a column's chunk a lane reads for its quarter at B bits, and which */
 template <int B>
@@ -49,10 +48,20 @@ __device__ __forceinline__ int a_word_row(int t, int i) {
     else
         return quarter_first<B>(t) + i;
 }
-/* chunks a batch: 16 words a lane at 4 bits (64 KiB an SM in flight with two batches a warp), 32 at 6 and 8 */
-template <int B>
+/* chunks a batch: MB 1 (one block an SM, 255 registers): 16 words a lane at 4 bits, 32 at 6 and 8; MB 2 (two
+ * blocks an SM, 128 registers): 4 chunks at 2 and 4 bits, 1 at the other widths (more spilled) */
+template <int B, int MB>
 __host__ __device__ constexpr int a_batch_chunks(void) {
-    return B == 4 || B == 2 ? 4 : B == 8 || B == 6 || B == 3 ? 2 : 1;
+    return B == 4 || B == 2 ? 4 : MB == 2 ? 1 : B == 8 || B == 6 || B == 3 ? 2 : 1;
+}
+
+/* t through an asm the compiler cannot move: what derives from it (shift counts, word row offsets of every width)
+ * is computed again by each batch, not hoisted out of the chunk loop into registers held all through it (at 128
+ * registers those spilled) */
+__device__ __forceinline__ int a_opaque(int t) {
+    int r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(t));
+    return r;
 }
 
 /* word f of each of a quarter's word rows (feature f of the lane's four) */
@@ -92,34 +101,35 @@ typedef struct a_lane {
 } a_lane;
 
 /* One batch: the loads of up to U chunks of B bits */
-template <int B, bool GPTQ>
+template <int B, bool GPTQ, int MB>
 struct a_batch {
-    static constexpr int W = a_words<B>(), U = a_batch_chunks<B>();
+    static constexpr int W = a_words<B>(), U = a_batch_chunks<B, MB>();
     uint4 w[U][W];
 };
 
 /* past the n chunks of the batch, its first chunk again (L1 hits): every load unconditional, so that the batch stays
  * in registers */
-template <int B, bool GPTQ>
-__device__ __forceinline__ void a_load(const a_lane &L, const int4 *d, int n, a_batch<B, GPTQ> &b) {
+template <int B, bool GPTQ, int MB>
+__device__ __forceinline__ void a_load(const a_lane &L, const int4 *d, int n, a_batch<B, GPTQ, MB> &b) {
+    const int t = a_opaque(L.t);
 #pragma unroll
-    for (int u = 0; u < a_batch<B, GPTQ>::U; u++) {
+    for (int u = 0; u < a_batch<B, GPTQ, MB>::U; u++) {
         const int4 m = u == 0 || u < n ? d[u] : d[0];
 #pragma unroll
-        for (int i = 0; i < a_batch<B, GPTQ>::W; i++)
-            b.w[u][i] = __ldg((const uint4 *)(L.w + (int64_t)(m.x + a_word_row<B>(L.t, i)) * EXL_QW_TILE));
+        for (int i = 0; i < a_batch<B, GPTQ, MB>::W; i++)
+            b.w[u][i] = __ldg((const uint4 *)(L.w + (int64_t)(m.x + a_word_row<B>(t, i)) * EXL_QW_TILE));
     }
 }
 
 /* acc[m][nt][e] += the batch's products: m16 tile m (mma row g: feature 4g + 2m, row g + 8: 4g + 2m + 1), n8 tile
  * nt (rows 8nt ..); the batch's first chunk is the block's chunk k; xa: the activation pairs of chunk 0 (mma_xs_at,
  * rows g and g + 8, pairs 4t ..) */
-template <int B, bool GPTQ, int NT>
-__device__ __forceinline__ void a_multiply(const a_lane &L, const a_batch<B, GPTQ> &b, int k, int n, const __half2 *xa,
-                                           float (&acc)[2][NT][4]) {
-    const int t = L.t;
+template <int B, bool GPTQ, int NT, int MB>
+__device__ __forceinline__ void a_multiply(const a_lane &L, const a_batch<B, GPTQ, MB> &b, int k, int n,
+                                           const __half2 *xa, float (&acc)[2][NT][4]) {
+    const int t = a_opaque(L.t);
 #pragma unroll
-    for (int u = 0; u < a_batch<B, GPTQ>::U; u++)
+    for (int u = 0; u < a_batch<B, GPTQ, MB>::U; u++)
         if (u < n) {
             const int lc = k + u;
             const uint4 x0 = *(const uint4 *)(xa + lc * 32), x1 = *(const uint4 *)(xa + lc * 32 + 4);
@@ -154,42 +164,39 @@ __device__ __forceinline__ void a_multiply(const a_lane &L, const a_batch<B, GPT
         }
 }
 
-/* the chunks from k on of one width, at most `most` of them */
-__device__ __forceinline__ int a_run(const int4 *desc, int k, int n_loc, int bits, int most) {
-    int n = 1;
-    while (n < most && k + n < n_loc && desc[k + n].y == bits)
-        n++;
-    return n;
-}
+/* the chunks from k on of one width, at most `most` (<= A_RUN_MAX) of them: the run length the prologue left in
+ * desc[k].w */
+#define A_RUN_MAX 4
+__device__ __forceinline__ int a_run(const int4 *desc, int k, int most) { return min(desc[k].w, most); }
 
 /* The next batch after the one at k of n chunks: its first chunk (k + n) and count (0: the width changes there) */
 template <int B>
 __device__ __forceinline__ int a_next(const int4 *desc, int k, int n, int n_loc, int most) {
-    return k + n < n_loc && desc[k + n].y == B ? a_run(desc, k + n, n_loc, B, most) : 0;
+    return k + n < n_loc && desc[k + n].y == B ? a_run(desc, k + n, most) : 0;
 }
 
 /* The warp's chunks of width B from k on, while they last: batches of U in two sets of registers taken in turn, the
  * next batch's loads issued before this one is multiplied; returns where the width changes */
-template <int B, bool GPTQ, int NT>
+template <int B, bool GPTQ, int NT, int MB>
 __device__ __forceinline__ int a_chunks(const a_lane &L, const int4 *desc, int k, int n_loc, const __half2 *xa,
                                         float (&acc)[2][NT][4]) {
-    constexpr int U = a_batch<B, GPTQ>::U;
-    a_batch<B, GPTQ> b0, b1;
-    int n = a_run(desc, k, n_loc, B, U);
-    a_load<B, GPTQ>(L, desc + k, n, b0);
+    constexpr int U = a_batch<B, GPTQ, MB>::U;
+    a_batch<B, GPTQ, MB> b0, b1;
+    int n = a_run(desc, k, U);
+    a_load<B, GPTQ, MB>(L, desc + k, n, b0);
 #pragma unroll 1
     for (;;) {
         int n2 = a_next<B>(desc, k, n, n_loc, U);
         if (n2)
-            a_load<B, GPTQ>(L, desc + k + n, n2, b1);
-        a_multiply<B, GPTQ, NT>(L, b0, k, n, xa, acc);
+            a_load<B, GPTQ, MB>(L, desc + k + n, n2, b1);
+        a_multiply<B, GPTQ, NT, MB>(L, b0, k, n, xa, acc);
         k += n, n = n2;
         if (!n)
             return k;
         n2 = a_next<B>(desc, k, n, n_loc, U);
         if (n2)
-            a_load<B, GPTQ>(L, desc + k + n, n2, b0);
-        a_multiply<B, GPTQ, NT>(L, b1, k, n, xa, acc);
+            a_load<B, GPTQ, MB>(L, desc + k + n, n2, b0);
+        a_multiply<B, GPTQ, NT, MB>(L, b1, k, n, xa, acc);
         k += n, n = n2;
         if (!n)
             return k;
@@ -197,29 +204,30 @@ __device__ __forceinline__ int a_chunks(const a_lane &L, const int4 *desc, int k
 }
 
 /* the block's chunks by width: direct branches, the commonest (4 bits) first */
-template <bool GPTQ, int NT>
+template <bool GPTQ, int NT, int MB>
 __device__ __forceinline__ void a_all_chunks(const a_lane &L, const int4 *desc, int n_loc, const __half2 *xa,
                                              float (&acc)[2][NT][4]) {
 #pragma unroll 1
     for (int k = 0; k < n_loc;) {
         const int bits = desc[k].y;
         if (bits == 4)
-            k = a_chunks<4, GPTQ, NT>(L, desc, k, n_loc, xa, acc);
+            k = a_chunks<4, GPTQ, NT, MB>(L, desc, k, n_loc, xa, acc);
         else if (bits == 6)
-            k = a_chunks<6, GPTQ, NT>(L, desc, k, n_loc, xa, acc);
+            k = a_chunks<6, GPTQ, NT, MB>(L, desc, k, n_loc, xa, acc);
         else if (bits == 8)
-            k = a_chunks<8, GPTQ, NT>(L, desc, k, n_loc, xa, acc);
+            k = a_chunks<8, GPTQ, NT, MB>(L, desc, k, n_loc, xa, acc);
         else if (bits == 5)
-            k = a_chunks<5, GPTQ, NT>(L, desc, k, n_loc, xa, acc);
+            k = a_chunks<5, GPTQ, NT, MB>(L, desc, k, n_loc, xa, acc);
         else if (bits == 3)
-            k = a_chunks<3, GPTQ, NT>(L, desc, k, n_loc, xa, acc);
+            k = a_chunks<3, GPTQ, NT, MB>(L, desc, k, n_loc, xa, acc);
         else
-            k = a_chunks<2, GPTQ, NT>(L, desc, k, n_loc, xa, acc);
+            k = a_chunks<2, GPTQ, NT, MB>(L, desc, k, n_loc, xa, acc);
     }
 }
 
-template <int NT>
-__global__ void __launch_bounds__(A_THREADS, A_MIN_BLOCKS) qgemv_a_kernel(const __grid_constant__ gemv_args a) {
+/* NT: n8 tiles (rows 1-8, 9-16); MB: the blocks an SM its registers allow (1: 255 registers, no spill; 2: 128) */
+template <int NT, int MB>
+__global__ void __launch_bounds__(A_THREADS, MB) qgemv_a_kernel(const __grid_constant__ gemv_args a) {
     /* [8][mma_xs_stride] activation pairs (mma_xs_at), [chunks_per_block] descriptors, then the chunks' scales
      * [chunks_per_block][COL_TILE] and (GPTQ) zeros, the same: a_smem_bytes */
     extern __shared__ uint4 a_smem[];
@@ -245,8 +253,15 @@ __global__ void __launch_bounds__(A_THREADS, A_MIN_BLOCKS) qgemv_a_kernel(const 
     L.zs = zrs + warp * 32 + 4 * g;
     L.t = t;
 
-    for (int i = tid; i < n_loc; i += A_THREADS)
-        desc[i] = __ldg(q.chunks + c0 + i);
+    /* the chunk descriptors, each with the run of chunks of its width from it (.w, at most A_RUN_MAX) */
+    for (int i = tid; i < n_loc; i += A_THREADS) {
+        int4 m = __ldg(q.chunks + c0 + i);
+        int run = 1;
+        while (run < A_RUN_MAX && i + run < n_loc && __ldg(&q.chunks[c0 + i + run].y) == m.y)
+            run++;
+        m.w = run;
+        desc[i] = m;
+    }
     /* this thread's first activation pairs' inputs (constant tables) before the wait */
     const int n_pairs = n_loc * 16;
     int2 sp[MMA_PRE_PAIRS];
@@ -263,11 +278,12 @@ __global__ void __launch_bounds__(A_THREADS, A_MIN_BLOCKS) qgemv_a_kernel(const 
             cp_async16(smem_addr(zrs + c * COL_TILE + 8 * p), q.zeros + at);
     }
     cp_async_commit();
-    /* the first chunks' words asked of L2 while the previous kernel ends */
-    for (int k = 0; k < n_loc && k < 4; k++) {
+    /* the first A_L2_CHUNKS chunks' words asked of L2 while the previous kernel ends and the activations are
+     * gathered (the lanes of a t: a 128-byte row of the warp's features; all of a block's codes in q_proj's split) */
+    for (int k = 0; k < n_loc && k < A_L2_CHUNKS; k++) {
         const int4 m = desc[k];
-        if (t < m.y)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(L.w + (int64_t)(m.x + t) * EXL_QW_TILE));
+        for (int r = t; r < m.y; r += 4)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(L.w + (int64_t)(m.x + r) * EXL_QW_TILE));
     }
     exl_pdl_start();
     if (a.norm)
@@ -289,9 +305,9 @@ __global__ void __launch_bounds__(A_THREADS, A_MIN_BLOCKS) qgemv_a_kernel(const 
                 acc[m][nt][e] = 0.0f;
     const __half2 *xa = xs + g * xs_stride + 8 * t;
     if (gptq)
-        a_all_chunks<true, NT>(L, desc, n_loc, xa, acc);
+        a_all_chunks<true, NT, MB>(L, desc, n_loc, xa, acc);
     else
-        a_all_chunks<false, NT>(L, desc, n_loc, xa, acc);
+        a_all_chunks<false, NT, MB>(L, desc, n_loc, xa, acc);
     if (a.kv_k && tid == 0)
         kv_prefetch(a);
     clear_later(a, A_THREADS);
