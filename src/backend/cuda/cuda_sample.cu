@@ -16,6 +16,7 @@
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+#define BLOCK_SUMS_MAX 5
 
 __device__ __forceinline__ uint32_t sample_key(float f) {
     uint32_t u = __float_as_uint(f);
@@ -144,6 +145,7 @@ struct sample_shared {
     uint32_t hist_lo[256], hist_hi[256]; /* a bin's mass: 32-bit halves, as sample_fast_shared's */
     uint32_t hist_n[256];
     uint64_t part[SAMPLE_WARPS];
+    uint64_t parts[BLOCK_SUMS_MAX][SAMPLE_WARPS]; /* block_sums_u64 */
     double dpart[SAMPLE_WARPS];
     float fpart[SAMPLE_WARPS], fmin[SAMPLE_WARPS];
     int32_t ipart[SAMPLE_WARPS];
@@ -151,6 +153,27 @@ struct sample_shared {
     uint32_t prefix, ties;
     int32_t found;
 };
+
+/* Block-wide sums of N values a thread at once: one pair of barriers for all of them. */
+template <int N>
+__device__ void block_sums_u64(uint64_t (&v)[N], sample_shared *sh) {
+    static_assert(N <= BLOCK_SUMS_MAX && SAMPLE_WARPS <= 32, "block_sums_u64");
+    const int lane = threadIdx.x % 32;
+    for (int k = 0; k < N; k++)
+        for (int off = 16; off; off >>= 1)
+            v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    __syncthreads();
+    if (lane == 0)
+        for (int k = 0; k < N; k++)
+            sh->parts[k][threadIdx.x / 32] = v[k];
+    __syncthreads();
+    for (int k = 0; k < N; k++) {
+        uint64_t t = lane < SAMPLE_WARPS ? sh->parts[k][lane] : 0;
+        for (int off = 16; off; off >>= 1)
+            t += __shfl_xor_sync(0xffffffffu, t, off);
+        v[k] = t;
+    }
+}
 
 /* *lo, *hi += m as 32-bit halves, the carry out of the low half into the high one: shared memory's 64-bit atomic add
  * is a compare-and-swap loop, which colliding lanes and warps serialize. Exact while the sum stays below 2^64. */
@@ -313,6 +336,7 @@ __device__ void select_in_order(const sample_row &r, int order, uint64_t need, i
  * keeps. Typical sampling does the same in typical order, with buckets of the typical distance. */
 #define FAST_BINS 4096
 #define FAST_CAP 2048
+#define FAST_RANK_SORT 256 /* a gathered bucket up to this size is sorted by ranks, larger ones by a bitonic sort */
 
 struct sample_fast_shared {
     /* [0] every finite logit, [1] those min-p keeps; the mass in 32-bit halves (add_mass_halves): a bucket's is
@@ -400,11 +424,9 @@ __device__ uint64_t fast_histograms(const sample_row &r, float bscale, const typ
             atomicAdd(&fs->count[1][b], 1u);
         }
     });
-    total = block_sum_u64(total, sh->part);
-    tail_m = block_sum_u64(tail_m, sh->part);
-    tail_c = block_sum_u64(tail_c, sh->part);
-    tail_mp_m = block_sum_u64(tail_mp_m, sh->part);
-    tail_mp_c = block_sum_u64(tail_mp_c, sh->part);
+    uint64_t sums[5] = {total, tail_m, tail_c, tail_mp_m, tail_mp_c};
+    block_sums_u64(sums, sh);
+    total = sums[0], tail_m = sums[1], tail_c = sums[2], tail_mp_m = sums[3], tail_mp_c = sums[4];
     if (threadIdx.x == 0) {
         fs->mass_lo[0][FAST_BINS - 1] = (unsigned)tail_m, fs->mass_hi[0][FAST_BINS - 1] = (unsigned)(tail_m >> 32);
         fs->mass_lo[1][FAST_BINS - 1] = (unsigned)tail_mp_m,
@@ -453,8 +475,9 @@ __device__ void fast_below(int set, int bin, sample_shared *sh, sample_fast_shar
     uint64_t lm = 0, lc = 0;
     for (int b = threadIdx.x; b < bin; b += SAMPLE_THREADS)
         lm += fast_mass(fs, set, b), lc += fs->count[set][b];
-    *mass = block_sum_u64(lm, sh->part);
-    *count = block_sum_u64(lc, sh->part);
+    uint64_t sums[2] = {lm, lc};
+    block_sums_u64(sums, sh);
+    *mass = sums[0], *count = sums[1];
 }
 
 /* Bucket `bin`'s elements into fs->key (sorted: logit order, or typical order with t), wi and mp; false when it
@@ -484,24 +507,39 @@ __device__ bool fast_gather(const sample_row &r, float bscale, const typical_set
         if (key) /* every finite logit's key, and typical order's, is above 0 */
             fs->key[atomicAdd(&fs->n, 1)] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)i;
     });
-    unsigned m = 1;
-    while (m < n)
-        m <<= 1;
-    for (unsigned j = n + threadIdx.x; j < m; j += SAMPLE_THREADS)
-        fs->key[j] = 0; /* below every finite logit's key */
-    __syncthreads();
-    for (unsigned k = 2; k <= m; k <<= 1) /* bitonic sort, descending */
-        for (unsigned j = k >> 1; j > 0; j >>= 1) {
-            for (unsigned t = threadIdx.x; t < m; t += SAMPLE_THREADS) {
-                const unsigned o = t ^ j;
-                if (o > t) {
-                    const unsigned long long a = fs->key[t], b = fs->key[o];
-                    if ((t & k) == 0 ? a < b : a > b)
-                        fs->key[t] = b, fs->key[o] = a;
-                }
-            }
-            __syncthreads();
+    if (n <= FAST_RANK_SORT) { /* the usual bucket: each element's rank among the distinct keys, three barriers */
+        __syncthreads();
+        for (unsigned j = threadIdx.x; j < n; j += SAMPLE_THREADS) {
+            const unsigned long long k = fs->key[j];
+            unsigned rank = 0;
+            for (unsigned q = 0; q < n; q++)
+                rank += fs->key[q] > k;
+            fs->wi[rank] = k; /* wi as scratch: the weights come after */
         }
+        __syncthreads();
+        for (unsigned j = threadIdx.x; j < n; j += SAMPLE_THREADS)
+            fs->key[j] = fs->wi[j];
+        __syncthreads();
+    } else { /* bitonic sort, descending, over a power of two padded with keys below every finite logit's */
+        unsigned m = 1;
+        while (m < n)
+            m <<= 1;
+        for (unsigned j = n + threadIdx.x; j < m; j += SAMPLE_THREADS)
+            fs->key[j] = 0;
+        __syncthreads();
+        for (unsigned k = 2; k <= m; k <<= 1)
+            for (unsigned j = k >> 1; j > 0; j >>= 1) {
+                for (unsigned t = threadIdx.x; t < m; t += SAMPLE_THREADS) {
+                    const unsigned o = t ^ j;
+                    if (o > t) {
+                        const unsigned long long a = fs->key[t], b = fs->key[o];
+                        if ((t & k) == 0 ? a < b : a > b)
+                            fs->key[t] = b, fs->key[o] = a;
+                    }
+                }
+                __syncthreads();
+            }
+    }
     for (unsigned j = threadIdx.x; j < n; j += SAMPLE_THREADS) {
         const float w = sample_weight(r, r.x[(uint32_t) ~(uint32_t)fs->key[j]]);
         fs->wi[j] = sample_fixed(r, w);
@@ -553,8 +591,9 @@ __device__ void fast_sum_in_bucket(int set, int last, sample_shared *sh, sample_
     for (int j = threadIdx.x; j <= last; j += SAMPLE_THREADS)
         if (set == 0 || fs->mp[j])
             lm += fs->wi[j], lc++;
-    *mass = block_sum_u64(lm, sh->part);
-    *count = block_sum_u64(lc, sh->part);
+    uint64_t sums[2] = {lm, lc};
+    block_sums_u64(sums, sh);
+    *mass = sums[0], *count = sums[1];
 }
 
 /* The element of `set` at which the count (by_count) or mass in logit order first reaches need: its index in the
@@ -585,8 +624,10 @@ __device__ bool fast_typical(const exl_sample_params &p, const sample_row &r, ty
         if (typical_in(r, t, i, l, w))
             mass += sample_fixed(r, w), ws += w, count++;
     });
-    const uint64_t total = block_sum_u64(mass, sh->part);
-    if (block_sum_u64(count, sh->part) == 0)
+    uint64_t sums[2] = {mass, count};
+    block_sums_u64(sums, sh);
+    const uint64_t total = sums[0];
+    if (sums[1] == 0)
         return false; /* min-p kept nothing: the radix path's answer */
     t.wsum = block_sum_f64(ws, sh->dpart);
     double ent = 0;
