@@ -16,10 +16,29 @@
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+#define BLOCK_SUMS_MAX 5
 
 __device__ __forceinline__ uint32_t sample_key(float f) {
     uint32_t u = __float_as_uint(f);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* f(i, x[i]) for this thread's elements of a row, i = threadIdx.x + k * SAMPLE_THREADS in order, SAMPLE_UNROLL loads
+ * issued before any is used: one block a row leaves too few loads in flight otherwise (the H100 spent ~6 us a pass
+ * over 32000 logits waiting for them). */
+#define SAMPLE_UNROLL 4
+template <typename F>
+__device__ __forceinline__ void for_each_logit(const float *x, int32_t vocab, F &&f) {
+    for (int32_t base = threadIdx.x; base < vocab; base += SAMPLE_THREADS * SAMPLE_UNROLL) {
+        float v[SAMPLE_UNROLL];
+#pragma unroll
+        for (int k = 0; k < SAMPLE_UNROLL; k++)
+            v[k] = base + k * SAMPLE_THREADS < vocab ? x[base + k * SAMPLE_THREADS] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < SAMPLE_UNROLL; k++)
+            if (base + k * SAMPLE_THREADS < vocab)
+                f(base + k * SAMPLE_THREADS, v[k]);
+    }
 }
 
 /* What a row keeps so far, and how its weights are computed. */
@@ -77,9 +96,11 @@ __device__ uint64_t block_sum_u64(uint64_t v, uint64_t *s_part) {
     if (threadIdx.x % 32 == 0)
         s_part[threadIdx.x / 32] = v;
     __syncthreads();
-    uint64_t t = 0;
-    for (int w = 0; w < SAMPLE_WARPS; w++)
-        t += s_part[w];
+    /* every warp sums the warps' parts with shuffles (a serial loop over them cost each of the row's many sums) */
+    const int lane = threadIdx.x % 32;
+    uint64_t t = lane < SAMPLE_WARPS ? s_part[lane] : 0;
+    for (int off = 16; off; off >>= 1)
+        t += __shfl_xor_sync(0xffffffffu, t, off);
     return t;
 }
 
@@ -109,19 +130,22 @@ __device__ uint64_t block_scan_u64(uint64_t v, uint64_t *s_part, uint64_t *total
     if (lane == 31)
         s_part[warp] = inc;
     __syncthreads();
-    uint64_t before = 0, all = 0;
-    for (int w = 0; w < SAMPLE_WARPS; w++) {
-        before += w < warp ? s_part[w] : 0;
-        all += s_part[w];
+    uint64_t parts = lane < SAMPLE_WARPS ? s_part[lane] : 0; /* the warps' parts, scanned across the lanes */
+    for (int off = 1; off < 32; off <<= 1) {
+        uint64_t o = __shfl_up_sync(0xffffffffu, parts, off);
+        if (lane >= off)
+            parts += o;
     }
-    *total = all;
-    return before + inc - v;
+    *total = __shfl_sync(0xffffffffu, parts, 31);
+    const uint64_t before = __shfl_sync(0xffffffffu, parts, warp > 0 ? warp - 1 : 0);
+    return (warp > 0 ? before : 0) + inc - v;
 }
 
 struct sample_shared {
     uint32_t hist_lo[256], hist_hi[256]; /* a bin's mass: 32-bit halves, as sample_fast_shared's */
     uint32_t hist_n[256];
     uint64_t part[SAMPLE_WARPS];
+    uint64_t parts[BLOCK_SUMS_MAX][SAMPLE_WARPS]; /* block_sums_u64 */
     double dpart[SAMPLE_WARPS];
     float fpart[SAMPLE_WARPS], fmin[SAMPLE_WARPS];
     int32_t ipart[SAMPLE_WARPS];
@@ -129,6 +153,27 @@ struct sample_shared {
     uint32_t prefix, ties;
     int32_t found;
 };
+
+/* Block-wide sums of N values a thread at once: one pair of barriers for all of them. */
+template <int N>
+__device__ void block_sums_u64(uint64_t (&v)[N], sample_shared *sh) {
+    static_assert(N <= BLOCK_SUMS_MAX && SAMPLE_WARPS <= 32, "block_sums_u64");
+    const int lane = threadIdx.x % 32;
+    for (int k = 0; k < N; k++)
+        for (int off = 16; off; off >>= 1)
+            v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    __syncthreads();
+    if (lane == 0)
+        for (int k = 0; k < N; k++)
+            sh->parts[k][threadIdx.x / 32] = v[k];
+    __syncthreads();
+    for (int k = 0; k < N; k++) {
+        uint64_t t = lane < SAMPLE_WARPS ? sh->parts[k][lane] : 0;
+        for (int off = 16; off; off >>= 1)
+            t += __shfl_xor_sync(0xffffffffu, t, off);
+        v[k] = t;
+    }
+}
 
 /* *lo, *hi += m as 32-bit halves, the carry out of the low half into the high one: shared memory's 64-bit atomic add
  * is a compare-and-swap loop, which colliding lanes and warps serialize. Exact while the sum stays below 2^64. */
@@ -291,6 +336,7 @@ __device__ void select_in_order(const sample_row &r, int order, uint64_t need, i
  * keeps. Typical sampling does the same in typical order, with buckets of the typical distance. */
 #define FAST_BINS 4096
 #define FAST_CAP 2048
+#define FAST_RANK_SORT 256 /* a gathered bucket up to this size is sorted by ranks, larger ones by a bitonic sort */
 
 struct sample_fast_shared {
     /* [0] every finite logit, [1] those min-p keeps; the mass in 32-bit halves (add_mass_halves): a bucket's is
@@ -354,13 +400,12 @@ __device__ uint64_t fast_histograms(const sample_row &r, float bscale, const typ
         fs->bucket = -1;
     __syncthreads();
     uint64_t total = 0, tail_m = 0, tail_c = 0, tail_mp_m = 0, tail_mp_c = 0;
-    for (int32_t i = threadIdx.x; i < r.vocab; i += SAMPLE_THREADS) {
-        const float l = r.x[i];
+    for_each_logit(r.x, r.vocab, [&](int32_t i, float l) {
         if (!(l > -INFINITY))
-            continue;
+            return;
         const float w = sample_weight(r, l);
         if (t && !typical_in(r, *t, i, l, w))
-            continue;
+            return;
         const uint64_t W = sample_fixed(r, w);
         const bool mp = !t && r.min_p > 0 && w >= r.min_p;
         const int b = t ? typical_bin(typical_distance(*t, w)) : fast_bin(r.lmax, bscale, l);
@@ -368,7 +413,7 @@ __device__ uint64_t fast_histograms(const sample_row &r, float bscale, const typ
         if (b == FAST_BINS - 1) {
             tail_m += W, tail_c++;
             tail_mp_m += mp ? W : 0, tail_mp_c += mp;
-            continue;
+            return;
         }
         if (W)
             fast_add_mass(fs, 0, b, W);
@@ -378,12 +423,10 @@ __device__ uint64_t fast_histograms(const sample_row &r, float bscale, const typ
                 fast_add_mass(fs, 1, b, W);
             atomicAdd(&fs->count[1][b], 1u);
         }
-    }
-    total = block_sum_u64(total, sh->part);
-    tail_m = block_sum_u64(tail_m, sh->part);
-    tail_c = block_sum_u64(tail_c, sh->part);
-    tail_mp_m = block_sum_u64(tail_mp_m, sh->part);
-    tail_mp_c = block_sum_u64(tail_mp_c, sh->part);
+    });
+    uint64_t sums[5] = {total, tail_m, tail_c, tail_mp_m, tail_mp_c};
+    block_sums_u64(sums, sh);
+    total = sums[0], tail_m = sums[1], tail_c = sums[2], tail_mp_m = sums[3], tail_mp_c = sums[4];
     if (threadIdx.x == 0) {
         fs->mass_lo[0][FAST_BINS - 1] = (unsigned)tail_m, fs->mass_hi[0][FAST_BINS - 1] = (unsigned)(tail_m >> 32);
         fs->mass_lo[1][FAST_BINS - 1] = (unsigned)tail_mp_m,
@@ -432,8 +475,9 @@ __device__ void fast_below(int set, int bin, sample_shared *sh, sample_fast_shar
     uint64_t lm = 0, lc = 0;
     for (int b = threadIdx.x; b < bin; b += SAMPLE_THREADS)
         lm += fast_mass(fs, set, b), lc += fs->count[set][b];
-    *mass = block_sum_u64(lm, sh->part);
-    *count = block_sum_u64(lc, sh->part);
+    uint64_t sums[2] = {lm, lc};
+    block_sums_u64(sums, sh);
+    *mass = sums[0], *count = sums[1];
 }
 
 /* Bucket `bin`'s elements into fs->key (sorted: logit order, or typical order with t), wi and mp; false when it
@@ -448,8 +492,7 @@ __device__ bool fast_gather(const sample_row &r, float bscale, const typical_set
     if (threadIdx.x == 0)
         fs->n = 0, fs->bucket = bin;
     __syncthreads();
-    for (int32_t i = threadIdx.x; i < r.vocab; i += SAMPLE_THREADS) {
-        const float l = r.x[i];
+    for_each_logit(r.x, r.vocab, [&](int32_t i, float l) {
         uint32_t key = 0;
         if (!t) {
             if (l > -INFINITY && fast_bin(r.lmax, bscale, l) == bin)
@@ -463,25 +506,40 @@ __device__ bool fast_gather(const sample_row &r, float bscale, const typical_set
         }
         if (key) /* every finite logit's key, and typical order's, is above 0 */
             fs->key[atomicAdd(&fs->n, 1)] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)i;
-    }
-    unsigned m = 1;
-    while (m < n)
-        m <<= 1;
-    for (unsigned j = n + threadIdx.x; j < m; j += SAMPLE_THREADS)
-        fs->key[j] = 0; /* below every finite logit's key */
-    __syncthreads();
-    for (unsigned k = 2; k <= m; k <<= 1) /* bitonic sort, descending */
-        for (unsigned j = k >> 1; j > 0; j >>= 1) {
-            for (unsigned t = threadIdx.x; t < m; t += SAMPLE_THREADS) {
-                const unsigned o = t ^ j;
-                if (o > t) {
-                    const unsigned long long a = fs->key[t], b = fs->key[o];
-                    if ((t & k) == 0 ? a < b : a > b)
-                        fs->key[t] = b, fs->key[o] = a;
-                }
-            }
-            __syncthreads();
+    });
+    if (n <= FAST_RANK_SORT) { /* the usual bucket: each element's rank among the distinct keys, three barriers */
+        __syncthreads();
+        for (unsigned j = threadIdx.x; j < n; j += SAMPLE_THREADS) {
+            const unsigned long long k = fs->key[j];
+            unsigned rank = 0;
+            for (unsigned q = 0; q < n; q++)
+                rank += fs->key[q] > k;
+            fs->wi[rank] = k; /* wi as scratch: the weights come after */
         }
+        __syncthreads();
+        for (unsigned j = threadIdx.x; j < n; j += SAMPLE_THREADS)
+            fs->key[j] = fs->wi[j];
+        __syncthreads();
+    } else { /* bitonic sort, descending, over a power of two padded with keys below every finite logit's */
+        unsigned m = 1;
+        while (m < n)
+            m <<= 1;
+        for (unsigned j = n + threadIdx.x; j < m; j += SAMPLE_THREADS)
+            fs->key[j] = 0;
+        __syncthreads();
+        for (unsigned k = 2; k <= m; k <<= 1)
+            for (unsigned j = k >> 1; j > 0; j >>= 1) {
+                for (unsigned t = threadIdx.x; t < m; t += SAMPLE_THREADS) {
+                    const unsigned o = t ^ j;
+                    if (o > t) {
+                        const unsigned long long a = fs->key[t], b = fs->key[o];
+                        if ((t & k) == 0 ? a < b : a > b)
+                            fs->key[t] = b, fs->key[o] = a;
+                    }
+                }
+                __syncthreads();
+            }
+    }
     for (unsigned j = threadIdx.x; j < n; j += SAMPLE_THREADS) {
         const float w = sample_weight(r, r.x[(uint32_t) ~(uint32_t)fs->key[j]]);
         fs->wi[j] = sample_fixed(r, w);
@@ -533,8 +591,9 @@ __device__ void fast_sum_in_bucket(int set, int last, sample_shared *sh, sample_
     for (int j = threadIdx.x; j <= last; j += SAMPLE_THREADS)
         if (set == 0 || fs->mp[j])
             lm += fs->wi[j], lc++;
-    *mass = block_sum_u64(lm, sh->part);
-    *count = block_sum_u64(lc, sh->part);
+    uint64_t sums[2] = {lm, lc};
+    block_sums_u64(sums, sh);
+    *mass = sums[0], *count = sums[1];
 }
 
 /* The element of `set` at which the count (by_count) or mass in logit order first reaches need: its index in the
@@ -560,22 +619,24 @@ __device__ bool fast_typical(const exl_sample_params &p, const sample_row &r, ty
                              sample_shared *sh, sample_fast_shared *fs, exl_sample_result *res) {
     uint64_t mass = 0, count = 0;
     double ws = 0;
-    for (int32_t i = threadIdx.x; i < r.vocab; i += SAMPLE_THREADS) {
-        const float l = r.x[i], w = sample_weight(r, l);
+    for_each_logit(r.x, r.vocab, [&](int32_t i, float l) {
+        const float w = sample_weight(r, l);
         if (typical_in(r, t, i, l, w))
             mass += sample_fixed(r, w), ws += w, count++;
-    }
-    const uint64_t total = block_sum_u64(mass, sh->part);
-    if (block_sum_u64(count, sh->part) == 0)
+    });
+    uint64_t sums[2] = {mass, count};
+    block_sums_u64(sums, sh);
+    const uint64_t total = sums[0];
+    if (sums[1] == 0)
         return false; /* min-p kept nothing: the radix path's answer */
     t.wsum = block_sum_f64(ws, sh->dpart);
     double ent = 0;
-    for (int32_t i = threadIdx.x; i < r.vocab; i += SAMPLE_THREADS) {
-        const float l = r.x[i], w = sample_weight(r, l);
+    for_each_logit(r.x, r.vocab, [&](int32_t i, float l) {
+        const float w = sample_weight(r, l);
         const double q = (double)w / t.wsum;
         if (typical_in(r, t, i, l, w) && q > 0)
             ent -= q * log(q);
-    }
+    });
     t.ent = block_sum_f64(ent, sh->dpart);
     fast_histograms(r, 0, &t, sh, fs);
     uint64_t kept_mass, kept;
@@ -647,22 +708,34 @@ __device__ bool sample_fast(const exl_sample_params &p, const sample_row &r, int
 
 /* The draw in id order over the kept set (no cut in force: temperature or min-p alone): the id at which the mass
  * in id order reaches floor(u * total) + 1 (the one candidate's where one is kept, -1 where none) and the count. One
- * pass over contiguous id ranges (one a thread) gives the total, the count and each range's prefix; the thread whose
- * range holds the target scans it again. */
+ * pass over contiguous id ranges, one a warp (its lanes strided, so the loads coalesce), gives the total, the count
+ * and each range's prefix; the warp whose range holds the target walks it again, 32 ids at a time. */
 __device__ int32_t draw_in_id_order(const sample_row &r, double u, sample_shared *sh, int32_t *n_kept) {
-    const int32_t chunk = (r.vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
-    const int32_t lo = min(r.vocab, (int32_t)threadIdx.x * chunk), hi = min(r.vocab, lo + chunk);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int32_t span = (r.vocab + SAMPLE_WARPS - 1) / SAMPLE_WARPS;
+    const int32_t lo = min(r.vocab, warp * span), hi = min(r.vocab, lo + span);
     uint64_t mine_m = 0, mine_c = 0;
-    for (int32_t i = lo; i < hi; i++) {
-        const float l = r.x[i], w = sample_weight(r, l);
-        if (sample_kept(r, i, l, w))
-            mine_m += sample_fixed(r, w), mine_c++;
+    for (int32_t base = lo + lane; base < hi; base += 32 * SAMPLE_UNROLL) {
+        float v[SAMPLE_UNROLL];
+#pragma unroll
+        for (int k = 0; k < SAMPLE_UNROLL; k++)
+            v[k] = base + 32 * k < hi ? r.x[base + 32 * k] : -INFINITY;
+#pragma unroll
+        for (int k = 0; k < SAMPLE_UNROLL; k++) {
+            const float w = sample_weight(r, v[k]);
+            if (base + 32 * k < hi && sample_kept(r, base + 32 * k, v[k], w))
+                mine_m += sample_fixed(r, w), mine_c++;
+        }
+    }
+    for (int off = 16; off; off >>= 1) {
+        mine_m += __shfl_xor_sync(0xffffffffu, mine_m, off);
+        mine_c += __shfl_xor_sync(0xffffffffu, mine_c, off);
     }
     if (threadIdx.x == 0)
         sh->found = -1;
-    uint64_t total, count;
-    const uint64_t before_m = block_scan_u64(mine_m, sh->part, &total);
-    const uint64_t before_c = block_scan_u64(mine_c, sh->part, &count);
+    uint64_t total, count; /* the warps' sums, held by their lane 0, scanned in warp order */
+    const uint64_t before_m = __shfl_sync(0xffffffffu, block_scan_u64(lane ? 0 : mine_m, sh->part, &total), 0);
+    const uint64_t before_c = __shfl_sync(0xffffffffu, block_scan_u64(lane ? 0 : mine_c, sh->part, &count), 0);
     *n_kept = (int32_t)count;
     const bool by_count = count == 1;
     uint64_t need = 1;
@@ -670,15 +743,25 @@ __device__ int32_t draw_in_id_order(const sample_row &r, double u, sample_shared
         need = (uint64_t)floor(u * (double)total) + 1;
         need = need > total ? total : need;
     }
-    const uint64_t before = by_count ? before_c : before_m, mine = by_count ? mine_c : mine_m;
-    if (count > 0 && before < need && before + mine >= need) {
-        uint64_t acc = before;
-        for (int32_t i = lo; i < hi; i++) {
-            const float l = r.x[i], w = sample_weight(r, l);
-            if (sample_kept(r, i, l, w) && (acc += by_count ? 1 : sample_fixed(r, w)) >= need) {
-                sh->found = i;
+    uint64_t acc = by_count ? before_c : before_m;
+    if (count > 0 && acc < need && acc + (by_count ? mine_c : mine_m) >= need) { /* warp-uniform */
+        for (int32_t base = lo; base < hi; base += 32) {
+            const int32_t i = base + lane;
+            const float l = i < hi ? r.x[i] : -INFINITY, w = sample_weight(r, l);
+            const bool in = i < hi && sample_kept(r, i, l, w);
+            uint64_t inc = in ? (by_count ? 1 : sample_fixed(r, w)) : 0;
+            for (int off = 1; off < 32; off <<= 1) {
+                const uint64_t o = __shfl_up_sync(0xffffffffu, inc, off);
+                if (lane >= off)
+                    inc += o;
+            }
+            const unsigned hit = __ballot_sync(0xffffffffu, in && acc + inc >= need);
+            if (hit) {
+                if (lane == __ffs(hit) - 1)
+                    sh->found = i;
                 break;
             }
+            acc += __shfl_sync(0xffffffffu, inc, 31);
         }
     }
     __syncthreads();
@@ -827,13 +910,12 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     /* the argmax (lowest id among equals), the finite count and the least finite logit */
     float bv = -INFINITY, lo = INFINITY;
     int32_t bi = -1, finite = 0;
-    for (int32_t i = tid; i < vocab; i += SAMPLE_THREADS) {
-        float v = x[i];
+    for_each_logit(x, vocab, [&](int32_t i, float v) {
         if (v > bv)
             bv = v, bi = i;
         finite += v > -INFINITY;
         lo = v > -INFINITY ? fminf(lo, v) : lo;
-    }
+    });
     for (int off = 16; off; off >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, bv, off);
         int32_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
