@@ -6,10 +6,10 @@
  *             the same steps (the gathered lora op);
  * each case through every path the environment selects (the variants below: the default first, then each other one
  * with its variables set and every cached CUDA graph dropped, so that the steps are compiled and captured anew):
- *   default            one-row steps: the updates folded into the GEMVs' own blocks (cuda_lora_fold.cuh), no lora
- *                      launch; 32 uses: shrink and expand a use at a time, two launches a group;
- *   side blocks        EXL_CUDA_LORA_SIDE=1: one row folded into side blocks of the GEMV launch where its blocks add
- *                      atomically (every 7B GEMV);
+ *   default            one-row steps: the updates folded into side blocks of the GEMV launch where its blocks add
+ *                      atomically (every 7B GEMV; cuda_lora_fold.cuh), no lora launch; 32 uses: shrink and expand a
+ *                      use at a time, two launches a group;
+ *   in-block fold      EXL_CUDA_LORA_SIDE=0: one row folded into the GEMVs' own blocks (r2-lora3);
  *   SGMV               EXL_CUDA_LORA_SGMV=5: 32 uses by adapter (cuda_lora.cu), one launch a group;
  *   SGMV in two        the same with EXL_CUDA_LORA_SGMV_LAUNCHES=2: SGMV's shrink and expand as two launches;
  *   before (r2-lora2)  EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0: one row: the fused lora launch, one a group;
@@ -187,7 +187,7 @@ typedef struct variant {
 
 static const variant variants[] = {
     {"default", {{NULL, NULL}}},
-    {"EXL_CUDA_LORA_SIDE=1 (side blocks)", {{"EXL_CUDA_LORA_SIDE", "1"}}},
+    {"EXL_CUDA_LORA_SIDE=0 (in-block fold)", {{"EXL_CUDA_LORA_SIDE", "0"}}},
     {"EXL_CUDA_LORA_SGMV=5", {{"EXL_CUDA_LORA_SGMV", "5"}}},
     {"EXL_CUDA_LORA_SGMV=5 EXL_CUDA_LORA_SGMV_LAUNCHES=2",
      {{"EXL_CUDA_LORA_SGMV", "5"}, {"EXL_CUDA_LORA_SGMV_LAUNCHES", "2"}}},

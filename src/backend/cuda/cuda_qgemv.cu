@@ -1391,13 +1391,14 @@ static exl_lora_fold lora_fold_of(const exl_cuda_backend *cb, const exl_cuda_fus
     return L;
 }
 
-/* EXL_CUDA_LORA_SIDE: 0 (default: the side blocks measured 0.397 of the no-adapter rate against the in-block fold's
- * 0.701 on an H100, bench/RESULTS.md) the in-block fold in every launch, 1 side blocks where the launch's blocks add
- * atomically anyway, 2 side blocks wherever the outputs allow atomic adds (zeroed before, or accumulated: the tests'
- * small matrices, which take no split); read when a step is launched or captured */
+/* EXL_CUDA_LORA_SIDE: 1 (default) side blocks where the launch's blocks add atomically anyway (they sum the runs the
+ * GEMV's blocks leave and add the updates: 0.740 of the no-adapter rate against the in-block fold's 0.680 on an
+ * H100, bench/RESULTS.md), 0 the in-block fold in every launch, 2 side blocks wherever the outputs allow atomic adds
+ * (zeroed before, or accumulated: the tests' small matrices, which take no split); read when a step is launched or
+ * captured */
 static int lora_side_mode(void) {
     const char *e = getenv("EXL_CUDA_LORA_SIDE");
-    return e && *e ? atoi(e) : 0;
+    return e && *e ? atoi(e) : 1;
 }
 
 /* Side blocks (cuda_lora_fold.cuh) where the launch's blocks add their sums atomically: the dots whole (one piece)
