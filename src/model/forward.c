@@ -332,10 +332,6 @@ exl_status exl_model_step_to_logits(exl_model *m, exl_kv_cache *cache, const exl
     exl_forward_scratch *s = &m->fs;
     const exl_hf_config *c = &m->cfg;
     exl_graph *g = &s->graph;
-    if (m->tp && m->tp->split) { /* a rank of a layer split: its own layers, the hidden states handed over */
-        EXL_TRY(exl_tp_split_nodes(m, cache, *n_logits, g));
-        return exl_model_run_graph(m, g, NULL, NULL);
-    }
     int32_t rows = s->batch.n_rows, hid = c->hidden_size, n = *n_logits;
     const exl_node embed = {.op = EXL_OP_EMBED,
                             .tag = {-1, EXL_PART_EMBED},

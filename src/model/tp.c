@@ -137,6 +137,7 @@ typedef struct step_job {
     int32_t n_seqs;
     int ahead;
     int32_t n_logits;
+    int32_t stage; /* a layer split's (split_step) */
 } step_job;
 
 static exl_kv_cache *rank_cache(exl_kv_cache *c, int32_t rank) {
@@ -157,12 +158,35 @@ static exl_status rank_step(exl_model *m, void *arg) {
     return m->be->ops->synchronize(m->be);
 }
 
+/* a split's step (tp.h): every rank's begin_step and allocations, then the stages one after another */
+static exl_status rank_split_begin(exl_model *m, void *arg) {
+    step_job *j = arg;
+    int32_t n;
+    const exl_seq_step *steps = m->rank && j->fed_steps ? j->fed_steps : j->steps;
+    EXL_TRY(exl_model_begin_step(m, rank_cache(j->cache, m->rank), steps, j->n_seqs, j->ahead, &n));
+    if (m->rank == 0)
+        j->n_logits = n; /* the same on every rank: read in the stages, after this job */
+    return exl_tp_split_prepare(m, n);
+}
+
+static exl_status rank_split_stage(exl_model *m, void *arg) {
+    step_job *j = arg;
+    return exl_tp_split_stage(m, rank_cache(j->cache, m->rank), j->n_logits, j->stage);
+}
+
+static exl_status split_step(exl_model *m, step_job *j) {
+    EXL_TRY(exl_tp_each(m, rank_split_begin, j));
+    for (j->stage = 0; j->stage < 2 * m->tp->n; j->stage++)
+        EXL_TRY(exl_tp_each(m, rank_split_stage, j));
+    return EXL_OK;
+}
+
 exl_status exl_tp_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl_seq_step *steps, int32_t n_seqs,
                                     int ahead, int32_t *n_logits) {
     *n_logits = 0;
     /* rank 0's step before is done (a decode step ahead of the host included) */
     EXL_TRY(m->be->ops->synchronize(m->be));
-    step_job j = {cache, steps, NULL, n_seqs, ahead, 0};
+    step_job j = {cache, steps, NULL, n_seqs, ahead, 0, 0};
     exl_seq_step *fed = NULL;
     int32_t *ids = NULL;
     if (n_seqs > 0 && !steps[0].ids) { /* tokens the last argmax chose on rank 0: the others get them as ids */
@@ -192,7 +216,7 @@ exl_status exl_tp_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl
             return st;
         }
     }
-    exl_status st = exl_tp_each(m, rank_step, &j);
+    exl_status st = m->tp->split ? split_step(m, &j) : exl_tp_each(m, rank_step, &j);
     exl_free(fed);
     exl_free(ids);
     *n_logits = j.n_logits;

@@ -86,9 +86,15 @@ exl_status exl_tp_forward_to_logits(exl_model *m, exl_kv_cache *cache, const exl
 exl_status exl_tp_split_load(exl_model *m, const exl_model_params *params, const char *prefix);
 /* 1 when model m (a rank, or a model of one device) holds decoder layer li (a layer split holds some). */
 int exl_tp_holds_layer(const exl_model *m, int32_t li);
-/* A layer split's step on a rank (forward.c): its layers between the hidden states' hand-overs, the head on the
- * last rank, the logits handed to every rank. */
-exl_status exl_tp_split_nodes(exl_model *m, const exl_kv_cache *cache, int32_t n_logits, exl_graph *g);
+/* A layer split's step (tp.c) runs in stages, each on every rank at once (exl_tp_each, a host barrier between
+ * them), so that no rank allocates while a collective waits on another device (NCCL kernels waiting for a peer and
+ * a cudaMalloc / cudaFree on another thread deadlock) and a rank's host failure launches nothing anywhere:
+ *   exl_tp_split_prepare after the rank's begin_step: the rest of its host allocations (the logits' staging room);
+ *   exl_tp_split_stage for stage 0 .. 2n - 1: 2j rank j's own part (its layers, rank 0 the embedding first, the
+ *   last rank the head after), 2j + 1 the hand-over of its hidden states to every rank (the last rank: its logits),
+ *   run and waited for. */
+exl_status exl_tp_split_prepare(exl_model *m, int32_t n_logits);
+exl_status exl_tp_split_stage(exl_model *m, const exl_kv_cache *cache, int32_t n_logits, int32_t stage);
 /* The head of a rank: its slice of the vocabulary, gathered into m->fs.logits (forward.c). */
 exl_status exl_tp_head_nodes(exl_model *m, int32_t n, exl_graph *g);
 /* The KV cache over the ranks (kv_cache.c): each rank's shard, chained through rank_next. */

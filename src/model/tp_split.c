@@ -224,74 +224,98 @@ int exl_tp_holds_layer(const exl_model *m, int32_t li) {
     return !tp || !tp->split || (li >= tp->layer_bounds[m->rank] && li < tp->layer_bounds[m->rank + 1]);
 }
 
-/* the rank's head-sized staging room for rows of logits (the gather's, on a device that stages) */
-static exl_status logit_staging(exl_model *m, int32_t n, float **out) {
+/* The logits' staging room of rank m (the gather's, on a device that stages), before the step launches anything:
+ * every host allocation of a split's step comes before its first collective (see exl_tp_split_stage). */
+exl_status exl_tp_split_prepare(exl_model *m, int32_t n_logits) {
     exl_tp_rank *r = &m->tp->ranks[m->rank];
-    if (n > r->head_rows) {
-        if (r->head_part)
-            m->be->ops->free(m->be, r->head_part);
-        r->head_rows = 0;
-        size_t floats = (size_t)m->fs.max_logit_rows * (size_t)m->cfg.vocab_size;
-        if (!(r->head_part = m->be->ops->alloc(m->be, floats * sizeof(float))))
-            return EXL_ERR_NOMEM;
-        r->head_rows = m->fs.max_logit_rows;
+    exl_graph *g = &m->fs.graph;
+    if (!g->cap_nodes) { /* room for a hand-over stage's one node: adding it cannot fail next to a collective */
+        const exl_node none = {.op = EXL_OP_EMBED};
+        EXL_TRY(exl_graph_add(g, &none));
+        g->n_nodes = 0;
     }
-    *out = r->head_part;
+    if (n_logits <= r->head_rows)
+        return EXL_OK;
+    if (r->head_part)
+        m->be->ops->free(m->be, r->head_part);
+    r->head_part = NULL;
+    r->head_rows = 0;
+    size_t floats = (size_t)m->fs.max_logit_rows * (size_t)m->cfg.vocab_size;
+    if (!(r->head_part = m->be->ops->alloc(m->be, floats * sizeof(float))))
+        return exl_fail(EXL_ERR_NOMEM, "--gpu-split: device %d: out of memory for the logits' staging room (%.1f MiB)",
+                        m->rank, (double)(floats * sizeof(float)) / (1024.0 * 1024.0));
+    r->head_rows = m->fs.max_logit_rows;
     return EXL_OK;
 }
 
-exl_status exl_tp_split_nodes(exl_model *m, const exl_kv_cache *cache, int32_t n_logits, exl_graph *g) {
+/* stage 2j: rank j's own part (rank 0 the embedding first, the last rank the head after); stage 2j + 1: the hand-over
+ * of rank j's hidden states to every rank, or after the last rank's part, its logits to every rank */
+static exl_status stage_nodes(exl_model *m, const exl_kv_cache *cache, int32_t n_logits, int32_t stage, exl_graph *g) {
     exl_tp *tp = m->tp;
     exl_forward_scratch *s = &m->fs;
     const exl_hf_config *c = &m->cfg;
-    int32_t rows = s->batch.n_rows, hid = c->hidden_size, last = tp->n - 1;
-    if (m->rank == 0) {
+    const int32_t rows = s->batch.n_rows, hid = c->hidden_size, last = tp->n - 1, j = stage / 2;
+    if (stage % 2 && j < last) { /* rank j's hidden states to every rank (h: free between layers, staging room) */
+        const exl_node send = {.op = EXL_OP_GATHER_COLS,
+                               .tag = {tp->layer_bounds[j + 1], EXL_PART_HEAD_GATHER},
+                               .gather_cols = {s->x, s->x, tp->send_hidden + (size_t)j * (tp->n + 1), rows, hid, tp->n,
+                                               m->rank, s->h}};
+        return exl_graph_add(g, &send);
+    }
+    if (stage % 2) { /* the logits back from the last rank */
+        if (n_logits < 1)
+            return EXL_OK;
+        const exl_node back = {.op = EXL_OP_GATHER_COLS,
+                               .tag = {-1, EXL_PART_HEAD_GATHER},
+                               .gather_cols = {s->logits, s->logits, tp->send_vocab, n_logits, c->vocab_size, tp->n,
+                                               m->rank, tp->ranks[m->rank].head_part}};
+        EXL_TRY(exl_graph_add(g, &back));
+        return exl_graph_output(g, s->logits, (int64_t)n_logits * c->vocab_size);
+    }
+    if (j != m->rank)
+        return EXL_OK;
+    if (j == 0) {
         const exl_node embed = {.op = EXL_OP_EMBED,
                                 .tag = {-1, EXL_PART_EMBED},
                                 .embed = {s->x, m->embed, s->batch.d_ids, rows, hid, m->embed_scale}};
         EXL_TRY(exl_graph_add(g, &embed));
     }
-    for (int32_t j = 0; j < tp->n; j++) {
-        for (int32_t i = tp->layer_bounds[j]; j == m->rank && i < tp->layer_bounds[j + 1]; i++)
-            EXL_TRY(exl_model_layer_graph(m, &m->layers[i], i, cache, g));
-        if (j == last)
-            break;
-        /* rank j's hidden states to every rank (h: free between layers, staging room) */
-        const exl_node send = {.op = EXL_OP_GATHER_COLS,
-                               .tag = {tp->layer_bounds[j + 1], EXL_PART_HEAD_GATHER},
-                               .gather_cols = {s->x, s->x, tp->send_hidden + (size_t)j * (tp->n + 1), rows, hid, tp->n,
-                                               m->rank, s->h}};
-        EXL_TRY(exl_graph_add(g, &send));
-    }
-    if (n_logits < 1)
+    for (int32_t i = tp->layer_bounds[j]; i < tp->layer_bounds[j + 1]; i++)
+        EXL_TRY(exl_model_layer_graph(m, &m->layers[i], i, cache, g));
+    if (j < last || n_logits < 1)
         return EXL_OK;
-    if (m->rank == last) {
-        const exl_node head[] = {
-            {.op = EXL_OP_GATHER_ROWS,
-             .tag = {-1, EXL_PART_LOGIT_ROWS},
-             .gather_rows = {s->sel, s->x, s->logit_rows, n_logits, hid, rows}},
-            {.op = EXL_OP_RMSNORM,
-             .tag = {-1, EXL_PART_FINAL_NORM},
-             .rmsnorm = {s->h, s->sel, m->final_norm, n_logits, hid, (float)c->rms_eps}},
-            {.op = EXL_OP_MATMUL,
-             .tag = {-1, EXL_PART_HEAD},
-             .matmul = {s->logits, s->h, m->head, n_logits, hid, c->vocab_size, 0}},
-        };
-        for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
-            EXL_TRY(exl_graph_add(g, &head[i]));
-        if (c->final_softcap > 0) {
-            const exl_node cap = {.op = EXL_OP_SOFTCAP,
-                                  .tag = {-1, EXL_PART_LOGIT_SOFTCAP},
-                                  .softcap = {s->logits, (int64_t)n_logits * c->vocab_size, (float)c->final_softcap}};
-            EXL_TRY(exl_graph_add(g, &cap));
-        }
+    const exl_node head[] = {
+        {.op = EXL_OP_GATHER_ROWS,
+         .tag = {-1, EXL_PART_LOGIT_ROWS},
+         .gather_rows = {s->sel, s->x, s->logit_rows, n_logits, hid, rows}},
+        {.op = EXL_OP_RMSNORM,
+         .tag = {-1, EXL_PART_FINAL_NORM},
+         .rmsnorm = {s->h, s->sel, m->final_norm, n_logits, hid, (float)c->rms_eps}},
+        {.op = EXL_OP_MATMUL,
+         .tag = {-1, EXL_PART_HEAD},
+         .matmul = {s->logits, s->h, m->head, n_logits, hid, c->vocab_size, 0}},
+    };
+    for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
+        EXL_TRY(exl_graph_add(g, &head[i]));
+    if (c->final_softcap > 0) {
+        const exl_node cap = {.op = EXL_OP_SOFTCAP,
+                              .tag = {-1, EXL_PART_LOGIT_SOFTCAP},
+                              .softcap = {s->logits, (int64_t)n_logits * c->vocab_size, (float)c->final_softcap}};
+        EXL_TRY(exl_graph_add(g, &cap));
     }
-    float *staging;
-    EXL_TRY(logit_staging(m, n_logits, &staging));
-    const exl_node back = {.op = EXL_OP_GATHER_COLS,
-                           .tag = {-1, EXL_PART_HEAD_GATHER},
-                           .gather_cols = {s->logits, s->logits, tp->send_vocab, n_logits, c->vocab_size, tp->n,
-                                           m->rank, staging}};
-    EXL_TRY(exl_graph_add(g, &back));
-    return exl_graph_output(g, s->logits, (int64_t)n_logits * c->vocab_size);
+    return EXL_OK;
+}
+
+exl_status exl_tp_split_stage(exl_model *m, const exl_kv_cache *cache, int32_t n_logits, int32_t stage) {
+    exl_graph *g = &m->fs.graph;
+    float *tmp = g->tmp; /* begin_step's, for every stage */
+    const int64_t tmp_floats = g->tmp_floats;
+    exl_graph_reset(g, &m->fs.batch);
+    g->tmp = tmp;
+    g->tmp_floats = tmp_floats;
+    EXL_TRY(stage_nodes(m, cache, n_logits, stage, g));
+    if (!g->n_nodes)
+        return EXL_OK;
+    EXL_TRY(exl_model_run_graph(m, g, NULL, NULL));
+    return m->be->ops->synchronize(m->be);
 }

@@ -4,6 +4,7 @@
  * generation equal to one device's. */
 #include "base/alloc.h"
 #include "gen_util.h"
+#include "model/model.h"
 #include "ref_util.h"
 #include "test.h"
 
@@ -197,4 +198,42 @@ EXL_TEST(load_failures) {
                failed);
         CHECK(loaded && failed > 10);
     }
+}
+
+/* Every host allocation of a --gpu-split model's first step failing in turn (on whichever rank's thread makes it):
+ * the step fails with EXL_ERR_NOMEM and the failing rank's message, no rank is left waiting in a collective, and
+ * the step after it gives the logits of a step that never failed. */
+EXL_TEST(split_step_failures) {
+    exl_model_params mp = exl_model_default_params();
+    mp.device = EXL_DEVICE_CPU;
+    mp.gpu_split[0] = 0.0018f, mp.gpu_split[1] = 1;
+    exl_model *m = NULL;
+    REQUIRE_OK(exl_model_load(exl_test_shared("models/tinystories-656k"), &mp, &m));
+    exl_kv_cache *cache = NULL;
+    REQUIRE_OK(exl_kv_cache_init(m, 2, 16, 16, 16, &cache));
+    const int32_t ids[8] = {1, 12, 345, 67, 89, 10, 111, 2}, pages[2] = {0, 1};
+    const exl_seq_step step = {ids, 8, 0, pages, 1, 2};
+    const size_t floats = (size_t)8 * m->cfg.vocab_size;
+    float *want = calloc(floats, sizeof *want), *got = calloc(floats, sizeof *got);
+    REQUIRE(want && got);
+    int failed = 0, ran = 0;
+    for (long n = 0; n < 2000 && !ran; n++) {
+        exl_alloc_fail_after(n);
+        exl_status st = exl_model_forward(m, cache, &step, 1, got);
+        exl_alloc_fail_after(-1);
+        if (st == EXL_OK) {
+            ran = 1;
+            break;
+        }
+        CHECK_MSG(st == EXL_ERR_NOMEM, "failing allocation %ld: status %d: %s", n, (int)st, exl_last_error());
+        failed++;
+    }
+    REQUIRE_OK(exl_model_forward(m, cache, &step, 1, want)); /* the same positions again */
+    printf("    --gpu-split: %d failing allocations in the first step failed it cleanly, then it ran\n", failed);
+    CHECK(ran && failed > 0);
+    CHECK_MSG(!memcmp(want, got, floats * sizeof *got), "the step after the failures differs");
+    free(want);
+    free(got);
+    exl_kv_cache_free(m, cache);
+    exl_model_free(m);
 }
