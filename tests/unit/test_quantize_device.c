@@ -135,29 +135,60 @@ static void fill(float *v, int64_t n, uint32_t *seed, float scale, int spread) {
     }
 }
 
+/* A GPTQ problem of K inputs and N columns on the CPU backend: the Hessian of ROWS random calibration rows, its
+ * inverse's factor, random weights W; ready says the setup went through. */
+typedef struct gptq_case {
+    exl_pool *pool;
+    exl_backend *be;
+    exl_hessian h;
+    exl_qz_hinv hi;
+    float *W;
+    int ready;
+} gptq_case;
+
+static void gptq_case_init(gptq_case *c, int32_t K, int32_t N, int32_t ROWS, uint32_t seed, int spread) {
+    memset(c, 0, sizeof *c);
+    float *x = malloc(sizeof(float) * ROWS * K);
+    c->W = malloc(sizeof(float) * K * N);
+    REQUIRE(x && c->W);
+    fill(x, (int64_t)ROWS * K, &seed, 1.0f, spread);
+    fill(c->W, (int64_t)K * N, &seed, 0.05f, 0);
+    REQUIRE_OK(exl_pool_init(2, &c->pool));
+    REQUIRE_OK(exl_backend_cpu_init(2, &c->be));
+    REQUIRE_OK(exl_hessian_init(&c->h, K));
+    REQUIRE_OK(exl_hessian_add(&c->h, x, ROWS, c->be));
+    exl_hessian_finish(&c->h);
+    free(x);
+    REQUIRE_OK(exl_gptq_prepare(&c->h, 1, c->pool, &c->hi));
+    c->ready = 1;
+}
+
+static void gptq_case_free(gptq_case *c) {
+    exl_hessian_free(&c->h);
+    if (c->pool)
+        exl_pool_free(c->pool);
+    if (c->be)
+        c->be->ops->destroy(c->be);
+    free(c->W);
+}
+
 /* Groups of 6, 4 and 3 bits (32, 64 and 128 rows, the last of 96: blocks and groups both end mid-way); codes,
  * scales and weights equal (the updates are the same products, exl_qz_atb's). */
 EXL_TEST(exl2_gptq_on_a_device_backend_matches_the_host) {
     enum { K = 640, N = 200, ROWS = 1300 };
-    float *x = malloc(sizeof(float) * ROWS * K), *W = malloc(sizeof(float) * K * N);
-    REQUIRE(x && W);
-    uint32_t seed = 5;
-    fill(x, (int64_t)ROWS * K, &seed, 1.0f, 7);
-    fill(W, (int64_t)K * N, &seed, 0.05f, 0);
-    exl_pool *pool;
-    exl_backend *be;
-    exl_hessian h;
-    exl_qz_hinv hi = {0};
-    REQUIRE_OK(exl_pool_init(2, &pool));
-    REQUIRE_OK(exl_backend_cpu_init(2, &be));
-    REQUIRE_OK(exl_hessian_init(&h, K));
-    REQUIRE_OK(exl_hessian_add(&h, x, ROWS, be));
-    exl_hessian_finish(&h);
-    REQUIRE_OK(exl_gptq_prepare(&h, 1, pool, &hi));
+    gptq_case c;
+    gptq_case_init(&c, K, N, ROWS, 5, 7);
+    if (!c.ready) {
+        gptq_case_free(&c);
+        return;
+    }
+    exl_pool *pool = c.pool;
+    exl_backend *be = c.be;
+    const float *W = c.W;
     int32_t bits[] = {6, 6, 4, 4, 3, 3, 3, 3}, rows[] = {32, 32, 64, 64, 128, 128, 96, 96};
     exl_qz_layout l = {8, bits, rows};
     exl_qz_result host, dev;
-    REQUIRE_OK(exl_gptq_quantize(W, &hi, N, EXL_QZ_EXL2, &l, pool, be, &host));
+    REQUIRE_OK(exl_gptq_quantize(W, &c.hi, N, EXL_QZ_EXL2, &l, pool, be, &host));
     const exl_backend_ops *cpu_ops = be->ops;
     exl_backend_ops other = *cpu_ops;
     other.qz_exl2_scales = ref_exl2_scales;
@@ -165,8 +196,8 @@ EXL_TEST(exl2_gptq_on_a_device_backend_matches_the_host) {
     other.gemm = atb_gemm;
     atb_pool = pool;
     be->ops = &other;
-    exl_status st = exl_gptq_quantize(W, &hi, N, EXL_QZ_EXL2, &l, pool, be, &dev);
-    exl_qz_hinv_free(&hi); /* the backend's copies, freed through the op table that made them */
+    exl_status st = exl_gptq_quantize(W, &c.hi, N, EXL_QZ_EXL2, &l, pool, be, &dev);
+    exl_qz_hinv_free(&c.hi); /* the backend's copies, freed through the op table that made them */
     be->ops = cpu_ops;
     REQUIRE_OK(st);
     CHECK(!memcmp(host.scale_max, dev.scale_max, sizeof(uint16_t) * 8));
@@ -178,54 +209,40 @@ EXL_TEST(exl2_gptq_on_a_device_backend_matches_the_host) {
     CHECK(!memcmp(host.Wq, dev.Wq, sizeof(float) * K * N));
     exl_qz_result_free(&host);
     exl_qz_result_free(&dev);
-    exl_hessian_free(&h);
-    exl_pool_free(pool);
-    be->ops->destroy(be);
-    free(x);
-    free(W);
+    gptq_case_free(&c);
 }
 
 /* GPTQ's scales (4-bit g128, symmetric) with the rows kept on the backend (gptq.c: they stay there, blocks come
  * down, the updates are the backend's gemm): the same codes and weights as the host's path, bit for bit. */
 EXL_TEST(gptq_updates_on_a_device_backend_match_the_host) {
     enum { K = 640, N = 384, ROWS = 1300, GS = 128 };
-    float *x = malloc(sizeof(float) * ROWS * K), *W = malloc(sizeof(float) * K * N);
-    REQUIRE(x && W);
-    uint32_t seed = 11;
-    fill(x, (int64_t)ROWS * K, &seed, 1.0f, 5);
-    fill(W, (int64_t)K * N, &seed, 0.05f, 0);
-    exl_pool *pool;
-    exl_backend *be;
-    exl_hessian h;
-    exl_qz_hinv hi = {0};
-    REQUIRE_OK(exl_pool_init(2, &pool));
-    REQUIRE_OK(exl_backend_cpu_init(2, &be));
-    REQUIRE_OK(exl_hessian_init(&h, K));
-    REQUIRE_OK(exl_hessian_add(&h, x, ROWS, be));
-    exl_hessian_finish(&h);
-    REQUIRE_OK(exl_gptq_prepare(&h, 1, pool, &hi));
+    gptq_case c;
+    gptq_case_init(&c, K, N, ROWS, 11, 5);
+    if (!c.ready) {
+        gptq_case_free(&c);
+        return;
+    }
+    exl_pool *pool = c.pool;
+    exl_backend *be = c.be;
+    const float *W = c.W;
     int32_t bits[K / GS], rows[K / GS];
     for (int g = 0; g < K / GS; g++)
         bits[g] = 4, rows[g] = GS;
     exl_qz_layout l = {K / GS, bits, rows};
     exl_qz_result host, dev;
-    REQUIRE_OK(exl_gptq_quantize(W, &hi, N, EXL_QZ_GPTQ_SYM, &l, pool, be, &host));
+    REQUIRE_OK(exl_gptq_quantize(W, &c.hi, N, EXL_QZ_GPTQ_SYM, &l, pool, be, &host));
     const exl_backend_ops *cpu_ops = be->ops;
     exl_backend_ops other = *cpu_ops;
     other.gemm = atb_gemm;
     atb_pool = pool;
     be->ops = &other;
-    exl_status st = exl_gptq_quantize(W, &hi, N, EXL_QZ_GPTQ_SYM, &l, pool, be, &dev);
-    exl_qz_hinv_free(&hi); /* U's backend copy, freed through the op table that made it */
+    exl_status st = exl_gptq_quantize(W, &c.hi, N, EXL_QZ_GPTQ_SYM, &l, pool, be, &dev);
+    exl_qz_hinv_free(&c.hi); /* U's backend copy, freed through the op table that made it */
     be->ops = cpu_ops;
     REQUIRE_OK(st);
     CHECK(!memcmp(host.codes, dev.codes, (size_t)K * N));
     CHECK(!memcmp(host.Wq, dev.Wq, sizeof(float) * K * N));
     exl_qz_result_free(&host);
     exl_qz_result_free(&dev);
-    exl_hessian_free(&h);
-    exl_pool_free(pool);
-    be->ops->destroy(be);
-    free(x);
-    free(W);
+    gptq_case_free(&c);
 }

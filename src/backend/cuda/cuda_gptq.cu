@@ -115,16 +115,10 @@ __global__ void exl2_pick_kernel(uint8_t *scale_codes, uint16_t *scale_max, floa
         double v = 0;
         for (int64_t n = threadIdx.x; n < N; n += blockDim.x)
             v += (double)err[(int64_t)t * N + n];
-        __syncthreads();
-        sh[threadIdx.x] = v;
-        __syncthreads();
-        for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-            if (threadIdx.x < s)
-                sh[threadIdx.x] += sh[threadIdx.x + s];
-            __syncthreads();
-        }
+        __syncthreads(); /* sh[0] of the last try read */
+        const double sum = exl_block_sum_f64(v, sh);
         if (threadIdx.x == 0)
-            total[t] = sh[0];
+            total[t] = sum;
     }
     if (threadIdx.x == 0) {
         const int coarse = EXL_EXL2_SCALE_COARSE;

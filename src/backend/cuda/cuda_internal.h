@@ -630,6 +630,19 @@ __device__ __forceinline__ float exl_cuda_activate(float g, int act) {
     return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
 }
 
+/* The sum of v over the block in double, in a fixed order (a run repeats its result): blockDim.x a power of two, sh
+ * that many doubles; a caller reusing sh syncs before the next call. */
+__device__ __forceinline__ double exl_block_sum_f64(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s)
+            sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    return sh[0];
+}
+
 /* Launch kernel k on the backend's stream, with programmatic dependent launch where the
  * GPU has it; k must call exl_pdl_wait() before it touches memory other kernels write. */
 template <typename... P, typename... A>

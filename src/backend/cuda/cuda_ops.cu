@@ -161,18 +161,6 @@ void exl_cuda_run_gather_rows(exl_backend *be, float *out, const float *x, const
 
 #define DIST_BLOCKS ROW_THREADS
 
-/* the sum of v over the block (blockDim.x a power of two, sh as large) */
-static __device__ double block_sum(double v, double *sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s)
-            sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    return sh[0];
-}
-
 __global__ void sq_dist_kernel(double *part, const float *a, const float *b, int64_t n) {
     __shared__ double sh[ROW_THREADS];
     exl_pdl_start();
@@ -181,7 +169,7 @@ __global__ void sq_dist_kernel(double *part, const float *a, const float *b, int
         double d = (double)a[i] - (double)b[i];
         e += d * d;
     }
-    double s = block_sum(e, sh);
+    double s = exl_block_sum_f64(e, sh);
     if (threadIdx.x == 0)
         part[blockIdx.x] = s;
 }
@@ -189,7 +177,7 @@ __global__ void sq_dist_kernel(double *part, const float *a, const float *b, int
 __global__ void sum_parts_kernel(double *part) {
     __shared__ double sh[DIST_BLOCKS];
     exl_pdl_start();
-    double s = block_sum(part[threadIdx.x], sh);
+    double s = exl_block_sum_f64(part[threadIdx.x], sh);
     if (threadIdx.x == 0)
         part[DIST_BLOCKS] = s;
 }
