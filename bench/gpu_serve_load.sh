@@ -7,8 +7,9 @@
 #          completions, temperature 0.8 + top-p 0.95), on the device and with EXL_DEVICE_SAMPLING=0;
 #   ahead: generator_bench at 1/16/32/64 jobs: greedy, sampled (queued ahead) and sampled with EXL_SAMPLED_AHEAD=0;
 #   ahead-serve: the serve phase's load with EXL_SAMPLED_AHEAD=1 and 0.
-# SERVE_REQS (default 2): requests a client sends one after another in the serve phases (1: the same 1-64 jobs as
-# generator_bench; more: a longer steady state against the ramps).
+# SERVE_VALUES (default "1 0"): the values the serve phases' variable takes. SERVE_REQS (default 2): requests a
+# client sends one after another in the serve phases (1: the same 1-64 jobs as generator_bench; more: a longer
+# steady state against the ramps).
 # Each table goes to stdout and $OUT/serve_load.log.
 #
 # usage, here (builds the programs and copies them with the llama2 tokenizer into .gpuserve/, git-ignored):
@@ -56,7 +57,7 @@ levels="1 2 4 8 16 32 64 128 256"
 # the server under bench/server_load.py's streaming top-p clients, with the variable $1 at 1 and then 0
 serve_load() {
     command -v python3 >/dev/null || { say "no python3 here: the serve phases need it"; return; }
-    for v in 1 0; do
+    for v in ${SERVE_VALUES:-1 0}; do
         say "## exl serve --max-jobs 64, ${SERVE_REQS:-2} 128-token streamed completions a client, temperature 0.8 + top-p 0.95, $1=$v"
         env "$1=$v" timeout "$2" python3 "$root/bench/server_load.py" --exl "$bin/exl" -m "$M" \
             --serve-args "--max-jobs 64" --top-p 0.95 --concurrency 1,16,32,64 --requests-per-client "${SERVE_REQS:-2}" \

@@ -25,8 +25,8 @@
 # --tp 1 bench; --tp 2 bench (default), as r2-tp3, without collectives, NCCL gathers, merged sums, traced; then
 # the generator at --tp 1 and 2: 9 loads, ~450 s in all (GEN=0: ~350 s; P2P=1 adds NCCL: ~50 s).
 # split: making the models ~30 s, the 7B runs ~20 s, the 70B refusal (most of a load), the split load ~40 s: ~150 s.
-# env: TP_SIZES (default "1 2 4"), P2P=1 (add NCCL), PULL=1 (with P2P=1: add the pull one-shot), GEN=0 (no
-# generator_bench)
+# env: TP_SIZES (default "1 2 4"), AB=0 (at --tp > 1 only the default and without collectives), P2P=1 (add
+# NCCL), PULL=1 (with P2P=1: add the pull one-shot), GEN=0 (no generator_bench)
 set -uo pipefail
 what=${1:-all}
 model_arg=${2:-}
@@ -88,6 +88,11 @@ speed() { # model name (m7b or m70b)
         echo "== $m --tp $tp (the default collectives: push where the GPUs have peer access)"
         bench "bench_${m}_tp$tp"
         [ "$tp" -gt 1 ] || continue
+        if [ "${AB:-1}" = 0 ]; then
+            echo "-- without the collectives (EXL_TP_NO_COMM=1): their cost is the difference"
+            bench "bench_${m}_tp${tp}_nocomm" EXL_TP_NO_COMM=1
+            continue
+        fi
         echo "-- as r2-tp3: gathers through NCCL, o_proj / down_proj merging their split sums in their last block"
         echo "   (EXL_TP_PUSH_GATHER=0 EXL_CUDA_ZERO_NORMED=0)"
         bench "bench_${m}_tp${tp}_tp3" EXL_TP_PUSH_GATHER=0 EXL_CUDA_ZERO_NORMED=0

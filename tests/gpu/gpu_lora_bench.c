@@ -19,7 +19,9 @@
  * step against r2-lora2's (the fold and the SGMV at this model's shapes, which test_gpu's small fixtures do not reach:
  * several runs a dot product, 8 adapters' uses a block).
  *
- * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] */
+ * --only32 1: the batch-32 cases through the default path alone, for a profiler (no batch 1, no A/B, no logits).
+ *
+ * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] [--only32 1] */
 #include "model/lora.h"
 #include "model/model.h"
 
@@ -253,7 +255,7 @@ static void prefill(exl_model *m, exl_kv_cache *cache, const int32_t *pages, int
 }
 
 int main(int argc, char **argv) {
-    int32_t n_layers = 32, rank = 16, ctx = 128;
+    int32_t n_layers = 32, rank = 16, ctx = 128, only32 = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--layers"))
             n_layers = atoi(argv[i + 1]);
@@ -261,6 +263,8 @@ int main(int argc, char **argv) {
             rank = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--ctx"))
             ctx = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--only32"))
+            only32 = atoi(argv[i + 1]);
     }
     if (n_layers < 1 || rank < 1 || rank > 256 || ctx < 1 || ctx + WARM + STEPS + 2 > 256) {
         fprintf(stderr, "gpu_lora_bench: --layers >= 1, --rank 1..256, --ctx 1..%d\n", 256 - WARM - STEPS - 2);
@@ -274,7 +278,7 @@ int main(int argc, char **argv) {
     EK(exl_kv_cache_init(m, BATCH, 256, 16, 16, &cache)); /* a page of 256 tokens a sequence */
     prefill(m, cache, pages, BATCH, ctx);
 
-    double base1 = decode_rate(m, cache, pages, 1, ctx, NULL);
+    double base1 = only32 ? 0 : decode_rate(m, cache, pages, 1, ctx, NULL);
     double base32 = decode_rate(m, cache, pages, BATCH, ctx, NULL);
     exl_lora *adapters[N_ADAPTERS];
     for (int k = 0; k < N_ADAPTERS; k++)
@@ -286,6 +290,12 @@ int main(int argc, char **argv) {
         sets[k] = (exl_lora_set){.uses = {{adapters[k], 1.0f}}, .n = 1};
     for (int i = 0; i < BATCH; i++)
         per_seq[i] = &sets[i % N_ADAPTERS];
+    if (only32) {
+        const double lora = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
+        printf("batch %d, default path: no adapter %.1f t/s, %d adapters %.1f t/s, ratio %.3f\n", BATCH, base32,
+               N_ADAPTERS, lora, lora / base32);
+        return 0;
+    }
     enum { N_VARIANTS = sizeof variants / sizeof variants[0] };
     double lora1[N_VARIANTS], lora32[N_VARIANTS];
     for (int v = 0; v < N_VARIANTS; v++) {
