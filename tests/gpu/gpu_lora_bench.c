@@ -21,7 +21,7 @@
  *
  * --only32 1: the batch-32 cases through the default path alone, for a profiler (no batch 1, no A/B, no logits).
  *
- * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] [--only32 1] */
+ * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] [--steps S] [--only32 1] */
 #include "model/lora.h"
 #include "model/model.h"
 
@@ -146,7 +146,9 @@ static exl_lora *random_adapter(exl_model *m, int32_t r, int k) {
 
 /* ---- timing */
 
-/* n sequences (pages[i] each), ctx tokens of prompt in the cache, then STEPS greedy steps fed on the device;
+static int steps = STEPS; /* timed steps (--steps: fewer for a profiler) */
+
+/* n sequences (pages[i] each), ctx tokens of prompt in the cache, then `steps` greedy steps fed on the device;
  * sets: each sequence's adapters (NULL: the model's set). Tokens/s over all sequences. */
 static double decode_rate(exl_model *m, exl_kv_cache *cache, const int32_t *pages, int32_t n, int32_t ctx,
                           const exl_lora_set *const *sets) {
@@ -161,7 +163,7 @@ static double decode_rate(exl_model *m, exl_kv_cache *cache, const int32_t *page
     exl_lora_step_sets(m, sets, sets ? n : 0);
     EK(exl_model_forward_argmax(m, cache, st, n, &t[0]));
     double t0 = 0;
-    for (int s = 1; s <= WARM + STEPS; s++) {
+    for (int s = 1; s <= WARM + steps; s++) {
         for (int32_t i = 0; i < n; i++)
             st[i].ids = NULL, st[i].n_past = ctx + s;
         exl_lora_step_sets(m, sets, sets ? n : 0);
@@ -170,8 +172,8 @@ static double decode_rate(exl_model *m, exl_kv_cache *cache, const int32_t *page
         if (s == WARM)
             t0 = now();
     }
-    EK(exl_model_argmax_wait(m, t[WARM + STEPS], toks, n));
-    return (double)n * (STEPS + 1) / (now() - t0);
+    EK(exl_model_argmax_wait(m, t[WARM + steps], toks, n));
+    return (double)n * (steps + 1) / (now() - t0);
 }
 
 /* every cached CUDA graph dropped (a buffer freed does it), so that the next steps are compiled anew */
@@ -263,11 +265,15 @@ int main(int argc, char **argv) {
             rank = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--ctx"))
             ctx = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--steps"))
+            steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--only32"))
             only32 = atoi(argv[i + 1]);
     }
-    if (n_layers < 1 || rank < 1 || rank > 256 || ctx < 1 || ctx + WARM + STEPS + 2 > 256) {
-        fprintf(stderr, "gpu_lora_bench: --layers >= 1, --rank 1..256, --ctx 1..%d\n", 256 - WARM - STEPS - 2);
+    if (n_layers < 1 || rank < 1 || rank > 256 || ctx < 1 || ctx + WARM + STEPS + 2 > 256 || steps < 1 ||
+        steps > STEPS) {
+        fprintf(stderr, "gpu_lora_bench: --layers >= 1, --rank 1..256, --ctx 1..%d, --steps 1..%d\n",
+                256 - WARM - STEPS - 2, STEPS);
         return 2;
     }
     exl_model *m = build_model(n_layers);
