@@ -13,7 +13,7 @@
 #      NCCL (EXL_TP_P2P=0) and with PULL=1 the pull one-shot (EXL_TP_P2P=1);
 #   3. the collectives' time per decode step: the same decode with EXL_TP_NO_COMM=1 (collectives left out, wrong
 #      tokens), the difference being their cost;
-#   4. --gpu-split with a model larger than one GPU's share: the 7B shape under EXL_CUDA_MEMORY_LIMIT=3584MiB (split
+#   4. --gpu-split with a model larger than one GPU's share: the 7B shape under EXL_CUDA_MEMORY_LIMIT=4GiB (split
 #      1.7,1.9: each device also holds its CUDA context, ~0.75 GiB, and NCCL's buffers, which the limit counts), then the 70B shape
 #      (~35 GB) with EXL_CUDA_MEMORY_LIMIT=24GiB (each GPU pretends to have 24 GiB): refused on one GPU, split 20,20
 #      over two. Loading prints a line per device every 5 s and when done; stdout is line-buffered into the logs.
@@ -126,13 +126,13 @@ speed() { # model name (m7b or m70b)
 
 split() {
 echo "==== 4. --gpu-split with a model larger than one GPU's share (EXL_CUDA_MEMORY_LIMIT)"
-# first the 7B shape (3.9 GB) under a 3 GiB limit: seconds, and it shows whether the split path runs at all; then the
+# first the 7B shape (3.9 GB) under a 4 GiB limit: seconds, and it shows whether the split path runs at all; then the
 # 70B shape under 24 GiB. Each run's output goes to its log as it comes (a timeout keeps what was printed).
 model m7b
-EXL_CUDA_MEMORY_LIMIT=3584MiB timeout 60 stdbuf -oL "$bin/exl" bench -m /tmp/m7b --device cuda -p 512 -n 32 \
+EXL_CUDA_MEMORY_LIMIT=4GiB timeout 60 stdbuf -oL "$bin/exl" bench -m /tmp/m7b --device cuda -p 512 -n 32 \
     >"$out/split_7b_one.log" 2>&1
 tail -2 "$out/split_7b_one.log"
-EXL_CUDA_MEMORY_LIMIT=3584MiB timeout 120 stdbuf -oL "$bin/exl" bench -m /tmp/m7b --device cuda --gpu-split 1.7,1.9 \
+EXL_CUDA_MEMORY_LIMIT=4GiB timeout 120 stdbuf -oL "$bin/exl" bench -m /tmp/m7b --device cuda --gpu-split 1.7,1.9 \
     -p 512 -n 32 >"$out/split_7b.log" 2>&1
 echo "   rc $? ($SECONDS s into the call)"
 tail -8 "$out/split_7b.log"

@@ -1748,7 +1748,8 @@ static void test_all_reduce(void) {
  * EXL_TP_P2P=p2p (NULL: the default, the push all-reduce where the GPUs reach each other's memory), against the same
  * references and bound as one GPU, and greedy jobs' tokens against one GPU's; skipped where the machine has too few
  * GPUs or no NCCL */
-static int generate_batch(const char *dir, const char *tok_dir, int n_jobs, int32_t tp, int32_t *out);
+static int generate_batch(const char *dir, const char *tok_dir, int n_jobs, int32_t tp, const float *split,
+                          int32_t *out);
 
 static void test_models_tp(const char *shared, const char *p2p, const char *how) {
     if (p2p)
@@ -1802,7 +1803,7 @@ static void test_models_tp(const char *shared, const char *p2p, const char *how)
         snprintf(dir, sizeof dir, "%s/models/%s", shared, greedy[i]);
         snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
         int32_t a[8 * 16] = {0}, b[8 * 16] = {0};
-        const int na = generate_batch(dir, tok_dir, 8, 1, a), nb = generate_batch(dir, tok_dir, 8, tp, b);
+        const int na = generate_batch(dir, tok_dir, 8, 1, NULL, a), nb = generate_batch(dir, tok_dir, 8, tp, NULL, b);
         snprintf(name, sizeof name, "8 greedy jobs --tp %d (%s) == one GPU: %s", tp, how, greedy[i]);
         if (na < 8 * 14 || nb != na)
             printf("     (%d and %d tokens of %d: %s)\n", na, nb, 8 * 16, exl_last_error());
@@ -1810,6 +1811,60 @@ static void test_models_tp(const char *shared, const char *p2p, const char *how)
     }
     if (p2p)
         unsetenv("EXL_TP_P2P");
+}
+
+/* ---- the layer split (--gpu-split) over two GPUs: shares small enough to spread the fixtures' few layers (as
+ * test_tp's CPU ranks), the hidden states handed from device to device through NCCL; the same references and bound as
+ * one GPU, and greedy jobs' tokens against one GPU's */
+static void test_models_split(const char *shared) {
+    static const struct {
+        const char *model;
+        float split[2];
+    } cases[] = {{"rand-llama", {0.0025f, 1}}, /* a layer each */
+                 {"rand-llama-exl2-3.0bpw-h6", {0.0013f, 1}},
+                 {"rand-gemma3", {0.0025f, 1}},
+                 {"rand-qwen3moe", {0.0003f, 1}}}; /* every layer on the second device */
+    int loaded = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[1024], ref[1024], name[128];
+        snprintf(dir, sizeof dir, "%s/models/%s", shared, cases[i].model);
+        snprintf(ref, sizeof ref, "%s/reference/%s.logits.safetensors", shared, cases[i].model);
+        exl_model_params p = exl_model_default_params();
+        p.device = EXL_DEVICE_CUDA;
+        p.gpu_split[0] = cases[i].split[0], p.gpu_split[1] = cases[i].split[1];
+        exl_model *m;
+        exl_status st = exl_model_load(dir, &p, &m);
+        if (st == EXL_ERR_UNSUPPORTED || st == EXL_ERR_DEVICE) {
+            printf("SKIP logits --gpu-split %s: %s\n", cases[i].model, exl_last_error());
+            continue;
+        }
+        if (st != EXL_OK) {
+            printf("FAIL logits --gpu-split %s: %s\n", cases[i].model, exl_last_error());
+            n_fail++;
+            continue;
+        }
+        exl_model_free(m);
+        loaded++;
+        int mism = 0, npos = 0;
+        double e = ref_compare_model(dir, ref, "logits", &p, &mism, &npos);
+        snprintf(name, sizeof name, "logits --gpu-split %g,%g %s (%d pos)", cases[i].split[0], cases[i].split[1],
+                 cases[i].model, npos);
+        report(name, e, 5e-3);
+        snprintf(name, sizeof name, "argmax mismatches --gpu-split %s", cases[i].model);
+        report(name, npos > 0 ? mism : -1, 0);
+    }
+    for (size_t i = 0; loaded && i < 2; i++) {
+        char dir[1024], tok_dir[1024], name[128];
+        snprintf(dir, sizeof dir, "%s/models/%s", shared, cases[i].model);
+        snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
+        int32_t a[8 * 16] = {0}, b[8 * 16] = {0};
+        const int na = generate_batch(dir, tok_dir, 8, 1, NULL, a),
+                  nb = generate_batch(dir, tok_dir, 8, 1, cases[i].split, b);
+        snprintf(name, sizeof name, "8 greedy jobs --gpu-split == one GPU: %s", cases[i].model);
+        if (na < 8 * 14 || nb != na)
+            printf("     (%d and %d tokens of %d: %s)\n", na, nb, 8 * 16, exl_last_error());
+        report(name, na >= 8 * 14 && nb == na ? (double)memcmp(a, b, sizeof a) != 0 : 1.0, 0);
+    }
 }
 
 /* ---- logits through a quantized KV cache: the GPU's against the CPU's, each through sessions of the same cache
@@ -2700,10 +2755,13 @@ static void test_sampled_chain(const char *shared) {
  * that decode steps of many rows replayed as CUDA graphs (9+ rows: the tensor-core matmul) give
  * the tokens of the same steps launched one kernel at a time, and decode ahead those of steps
  * taken one by one. */
-static int generate_batch(const char *dir, const char *tok_dir, int n_jobs, int32_t tp, int32_t *out) {
+static int generate_batch(const char *dir, const char *tok_dir, int n_jobs, int32_t tp, const float *split,
+                          int32_t *out) {
     exl_model_params p = exl_model_default_params();
     p.device = EXL_DEVICE_CUDA;
     p.tp = tp;
+    for (int i = 0; split && i < 2; i++) /* a layer split over two GPUs (GB shares) */
+        p.gpu_split[i] = split[i];
     exl_model *m;
     exl_tokenizer *tok;
     if (exl_model_load(dir, &p, &m) != EXL_OK)
@@ -2743,9 +2801,9 @@ static void same_tokens_with_env_off(const char *shared, int n_jobs, const char 
     snprintf(dir, sizeof dir, "%s/models/rand-llama-exl2-3.0bpw-h6", shared);
     snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
     int32_t *a = calloc((size_t)n_jobs * 16, sizeof *a), *b = calloc((size_t)n_jobs * 16, sizeof *b);
-    int na = generate_batch(dir, tok_dir, n_jobs, 1, a);
+    int na = generate_batch(dir, tok_dir, n_jobs, 1, NULL, a);
     setenv(env, "0", 1);
-    int nb = generate_batch(dir, tok_dir, n_jobs, 1, b);
+    int nb = generate_batch(dir, tok_dir, n_jobs, 1, NULL, b);
     unsetenv(env);
     char name[96];
     snprintf(name, sizeof name, "%d greedy jobs: %s", n_jobs, what);
@@ -3778,7 +3836,7 @@ static void test_quantize_exl2_speed(const char *shared) {
     remove_dir(dir);
 }
 
-/* EXL_TEST_ONLY=GROUP[,GROUP...]: run only those groups of checks (ops, models, tp, kv, decode, rows, quantize,
+/* EXL_TEST_ONLY=GROUP[,GROUP...]: run only those groups of checks (ops, models, tp, split, kv, decode, rows, quantize,
  * sampling, graphs, spec, lora); unset: all */
 static int only(const char *group) {
     const char *list = getenv("EXL_TEST_ONLY");
@@ -3841,6 +3899,8 @@ int main(int argc, char **argv) {
         test_models_tp(shared, NULL, "default: push");
         test_models_tp(shared, "0", "NCCL");
     }
+    if (only("split"))
+        test_models_split(shared);
     if (only("kv")) {
         cache_formats_case(shared, "tinystories-656k");
         cache_formats_case(shared, "rand-llama");

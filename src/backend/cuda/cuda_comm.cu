@@ -224,6 +224,10 @@ exl_status exl_cuda_comm_init(exl_backend *const *ranks, int32_t n) {
     }
     EXL_TRY(load_nccl());
     setenv("NCCL_NVLS_ENABLE", "0", 1);
+    /* connect every peer now: collectives are captured into CUDA graphs, and NCCL's connection at a communicator's
+     * first collective (its default) sets up peer memory, which a capturing stream forbids ("operation not
+     * permitted when stream is capturing": a layer split's first hand-over is inside a captured step) */
+    setenv("NCCL_RUNTIME_CONNECT", "0", 1);
     exl_cuda_comm *c = (exl_cuda_comm *)calloc(1, sizeof *c);
     if (!c)
         return exl_cuda_fail(EXL_ERR_NOMEM, "out of host memory");
