@@ -92,13 +92,27 @@ typedef struct exl_qz_result {
 #define EXL_QZ_DAMP 0.3
 #define EXL_QZ_DAMP_PER_DIM 3.0
 
-/* U in a backend's memory, put there by the first quantization that updates its rows on that backend (gptq.c), and
- * the room the quantizations of its linears there reuse. */
+/* The weights of a linear quantized with a Hessian on a backend (exl_gptq_quantize_trial), kept there while the
+ * Hessian lives: the candidate recipes of a linear then need no upload. */
+#define EXL_QZ_DEV_SOURCES 3
+typedef struct exl_qz_dev_source {
+    const float *W; /* the host's weights this is a copy of (NULL: none) */
+    int64_t N;
+    float *dev; /* [K, N] */
+    int64_t used;
+} exl_qz_dev_source;
+
+/* U in a backend's memory, put there by its factor on the backend or by the first quantization that updates its rows
+ * on that backend (gptq.c), the room the quantizations of its linears there reuse, its order of rows there and the
+ * weights of its linears. */
 typedef struct exl_qz_hinv_dev {
     exl_backend *be;
     float *U;   /* NULL: not there yet */
     void *work; /* NULL: none yet */
     size_t work_bytes;
+    int32_t *perm; /* NULL: not there yet */
+    exl_qz_dev_source src[EXL_QZ_DEV_SOURCES];
+    int64_t uses;
 } exl_qz_hinv_dev;
 
 /* What GPTQ needs of a Hessian, shared by every quantization of the linears that see it. */
@@ -109,13 +123,21 @@ typedef struct exl_qz_hinv {
     exl_qz_hinv_dev *dev; /* U on a backend */
 } exl_qz_hinv;
 
-/* act_order sorts rows by diag(H) descending. */
-exl_status exl_gptq_prepare(const exl_hessian *H, int act_order, exl_pool *pool, exl_qz_hinv *out);
+/* act_order sorts rows by diag(H) descending. be (NULL: the host's threads) factors H where it has the op
+ * (qz_factor; EXL_QUANT_DEVICE_FACTOR=0: on the host), leaving U there too. */
+exl_status exl_gptq_prepare(const exl_hessian *H, int act_order, exl_pool *pool, exl_backend *be, exl_qz_hinv *out);
 void exl_qz_hinv_free(exl_qz_hinv *h);
 /* Quantize W [K, N] (not modified) with the groups of layout taken in h's row order. */
 exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, exl_qz_scheme scheme,
                              const exl_qz_layout *layout, exl_pool *pool, exl_backend *be, exl_qz_result *out);
 void exl_qz_result_free(exl_qz_result *r);
+/* Whether be quantizes with EXL2 scales into a trial linear wholly on its own memory (exl_gptq_quantize_trial). */
+int exl_gptq_trial_on_device(const exl_backend *be);
+/* W [K, N] (the host's, unchanged while h lives: its copy on the backend is kept with h) quantized with EXL2 scales in
+ * the groups of layout, the dequantized weights into the dense trial linear w (made by be's linear_init with in K,
+ * out N), all on the backend: nothing comes back. */
+exl_status exl_gptq_quantize_trial(const float *W, const exl_qz_hinv *h, int64_t N, const exl_qz_layout *layout,
+                                   exl_backend *be, exl_linear *w);
 
 /* ---- EXL2 recipes */
 
@@ -327,12 +349,13 @@ typedef enum exl_qz_prof_part {
     EXL_QZ_PROF_TRANSFER, /* hidden states to and from the backend */
     EXL_QZ_PROF_HESSIAN,  /* a linear's inputs downloaded and added to its Hessian */
     EXL_QZ_PROF_FACTOR,   /* GPTQ's factor of the damped inverse Hessian */
-    EXL_QZ_PROF_GPTQ,     /* GPTQ outside the parts below (permuting, copies) */
+    EXL_QZ_PROF_GPTQ,     /* GPTQ outside the parts below (its results' host memory, taken and given back) */
     EXL_QZ_PROF_SCALES,   /* a group's scales (EXL2: the scale search) */
     EXL_QZ_PROF_ROWS,     /* the row loop of a block (rounding, the error spread within the block) */
     EXL_QZ_PROF_UPDATE,   /* the rows after a block updated */
     EXL_QZ_PROF_TRIAL,    /* trial linears built, uploaded and freed */
     EXL_QZ_PROF_ACCURACY, /* a candidate's or a block's accuracy */
+    EXL_QZ_PROF_PERMUTE,  /* GPTQ's rows put in act-order and back (host copies, or the backend's gather) */
     EXL_QZ_PROF_N
 } exl_qz_prof_part;
 
