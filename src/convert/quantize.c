@@ -137,11 +137,13 @@ static exl_status load_layer(qz *q, int32_t l) { return exl_qz_layer_load(q->m, 
  * expert no calibration token chose), takes the identity. */
 static exl_status hinv_of(qz *q, exl_hessian *h, exl_qz_hinv *hi) {
     exl_qz_prof_enter(EXL_QZ_PROF_FACTOR);
+    exl_status st = EXL_OK;
     if (rtn(q) || h->n == 0)
         exl_hessian_identity(h);
     else
-        exl_hessian_finish(h);
-    exl_status st = exl_gptq_prepare(h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, q->be, hi);
+        st = exl_hessian_finish(h);
+    if (st == EXL_OK)
+        st = exl_gptq_prepare(h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, q->be, hi);
     exl_qz_prof_leave();
     return st;
 }

@@ -40,13 +40,18 @@
 
 typedef struct exl_hessian {
     int64_t K;
-    int64_t n; /* rows accumulated */
-    float *H;  /* [K, K], sum of x xᵀ until exl_hessian_finish scales it by 2/n */
+    int64_t n;       /* rows accumulated */
+    float *H;        /* [K, K], sum of x xᵀ until exl_hessian_finish scales it by 2/n */
+    exl_backend *be; /* where dev lives */
+    float *dev;      /* [K, K] the sum on a backend (exl_hessian_add_on) until exl_hessian_finish, or NULL */
 } exl_hessian;
 
 exl_status exl_hessian_init(exl_hessian *h, int64_t K);
+/* x: host rows */
 exl_status exl_hessian_add(exl_hessian *h, const float *x, int64_t rows, exl_backend *be);
-void exl_hessian_finish(exl_hessian *h);
+/* x: rows in be's memory, summed there by its gemm (a Hessian takes its rows one way or the other, not both) */
+exl_status exl_hessian_add_on(exl_hessian *h, const float *x, int64_t rows, exl_backend *be);
+exl_status exl_hessian_finish(exl_hessian *h);
 /* The identity (round to nearest through the same code path). */
 void exl_hessian_identity(exl_hessian *h);
 void exl_hessian_free(exl_hessian *h);

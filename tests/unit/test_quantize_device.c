@@ -400,3 +400,46 @@ EXL_TEST(exl2_trial_weights_on_a_device_backend_match_the_host) {
     exl_qz_trial_free(c.be, &t);
     gptq_case_free(&c);
 }
+
+/* exl_hessian_add_on (the rows summed where they are, by the backend's gemm) against exl_hessian_add (the host's own
+ * kernel), the sum brought back by exl_hessian_finish: the same H up to the order of fp32 sums (1e-5 of its largest
+ * value), over three steps of rows. */
+EXL_TEST(hessian_on_a_device_backend_matches_the_host) {
+    enum { K = 96, ROWS = 200 };
+    exl_backend *be;
+    REQUIRE_OK(exl_backend_cpu_init(2, &be));
+    uint32_t seed = 3;
+    float *x = malloc(sizeof(float) * ROWS * K);
+    REQUIRE(x);
+    fill(x, (int64_t)ROWS * K, &seed, 1.0f, 5);
+    exl_hessian host, dev;
+    REQUIRE_OK(exl_hessian_init(&host, K));
+    REQUIRE_OK(exl_hessian_init(&dev, K));
+    const exl_backend_ops *cpu_ops = be->ops;
+    exl_backend_ops other = *cpu_ops;
+    for (int step = 0; step < 3; step++) {
+        int64_t r0 = step * ROWS / 3, r1 = (step + 1) * ROWS / 3;
+        REQUIRE_OK(exl_hessian_add(&host, x + r0 * K, r1 - r0, be));
+        be->ops = &other;
+        exl_status st = exl_hessian_add_on(&dev, x + r0 * K, r1 - r0, be);
+        be->ops = cpu_ops;
+        REQUIRE_OK(st);
+    }
+    CHECK(dev.n == host.n && dev.dev != NULL);
+    REQUIRE_OK(exl_hessian_finish(&host));
+    be->ops = &other;
+    exl_status st = exl_hessian_finish(&dev);
+    be->ops = cpu_ops;
+    REQUIRE_OK(st);
+    CHECK(dev.dev == NULL);
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < (int64_t)K * K; i++) {
+        d = fmax(d, fabs((double)dev.H[i] - host.H[i]));
+        m = fmax(m, fabs((double)host.H[i]));
+    }
+    CHECK_MSG(d <= 1e-5 * m, "H differs by %g of %g", d, m);
+    exl_hessian_free(&host);
+    exl_hessian_free(&dev);
+    free(x);
+    be->ops->destroy(be);
+}
