@@ -129,9 +129,18 @@ static void quant_gap(const exl_hf_config *c, char *gap, size_t size) {
         snprintf(gap, size, "a shared expert beside the routed ones");
 }
 
-static void free_layer(qz *q) { exl_qz_layer_free(&q->layer); }
+static void free_layer(qz *q) {
+    exl_qz_prof_enter(EXL_QZ_PROF_LOAD);
+    exl_qz_layer_free(&q->layer);
+    exl_qz_prof_leave();
+}
 
-static exl_status load_layer(qz *q, int32_t l) { return exl_qz_layer_load(q->m, q->be, l, &q->layer); }
+static exl_status load_layer(qz *q, int32_t l) {
+    exl_qz_prof_enter(EXL_QZ_PROF_LOAD);
+    exl_status st = exl_qz_layer_load(q->m, q->be, l, &q->layer);
+    exl_qz_prof_leave();
+    return st;
+}
 
 /* The GPTQ factor of a Hessian (EXL2 always in act-order); rounding to nearest, or a linear that saw no rows (an
  * expert no calibration token chose), takes the identity. */
@@ -343,9 +352,10 @@ static exl_status quant_trial(qz *q, const exl_qz_opt *o, const exl_qz_lin *x, c
     exl_qz_layout l;
     exl_status st = EXL_OK;
     if (exl_gptq_trial_on_device(q->be)) {
-        if (!t->w) {
+        if (!t->w) { /* fp16 weights of the model's own (not a part of a fused one) go up as they are */
+            int own = !x->part.w && x->src.kind == EXL_LINEAR_DENSE && x->src.dense.dtype == EXL_DTYPE_F16;
             exl_qz_prof_enter(EXL_QZ_PROF_TRIAL);
-            st = exl_qz_trial_init(q->be, q->pool, x->W, &x->src, t);
+            st = own ? exl_qz_trial_init_as(q->be, &x->src, t) : exl_qz_trial_init(q->be, q->pool, x->W, &x->src, t);
             exl_qz_prof_leave();
         }
         if (st == EXL_OK)
@@ -698,6 +708,7 @@ static exl_status write_head(qz *q) {
 /* ---- state of a run (resumable) */
 
 static exl_status save_state(qz *q, int pass, int32_t next) {
+    exl_qz_prof_enter(EXL_QZ_PROF_SAVE);
     char *xs = work_path(q, "states.bin"), *sj = work_path(q, "state.json"), tmp[4200];
     exl_status st = xs && sj ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
     if (st == EXL_OK) {
@@ -718,6 +729,7 @@ static exl_status save_state(qz *q, int pass, int32_t next) {
     }
     exl_free(xs);
     exl_free(sj);
+    exl_qz_prof_leave();
     return st;
 }
 
@@ -1058,8 +1070,10 @@ static exl_status run(qz *q) {
         free_layer(q);
         /* a layer is reported once a run killed after it goes on from the next (the last: from its
          * measurement.json, the states of the next pass not made yet) */
+        exl_qz_prof_enter(EXL_QZ_PROF_SAVE);
         if (st == EXL_OK)
             st = exl_qz_measurement_save(&q->meas, l, mpath);
+        exl_qz_prof_leave();
         if (st == EXL_OK && l + 1 < L)
             st = save_state(q, 0, l + 1);
         if (st == EXL_OK)

@@ -280,6 +280,9 @@ typedef struct exl_qz_trial {
 } exl_qz_trial;
 exl_status exl_qz_trial_init(exl_backend *be, exl_pool *pool, const float *W, const exl_linear_src *like,
                              exl_qz_trial *out);
+/* A trial linear made from like itself (its own weights and bias): no host copy (t->wt NULL), for new weights that come
+ * from the backend (exl_gptq_quantize_trial), not exl_qz_trial_set. */
+exl_status exl_qz_trial_init_as(exl_backend *be, const exl_linear_src *like, exl_qz_trial *out);
 /* New weights W [K, N] for a trial linear t (no allocation: the backend's linear_set_dense, in order with the work
  * queued before). */
 exl_status exl_qz_trial_set(exl_backend *be, exl_pool *pool, const float *W, exl_qz_trial *t);
@@ -361,6 +364,8 @@ typedef enum exl_qz_prof_part {
     EXL_QZ_PROF_TRIAL,    /* trial linears built, uploaded and freed */
     EXL_QZ_PROF_ACCURACY, /* a candidate's or a block's accuracy */
     EXL_QZ_PROF_PERMUTE,  /* GPTQ's rows put in act-order and back (host copies, or the backend's gather) */
+    EXL_QZ_PROF_LOAD,     /* a layer's linears read from the model as fp32, and freed */
+    EXL_QZ_PROF_SAVE,     /* what a resumed run needs written (the hidden states, the measurement) */
     EXL_QZ_PROF_N
 } exl_qz_prof_part;
 
