@@ -733,10 +733,11 @@ static exl_status dev_update(const dev_rows *d, const float *E, int64_t K, int64
 
 /* ---- GPTQ with EXL2 scales wholly on a backend that has the ops (a GPU)
  *
- * W goes up once, the scale search (qz_exl2_scales) and each block's rows (qz_rows) run there, the rows after a block
- * are updated there (gemm), and the codes, scales and quantized rows come down once at the end: one wait a
- * quantization. The rows, the errors of a block, the scales and the codes live in the Hessian's room on the backend
- * (exl_qz_hinv_dev.work), which the quantizations of its linears reuse. */
+ * W goes up once while its Hessian lives and is gathered into act-order there, the scale search (qz_exl2_scales) and
+ * each block's rows (qz_rows) run there, the rows after a block are updated there (gemm), and the codes, scales and
+ * quantized rows (gathered back into input order) come down once at the end: one wait a quantization. The rows, the
+ * errors of a block, the scales and the codes live in the Hessian's room on the backend (exl_qz_hinv_dev.work), which
+ * the quantizations of its linears reuse. */
 
 /* EXL_QUANT_DEVICE_GPTQ=0: the host's rounding on every backend (for comparisons) */
 static int exl2_on_device(const exl_backend *be, exl_qz_scheme scheme) {
@@ -760,22 +761,26 @@ static exl_status dev_room(exl_backend *be, const exl_qz_hinv *h, size_t bytes) 
     return EXL_OK;
 }
 
-/* The rows of the Hessian's room on the backend, its scales and codes: the layout gptq_exl2_dev works in. */
+/* The rows of the Hessian's room on the backend, its scales and codes, and (out_rows) the quantized rows back in input
+ * order: the layout gptq_exl2_dev works in. */
 typedef struct dev_exl2 {
-    float *W, *E, *scale, *zero;  /* [K, N], [BLOCK, N], [N], [N] */
-    uint16_t *smax;               /* [G] */
-    uint8_t *codes, *scale_codes; /* [K, N], [G, N] */
+    float *W, *E, *scale, *zero, *Wo; /* [K, N], [BLOCK, N], [N], [N], [K, N] or NULL */
+    uint16_t *smax;                   /* [G] */
+    uint8_t *codes, *scale_codes;     /* [K, N], [G, N] */
 } dev_exl2;
 
-static exl_status dev_exl2_room(exl_backend *be, const exl_qz_hinv *h, int64_t N, int64_t G, dev_exl2 *d) {
+static exl_status dev_exl2_room(exl_backend *be, const exl_qz_hinv *h, int64_t N, int64_t G, int out_rows,
+                                dev_exl2 *d) {
     int64_t K = h->K;
-    size_t floats = (size_t)((K + BLOCK + 2) * N), bytes = floats * sizeof(float) + (size_t)((K + G) * N + 2 * G);
+    size_t floats = (size_t)((K + BLOCK + 2 + (out_rows ? K : 0)) * N),
+           bytes = floats * sizeof(float) + (size_t)((K + G) * N + 2 * G);
     EXL_TRY(dev_room(be, h, bytes));
     d->W = h->dev->work;
     d->E = d->W + K * N;
     d->scale = d->E + BLOCK * N;
     d->zero = d->scale + N;
-    d->smax = (uint16_t *)(d->zero + N);
+    d->Wo = out_rows ? d->zero + N : NULL;
+    d->smax = (uint16_t *)(d->zero + N + (out_rows ? K * N : 0));
     d->codes = (uint8_t *)(d->smax + G);
     d->scale_codes = d->codes + K * N;
     return EXL_OK;
@@ -809,29 +814,6 @@ static exl_status gptq_exl2_dev(exl_backend *be, const exl_qz_hinv *h, int64_t N
         }
         r0 = r1;
     }
-    return st;
-}
-
-static exl_status gptq_rows_exl2_dev(float *Wp, const exl_qz_hinv *h, int64_t N, const exl_qz_layout *layout,
-                                     exl_backend *be, exl_qz_result *out) {
-    int64_t K = h->K, G = layout->n_groups;
-    dev_exl2 d;
-    EXL_TRY(dev_exl2_room(be, h, N, G, &d));
-    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
-    exl_status st = be->ops->upload(be, d.W, Wp, (size_t)(K * N) * sizeof(float));
-    exl_qz_prof_leave();
-    if (st == EXL_OK)
-        st = gptq_exl2_dev(be, h, N, layout, &d);
-    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
-    if (st == EXL_OK)
-        st = be->ops->download(be, out->codes, d.codes, (size_t)(K * N));
-    if (st == EXL_OK)
-        st = be->ops->download(be, out->scale_codes, d.scale_codes, (size_t)(G * N));
-    if (st == EXL_OK)
-        st = be->ops->download(be, out->scale_max, d.smax, (size_t)G * sizeof(uint16_t));
-    if (st == EXL_OK)
-        st = be->ops->download(be, Wp, d.W, (size_t)(K * N) * sizeof(float));
-    exl_qz_prof_leave();
     return st;
 }
 
@@ -873,11 +855,18 @@ static exl_status dev_source(exl_backend *be, const exl_qz_hinv *h, const float 
                         (long long)N);
     exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
     exl_status st = be->ops->upload(be, slot->dev, W, (size_t)(K * N) * sizeof(float));
-    if (st == EXL_OK && !hd->perm) {
-        if (!(hd->perm = be->ops->alloc(be, (size_t)K * sizeof(int32_t))))
-            st = exl_fail(EXL_ERR_NOMEM, "out of %s memory", be->name);
+    if (st == EXL_OK && !hd->perm) { /* the order of rows, then its inverse */
+        int32_t *both = exl_malloc((size_t)K * 2 * sizeof(int32_t));
+        if (both) {
+            memcpy(both, h->perm, (size_t)K * sizeof(int32_t));
+            for (int64_t r = 0; r < K; r++)
+                both[K + h->perm[r]] = (int32_t)r;
+        }
+        if (!both || !(hd->perm = be->ops->alloc(be, (size_t)K * 2 * sizeof(int32_t))))
+            st = exl_fail(EXL_ERR_NOMEM, "out of memory");
         else
-            st = be->ops->upload(be, hd->perm, h->perm, (size_t)K * sizeof(int32_t));
+            st = be->ops->upload(be, hd->perm, both, (size_t)K * 2 * sizeof(int32_t));
+        exl_free(both);
     }
     exl_qz_prof_leave();
     if (st == EXL_OK) {
@@ -899,7 +888,7 @@ exl_status exl_gptq_quantize_trial(const float *W, const exl_qz_hinv *h, int64_t
     exl_qz_prof_enter(EXL_QZ_PROF_GPTQ);
     dev_exl2 d;
     float *src = NULL;
-    exl_status st = dev_exl2_room(be, h, N, layout->n_groups, &d);
+    exl_status st = dev_exl2_room(be, h, N, layout->n_groups, 0, &d);
     if (st == EXL_OK)
         st = dev_source(be, h, W, N, &src);
     if (st == EXL_OK) {
@@ -913,6 +902,37 @@ exl_status exl_gptq_quantize_trial(const float *W, const exl_qz_hinv *h, int64_t
         st = be->ops->qz_set_trial(be, w, d.W, h->dev->perm);
         exl_qz_prof_leave();
     }
+    exl_qz_prof_leave();
+    return st;
+}
+
+/* The same with the whole result brought back (the quantizing pass): the codes, the scales, and the quantized rows
+ * gathered back into input order there, so that they come down as Wq. */
+static exl_status gptq_exl2_dev_result(const float *W, const exl_qz_hinv *h, int64_t N, const exl_qz_layout *layout,
+                                       exl_backend *be, exl_qz_result *out) {
+    int64_t K = h->K, G = layout->n_groups;
+    dev_exl2 d;
+    float *src = NULL;
+    EXL_TRY(dev_exl2_room(be, h, N, G, 1, &d));
+    EXL_TRY(dev_source(be, h, W, N, &src));
+    exl_qz_prof_enter(EXL_QZ_PROF_PERMUTE);
+    be->ops->gather_rows(be, d.W, src, h->dev->perm, (int32_t)K, (int32_t)N);
+    exl_qz_prof_leave();
+    exl_status st = gptq_exl2_dev(be, h, N, layout, &d);
+    if (st == EXL_OK) {
+        exl_qz_prof_enter(EXL_QZ_PROF_PERMUTE);
+        be->ops->gather_rows(be, d.Wo, d.W, h->dev->perm + K, (int32_t)K, (int32_t)N);
+        exl_qz_prof_leave();
+    }
+    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
+    if (st == EXL_OK)
+        st = be->ops->download(be, out->codes, d.codes, (size_t)(K * N));
+    if (st == EXL_OK)
+        st = be->ops->download(be, out->scale_codes, d.scale_codes, (size_t)(G * N));
+    if (st == EXL_OK)
+        st = be->ops->download(be, out->scale_max, d.smax, (size_t)G * sizeof(uint16_t));
+    if (st == EXL_OK)
+        st = be->ops->download(be, out->Wq, d.Wo, (size_t)(K * N) * sizeof(float));
     exl_qz_prof_leave();
     return st;
 }
@@ -999,6 +1019,13 @@ exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, ex
         return st;
     }
     memcpy(out->perm, h->perm, (size_t)K * sizeof(int32_t));
+    if (!exl_backend_cpu_pool(be) && exl2_on_device(be, scheme) && K <= INT32_MAX && N <= INT32_MAX) {
+        st = gptq_exl2_dev_result(W, h, N, layout, be, out);
+        if (st != EXL_OK)
+            exl_qz_result_free(out);
+        exl_qz_prof_leave();
+        return st;
+    }
     float *Wp = exl_malloc((size_t)(K * N) * sizeof(float)), *sc = exl_malloc((size_t)N * 2 * sizeof(float));
     st = Wp && sc ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
     if (st == EXL_OK) {
@@ -1007,8 +1034,7 @@ exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, ex
             memcpy(Wp + r * N, W + (int64_t)h->perm[r] * N, (size_t)N * sizeof(float));
         exl_qz_prof_leave();
         qstate qs = {scheme, N, 0, sc, sc + N};
-        st = !exl_backend_cpu_pool(be) && exl2_on_device(be, scheme) ? gptq_rows_exl2_dev(Wp, h, N, layout, be, out)
-                                                                     : gptq_rows(Wp, h, &qs, layout, pool, be, out);
+        st = gptq_rows(Wp, h, &qs, layout, pool, be, out);
     }
     exl_qz_prof_enter(EXL_QZ_PROF_PERMUTE);
     for (int64_t r = 0; st == EXL_OK && r < K; r++)

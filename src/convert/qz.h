@@ -115,7 +115,7 @@ typedef struct exl_qz_hinv_dev {
     float *U;   /* NULL: not there yet */
     void *work; /* NULL: none yet */
     size_t work_bytes;
-    int32_t *perm; /* NULL: not there yet */
+    int32_t *perm; /* [2K] the order of rows, then its inverse (NULL: not there yet) */
     exl_qz_dev_source src[EXL_QZ_DEV_SOURCES];
     int64_t uses;
 } exl_qz_hinv_dev;
