@@ -71,7 +71,8 @@ void exl_qz_hinv_free(exl_qz_hinv *h) {
  * The products stay in double on the CPU, not on the backend's fp32 host_gemm: simulated
  * in fp32 they moved U by about 1e-7 (relative, twice its own float rounding) and left the
  * codes unchanged, but every step would send the trailing matrix over the bus and back, and
- * the O(K²·NB) panel work stays on the CPU anyway, so little time would be saved. */
+ * the O(K²·NB) panel work stays on the CPU anyway, so little time would be saved. A backend with the op qz_factor
+ * (a GPU: cuBLAS in double) factors there instead, U staying there too (factor_on_device). */
 
 #define NB 128   /* columns per block */
 #define PANEL 64 /* rows per gemm call */

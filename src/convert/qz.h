@@ -22,7 +22,8 @@
  * Weights are W[k, n] (in x out) fp32 while being quantized. The big products (the Hessian's
  * XᵀX, GPTQ's update of the rows after a block) are the backend's host_gemm (the CPU's or the
  * GPU's, in fp32 either way); a large GPTQ on a GPU keeps its rows there (the backend's gemm), and an EXL2 one runs
- * there whole (the backend's qz_exl2_scales and qz_rows). */
+ * there whole (the backend's qz_exl2_scales and qz_rows). On a GPU the Hessians are summed there (its gemm), factored
+ * there (qz_factor), and the measuring pass's candidates written into their trial linears there (qz_set_trial). */
 #ifndef EXL_QUANT_QZ_H
 #define EXL_QUANT_QZ_H
 
