@@ -45,6 +45,7 @@ fi
 
 if [ ! -f "$Q/config.json" ]; then
     echo "quantize ($(left) s left in this call)"
+    tq=$(date +%s)
     EXL_QUANT_PROFILE=1 timeout "$(left)" "$STAGE/bin/exl" quantize -i "$MODEL" -o "$Q" --device cuda \
         --format exl2 --bpw 4.0 --head-bits 6 --calibration "$STAGE"/calibration/*.utf8 \
         > "$OUT/$NAME.out" 2>> "$OUT/$NAME.err" &
@@ -58,6 +59,7 @@ if [ ! -f "$Q/config.json" ]; then
     wait "$pid"
     rc=$?
     [ "$m" -gt "$(cat "$OUT/$NAME.gpumem" 2> /dev/null || echo 0)" ] && echo "$m" > "$OUT/$NAME.gpumem"
+    echo "$(($(date +%s) - tq))" >> "$OUT/$NAME.walls"
     echo "exit status $rc (124: stopped at the budget; call again on the same machine to resume)"
 fi
 echo "---- layers (stderr, lines of finished layers)"
@@ -69,5 +71,7 @@ awk -f bench/quant_profile.awk "$OUT/$NAME.err"
 grep -a "exl: profile" "$OUT/$NAME.err" | head -2
 echo "---- summary"
 grep -a '^quantize: done' "$OUT/$NAME.err" | tail -1
+[ -f "$OUT/$NAME.walls" ] && echo "quantize wall over $(wc -l < "$OUT/$NAME.walls") call(s): $(awk '{s += $1} END {print s}' \
+    "$OUT/$NAME.walls") s (each: $(paste -sd' ' "$OUT/$NAME.walls"); a resumed call redoes the layer it was stopped in)"
 echo "peak GPU memory $(cat "$OUT/$NAME.gpumem" 2> /dev/null) MiB"
 [ -f "$Q/config.json" ] && echo "all done: $(du -sh "$Q" | cut -f1) in $Q" || echo "not done yet"

@@ -20,7 +20,7 @@
 
 /* The interface version of the op table and exl_backend, which libexl_cuda.so reports
  * (exl_backend_cuda_abi) and the core checks before using it: bump on any change to them. */
-#define EXL_BACKEND_ABI 21
+#define EXL_BACKEND_ABI 22
 
 typedef struct exl_backend exl_backend;
 
@@ -218,6 +218,17 @@ typedef struct exl_backend_ops {
                                  uint8_t *scale_codes, uint16_t *scale_max, float *scale, float *zero);
     exl_status (*qz_rows)(exl_backend *be, float *W, const float *U, int64_t ldu, int64_t N, int32_t rows,
                           const float *scale, const float *zero, int32_t bits, uint8_t *codes, float *E);
+
+    /* Optional (NULL on the CPU): the rest of the quantizer's GPTQ on the device (convert/gptq.c).
+     * qz_factor: with A [K, K] = H[perm[K-1-i], perm[K-1-j]] + damp·I (H HOST fp32 [K, K] symmetric, perm HOST [K])
+     * and L its lower Cholesky factor (A = L·Lᵀ, in double), U [K, K] (backend memory, fp32) receives
+     * U[K-1-i, K-1-j] = (L⁻¹)[i, j] for j <= i, 0 elsewhere: the upper factor of the permuted, damped H⁻¹ (UᵀU).
+     * *ok = 0 (U unwritten) where A is not positive definite (a pivot not > 0); returns when *ok is known.
+     * qz_set_trial: a dense linear's weights (made by linear_init: in K, out N) from backend memory W [K, N] whose
+     * row r is input feature perm[r] (perm: backend memory, [K]), in order with the work queued before. */
+    exl_status (*qz_factor)(exl_backend *be, float *U, const float *H, const int32_t *perm, int64_t K, double damp,
+                            int *ok);
+    exl_status (*qz_set_trial)(exl_backend *be, exl_linear *w, const float *W, const int32_t *perm);
 } exl_backend_ops;
 
 #define EXL_ARGMAX_ROWS 64 /* the most rows of one argmax */

@@ -10,6 +10,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define PAGE_SIZE 64
@@ -172,6 +173,13 @@ exl_status exl_qz_run_head(exl_qz_runner *r, const float *x, exl_linear_hook hoo
     return each_step(r, NULL, head_step, &c);
 }
 
+/* Whether a linear's inputs are summed into its Hessian where they are: on a backend with a gemm that is not the CPU
+ * (EXL_QUANT_DEVICE_HESSIAN=0: brought to the host first, as before). */
+static int on_device(exl_backend *be) {
+    const char *env = getenv("EXL_QUANT_DEVICE_HESSIAN");
+    return !exl_backend_cpu_pool(be) && be->ops->gemm && !(env && !strcmp(env, "0"));
+}
+
 exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w, const float *x, int32_t rows) {
     exl_qz_capture *c = user;
     exl_backend *be = c->r->m->be;
@@ -180,7 +188,14 @@ exl_status exl_qz_capture_inputs(void *user, int32_t layer, const exl_linear *w,
             continue;
         exl_qz_prof_enter(EXL_QZ_PROF_HESSIAN);
         size_t width = (size_t)c->h[i]->K;
-        exl_status st = be->ops->download(be, c->r->buf, x, (size_t)rows * width * sizeof(float));
+        exl_status st = EXL_OK;
+        if (on_device(be) && w != c->keep_w) { /* the rows stay where they are */
+            st = exl_hessian_add_on(c->h[i], x, rows, be);
+            exl_qz_prof_leave();
+            EXL_TRY(st);
+            continue;
+        }
+        st = be->ops->download(be, c->r->buf, x, (size_t)rows * width * sizeof(float));
         if (st == EXL_OK && w == c->keep_w) {
             memcpy(c->keep + (size_t)c->kept * width, c->r->buf, (size_t)rows * width * sizeof(float));
             c->kept += rows;

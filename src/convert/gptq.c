@@ -45,10 +45,13 @@ void exl_qz_result_free(exl_qz_result *r) {
 }
 
 void exl_qz_hinv_free(exl_qz_hinv *h) {
-    if (h->dev && h->dev->U)
-        h->dev->be->ops->free(h->dev->be, h->dev->U);
-    if (h->dev && h->dev->work)
-        h->dev->be->ops->free(h->dev->be, h->dev->work);
+    exl_qz_hinv_dev *hd = h->dev;
+    void *on_dev[3 + EXL_QZ_DEV_SOURCES] = {hd ? hd->U : NULL, hd ? hd->work : NULL, hd ? hd->perm : NULL};
+    for (int i = 0; hd && i < EXL_QZ_DEV_SOURCES; i++)
+        on_dev[3 + i] = hd->src[i].dev;
+    for (int i = 0; i < 3 + EXL_QZ_DEV_SOURCES; i++)
+        if (on_dev[i])
+            hd->be->ops->free(hd->be, on_dev[i]);
     exl_free(h->dev);
     exl_free(h->perm);
     exl_free(h->U);
@@ -68,7 +71,8 @@ void exl_qz_hinv_free(exl_qz_hinv *h) {
  * The products stay in double on the CPU, not on the backend's fp32 host_gemm: simulated
  * in fp32 they moved U by about 1e-7 (relative, twice its own float rounding) and left the
  * codes unchanged, but every step would send the trailing matrix over the bus and back, and
- * the O(K²·NB) panel work stays on the CPU anyway, so little time would be saved. */
+ * the O(K²·NB) panel work stays on the CPU anyway, so little time would be saved. A backend with the op qz_factor
+ * (a GPU: cuBLAS in double) factors there instead, U staying there too (factor_on_device). */
 
 #define NB 128   /* columns per block */
 #define PANEL 64 /* rows per gemm call */
@@ -344,7 +348,37 @@ static exl_status factor(const exl_hessian *H, const int32_t *perm, exl_pool *po
     return st;
 }
 
-exl_status exl_gptq_prepare(const exl_hessian *H, int act_order, exl_pool *pool, exl_qz_hinv *out) {
+/* The same on a backend with the op (qz_factor): U made there and kept there (out->dev), and brought to the host. */
+static exl_status factor_on_device(const exl_hessian *H, exl_backend *be, exl_qz_hinv *out) {
+    int64_t K = H->K;
+    exl_qz_hinv_dev *hd = out->dev;
+    if (!(hd->U = be->ops->alloc(be, (size_t)(K * K) * sizeof(float))))
+        return exl_fail(EXL_ERR_NOMEM, "out of %s memory for a %lld x %lld factor", be->name, (long long)K,
+                        (long long)K);
+    hd->be = be;
+    double mean = 0;
+    for (int64_t i = 0; i < K; i++)
+        mean += H->H[i * K + i];
+    mean = mean > 0 ? mean / (double)K : 1.0;
+    double damp = EXL_QZ_DAMP + EXL_QZ_DAMP_PER_DIM * (double)K / (double)(H->n > 0 ? H->n : 1);
+    int ok = 0;
+    for (int tries = 0; !ok && tries < 8; tries++, damp *= 4)
+        EXL_TRY(be->ops->qz_factor(be, hd->U, H->H, out->perm, K, damp * mean, &ok));
+    if (!ok)
+        return exl_fail(EXL_ERR_ARG, "the calibration Hessian is not positive definite even with damping");
+    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
+    exl_status st = be->ops->download(be, out->U, hd->U, (size_t)(K * K) * sizeof(float));
+    exl_qz_prof_leave();
+    return st;
+}
+
+/* EXL_QUANT_DEVICE_FACTOR=0: the host factors on every backend (for comparisons) */
+static int factor_on(exl_backend *be) {
+    const char *env = getenv("EXL_QUANT_DEVICE_FACTOR");
+    return be && !exl_backend_cpu_pool(be) && be->ops->qz_factor && !(env && !strcmp(env, "0"));
+}
+
+exl_status exl_gptq_prepare(const exl_hessian *H, int act_order, exl_pool *pool, exl_backend *be, exl_qz_hinv *out) {
     int64_t K = H->K;
     out->K = K;
     out->perm = exl_malloc((size_t)K * sizeof(int32_t));
@@ -355,7 +389,7 @@ exl_status exl_gptq_prepare(const exl_hessian *H, int act_order, exl_pool *pool,
     if (st == EXL_OK)
         st = make_perm(H, act_order, out->perm);
     if (st == EXL_OK)
-        st = factor(H, out->perm, pool, out->U);
+        st = factor_on(be) ? factor_on_device(H, be, out) : factor(H, out->perm, pool, out->U);
     if (st != EXL_OK)
         exl_qz_hinv_free(out);
     return st;
@@ -700,10 +734,11 @@ static exl_status dev_update(const dev_rows *d, const float *E, int64_t K, int64
 
 /* ---- GPTQ with EXL2 scales wholly on a backend that has the ops (a GPU)
  *
- * W goes up once, the scale search (qz_exl2_scales) and each block's rows (qz_rows) run there, the rows after a block
- * are updated there (gemm), and the codes, scales and quantized rows come down once at the end: one wait a
- * quantization. The rows, the errors of a block, the scales and the codes live in the Hessian's room on the backend
- * (exl_qz_hinv_dev.work), which the quantizations of its linears reuse. */
+ * W goes up once while its Hessian lives and is gathered into act-order there, the scale search (qz_exl2_scales) and
+ * each block's rows (qz_rows) run there, the rows after a block are updated there (gemm), and the codes, scales and
+ * quantized rows (gathered back into input order) come down once at the end: one wait a quantization. The rows, the
+ * errors of a block, the scales and the codes live in the Hessian's room on the backend (exl_qz_hinv_dev.work), which
+ * the quantizations of its linears reuse. */
 
 /* EXL_QUANT_DEVICE_GPTQ=0: the host's rounding on every backend (for comparisons) */
 static int exl2_on_device(const exl_backend *be, exl_qz_scheme scheme) {
@@ -727,48 +762,178 @@ static exl_status dev_room(exl_backend *be, const exl_qz_hinv *h, size_t bytes) 
     return EXL_OK;
 }
 
-static exl_status gptq_rows_exl2_dev(float *Wp, const exl_qz_hinv *h, int64_t N, const exl_qz_layout *layout,
-                                     exl_backend *be, exl_qz_result *out) {
-    int64_t K = h->K, G = layout->n_groups;
-    size_t floats = (size_t)((K + BLOCK + 2) * N), bytes = floats * sizeof(float) + (size_t)((K + G) * N + 2 * G);
+/* The rows of the Hessian's room on the backend, its scales and codes, and (out_rows) the quantized rows back in input
+ * order: the layout gptq_exl2_dev works in. */
+typedef struct dev_exl2 {
+    float *W, *E, *scale, *zero, *Wo; /* [K, N], [BLOCK, N], [N], [N], [K, N] or NULL */
+    uint16_t *smax;                   /* [G] */
+    uint8_t *codes, *scale_codes;     /* [K, N], [G, N] */
+} dev_exl2;
+
+static exl_status dev_exl2_room(exl_backend *be, const exl_qz_hinv *h, int64_t N, int64_t G, int out_rows,
+                                dev_exl2 *d) {
+    int64_t K = h->K;
+    size_t floats = (size_t)((K + BLOCK + 2 + (out_rows ? K : 0)) * N),
+           bytes = floats * sizeof(float) + (size_t)((K + G) * N + 2 * G);
     EXL_TRY(dev_room(be, h, bytes));
-    float *W = h->dev->work, *E = W + K * N, *scale = E + BLOCK * N, *zero = scale + N;
-    uint16_t *smax = (uint16_t *)(zero + N);
-    uint8_t *codes = (uint8_t *)(smax + G), *scale_codes = codes + K * N;
+    d->W = h->dev->work;
+    d->E = d->W + K * N;
+    d->scale = d->E + BLOCK * N;
+    d->zero = d->scale + N;
+    d->Wo = out_rows ? d->zero + N : NULL;
+    d->smax = (uint16_t *)(d->zero + N + (out_rows ? K * N : 0));
+    d->codes = (uint8_t *)(d->smax + G);
+    d->scale_codes = d->codes + K * N;
+    return EXL_OK;
+}
+
+/* GPTQ over the permuted rows d->W, group by group: the scale search, each block's rows, the update of the rows after
+ * it, all queued on the backend. */
+static exl_status gptq_exl2_dev(exl_backend *be, const exl_qz_hinv *h, int64_t N, const exl_qz_layout *layout,
+                                const dev_exl2 *d) {
+    int64_t K = h->K, r0 = 0;
     const float *U = h->dev->U;
-    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
-    exl_status st = be->ops->upload(be, W, Wp, (size_t)(K * N) * sizeof(float));
-    exl_qz_prof_leave();
-    int64_t r0 = 0;
-    for (int32_t g = 0; st == EXL_OK && g < G; g++) {
+    exl_status st = EXL_OK;
+    for (int32_t g = 0; st == EXL_OK && g < layout->n_groups; g++) {
         int64_t r1 = r0 + layout->rows[g];
         int32_t bits = layout->bits[g];
         exl_qz_prof_enter(EXL_QZ_PROF_SCALES);
-        st = be->ops->qz_exl2_scales(be, W + r0 * N, N, (int32_t)(r1 - r0), bits, scale_codes + g * N, smax + g, scale,
-                                     zero);
+        st = be->ops->qz_exl2_scales(be, d->W + r0 * N, N, (int32_t)(r1 - r0), bits, d->scale_codes + g * N,
+                                     d->smax + g, d->scale, d->zero);
         exl_qz_prof_leave();
         for (int64_t i1 = r0; st == EXL_OK && i1 < r1; i1 += BLOCK) {
             int64_t i2 = i1 + BLOCK < r1 ? i1 + BLOCK : r1;
             exl_qz_prof_enter(EXL_QZ_PROF_ROWS);
-            st = be->ops->qz_rows(be, W + i1 * N, U + i1 * K + i1, K, N, (int32_t)(i2 - i1), scale, zero, bits,
-                                  codes + i1 * N, E);
+            st = be->ops->qz_rows(be, d->W + i1 * N, U + i1 * K + i1, K, N, (int32_t)(i2 - i1), d->scale, d->zero, bits,
+                                  d->codes + i1 * N, d->E);
             exl_qz_prof_leave();
             exl_qz_prof_enter(EXL_QZ_PROF_UPDATE);
             if (st == EXL_OK && i2 < K)
-                st = be->ops->gemm(be, 1, 0, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, E, N, 1.0f, W + i2 * N, N);
+                st = be->ops->gemm(be, 1, 0, K - i2, N, i2 - i1, -1.0f, U + i1 * K + i2, K, d->E, N, 1.0f,
+                                   d->W + i2 * N, N);
             exl_qz_prof_leave();
         }
         r0 = r1;
     }
+    return st;
+}
+
+/* ---- a candidate's trial weights wholly on the backend
+ *
+ * The measuring pass quantizes each linear with many recipes and needs only the dequantized weights, as a trial
+ * linear on the backend. The linear's weights go up once while its Hessian lives (the room's sources, the least
+ * recently used replaced), and the order of rows once; each recipe then gathers the rows into act-order there,
+ * quantizes them (gptq_exl2_dev) and writes them into the trial linear (qz_set_trial): no host copy, no transfer. */
+
+int exl_gptq_trial_on_device(const exl_backend *be) {
+    return exl2_on_device(be, EXL_QZ_EXL2) && be->ops->qz_set_trial && be->ops->gather_rows;
+}
+
+/* W's copy on the backend (uploaded unless one of the sources is it) */
+static exl_status dev_source(exl_backend *be, const exl_qz_hinv *h, const float *W, int64_t N, float **out) {
+    exl_qz_hinv_dev *hd = h->dev;
+    int64_t K = h->K;
+    exl_qz_dev_source *slot = &hd->src[0];
+    hd->uses++;
+    for (int i = 0; i < EXL_QZ_DEV_SOURCES; i++) {
+        exl_qz_dev_source *x = &hd->src[i];
+        if (x->W == W && x->N == N) {
+            x->used = hd->uses;
+            *out = x->dev;
+            return EXL_OK;
+        }
+        if (x->used < slot->used)
+            slot = x;
+    }
+    if (slot->dev && slot->N != N) {
+        be->ops->free(be, slot->dev);
+        slot->dev = NULL;
+    }
+    slot->W = NULL;
+    hd->be = be;
+    if (!slot->dev && !(slot->dev = be->ops->alloc(be, (size_t)(K * N) * sizeof(float))))
+        return exl_fail(EXL_ERR_NOMEM, "out of %s memory for a %lld x %lld linear", be->name, (long long)K,
+                        (long long)N);
+    exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
+    exl_status st = be->ops->upload(be, slot->dev, W, (size_t)(K * N) * sizeof(float));
+    if (st == EXL_OK && !hd->perm) { /* the order of rows, then its inverse */
+        int32_t *both = exl_malloc((size_t)K * 2 * sizeof(int32_t));
+        if (both) {
+            memcpy(both, h->perm, (size_t)K * sizeof(int32_t));
+            for (int64_t r = 0; r < K; r++)
+                both[K + h->perm[r]] = (int32_t)r;
+        }
+        if (!both || !(hd->perm = be->ops->alloc(be, (size_t)K * 2 * sizeof(int32_t))))
+            st = exl_fail(EXL_ERR_NOMEM, "out of memory");
+        else
+            st = be->ops->upload(be, hd->perm, both, (size_t)K * 2 * sizeof(int32_t));
+        exl_free(both);
+    }
+    exl_qz_prof_leave();
+    if (st == EXL_OK) {
+        slot->W = W;
+        slot->N = N;
+        slot->used = hd->uses;
+        *out = slot->dev;
+    }
+    return st;
+}
+
+exl_status exl_gptq_quantize_trial(const float *W, const exl_qz_hinv *h, int64_t N, const exl_qz_layout *layout,
+                                   exl_backend *be, exl_linear *w) {
+    int64_t K = h->K, rows = 0;
+    for (int32_t g = 0; g < layout->n_groups; g++)
+        rows += layout->rows[g];
+    if (rows != K || N > INT32_MAX || K > INT32_MAX)
+        return exl_fail(EXL_ERR_ARG, "quantization groups cover %lld of %lld rows", (long long)rows, (long long)K);
+    exl_qz_prof_enter(EXL_QZ_PROF_GPTQ);
+    dev_exl2 d;
+    float *src = NULL;
+    exl_status st = dev_exl2_room(be, h, N, layout->n_groups, 0, &d);
+    if (st == EXL_OK)
+        st = dev_source(be, h, W, N, &src);
+    if (st == EXL_OK) {
+        exl_qz_prof_enter(EXL_QZ_PROF_PERMUTE);
+        be->ops->gather_rows(be, d.W, src, h->dev->perm, (int32_t)K, (int32_t)N);
+        exl_qz_prof_leave();
+        st = gptq_exl2_dev(be, h, N, layout, &d);
+    }
+    if (st == EXL_OK) {
+        exl_qz_prof_enter(EXL_QZ_PROF_TRIAL);
+        st = be->ops->qz_set_trial(be, w, d.W, h->dev->perm);
+        exl_qz_prof_leave();
+    }
+    exl_qz_prof_leave();
+    return st;
+}
+
+/* The same with the whole result brought back (the quantizing pass): the codes, the scales, and the quantized rows
+ * gathered back into input order there, so that they come down as Wq. */
+static exl_status gptq_exl2_dev_result(const float *W, const exl_qz_hinv *h, int64_t N, const exl_qz_layout *layout,
+                                       exl_backend *be, exl_qz_result *out) {
+    int64_t K = h->K, G = layout->n_groups;
+    dev_exl2 d;
+    float *src = NULL;
+    EXL_TRY(dev_exl2_room(be, h, N, G, 1, &d));
+    EXL_TRY(dev_source(be, h, W, N, &src));
+    exl_qz_prof_enter(EXL_QZ_PROF_PERMUTE);
+    be->ops->gather_rows(be, d.W, src, h->dev->perm, (int32_t)K, (int32_t)N);
+    exl_qz_prof_leave();
+    exl_status st = gptq_exl2_dev(be, h, N, layout, &d);
+    if (st == EXL_OK) {
+        exl_qz_prof_enter(EXL_QZ_PROF_PERMUTE);
+        be->ops->gather_rows(be, d.Wo, d.W, h->dev->perm + K, (int32_t)K, (int32_t)N);
+        exl_qz_prof_leave();
+    }
     exl_qz_prof_enter(EXL_QZ_PROF_TRANSFER);
     if (st == EXL_OK)
-        st = be->ops->download(be, out->codes, codes, (size_t)(K * N));
+        st = be->ops->download(be, out->codes, d.codes, (size_t)(K * N));
     if (st == EXL_OK)
-        st = be->ops->download(be, out->scale_codes, scale_codes, (size_t)(G * N));
+        st = be->ops->download(be, out->scale_codes, d.scale_codes, (size_t)(G * N));
     if (st == EXL_OK)
-        st = be->ops->download(be, out->scale_max, smax, (size_t)G * sizeof(uint16_t));
+        st = be->ops->download(be, out->scale_max, d.smax, (size_t)G * sizeof(uint16_t));
     if (st == EXL_OK)
-        st = be->ops->download(be, Wp, W, (size_t)(K * N) * sizeof(float));
+        st = be->ops->download(be, out->Wq, d.Wo, (size_t)(K * N) * sizeof(float));
     exl_qz_prof_leave();
     return st;
 }
@@ -855,17 +1020,27 @@ exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, ex
         return st;
     }
     memcpy(out->perm, h->perm, (size_t)K * sizeof(int32_t));
+    if (!exl_backend_cpu_pool(be) && exl2_on_device(be, scheme) && K <= INT32_MAX && N <= INT32_MAX) {
+        st = gptq_exl2_dev_result(W, h, N, layout, be, out);
+        if (st != EXL_OK)
+            exl_qz_result_free(out);
+        exl_qz_prof_leave();
+        return st;
+    }
     float *Wp = exl_malloc((size_t)(K * N) * sizeof(float)), *sc = exl_malloc((size_t)N * 2 * sizeof(float));
     st = Wp && sc ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
     if (st == EXL_OK) {
+        exl_qz_prof_enter(EXL_QZ_PROF_PERMUTE);
         for (int64_t r = 0; r < K; r++)
             memcpy(Wp + r * N, W + (int64_t)h->perm[r] * N, (size_t)N * sizeof(float));
+        exl_qz_prof_leave();
         qstate qs = {scheme, N, 0, sc, sc + N};
-        st = !exl_backend_cpu_pool(be) && exl2_on_device(be, scheme) ? gptq_rows_exl2_dev(Wp, h, N, layout, be, out)
-                                                                     : gptq_rows(Wp, h, &qs, layout, pool, be, out);
+        st = gptq_rows(Wp, h, &qs, layout, pool, be, out);
     }
+    exl_qz_prof_enter(EXL_QZ_PROF_PERMUTE);
     for (int64_t r = 0; st == EXL_OK && r < K; r++)
         memcpy(out->Wq + (int64_t)h->perm[r] * N, Wp + r * N, (size_t)N * sizeof(float));
+    exl_qz_prof_leave();
     exl_free(Wp);
     exl_free(sc);
     if (st != EXL_OK)

@@ -129,19 +129,30 @@ static void quant_gap(const exl_hf_config *c, char *gap, size_t size) {
         snprintf(gap, size, "a shared expert beside the routed ones");
 }
 
-static void free_layer(qz *q) { exl_qz_layer_free(&q->layer); }
+static void free_layer(qz *q) {
+    exl_qz_prof_enter(EXL_QZ_PROF_LOAD);
+    exl_qz_layer_free(&q->layer);
+    exl_qz_prof_leave();
+}
 
-static exl_status load_layer(qz *q, int32_t l) { return exl_qz_layer_load(q->m, q->be, l, &q->layer); }
+static exl_status load_layer(qz *q, int32_t l) {
+    exl_qz_prof_enter(EXL_QZ_PROF_LOAD);
+    exl_status st = exl_qz_layer_load(q->m, q->be, l, &q->layer);
+    exl_qz_prof_leave();
+    return st;
+}
 
 /* The GPTQ factor of a Hessian (EXL2 always in act-order); rounding to nearest, or a linear that saw no rows (an
  * expert no calibration token chose), takes the identity. */
 static exl_status hinv_of(qz *q, exl_hessian *h, exl_qz_hinv *hi) {
     exl_qz_prof_enter(EXL_QZ_PROF_FACTOR);
+    exl_status st = EXL_OK;
     if (rtn(q) || h->n == 0)
         exl_hessian_identity(h);
     else
-        exl_hessian_finish(h);
-    exl_status st = exl_gptq_prepare(h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, hi);
+        st = exl_hessian_finish(h);
+    if (st == EXL_OK)
+        st = exl_gptq_prepare(h, q->p->format == EXL_QUANT_EXL2 || q->p->act_order, q->pool, q->be, hi);
     exl_qz_prof_leave();
     return st;
 }
@@ -316,63 +327,79 @@ static exl_status emit_linear(qz *q, exl_qz_part *part, const char *name, const 
 
 /* A linear's candidate weights, kept while candidates go on asking for the same recipe: a block's candidates come
  * level by level, its most sensitive linear one or two levels up (measure.c), so that linear asks for each level in
- * three candidates out of five in a row. Each linear keeps its last WAYS recipes; one no candidate asked for in the
- * last KEEP candidates is dropped (the others' levels then hold one or two at a time). */
+ * three candidates out of five in a row. Each linear keeps its last WAYS recipes as trial linears; one no candidate
+ * asked for in the last KEEP candidates is dropped (the others' levels then hold one or two at a time). */
 #define WAYS 4
 #define KEEP 3
 typedef struct wcache {
     exl_qz_opt opt;
-    float *Wq; /* NULL: an empty way */
+    int32_t valid; /* 0: an empty way */
     exl_qz_trial t;
     int32_t used; /* the last candidate that asked for it */
 } wcache;
-
-/* An empty way keeps its trial linear for the next recipe (new weights, no allocation); all is freed at the end of the
- * block. */
-static void wcache_empty(wcache *c) {
-    exl_free(c->Wq);
-    c->Wq = NULL;
-}
 
 static void wcache_free(qz *q, wcache *c) {
     exl_qz_prof_enter(EXL_QZ_PROF_TRIAL);
     exl_qz_trial_free(q->be, &c->t);
     exl_qz_prof_leave();
-    wcache_empty(c);
+    c->valid = 0;
 }
 
-/* The trial linear of recipe o for linear x (its ways c[0 .. WAYS)) as asked by candidate r. */
+/* Recipe o of linear x into the trial linear t (made with the unquantized weights the first time): on a backend that
+ * quantizes there (exl_gptq_quantize_trial) the weights never come back to the host. */
+static exl_status quant_trial(qz *q, const exl_qz_opt *o, const exl_qz_lin *x, const exl_qz_hinv *h, exl_qz_trial *t) {
+    int64_t N = x->src.out_features;
+    exl_qz_layout l;
+    exl_status st = EXL_OK;
+    if (exl_gptq_trial_on_device(q->be)) {
+        if (!t->w) { /* fp16 weights of the model's own (not a part of a fused one) go up as they are */
+            int own = !x->part.w && x->src.kind == EXL_LINEAR_DENSE && x->src.dense.dtype == EXL_DTYPE_F16;
+            exl_qz_prof_enter(EXL_QZ_PROF_TRIAL);
+            st = own ? exl_qz_trial_init_as(q->be, &x->src, t) : exl_qz_trial_init(q->be, q->pool, x->W, &x->src, t);
+            exl_qz_prof_leave();
+        }
+        if (st == EXL_OK)
+            st = exl_exl2_layout(o, h->K, &l);
+        if (st == EXL_OK) {
+            st = exl_gptq_quantize_trial(x->W, h, N, &l, q->be, t->w);
+            exl_qz_layout_free(&l);
+        }
+        return st;
+    }
+    exl_qz_result res;
+    EXL_TRY(quant_exl2(q, o, x->W, h, N, &res, &l));
+    exl_qz_prof_enter(EXL_QZ_PROF_TRIAL);
+    st = t->w ? exl_qz_trial_set(q->be, q->pool, res.Wq, t) : exl_qz_trial_init(q->be, q->pool, res.Wq, &x->src, t);
+    exl_qz_prof_leave();
+    exl_qz_result_free(&res);
+    exl_qz_layout_free(&l);
+    return st;
+}
+
+/* The trial linear of recipe o for linear x (its ways c[0 .. WAYS)) as asked by candidate r. An empty way keeps its
+ * trial linear for the next recipe (new weights, no allocation); all is freed at the end of the block. */
 static exl_status cached_quant(qz *q, wcache *c, int32_t r, const exl_qz_opt *o, const exl_qz_lin *x,
                                const exl_qz_hinv *h, exl_linear **w) {
     wcache *slot = NULL;
     for (int i = 0; i < WAYS; i++)
-        if (c[i].Wq && !memcmp(&c[i].opt, o, sizeof *o)) {
+        if (c[i].valid && !memcmp(&c[i].opt, o, sizeof *o)) {
             c[i].used = r;
             *w = c[i].t.w;
             return EXL_OK;
         }
     for (int i = 0; i < WAYS; i++) {
-        if (c[i].Wq && c[i].used < r - KEEP)
-            wcache_empty(&c[i]);
-        if (!slot || (slot->Wq && (!c[i].Wq || c[i].used < slot->used))) /* an empty way, else the oldest */
+        if (c[i].valid && c[i].used < r - KEEP)
+            c[i].valid = 0;
+        if (!slot || (slot->valid && (!c[i].valid || c[i].used < slot->used))) /* an empty way, else the oldest */
             slot = &c[i];
     }
-    wcache_empty(slot);
-    exl_qz_result res;
-    exl_qz_layout l;
-    EXL_TRY(quant_exl2(q, o, x->W, h, x->src.out_features, &res, &l));
+    slot->valid = 0;
+    EXL_TRY(quant_trial(q, o, x, h, &slot->t));
     slot->opt = *o;
-    slot->Wq = res.Wq;
+    slot->valid = 1;
     slot->used = r;
-    res.Wq = NULL;
-    exl_qz_result_free(&res);
-    exl_qz_layout_free(&l);
-    exl_qz_prof_enter(EXL_QZ_PROF_TRIAL);
-    exl_status st = slot->t.w ? exl_qz_trial_set(q->be, q->pool, slot->Wq, &slot->t)
-                              : exl_qz_trial_init(q->be, q->pool, slot->Wq, &x->src, &slot->t);
-    exl_qz_prof_leave();
     *w = slot->t.w;
-    return st;
+    return EXL_OK;
 }
 
 /* The weights of a block. */
@@ -681,6 +708,7 @@ static exl_status write_head(qz *q) {
 /* ---- state of a run (resumable) */
 
 static exl_status save_state(qz *q, int pass, int32_t next) {
+    exl_qz_prof_enter(EXL_QZ_PROF_SAVE);
     char *xs = work_path(q, "states.bin"), *sj = work_path(q, "state.json"), tmp[4200];
     exl_status st = xs && sj ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
     if (st == EXL_OK) {
@@ -701,6 +729,7 @@ static exl_status save_state(qz *q, int pass, int32_t next) {
     }
     exl_free(xs);
     exl_free(sj);
+    exl_qz_prof_leave();
     return st;
 }
 
@@ -1041,8 +1070,10 @@ static exl_status run(qz *q) {
         free_layer(q);
         /* a layer is reported once a run killed after it goes on from the next (the last: from its
          * measurement.json, the states of the next pass not made yet) */
+        exl_qz_prof_enter(EXL_QZ_PROF_SAVE);
         if (st == EXL_OK)
             st = exl_qz_measurement_save(&q->meas, l, mpath);
+        exl_qz_prof_leave();
         if (st == EXL_OK && l + 1 < L)
             st = save_state(q, 0, l + 1);
         if (st == EXL_OK)

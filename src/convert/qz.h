@@ -22,7 +22,8 @@
  * Weights are W[k, n] (in x out) fp32 while being quantized. The big products (the Hessian's
  * XᵀX, GPTQ's update of the rows after a block) are the backend's host_gemm (the CPU's or the
  * GPU's, in fp32 either way); a large GPTQ on a GPU keeps its rows there (the backend's gemm), and an EXL2 one runs
- * there whole (the backend's qz_exl2_scales and qz_rows). */
+ * there whole (the backend's qz_exl2_scales and qz_rows). On a GPU the Hessians are summed there (its gemm), factored
+ * there (qz_factor), and the measuring pass's candidates written into their trial linears there (qz_set_trial). */
 #ifndef EXL_QUANT_QZ_H
 #define EXL_QUANT_QZ_H
 
@@ -40,13 +41,18 @@
 
 typedef struct exl_hessian {
     int64_t K;
-    int64_t n; /* rows accumulated */
-    float *H;  /* [K, K], sum of x xᵀ until exl_hessian_finish scales it by 2/n */
+    int64_t n;       /* rows accumulated */
+    float *H;        /* [K, K], sum of x xᵀ until exl_hessian_finish scales it by 2/n */
+    exl_backend *be; /* where dev lives */
+    float *dev;      /* [K, K] the sum on a backend (exl_hessian_add_on) until exl_hessian_finish, or NULL */
 } exl_hessian;
 
 exl_status exl_hessian_init(exl_hessian *h, int64_t K);
+/* x: host rows */
 exl_status exl_hessian_add(exl_hessian *h, const float *x, int64_t rows, exl_backend *be);
-void exl_hessian_finish(exl_hessian *h);
+/* x: rows in be's memory, summed there by its gemm (a Hessian takes its rows one way or the other, not both) */
+exl_status exl_hessian_add_on(exl_hessian *h, const float *x, int64_t rows, exl_backend *be);
+exl_status exl_hessian_finish(exl_hessian *h);
 /* The identity (round to nearest through the same code path). */
 void exl_hessian_identity(exl_hessian *h);
 void exl_hessian_free(exl_hessian *h);
@@ -92,13 +98,27 @@ typedef struct exl_qz_result {
 #define EXL_QZ_DAMP 0.3
 #define EXL_QZ_DAMP_PER_DIM 3.0
 
-/* U in a backend's memory, put there by the first quantization that updates its rows on that backend (gptq.c), and
- * the room the quantizations of its linears there reuse. */
+/* The weights of a linear quantized with a Hessian on a backend (exl_gptq_quantize_trial), kept there while the
+ * Hessian lives: the candidate recipes of a linear then need no upload. */
+#define EXL_QZ_DEV_SOURCES 3
+typedef struct exl_qz_dev_source {
+    const float *W; /* the host's weights this is a copy of (NULL: none) */
+    int64_t N;
+    float *dev; /* [K, N] */
+    int64_t used;
+} exl_qz_dev_source;
+
+/* U in a backend's memory, put there by its factor on the backend or by the first quantization that updates its rows
+ * on that backend (gptq.c), the room the quantizations of its linears there reuse, its order of rows there and the
+ * weights of its linears. */
 typedef struct exl_qz_hinv_dev {
     exl_backend *be;
     float *U;   /* NULL: not there yet */
     void *work; /* NULL: none yet */
     size_t work_bytes;
+    int32_t *perm; /* [2K] the order of rows, then its inverse (NULL: not there yet) */
+    exl_qz_dev_source src[EXL_QZ_DEV_SOURCES];
+    int64_t uses;
 } exl_qz_hinv_dev;
 
 /* What GPTQ needs of a Hessian, shared by every quantization of the linears that see it. */
@@ -109,13 +129,21 @@ typedef struct exl_qz_hinv {
     exl_qz_hinv_dev *dev; /* U on a backend */
 } exl_qz_hinv;
 
-/* act_order sorts rows by diag(H) descending. */
-exl_status exl_gptq_prepare(const exl_hessian *H, int act_order, exl_pool *pool, exl_qz_hinv *out);
+/* act_order sorts rows by diag(H) descending. be (NULL: the host's threads) factors H where it has the op
+ * (qz_factor; EXL_QUANT_DEVICE_FACTOR=0: on the host), leaving U there too. */
+exl_status exl_gptq_prepare(const exl_hessian *H, int act_order, exl_pool *pool, exl_backend *be, exl_qz_hinv *out);
 void exl_qz_hinv_free(exl_qz_hinv *h);
 /* Quantize W [K, N] (not modified) with the groups of layout taken in h's row order. */
 exl_status exl_gptq_quantize(const float *W, const exl_qz_hinv *h, int64_t N, exl_qz_scheme scheme,
                              const exl_qz_layout *layout, exl_pool *pool, exl_backend *be, exl_qz_result *out);
 void exl_qz_result_free(exl_qz_result *r);
+/* Whether be quantizes with EXL2 scales into a trial linear wholly on its own memory (exl_gptq_quantize_trial). */
+int exl_gptq_trial_on_device(const exl_backend *be);
+/* W [K, N] (the host's, unchanged while h lives: its copy on the backend is kept with h) quantized with EXL2 scales in
+ * the groups of layout, the dequantized weights into the dense trial linear w (made by be's linear_init with in K,
+ * out N), all on the backend: nothing comes back. */
+exl_status exl_gptq_quantize_trial(const float *W, const exl_qz_hinv *h, int64_t N, const exl_qz_layout *layout,
+                                   exl_backend *be, exl_linear *w);
 
 /* ---- EXL2 recipes */
 
@@ -253,6 +281,9 @@ typedef struct exl_qz_trial {
 } exl_qz_trial;
 exl_status exl_qz_trial_init(exl_backend *be, exl_pool *pool, const float *W, const exl_linear_src *like,
                              exl_qz_trial *out);
+/* A trial linear made from like itself (its own weights and bias): no host copy (t->wt NULL), for new weights that come
+ * from the backend (exl_gptq_quantize_trial), not exl_qz_trial_set. */
+exl_status exl_qz_trial_init_as(exl_backend *be, const exl_linear_src *like, exl_qz_trial *out);
 /* New weights W [K, N] for a trial linear t (no allocation: the backend's linear_set_dense, in order with the work
  * queued before). */
 exl_status exl_qz_trial_set(exl_backend *be, exl_pool *pool, const float *W, exl_qz_trial *t);
@@ -327,12 +358,15 @@ typedef enum exl_qz_prof_part {
     EXL_QZ_PROF_TRANSFER, /* hidden states to and from the backend */
     EXL_QZ_PROF_HESSIAN,  /* a linear's inputs downloaded and added to its Hessian */
     EXL_QZ_PROF_FACTOR,   /* GPTQ's factor of the damped inverse Hessian */
-    EXL_QZ_PROF_GPTQ,     /* GPTQ outside the parts below (permuting, copies) */
+    EXL_QZ_PROF_GPTQ,     /* GPTQ outside the parts below (its results' host memory, taken and given back) */
     EXL_QZ_PROF_SCALES,   /* a group's scales (EXL2: the scale search) */
     EXL_QZ_PROF_ROWS,     /* the row loop of a block (rounding, the error spread within the block) */
     EXL_QZ_PROF_UPDATE,   /* the rows after a block updated */
     EXL_QZ_PROF_TRIAL,    /* trial linears built, uploaded and freed */
     EXL_QZ_PROF_ACCURACY, /* a candidate's or a block's accuracy */
+    EXL_QZ_PROF_PERMUTE,  /* GPTQ's rows put in act-order and back (host copies, or the backend's gather) */
+    EXL_QZ_PROF_LOAD,     /* a layer's linears read from the model as fp32, and freed */
+    EXL_QZ_PROF_SAVE,     /* what a resumed run needs written (the hidden states, the measurement) */
     EXL_QZ_PROF_N
 } exl_qz_prof_part;
 

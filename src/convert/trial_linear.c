@@ -63,6 +63,14 @@ exl_status exl_qz_trial_init(exl_backend *be, exl_pool *pool, const float *W, co
     return st;
 }
 
+exl_status exl_qz_trial_init_as(exl_backend *be, const exl_linear_src *like, exl_qz_trial *out) {
+    out->w = NULL;
+    out->wt = NULL;
+    out->K = like->in_features;
+    out->N = like->out_features;
+    return be->ops->linear_init(be, like, &out->w);
+}
+
 exl_status exl_qz_trial_set(exl_backend *be, exl_pool *pool, const float *W, exl_qz_trial *t) {
     transpose(be, pool, W, t->wt, t->K, t->N);
     exl_dense_src src = {exl_backend_cpu_pool(be) ? EXL_DTYPE_F32 : EXL_DTYPE_F16, t->wt};

@@ -3754,7 +3754,7 @@ static void test_gptq_exl2_device(void) {
         require(exl_hessian_init(&h, K) == EXL_OK, "hessian");
         require(exl_hessian_add(&h, x, ROWS, cpu) == EXL_OK, "hessian rows");
         exl_hessian_finish(&h);
-        require(exl_gptq_prepare(&h, 1, pool, &hi) == EXL_OK, "gptq factor");
+        require(exl_gptq_prepare(&h, 1, pool, NULL, &hi) == EXL_OK, "gptq factor");
         int32_t bits[64], rows[64], G = 0;
         for (int r = 0; r < K; G++) { /* 32 rows of 6 bits, 64 of 4, then 128 of 3 */
             rows[G] = r < 32 ? 32 : r < 96 ? 64 : (K - r < 128 ? K - r : 128);
@@ -3802,6 +3802,121 @@ static void test_gptq_exl2_device(void) {
         exl_hessian_free(&h);
         free(x), free(W);
     }
+    exl_pool_free(pool);
+}
+
+/* The GPTQ factor on the GPU (op qz_factor: the damped, permuted Hessian's blocked Cholesky by cuBLAS in double, L⁻¹ by
+ * a triangular solve) against the host's (gptq.c: its own blocked factor in double on the pool): both round to fp32
+ * only at the end and differ in the order of their double sums, so U agrees to far below its fp32 rounding; the bound
+ * is 1e-5 of U's largest value (the damped Hessians' condition numbers are ~1e3-1e5). K = 11008 (a 7B down_proj) is
+ * timed on the GPU alone, its diagonal checked positive and finite. */
+static void test_gptq_factor_device(void) {
+    static const int sizes[] = {576, 1536, 4096, 11008};
+    exl_pool *pool;
+    require(exl_pool_init(16, &pool) == EXL_OK, "pool");
+    for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+        const int K = sizes[c], ROWS = 4096, on_host = K <= 4096;
+        float *x = rnd((int64_t)ROWS * K, -1, 1);
+        for (int64_t i = 0; i < (int64_t)ROWS * K; i++)
+            x[i] *= (float)(1 + i % K % 7);
+        exl_hessian h;
+        require(exl_hessian_init(&h, K) == EXL_OK, "hessian");
+        require(exl_hessian_add(&h, x, ROWS, gpu) == EXL_OK, "hessian rows");
+        exl_hessian_finish(&h);
+        free(x);
+        exl_qz_hinv hc = {0}, hg = {0};
+        double t0 = now_s();
+        exl_status sc = on_host ? exl_gptq_prepare(&h, 1, pool, NULL, &hc) : EXL_OK;
+        double t1 = now_s();
+        exl_status sg = exl_gptq_prepare(&h, 1, pool, gpu, &hg);
+        double t2 = now_s();
+        char what[96];
+        snprintf(what, sizeof what, "gptq factor %d on cuda: |U - cpu's| / max |U|", K);
+        if (sc != EXL_OK || sg != EXL_OK) {
+            printf("FAIL %s: %s\n", what, exl_last_error());
+            n_fail++;
+        } else if (on_host) {
+            double d = 0, m = 0;
+            for (int64_t i = 0; i < (int64_t)K * K; i++) {
+                d = fmax(d, fabs((double)hc.U[i] - hg.U[i]));
+                m = fmax(m, fabs((double)hc.U[i]));
+            }
+            report(what, m > 0 ? d / m : 1, 1e-5);
+            printf("     gptq factor %d: cuda %.1f ms (with the download of U), cpu (16 threads) %.1f ms\n", K,
+                   (t2 - t1) * 1e3, (t1 - t0) * 1e3);
+        } else {
+            int64_t bad = 0;
+            for (int64_t i = 0; i < K; i++)
+                bad += !(hg.U[i * K + i] > 0 && isfinite(hg.U[i * K + i]));
+            snprintf(what, sizeof what, "gptq factor %d on cuda: diagonal not > 0", K);
+            report(what, (double)bad, 0);
+            printf("     gptq factor %d: cuda %.1f ms (with the download of U)\n", K, (t2 - t1) * 1e3);
+        }
+        exl_qz_hinv_free(&hc);
+        exl_qz_hinv_free(&hg);
+        exl_hessian_free(&h);
+    }
+    exl_pool_free(pool);
+}
+
+/* A candidate's trial weights made on the GPU (exl_gptq_quantize_trial: W kept there, gathered into act-order,
+ * quantized there, written into the trial linear by qz_set_trial) against the same quantization brought back
+ * (exl_gptq_quantize's Wq, the same kernels on the same rows): the trial linear's product over 16 random rows
+ * against the host's product with fp16(Wq) in double (tolerance 1e-3: the matmul's own rounding), for two recipes
+ * in a row into the same linear, the second from the kept copy of W. */
+static void test_gptq_trial_device(void) {
+    enum { K = 1536, N = 576, ROWS = 2048, R = 16 };
+    exl_pool *pool;
+    require(exl_pool_init(16, &pool) == EXL_OK, "pool");
+    float *x = rnd((int64_t)ROWS * K, -1, 1), *W = rnd((int64_t)K * N, -0.05f, 0.05f), *xr = rnd(R * K, -1, 1);
+    exl_hessian h;
+    exl_qz_hinv hi = {0};
+    require(exl_hessian_init(&h, K) == EXL_OK, "hessian");
+    require(exl_hessian_add(&h, x, ROWS, gpu) == EXL_OK, "hessian rows");
+    exl_hessian_finish(&h);
+    require(exl_gptq_prepare(&h, 1, pool, gpu, &hi) == EXL_OK, "gptq factor on cuda");
+    exl_linear_src like = {0};
+    like.kind = EXL_LINEAR_DENSE;
+    like.in_features = K;
+    like.out_features = N;
+    exl_qz_trial t = {0};
+    require(exl_qz_trial_init(gpu, pool, W, &like, &t) == EXL_OK, "trial linear");
+    float *xg = put(gpu, xr, (size_t)R * K * 4), *og = gpu->ops->alloc(gpu, (size_t)R * N * 4);
+    for (int recipe = 0; recipe < 2; recipe++) {
+        int32_t bits[16], rows[16], G = 0;
+        for (int r = 0; r < K; G++) { /* 6 / 4 / 3 bits as above, or 4 bits in groups of 128 */
+            rows[G] = recipe ? 128 : r < 32 ? 32 : r < 96 ? 64 : (K - r < 128 ? K - r : 128);
+            bits[G] = recipe ? 4 : r < 32 ? 6 : r < 96 ? 4 : 3;
+            r += rows[G];
+        }
+        exl_qz_layout l = {G, bits, rows};
+        exl_qz_result res;
+        char what[96];
+        snprintf(what, sizeof what, "gptq exl2 trial %dx%d recipe %d on cuda: product", K, N, recipe);
+        if (exl_gptq_quantize(W, &hi, N, EXL_QZ_EXL2, &l, pool, gpu, &res) != EXL_OK ||
+            exl_gptq_quantize_trial(W, &hi, N, &l, gpu, t.w) != EXL_OK) {
+            printf("FAIL %s: %s\n", what, exl_last_error());
+            n_fail++;
+            continue;
+        }
+        gpu->ops->matmul(gpu, og, xg, t.w, R);
+        float *got = get(gpu, og, (int64_t)R * N), *want = malloc(sizeof(float) * R * N);
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t n = 0; n < N; n++) {
+                double a = 0;
+                for (int64_t k = 0; k < K; k++)
+                    a += (double)xr[r * K + k] * exl_f16_to_f32(exl_f32_to_f16(res.Wq[k * N + n]));
+                want[r * N + n] = (float)a;
+            }
+        report(what, ref_rel_err(got, want, (int64_t)R * N), fast_prefill ? 5e-3 : 1e-3);
+        free(got), free(want);
+        exl_qz_result_free(&res);
+    }
+    gpu->ops->free(gpu, xg), gpu->ops->free(gpu, og);
+    exl_qz_trial_free(gpu, &t);
+    exl_qz_hinv_free(&hi);
+    exl_hessian_free(&h);
+    free(x), free(W), free(xr);
     exl_pool_free(pool);
 }
 
@@ -3985,6 +4100,8 @@ int main(int argc, char **argv) {
     }
     if (only("quantize")) {
         test_gptq_exl2_device();
+        test_gptq_factor_device();
+        test_gptq_trial_device();
         test_quantize_device(shared);
     }
     if (only("sampling")) {

@@ -2077,7 +2077,7 @@ EXL_TEST(gptq_factor_inverts_the_damped_hessian) {
     REQUIRE_OK(exl_hessian_init(&h, K));
     REQUIRE_OK(exl_hessian_add(&h, x, ROWS, be));
     exl_hessian_finish(&h);
-    REQUIRE_OK(exl_gptq_prepare(&h, 1, pool, &hi));
+    REQUIRE_OK(exl_gptq_prepare(&h, 1, pool, NULL, &hi));
     double mean = 0, err = 0;
     for (int i = 0; i < K; i++)
         mean += h.H[i * K + i] / K;

@@ -159,7 +159,7 @@ static void gptq_case_init(gptq_case *c, int32_t K, int32_t N, int32_t ROWS, uin
     REQUIRE_OK(exl_hessian_add(&c->h, x, ROWS, c->be));
     exl_hessian_finish(&c->h);
     free(x);
-    REQUIRE_OK(exl_gptq_prepare(&c->h, 1, c->pool, &c->hi));
+    REQUIRE_OK(exl_gptq_prepare(&c->h, 1, c->pool, NULL, &c->hi));
     c->ready = 1;
 }
 
@@ -245,4 +245,201 @@ EXL_TEST(gptq_updates_on_a_device_backend_match_the_host) {
     exl_qz_result_free(&host);
     exl_qz_result_free(&dev);
     gptq_case_free(&c);
+}
+
+/* qz_factor as the op defines it, unblocked in double (cuda_gptq_factor.cu blocks it through cuBLAS); the first
+ * fail_first calls report "not positive definite", and every damping asked for is recorded. */
+static int factor_fail_first, factor_calls;
+static double factor_damps[8];
+
+static exl_status ref_factor(exl_backend *be, float *U, const float *H, const int32_t *perm, int64_t K, double damp,
+                             int *ok) {
+    (void)be;
+    if (factor_calls < 8)
+        factor_damps[factor_calls] = damp;
+    *ok = 0;
+    if (factor_calls++ < factor_fail_first)
+        return EXL_OK;
+    double *L = calloc((size_t)(K * K), sizeof(double)), *X = calloc((size_t)(K * K), sizeof(double));
+    if (!L || !X) {
+        free(L), free(X);
+        return EXL_ERR_NOMEM;
+    }
+    for (int64_t i = 0; i < K; i++)
+        for (int64_t j = 0; j <= i; j++)
+            L[i * K + j] = (double)H[(int64_t)perm[K - 1 - i] * K + perm[K - 1 - j]] + (i == j ? damp : 0.0);
+    int pd = 1;
+    for (int64_t j = 0; j < K && pd; j++) {
+        double d = L[j * K + j];
+        for (int64_t p = 0; p < j; p++)
+            d -= L[j * K + p] * L[j * K + p];
+        pd = d > 0;
+        d = sqrt(d);
+        L[j * K + j] = d;
+        for (int64_t i = j + 1; i < K; i++) {
+            double s = L[i * K + j];
+            for (int64_t p = 0; p < j; p++)
+                s -= L[i * K + p] * L[j * K + p];
+            L[i * K + j] = s / d;
+        }
+    }
+    for (int64_t c = 0; c < K && pd; c++) /* column c of L⁻¹ by forward substitution */
+        for (int64_t i = c; i < K; i++) {
+            double s = i == c ? 1.0 : 0.0;
+            for (int64_t p = c; p < i; p++)
+                s -= L[i * K + p] * X[p * K + c];
+            X[i * K + c] = s / L[i * K + i];
+        }
+    for (int64_t i = 0; i < K && pd; i++)
+        for (int64_t j = 0; j < K; j++)
+            U[(K - 1 - i) * K + (K - 1 - j)] = j <= i ? (float)X[i * K + j] : 0.0f;
+    *ok = pd;
+    free(L), free(X);
+    return EXL_OK;
+}
+
+/* gptq.c's factor on a backend with qz_factor (the op above) against the host's blocked factor: the same U up to the
+ * order of the double sums (1e-6 of its largest value), the same order of rows; a backend that reports "not positive
+ * definite" twice is asked again with 4x, then 16x the damping, as the host's loop damps. */
+EXL_TEST(gptq_factor_on_a_device_backend_matches_the_host) {
+    enum { K = 200, N = 40, ROWS = 300 };
+    gptq_case c;
+    gptq_case_init(&c, K, N, ROWS, 7, 5);
+    if (!c.ready) {
+        gptq_case_free(&c);
+        return;
+    }
+    const exl_backend_ops *cpu_ops = c.be->ops;
+    exl_backend_ops other = *cpu_ops;
+    other.qz_factor = ref_factor;
+    exl_qz_hinv dev;
+    for (int fail = 0; fail <= 2; fail += 2) {
+        factor_fail_first = fail;
+        factor_calls = 0;
+        c.be->ops = &other;
+        exl_status st = exl_gptq_prepare(&c.h, 1, c.pool, c.be, &dev);
+        REQUIRE_OK(st);
+        CHECK(!memcmp(dev.perm, c.hi.perm, sizeof(int32_t) * K));
+        double d = 0, m = 0;
+        for (int64_t i = 0; i < (int64_t)K * K; i++) {
+            d = fmax(d, fabs((double)dev.U[i] - c.hi.U[i]));
+            m = fmax(m, fabs((double)c.hi.U[i]));
+        }
+        if (!fail)
+            CHECK_MSG(d <= 1e-6 * m, "U differs by %g of %g", d, m);
+        CHECK(factor_calls == fail + 1);
+        for (int i = 1; i < factor_calls; i++)
+            CHECK(fabs(factor_damps[i] - 4 * factor_damps[i - 1]) <= 1e-12 * factor_damps[i]);
+        exl_qz_hinv_free(&dev);
+        c.be->ops = cpu_ops;
+    }
+    exl_qz_hinv_free(&c.hi);
+    gptq_case_free(&c);
+}
+
+/* qz_set_trial as the op defines it, into the CPU's fp32 trial weights [N, K] (the trial's own buffer, trial_wt) */
+static float *trial_wt;
+static int64_t trial_K, trial_N;
+
+static exl_status ref_set_trial(exl_backend *be, exl_linear *w, const float *W, const int32_t *perm) {
+    (void)be, (void)w;
+    for (int64_t r = 0; r < trial_K; r++)
+        for (int64_t n = 0; n < trial_N; n++)
+            trial_wt[n * trial_K + perm[r]] = W[r * trial_N + n];
+    return EXL_OK;
+}
+
+/* exl_gptq_quantize_trial (W kept on the backend, gathered into act-order there, the weights written into the trial
+ * linear there) on the CPU backend under the ops written out as the kernels compute them: the host's Wq, bit for bit,
+ * for two recipes in a row from the kept copy of W. */
+EXL_TEST(exl2_trial_weights_on_a_device_backend_match_the_host) {
+    enum { K = 384, N = 96, ROWS = 800 };
+    gptq_case c;
+    gptq_case_init(&c, K, N, ROWS, 13, 3);
+    if (!c.ready) {
+        gptq_case_free(&c);
+        return;
+    }
+    const exl_backend_ops *cpu_ops = c.be->ops;
+    exl_backend_ops other = *cpu_ops;
+    other.qz_exl2_scales = ref_exl2_scales;
+    other.qz_rows = ref_rows;
+    other.gemm = atb_gemm;
+    other.qz_set_trial = ref_set_trial;
+    atb_pool = c.pool;
+    exl_linear_src like = {0};
+    like.kind = EXL_LINEAR_DENSE;
+    like.in_features = K;
+    like.out_features = N;
+    exl_qz_trial t = {0};
+    REQUIRE_OK(exl_qz_trial_init(c.be, c.pool, c.W, &like, &t));
+    trial_wt = t.wt;
+    trial_K = K;
+    trial_N = N;
+    for (int recipe = 0; recipe < 2; recipe++) {
+        int32_t bits[] = {6, 4, 4, 3, 3}, rows[] = {32, 64, 96, 128, 64}, bits1[] = {4, 4, 4},
+                rows1[] = {128, 128, 128};
+        exl_qz_layout l = recipe ? (exl_qz_layout){3, bits1, rows1} : (exl_qz_layout){5, bits, rows};
+        exl_qz_result host;
+        REQUIRE_OK(exl_gptq_quantize(c.W, &c.hi, N, EXL_QZ_EXL2, &l, c.pool, c.be, &host));
+        c.be->ops = &other;
+        CHECK(exl_gptq_trial_on_device(c.be));
+        exl_status st = exl_gptq_quantize_trial(c.W, &c.hi, N, &l, c.be, t.w);
+        c.be->ops = cpu_ops;
+        REQUIRE_OK(st);
+        int64_t diff = 0;
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t n = 0; n < N; n++)
+                diff += memcmp(&trial_wt[n * K + k], &host.Wq[k * N + n], sizeof(float)) != 0;
+        CHECK_MSG(diff == 0, "recipe %d: %lld of %d weights differ", recipe, (long long)diff, K * N);
+        exl_qz_result_free(&host);
+    }
+    c.be->ops = &other;
+    exl_qz_hinv_free(&c.hi); /* the backend's copies, freed through the op table that made them */
+    c.be->ops = cpu_ops;
+    exl_qz_trial_free(c.be, &t);
+    gptq_case_free(&c);
+}
+
+/* exl_hessian_add_on (the rows summed where they are, by the backend's gemm) against exl_hessian_add (the host's own
+ * kernel), the sum brought back by exl_hessian_finish: the same H up to the order of fp32 sums (1e-5 of its largest
+ * value), over three steps of rows. */
+EXL_TEST(hessian_on_a_device_backend_matches_the_host) {
+    enum { K = 96, ROWS = 200 };
+    exl_backend *be;
+    REQUIRE_OK(exl_backend_cpu_init(2, &be));
+    uint32_t seed = 3;
+    float *x = malloc(sizeof(float) * ROWS * K);
+    REQUIRE(x);
+    fill(x, (int64_t)ROWS * K, &seed, 1.0f, 5);
+    exl_hessian host, dev;
+    REQUIRE_OK(exl_hessian_init(&host, K));
+    REQUIRE_OK(exl_hessian_init(&dev, K));
+    const exl_backend_ops *cpu_ops = be->ops;
+    exl_backend_ops other = *cpu_ops;
+    for (int step = 0; step < 3; step++) {
+        int64_t r0 = step * ROWS / 3, r1 = (step + 1) * ROWS / 3;
+        REQUIRE_OK(exl_hessian_add(&host, x + r0 * K, r1 - r0, be));
+        be->ops = &other;
+        exl_status st = exl_hessian_add_on(&dev, x + r0 * K, r1 - r0, be);
+        be->ops = cpu_ops;
+        REQUIRE_OK(st);
+    }
+    CHECK(dev.n == host.n && dev.dev != NULL);
+    REQUIRE_OK(exl_hessian_finish(&host));
+    be->ops = &other;
+    exl_status st = exl_hessian_finish(&dev);
+    be->ops = cpu_ops;
+    REQUIRE_OK(st);
+    CHECK(dev.dev == NULL);
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < (int64_t)K * K; i++) {
+        d = fmax(d, fabs((double)dev.H[i] - host.H[i]));
+        m = fmax(m, fabs((double)host.H[i]));
+    }
+    CHECK_MSG(d <= 1e-5 * m, "H differs by %g of %g", d, m);
+    exl_hessian_free(&host);
+    exl_hessian_free(&dev);
+    free(x);
+    be->ops->destroy(be);
 }

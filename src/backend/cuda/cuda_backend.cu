@@ -393,6 +393,8 @@ static const exl_backend_ops cuda_ops = {
     exl_cuda_sample_wait,
     exl_cuda_qz_exl2_scales,
     exl_cuda_qz_rows,
+    exl_cuda_qz_factor,
+    exl_cuda_qz_set_trial,
 };
 
 /* ---- creation */

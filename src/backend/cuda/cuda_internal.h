@@ -472,6 +472,9 @@ exl_status exl_cuda_qz_exl2_scales(exl_backend *be, const float *W, int64_t N, i
                                    uint8_t *scale_codes, uint16_t *scale_max, float *scale, float *zero);
 exl_status exl_cuda_qz_rows(exl_backend *be, float *W, const float *U, int64_t ldu, int64_t N, int32_t rows,
                             const float *scale, const float *zero, int32_t bits, uint8_t *codes, float *E);
+exl_status exl_cuda_qz_factor(exl_backend *be, float *U, const float *H, const int32_t *perm, int64_t K, double damp,
+                              int *ok);
+exl_status exl_cuda_qz_set_trial(exl_backend *be, exl_linear *w, const float *W, const int32_t *perm);
 void exl_cuda_copy_cols(exl_backend *be, float *out, const float *x, int32_t rows, int32_t width, int32_t x_width,
                         int32_t col);
 void exl_cuda_softcap(exl_backend *be, float *x, int64_t n, float cap);
