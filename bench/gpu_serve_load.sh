@@ -10,7 +10,9 @@
 # SERVE_VALUES (default "1 0"): the values the serve phases' variable takes. SERVE_REQS (default 2): requests a
 # client sends one after another in the serve phases (1: the same 1-64 jobs as generator_bench; more: a longer
 # steady state against the ramps).
-# Each table goes to stdout and $OUT/serve_load.log.
+# Each table goes to stdout and $OUT/serve_load.log. The serve phases' servers write a step trace (EXL_STEP_TRACE,
+# src/generator/trace.c) to $OUT/step_trace_<variable>_<value>.txt, summed up by bench/step_trace.py after each run
+# (per level: the engine's TTFT, in ms and in steps, and its parts).
 #
 # usage, here (builds the programs and copies them with the llama2 tokenizer into .gpuserve/, git-ignored):
 #   bench/gpu_serve_load.sh --prepare [SHARED_DIR]
@@ -59,9 +61,13 @@ serve_load() {
     command -v python3 >/dev/null || { say "no python3 here: the serve phases need it"; return; }
     for v in ${SERVE_VALUES:-1 0}; do
         say "## exl serve --max-jobs 64, ${SERVE_REQS:-2} 128-token streamed completions a client, temperature 0.8 + top-p 0.95, $1=$v"
-        env "$1=$v" timeout "$2" python3 "$root/bench/server_load.py" --exl "$bin/exl" -m "$M" \
+        trace=$out/step_trace_$1_$v.txt
+        rm -f "$trace"
+        env "$1=$v" EXL_STEP_TRACE="$trace" timeout "$2" python3 "$root/bench/server_load.py" --exl "$bin/exl" -m "$M" \
             --serve-args "--max-jobs 64" --top-p 0.95 --concurrency 1,16,32,64 --requests-per-client "${SERVE_REQS:-2}" \
             --max-tokens 128 2>&1 | tee -a "$log"
+        say "### step trace ($trace): the engine's side of each burst of arrivals"
+        python3 "$root/bench/step_trace.py" "$trace" 2>&1 | tee -a "$log"
     done
 }
 for phase in $phases; do

@@ -5,7 +5,9 @@ inter-token latency (p50/p99) at several numbers of concurrent streaming clients
 Each client is an asyncio task that sends streaming /v1/completions requests one after
 another over raw HTTP/1.0 (no client library in the measurement) and times the SSE
 chunks: TTFT = request sent -> first chunk with text; ITL = gaps between later text
-chunks. Requests ask for ignore_eos, so every one makes max_tokens tokens.
+chunks. Requests ask for ignore_eos, so every one makes max_tokens tokens. "TTFT p50 in ITLs": TTFT p50 / ITL p50,
+the time to first token in steps of the generator (ITL p50 is its step at that load), steadier than milliseconds on
+a shared machine. EXL_STEP_TRACE=FILE in the environment reaches the server this starts (bench/step_trace.py).
 Sampling: temperature 0.8 by default; --top-p / --top-k add those filters, --temperature 0 is greedy.
 
   python3 bench/server_load.py --exl build/exl -m ../shared/models/tinystories-656k
@@ -122,8 +124,8 @@ def main():
     try:
         if not a.json:
             print("| clients | requests | req/s | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |"
-                  " server CPU ms/token |")
-            print("|---|---|---|---|---|---|---|---|---|")
+                  " TTFT p50 in ITLs | server CPU ms/token |")
+            print("|---|---|---|---|---|---|---|---|---|---|")
         for c in [int(x) for x in a.concurrency.split(",")]:
             cpu0 = cpu_seconds(proc.pid) if proc else None
             r = asyncio.run(level(host, port, a.api_key, c, a.requests_per_client, a.max_tokens, sampling))
@@ -138,6 +140,7 @@ def main():
                 continue
             print(f"| {r['clients']} | {r['requests']} | {r['req_per_s']:.2f} | {r['tok_per_s']:.0f} | "
                   f"{r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | {r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} | "
+                  f"{r['ttft_p50_ms'] / r['itl_p50_ms']:.1f} | "
                   + (f"{r['server_cpu_ms_per_token']:.3f} |" if r["server_cpu_ms_per_token"] is not None else "- |"),
                   flush=True)
     finally:

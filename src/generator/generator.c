@@ -126,6 +126,8 @@ exl_status exl_generator_init(exl_model *model, const exl_tokenizer *tok, const 
     g->params = p;
     g->vocab = model->cfg.vocab_size;
     exl_gen_ahead_init(g);
+    exl_sched_init(g);
+    exl_gen_trace_open(g);
     pthread_mutex_init(&g->mu, NULL);
     exl_status st = exl_kv_cache_init(model, p.n_pages, p.page_size, p.cache_k_bits, p.cache_v_bits, &g->cache);
     if (st == EXL_OK)
@@ -167,6 +169,7 @@ void exl_generator_free(exl_generator *g) {
     if (!g)
         return;
     exl_gen_ahead_drop(g);
+    exl_gen_trace_close(g);
     exl_spec_free(g);
     free_jobs(&g->inbox);
     free_jobs(&g->waiting);
@@ -217,6 +220,7 @@ exl_status exl_generator_submit(exl_generator *g, const exl_job_params *params, 
     *job = 0;
     exl_job *j;
     EXL_TRY(exl_job_create(g, params, &j));
+    j->t_submit = exl_gen_now();
     pthread_mutex_lock(&g->mu);
     exl_status st = EXL_OK;
     if (exl_job_list_reserve(&g->inbox, g->inbox.n + 1) || exl_job_list_reserve(&g->alive, g->alive.n + 1)) {

@@ -9,6 +9,7 @@
 #define EXL_GENERATOR_GENERATOR_H
 
 #include <pthread.h>
+#include <stdio.h>
 
 #include "base/str.h"
 #include "constrain/constraint.h"
@@ -79,6 +80,10 @@ typedef struct exl_job {
     exl_str ev_text; /* this step's event text */
 
     exl_spec_job spec; /* speculative decoding (speculative.c) */
+    /* when it was submitted, admitted, had its first token (exl_gen_now; 0: not yet), at which steps (trace.c) */
+    double t_submit, t_admit, t_first;
+    int64_t step_admit, step_first;
+    int traced; /* its trace line is written */
 } exl_job;
 
 /* A growable list of job pointers. */
@@ -108,6 +113,17 @@ typedef struct exl_gen_ahead {
     int32_t ids[EXL_ARGMAX_ROWS]; /* the current step's tokens (greedy or sampled ahead) */
     int64_t kept, dropped;        /* queued steps that were the next plan, and that were not */
 } exl_gen_ahead;
+
+/* The step trace (trace.c), on when EXL_STEP_TRACE names a file. */
+typedef struct exl_gen_trace {
+    FILE *f;                 /* NULL: off */
+    int64_t step;            /* steps begun */
+    double begin, planned;   /* the current step's times */
+    int32_t inbox, admitted; /* jobs it took in, and admitted */
+    int64_t copied0;         /* stats.pages_copied when it began */
+    int64_t dropped0;        /* ahead.dropped after the last plan */
+    char ahead;              /* its queued-ahead step: 'k' kept, 'd' dropped, 'n' none */
+} exl_gen_trace;
 
 /* Sampling on the backend (device_sample.c): the step's rows' settings, edits and results. */
 typedef struct exl_gen_dsample {
@@ -160,6 +176,10 @@ struct exl_generator {
 
     int32_t cap_logit_rows; /* rows of logits (speculative steps may need more than max_jobs) */
     exl_spec *spec;         /* speculative decoding (speculative.c); NULL when off */
+    /* a partly matching prefix page shorter than this is recomputed, not copied (EXL_PREFIX_COPY_MIN; default 1
+     * where the cache is host memory, PREFIX_COPY_MIN_DEVICE tokens elsewhere: scheduler.c) */
+    int32_t prefix_copy_min;
+    exl_gen_trace trace;
 };
 
 /* ---- job lists (job.c) */
@@ -231,6 +251,8 @@ exl_status exl_job_text_force(exl_generator *g, exl_job *j, const char *bytes, s
 exl_status exl_job_text_finish(exl_generator *g, exl_job *j);
 
 /* ---- scheduling (scheduler.c) */
+/* The scheduler's settings from the environment (EXL_PREFIX_COPY_MIN). */
+void exl_sched_init(exl_generator *g);
 /* Admit waiting jobs, split the token budget, take pages (preempting as needed);
  * fills g->steps / g->step_jobs / g->n_step. */
 exl_status exl_sched_plan(exl_generator *g);
@@ -256,6 +278,18 @@ int exl_gen_constraint_allows(const exl_generator *g, int32_t row, int32_t id);
  * token can go on. */
 exl_status exl_gen_constraint_advance(exl_generator *g, exl_job *j, int32_t id);
 
+/* ---- the step trace (trace.c) */
+/* CLOCK_MONOTONIC seconds. */
+double exl_gen_now(void);
+/* Open the trace file EXL_STEP_TRACE names, if any (a failure is reported on stderr, the trace stays off). */
+void exl_gen_trace_open(exl_generator *g);
+void exl_gen_trace_close(exl_generator *g);
+/* The step begins, having taken in `inbox` submitted jobs. */
+void exl_gen_trace_begin(exl_generator *g, int32_t inbox);
+/* The step is planned (ticket: exl_gen_ahead_take's). */
+void exl_gen_trace_planned(exl_generator *g, int64_t ticket);
+/* The step ended: its line, and those of jobs that had their first token or ended. */
+void exl_gen_trace_end(exl_generator *g);
 /* ---- stepping (step.c) */
 /* Whether id ends job j: its stop ids, and the eos ids unless it ignores them. */
 int exl_gen_is_stop(const exl_generator *g, const exl_job *j, int32_t id);

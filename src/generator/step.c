@@ -8,13 +8,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---------------------------------------------------------------- finishing */
 
@@ -180,6 +173,10 @@ exl_status exl_gen_take_token(exl_generator *g, exl_job *j, int32_t id) {
     int32_t k = j->n_tokens - j->n_prompt;
     j->tokens[j->n_tokens++] = id;
     g->stats.tokens_generated++;
+    if (!j->t_first) {
+        j->t_first = exl_gen_now();
+        j->step_first = g->trace.step;
+    }
     if (exl_gen_is_stop(g, j, id)) {
         j->stop_token = id;
         return exl_gen_finish(g, j, EXL_FINISH_STOP, NULL);
@@ -236,6 +233,7 @@ static void add_event(exl_generator *g, exl_job *j) {
 /* Take in what other threads did since the last step (under the mutex). */
 static exl_status take_inbox(exl_generator *g) {
     pthread_mutex_lock(&g->mu);
+    exl_gen_trace_begin(g, g->inbox.n);
     int32_t n = g->alive.n;
     exl_status st = EXL_OK;
     if (exl_job_list_reserve(&g->waiting, n) || exl_job_list_reserve(&g->running, n) ||
@@ -285,9 +283,10 @@ static exl_status run_step(exl_generator *g) {
     /* drafting jobs' decode rows carry their drafts */
     EXL_TRY(exl_spec_plan(g));
     int64_t ticket = exl_gen_ahead_take(g); /* >= 0: the planned step was queued in the last one */
+    exl_gen_trace_planned(g, ticket);
     if (!g->n_step)
         return EXL_OK;
-    double t0 = now_seconds();
+    double t0 = exl_gen_now();
     exl_gen_ahead_mode ahead = ticket >= 0 ? g->ahead.mode : exl_gen_ahead_step_mode(g); /* the device runs ahead */
     int greedy = ahead == EXL_AHEAD_GREEDY;                                              /* the device picks */
     int on_backend = ahead == EXL_AHEAD_SAMPLED || (!greedy && exl_gen_dsample_step(g)); /* the backend samples */
@@ -306,7 +305,7 @@ static exl_status run_step(exl_generator *g) {
                   : exl_model_forward(g->model, g->cache, g->steps, g->n_step, g->logits);
     }
     exl_lora_step_sets(g->model, NULL, 0); /* for a forward that did not run (queued ahead, or failed) */
-    double t1 = now_seconds();
+    double t1 = exl_gen_now();
     g->stats.seconds_forward += t1 - t0;
     if (st != EXL_OK) {
         char msg[512];
@@ -338,7 +337,7 @@ static exl_status run_step(exl_generator *g) {
             exl_gen_finish(g, j, EXL_FINISH_ERROR, exl_last_error());
         st = st == EXL_OK ? js : st;
     }
-    g->stats.seconds_sampling += now_seconds() - t1;
+    g->stats.seconds_sampling += exl_gen_now() - t1;
     return st;
 }
 
@@ -363,6 +362,7 @@ exl_status exl_generator_step(exl_generator *g, const exl_gen_event **events, in
     for (int32_t i = 0; i < g->done.n; i++)
         add_event(g, g->done.v[i]);
     publish(g);
+    exl_gen_trace_end(g);
     *events = g->events;
     *n_events = g->n_events;
     return st;
