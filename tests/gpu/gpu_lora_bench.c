@@ -9,17 +9,21 @@
  *   default            one-row steps: the updates folded into side blocks of the GEMV launch where its blocks add
  *                      atomically (every 7B GEMV; cuda_lora_fold.cuh), no lora launch; 32 uses: shrink and expand a
  *                      use at a time, two launches a group;
+ *   batch              EXL_CUDA_LORA_BATCH=2: 32 uses through cuda_lora_batch.cu (r2-lora5), two launches a group,
+ *                      each a wide grid of short blocks; =3: the same, a row's only use added with a load and a
+ *                      store instead of atomically;
  *   in-block fold      EXL_CUDA_LORA_SIDE=0: one row folded into the GEMVs' own blocks (r2-lora3);
  *   SGMV               EXL_CUDA_LORA_SGMV=5: 32 uses by adapter (cuda_lora.cu), one launch a group;
  *   SGMV in two        the same with EXL_CUDA_LORA_SGMV_LAUNCHES=2: SGMV's shrink and expand as two launches;
  *   before (r2-lora2)  EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0: one row: the fused lora launch, one a group;
  *                      32 uses: shrink and expand a use at a time, two launches a group;
  *   two launches       the same with EXL_CUDA_LORA_FUSED_USES=0: shrink and expand at one row too.
- * Prints a markdown table: tokens/s without and with adapters, and their ratio; then the default paths' logits of one
- * step against r2-lora2's (the fold and the SGMV at this model's shapes, which test_gpu's small fixtures do not reach:
- * several runs a dot product, 8 adapters' uses a block).
+ * Prints a markdown table: tokens/s without and with adapters, and their ratio; then the logits of one step through
+ * the default paths with SGMV, and through the batch path, against r2-lora2's (at this model's shapes, which
+ * test_gpu's small fixtures do not reach: several runs a dot product, 8 adapters' uses a block).
  *
- * --only32 1: the batch-32 cases through the default path alone, for a profiler (no batch 1, no A/B, no logits).
+ * --only32 1: the batch-32 cases alone, through the path the environment selects (none set: the default; e.g.
+ * EXL_CUDA_LORA_BATCH=2 for the batch path), for a profiler or a quick A/B (no batch 1, no variants, no logits).
  *
  * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] [--steps S] [--only32 1] */
 #include "model/lora.h"
@@ -191,6 +195,8 @@ typedef struct variant {
 
 static const variant variants[] = {
     {"default", {{NULL, NULL}}},
+    {"EXL_CUDA_LORA_BATCH=2 (batch path)", {{"EXL_CUDA_LORA_BATCH", "2"}}},
+    {"EXL_CUDA_LORA_BATCH=3 (batch path, plain adds)", {{"EXL_CUDA_LORA_BATCH", "3"}}},
     {"EXL_CUDA_LORA_SIDE=0 (in-block fold)", {{"EXL_CUDA_LORA_SIDE", "0"}}},
     {"EXL_CUDA_LORA_SGMV=5", {{"EXL_CUDA_LORA_SGMV", "5"}}},
     {"EXL_CUDA_LORA_SGMV=5 EXL_CUDA_LORA_SGMV_LAUNCHES=2",
@@ -202,10 +208,11 @@ static const variant variants[] = {
 };
 
 /* the largest difference of one step's logits (n sequences at position ctx, each with its set: NULL the model's)
- * between the default paths with SGMV on (EXL_CUDA_LORA_SGMV=5) and r2-lora2's (EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0), relative to the largest
- * logit; *argmax_diff: the sequences whose argmax differs */
+ * between the default paths with variable var set to val (EXL_CUDA_LORA_SGMV=5, EXL_CUDA_LORA_BATCH=2) and r2-lora2's
+ * (EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0), relative to the largest logit; *argmax_diff: the sequences whose
+ * argmax differs */
 static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pages, int32_t n, int32_t ctx,
-                           const exl_lora_set *const *sets, int *argmax_diff) {
+                           const exl_lora_set *const *sets, const char *var, const char *val, int *argmax_diff) {
     float *lg[2];
     exl_seq_step st[BATCH];
     int32_t ids[BATCH];
@@ -213,7 +220,7 @@ static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pag
         if (k == 0)
             setenv("EXL_CUDA_LORA_GEMV", "0", 1), setenv("EXL_CUDA_LORA_SGMV", "0", 1);
         else
-            setenv("EXL_CUDA_LORA_SGMV", "5", 1);
+            unsetenv("EXL_CUDA_LORA_GEMV"), unsetenv("EXL_CUDA_LORA_SGMV"), setenv(var, val, 1);
         fresh_graphs(m);
         for (int32_t i = 0; i < n; i++) {
             ids[i] = 100 + i;
@@ -223,7 +230,7 @@ static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pag
         lg[k] = malloc((size_t)n * V * sizeof(float));
         exl_lora_step_sets(m, sets, sets ? n : 0);
         EK(exl_model_forward(m, cache, st, n, lg[k]));
-        unsetenv("EXL_CUDA_LORA_GEMV"), unsetenv("EXL_CUDA_LORA_SGMV");
+        unsetenv("EXL_CUDA_LORA_GEMV"), unsetenv("EXL_CUDA_LORA_SGMV"), unsetenv(var);
     }
     double worst = 0, top = 0;
     *argmax_diff = 0;
@@ -298,8 +305,16 @@ int main(int argc, char **argv) {
         per_seq[i] = &sets[i % N_ADAPTERS];
     if (only32) {
         const double lora = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
-        printf("batch %d, default path: no adapter %.1f t/s, %d adapters %.1f t/s, ratio %.3f\n", BATCH, base32,
-               N_ADAPTERS, lora, lora / base32);
+        static const char *const vars[] = {"EXL_CUDA_LORA_BATCH", "EXL_CUDA_LORA_SGMV", "EXL_CUDA_LORA_SGMV_LAUNCHES",
+                                           "EXL_CUDA_LORA_FUSED_USES", "EXL_CUDA_DETERMINISTIC"};
+        char path[256] = "";
+        for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+            const char *v = getenv(vars[i]);
+            if (v && *v)
+                snprintf(path + strlen(path), sizeof path - strlen(path), "%s%s=%s", *path ? " " : "", vars[i], v);
+        }
+        printf("batch %d, path %s: no adapter %.1f t/s, %d adapters %.1f t/s, ratio %.3f\n", BATCH,
+               *path ? path : "default", base32, N_ADAPTERS, lora, lora / base32);
         return 0;
     }
     enum { N_VARIANTS = sizeof variants / sizeof variants[0] };
@@ -332,14 +347,15 @@ int main(int argc, char **argv) {
                N_ADAPTERS, variants[v].name, base32, lora32[v], lora32[v] / base32);
     }
     printf("(without adapters again, after them: batch 1 %.1f t/s, batch %d %.1f t/s)\n", again1, BATCH, again32);
-    int diff1, diff32;
+    int diff1, diff32, diff_batch;
     EK(exl_model_set_lora(m, &one, 1));
-    const double e1 = paths_differ(m, cache, pages, 1, ctx, NULL, &diff1);
+    const double e1 = paths_differ(m, cache, pages, 1, ctx, NULL, "EXL_CUDA_LORA_SGMV", "5", &diff1);
     EK(exl_model_set_lora(m, NULL, 0));
-    const double e32 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, &diff32);
-    printf(
-        "logits of one step, default paths with EXL_CUDA_LORA_SGMV=5 against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (largest difference "
-        "over the largest logit; argmax differing): batch 1 %.2e (%d), batch %d %.2e (%d of %d)\n",
-        e1, diff1, BATCH, e32, diff32, BATCH);
+    const double e32 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_SGMV", "5", &diff32);
+    const double eb = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_BATCH", "2", &diff_batch);
+    printf("logits of one step against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (largest difference over the largest "
+           "logit; argmax differing): default paths with EXL_CUDA_LORA_SGMV=5: batch 1 %.2e (%d), batch %d %.2e (%d "
+           "of %d); EXL_CUDA_LORA_BATCH=2: batch %d %.2e (%d of %d)\n",
+           e1, diff1, BATCH, e32, diff32, BATCH, BATCH, eb, diff_batch, BATCH);
     return 0;
 }
