@@ -36,6 +36,9 @@
 #define BATCH_COUNT 2         /* the counter of exl_cuda_lora_scratch's this path uses */
 #define BATCH_DEFAULT 0       /* EXL_CUDA_LORA_BATCH unset: off (the integrator flips it once measured) */
 
+static_assert(BATCH_WARPS == BATCH_CHUNK, "a shrink warp stages one use of the chunk");
+static_assert(BATCH_SLICE == 4 * 32, "a shrink lane takes 4 inputs of the slice");
+
 enum { BATCH_PLAIN, BATCH_NORM, BATCH_GLU };
 
 /* a chunk's uses (by_adapter order): use, row and adapter slot of each, and whether it is its row's only use,
