@@ -24,8 +24,9 @@
  *
  * --only32 1: the batch-32 cases alone, through the path the environment selects (none set: the default; e.g.
  * EXL_CUDA_LORA_BATCH=2 for the batch path), for a profiler or a quick A/B (no batch 1, no variants, no logits).
+ * --only32 2: the batch-32 cases through every variant, and the batch path's logits (no batch 1).
  *
- * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] [--steps S] [--only32 1] */
+ * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] [--steps S] [--only32 1|2] */
 #include "model/lora.h"
 #include "model/model.h"
 
@@ -303,7 +304,7 @@ int main(int argc, char **argv) {
         sets[k] = (exl_lora_set){.uses = {{adapters[k], 1.0f}}, .n = 1};
     for (int i = 0; i < BATCH; i++)
         per_seq[i] = &sets[i % N_ADAPTERS];
-    if (only32) {
+    if (only32 == 1) {
         const double lora = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
         static const char *const vars[] = {"EXL_CUDA_LORA_BATCH", "EXL_CUDA_LORA_SGMV", "EXL_CUDA_LORA_SGMV_LAUNCHES",
                                            "EXL_CUDA_LORA_FUSED_USES", "EXL_CUDA_DETERMINISTIC"};
@@ -324,38 +325,48 @@ int main(int argc, char **argv) {
             if (variants[v].env[e][0])
                 setenv(variants[v].env[e][0], variants[v].env[e][1], 1);
         fresh_graphs(m);
-        EK(exl_model_set_lora(m, &one, 1));
-        lora1[v] = decode_rate(m, cache, pages, 1, ctx, NULL);
-        EK(exl_model_set_lora(m, NULL, 0));
-        fresh_graphs(m);
+        lora1[v] = 0;
+        if (!only32) {
+            EK(exl_model_set_lora(m, &one, 1));
+            lora1[v] = decode_rate(m, cache, pages, 1, ctx, NULL);
+            EK(exl_model_set_lora(m, NULL, 0));
+            fresh_graphs(m);
+        }
         lora32[v] = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
         for (int e = 0; e < 3; e++)
             if (variants[v].env[e][0])
                 unsetenv(variants[v].env[e][0]);
     }
     fresh_graphs(m);
-    double again1 = decode_rate(m, cache, pages, 1, ctx, NULL); /* the base once more: drift of the clocks */
+    double again1 = only32 ? 0 : decode_rate(m, cache, pages, 1, ctx, NULL); /* the base again: clocks' drift */
     double again32 = decode_rate(m, cache, pages, BATCH, ctx, NULL);
 
     printf("| %d layers, EXL2 4-bit, rank-%d adapters on q,k,v,o,gate,up,down, ctx %d | no adapter t/s | "
            "adapters t/s | ratio |\n|---|---|---|---|\n",
            n_layers, rank, ctx);
     for (int v = 0; v < N_VARIANTS; v++) {
-        printf("| batch 1, one adapter, %s | %.1f | %.1f | %.3f (overhead %.1f%%) |\n", variants[v].name, base1,
-               lora1[v], lora1[v] / base1, 100 * (base1 / lora1[v] - 1));
+        if (!only32)
+            printf("| batch 1, one adapter, %s | %.1f | %.1f | %.3f (overhead %.1f%%) |\n", variants[v].name, base1,
+                   lora1[v], lora1[v] / base1, 100 * (base1 / lora1[v] - 1));
         printf("| batch %d, %d adapters (sequence i: adapter i %% %d), %s | %.1f | %.1f | %.3f |\n", BATCH, N_ADAPTERS,
                N_ADAPTERS, variants[v].name, base32, lora32[v], lora32[v] / base32);
     }
     printf("(without adapters again, after them: batch 1 %.1f t/s, batch %d %.1f t/s)\n", again1, BATCH, again32);
-    int diff1, diff32, diff_batch;
-    EK(exl_model_set_lora(m, &one, 1));
-    const double e1 = paths_differ(m, cache, pages, 1, ctx, NULL, "EXL_CUDA_LORA_SGMV", "5", &diff1);
-    EK(exl_model_set_lora(m, NULL, 0));
-    const double e32 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_SGMV", "5", &diff32);
-    const double eb = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_BATCH", "2", &diff_batch);
-    printf("logits of one step against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (largest difference over the largest "
-           "logit; argmax differing): default paths with EXL_CUDA_LORA_SGMV=5: batch 1 %.2e (%d), batch %d %.2e (%d "
-           "of %d); EXL_CUDA_LORA_BATCH=2: batch %d %.2e (%d of %d)\n",
-           e1, diff1, BATCH, e32, diff32, BATCH, BATCH, eb, diff_batch, BATCH);
+    int diff1, diff32, diff2, diff3;
+    if (!only32) {
+        EK(exl_model_set_lora(m, &one, 1));
+        const double e1 = paths_differ(m, cache, pages, 1, ctx, NULL, "EXL_CUDA_LORA_SGMV", "5", &diff1);
+        EK(exl_model_set_lora(m, NULL, 0));
+        const double e32 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_SGMV", "5", &diff32);
+        printf("logits of one step, default paths with EXL_CUDA_LORA_SGMV=5 against EXL_CUDA_LORA_GEMV=0 "
+               "EXL_CUDA_LORA_SGMV=0 (largest difference over the largest logit; argmax differing): batch 1 %.2e "
+               "(%d), batch %d %.2e (%d of %d)\n",
+               e1, diff1, BATCH, e32, diff32, BATCH);
+    }
+    const double e2 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_BATCH", "2", &diff2);
+    const double e3 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_BATCH", "3", &diff3);
+    printf("logits of one step at batch %d, the batch path against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (as "
+           "above): EXL_CUDA_LORA_BATCH=2 %.2e (%d of %d), =3 %.2e (%d of %d)\n",
+           BATCH, e2, diff2, BATCH, e3, diff3, BATCH);
     return 0;
 }
