@@ -41,10 +41,11 @@ static_assert(BATCH_SLICE == 4 * 32, "a shrink lane takes 4 inputs of the slice"
 
 enum { BATCH_PLAIN, BATCH_NORM, BATCH_GLU };
 
-/* a chunk's uses (by_adapter order): use, row and adapter slot of each, and whether it is its row's only use,
+/* a chunk's uses (by_adapter order): use, row, adapter slot and scale of each, and whether it is its row's only use,
  * shared by the block */
 struct batch_chunk {
     int32_t use[BATCH_CHUNK], row[BATCH_CHUNK], slot[BATCH_CHUNK], alone[BATCH_CHUNK], n;
+    float scale[BATCH_CHUNK];
 };
 
 /* threads 0..7 fill ch with chunk c's uses (the tables are constant within the step); the caller syncs */
@@ -54,7 +55,7 @@ static __device__ __forceinline__ void chunk_load(const exl_lora_node &n, int32_
         ch.n = min(BATCH_CHUNK, n.n_uses - first);
     if (i < BATCH_CHUNK && first + i < n.n_uses) {
         const int32_t u = __ldg(order + first + i), row = __ldg(n.use_row + u);
-        ch.use[i] = u, ch.row[i] = row, ch.slot[i] = __ldg(n.use_slot + u);
+        ch.use[i] = u, ch.row[i] = row, ch.slot[i] = __ldg(n.use_slot + u), ch.scale[i] = __ldg(n.use_scale + u);
         ch.alone[i] = __ldg(n.row_uses + row + 1) - __ldg(n.row_uses + row) == 1;
     }
 }
@@ -138,6 +139,7 @@ __global__ void __launch_bounds__(BATCH_THREADS, BATCH_SHRINK_BLOCKS)
         const float *a = pair_row(n, ch.slot[0], warp + i * BATCH_WARPS, k0, o, j);
         pre[i] = a ? load4<true>(a, kl, len) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    const float4 w = MODE == BATCH_NORM ? load4<true>(norm_w + k0, kl, len) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     exl_pdl_trigger();
     exl_pdl_wait();
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -148,7 +150,6 @@ __global__ void __launch_bounds__(BATCH_THREADS, BATCH_SHRINK_BLOCKS)
             const float q = batch_warp_sum(dot4(v, v));
             if (lane == 0)
                 atomicAdd(ss + ch.use[warp], q);
-            const float4 w = load4<true>(norm_w + k0, kl, len);
             v = make_float4(v.x * w.x, v.y * w.y, v.z * w.z, v.w * w.w);
         } else if (MODE == BATCH_GLU) {
             const float4 up = load4<false>(n.up + row, kl, len);
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(BATCH_THREADS, BATCH_EXPAND_BLOCKS)
     exl_pdl_wait();
     for (int32_t i = (int32_t)threadIdx.x; i < ch.n * n.max_rank; i += BATCH_THREADS) {
         const int32_t uu = i / n.max_rank, j = i % n.max_rank, u = ch.use[uu];
-        float s = __ldcg(t + ((int64_t)u * n.n_out + o) * n.max_rank + j) * __ldg(n.use_scale + u);
+        float s = __ldcg(t + ((int64_t)u * n.n_out + o) * n.max_rank + j) * ch.scale[uu];
         if (NORM)
             s *= rsqrtf(__ldcg(ss + u) / n.in_features + n.eps);
         ts[i] = s;
