@@ -9,19 +9,24 @@
  *   default            one-row steps: the updates folded into side blocks of the GEMV launch where its blocks add
  *                      atomically (every 7B GEMV; cuda_lora_fold.cuh), no lora launch; 32 uses: shrink and expand a
  *                      use at a time, two launches a group;
+ *   batch              EXL_CUDA_LORA_BATCH=2: 32 uses through cuda_lora_batch.cu (r2-lora5), two launches a group,
+ *                      each a wide grid of short blocks; =3: the same, a row's only use added with a load and a
+ *                      store instead of atomically;
  *   in-block fold      EXL_CUDA_LORA_SIDE=0: one row folded into the GEMVs' own blocks (r2-lora3);
  *   SGMV               EXL_CUDA_LORA_SGMV=5: 32 uses by adapter (cuda_lora.cu), one launch a group;
  *   SGMV in two        the same with EXL_CUDA_LORA_SGMV_LAUNCHES=2: SGMV's shrink and expand as two launches;
  *   before (r2-lora2)  EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0: one row: the fused lora launch, one a group;
  *                      32 uses: shrink and expand a use at a time, two launches a group;
  *   two launches       the same with EXL_CUDA_LORA_FUSED_USES=0: shrink and expand at one row too.
- * Prints a markdown table: tokens/s without and with adapters, and their ratio; then the default paths' logits of one
- * step against r2-lora2's (the fold and the SGMV at this model's shapes, which test_gpu's small fixtures do not reach:
- * several runs a dot product, 8 adapters' uses a block).
+ * Prints a markdown table: tokens/s without and with adapters, and their ratio; then the logits of one step through
+ * the default paths with SGMV, and through the batch path, against r2-lora2's (at this model's shapes, which
+ * test_gpu's small fixtures do not reach: several runs a dot product, 8 adapters' uses a block).
  *
- * --only32 1: the batch-32 cases through the default path alone, for a profiler (no batch 1, no A/B, no logits).
+ * --only32 1: the batch-32 cases alone, through the path the environment selects (none set: the default; e.g.
+ * EXL_CUDA_LORA_BATCH=2 for the batch path), for a profiler or a quick A/B (no batch 1, no variants, no logits).
+ * --only32 2: the batch-32 cases through every variant, and the batch path's logits (no batch 1).
  *
- * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] [--steps S] [--only32 1] */
+ * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] [--steps S] [--only32 1|2] */
 #include "model/lora.h"
 #include "model/model.h"
 
@@ -191,6 +196,8 @@ typedef struct variant {
 
 static const variant variants[] = {
     {"default", {{NULL, NULL}}},
+    {"EXL_CUDA_LORA_BATCH=2 (batch path)", {{"EXL_CUDA_LORA_BATCH", "2"}}},
+    {"EXL_CUDA_LORA_BATCH=3 (batch path, plain adds)", {{"EXL_CUDA_LORA_BATCH", "3"}}},
     {"EXL_CUDA_LORA_SIDE=0 (in-block fold)", {{"EXL_CUDA_LORA_SIDE", "0"}}},
     {"EXL_CUDA_LORA_SGMV=5", {{"EXL_CUDA_LORA_SGMV", "5"}}},
     {"EXL_CUDA_LORA_SGMV=5 EXL_CUDA_LORA_SGMV_LAUNCHES=2",
@@ -202,10 +209,11 @@ static const variant variants[] = {
 };
 
 /* the largest difference of one step's logits (n sequences at position ctx, each with its set: NULL the model's)
- * between the default paths with SGMV on (EXL_CUDA_LORA_SGMV=5) and r2-lora2's (EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0), relative to the largest
- * logit; *argmax_diff: the sequences whose argmax differs */
+ * between the default paths with variable var set to val (EXL_CUDA_LORA_SGMV=5, EXL_CUDA_LORA_BATCH=2) and r2-lora2's
+ * (EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0), relative to the largest logit; *argmax_diff: the sequences whose
+ * argmax differs */
 static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pages, int32_t n, int32_t ctx,
-                           const exl_lora_set *const *sets, int *argmax_diff) {
+                           const exl_lora_set *const *sets, const char *var, const char *val, int *argmax_diff) {
     float *lg[2];
     exl_seq_step st[BATCH];
     int32_t ids[BATCH];
@@ -213,7 +221,7 @@ static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pag
         if (k == 0)
             setenv("EXL_CUDA_LORA_GEMV", "0", 1), setenv("EXL_CUDA_LORA_SGMV", "0", 1);
         else
-            setenv("EXL_CUDA_LORA_SGMV", "5", 1);
+            unsetenv("EXL_CUDA_LORA_GEMV"), unsetenv("EXL_CUDA_LORA_SGMV"), setenv(var, val, 1);
         fresh_graphs(m);
         for (int32_t i = 0; i < n; i++) {
             ids[i] = 100 + i;
@@ -223,7 +231,7 @@ static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pag
         lg[k] = malloc((size_t)n * V * sizeof(float));
         exl_lora_step_sets(m, sets, sets ? n : 0);
         EK(exl_model_forward(m, cache, st, n, lg[k]));
-        unsetenv("EXL_CUDA_LORA_GEMV"), unsetenv("EXL_CUDA_LORA_SGMV");
+        unsetenv("EXL_CUDA_LORA_GEMV"), unsetenv("EXL_CUDA_LORA_SGMV"), unsetenv(var);
     }
     double worst = 0, top = 0;
     *argmax_diff = 0;
@@ -296,10 +304,18 @@ int main(int argc, char **argv) {
         sets[k] = (exl_lora_set){.uses = {{adapters[k], 1.0f}}, .n = 1};
     for (int i = 0; i < BATCH; i++)
         per_seq[i] = &sets[i % N_ADAPTERS];
-    if (only32) {
+    if (only32 == 1) {
         const double lora = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
-        printf("batch %d, default path: no adapter %.1f t/s, %d adapters %.1f t/s, ratio %.3f\n", BATCH, base32,
-               N_ADAPTERS, lora, lora / base32);
+        static const char *const vars[] = {"EXL_CUDA_LORA_BATCH", "EXL_CUDA_LORA_SGMV", "EXL_CUDA_LORA_SGMV_LAUNCHES",
+                                           "EXL_CUDA_LORA_FUSED_USES", "EXL_CUDA_DETERMINISTIC"};
+        char path[256] = "";
+        for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+            const char *v = getenv(vars[i]);
+            if (v && *v)
+                snprintf(path + strlen(path), sizeof path - strlen(path), "%s%s=%s", *path ? " " : "", vars[i], v);
+        }
+        printf("batch %d, path %s: no adapter %.1f t/s, %d adapters %.1f t/s, ratio %.3f\n", BATCH,
+               *path ? path : "default", base32, N_ADAPTERS, lora, lora / base32);
         return 0;
     }
     enum { N_VARIANTS = sizeof variants / sizeof variants[0] };
@@ -309,37 +325,48 @@ int main(int argc, char **argv) {
             if (variants[v].env[e][0])
                 setenv(variants[v].env[e][0], variants[v].env[e][1], 1);
         fresh_graphs(m);
-        EK(exl_model_set_lora(m, &one, 1));
-        lora1[v] = decode_rate(m, cache, pages, 1, ctx, NULL);
-        EK(exl_model_set_lora(m, NULL, 0));
-        fresh_graphs(m);
+        lora1[v] = 0;
+        if (!only32) {
+            EK(exl_model_set_lora(m, &one, 1));
+            lora1[v] = decode_rate(m, cache, pages, 1, ctx, NULL);
+            EK(exl_model_set_lora(m, NULL, 0));
+            fresh_graphs(m);
+        }
         lora32[v] = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
         for (int e = 0; e < 3; e++)
             if (variants[v].env[e][0])
                 unsetenv(variants[v].env[e][0]);
     }
     fresh_graphs(m);
-    double again1 = decode_rate(m, cache, pages, 1, ctx, NULL); /* the base once more: drift of the clocks */
+    double again1 = only32 ? 0 : decode_rate(m, cache, pages, 1, ctx, NULL); /* the base again: clocks' drift */
     double again32 = decode_rate(m, cache, pages, BATCH, ctx, NULL);
 
     printf("| %d layers, EXL2 4-bit, rank-%d adapters on q,k,v,o,gate,up,down, ctx %d | no adapter t/s | "
            "adapters t/s | ratio |\n|---|---|---|---|\n",
            n_layers, rank, ctx);
     for (int v = 0; v < N_VARIANTS; v++) {
-        printf("| batch 1, one adapter, %s | %.1f | %.1f | %.3f (overhead %.1f%%) |\n", variants[v].name, base1,
-               lora1[v], lora1[v] / base1, 100 * (base1 / lora1[v] - 1));
+        if (!only32)
+            printf("| batch 1, one adapter, %s | %.1f | %.1f | %.3f (overhead %.1f%%) |\n", variants[v].name, base1,
+                   lora1[v], lora1[v] / base1, 100 * (base1 / lora1[v] - 1));
         printf("| batch %d, %d adapters (sequence i: adapter i %% %d), %s | %.1f | %.1f | %.3f |\n", BATCH, N_ADAPTERS,
                N_ADAPTERS, variants[v].name, base32, lora32[v], lora32[v] / base32);
     }
     printf("(without adapters again, after them: batch 1 %.1f t/s, batch %d %.1f t/s)\n", again1, BATCH, again32);
-    int diff1, diff32;
-    EK(exl_model_set_lora(m, &one, 1));
-    const double e1 = paths_differ(m, cache, pages, 1, ctx, NULL, &diff1);
-    EK(exl_model_set_lora(m, NULL, 0));
-    const double e32 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, &diff32);
-    printf(
-        "logits of one step, default paths with EXL_CUDA_LORA_SGMV=5 against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (largest difference "
-        "over the largest logit; argmax differing): batch 1 %.2e (%d), batch %d %.2e (%d of %d)\n",
-        e1, diff1, BATCH, e32, diff32, BATCH);
+    int diff1, diff32, diff2, diff3;
+    if (!only32) {
+        EK(exl_model_set_lora(m, &one, 1));
+        const double e1 = paths_differ(m, cache, pages, 1, ctx, NULL, "EXL_CUDA_LORA_SGMV", "5", &diff1);
+        EK(exl_model_set_lora(m, NULL, 0));
+        const double e32 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_SGMV", "5", &diff32);
+        printf("logits of one step, default paths with EXL_CUDA_LORA_SGMV=5 against EXL_CUDA_LORA_GEMV=0 "
+               "EXL_CUDA_LORA_SGMV=0 (largest difference over the largest logit; argmax differing): batch 1 %.2e "
+               "(%d), batch %d %.2e (%d of %d)\n",
+               e1, diff1, BATCH, e32, diff32, BATCH);
+    }
+    const double e2 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_BATCH", "2", &diff2);
+    const double e3 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_BATCH", "3", &diff3);
+    printf("logits of one step at batch %d, the batch path against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (as "
+           "above): EXL_CUDA_LORA_BATCH=2 %.2e (%d of %d), =3 %.2e (%d of %d)\n",
+           BATCH, e2, diff2, BATCH, e3, diff3, BATCH);
     return 0;
 }

@@ -3238,27 +3238,33 @@ static void restore_env(const env_saved *saved, int n) {
     }
 }
 
-/* one backend's lora op over rows (at most 16) with the uses below, for two projections of x (widths outf and outf2,
+/* one backend's lora op over rows (at most 32) with the uses below, for two projections of x (widths outf and outf2,
  * the second with the same adapters' factors read as narrower); the outputs start as out0; mode 1: x normed on the
  * way (weights out0's first values), 2: through the GLU (up: out0's) */
 static float *lora_op_on(exl_backend *be, const float *x, const float *out0, const float *const *a,
                          const float *const *bt, const int32_t *ranks, int32_t n_slots, int32_t rows, int32_t in,
-                         int32_t outf, int32_t outf2, int mode) {
+                         int32_t outf, int32_t outf2, int mode, int spread) {
     /* every 5 rows: slot 0; none; slot 1 at 0.5 and slot 0 at -1; none; slot 1 at 2 */
     static const int32_t n_of[5] = {1, 0, 2, 0, 1}, slot_of[5][2] = {{0}, {0}, {1, 0}, {0}, {1}};
     static const float scale_of[5][2] = {{1.0f}, {0}, {0.5f, -1.0f}, {0}, {2.0f}};
-    int32_t row_uses[17], use_row[32], use_slot[32], n_uses = 0;
-    float use_scale[32];
+    int32_t row_uses[33], use_row[64], use_slot[64], n_uses = 0;
+    float use_scale[64];
     int32_t max_rank = 0;
     for (int32_t i = 0; i < n_slots; i++)
         max_rank = ranks[i] > max_rank ? ranks[i] : max_rank;
     for (int32_t r = 0; r < rows; r++) {
         row_uses[r] = n_uses;
+        if (spread) { /* row r: slot r % n_slots at 1; every 7th also slot r + 1 at -0.5 (chunks of 2 adapters) */
+            use_row[n_uses] = r, use_slot[n_uses] = r % n_slots, use_scale[n_uses++] = 1.0f;
+            if (r % 7 == 3)
+                use_row[n_uses] = r, use_slot[n_uses] = (r + 1) % n_slots, use_scale[n_uses++] = -0.5f;
+            continue;
+        }
         for (int32_t k = 0; k < n_of[r % 5]; k++, n_uses++)
             use_row[n_uses] = r, use_slot[n_uses] = slot_of[r % 5][k], use_scale[n_uses] = scale_of[r % 5][k];
     }
     row_uses[rows] = n_uses;
-    int32_t by_adapter[2 + 2 * 32], n_seg = 0, k = 0, *seg = by_adapter + 1, *order = seg + n_uses + 1;
+    int32_t by_adapter[2 + 2 * 64], n_seg = 0, k = 0, *seg = by_adapter + 1, *order = seg + n_uses + 1;
     for (int32_t slot = 0; slot < n_slots; slot++) { /* graph.h's by_adapter, slot by slot */
         seg[n_seg] = k;
         for (int32_t u = 0; u < n_uses; u++)
@@ -3269,8 +3275,9 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
     for (int32_t i = n_seg; i <= n_uses; i++)
         seg[i] = n_uses;
     by_adapter[0] = n_seg;
-    exl_lora_factors f[3], f2[3];
-    void *mem[6];
+    exl_lora_factors f[4], f2[4];
+    memset(f, 0, sizeof f), memset(f2, 0, sizeof f2);
+    void *mem[8];
     for (int32_t i = 0; i < n_slots; i++) {
         mem[2 * i] = put(be, a[i], (size_t)ranks[i] * in * sizeof(float) + 4);
         mem[2 * i + 1] = put(be, bt[i], (size_t)ranks[i] * outf * sizeof(float) + 4);
@@ -3330,31 +3337,36 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
 
 /* the op on the GPU against the CPU: through the fused path with 4 uses (4 ranks a block), its input read in float4
  * loads (in 96), one value at a time (97) and a quarter a warp (8200), then with 9 uses (all ranks a block: 8, or 24
- * with 3 a warp; spans of 3 tiles, 3 spans in 7000 columns); through the two launches of EXL_CUDA_DETERMINISTIC; and
- * by adapter (SGMV; the default from 5 uses) in one launch and in two (EXL_CUDA_LORA_SGMV_LAUNCHES=2) */
+ * with 3 a warp; spans of 3 tiles, 3 spans in 7000 columns); through the two launches of EXL_CUDA_DETERMINISTIC; by
+ * adapter (SGMV; the default from 5 uses) in one launch and in two (EXL_CUDA_LORA_SGMV_LAUNCHES=2); and through the
+ * batch path (EXL_CUDA_LORA_BATCH=2, and 3: plain adds for rows of one use). The last three shapes spread 32 or 20 rows over 4 adapters (a few rows with 2
+ * uses, so that chunks of 8 uses mix adapters): 7B's (rank 16, in 4096 and 11008), and ranks 72, 24, 8, 0 (more
+ * pairs than a shrink warp loads at once, more ranks than an expand thread loads before it waits, an adapter that
+ * leaves the projections alone) over 300 inputs (a partial slice). */
 static void lora_op_case(void) {
     /* the variables the paths set, as the run gave them (the later cases run with those) */
-    static const char *const vars[3] = {"EXL_CUDA_LORA_FUSED_USES", "EXL_CUDA_LORA_SGMV",
-                                        "EXL_CUDA_LORA_SGMV_LAUNCHES"};
-    env_saved saved[3];
-    for (int i = 0; i < 3; i++)
+    static const char *const vars[4] = {"EXL_CUDA_LORA_FUSED_USES", "EXL_CUDA_LORA_SGMV", "EXL_CUDA_LORA_SGMV_LAUNCHES",
+                                        "EXL_CUDA_LORA_BATCH"};
+    env_saved saved[4];
+    for (int i = 0; i < 4; i++)
         saved[i] = save_env(vars[i]);
     setenv("EXL_CUDA_DETERMINISTIC", "1", 1);
     exl_backend *split;
     require(exl_backend_init(EXL_DEVICE_CUDA, 0, &split) == EXL_OK, "cuda backend");
     unsetenv("EXL_CUDA_DETERMINISTIC");
     const int32_t outf2 = 40;
-    /* rows, in, outf, the 3 slots' ranks */
-    static const int32_t shapes[5][6] = {{5, 96, 130, 4, 8, 0},
-                                         {5, 97, 130, 4, 8, 0},
-                                         {5, 8200, 130, 4, 8, 0},
-                                         {12, 96, 7000, 4, 8, 0},
-                                         {12, 96, 7000, 12, 20, 0}};
-    for (int k = 0; k < 5; k++) {
-        const int32_t rows = shapes[k][0], in = shapes[k][1], outf = shapes[k][2], *ranks = shapes[k] + 3;
+    /* rows, in, outf, slots, their ranks, spread (lora_op_on) */
+    static const int32_t shapes[8][9] = {
+        {5, 96, 130, 3, 4, 8, 0, 0, 0},          {5, 97, 130, 3, 4, 8, 0, 0, 0},
+        {5, 8200, 130, 3, 4, 8, 0, 0, 0},        {12, 96, 7000, 3, 4, 8, 0, 0, 0},
+        {12, 96, 7000, 3, 12, 20, 0, 0, 0},      {32, 4096, 4096, 4, 16, 16, 16, 16, 1},
+        {32, 11008, 4096, 4, 16, 16, 16, 16, 1}, {20, 300, 500, 4, 72, 24, 8, 0, 1}};
+    for (int k = 0; k < 8; k++) {
+        const int32_t rows = shapes[k][0], in = shapes[k][1], outf = shapes[k][2], n_slots = shapes[k][3];
+        const int32_t *ranks = shapes[k] + 4;
         float *x = rnd((int64_t)rows * in, -1, 1), *out0 = rnd((int64_t)rows * (in > outf ? in : outf) + 8, -1, 1);
-        float *a[3], *bt[3];
-        for (int i = 0; i < 3; i++) {
+        float *a[4], *bt[4];
+        for (int i = 0; i < n_slots; i++) {
             a[i] = rnd((int64_t)(ranks[i] + 1) * in, -0.2f, 0.2f);
             bt[i] = rnd((int64_t)(ranks[i] + 1) * outf, -0.2f, 0.2f);
         }
@@ -3362,14 +3374,18 @@ static void lora_op_case(void) {
         static const char *const modes[3] = {"2 adapters, 0-2 uses a row, 2 outputs", "the input normed on the way",
                                              "the input through a GLU"};
         for (int mode = 0; mode < 3; mode++) {
-            float *c = lora_op_on(cpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
-            static const char *const paths[4] = {"fused", "two launches", "by adapter", "by adapter, 2 launches"};
-            for (int path = 0; path < 4; path++) {
+            const int spread = shapes[k][8];
+            float *c = lora_op_on(cpu, x, out0, ca, cb, ranks, n_slots, rows, in, outf, outf2, mode, spread);
+            static const char *const paths[6] = {"fused", "two launches",     "by adapter", "by adapter, 2 launches",
+                                                 "batch", "batch, plain adds"};
+            for (int path = 0; path < 6; path++) {
                 setenv("EXL_CUDA_LORA_FUSED_USES", path >= 2 ? "0" : "64", 1);
-                setenv("EXL_CUDA_LORA_SGMV", path >= 2 ? "1" : "0", 1);
+                setenv("EXL_CUDA_LORA_SGMV", path == 2 || path == 3 ? "1" : "0", 1);
                 setenv("EXL_CUDA_LORA_SGMV_LAUNCHES", path == 3 ? "2" : "1", 1);
-                float *g = lora_op_on(path == 1 ? split : gpu, x, out0, ca, cb, ranks, 3, rows, in, outf, outf2, mode);
-                restore_env(saved, 3);
+                setenv("EXL_CUDA_LORA_BATCH", path == 4 ? "2" : path == 5 ? "3" : "0", 1);
+                float *g = lora_op_on(path == 1 ? split : gpu, x, out0, ca, cb, ranks, n_slots, rows, in, outf, outf2,
+                                      mode, spread);
+                restore_env(saved, 4);
                 char name[160];
                 snprintf(name, sizeof name, "lora op (%s, %d rows, in %d, out %d, ranks %d %d): %s", paths[path],
                          (int)rows, (int)in, (int)outf, (int)ranks[0], (int)ranks[1], modes[mode]);
@@ -3379,11 +3395,11 @@ static void lora_op_case(void) {
             free(c);
         }
         free(x), free(out0);
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < n_slots; i++)
             free(a[i]), free(bt[i]);
     }
     split->ops->destroy(split);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         free(saved[i].value);
 }
 

@@ -1,7 +1,7 @@
 /* cuda_lora.cu - the lora op (graph.h): gathered low-rank updates, Punica / S-LoRA style, for 1-3 projections of one
  * input, x' being the input normed or through the GLU on the way where the node says so (the matmuls beside then keep
  * their fusions with the norm and the GLU). One-row decode steps do not come here at all where the plan folds the
- * node into the GEMV of its projections (cuda_lora_fold.cuh; EXL_CUDA_LORA_GEMV=0: not). Three paths, whatever the
+ * node into the GEMV of its projections (cuda_lora_fold.cuh; EXL_CUDA_LORA_GEMV=0: not). Four paths, whatever the
  * mix of adapters in the step:
  *
  * fused (decode steps: at most EXL_CUDA_LORA_FUSED_USES uses, default 4, ranks up to 256, and not
@@ -25,6 +25,8 @@
  *   launch, whose expand blocks wait until every shrink block has counted itself, where they are fewer than the SMs
  *   hold at once (cuda_lora_fold.cuh's argument); else, or with EXL_CUDA_LORA_SGMV_LAUNCHES=2, two. The last expand
  *   block clears t and the counts for the next launch.
+ * batch (EXL_CUDA_LORA_BATCH=2 or 3, past the fused path, not EXL_CUDA_DETERMINISTIC: cuda_lora_batch.cu), two launches of
+ *   wide grids of short blocks: shrink split over slices of the input and chunks of 8 uses, expand over column tiles.
  * split (more uses, or a fixed summation order), two launches:
  *   shrink  one block per (use, projection and rank index): t[u, o, j] = scale_u * x'[row_u] · A_o,slot(u)[j], a
  *           block-wide dot product over the input features (ranks past the adapter's own give 0);
@@ -32,6 +34,7 @@
  *           j < rank of t[u, o, j] * Bt_o[j, c], reading Bt's rows along the columns (coalesced), every use of a row
  *           in one thread (no atomics: the result does not depend on the order blocks run in). */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_lora_batch.cuh"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -512,18 +515,10 @@ static void run_sgmv(exl_cuda_backend *cb, const exl_lora_node *n) {
     int32_t tiles = 0;
     for (int32_t o = 0; o < n->n_out; o++)
         tiles += (n->out_features[o] + SGMV_THREADS - 1) / SGMV_THREADS;
-    const int64_t t_floats = (int64_t)n->n_uses * n->n_out * n->max_rank;
-    const size_t bytes = 256 + (size_t)(t_floats + n->n_uses) * sizeof(float);
-    if (bytes > cb->lora_sgmv_bytes) {
-        if (!exl_cuda_ensure(cb, &cb->lora_sgmv, &cb->lora_sgmv_bytes, bytes, "LoRA SGMV sums"))
-            return;
-        if (cudaMemsetAsync(cb->lora_sgmv, 0, bytes, cb->stream) != cudaSuccess) { /* counters and sums start at 0 */
-            exl_cuda_check_launch(cb, "LoRA SGMV counters");
-            return;
-        }
-    }
-    unsigned *sync = (unsigned *)cb->lora_sgmv;
-    float *t = (float *)((char *)cb->lora_sgmv + 256), *ss = t + t_floats;
+    float *t, *ss;
+    unsigned *sync;
+    if (!exl_cuda_lora_scratch(cb, n, &t, &ss, &sync))
+        return;
     const char *e = getenv("EXL_CUDA_LORA_SGMV_LAUNCHES");
     /* one launch where the expand blocks (they wait) are fewer than the SMs hold at once: as many segment slots for
      * them as that allows (at least one; 7B gate/up at 4 blocks an SM: 6) */
@@ -575,6 +570,9 @@ void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n) {
         run_fused(cb, n);
         return;
     }
+    const int batch = exl_cuda_lora_batch_on();
+    if (batch && !cb->deterministic && exl_cuda_lora_batch(cb, n, batch == 3))
+        return;
     if (n->by_adapter && n->n_uses >= sgmv_min_uses() && n->n_uses <= SGMV_MAX_USES && n->max_rank <= FUSED_MAX_RANK &&
         !cb->deterministic) {
         run_sgmv(cb, n);
