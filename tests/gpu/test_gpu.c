@@ -1751,6 +1751,46 @@ static void test_all_reduce(void) {
 static int generate_batch(const char *dir, const char *tok_dir, int n_jobs, int32_t tp, const float *split,
                           int32_t *out);
 
+/* One fixture's logits loaded as p says (over several GPUs) against its references, named "logits <label> model":
+ * 1 if it loaded, 0 if skipped (too few GPUs, no NCCL) or failed to load */
+static int multi_gpu_logits(const char *shared, const char *model, exl_model_params *p, const char *label) {
+    char dir[1024], ref[1024], name[160];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
+    snprintf(ref, sizeof ref, "%s/reference/%s.logits.safetensors", shared, model);
+    exl_model *m;
+    exl_status st = exl_model_load(dir, p, &m);
+    if (st == EXL_ERR_UNSUPPORTED || st == EXL_ERR_DEVICE) {
+        printf("SKIP logits %s %s: %s\n", label, model, exl_last_error());
+        return 0;
+    }
+    if (st != EXL_OK) {
+        printf("FAIL logits %s %s: %s\n", label, model, exl_last_error());
+        n_fail++;
+        return 0;
+    }
+    exl_model_free(m);
+    int mism = 0, npos = 0;
+    double e = ref_compare_model(dir, ref, "logits", p, &mism, &npos);
+    snprintf(name, sizeof name, "logits %s %s (%d pos)", label, model, npos);
+    report(name, e, 5e-3);
+    snprintf(name, sizeof name, "argmax mismatches %s %s", label, model);
+    report(name, npos > 0 ? mism : -1, 0);
+    return 1;
+}
+
+/* 8 greedy jobs of a fixture over tp GPUs or a layer split (split: NULL for none) give one GPU's tokens */
+static void multi_gpu_greedy(const char *shared, const char *model, int32_t tp, const float *split, const char *label) {
+    char dir[1024], tok_dir[1024], name[160];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
+    snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
+    int32_t a[8 * 16] = {0}, b[8 * 16] = {0};
+    const int na = generate_batch(dir, tok_dir, 8, 1, NULL, a), nb = generate_batch(dir, tok_dir, 8, tp, split, b);
+    snprintf(name, sizeof name, "8 greedy jobs %s == one GPU: %s", label, model);
+    if (na < 8 * 14 || nb != na)
+        printf("     (%d and %d tokens of %d: %s)\n", na, nb, 8 * 16, exl_last_error());
+    report(name, na >= 8 * 14 && nb == na ? (double)memcmp(a, b, sizeof a) != 0 : 1.0, 0);
+}
+
 static void test_models_tp(const char *shared, const char *p2p, const char *how) {
     if (p2p)
         setenv("EXL_TP_P2P", p2p, 1);
@@ -1770,45 +1810,17 @@ static void test_models_tp(const char *shared, const char *p2p, const char *how)
     const char *env = getenv("EXL_TEST_TP");
     int32_t tp = env && atoi(env) > 1 ? atoi(env) : 2;
     int loaded = 0; /* models loaded over tp GPUs (none: too few GPUs, or no NCCL) */
+    char label[64];
+    snprintf(label, sizeof label, "--tp %d (%s)", tp, how);
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
-        char dir[1024], ref[1024], name[128];
-        snprintf(dir, sizeof dir, "%s/models/%s", shared, models[i]);
-        snprintf(ref, sizeof ref, "%s/reference/%s.logits.safetensors", shared, models[i]);
         exl_model_params p = exl_model_default_params();
         p.device = EXL_DEVICE_CUDA;
         p.tp = tp;
-        exl_model *m;
-        exl_status st = exl_model_load(dir, &p, &m);
-        if (st == EXL_ERR_UNSUPPORTED || st == EXL_ERR_DEVICE) {
-            printf("SKIP logits --tp %d (%s) %s: %s\n", tp, how, models[i], exl_last_error());
-            continue;
-        }
-        if (st != EXL_OK) {
-            printf("FAIL logits --tp %d (%s) %s: %s\n", tp, how, models[i], exl_last_error());
-            n_fail++;
-            continue;
-        }
-        exl_model_free(m);
-        loaded++;
-        int mism = 0, npos = 0;
-        double e = ref_compare_model(dir, ref, "logits", &p, &mism, &npos);
-        snprintf(name, sizeof name, "logits --tp %d (%s) %s (%d pos)", tp, how, models[i], npos);
-        report(name, e, 5e-3);
-        snprintf(name, sizeof name, "argmax mismatches --tp %d (%s) %s", tp, how, models[i]);
-        report(name, npos > 0 ? mism : -1, 0);
+        loaded += multi_gpu_logits(shared, models[i], &p, label);
     }
     const char *greedy[] = {"rand-llama", "rand-llama-exl2-3.0bpw-h6"};
-    for (size_t i = 0; loaded && i < sizeof greedy / sizeof greedy[0]; i++) {
-        char dir[1024], tok_dir[1024], name[128];
-        snprintf(dir, sizeof dir, "%s/models/%s", shared, greedy[i]);
-        snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
-        int32_t a[8 * 16] = {0}, b[8 * 16] = {0};
-        const int na = generate_batch(dir, tok_dir, 8, 1, NULL, a), nb = generate_batch(dir, tok_dir, 8, tp, NULL, b);
-        snprintf(name, sizeof name, "8 greedy jobs --tp %d (%s) == one GPU: %s", tp, how, greedy[i]);
-        if (na < 8 * 14 || nb != na)
-            printf("     (%d and %d tokens of %d: %s)\n", na, nb, 8 * 16, exl_last_error());
-        report(name, na >= 8 * 14 && nb == na ? (double)memcmp(a, b, sizeof a) != 0 : 1.0, 0);
-    }
+    for (size_t i = 0; loaded && i < sizeof greedy / sizeof greedy[0]; i++)
+        multi_gpu_greedy(shared, greedy[i], tp, NULL, label);
     if (p2p)
         unsetenv("EXL_TP_P2P");
 }
@@ -1826,45 +1838,15 @@ static void test_models_split(const char *shared) {
                  {"rand-qwen3moe", {0.0003f, 1}}}; /* every layer on the second device */
     int loaded = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char dir[1024], ref[1024], name[128];
-        snprintf(dir, sizeof dir, "%s/models/%s", shared, cases[i].model);
-        snprintf(ref, sizeof ref, "%s/reference/%s.logits.safetensors", shared, cases[i].model);
+        char label[64];
+        snprintf(label, sizeof label, "--gpu-split %g,%g", cases[i].split[0], cases[i].split[1]);
         exl_model_params p = exl_model_default_params();
         p.device = EXL_DEVICE_CUDA;
         p.gpu_split[0] = cases[i].split[0], p.gpu_split[1] = cases[i].split[1];
-        exl_model *m;
-        exl_status st = exl_model_load(dir, &p, &m);
-        if (st == EXL_ERR_UNSUPPORTED || st == EXL_ERR_DEVICE) {
-            printf("SKIP logits --gpu-split %s: %s\n", cases[i].model, exl_last_error());
-            continue;
-        }
-        if (st != EXL_OK) {
-            printf("FAIL logits --gpu-split %s: %s\n", cases[i].model, exl_last_error());
-            n_fail++;
-            continue;
-        }
-        exl_model_free(m);
-        loaded++;
-        int mism = 0, npos = 0;
-        double e = ref_compare_model(dir, ref, "logits", &p, &mism, &npos);
-        snprintf(name, sizeof name, "logits --gpu-split %g,%g %s (%d pos)", cases[i].split[0], cases[i].split[1],
-                 cases[i].model, npos);
-        report(name, e, 5e-3);
-        snprintf(name, sizeof name, "argmax mismatches --gpu-split %s", cases[i].model);
-        report(name, npos > 0 ? mism : -1, 0);
+        loaded += multi_gpu_logits(shared, cases[i].model, &p, label);
     }
-    for (size_t i = 0; loaded && i < 2; i++) {
-        char dir[1024], tok_dir[1024], name[128];
-        snprintf(dir, sizeof dir, "%s/models/%s", shared, cases[i].model);
-        snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
-        int32_t a[8 * 16] = {0}, b[8 * 16] = {0};
-        const int na = generate_batch(dir, tok_dir, 8, 1, NULL, a),
-                  nb = generate_batch(dir, tok_dir, 8, 1, cases[i].split, b);
-        snprintf(name, sizeof name, "8 greedy jobs --gpu-split == one GPU: %s", cases[i].model);
-        if (na < 8 * 14 || nb != na)
-            printf("     (%d and %d tokens of %d: %s)\n", na, nb, 8 * 16, exl_last_error());
-        report(name, na >= 8 * 14 && nb == na ? (double)memcmp(a, b, sizeof a) != 0 : 1.0, 0);
-    }
+    for (size_t i = 0; loaded && i < 2; i++)
+        multi_gpu_greedy(shared, cases[i].model, 1, cases[i].split, "--gpu-split");
 }
 
 /* ---- logits through a quantized KV cache: the GPU's against the CPU's, each through sessions of the same cache
