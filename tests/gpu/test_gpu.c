@@ -2294,8 +2294,9 @@ static float *qmma_step(exl_linear *lg, int64_t K, int64_t N, int32_t rows, cons
 }
 
 /* One 7B-shaped matrix (g; bias: a random fp32 bias; glu: a GLU input accumulating into the residual) at 5-64 decode
- * rows: the one-launch path bit for bit equal to the three launches (EXL_CUDA_QMMA_FUSED=0), both with wide (the
- * head) kept on cuda_qmma.cu; with wide, at 5-16 rows GEMV-A within fp16 rounding of cuda_qmma.cu. */
+ * rows: the one-launch path, and the split sums alone fused (EXL_CUDA_QMMA_GATHER_ROWS=0), bit for bit equal to the
+ * three launches (EXL_CUDA_QMMA_FUSED=0), all with wide (the head) kept on cuda_qmma.cu; with wide, at 5-16 rows
+ * GEMV-A within fp16 rounding of cuda_qmma.cu. */
 static void qmma_fused_case(const char *name, qgen *g, int bias, int glu, int wide) {
     const int64_t K = g->src.in_features, N = g->src.out_features;
     float *b = bias ? rnd(N, -1, 1) : NULL;
@@ -2303,36 +2304,37 @@ static void qmma_fused_case(const char *name, qgen *g, int bias, int glu, int wi
     exl_linear *lg;
     require(gpu->ops->linear_init(gpu, &g->src, &lg) == EXL_OK, "linear gpu");
     const int32_t rl[5] = {5, 8, 16, 32, 64};
+    const char *keep = wide ? "EXL_CUDA_QMMA_WIDE_A=0 " : "";
     for (int ri = 0; ri < 5; ri++) {
         const int32_t rows = rl[ri];
-        float *x = rnd(rows * K, -1, 1), *up = glu ? rnd(rows * K, -1, 1) : NULL, *base = rnd(rows * N, -1, 1);
-        void *k1[3], *k2[3], *k3[3];
-        const char *keep_head = wide ? "EXL_CUDA_QMMA_WIDE_A=0 " : "";
-        char off[96], on[96];
-        snprintf(off, sizeof off, "%sEXL_CUDA_QMMA_FUSED=0", keep_head);
-        snprintf(on, sizeof on, "%s", wide ? "EXL_CUDA_QMMA_WIDE_A=0" : "");
-        float *three = qmma_step(lg, K, N, rows, x, up, base, off, k1);
-        float *one = qmma_step(lg, K, N, rows, x, up, base, on[0] ? on : NULL, k2);
         const int64_t n = rows * N;
-        char full[160];
-        snprintf(full, sizeof full, "qmma one launch == three %s rows=%d", name, rows);
-        report(full, memcmp(one, three, (size_t)n * 4) ? fmax(ref_rel_err(one, three, n), 1e-30) : 0, 0);
+        float *x = rnd(rows * K, -1, 1), *up = glu ? rnd(rows * K, -1, 1) : NULL, *base = rnd(rows * N, -1, 1);
+        char env[3][96], full[160];
+        snprintf(env[0], sizeof env[0], "%sEXL_CUDA_QMMA_FUSED=0", keep);
+        snprintf(env[1], sizeof env[1], "%s", keep);
+        snprintf(env[2], sizeof env[2], "%sEXL_CUDA_QMMA_GATHER_ROWS=0", keep);
+        const char *what[3] = {"", "qmma one launch == three", "qmma split sums fused == three"};
+        void *bufs[4][3] = {{0}};
+        float *got[4] = {0};
+        for (int v = 0; v < 3; v++) {
+            got[v] = qmma_step(lg, K, N, rows, x, up, base, env[v][0] ? env[v] : NULL, bufs[v]);
+            if (v == 0)
+                continue;
+            snprintf(full, sizeof full, "%s %s rows=%d", what[v], name, rows);
+            report(full, memcmp(got[v], got[0], (size_t)n * 4) ? fmax(ref_rel_err(got[v], got[0], n), 1e-30) : 0, 0);
+        }
         if (wide && rows <= 16) {
-            float *a = qmma_step(lg, K, N, rows, x, up, base, NULL, k3);
+            got[3] = qmma_step(lg, K, N, rows, x, up, base, NULL, bufs[3]);
             snprintf(full, sizeof full, "wide matrix on GEMV-A ~ cuda_qmma.cu %s rows=%d", name, rows);
-            report(full, ref_rel_err(a, one, n), 5e-3);
-            free(a);
+            report(full, ref_rel_err(got[3], got[1], n), 5e-3);
+        }
+        for (int v = 0; v < 4; v++) {
             for (int i = 0; i < 3; i++)
-                if (k3[i])
-                    gpu->ops->free(gpu, k3[i]);
+                if (bufs[v][i])
+                    gpu->ops->free(gpu, bufs[v][i]);
+            free(got[v]);
         }
-        for (int i = 0; i < 3; i++) {
-            if (k1[i])
-                gpu->ops->free(gpu, k1[i]);
-            if (k2[i])
-                gpu->ops->free(gpu, k2[i]);
-        }
-        free(three), free(one), free(x), free(up), free(base);
+        free(x), free(up), free(base);
     }
     gpu->ops->linear_free(gpu, lg);
     g->src.bias = NULL;

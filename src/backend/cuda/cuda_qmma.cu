@@ -430,11 +430,18 @@ __global__ void qmma_gather_kernel(__half *dst, const float *x, const float *up,
         dst[total + i] = __float2half_rn(v - __half2float(hi));
 }
 
-/* EXL_CUDA_QMMA_FUSED=0: decode-sized steps launch the gather and reduce kernels too (read at each call, so an A/B
- * needs no new backend) */
+/* EXL_CUDA_QMMA_FUSED=0: decode-sized steps launch the gather and reduce kernels too; EXL_CUDA_QMMA_GATHER_ROWS=N
+ * (default QMMA_FUSED_MAX_ROWS): the blocks gather only up to N rows themselves (each block of a column tile reads
+ * its rows' inputs again: col_tiles times the gather kernel's reads, scattered by the slot order), the reduce still
+ * fused. Read at each call, so an A/B needs no new backend. */
 static int qmma_fused_on(void) {
     const char *e = getenv("EXL_CUDA_QMMA_FUSED");
     return !(e && !strcmp(e, "0"));
+}
+
+static int qmma_gather_rows(void) {
+    const char *e = getenv("EXL_CUDA_QMMA_GATHER_ROWS");
+    return e && *e ? atoi(e) : QMMA_FUSED_MAX_ROWS;
 }
 
 /* n arrival counters (zero at rest) in cb->gemv_counters, shared with the GEMVs (one launch at a time uses them), or
@@ -463,10 +470,11 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
                                                       {qmma_blocks_per_sm<4, 1>, qmma_blocks_per_sm<4, 2>}};
     const exl_qmatrix *q = &w->q;
     const int fused = rows <= QMMA_FUSED_MAX_ROWS && parts == 1 && qmma_fused_on();
+    const int gather_here = fused && rows <= qmma_gather_rows();
     const int mt = rows <= 16 ? 1 : rows <= 32 ? 2 : MAX_MT, mi = mt == 1 ? 0 : mt == 2 ? 1 : 2;
     qmma_args a;
     memset(&a, 0, sizeof a);
-    if (fused) {
+    if (gather_here) {
         a.x = x, a.up = up, a.act = act, a.in = w->in;
     } else {
         int64_t total = (int64_t)(rows + 15) / 16 * q->n_chunks * FRAG_HALVES; /* halves per part */
