@@ -17,7 +17,8 @@
 # tests/gpu/prepare.sh, shared/ or staged fixtures); without DIR/bin it builds build-gpu here. TESTS=0, KERNELS=0,
 # STEPS=0 skip the three parts (about 3, 1 and 3 minutes on an H100), e.g. to keep a device call under 10 minutes;
 # the tests run test_gpu's rows group (EXL_TEST_ONLY, default rows; qmma: only the one-launch checks, seconds);
-# STEP_ARGS: more gpu_bench arguments for the steps (e.g. --layers 8 for a shorter A/B).
+# DET=0 skips the tests' second run (EXL_CUDA_DETERMINISTIC=1); STEP_ARGS: more gpu_bench arguments for the steps
+# (e.g. --layers 8 for a shorter A/B); GPU_BENCH_REPS=N (gpu_bench's) shortens the per-matrix times (no prompt rows).
 set -uo pipefail
 dir=${1:-.gpu}
 out=${OUT:-$dir/out}
@@ -40,6 +41,8 @@ if [ "${TESTS:-1}" != 0 ]; then
     echo "==== test_gpu (rc $?): decode of 2-16 rows against one row"
     grep -E "decode 2-16 rows|qmma one launch|qmma split sums|wide matrix|^FAIL" "$out/rows_test_gpu.log"
     tail -1 "$out/rows_test_gpu.log"
+fi
+if [ "${TESTS:-1}" != 0 ] && [ "${DET:-1}" != 0 ]; then
     EXL_TEST_ONLY=${EXL_TEST_ONLY:-rows} EXL_CUDA_DETERMINISTIC=1 timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/rows_test_gpu_det.log" 2>&1
     echo "==== test_gpu with EXL_CUDA_DETERMINISTIC=1 (rc $?): the split sums added by the last block"
     grep -E "decode 2-16 rows|qmma one launch|qmma split sums|wide matrix|^FAIL" "$out/rows_test_gpu_det.log"
