@@ -3,8 +3,8 @@
  * backend, against the device's own copy bandwidth and fp16 GEMM rate measured in the
  * same run. The weights are generated in memory (EXL2 / GPTQ in their file layouts) and
  * the model is driven through the real forward pass (exl_model_forward). Per matrix shape (stderr): the time and
- * bandwidth of decode rows 1, 2, 4, 8, 16 (and the ratio to one row) and the time and tensor-core rate of prompt
- * rows; then whole decode steps of 1-16 sequences (t/s, ms a step, the step's cost against one row) and one
+ * bandwidth of decode rows 1, 2, 4, 5, 8, 16, 32, 64 (and the ratio to one row) and the time and tensor-core rate of
+ * prompt rows; then whole decode steps of 1-32 sequences (t/s, ms a step, the step's cost against one row) and one
  * sequence's verification steps of 1-16 rows at context 128 and 2048 (us, ratio to one row at that context).
  *
  * usage: gpu_bench [fp16|exl2|gptq|exl2-8b|moe ...] [--layers N] [--bits B] [--profile] [--prefill-only]
@@ -425,12 +425,12 @@ static exl_model *build_moe(int32_t n_layers, moe_bytes *mb) {
 /* Greedy decode of n_seqs sequences a step, each step's tokens chosen on the device and fed to the next (as
  * decode_ahead_speed), after a prompt of ctx tokens each; generated tokens/s over all sequences. */
 static double decode_ahead_batch(exl_model *m, exl_kv_cache *cache, int32_t n_seqs, int32_t ctx, float *logits) {
-    enum { WARM = 4, STEPS = 64, MAX_SEQS = 64 };
-    int32_t pages[MAX_SEQS], ids[2048], tok[MAX_SEQS];
+    enum { WARM = 4, STEPS = 64, MAX_SEQS = 64, MAX_CTX = 128 };
+    int32_t pages[MAX_SEQS], ids[MAX_SEQS * MAX_CTX], tok[MAX_SEQS];
     exl_seq_step st[MAX_SEQS];
     memset(st, 0, sizeof st); /* the compiler cannot tell n_seqs > 0 */
     int64_t t[WARM + STEPS + 1];
-    for (int i = 0; i < ctx * n_seqs && i < 2048; i++)
+    for (int i = 0; i < ctx * n_seqs && i < MAX_SEQS * MAX_CTX; i++)
         ids[i] = (int32_t)(qg_next(&rng) % 32000);
     for (int32_t s = 0; s < n_seqs; s++) {
         pages[s] = s;
@@ -759,9 +759,9 @@ int main(int argc, char **argv) {
             }
             /* decode rows (batched decode, speculative verification): the weights are read once for all of them */
             fprintf(stderr, "\n  %-22s as decode rows:", "");
-            const int32_t dec[7] = {1, 2, 4, 8, 16, 32, 64};
+            const int32_t dec[8] = {1, 2, 4, 5, 8, 16, 32, 64};
             double one = 0;
-            for (int i = 0; i < 7; i++) {
+            for (int i = 0; i < 8; i++) {
                 double t = matmul_us(m, shapes[s].w, shapes[s].K, shapes[s].N, dec[i], 1);
                 one = i == 0 ? t : one;
                 fprintf(stderr, "  | %d: %.1f us %.0f GB/s %.2fx", dec[i], t, bytes / t / 1e3, t / one);
@@ -771,10 +771,10 @@ int main(int argc, char **argv) {
         /* whole decode steps of 1-16 rows, ctx 128: n sequences a step (the generator's batches; greedy, tokens
          * chosen on the device) and one sequence's K + 1 tokens (speculative decoding's verification step) */
         if (!is_8b(kinds[k])) {
-            const int32_t seqs[5] = {1, 2, 4, 8, 16}, verify[7] = {1, 2, 3, 5, 8, 9, 16};
+            const int32_t seqs[6] = {1, 2, 4, 8, 16, 32}, verify[7] = {1, 2, 3, 5, 8, 9, 16};
             double one = 0;
             fprintf(stderr, "  %s decode steps of n sequences, ctx 128:", kinds[k]);
-            for (int i = 0; i < 5; i++) {
+            for (int i = 0; i < 6; i++) {
                 const double tps = decode_ahead_batch(m, cache, seqs[i], 128, logits);
                 one = i == 0 ? tps : one;
                 fprintf(stderr, "  | %d: %.1f t/s %.3f ms/step %.2fx", seqs[i], tps, 1e3 * seqs[i] / tps,

@@ -2242,6 +2242,112 @@ static void test_decode_batch_rows(const char *shared, const char *model, const 
     report(name, rows == 47 ? mism : -1, 0);
 }
 
+/* ---- decode-sized steps in one launch (cuda_qmma.cu: EXL_CUDA_QMMA_FUSED) and wide matrices on GEMV-A
+ * (EXL_CUDA_QMMA_WIDE_A) */
+
+/* The outputs of one decode step of rows rows through lg ([K] -> [N]): x · W (+ bias), or with up the GLU of x and up
+ * first, added to base; env "NAME=0 ..." (up to two names) set while the step runs. Its buffers stay allocated until
+ * the caller frees the result's twins (*keep), so that no later step matches this one's captured CUDA graph. */
+static float *qmma_step(exl_linear *lg, int64_t K, int64_t N, int32_t rows, const float *x, const float *up,
+                        const float *base, const char *env, void *keep[3]) {
+    char names[2][48] = {"", ""};
+    if (env)
+        sscanf(env, "%47[^=]=0 %47[^=]=0", names[0], names[1]);
+    for (int i = 0; i < 2; i++)
+        if (names[i][0])
+            setenv(names[i], "0", 1);
+    float *dx = put(gpu, x, (size_t)rows * K * 4), *dup = up ? put(gpu, up, (size_t)rows * K * 4) : NULL;
+    float *og = put(gpu, base, (size_t)rows * N * 4);
+    exl_batch b = decode_batch(rows);
+    exl_graph gr = {0};
+    exl_graph_reset(&gr, &b);
+    if (up)
+        add_node(&gr, (exl_node){.op = EXL_OP_GLU, .glu = {dx, dup, rows, (int32_t)K, 0}});
+    add_node(&gr, (exl_node){.op = EXL_OP_MATMUL, .matmul = {og, dx, lg, rows, (int32_t)K, (int32_t)N, up ? 1 : 0}});
+    require(exl_graph_output(&gr, og, rows * N) == EXL_OK, "graph output");
+    require(gpu->ops->graph_run(gpu, &gr) == EXL_OK, "graph_run");
+    float *got = get(gpu, og, rows * N);
+    exl_graph_free(&gr);
+    for (int i = 0; i < 2; i++)
+        if (names[i][0])
+            unsetenv(names[i]);
+    keep[0] = dx, keep[1] = dup, keep[2] = og;
+    return got;
+}
+
+/* One 7B-shaped matrix (g; bias: a random fp32 bias; glu: a GLU input accumulating into the residual) at 5-64 decode
+ * rows: the one-launch path, and the split sums alone fused (EXL_CUDA_QMMA_GATHER_ROWS=0), bit for bit equal to the
+ * three launches (EXL_CUDA_QMMA_FUSED=0), all with wide (the head) kept on cuda_qmma.cu; with wide, at 5-16 rows
+ * GEMV-A within fp16 rounding of cuda_qmma.cu. */
+static void qmma_fused_case(const char *name, qgen *g, int bias, int glu, int wide) {
+    const int64_t K = g->src.in_features, N = g->src.out_features;
+    float *b = bias ? rnd(N, -1, 1) : NULL;
+    g->src.bias = b, g->src.bias_dtype = EXL_DTYPE_F32;
+    exl_linear *lg;
+    require(gpu->ops->linear_init(gpu, &g->src, &lg) == EXL_OK, "linear gpu");
+    const int32_t rl[5] = {5, 8, 16, 32, 64};
+    const char *keep = wide ? "EXL_CUDA_QMMA_WIDE_A=0 " : "";
+    for (int ri = 0; ri < 5; ri++) {
+        const int32_t rows = rl[ri];
+        const int64_t n = rows * N;
+        float *x = rnd(rows * K, -1, 1), *up = glu ? rnd(rows * K, -1, 1) : NULL, *base = rnd(rows * N, -1, 1);
+        char env[3][96], full[160];
+        snprintf(env[0], sizeof env[0], "%sEXL_CUDA_QMMA_FUSED=0", keep);
+        snprintf(env[1], sizeof env[1], "%s", keep);
+        snprintf(env[2], sizeof env[2], "%sEXL_CUDA_QMMA_GATHER_ROWS=0", keep);
+        const char *what[3] = {"", "qmma one launch == three", "qmma split sums fused == three"};
+        void *bufs[4][3] = {{0}};
+        float *got[4] = {0};
+        for (int v = 0; v < 3; v++) {
+            got[v] = qmma_step(lg, K, N, rows, x, up, base, env[v][0] ? env[v] : NULL, bufs[v]);
+            if (v == 0)
+                continue;
+            snprintf(full, sizeof full, "%s %s rows=%d", what[v], name, rows);
+            report(full, memcmp(got[v], got[0], (size_t)n * 4) ? fmax(ref_rel_err(got[v], got[0], n), 1e-30) : 0, 0);
+        }
+        if (wide && rows <= 16) {
+            got[3] = qmma_step(lg, K, N, rows, x, up, base, NULL, bufs[3]);
+            snprintf(full, sizeof full, "wide matrix on GEMV-A ~ cuda_qmma.cu %s rows=%d", name, rows);
+            report(full, ref_rel_err(got[3], got[1], n), 5e-3);
+        }
+        for (int v = 0; v < 4; v++) {
+            for (int i = 0; i < 3; i++)
+                if (bufs[v][i])
+                    gpu->ops->free(gpu, bufs[v][i]);
+            free(got[v]);
+        }
+        free(x), free(up), free(base);
+    }
+    gpu->ops->linear_free(gpu, lg);
+    g->src.bias = NULL;
+    free(b);
+}
+
+/* 7B shapes: q_proj (EXL2 4/5 bits, its act-order permutation, a bias), gate (GPTQ act-order, a bias), down (EXL2
+ * 4/3 bits, GLU input added to the residual), the head (EXL2 6 bits, 32000 columns) */
+static void test_qmma_fused(void) {
+    qgen g;
+    int bits[86], rows[86]; /* groups of 128 rows, wider bits first */
+    for (int i = 0; i < 86; i++)
+        rows[i] = 128, bits[i] = i < 8 ? 5 : 4;
+    qgen_exl2(&g, 4096, 4096, 32, bits, rows, &rng);
+    qmma_fused_case("exl2 q_proj 4096x4096 + bias", &g, 1, 0, 0);
+    qgen_free(&g);
+    qgen_gptq(&g, 4096, 11008, 4, 128, 1, 1, &rng);
+    qmma_fused_case("gptq act-order gate 4096x11008 + bias", &g, 1, 0, 0);
+    qgen_free(&g);
+    for (int i = 0; i < 86; i++)
+        bits[i] = i < 43 ? 4 : 3;
+    qgen_exl2(&g, 11008, 4096, 86, bits, rows, &rng);
+    qmma_fused_case("exl2 down 11008x4096 glu + residual", &g, 0, 1, 0);
+    qgen_free(&g);
+    for (int i = 0; i < 32; i++)
+        bits[i] = 6;
+    qgen_exl2(&g, 4096, 32000, 32, bits, rows, &rng);
+    qmma_fused_case("exl2 head 4096x32000", &g, 0, 0, 1);
+    qgen_free(&g);
+}
+
 /* ---- host_gemm (the quantizer's fp32 products on host memory) */
 
 typedef struct {
@@ -3959,7 +4065,7 @@ static void test_quantize_exl2_speed(const char *shared) {
 }
 
 /* EXL_TEST_ONLY=GROUP[,GROUP...]: run only those groups of checks (ops, models, tp, split, kv, decode, rows, quantize,
- * sampling, graphs, spec, lora); unset: all */
+ * sampling, graphs, spec, lora; qmma: rows's one-launch checks alone); unset: all */
 static int only(const char *group) {
     const char *list = getenv("EXL_TEST_ONLY");
     if (!list || !*list)
@@ -4044,6 +4150,8 @@ int main(int argc, char **argv) {
         test_decode_vs_cpu(shared, "rand-mixtral");
         test_decode_vs_cpu(shared, "rand-qwen3moe");
     }
+    if (only("rows") || only("qmma")) /* EXL_TEST_ONLY=qmma: these alone */
+        test_qmma_fused();
     if (only("rows")) {
         test_decode_rows(shared, "rand-llama-exl2-5.0bpw-h8");
         test_decode_rows(shared, "rand-llama-gptq-4bit-g64-sym");
