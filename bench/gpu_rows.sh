@@ -6,10 +6,10 @@
 # verification steps) for each of STEP_CFGS, with the per-matrix times again (so KERNELS=0 loses nothing for the
 # configurations STEP_CFGS names). A configuration is "default" or environment settings joined by commas,
 # e.g. EXL_CUDA_GEMV_A=1,EXL_CUDA_GEMV_A_ROWS=5; by default both compare the default (CUDA cores up to 4 rows,
-# cuda_qmma.cu in one launch from 5 rows, the head's 5-16 rows on GEMV-A) with cuda_qmma.cu's three launches
-# (EXL_CUDA_QMMA_FUSED=0: the gather and reduce kernels) and with the head left to cuda_qmma.cu
-# (EXL_CUDA_QMMA_WIDE_A=0), the matrices also with the blocks' own gather only up to 16 rows
-# (EXL_CUDA_QMMA_GATHER_ROWS=16: the gather kernel for 17-64, the split sums still fused). r2-rows4's configurations:
+# cuda_qmma.cu's three launches from 5: gather, matmul, reduce) with cuda_qmma.cu in one launch
+# (EXL_CUDA_QMMA_FUSED=1) and with the head's 5-16 rows on GEMV-A too (EXL_CUDA_QMMA_WIDE_A=1), the matrices also
+# with the blocks' own gather only up to 16 rows (EXL_CUDA_QMMA_GATHER_ROWS=16: the gather kernel for 17-64, the
+# split sums still fused). r2-rows4's configurations:
 # the GEMV with the weights as the mma's A operand (EXL_CUDA_GEMV_A=1; two blocks an SM, or one:
 # EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1; from one row: EXL_CUDA_GEMV_A_ROWS=1), the rows-as-A tensor-core GEMV from
 # 2 rows (EXL_CUDA_GEMV_MMA_ROWS=2), the RMSNorm in every block only up to 2 rows (EXL_CUDA_GEMV_MMA_NORM_ROWS=2).
@@ -48,7 +48,7 @@ if [ "${TESTS:-1}" != 0 ] && [ "${DET:-1}" != 0 ]; then
     grep -E "decode 2-16 rows|qmma one launch|qmma split sums|wide matrix|^FAIL" "$out/rows_test_gpu_det.log"
     tail -1 "$out/rows_test_gpu_det.log"
 fi
-kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_QMMA_FUSED=0 EXL_CUDA_QMMA_GATHER_ROWS=16 EXL_CUDA_QMMA_WIDE_A=0"}
+kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_QMMA_FUSED=1 EXL_CUDA_QMMA_FUSED=1,EXL_CUDA_QMMA_GATHER_ROWS=16 EXL_CUDA_QMMA_WIDE_A=1"}
 [ "${KERNELS:-1}" = 0 ] || for cfg in $kernel_cfgs; do
     [ "$cfg" = default ] && cfg=""
     echo "==== per matrix, ${cfg:-default}"
@@ -58,7 +58,7 @@ kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_QMMA_FUSED=0 EXL_CUDA_QMMA_GATHER_R
     grep -E "^  [a-z_]+ [0-9]+x[0-9]+ |as decode rows" "$out/rows_kernels_$tag.log" |
         sed -E 's/ *\| [0-9]+ rows [^|]*//g'
 done
-step_cfgs=${STEP_CFGS:-"default EXL_CUDA_QMMA_FUSED=0 EXL_CUDA_QMMA_WIDE_A=0"}
+step_cfgs=${STEP_CFGS:-"default EXL_CUDA_QMMA_FUSED=1 EXL_CUDA_QMMA_FUSED=1,EXL_CUDA_QMMA_WIDE_A=1"}
 [ "${STEPS:-1}" = 0 ] || for cfg in $step_cfgs; do
     [ "$cfg" = default ] && cfg=""
     echo "==== whole decode steps, 32 layers, ${cfg:-default}"

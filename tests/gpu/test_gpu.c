@@ -2250,12 +2250,13 @@ static void test_decode_batch_rows(const char *shared, const char *model, const 
  * the caller frees the result's twins (*keep), so that no later step matches this one's captured CUDA graph. */
 static float *qmma_step(exl_linear *lg, int64_t K, int64_t N, int32_t rows, const float *x, const float *up,
                         const float *base, const char *env, void *keep[3]) {
-    char names[2][48] = {"", ""};
+    char names[3][48] = {"", "", ""}, values[3][16] = {"", "", ""}; /* env: up to three NAME=VALUE, spaces between */
     if (env)
-        sscanf(env, "%47[^=]=0 %47[^=]=0", names[0], names[1]);
-    for (int i = 0; i < 2; i++)
+        sscanf(env, " %47[^=]=%15s %47[^=]=%15s %47[^=]=%15s", names[0], values[0], names[1], values[1], names[2],
+               values[2]);
+    for (int i = 0; i < 3; i++)
         if (names[i][0])
-            setenv(names[i], "0", 1);
+            setenv(names[i], values[i], 1);
     float *dx = put(gpu, x, (size_t)rows * K * 4), *dup = up ? put(gpu, up, (size_t)rows * K * 4) : NULL;
     float *og = put(gpu, base, (size_t)rows * N * 4);
     exl_batch b = decode_batch(rows);
@@ -2268,7 +2269,7 @@ static float *qmma_step(exl_linear *lg, int64_t K, int64_t N, int32_t rows, cons
     require(gpu->ops->graph_run(gpu, &gr) == EXL_OK, "graph_run");
     float *got = get(gpu, og, rows * N);
     exl_graph_free(&gr);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         if (names[i][0])
             unsetenv(names[i]);
     keep[0] = dx, keep[1] = dup, keep[2] = og;
@@ -2276,9 +2277,9 @@ static float *qmma_step(exl_linear *lg, int64_t K, int64_t N, int32_t rows, cons
 }
 
 /* One 7B-shaped matrix (g; bias: a random fp32 bias; glu: a GLU input accumulating into the residual) at 5-64 decode
- * rows: the one-launch path, and the split sums alone fused (EXL_CUDA_QMMA_GATHER_ROWS=0), bit for bit equal to the
- * three launches (EXL_CUDA_QMMA_FUSED=0), all with wide (the head) kept on cuda_qmma.cu; with wide, at 5-16 rows
- * GEMV-A within fp16 rounding of cuda_qmma.cu. */
+ * rows: the one-launch path (EXL_CUDA_QMMA_FUSED=1), and the split sums alone fused (EXL_CUDA_QMMA_GATHER_ROWS=0 with
+ * it), bit for bit equal to the three launches (EXL_CUDA_QMMA_FUSED=0), all with wide (the head) kept on
+ * cuda_qmma.cu; with wide, at 5-16 rows GEMV-A (EXL_CUDA_QMMA_WIDE_A=1) within fp16 rounding of cuda_qmma.cu. */
 static void qmma_fused_case(const char *name, qgen *g, int bias, int glu, int wide) {
     const int64_t K = g->src.in_features, N = g->src.out_features;
     float *b = bias ? rnd(N, -1, 1) : NULL;
@@ -2293,8 +2294,8 @@ static void qmma_fused_case(const char *name, qgen *g, int bias, int glu, int wi
         float *x = rnd(rows * K, -1, 1), *up = glu ? rnd(rows * K, -1, 1) : NULL, *base = rnd(rows * N, -1, 1);
         char env[3][96], full[160];
         snprintf(env[0], sizeof env[0], "%sEXL_CUDA_QMMA_FUSED=0", keep);
-        snprintf(env[1], sizeof env[1], "%s", keep);
-        snprintf(env[2], sizeof env[2], "%sEXL_CUDA_QMMA_GATHER_ROWS=0", keep);
+        snprintf(env[1], sizeof env[1], "%sEXL_CUDA_QMMA_FUSED=1", keep);
+        snprintf(env[2], sizeof env[2], "%sEXL_CUDA_QMMA_FUSED=1 EXL_CUDA_QMMA_GATHER_ROWS=0", keep);
         const char *what[3] = {"", "qmma one launch == three", "qmma split sums fused == three"};
         void *bufs[4][3] = {{0}};
         float *got[4] = {0};
@@ -2306,7 +2307,7 @@ static void qmma_fused_case(const char *name, qgen *g, int bias, int glu, int wi
             report(full, memcmp(got[v], got[0], (size_t)n * 4) ? fmax(ref_rel_err(got[v], got[0], n), 1e-30) : 0, 0);
         }
         if (wide && rows <= 16) {
-            got[3] = qmma_step(lg, K, N, rows, x, up, base, NULL, bufs[3]);
+            got[3] = qmma_step(lg, K, N, rows, x, up, base, "EXL_CUDA_QMMA_WIDE_A=1 EXL_CUDA_QMMA_FUSED=1", bufs[3]);
             snprintf(full, sizeof full, "wide matrix on GEMV-A ~ cuda_qmma.cu %s rows=%d", name, rows);
             report(full, ref_rel_err(got[3], got[1], n), 5e-3);
         }

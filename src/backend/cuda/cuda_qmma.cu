@@ -21,7 +21,7 @@
  * summed before their common scale is applied, and a group's scales and zeros are loaded once.
  *
  * Decode-sized steps (up to QMMA_FUSED_MAX_ROWS rows, hi alone) launch one kernel, not three
- * (EXL_CUDA_QMMA_FUSED=0: the three): the block gathers its own rows' activations (the GLU
+ * (with EXL_CUDA_QMMA_FUSED=1, not yet the default: unset, the three): the block gathers its own rows' activations (the GLU
  * applied) into its stages in the gather kernel's fragment order and rounding, and the last
  * split block of a (row tile, column tile) to finish (a counter per tile, reset by that block)
  * adds the splits' partial sums in split order, as the reduce kernel does: the same results,
@@ -430,13 +430,14 @@ __global__ void qmma_gather_kernel(__half *dst, const float *x, const float *up,
         dst[total + i] = __float2half_rn(v - __half2float(hi));
 }
 
-/* EXL_CUDA_QMMA_FUSED=0: decode-sized steps launch the gather and reduce kernels too; EXL_CUDA_QMMA_GATHER_ROWS=N
+/* EXL_CUDA_QMMA_FUSED=1: decode-sized steps in one launch (off by default until it has run on a GPU; 0 or unset: the
+ * gather and reduce kernels too); EXL_CUDA_QMMA_GATHER_ROWS=N
  * (default QMMA_FUSED_MAX_ROWS): the blocks gather only up to N rows themselves (each block of a column tile reads
  * its rows' inputs again: col_tiles times the gather kernel's reads, scattered by the slot order), the reduce still
  * fused. Read at each call, so an A/B needs no new backend. */
 static int qmma_fused_on(void) {
     const char *e = getenv("EXL_CUDA_QMMA_FUSED");
-    return !(e && !strcmp(e, "0"));
+    return e && !strcmp(e, "1");
 }
 
 static int qmma_gather_rows(void) {
