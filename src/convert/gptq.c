@@ -301,6 +301,17 @@ static exl_status make_perm(const exl_hessian *H, int act_order, int32_t *perm) 
     return EXL_OK;
 }
 
+/* The damping's scale, the mean of H's diagonal (1 for an empty one), and its first factor (*damp); each failed
+ * factorization multiplies the factor by 4. */
+static double first_damping(const exl_hessian *H, double *damp) {
+    int64_t K = H->K;
+    double mean = 0;
+    for (int64_t i = 0; i < K; i++)
+        mean += H->H[i * K + i];
+    *damp = EXL_QZ_DAMP + EXL_QZ_DAMP_PER_DIM * (double)K / (double)(H->n > 0 ? H->n : 1);
+    return mean > 0 ? mean / (double)K : 1.0;
+}
+
 /* U of the permuted Hessian plus (EXL_QZ_DAMP + EXL_QZ_DAMP_PER_DIM·K/n) x its mean
  * diagonal, n the rows it was accumulated from; the damping grows 4x (up to 8 times) while
  * the factorization fails. */
@@ -315,11 +326,7 @@ static exl_status factor(const exl_hessian *H, const int32_t *perm, exl_pool *po
     exl_status st = c.A && c.W && c.D
                         ? EXL_OK
                         : exl_fail(EXL_ERR_NOMEM, "out of memory for the inverse Hessian (K = %lld)", (long long)K);
-    double mean = 0;
-    for (int64_t i = 0; i < K; i++)
-        mean += H->H[i * K + i];
-    mean = mean > 0 ? mean / (double)K : 1.0;
-    double damp = EXL_QZ_DAMP + EXL_QZ_DAMP_PER_DIM * (double)K / (double)(H->n > 0 ? H->n : 1);
+    double damp, mean = first_damping(H, &damp);
     int tries = 0;
     for (; st == EXL_OK && tries < 8; tries++, damp *= 4) {
         for (int64_t i = 0; i < Kp; i++) {
@@ -356,11 +363,7 @@ static exl_status factor_on_device(const exl_hessian *H, exl_backend *be, exl_qz
         return exl_fail(EXL_ERR_NOMEM, "out of %s memory for a %lld x %lld factor", be->name, (long long)K,
                         (long long)K);
     hd->be = be;
-    double mean = 0;
-    for (int64_t i = 0; i < K; i++)
-        mean += H->H[i * K + i];
-    mean = mean > 0 ? mean / (double)K : 1.0;
-    double damp = EXL_QZ_DAMP + EXL_QZ_DAMP_PER_DIM * (double)K / (double)(H->n > 0 ? H->n : 1);
+    double damp, mean = first_damping(H, &damp);
     int ok = 0;
     for (int tries = 0; !ok && tries < 8; tries++, damp *= 4)
         EXL_TRY(be->ops->qz_factor(be, hd->U, H->H, out->perm, K, damp * mean, &ok));
