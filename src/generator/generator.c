@@ -151,6 +151,8 @@ exl_status exl_generator_init(exl_model *model, const exl_tokenizer *tok, const 
     }
     if (st == EXL_OK)
         st = exl_spec_init(g);
+    if (st == EXL_OK)
+        st = exl_gen_warmup(g);
     if (st != EXL_OK) {
         exl_generator_free(g);
         return st;

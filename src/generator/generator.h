@@ -278,6 +278,10 @@ int exl_gen_constraint_allows(const exl_generator *g, int32_t row, int32_t id);
  * token can go on. */
 exl_status exl_gen_constraint_advance(exl_generator *g, exl_job *j, int32_t id);
 
+/* ---- warmup (warmup.c) */
+/* On a GPU, one throwaway prompt step before the first job (the backend's one-time setup of many-row steps). */
+exl_status exl_gen_warmup(exl_generator *g);
+
 /* ---- the step trace (trace.c) */
 /* CLOCK_MONOTONIC seconds. */
 double exl_gen_now(void);

@@ -34,7 +34,7 @@
 #define BATCH_MAX_RANK 256    /* a chunk's staged t: 8 KB */
 #define BATCH_MAX_USES 256    /* more (prompts): the split path */
 #define BATCH_COUNT 2         /* the counter of exl_cuda_lora_scratch's this path uses */
-#define BATCH_DEFAULT 0       /* EXL_CUDA_LORA_BATCH unset: off (the integrator flips it once measured) */
+#define BATCH_DEFAULT 2       /* EXL_CUDA_LORA_BATCH unset: this path (H100: batch 32 over 4 adapters 0.736 -> 0.803) */
 
 static_assert(BATCH_WARPS == BATCH_CHUNK, "a shrink warp stages one use of the chunk");
 static_assert(BATCH_SLICE == 4 * 32, "a shrink lane takes 4 inputs of the slice");

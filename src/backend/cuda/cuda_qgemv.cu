@@ -1091,13 +1091,14 @@ static int a_blocks_for(int32_t rows) { return rows > 8 ? 1 : a_sm_blocks; }
 /* 1 if f is one wide matrix at WIDE_A_MIN_ROWS+ rows that qgemv_a_kernel takes: its 128-column tiles alone
  * fill the SMs (the 7B head's 250 on an H100's 132), so cuda_qmma.cu would not split it and each of its blocks would
  * run the whole input serially (the head at 8 / 16 rows: 198 us there, 103 / 134 us on GEMV-A, bench/RESULTS.md).
- * Only with EXL_CUDA_QMMA_WIDE_A=1 (read at each call; off by default until it has run on a GPU). */
+ * Default on (H100, 2026-11-28: the head at 5 / 8 / 16 rows 196 / 195 / 195 us -> 115 / 133 / 148 us);
+ * EXL_CUDA_QMMA_WIDE_A=0 (read at each call) keeps it on cuda_qmma.cu. */
 #define WIDE_A_MIN_ROWS 5
 static int wide_to_a(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f) {
     if (f->n != 1 || f->rows < WIDE_A_MIN_ROWS || (f->w[0]->out + 127) / 128 <= cb->n_sms)
         return 0;
     const char *e = getenv("EXL_CUDA_QMMA_WIDE_A");
-    return e && !strcmp(e, "1");
+    return !e || strcmp(e, "0");
 }
 
 /* Which kernel takes f (GEMV_PLAIN: qgemv_kernel, up to ROWS_PER_LAUNCH rows a launch; GEMV_MMA: qgemv_mma_kernel,
