@@ -440,14 +440,6 @@ static int qmma_fused_on(void) {
     return e && !strcmp(e, "1");
 }
 
-/* EXL_CUDA_QMMA_WAVES=N (1-8, default 1): split-K to fill N waves of the GPU instead of one (an A/B of more blocks
- * in flight for decode-sized steps, whose few row tiles leave each block a short run of chunks). Read at each call. */
-static int qmma_waves(void) {
-    const char *e = getenv("EXL_CUDA_QMMA_WAVES");
-    const int v = e && *e ? atoi(e) : 1;
-    return v >= 1 && v <= 8 ? v : 1;
-}
-
 static int qmma_gather_rows(void) {
     const char *e = getenv("EXL_CUDA_QMMA_GATHER_ROWS");
     return e && *e ? atoi(e) : QMMA_FUSED_MAX_ROWS;
@@ -507,9 +499,9 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
                                 smem_max);
         return;
     }
-    /* split-K to fill one wave of the GPU (EXL_CUDA_QMMA_WAVES), in whole stages, so only the last split has a short one */
+    /* split-K to fill one wave of the GPU, in whole stages, so only the last split has a short one */
     int32_t row_tiles = (rows + 16 * mt - 1) / (16 * mt), col_tiles = q->n_pad / MMA_COLS;
-    int32_t want = qmma_waves() * per_sm * cb->n_sms, blocks = row_tiles * col_tiles;
+    int32_t want = per_sm * cb->n_sms, blocks = row_tiles * col_tiles;
     int32_t splits = blocks >= want ? 1 : want / blocks;
     int32_t max_splits = (q->n_chunks + sc - 1) / sc;
     splits = splits < max_splits ? splits : max_splits;
