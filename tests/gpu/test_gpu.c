@@ -3464,7 +3464,7 @@ static void lora_op_case(void) {
         const float *const *ca = (const float *const *)a, *const *cb = (const float *const *)bt;
         static const char *const modes[3] = {"2 adapters, 0-2 uses a row, 2 outputs", "the input normed on the way",
                                              "the input through a GLU"};
-        for (int mode = 0; mode < 3; mode++) {
+        for (int mode = 0; mode < 4; mode++) {
             const int spread = shapes[k][8];
             float *c = lora_op_on(cpu, x, out0, ca, cb, ranks, n_slots, rows, in, outf, outf2, mode, spread);
             static const char *const paths[6] = {"fused", "two launches",     "by adapter", "by adapter, 2 launches",
@@ -3715,7 +3715,7 @@ static float *lora_batch_logits(const char *shared, const char *model, exl_devic
     return out;
 }
 
-/* The batch path's shrink on a second stream beside the matmul (EXL_CUDA_LORA_OVERLAP=1 and 2, cuda_lora_overlap.cu)
+/* The batch path's shrink on a second stream beside the matmul (EXL_CUDA_LORA_OVERLAP=1, 2, 3: cuda_lora_overlap.cu)
  * against the CPU and against the GPU without it (=0), at 12 sequences a step (12 uses: the batch path; 12 rows:
  * cuda_qmma.cu on the quantized base) and at 4 sequences of 6 uses (4 rows: the GEMV, its split sums onto outputs
  * zeroed by the GEMV before), on the EXL2 and the fp16 base (whose GLU into down_proj is computed in place: no
@@ -3731,7 +3731,7 @@ static void lora_overlap_case(const char *shared) {
         int32_t vocab;
         float *want = lora_batch_logits(shared, model, EXL_DEVICE_CPU, n, set_of, &vocab), *old = NULL;
         const int64_t rows = (int64_t)(1 + LORA_STEPS) * n;
-        for (int mode = 0; mode < 3; mode++) {
+        for (int mode = 0; mode < 4; mode++) {
             char val[2] = {(char)('0' + mode), 0}, name[224];
             setenv("EXL_CUDA_LORA_OVERLAP", val, 1);
             float *got = lora_batch_logits(shared, model, EXL_DEVICE_CUDA, n, set_of, &vocab);
@@ -3766,13 +3766,13 @@ static void lora_overlap_case(const char *shared) {
         int32_t want[64], got[64];
         setenv("EXL_CUDA_LORA_OVERLAP", "0", 1);
         int same = lora_jobs(shared, jobs[j], want) == 64;
-        for (int mode = 1; mode <= 2 && same; mode++) {
-            setenv("EXL_CUDA_LORA_OVERLAP", mode == 1 ? "1" : "2", 1);
+        for (int mode = 1; mode <= 3 && same; mode++) {
+            setenv("EXL_CUDA_LORA_OVERLAP", mode == 1 ? "1" : mode == 2 ? "2" : "3", 1);
             same = lora_jobs(shared, jobs[j], got) == 64 && !memcmp(got, want, sizeof got);
         }
         restore_env(&saved, 1);
-        report(j ? "lora overlap=1, =2: greedy jobs of 6 uses a step == overlap=0"
-                 : "lora overlap=1, =2: greedy jobs of 8 uses a step == overlap=0",
+        report(j ? "lora overlap=1, =2, =3: greedy jobs of 6 uses a step == overlap=0"
+                 : "lora overlap=1, =2, =3: greedy jobs of 8 uses a step == overlap=0",
                same ? 0 : 1, 0);
     }
     free(saved.value);

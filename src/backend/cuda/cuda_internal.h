@@ -96,6 +96,7 @@ typedef struct exl_cuda_backend {
      * (created at the first fork), and the node whose shrink was forked onto it and not yet expanded (or NULL) */
     cudaStream_t lora_side;
     cudaEvent_t lora_fork, lora_join;
+    int lora_priority; /* the device's greatest scheduling priority (EXL_CUDA_LORA_OVERLAP=3's shrinks) */
     const exl_lora_node *lora_forked;
     float *attn_partial; /* split-K partials of decode attention */
     size_t attn_partial_bytes;
@@ -402,7 +403,7 @@ void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n);
 /* 1 if the plan may fold one-row lora nodes into their GEMVs (EXL_CUDA_LORA_GEMV, default 1; not with
  * EXL_CUDA_DETERMINISTIC) */
 int exl_cuda_lora_fold_on(const exl_cuda_backend *cb);
-/* The batch path's shrink beside a matmul (cuda_lora_overlap.cu; EXL_CUDA_LORA_OVERLAP=1 or 2, default off):
+/* The batch path's shrink beside a matmul (cuda_lora_overlap.cu; EXL_CUDA_LORA_OVERLAP=1, 2 or 3, default off):
  * overlaps: 1 if the switch is on and the op takes n through the batch path, so that the plan may hand n to a matmul
  * beside it (cuda_plan.cu); fork (before that matmul's launches): n's shrink on the second stream; join (after them):
  * n's expand on the backend's stream once the shrink is done, or the whole op where fork did not fork; side_close:
@@ -412,6 +413,8 @@ void exl_cuda_lora_fork(exl_cuda_backend *cb, const exl_lora_node *n);
 void exl_cuda_lora_join(exl_cuda_backend *cb, const exl_lora_node *n);
 void exl_cuda_lora_side_close(exl_cuda_backend *cb);
 void exl_cuda_lora_side_free(exl_cuda_backend *cb);
+/* the flags a captured step's CUDA graph is instantiated with (per-node priorities for EXL_CUDA_LORA_OVERLAP=3) */
+unsigned long long exl_cuda_lora_graph_flags(void);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor);
@@ -665,20 +668,28 @@ __device__ __forceinline__ double exl_block_sum_f64(double v, double *sh) {
 }
 
 /* Launch kernel k on stream, with programmatic dependent launch where the GPU has it and pdl is set (0: a full
- * dependency on the work before, as a kernel right after a fork or join of streams may want) */
+ * dependency on the work before, as a kernel right after a fork or join of streams may want), at a scheduling
+ * priority where priority is not 0 (the default's: cudaDeviceGetStreamPriorityRange) */
 template <typename... P, typename... A>
-static inline void exl_cuda_launch_on(exl_cuda_backend *cb, cudaStream_t stream, int pdl, void (*k)(P...), dim3 grid,
-                                      dim3 block, size_t smem, A &&...args) {
+static inline void exl_cuda_launch_on(exl_cuda_backend *cb, cudaStream_t stream, int pdl, int priority, void (*k)(P...),
+                                      dim3 grid, dim3 block, size_t smem, A &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &at;
-    cfg.numAttrs = cb->pdl && pdl ? 1 : 0;
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    if (cb->pdl && pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (priority) {
+        at[n].id = cudaLaunchAttributePriority;
+        at[n++].val.priority = priority;
+    }
+    cfg.attrs = at;
+    cfg.numAttrs = n;
     cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
 }
 
@@ -687,7 +698,7 @@ static inline void exl_cuda_launch_on(exl_cuda_backend *cb, cudaStream_t stream,
 template <typename... P, typename... A>
 static inline void exl_cuda_launch(exl_cuda_backend *cb, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
                                    A &&...args) {
-    exl_cuda_launch_on(cb, cb->stream, 1, k, grid, block, smem, static_cast<A &&>(args)...);
+    exl_cuda_launch_on(cb, cb->stream, 1, 0, k, grid, block, smem, static_cast<A &&>(args)...);
 }
 
 #endif

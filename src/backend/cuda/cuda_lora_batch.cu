@@ -313,16 +313,17 @@ int exl_cuda_lora_batch_fits(const exl_lora_node *n) {
 }
 
 void exl_cuda_lora_batch_shrink(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, cudaStream_t stream,
-                                int pdl) {
+                                int pdl, int priority) {
     const unsigned chunks = (unsigned)((n->n_uses + BATCH_CHUNK - 1) / BATCH_CHUNK);
     const dim3 grid((unsigned)((n->in_features + BATCH_SLICE - 1) / BATCH_SLICE), chunks), block(BATCH_THREADS);
     const float *norm_w = n->norm ? n->norm->v : NULL;
     if (n->norm)
-        exl_cuda_launch_on(cb, stream, pdl, lora_batch_shrink<BATCH_NORM>, grid, block, 0, *n, norm_w, t, ss);
+        exl_cuda_launch_on(cb, stream, pdl, priority, lora_batch_shrink<BATCH_NORM>, grid, block, 0, *n, norm_w, t, ss);
     else if (n->up)
-        exl_cuda_launch_on(cb, stream, pdl, lora_batch_shrink<BATCH_GLU>, grid, block, 0, *n, norm_w, t, ss);
+        exl_cuda_launch_on(cb, stream, pdl, priority, lora_batch_shrink<BATCH_GLU>, grid, block, 0, *n, norm_w, t, ss);
     else
-        exl_cuda_launch_on(cb, stream, pdl, lora_batch_shrink<BATCH_PLAIN>, grid, block, 0, *n, norm_w, t, ss);
+        exl_cuda_launch_on(cb, stream, pdl, priority, lora_batch_shrink<BATCH_PLAIN>, grid, block, 0, *n, norm_w, t,
+                           ss);
     exl_cuda_check_launch(cb, "lora batch shrink");
 }
 
@@ -335,8 +336,8 @@ void exl_cuda_lora_batch_expand(exl_cuda_backend *cb, const exl_lora_node *n, fl
     void (*const kernels[2][2])(exl_lora_node, float *, float *,
                                 unsigned *) = {{lora_batch_expand<0, 0>, lora_batch_expand<0, 1>},
                                                {lora_batch_expand<1, 0>, lora_batch_expand<1, 1>}};
-    exl_cuda_launch_on(cb, cb->stream, pdl, kernels[n->norm != NULL][plain != 0], grid, dim3(BATCH_THREADS), 0, *n, t,
-                       ss, sync + BATCH_COUNT);
+    exl_cuda_launch_on(cb, cb->stream, pdl, 0, kernels[n->norm != NULL][plain != 0], grid, dim3(BATCH_THREADS), 0, *n,
+                       t, ss, sync + BATCH_COUNT);
     exl_cuda_check_launch(cb, "lora batch expand");
 }
 
@@ -345,6 +346,6 @@ void exl_cuda_lora_batch(exl_cuda_backend *cb, const exl_lora_node *n, int plain
     unsigned *sync;
     if (!exl_cuda_lora_scratch(cb, n, &t, &ss, &sync))
         return;
-    exl_cuda_lora_batch_shrink(cb, n, t, ss, cb->stream, 1);
+    exl_cuda_lora_batch_shrink(cb, n, t, ss, cb->stream, 1, 0);
     exl_cuda_lora_batch_expand(cb, n, t, ss, sync, plain, 1);
 }

@@ -16,19 +16,31 @@
  * The shrink goes without programmatic dependent launch (a full dependency on the kernel before the fork, which has
  * the same meaning as the wait it would do); the expand with it (=1: it may start while the matmul's last kernel
  * ends, as any kernel after another; its dependency on the shrink is the join's), or without it (=2: full
- * dependencies on both, should a driver refuse a programmatic edge into a node that joins two streams). */
+ * dependencies on both, should a driver refuse a programmatic edge into a node that joins two streams).
+ * What the overlap can win depends on the block scheduler: cuda_qmma.cu's blocks (125 registers, 2 an SM) fill an
+ * SM's registers, so a shrink block (256 threads, ~102 registers) beside them takes the place of one of them until it
+ * ends, and the matmul's next kernels, launched early (PDL), hold their places while they wait. The shrink alone is
+ * latency-bound (~40% of the registers of the SMs it runs on, 10-19 us), so beside the matmul it should cost its
+ * share of the SMs' time, not its length; if it is starved instead (dispatched only where the matmul leaves room),
+ * the join waits for the rest. =3: as 1, the shrink at the device's greatest scheduling priority (its blocks
+ * dispatched before the matmul's waiting ones; the CUDA graph instantiated with per-node priorities). */
 #include "backend/cuda/cuda_lora_batch.cuh"
 
 #include <stdlib.h>
 
 #define OVERLAP_DEFAULT 0 /* EXL_CUDA_LORA_OVERLAP unset: off until a GPU run shows it right and faster */
 
-/* EXL_CUDA_LORA_OVERLAP: 1 or 2 (expand with or without programmatic dependent launch), else 0; read at each call
- * (a plan compiled with it pairs its nodes; a benchmark compares the modes with steps of different graphs) */
+/* EXL_CUDA_LORA_OVERLAP: 1, 2 or 3 (expand with or without programmatic dependent launch; 3: as 1, the shrink at the
+ * greatest priority), else 0; read at each call (a plan compiled with it pairs its nodes; a benchmark compares the
+ * modes with steps of different graphs) */
 static int overlap_mode(void) {
     const char *e = getenv("EXL_CUDA_LORA_OVERLAP");
     const int v = e && *e ? atoi(e) : OVERLAP_DEFAULT;
-    return v == 1 || v == 2 ? v : 0;
+    return v >= 1 && v <= 3 ? v : 0;
+}
+
+unsigned long long exl_cuda_lora_graph_flags(void) {
+    return overlap_mode() == 3 ? cudaGraphInstantiateFlagUseNodePriority : 0;
 }
 
 int exl_cuda_lora_overlaps(const exl_cuda_backend *cb, const exl_lora_node *n) {
@@ -42,7 +54,10 @@ static int side_ready(exl_cuda_backend *cb) {
     exl_cuda_graph_flush(cb); /* nothing created inside a capture (the rest of this step runs directly) */
     cudaStream_t s = NULL;
     cudaEvent_t fork = NULL, join = NULL;
-    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    int least = 0, greatest = 0;
+    cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     if (e == cudaSuccess)
         e = cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
     if (e == cudaSuccess)
@@ -56,7 +71,7 @@ static int side_ready(exl_cuda_backend *cb) {
         exl_cuda_set_sticky(cb, EXL_ERR_DEVICE, "CUDA: the LoRA side stream: %s", cudaGetErrorString(e));
         return 0;
     }
-    cb->lora_side = s, cb->lora_fork = fork, cb->lora_join = join;
+    cb->lora_side = s, cb->lora_fork = fork, cb->lora_join = join, cb->lora_priority = greatest;
     return 1;
 }
 
@@ -73,7 +88,7 @@ void exl_cuda_lora_fork(exl_cuda_backend *cb, const exl_lora_node *n) {
         exl_cuda_check_launch(cb, "LoRA fork");
         return;
     }
-    exl_cuda_lora_batch_shrink(cb, n, t, ss, cb->lora_side, 0);
+    exl_cuda_lora_batch_shrink(cb, n, t, ss, cb->lora_side, 0, overlap_mode() == 3 ? cb->lora_priority : 0);
     cb->lora_forked = n;
 }
 
