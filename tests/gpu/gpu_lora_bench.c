@@ -12,6 +12,9 @@
  *   batch              EXL_CUDA_LORA_BATCH=2: 32 uses through cuda_lora_batch.cu (r2-lora5), two launches a group,
  *                      each a wide grid of short blocks; =3: the same, a row's only use added with a load and a
  *                      store instead of atomically;
+ *   overlap            EXL_CUDA_LORA_OVERLAP=1: the batch path with each group's shrink on a second stream beside the
+ *                      matmul it goes with (cuda_lora_overlap.cu, r2-lora6), the expand after it; =2: the same, the
+ *                      expand without programmatic dependent launch; =3: as 1, the shrink at the greatest priority;
  *   in-block fold      EXL_CUDA_LORA_SIDE=0: one row folded into the GEMVs' own blocks (r2-lora3);
  *   SGMV               EXL_CUDA_LORA_SGMV=5: 32 uses by adapter (cuda_lora.cu), one launch a group;
  *   SGMV in two        the same with EXL_CUDA_LORA_SGMV_LAUNCHES=2: SGMV's shrink and expand as two launches;
@@ -198,6 +201,9 @@ static const variant variants[] = {
     {"default", {{NULL, NULL}}},
     {"EXL_CUDA_LORA_BATCH=2 (batch path)", {{"EXL_CUDA_LORA_BATCH", "2"}}},
     {"EXL_CUDA_LORA_BATCH=3 (batch path, plain adds)", {{"EXL_CUDA_LORA_BATCH", "3"}}},
+    {"EXL_CUDA_LORA_OVERLAP=1 (batch path, shrink beside the matmul)", {{"EXL_CUDA_LORA_OVERLAP", "1"}}},
+    {"EXL_CUDA_LORA_OVERLAP=2 (the same, expand without PDL)", {{"EXL_CUDA_LORA_OVERLAP", "2"}}},
+    {"EXL_CUDA_LORA_OVERLAP=3 (as 1, shrink at the greatest priority)", {{"EXL_CUDA_LORA_OVERLAP", "3"}}},
     {"EXL_CUDA_LORA_SIDE=0 (in-block fold)", {{"EXL_CUDA_LORA_SIDE", "0"}}},
     {"EXL_CUDA_LORA_SGMV=5", {{"EXL_CUDA_LORA_SGMV", "5"}}},
     {"EXL_CUDA_LORA_SGMV=5 EXL_CUDA_LORA_SGMV_LAUNCHES=2",
@@ -306,7 +312,8 @@ int main(int argc, char **argv) {
         per_seq[i] = &sets[i % N_ADAPTERS];
     if (only32 == 1) {
         const double lora = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
-        static const char *const vars[] = {"EXL_CUDA_LORA_BATCH", "EXL_CUDA_LORA_SGMV", "EXL_CUDA_LORA_SGMV_LAUNCHES",
+        static const char *const vars[] = {"EXL_CUDA_LORA_BATCH",      "EXL_CUDA_LORA_OVERLAP",
+                                           "EXL_CUDA_LORA_SGMV",       "EXL_CUDA_LORA_SGMV_LAUNCHES",
                                            "EXL_CUDA_LORA_FUSED_USES", "EXL_CUDA_DETERMINISTIC"};
         char path[256] = "";
         for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
@@ -368,5 +375,13 @@ int main(int argc, char **argv) {
     printf("logits of one step at batch %d, the batch path against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (as "
            "above): EXL_CUDA_LORA_BATCH=2 %.2e (%d of %d), =3 %.2e (%d of %d)\n",
            BATCH, e2, diff2, BATCH, e3, diff3, BATCH);
+    int diff4, diff5, diff6;
+    const double e4 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_OVERLAP", "1", &diff4);
+    const double e5 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_OVERLAP", "2", &diff5);
+    const double e6 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_OVERLAP", "3", &diff6);
+    printf("logits of one step at batch %d, the shrink beside the matmul against EXL_CUDA_LORA_GEMV=0 "
+           "EXL_CUDA_LORA_SGMV=0 (as above): EXL_CUDA_LORA_OVERLAP=1 %.2e (%d of %d), =2 %.2e (%d of %d), =3 %.2e (%d "
+           "of %d)\n",
+           BATCH, e4, diff4, BATCH, e5, diff5, BATCH, e6, diff6, BATCH);
     return 0;
 }

@@ -3464,7 +3464,7 @@ static void lora_op_case(void) {
         const float *const *ca = (const float *const *)a, *const *cb = (const float *const *)bt;
         static const char *const modes[3] = {"2 adapters, 0-2 uses a row, 2 outputs", "the input normed on the way",
                                              "the input through a GLU"};
-        for (int mode = 0; mode < 3; mode++) {
+        for (int mode = 0; mode < 4; mode++) {
             const int spread = shapes[k][8];
             float *c = lora_op_on(cpu, x, out0, ca, cb, ranks, n_slots, rows, in, outf, outf2, mode, spread);
             static const char *const paths[6] = {"fused", "two launches",     "by adapter", "by adapter, 2 launches",
@@ -3667,8 +3667,120 @@ static int lora_jobs(const char *shared, const int *pick, int32_t *out) {
     return n;
 }
 
+/* Logits of n_seqs sequences decoded together on model (rand-llama's shapes), sequence i with set set_of[i] of (a1,
+ * none, a2, 0.5 a1 + a2): one step of every prompt (5-8 tokens each, the last token's logits), then LORA_STEPS steps
+ * of one fixed token a sequence (captured once, replayed), all logits [(1 + LORA_STEPS) * n_seqs, vocab] */
+enum { LORA_STEPS = 6, LORA_SEQS = 12 };
+static float *lora_batch_logits(const char *shared, const char *model, exl_device dev, int32_t n_seqs,
+                                const int *set_of, int32_t *vocab) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
+    exl_model_params p = exl_model_default_params();
+    p.device = dev;
+    exl_model *m;
+    require(exl_model_load(dir, &p, &m) == EXL_OK, "lora batch model");
+    exl_lora *a1, *a2;
+    snprintf(dir, sizeof dir, "%s/models/rand-llama-lora-a1", shared);
+    require(exl_lora_load(m, dir, &a1) == EXL_OK, "a1");
+    snprintf(dir, sizeof dir, "%s/models/rand-llama-lora-a2", shared);
+    require(exl_lora_load(m, dir, &a2) == EXL_OK, "a2");
+    const exl_lora_use uses[4][2] = {{{a1, 1}}, {{NULL, 0}}, {{a2, 1}}, {{a1, 0.5f}, {a2, 1}}};
+    const int32_t n_uses[4] = {1, 0, 1, 2};
+    exl_lora_set sets[4];
+    const exl_lora_set *per_seq[LORA_SEQS];
+    for (int k = 0; k < 4; k++)
+        require(exl_lora_set_make(m, uses[k], n_uses[k], &sets[k]) == EXL_OK, "lora set");
+    for (int32_t i = 0; i < n_seqs; i++)
+        per_seq[i] = &sets[set_of[i]];
+    exl_kv_cache *cache;
+    require(exl_kv_cache_init(m, LORA_SEQS, 256, 16, 16, &cache) == EXL_OK, "kv cache");
+    *vocab = m->cfg.vocab_size;
+    float *out = malloc((size_t)(1 + LORA_STEPS) * n_seqs * *vocab * sizeof *out);
+    int32_t prompt[LORA_SEQS][8], pages[LORA_SEQS], next[LORA_SEQS], len[LORA_SEQS];
+    exl_seq_step st[LORA_SEQS];
+    for (int32_t s = 0; s <= LORA_STEPS; s++) {
+        for (int32_t i = 0; i < n_seqs; i++) {
+            pages[i] = i, len[i] = 5 + i % 4;
+            for (int32_t k = 0; k < len[i]; k++)
+                prompt[i][k] = 3 + (i * 131 + k * 17) % 400;
+            next[i] = 3 + (i * 37 + s * 11) % 500;
+            st[i] = (exl_seq_step){s ? &next[i] : prompt[i], s ? 1 : len[i], s ? len[i] + s - 1 : 0, &pages[i], 1, 1};
+        }
+        exl_lora_step_sets(m, per_seq, n_seqs);
+        require(exl_model_forward(m, cache, st, n_seqs, out + (int64_t)s * n_seqs * *vocab) == EXL_OK,
+                "lora batch forward");
+    }
+    exl_kv_cache_free(m, cache);
+    exl_model_free(m);
+    return out;
+}
+
+/* The batch path's shrink on a second stream beside the matmul (EXL_CUDA_LORA_OVERLAP=1, 2, 3: cuda_lora_overlap.cu)
+ * against the CPU and against the GPU without it (=0), at 12 sequences a step (12 uses: the batch path; 12 rows:
+ * cuda_qmma.cu on the quantized base) and at 4 sequences of 6 uses (4 rows: the GEMV, its split sums onto outputs
+ * zeroed by the GEMV before), on the EXL2 and the fp16 base (whose GLU into down_proj is computed in place: no
+ * shrink beside down_proj there); then greedy jobs of 6-8 uses a step with it and without, token for token. */
+static void lora_overlap_case(const char *shared) {
+    static const int twelve[LORA_SEQS] = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3}, four[4] = {3, 3, 0, 2};
+    const char *const models[2] = {"rand-llama-exl2-5.0bpw-h8", "rand-llama"};
+    env_saved saved = save_env("EXL_CUDA_LORA_OVERLAP");
+    for (int c = 0; c < 4; c++) {
+        const char *model = models[c / 2];
+        const int32_t n = c % 2 ? 4 : LORA_SEQS;
+        const int *set_of = c % 2 ? four : twelve;
+        int32_t vocab;
+        float *want = lora_batch_logits(shared, model, EXL_DEVICE_CPU, n, set_of, &vocab), *old = NULL;
+        const int64_t rows = (int64_t)(1 + LORA_STEPS) * n;
+        for (int mode = 0; mode < 4; mode++) {
+            char val[2] = {(char)('0' + mode), 0}, name[224];
+            setenv("EXL_CUDA_LORA_OVERLAP", val, 1);
+            float *got = lora_batch_logits(shared, model, EXL_DEVICE_CUDA, n, set_of, &vocab);
+            restore_env(&saved, 1);
+            for (int against = 0; against < (mode ? 2 : 1); against++) {
+                const float *ref = against ? old : want;
+                double worst = 0, noise = 0;
+                int mism = 0;
+                for (int64_t r = 0; r < rows; r++)
+                    noise = fmax(noise, max_abs_diff(got + r * vocab, ref + r * vocab, vocab));
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *g = got + r * vocab, *w = ref + r * vocab;
+                    worst = fmax(worst, ref_rel_err(g, w, vocab));
+                    mism += ref_argmax(g, vocab) != ref_argmax(w, vocab) && top2_gap(w, vocab) > 2 * noise;
+                }
+                snprintf(name, sizeof name, "lora overlap=%d, %s, %d sequences a step: %s (%d rows)", mode, model,
+                         (int)n, against ? "== overlap=0" : "GPU vs CPU", (int)rows);
+                report(name, worst, 5e-3);
+                snprintf(name, sizeof name, "lora overlap=%d, %s, %d sequences: argmax mismatches %s (gap > 2 x %.1e)",
+                         mode, model, (int)n, against ? "against overlap=0" : "against the CPU", noise);
+                report(name, mism, 0);
+            }
+            if (mode)
+                free(got);
+            else
+                old = got;
+        }
+        free(want), free(old);
+    }
+    static const int jobs[2][4] = {{3, 3, 3, 3}, {3, 3, 0, 2}};
+    for (int j = 0; j < 2; j++) {
+        int32_t want[64], got[64];
+        setenv("EXL_CUDA_LORA_OVERLAP", "0", 1);
+        int same = lora_jobs(shared, jobs[j], want) == 64;
+        for (int mode = 1; mode <= 3 && same; mode++) {
+            setenv("EXL_CUDA_LORA_OVERLAP", mode == 1 ? "1" : mode == 2 ? "2" : "3", 1);
+            same = lora_jobs(shared, jobs[j], got) == 64 && !memcmp(got, want, sizeof got);
+        }
+        restore_env(&saved, 1);
+        report(j ? "lora overlap=1, =2, =3: greedy jobs of 6 uses a step == overlap=0"
+                 : "lora overlap=1, =2, =3: greedy jobs of 8 uses a step == overlap=0",
+               same ? 0 : 1, 0);
+    }
+    free(saved.value);
+}
+
 static void test_lora(const char *shared) {
     lora_op_case();
+    lora_overlap_case(shared);
     char ref[1024];
     snprintf(ref, sizeof ref, "%s/reference/rand-llama-lora.logits.safetensors", shared);
     exl_st_file *rf;

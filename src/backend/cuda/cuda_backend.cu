@@ -160,6 +160,7 @@ static void cu_destroy(exl_backend *be) {
     exl_cuda_argmax_free(cb);
     exl_cuda_sample_free(cb);
     exl_cuda_comm_release(cb);
+    exl_cuda_lora_side_free(cb);
     cublasDestroy(cb->cublas);
     cudaStreamDestroy(cb->stream);
     free(cb);

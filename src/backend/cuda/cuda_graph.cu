@@ -57,6 +57,7 @@ static void drop_all(exl_cuda_backend *cb) {
 static void end_capture(exl_cuda_backend *cb, int keep) {
     exl_cuda_step_graph *sg = current(cb);
     cudaGraph_t g = NULL;
+    exl_cuda_lora_side_close(cb); /* a shrink forked beside a matmul that grew a buffer: joined first */
     cudaError_t e = cudaStreamEndCapture(cb->stream, &g);
     cb->step_state = STEP_IDLE;
     if (e != cudaSuccess) {
@@ -73,7 +74,7 @@ static void end_capture(exl_cuda_backend *cb, int keep) {
             drop_exec(sg);
         }
     }
-    if (!x && (e = cudaGraphInstantiate(&x, g, 0)) != cudaSuccess) {
+    if (!x && (e = cudaGraphInstantiate(&x, g, exl_cuda_lora_graph_flags())) != cudaSuccess) {
         cudaGraphDestroy(g);
         graphs_fail(cb, "instantiate", e);
         return;

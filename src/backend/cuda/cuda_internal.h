@@ -92,6 +92,12 @@ typedef struct exl_cuda_backend {
     size_t lora_fold_bytes;
     void *lora_sgmv; /* the lora op by adapter (cuda_lora.cu): 2 counters (self-resetting), then partial sums */
     size_t lora_sgmv_bytes;
+    /* the lora op's shrink beside a matmul (cuda_lora_overlap.cu): a second stream and its fork and join events
+     * (created at the first fork), and the node whose shrink was forked onto it and not yet expanded (or NULL) */
+    cudaStream_t lora_side;
+    cudaEvent_t lora_fork, lora_join;
+    int lora_priority; /* the device's greatest scheduling priority (EXL_CUDA_LORA_OVERLAP=3's shrinks) */
+    const exl_lora_node *lora_forked;
     float *attn_partial; /* split-K partials of decode attention */
     size_t attn_partial_bytes;
     __half *dequant; /* quantized weights decoded to fp16 hi and lo for cuBLAS (cuda_qgemm.cu) */
@@ -397,6 +403,18 @@ void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n);
 /* 1 if the plan may fold one-row lora nodes into their GEMVs (EXL_CUDA_LORA_GEMV, default 1; not with
  * EXL_CUDA_DETERMINISTIC) */
 int exl_cuda_lora_fold_on(const exl_cuda_backend *cb);
+/* The batch path's shrink beside a matmul (cuda_lora_overlap.cu; EXL_CUDA_LORA_OVERLAP=1, 2 or 3, default off):
+ * overlaps: 1 if the switch is on and the op takes n through the batch path, so that the plan may hand n to a matmul
+ * beside it (cuda_plan.cu); fork (before that matmul's launches): n's shrink on the second stream; join (after them):
+ * n's expand on the backend's stream once the shrink is done, or the whole op where fork did not fork; side_close:
+ * the backend's stream waits for the second (a capture ending between fork and join); side_free: at destroy. */
+int exl_cuda_lora_overlaps(const exl_cuda_backend *cb, const exl_lora_node *n);
+void exl_cuda_lora_fork(exl_cuda_backend *cb, const exl_lora_node *n);
+void exl_cuda_lora_join(exl_cuda_backend *cb, const exl_lora_node *n);
+void exl_cuda_lora_side_close(exl_cuda_backend *cb);
+void exl_cuda_lora_side_free(exl_cuda_backend *cb);
+/* the flags a captured step's CUDA graph is instantiated with (per-node priorities for EXL_CUDA_LORA_OVERLAP=3) */
+unsigned long long exl_cuda_lora_graph_flags(void);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor);
@@ -523,6 +541,9 @@ typedef struct exl_cuda_plan_item {
     int32_t node, n_nodes; /* the plan's nodes it runs */
     exl_cuda_fused_mm mm;
     const int32_t *out_order;
+    /* a matmul's: a lora node of the batch path whose shrink runs on the second stream while the matmul does, its
+     * expand right after (exl_cuda_lora_fork, _join), or NULL */
+    const exl_lora_node *side_lora;
 } exl_cuda_plan_item;
 
 struct exl_cuda_plan {
@@ -646,22 +667,38 @@ __device__ __forceinline__ double exl_block_sum_f64(double v, double *sh) {
     return sh[0];
 }
 
+/* Launch kernel k on stream, with programmatic dependent launch where the GPU has it and pdl is set (0: a full
+ * dependency on the work before, as a kernel right after a fork or join of streams may want), at a scheduling
+ * priority where priority is not 0 (the default's: cudaDeviceGetStreamPriorityRange) */
+template <typename... P, typename... A>
+static inline void exl_cuda_launch_on(exl_cuda_backend *cb, cudaStream_t stream, int pdl, int priority, void (*k)(P...),
+                                      dim3 grid, dim3 block, size_t smem, A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    if (cb->pdl && pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (priority) {
+        at[n].id = cudaLaunchAttributePriority;
+        at[n++].val.priority = priority;
+    }
+    cfg.attrs = at;
+    cfg.numAttrs = n;
+    cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+}
+
 /* Launch kernel k on the backend's stream, with programmatic dependent launch where the
  * GPU has it; k must call exl_pdl_wait() before it touches memory other kernels write. */
 template <typename... P, typename... A>
 static inline void exl_cuda_launch(exl_cuda_backend *cb, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
                                    A &&...args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = cb->stream;
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &at;
-    cfg.numAttrs = cb->pdl ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+    exl_cuda_launch_on(cb, cb->stream, 1, 0, k, grid, block, smem, static_cast<A &&>(args)...);
 }
 
 #endif

@@ -26,7 +26,8 @@
  *   hold at once (cuda_lora_fold.cuh's argument); else, or with EXL_CUDA_LORA_SGMV_LAUNCHES=2, two. The last expand
  *   block clears t and the counts for the next launch.
  * batch (EXL_CUDA_LORA_BATCH=2 or 3, past the fused path, not EXL_CUDA_DETERMINISTIC: cuda_lora_batch.cu), two launches of
- *   wide grids of short blocks: shrink split over slices of the input and chunks of 8 uses, expand over column tiles.
+ *   wide grids of short blocks: shrink split over slices of the input and chunks of 8 uses, expand over column tiles;
+ *   with EXL_CUDA_LORA_OVERLAP the plan runs the shrink on a second stream beside a matmul (cuda_lora_overlap.cu).
  * split (more uses, or a fixed summation order), two launches:
  *   shrink  one block per (use, projection and rank index): t[u, o, j] = scale_u * x'[row_u] · A_o,slot(u)[j], a
  *           block-wide dot product over the input features (ranks past the adapter's own give 0);
@@ -562,17 +563,29 @@ int exl_cuda_lora_fold_on(const exl_cuda_backend *cb) {
 
 /* ---- the op */
 
+static int empty(const exl_lora_node *n) { return n->n_uses < 1 || n->rows < 1 || n->n_out < 1 || n->max_rank < 1; }
+
+static int takes_fused(const exl_cuda_backend *cb, const exl_lora_node *n) {
+    return n->n_uses <= fused_max_uses() && n->max_rank <= FUSED_MAX_RANK && !cb->deterministic;
+}
+
+int exl_cuda_lora_batch_takes(const exl_cuda_backend *cb, const exl_lora_node *n) {
+    return !empty(n) && !takes_fused(cb, n) && !cb->deterministic && exl_cuda_lora_batch_on() &&
+           exl_cuda_lora_batch_fits(n);
+}
+
 void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n) {
     exl_cuda_backend *cb = exl_cuda(be);
-    if (n->n_uses < 1 || n->rows < 1 || n->n_out < 1 || n->max_rank < 1)
+    if (empty(n))
         return;
-    if (n->n_uses <= fused_max_uses() && n->max_rank <= FUSED_MAX_RANK && !cb->deterministic) {
+    if (takes_fused(cb, n)) {
         run_fused(cb, n);
         return;
     }
-    const int batch = exl_cuda_lora_batch_on();
-    if (batch && !cb->deterministic && exl_cuda_lora_batch(cb, n, batch == 3))
+    if (exl_cuda_lora_batch_takes(cb, n)) {
+        exl_cuda_lora_batch(cb, n, exl_cuda_lora_batch_on() == 3);
         return;
+    }
     if (n->by_adapter && n->n_uses >= sgmv_min_uses() && n->n_uses <= SGMV_MAX_USES && n->max_rank <= FUSED_MAX_RANK &&
         !cb->deterministic) {
         run_sgmv(cb, n);

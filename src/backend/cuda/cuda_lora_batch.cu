@@ -308,32 +308,44 @@ int exl_cuda_lora_batch_on(void) {
     return v == 2 || v == 3 ? v : 0;
 }
 
-int exl_cuda_lora_batch(exl_cuda_backend *cb, const exl_lora_node *n, int plain) {
-    if (!n->by_adapter || n->max_rank > BATCH_MAX_RANK || n->n_uses > BATCH_MAX_USES)
-        return 0;
-    float *t, *ss;
-    unsigned *sync;
-    if (!exl_cuda_lora_scratch(cb, n, &t, &ss, &sync))
-        return 1;
+int exl_cuda_lora_batch_fits(const exl_lora_node *n) {
+    return n->by_adapter && n->max_rank <= BATCH_MAX_RANK && n->n_uses <= BATCH_MAX_USES;
+}
+
+void exl_cuda_lora_batch_shrink(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, cudaStream_t stream,
+                                int pdl, int priority) {
+    const unsigned chunks = (unsigned)((n->n_uses + BATCH_CHUNK - 1) / BATCH_CHUNK);
+    const dim3 grid((unsigned)((n->in_features + BATCH_SLICE - 1) / BATCH_SLICE), chunks), block(BATCH_THREADS);
+    const float *norm_w = n->norm ? n->norm->v : NULL;
+    if (n->norm)
+        exl_cuda_launch_on(cb, stream, pdl, priority, lora_batch_shrink<BATCH_NORM>, grid, block, 0, *n, norm_w, t, ss);
+    else if (n->up)
+        exl_cuda_launch_on(cb, stream, pdl, priority, lora_batch_shrink<BATCH_GLU>, grid, block, 0, *n, norm_w, t, ss);
+    else
+        exl_cuda_launch_on(cb, stream, pdl, priority, lora_batch_shrink<BATCH_PLAIN>, grid, block, 0, *n, norm_w, t,
+                           ss);
+    exl_cuda_check_launch(cb, "lora batch shrink");
+}
+
+void exl_cuda_lora_batch_expand(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, unsigned *sync,
+                                int plain, int pdl) {
     int32_t tiles = 0;
     for (int32_t o = 0; o < n->n_out; o++)
         tiles += (n->out_features[o] + BATCH_THREADS - 1) / BATCH_THREADS;
-    const unsigned chunks = (unsigned)((n->n_uses + BATCH_CHUNK - 1) / BATCH_CHUNK);
-    const dim3 shrink((unsigned)((n->in_features + BATCH_SLICE - 1) / BATCH_SLICE), chunks),
-        expand((unsigned)tiles, chunks);
-    const float *norm_w = n->norm ? n->norm->v : NULL;
-    if (n->norm)
-        exl_cuda_launch(cb, lora_batch_shrink<BATCH_NORM>, shrink, dim3(BATCH_THREADS), 0, *n, norm_w, t, ss);
-    else if (n->up)
-        exl_cuda_launch(cb, lora_batch_shrink<BATCH_GLU>, shrink, dim3(BATCH_THREADS), 0, *n, norm_w, t, ss);
-    else
-        exl_cuda_launch(cb, lora_batch_shrink<BATCH_PLAIN>, shrink, dim3(BATCH_THREADS), 0, *n, norm_w, t, ss);
-    exl_cuda_check_launch(cb, "lora batch shrink");
+    const dim3 grid((unsigned)tiles, (unsigned)((n->n_uses + BATCH_CHUNK - 1) / BATCH_CHUNK));
     void (*const kernels[2][2])(exl_lora_node, float *, float *,
                                 unsigned *) = {{lora_batch_expand<0, 0>, lora_batch_expand<0, 1>},
                                                {lora_batch_expand<1, 0>, lora_batch_expand<1, 1>}};
-    exl_cuda_launch(cb, kernels[n->norm != NULL][plain != 0], expand, dim3(BATCH_THREADS), 0, *n, t, ss,
-                    sync + BATCH_COUNT);
+    exl_cuda_launch_on(cb, cb->stream, pdl, 0, kernels[n->norm != NULL][plain != 0], grid, dim3(BATCH_THREADS), 0, *n,
+                       t, ss, sync + BATCH_COUNT);
     exl_cuda_check_launch(cb, "lora batch expand");
-    return 1;
+}
+
+void exl_cuda_lora_batch(exl_cuda_backend *cb, const exl_lora_node *n, int plain) {
+    float *t, *ss;
+    unsigned *sync;
+    if (!exl_cuda_lora_scratch(cb, n, &t, &ss, &sync))
+        return;
+    exl_cuda_lora_batch_shrink(cb, n, t, ss, cb->stream, 1, 0);
+    exl_cuda_lora_batch_expand(cb, n, t, ss, sync, plain, 1);
 }

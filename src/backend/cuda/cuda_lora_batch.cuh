@@ -11,12 +11,24 @@
 int exl_cuda_lora_scratch(exl_cuda_backend *cb, const exl_lora_node *n, float **t, float **ss, unsigned **sync);
 
 /* EXL_CUDA_LORA_BATCH=2 or 3: steps of more uses than the fused path takes go through the batch path (read at each
- * call, as the other paths' switches; default: off until measured); returns 2 or 3 (3: a row's only use adds its
+ * call, as the other paths' switches; default 2); returns 2 or 3 (3: a row's only use adds its
  * update with a load and a store, not atomically), else 0. */
 int exl_cuda_lora_batch_on(void);
 
-/* The batch path for node n (its by_adapter given, ranks up to 256, at most 256 uses; plain: as
- * EXL_CUDA_LORA_BATCH=3): 1 if it ran (or failed with the sticky error set), 0 if n is not for it. */
-int exl_cuda_lora_batch(exl_cuda_backend *cb, const exl_lora_node *n, int plain);
+/* 1 if the op may take node n through the batch path: its by_adapter given, ranks up to 256, at most 256 uses (the
+ * op's own choice: exl_cuda_lora_batch_takes, cuda_lora.cu) */
+int exl_cuda_lora_batch_fits(const exl_lora_node *n);
+int exl_cuda_lora_batch_takes(const exl_cuda_backend *cb, const exl_lora_node *n);
+
+/* The batch path for node n (exl_cuda_lora_batch_fits; plain: as EXL_CUDA_LORA_BATCH=3): the shrink, then the expand
+ * on the backend's stream (failures: the sticky error). */
+void exl_cuda_lora_batch(exl_cuda_backend *cb, const exl_lora_node *n, int plain);
+/* Its two launches apart, into the scratch exl_cuda_lora_scratch gave (t, ss, sync): the shrink on stream (at
+ * priority, 0: the default), the expand on the backend's stream, each with programmatic dependent launch where pdl is
+ * set (exl_cuda_launch_on). */
+void exl_cuda_lora_batch_shrink(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, cudaStream_t stream,
+                                int pdl, int priority);
+void exl_cuda_lora_batch_expand(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, unsigned *sync,
+                                int plain, int pdl);
 
 #endif

@@ -19,7 +19,8 @@
  *     between touches them) has them zeroed there and adds its split sums onto them with atomics;
  *   - KV L2 prefetch (decode steps): the GEMV before an attention asks L2 for the cache rows it will read;
  *   - LoRA (one-row decode steps): a lora node beside the GEMV of its projections is folded into it (first, so that
- *     the passes above see the launches as without adapters).
+ *     the passes above see the launches as without adapters); with EXL_CUDA_LORA_OVERLAP, a lora node of the batch
+ *     path is handed to the matmul beside it, its shrink on a second stream while the matmul runs (last).
  * A plan holds its own copy of the graph (nodes field by field, the batch's device side), which its launches
  * refer to and which cuda_graph.cu compares with the next steps' graphs. */
 #include "backend/cuda/cuda_internal.h"
@@ -519,6 +520,79 @@ static void plan_zeroing(compiler *c) {
     }
 }
 
+/* 1 if matmul launch m's kernels write into s: its outputs, the spans it zeroes for a later GEMV, and x where the GLU
+ * of dense weights is computed in place (cuda_matmul.cu); a fused norm's or GLU's output is never stored (dead after
+ * the launch: try_norm, try_glu) */
+static int matmul_writes(const exl_cuda_plan_item *m, exl_span s) {
+    const exl_cuda_fused_mm *f = &m->mm;
+    int dense = 0;
+    for (int k = 0; k < f->n; k++) {
+        dense |= f->w[k]->kind == EXL_LINEAR_DENSE;
+        if (exl_spans_overlap(span(f->out[k], (int64_t)f->rows * f->out_features[k]), s))
+            return 1;
+    }
+    for (int k = 0; k < 3; k++)
+        if (f->clear[k] && exl_spans_overlap(span(f->clear[k], f->n_clear[k]), s))
+            return 1;
+    return f->up && dense && exl_spans_overlap(span(f->x, (int64_t)f->rows * f->in_features), s);
+}
+
+/* 1 if lora node n may be added after matmul launch m instead of before it: m neither reads nor zeroes n's outputs,
+ * and where it writes them it adds onto them */
+static int lora_commutes(const exl_cuda_plan_item *m, const exl_lora_node *n) {
+    const exl_cuda_fused_mm *f = &m->mm;
+    const int64_t in = (int64_t)f->rows * f->in_features;
+    for (int32_t o = 0; o < n->n_out; o++) {
+        const exl_span s = span(n->out[o], (int64_t)n->rows * n->out_features[o]);
+        if (exl_spans_overlap(span(f->x, in), s) || (f->up && exl_spans_overlap(span(f->up, in), s)))
+            return 0;
+        for (int k = 0; k < 3; k++)
+            if (f->clear[k] && exl_spans_overlap(span(f->clear[k], f->n_clear[k]), s))
+                return 0;
+        for (int k = 0; k < f->n && !f->accumulate; k++)
+            if (exl_spans_overlap(span(f->out[k], (int64_t)f->rows * f->out_features[k]), s))
+                return 0;
+    }
+    return 1;
+}
+
+/* 1 if launch m is a matmul that can take lora node n beside it: the shrink, reading n's input while m runs */
+static int lora_beside(const exl_cuda_plan_item *m, const exl_lora_node *n) {
+    const int64_t len = (int64_t)n->rows * n->in_features;
+    return m->kind == EXL_CUDA_RUN_MATMUL && !m->side_lora && !m->mm.lora && !matmul_writes(m, span(n->x, len)) &&
+           !(n->up && matmul_writes(m, span(n->up, len)));
+}
+
+/* lora nodes of the batch path handed to the matmul launch beside them (exl_cuda_lora_overlaps): the one right before
+ * (the projections' own: the node's launch stays after it, as the expand), else the one right after, whose outputs
+ * the node's updates may be added after instead (down_proj's, adding onto the residual); their launches leave the
+ * plan. After the other passes, which see the plan as without it. */
+static void plan_lora_overlap(compiler *c) {
+    exl_cuda_plan *p = c->p;
+    int32_t kept = 0;
+    for (int32_t i = 0; i < p->n_launches; i++) {
+        exl_cuda_plan_item *l = &p->launches[i];
+        if (l->kind == EXL_CUDA_RUN_NODE && p->nodes[l->node].op == EXL_OP_LORA &&
+            exl_cuda_lora_overlaps(c->cb, &p->nodes[l->node].lora)) {
+            const exl_lora_node *n = &p->nodes[l->node].lora;
+            exl_cuda_plan_item *prev = kept > 0 ? &p->launches[kept - 1] : NULL;
+            exl_cuda_plan_item *next = i + 1 < p->n_launches ? &p->launches[i + 1] : NULL;
+            if (prev && prev->node + prev->n_nodes == l->node && lora_beside(prev, n)) {
+                prev->side_lora = n, prev->n_nodes++;
+                continue;
+            }
+            if (next && next->node == l->node + 1 && lora_beside(next, n) && lora_commutes(next, n)) {
+                next->side_lora = n, next->node--, next->n_nodes++;
+                continue;
+            }
+        }
+        if (kept != i)
+            p->launches[kept] = *l;
+        kept++;
+    }
+    p->n_launches = kept;
+}
+
 static int node_rows(const exl_node *n, int32_t batch_rows) {
     switch (n->op) {
     case EXL_OP_EMBED: return n->embed.rows;
@@ -613,6 +687,7 @@ exl_status exl_cuda_plan_compile(exl_cuda_backend *cb, const exl_graph *g, exl_c
             plan_zeroing(&c);
     }
     plan_slot_order(&c);
+    plan_lora_overlap(&c);
     return EXL_OK;
 }
 
@@ -673,10 +748,14 @@ void exl_cuda_plan_run(exl_cuda_backend *cb, const exl_cuda_plan *p) {
         switch (l->kind) {
         case EXL_CUDA_RUN_NODE: run_node(cb, p, n); break;
         case EXL_CUDA_RUN_MATMUL: {
+            if (l->side_lora)
+                exl_cuda_lora_fork(cb, l->side_lora);
             size_t need = exl_cuda_fused_scratch_need(cb, &l->mm) * sizeof(float);
             if (!need ||
                 exl_cuda_ensure(cb, (void **)&cb->fused_scratch, &cb->fused_scratch_bytes, need, "matmul scratch"))
                 exl_cuda_run_matmul_fused(be, &l->mm);
+            if (l->side_lora)
+                exl_cuda_lora_join(cb, l->side_lora);
             break;
         }
         case EXL_CUDA_RUN_ROPE_KV_STORE: {
