@@ -4,7 +4,8 @@
  * A step takes whole sequences, as many as fit the model's step rows, or one piece of a sequence longer than
  * that: its later pieces see the earlier ones through the paged cache, as a long prompt would. Each sequence of
  * a step has its own pages; the cache holds one layer's keys and values at a time (every layer's slots are
- * allocated, the layer being run is the one written). */
+ * allocated, the layer being run is the one written). Candidates of a block that share linears are scored step by
+ * step, each after the one before it over the same rows, without the graph nodes whose outputs are still there. */
 #include "convert/qz.h"
 
 #include "base/alloc.h"

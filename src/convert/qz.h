@@ -12,7 +12,8 @@
  *   optimize.c    one recipe per block within the bits budget
  *   qz_json.c     measurement.json read / write, config.json quantization_config
  *   calib.c       calibration text (and a few rows of random tokens) -> rows of token ids
- *   calib_run.c   the calibration rows through the model's own layers, a hook on their linears
+ *   calib_run.c   the calibration rows through the model's own layers, a hook on their linears; candidates that
+ *                 share linears scored together
  *   trial_linear.c  backend linears from the weights being tried
  *   qz_layer.c    a decoder layer's linears under ExLlamaV2's names (fused ones split, experts one by one)
  *   qz_status.c   progress: the stage, the layer, time so far and an estimate of what is left
@@ -266,9 +267,10 @@ typedef struct exl_qz_cand {
 } exl_qz_cand;
 /* exl_qz_run_layer_err for n candidates: where each step takes whole sequences, step by step, each candidate right
  * after the one before it over the step's rows, skipping the nodes of its graph that compute what they computed
- * there and whose outputs the step's buffers still hold (the norm and the linears before its last linear, where
- * only that one differs): the same nodes over the same values, so the same errors; else one candidate after another
- * (exl_qz_run_layer_err). The backend's graph_run must run accumulating matmuls as the generic executor does. */
+ * there and whose outputs the step's buffers still hold (the shared linears and what only they feed: q and k and
+ * their rope, or gate, up and the GLU): the same nodes over the same values, so the same errors; else one candidate
+ * after another (exl_qz_run_layer_err). For the CPU backend (whose graph_run runs an accumulating matmul through the
+ * graph's tmp, as the generic executor does). */
 exl_status exl_qz_run_layer_errs(exl_qz_runner *r, exl_qz_cand *c, int32_t n, int32_t li, const float *x_in,
                                  const float *ref);
 /* The head's input (the final norm of x) to the hook. */
