@@ -402,6 +402,17 @@ static exl_status cached_quant(qz *q, wcache *c, int32_t r, const exl_qz_opt *o,
     return EXL_OK;
 }
 
+/* Candidates scored together at most (exl_qz_run_layer_errs): their trial linears must all stay cached, which KEEP
+ * candidates in a row do (none of theirs is the oldest way). */
+#define GROUP KEEP
+
+/* Whether candidates that share a linear's recipe are scored together, skipping what the one before computed: on the
+ * CPU (where a forward is the measuring pass's largest part), unless EXL_QUANT_SHARED_FORWARDS=0 (each alone). */
+static int shared_forwards(const qz *q) {
+    const char *env = getenv("EXL_QUANT_SHARED_FORWARDS");
+    return exl_backend_cpu_pool(q->be) && !(env && !strcmp(env, "0"));
+}
+
 /* The weights of a block. */
 static double desc_weights(const exl_qz_block_desc *d) {
     double w = 0;
@@ -441,7 +452,8 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
     exl_qz_hinv *hi = exl_calloc((size_t)slots, sizeof *hi);
     wcache *c = exl_calloc((size_t)n * WAYS, sizeof *c);
     exl_linear **own = exl_calloc((size_t)L->n, sizeof *own), **w = exl_calloc((size_t)L->n, sizeof *w);
-    exl_status st = hs && h && hi && c && own && w ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
+    exl_qz_cand *cand = exl_calloc(GROUP, sizeof *cand);
+    exl_status st = hs && h && hi && c && own && w && cand ? EXL_OK : exl_fail(EXL_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; st == EXL_OK && i < L->n; i++)
         own[i] = w[i] = L->lin[i].own;
     /* the unquantized block: the states after it, its Hessians */
@@ -470,22 +482,34 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
     double norm = st == EXL_OK ? sq_norm(refe, ne) : 0; /* of the hidden states after the block */
     if (st == EXL_OK)
         st = exl_qz_candidates(bm->desc, &bm->r, &bm->n);
-    for (int32_t r = 0; st == EXL_OK && r < bm->n; r++) {
-        for (int32_t i = 0; st == EXL_OK && i < n; i++) {
-            const exl_qz_lin *x = &L->lin[first + i];
-            st = cached_quant(q, c + i * WAYS, r, &bm->r[r].opt[x->opt], x, &hi[x->hslot], &w[first + i]);
+    /* candidates in groups of consecutive ones that share a linear's recipe, scored together */
+    exl_qz_runner *run = q->xe ? &q->run_eval : &q->run;
+    int32_t group = shared_forwards(q) && !L->experts && n <= EXL_QZ_CAND_SAME ? GROUP : 1;
+    for (int32_t r0 = 0, m = 0; st == EXL_OK && r0 < bm->n; r0 += m) {
+        for (m = 0; st == EXL_OK && m < group && r0 + m < bm->n; m++) {
+            int32_t r = r0 + m;
+            exl_qz_cand *cd = &cand[m];
+            cd->n_same = 0;
+            cd->err = 0;
+            for (int32_t i = 0; st == EXL_OK && i < n; i++) {
+                const exl_qz_lin *x = &L->lin[first + i];
+                st = cached_quant(q, c + i * WAYS, r, &bm->r[r].opt[x->opt], x, &hi[x->hslot], &w[first + i]);
+                if (m && !memcmp(&bm->r[r].opt[x->opt], &bm->r[r - 1].opt[x->opt], sizeof(exl_qz_opt)))
+                    cd->same[cd->n_same++] = w[first + i];
+            }
+            cd->layer = exl_qz_layer_block(L, k, w);
+            if (m && !cd->n_same)
+                break; /* it starts the next group (its weights stay cached) */
         }
-        double dist = 0;
         exl_qz_prof_enter(EXL_QZ_PROF_CAND);
-        if (st == EXL_OK) {
-            exl_layer b = exl_qz_layer_block(L, k, w);
-            st = exl_qz_run_layer_err(q->xe ? &q->run_eval : &q->run, &b, L->li, q->dxe, q->drefe, &dist);
-        }
+        if (st == EXL_OK)
+            st = m == 1 ? exl_qz_run_layer_err(run, &cand[0].layer, L->li, q->dxe, q->drefe, &cand[0].err)
+                        : exl_qz_run_layer_errs(run, cand, m, L->li, q->dxe, q->drefe);
         exl_qz_prof_leave();
-        if (st != EXL_OK)
-            break;
-        bm->r[r].accuracy = accuracy_from(dist, norm);
-        exl_qz_clock_step(&q->clock, (k + (double)(r + 1) / bm->n) / 2);
+        for (int32_t j = 0; st == EXL_OK && j < m; j++)
+            bm->r[r0 + j].accuracy = accuracy_from(cand[j].err, norm);
+        if (st == EXL_OK)
+            exl_qz_clock_step(&q->clock, (k + (double)(r0 + m) / bm->n) / 2);
     }
     for (int32_t i = 0; c && i < n * WAYS; i++)
         wcache_free(q, &c[i]);
@@ -497,6 +521,7 @@ static exl_status measure_block(qz *q, int32_t l, int k) {
     exl_free(c);
     exl_free(own);
     exl_free(w);
+    exl_free(cand);
     if (st == EXL_OK) {
         float *t = q->x; /* the states after the block become the next block's input */
         q->x = q->ref;

@@ -12,7 +12,8 @@
  *   optimize.c    one recipe per block within the bits budget
  *   qz_json.c     measurement.json read / write, config.json quantization_config
  *   calib.c       calibration text (and a few rows of random tokens) -> rows of token ids
- *   calib_run.c   the calibration rows through the model's own layers, a hook on their linears
+ *   calib_run.c   the calibration rows through the model's own layers, a hook on their linears; candidates that
+ *                 share linears scored together
  *   trial_linear.c  backend linears from the weights being tried
  *   qz_layer.c    a decoder layer's linears under ExLlamaV2's names (fused ones split, experts one by one)
  *   qz_status.c   progress: the stage, the layer, time so far and an estimate of what is left
@@ -255,6 +256,23 @@ exl_status exl_qz_run_layer(exl_qz_runner *r, const exl_layer *layer, int32_t li
  * as many rows) added to *err: the hidden states stay on the backend, one wait a step (sq_dist). */
 exl_status exl_qz_run_layer_err(exl_qz_runner *r, const exl_layer *layer, int32_t li, const float *x_in,
                                 const float *ref, double *err);
+/* A candidate of a block scored with others (exl_qz_run_layer_errs): decoder layer li with its weights, the linears it
+ * runs with the same weights as the candidate before it in the call, and its squared distance (added to). */
+#define EXL_QZ_CAND_SAME 4
+typedef struct exl_qz_cand {
+    exl_layer layer;
+    const exl_linear *same[EXL_QZ_CAND_SAME];
+    int32_t n_same;
+    double err;
+} exl_qz_cand;
+/* exl_qz_run_layer_err for n candidates: where each step takes whole sequences, step by step, each candidate right
+ * after the one before it over the step's rows, skipping the nodes of its graph that compute what they computed
+ * there and whose outputs the step's buffers still hold (the shared linears and what only they feed: q and k and
+ * their rope, or gate, up and the GLU): the same nodes over the same values, so the same errors; else one candidate
+ * after another (exl_qz_run_layer_err). For the CPU backend (whose graph_run runs an accumulating matmul through the
+ * graph's tmp, as the generic executor does). */
+exl_status exl_qz_run_layer_errs(exl_qz_runner *r, exl_qz_cand *c, int32_t n, int32_t li, const float *x_in,
+                                 const float *ref);
 /* The head's input (the final norm of x) to the hook. */
 exl_status exl_qz_run_head(exl_qz_runner *r, const float *x, exl_linear_hook hook, void *user);
 
@@ -367,6 +385,7 @@ typedef enum exl_qz_prof_part {
     EXL_QZ_PROF_PERMUTE,  /* GPTQ's rows put in act-order and back (host copies, or the backend's gather) */
     EXL_QZ_PROF_LOAD,     /* a layer's linears read from the model as fp32, and freed */
     EXL_QZ_PROF_SAVE,     /* what a resumed run needs written (the hidden states, the measurement) */
+    EXL_QZ_PROF_SHARED,   /* candidate forwards that skip what the candidate before computed (exl_qz_run_layer_errs) */
     EXL_QZ_PROF_N
 } exl_qz_prof_part;
 

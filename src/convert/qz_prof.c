@@ -21,8 +21,8 @@
 #define MAX_DEPTH 8
 
 static const char *const part_names[EXL_QZ_PROF_N] = {
-    "calib_fwd", "cand_fwd", "transfer", "hessian",  "factor",  "gptq", "scales",
-    "rows",      "update",   "trial",    "accuracy", "permute", "load", "save",
+    "calib_fwd", "cand_fwd", "transfer", "hessian", "factor", "gptq", "scales",      "rows",
+    "update",    "trial",    "accuracy", "permute", "load",   "save", "cand_shared",
 };
 
 static struct {
