@@ -376,9 +376,10 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, 2) qmma_kernel(const __grid_co
             }
 }
 
-/* out (+)= the splits' partial sums in split order, + bias */
-__global__ void qmma_reduce_kernel(float *out, const float *partial, const float *bias, int32_t rows, int32_t n_out,
-                                   int64_t n_pad, int32_t splits, int32_t accumulate) {
+/* out (+)= the splits' partial sums in split order, + bias, + delta [rows, n_out] (LoRA updates, or NULL: set back to
+ * zero as they are taken) */
+__global__ void qmma_reduce_kernel(float *out, const float *partial, const float *bias, float *delta, int32_t rows,
+                                   int32_t n_out, int64_t n_pad, int32_t splits, int32_t accumulate) {
     exl_pdl_start();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)rows * n_out)
@@ -388,6 +389,10 @@ __global__ void qmma_reduce_kernel(float *out, const float *partial, const float
     for (int s = 0; s < splits; s++)
         v += partial[((int64_t)s * rows + r) * n_pad + col];
     v += bias ? bias[col] : 0.0f;
+    if (delta) {
+        v += __ldcg(delta + i);
+        delta[i] = 0.0f;
+    }
     out[i] = accumulate ? out[i] + v : v;
 }
 
@@ -523,7 +528,8 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
     if (!exl_cuda_check_launch(cb, "quantized matmul (tensor cores)") || splits == 1 || a.counters)
         return;
     int64_t n_sums = (int64_t)rows * w->out;
+    float *delta = exl_cuda_lora_delta_take(cb, out, rows, w->out); /* joins the LoRA side stream where not NULL */
     exl_cuda_launch(cb, qmma_reduce_kernel, dim3((unsigned)((n_sums + 255) / 256)), dim3(256), 0, out, cb->gemv_partial,
-                    w->bias, rows, w->out, q->n_pad, splits, accumulate);
+                    w->bias, delta, rows, w->out, q->n_pad, splits, accumulate);
     exl_cuda_check_launch(cb, "quantized matmul (split sums)");
 }
