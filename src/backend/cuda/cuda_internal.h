@@ -419,10 +419,19 @@ void exl_cuda_lora_fork(exl_cuda_backend *cb, const exl_lora_node *n);
 void exl_cuda_lora_join(exl_cuda_backend *cb, const exl_lora_node *n);
 void exl_cuda_lora_side_close(exl_cuda_backend *cb);
 void exl_cuda_lora_side_free(exl_cuda_backend *cb);
-/* EXL_CUDA_LORA_OVERLAP=4: where the split sums of a matmul writing out [rows, width] are summed by a launch of
- * their own, the updates they add (and set back to zero) beside the bias: the last output's of the node forked beside
- * that matmul, the second stream joined first; else NULL (the join adds them) */
-float *exl_cuda_lora_delta_take(exl_cuda_backend *cb, const float *out, int32_t rows, int32_t width);
+/* EXL_CUDA_LORA_OVERLAP=4: the LoRA updates a split-sum reduce adds, each delta set back to zero as it is taken:
+ * delta [rows, width] onto its own outputs beside the bias (NULL: none), and n_more other outputs of the same node,
+ * finished before it (out_more[k] += more[k], n_more_floats[k] floats each) */
+typedef struct exl_cuda_lora_adds {
+    float *delta;
+    float *out_more[EXL_LORA_MAX_OUT - 1], *more[EXL_LORA_MAX_OUT - 1];
+    int64_t n_more_floats[EXL_LORA_MAX_OUT - 1];
+    int32_t n_more;
+} exl_cuda_lora_adds;
+/* Where the split sums of a matmul writing out [rows, width] are summed by a launch of their own: what it adds. The
+ * last output's updates of the node forked beside that matmul (the second stream joined first), with those of the
+ * node's outputs whose reduces came before; nothing for others (the join adds them). */
+exl_cuda_lora_adds exl_cuda_lora_delta_take(exl_cuda_backend *cb, const float *out, int32_t rows, int32_t width);
 /* the flags a captured step's CUDA graph is instantiated with (per-node priorities for EXL_CUDA_LORA_OVERLAP=3) */
 unsigned long long exl_cuda_lora_graph_flags(void);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,

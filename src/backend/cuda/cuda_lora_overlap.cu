@@ -29,19 +29,22 @@
  * onto the matmul's outputs; the updates then go where those outputs are finished anyway: cuda_qmma.cu's split-sum
  * reduce of the node's last output (or of any output after it, once joined) takes its delta beside the bias and sets
  * it back to zero (exl_cuda_lora_delta_take: the join right before that reduce, where the matmul's out, rows and
- * width are exactly the node's output's). The outputs no reduce took (one split, the fused last-block sums, the
- * GEMVs, cuBLAS, dense weights, outputs before the last) get theirs from one add kernel after the join, at the
- * place where =1's expand adds them. */
+ * width are exactly the node's output's), and adds those of the outputs whose own reduces came before it (q and k
+ * beside v's, gate beside up's) with threads of its own. The outputs no reduce took (one split, the fused last-block
+ * sums, the GEMVs, cuBLAS, dense weights) get theirs from one add kernel after the join, at the place where =1's
+ * expand adds them. */
 #include "backend/cuda/cuda_lora_batch.cuh"
 
 #include <stdlib.h>
+#include <string.h>
 
 #define OVERLAP_DEFAULT 1 /* EXL_CUDA_LORA_OVERLAP unset: 1 (H100: batch 32 over 4 adapters 0.801 -> 0.835) */
 #define OVERLAP_DELTA 4   /* the mode whose expand runs on the second stream too */
 
 /* lora_delta_state's bits: the forked node's updates wait in cb->lora_delta; the second stream joined by a reduce
- * that took some; output o's taken (DELTA_TAKEN << o) */
-enum { DELTA_PENDING = 1, DELTA_JOINED = 2, DELTA_TAKEN = 4 };
+ * that took some; output o's taken (DELTA_TAKEN << o); output o's reduce launched before the join (DELTA_DONE << o:
+ * the output is finished when the joining reduce runs, which may add its updates too) */
+enum { DELTA_PENDING = 1, DELTA_JOINED = 2, DELTA_TAKEN = 4, DELTA_DONE = 4 << EXL_LORA_MAX_OUT };
 
 /* EXL_CUDA_LORA_OVERLAP: 1, 2 or 3 (expand with or without programmatic dependent launch; 3: as 1, the shrink at the
  * greatest priority), 4 (the expand on the second stream as well, into cb->lora_delta), else 0; read at each call (a
@@ -158,24 +161,34 @@ void exl_cuda_lora_fork(exl_cuda_backend *cb, const exl_lora_node *n) {
     cb->lora_forked = n;
 }
 
-float *exl_cuda_lora_delta_take(exl_cuda_backend *cb, const float *out, int32_t rows, int32_t width) {
+exl_cuda_lora_adds exl_cuda_lora_delta_take(exl_cuda_backend *cb, const float *out, int32_t rows, int32_t width) {
+    exl_cuda_lora_adds adds;
+    memset(&adds, 0, sizeof adds);
     const exl_lora_node *n = cb->lora_forked;
     if (!n || !(cb->lora_delta_state & DELTA_PENDING) || rows != n->rows)
-        return NULL;
+        return adds;
     for (int32_t o = 0; o < n->n_out; o++) {
-        const int bit = DELTA_TAKEN << o;
-        if (out != n->out[o] || width != n->out_features[o] || (cb->lora_delta_state & bit))
+        if (out != n->out[o] || width != n->out_features[o] || (cb->lora_delta_state & (DELTA_TAKEN << o)))
             continue;
-        if (!(cb->lora_delta_state & DELTA_JOINED)) { /* joined at the last output only: the others are done by then */
-            if (o != n->n_out - 1)
-                return NULL;
+        if (!(cb->lora_delta_state & DELTA_JOINED)) { /* joined at the last output only, the others done by then */
+            if (o != n->n_out - 1) {
+                cb->lora_delta_state |= DELTA_DONE << o; /* its reduce follows: finished before the last's */
+                return adds;
+            }
             exl_cuda_lora_side_close(cb);
             cb->lora_delta_state |= DELTA_JOINED;
+            for (int32_t k = 0; k < o; k++) /* the outputs whose reduces came before: their updates here too */
+                if ((cb->lora_delta_state & (DELTA_DONE << k)) && !(cb->lora_delta_state & (DELTA_TAKEN << k))) {
+                    adds.out_more[adds.n_more] = n->out[k], adds.more[adds.n_more] = delta_of(cb, n, k);
+                    adds.n_more_floats[adds.n_more++] = (int64_t)n->rows * n->out_features[k];
+                    cb->lora_delta_state |= DELTA_TAKEN << k;
+                }
         }
-        cb->lora_delta_state |= bit;
-        return delta_of(cb, n, o);
+        cb->lora_delta_state |= DELTA_TAKEN << o;
+        adds.delta = delta_of(cb, n, o);
+        return adds;
     }
-    return NULL;
+    return adds;
 }
 
 void exl_cuda_lora_side_close(exl_cuda_backend *cb) {
@@ -198,7 +211,7 @@ void exl_cuda_lora_join(exl_cuda_backend *cb, const exl_lora_node *n) {
         int64_t total = 0;
         for (int32_t o = 0; o < n->n_out; o++)
             total += (int64_t)n->rows * n->out_features[o];
-        const int skip = state / DELTA_TAKEN;
+        const int skip = state / DELTA_TAKEN & ((1 << EXL_LORA_MAX_OUT) - 1);
         if (skip != (1 << n->n_out) - 1) {
             exl_cuda_launch(cb, lora_delta_add, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, *n, cb->lora_delta,
                             skip, total);
