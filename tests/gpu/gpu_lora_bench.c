@@ -15,8 +15,6 @@
  *   overlap            EXL_CUDA_LORA_OVERLAP=1: the batch path with each group's shrink on a second stream beside the
  *                      matmul it goes with (cuda_lora_overlap.cu, r2-lora6), the expand after it; =2: the same, the
  *                      expand without programmatic dependent launch; =3: as 1, the shrink at the greatest priority;
- *                      =4: the expand on the second stream too, into a delta that the matmul's split-sum reduce
- *                      adds (r2-lora7);
  *   in-block fold      EXL_CUDA_LORA_SIDE=0: one row folded into the GEMVs' own blocks (r2-lora3);
  *   SGMV               EXL_CUDA_LORA_SGMV=5: 32 uses by adapter (cuda_lora.cu), one launch a group;
  *   SGMV in two        the same with EXL_CUDA_LORA_SGMV_LAUNCHES=2: SGMV's shrink and expand as two launches;
@@ -206,8 +204,6 @@ static const variant variants[] = {
     {"EXL_CUDA_LORA_OVERLAP=1 (batch path, shrink beside the matmul)", {{"EXL_CUDA_LORA_OVERLAP", "1"}}},
     {"EXL_CUDA_LORA_OVERLAP=2 (the same, expand without PDL)", {{"EXL_CUDA_LORA_OVERLAP", "2"}}},
     {"EXL_CUDA_LORA_OVERLAP=3 (as 1, shrink at the greatest priority)", {{"EXL_CUDA_LORA_OVERLAP", "3"}}},
-    {"EXL_CUDA_LORA_OVERLAP=4 (shrink and expand beside the matmul, delta in its reduce)",
-     {{"EXL_CUDA_LORA_OVERLAP", "4"}}},
     {"EXL_CUDA_LORA_SIDE=0 (in-block fold)", {{"EXL_CUDA_LORA_SIDE", "0"}}},
     {"EXL_CUDA_LORA_SGMV=5", {{"EXL_CUDA_LORA_SGMV", "5"}}},
     {"EXL_CUDA_LORA_SGMV=5 EXL_CUDA_LORA_SGMV_LAUNCHES=2",
@@ -387,10 +383,5 @@ int main(int argc, char **argv) {
            "EXL_CUDA_LORA_SGMV=0 (as above): EXL_CUDA_LORA_OVERLAP=1 %.2e (%d of %d), =2 %.2e (%d of %d), =3 %.2e (%d "
            "of %d)\n",
            BATCH, e4, diff4, BATCH, e5, diff5, BATCH, e6, diff6, BATCH);
-    int diff7;
-    const double e7 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_OVERLAP", "4", &diff7);
-    printf("logits of one step at batch %d, shrink and expand beside the matmul against EXL_CUDA_LORA_GEMV=0 "
-           "EXL_CUDA_LORA_SGMV=0 (as above): EXL_CUDA_LORA_OVERLAP=4 %.2e (%d of %d)\n",
-           BATCH, e7, diff7, BATCH);
     return 0;
 }

@@ -98,12 +98,6 @@ typedef struct exl_cuda_backend {
     cudaEvent_t lora_fork, lora_join;
     int lora_priority; /* the device's greatest scheduling priority (EXL_CUDA_LORA_OVERLAP=3's shrinks) */
     const exl_lora_node *lora_forked;
-    /* EXL_CUDA_LORA_OVERLAP=4: the forked node's updates, expanded on the second stream, [rows, out_features[o]] one
-     * output after another (zero at rest: whoever adds them clears them), and 1 while they wait there, 2 once its
-     * last output's are added by a split-sum reduce (exl_cuda_lora_delta_take), 0 otherwise */
-    float *lora_delta;
-    size_t lora_delta_bytes;
-    int lora_delta_state;
     float *attn_partial; /* split-K partials of decode attention */
     size_t attn_partial_bytes;
     __half *dequant; /* quantized weights decoded to fp16 hi and lo for cuBLAS (cuda_qgemm.cu) */
@@ -419,19 +413,6 @@ void exl_cuda_lora_fork(exl_cuda_backend *cb, const exl_lora_node *n);
 void exl_cuda_lora_join(exl_cuda_backend *cb, const exl_lora_node *n);
 void exl_cuda_lora_side_close(exl_cuda_backend *cb);
 void exl_cuda_lora_side_free(exl_cuda_backend *cb);
-/* EXL_CUDA_LORA_OVERLAP=4: the LoRA updates a split-sum reduce adds, each delta set back to zero as it is taken:
- * delta [rows, width] onto its own outputs beside the bias (NULL: none), and n_more other outputs of the same node,
- * finished before it (out_more[k] += more[k], n_more_floats[k] floats each) */
-typedef struct exl_cuda_lora_adds {
-    float *delta;
-    float *out_more[EXL_LORA_MAX_OUT - 1], *more[EXL_LORA_MAX_OUT - 1];
-    int64_t n_more_floats[EXL_LORA_MAX_OUT - 1];
-    int32_t n_more;
-} exl_cuda_lora_adds;
-/* Where the split sums of a matmul writing out [rows, width] are summed by a launch of their own: what it adds. The
- * last output's updates of the node forked beside that matmul (the second stream joined first), with those of the
- * node's outputs whose reduces came before; nothing for others (the join adds them). */
-exl_cuda_lora_adds exl_cuda_lora_delta_take(exl_cuda_backend *cb, const float *out, int32_t rows, int32_t width);
 /* the flags a captured step's CUDA graph is instantiated with (per-node priorities for EXL_CUDA_LORA_OVERLAP=3) */
 unsigned long long exl_cuda_lora_graph_flags(void);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,

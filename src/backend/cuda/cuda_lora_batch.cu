@@ -328,7 +328,7 @@ void exl_cuda_lora_batch_shrink(exl_cuda_backend *cb, const exl_lora_node *n, fl
 }
 
 void exl_cuda_lora_batch_expand(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, unsigned *sync,
-                                int plain, cudaStream_t stream, int pdl) {
+                                int plain, int pdl) {
     int32_t tiles = 0;
     for (int32_t o = 0; o < n->n_out; o++)
         tiles += (n->out_features[o] + BATCH_THREADS - 1) / BATCH_THREADS;
@@ -336,8 +336,8 @@ void exl_cuda_lora_batch_expand(exl_cuda_backend *cb, const exl_lora_node *n, fl
     void (*const kernels[2][2])(exl_lora_node, float *, float *,
                                 unsigned *) = {{lora_batch_expand<0, 0>, lora_batch_expand<0, 1>},
                                                {lora_batch_expand<1, 0>, lora_batch_expand<1, 1>}};
-    exl_cuda_launch_on(cb, stream, pdl, 0, kernels[n->norm != NULL][plain != 0], grid, dim3(BATCH_THREADS), 0, *n, t,
-                       ss, sync + BATCH_COUNT);
+    exl_cuda_launch_on(cb, cb->stream, pdl, 0, kernels[n->norm != NULL][plain != 0], grid, dim3(BATCH_THREADS), 0, *n,
+                       t, ss, sync + BATCH_COUNT);
     exl_cuda_check_launch(cb, "lora batch expand");
 }
 
@@ -347,5 +347,5 @@ void exl_cuda_lora_batch(exl_cuda_backend *cb, const exl_lora_node *n, int plain
     if (!exl_cuda_lora_scratch(cb, n, &t, &ss, &sync))
         return;
     exl_cuda_lora_batch_shrink(cb, n, t, ss, cb->stream, 1, 0);
-    exl_cuda_lora_batch_expand(cb, n, t, ss, sync, plain, cb->stream, 1);
+    exl_cuda_lora_batch_expand(cb, n, t, ss, sync, plain, 1);
 }

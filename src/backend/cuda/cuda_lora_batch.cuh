@@ -24,11 +24,11 @@ int exl_cuda_lora_batch_takes(const exl_cuda_backend *cb, const exl_lora_node *n
  * on the backend's stream (failures: the sticky error). */
 void exl_cuda_lora_batch(exl_cuda_backend *cb, const exl_lora_node *n, int plain);
 /* Its two launches apart, into the scratch exl_cuda_lora_scratch gave (t, ss, sync): the shrink on stream (at
- * priority, 0: the default), the expand on stream, each with programmatic dependent launch where pdl is set
- * (exl_cuda_launch_on). */
+ * priority, 0: the default), the expand on the backend's stream, each with programmatic dependent launch where pdl is
+ * set (exl_cuda_launch_on). */
 void exl_cuda_lora_batch_shrink(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, cudaStream_t stream,
                                 int pdl, int priority);
 void exl_cuda_lora_batch_expand(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, unsigned *sync,
-                                int plain, cudaStream_t stream, int pdl);
+                                int plain, int pdl);
 
 #endif

@@ -376,31 +376,18 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, 2) qmma_kernel(const __grid_co
             }
 }
 
-/* out (+)= the splits' partial sums in split order, + bias, + LoRA updates (lora.delta [rows, n_out]); the threads
- * past rows * n_out add lora's other outputs' updates (each delta set back to zero as it is taken) */
-__global__ void qmma_reduce_kernel(float *out, const float *partial, const float *bias, exl_cuda_lora_adds lora,
-                                   int32_t rows, int32_t n_out, int64_t n_pad, int32_t splits, int32_t accumulate) {
+/* out (+)= the splits' partial sums in split order, + bias */
+__global__ void qmma_reduce_kernel(float *out, const float *partial, const float *bias, int32_t rows, int32_t n_out,
+                                   int64_t n_pad, int32_t splits, int32_t accumulate) {
     exl_pdl_start();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)rows * n_out) {
-        i -= (int64_t)rows * n_out;
-        for (int k = 0; k < EXL_LORA_MAX_OUT - 1 && k < lora.n_more; i -= lora.n_more_floats[k++])
-            if (i < lora.n_more_floats[k]) {
-                lora.out_more[k][i] += __ldcg(lora.more[k] + i);
-                lora.more[k][i] = 0.0f;
-                return;
-            }
+    if (i >= (int64_t)rows * n_out)
         return;
-    }
     int64_t r = i / n_out, col = i % n_out;
     float v = 0.0f;
     for (int s = 0; s < splits; s++)
         v += partial[((int64_t)s * rows + r) * n_pad + col];
     v += bias ? bias[col] : 0.0f;
-    if (lora.delta) {
-        v += __ldcg(lora.delta + i);
-        lora.delta[i] = 0.0f;
-    }
     out[i] = accumulate ? out[i] + v : v;
 }
 
@@ -535,11 +522,8 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
                     qmma_smem_bytes(mt, parts, a.chunks_per_split), a);
     if (!exl_cuda_check_launch(cb, "quantized matmul (tensor cores)") || splits == 1 || a.counters)
         return;
-    const exl_cuda_lora_adds lora = exl_cuda_lora_delta_take(cb, out, rows, w->out); /* may join the LoRA stream */
     int64_t n_sums = (int64_t)rows * w->out;
-    for (int k = 0; k < lora.n_more; k++)
-        n_sums += lora.n_more_floats[k];
     exl_cuda_launch(cb, qmma_reduce_kernel, dim3((unsigned)((n_sums + 255) / 256)), dim3(256), 0, out, cb->gemv_partial,
-                    w->bias, lora, rows, w->out, q->n_pad, splits, accumulate);
+                    w->bias, rows, w->out, q->n_pad, splits, accumulate);
     exl_cuda_check_launch(cb, "quantized matmul (split sums)");
 }
