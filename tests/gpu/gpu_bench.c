@@ -436,7 +436,9 @@ static double decode_ahead_batch(exl_model *m, exl_kv_cache *cache, int32_t n_se
         pages[s] = s;
         st[s] = (exl_seq_step){ids + (int64_t)s * ctx, ctx, 0, &pages[s], 1, 1};
     }
-    EK(exl_model_forward(m, cache, st, n_seqs, logits));
+    const int32_t per_step = exl_model_max_rows(m) / ctx > 0 ? exl_model_max_rows(m) / ctx : 1; /* prompts a step */
+    for (int32_t s = 0; s < n_seqs; s += per_step)
+        EK(exl_model_forward(m, cache, st + s, n_seqs - s < per_step ? n_seqs - s : per_step, logits));
     for (int32_t s = 0; s < n_seqs; s++)
         st[s] = (exl_seq_step){ids + s, 1, ctx, &pages[s], 1, 1};
     EK(exl_model_forward_argmax(m, cache, st, n_seqs, &t[0]));
