@@ -5,15 +5,13 @@
  *     k_proj, v_proj; gate_proj, up_proj) and each expert (mlp.experts.N.gate_proj, ...) as ExLlamaV2 does, keeps
  *     the router unquantized, measures the experts as one block_sparse_moe (w1, w3, w2) in measurement.json, loads
  *     in exl, and its mean KL from the fp32 reference over sequence b's stored positions stays under 0.15 nats;
- *   - the status callback reports every finished layer of both passes with its blocks' accuracy and bits;
- *   - candidates scored together, skipping what the one before computed, measure exactly what candidates scored one
- *     by one do (EXL_QUANT_SHARED_FORWARDS=0): the same measurement.json and output, byte for byte.
- * Mixtral and GPTQ of all three: test_quantize.c (architectures_beyond_llama_quantize). */
+ *   - the status callback reports every finished layer of both passes with its blocks' accuracy and bits.
+ * Mixtral and GPTQ of all three: test_quantize.c (architectures_beyond_llama_quantize); candidates scored together:
+ * test_quantize_shared.c. */
 #include "exl.h"
 #include "model_util.h"
 #include "test.h"
 
-#include "base/notice.h"
 #include "io/safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -177,57 +175,4 @@ EXL_TEST(qwen3moe_experts_quantize_one_by_one) {
                                            "model.layers.1.mlp.gate.q_weight"};
     static const char *const keys[] = {"w1", "w3", "w2"};
     check_model("rand-qwen3moe", want, 5, unwanted, 2, "model.layers.0.block_sparse_moe", keys, 3);
-}
-
-/* ------------------------------------------------------------------ candidates scored together */
-
-static void count_shared(void *user, const char *text) { *(int *)user += strstr(text, "cand_shared") != NULL; }
-
-static int same_bytes(const char *dir_a, const char *dir_b, const char *name) {
-    char a[1300], b[1300];
-    snprintf(a, sizeof a, "%s/%s", dir_a, name);
-    snprintf(b, sizeof b, "%s/%s", dir_b, name);
-    size_t na = 0, nb = 0;
-    char *x = mu_read_file(a, &na), *y = mu_read_file(b, &nb);
-    int same = x && y && na == nb && !memcmp(x, y, na);
-    free(x);
-    free(y);
-    return same;
-}
-
-/* Quantize `model` (EXL2 4.0 bpw, head 6; rows x length calibration tokens) with candidates scored one by one and
- * together: the same bytes, and the profile shows shared forwards. */
-static void check_shared(const char *model, int32_t rows, int32_t length) {
-    char out[2][1200];
-    int shared_lines = 0;
-    for (int shared = 0; shared < 2; shared++) {
-        snprintf(out[shared], sizeof out[shared], "%s/%s-%d-%s", exl_test_tmpdir(), model, length,
-                 shared ? "shared" : "single");
-        exl_quantize_params p = arch_params(model, out[shared]);
-        p.rows = rows;
-        p.length = length;
-        setenv("EXL_QUANT_SHARED_FORWARDS", shared ? "1" : "0", 1);
-        setenv("EXL_QUANT_PROFILE", "1", 1);
-        exl_notice_set_handler(count_shared, &shared_lines);
-        exl_status st = exl_quantize(&p, NULL);
-        exl_notice_set_handler(NULL, NULL);
-        unsetenv("EXL_QUANT_SHARED_FORWARDS");
-        unsetenv("EXL_QUANT_PROFILE");
-        CHECK_MSG(st == EXL_OK, "%s: exl_quantize: %s", model, exl_last_error());
-        if (st != EXL_OK)
-            return;
-        CHECK_MSG(shared || !shared_lines, "%s: EXL_QUANT_SHARED_FORWARDS=0 still shared forwards", model);
-    }
-    CHECK_MSG(shared_lines > 0, "%s: no profile line shows shared forwards", model);
-    CHECK_MSG(same_bytes(out[0], out[1], "measurement.json"),
-              "%s: shared candidate forwards measured other accuracies (%s vs %s)", model, out[1], out[0]);
-    CHECK_MSG(same_bytes(out[0], out[1], "output.safetensors"), "%s: shared candidate forwards gave another output",
-              model);
-}
-
-/* Qwen3 (a Llama with norms of q and k heads), Gemma 3 (post-norms, sliding layers), Phi-3 (fused linears split). */
-EXL_TEST(shared_candidate_forwards_measure_what_single_ones_do) {
-    static const char *const models[] = {"rand-qwen3", "rand-gemma3", "rand-phi3"};
-    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
-        check_shared(models[i], 6, 64);
 }
