@@ -1,5 +1,6 @@
 /* model_util.c - write converted, sharded or broken copies of model directories for tests. */
 #include "model_util.h"
+#include "test.h"
 
 #include "base/half.h"
 #include "io/safetensors.h"
@@ -114,4 +115,22 @@ exl_status mu_convert_model(const char *src_dir, const char *dst_dir, exl_dtype 
     free(bufs);
     exl_weights_close(w);
     return st;
+}
+
+exl_quantize_params mu_quantize_params(const char *model, const char *out, int32_t rows, int32_t length) {
+    static char in[1024], cal[1024];
+    static const char *cal_list[1];
+    snprintf(cal, sizeof cal, "%s", exl_test_shared("data/calibration/tiny.utf8"));
+    cal_list[0] = cal;
+    snprintf(in, sizeof in, "%s/%s", exl_test_shared("models"), model);
+    exl_quantize_params p = exl_quantize_default_params();
+    p.in_dir = in;
+    p.out_dir = out;
+    p.calibration = cal_list;
+    p.n_calibration = 1;
+    p.rows = rows;
+    p.length = length;
+    p.n_threads = 2;
+    p.device = EXL_DEVICE_CPU;
+    return p;
 }

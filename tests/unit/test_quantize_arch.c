@@ -23,24 +23,9 @@
 
 #define KL_BOUND 0.15
 
-static char g_cal[1024];
-static const char *g_cal_list[1];
-
+/* more than the 8 sequences the measuring pass scores candidates on */
 static exl_quantize_params arch_params(const char *model, const char *out) {
-    static char in[1024];
-    snprintf(g_cal, sizeof g_cal, "%s", exl_test_shared("data/calibration/tiny.utf8"));
-    g_cal_list[0] = g_cal;
-    snprintf(in, sizeof in, "%s/%s", exl_test_shared("models"), model);
-    exl_quantize_params p = exl_quantize_default_params();
-    p.in_dir = in;
-    p.out_dir = out;
-    p.calibration = g_cal_list;
-    p.n_calibration = 1;
-    p.rows = 12; /* more than the 8 sequences the measuring pass scores candidates on */
-    p.length = 64;
-    p.n_threads = 2;
-    p.device = EXL_DEVICE_CPU;
-    return p;
+    return mu_quantize_params(model, out, 12, 64);
 }
 
 typedef struct layer_log {

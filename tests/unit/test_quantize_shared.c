@@ -14,26 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char g_cal[1024];
-static const char *g_cal_list[1];
-
-static exl_quantize_params shared_params(const char *model, const char *out, int32_t rows, int32_t length) {
-    static char in[1024];
-    snprintf(g_cal, sizeof g_cal, "%s", exl_test_shared("data/calibration/tiny.utf8"));
-    g_cal_list[0] = g_cal;
-    snprintf(in, sizeof in, "%s/%s", exl_test_shared("models"), model);
-    exl_quantize_params p = exl_quantize_default_params();
-    p.in_dir = in;
-    p.out_dir = out;
-    p.calibration = g_cal_list;
-    p.n_calibration = 1;
-    p.rows = rows;
-    p.length = length;
-    p.n_threads = 2;
-    p.device = EXL_DEVICE_CPU;
-    return p;
-}
-
 static void count_shared(void *user, const char *text) { *(int *)user += strstr(text, "cand_shared") != NULL; }
 
 static int same_bytes(const char *dir_a, const char *dir_b, const char *name) {
@@ -56,7 +36,7 @@ static void check_shared(const char *model, int32_t rows, int32_t length) {
     for (int shared = 0; shared < 2; shared++) {
         snprintf(out[shared], sizeof out[shared], "%s/%s-%d-%s", exl_test_tmpdir(), model, length,
                  shared ? "shared" : "single");
-        exl_quantize_params p = shared_params(model, out[shared], rows, length);
+        exl_quantize_params p = mu_quantize_params(model, out[shared], rows, length);
         setenv("EXL_QUANT_SHARED_FORWARDS", shared ? "1" : "0", 1);
         setenv("EXL_QUANT_PROFILE", "1", 1);
         exl_notice_set_handler(count_shared, &shared_lines);
