@@ -13,7 +13,8 @@
  * --bits: the EXL2 layers' code width, 2-8 (default 4; the head is 6 bits).
  * --profile: only a 128-token prompt and 3 decode steps of the first kind (for ncu).
  * --prefill-only: only the prefill columns (for an A/B of EXL_CUDA_EXACT_PREFILL=1, the ~22-bit prompt path).
- * --kernels-only: only the per-matrix times (for an A/B of EXL_CUDA_GEMV_MMA_ROWS=17, the old split of rows).
+ * --kernels-only: only the per-matrix times (for an A/B of a setting, e.g. EXL_CUDA_QMMA_WIDE_A=0: the head's
+ *   5-16 rows on cuda_qmma.cu).
  * --sample-only: only the sample op's lines (also printed first in a full run): top-p 0.95 at temperature 0.8 on
  *   1, 16 and 64 rows of 32000 and one of 128256, beside greedy argmax on the same rows; then other settings.
  * GPU_BENCH_REPS=N: launches of a matrix a timed run (default 200; 1 under ncu), and no prompt rows. */

@@ -47,11 +47,8 @@ timeout 420 "$bin/gpu_bench" ${BENCH_ARGS:-} >"$out/bench.log" 2>"$out/bench_det
 bench_rc=$?
 # the same decode without CUDA graphs (every op launched singly), for comparison
 EXL_CUDA_GRAPHS=0 timeout 120 "$bin/gpu_bench" exl2 >"$out/bench_nographs.log" 2>/dev/null
-# prefill with the ~22-bit prompt path (EXL_CUDA_EXACT_PREFILL=1) against the default fp16 one, in the same call,
-# and the matrices' decode rows with the old split (CUDA-core GEMV up to 4 rows, cuda_qmma.cu beyond)
+# prefill with the ~22-bit prompt path (EXL_CUDA_EXACT_PREFILL=1) against the default fp16 one, in the same call
 EXL_CUDA_EXACT_PREFILL=1 timeout 180 "$bin/gpu_bench" exl2 --prefill-only >"$out/bench_exact_prefill.log" 2>/dev/null
-EXL_CUDA_GEMV_MMA_ROWS=17 timeout 120 "$bin/gpu_bench" exl2 --layers 1 --kernels-only >/dev/null \
-    2>"$out/bench_kernels_old_rows.log"
 
 echo "==== test_gpu (rc $test_rc): failures and skips"
 grep -E "^(FAIL|SKIP)" "$out/test_gpu.log" | head -40
@@ -76,6 +73,4 @@ echo "prefill with EXL_CUDA_EXACT_PREFILL=1:"
 tail -1 "$out/bench_exact_prefill.log"
 echo "whole decode steps of 1-16 sequences and verification steps of 1-16 rows (ratio to one row):"
 grep -E "decode steps of|verification steps" "$out/bench_detail.log"
-echo "decode rows with EXL_CUDA_GEMV_MMA_ROWS=17 (before):"
-grep -B1 "as decode rows" "$out/bench_kernels_old_rows.log"
 [ $test_rc -eq 0 ] && [ $dequant_rc -eq 0 ] && [ $fp32att_rc -eq 0 ] && [ $bench_rc -eq 0 ]

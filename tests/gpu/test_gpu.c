@@ -2201,151 +2201,107 @@ static void test_decode_rows(const char *shared, const char *model) {
     free(step_out);
 }
 
-/* Decode steps of 2 to 16 sequences (by default: the GEMV on tensor cores) against each sequence's step alone (one
- * row: the plain GEMV), row by row (ref_decode_rows); with env ("NAME=VALUE", set while the model's backend starts),
- * another split: EXL_CUDA_GEMV_MMA_ROWS=5 rows 2-4 on the plain GEMV and 5-16 on tensor cores, =17 the plain GEMV up
- * to 4 rows a launch and cuda_qmma.cu beyond; EXL_CUDA_GEMV_MMA_BLOCKS=1 one split (each warp's ring goes round several
- * times), with EXL_CUDA_GEMV_MMA_STAGES=2 or 3 the tensor-core GEMV's shortest rings; EXL_CUDA_GEMV_MMA_K_WARPS=1
- * its 256-thread blocks (one warp a column range), with EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM=2 two of them an SM with half
- * the shared memory each; EXL_CUDA_GEMV_MMA_NORM_ROWS=16 or =1 the RMSNorm computed by every
- * block of the tensor-core GEMV at any row count, or always by a launch of its own. The models
- * cover EXL2 of mixed widths (2-8 bits), GPTQ (act-order, sym), biases (qwen2), matrices of 64, 128 and 640 columns
- * (k/v_proj, qwen2's ffn) and GELU (gemma); the decode steps run every fused case (norm first, GLU input, out_map
- * and x_slots, accumulation into the residual, atomic adds of the splits; with EXL_CUDA_DETERMINISTIC=1, as
- * tests/gpu/run.sh runs test_gpu a second time, the split sums in shared order). */
-static void test_decode_batch_rows(const char *shared, const char *model, const char *env) {
-    char dir[1024], name[224], vars[3][64] = {"", "", ""};
+/* Decode steps of 2 to 16 sequences (2-4 rows: the plain GEMV, a launch for all rows; 5-16: cuda_qmma.cu, the
+ * fixtures' heads being narrow) against each sequence's step alone (one row: the plain GEMV), row by row
+ * (ref_decode_rows). The models cover EXL2 of mixed widths (2-8 bits), GPTQ (act-order, sym), biases (qwen2),
+ * matrices of 64, 128 and 640 columns (k/v_proj, qwen2's ffn) and GELU (gemma); the decode steps run every fused
+ * case (norm first, GLU input, out_map and x_slots, accumulation into the residual, atomic adds of the splits; with
+ * EXL_CUDA_DETERMINISTIC=1, as tests/gpu/run.sh runs test_gpu a second time, the split sums in shared order). */
+static void test_decode_batch_rows(const char *shared, const char *model) {
+    char dir[1024], name[224];
     snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
-    for (int v = 0, at = 0; v < 3 && env && env[at]; v++) { /* up to three "NAME=VALUE", spaces between */
-        char val[32];
-        if (sscanf(env + at, "%63[^=]=%31s", vars[v], val) != 2)
-            break;
-        setenv(vars[v], val, 1);
-        at += (int)(strlen(vars[v]) + 1 + strlen(val));
-        at += env[at] == ' ';
-    }
     exl_model_params p = exl_model_default_params();
     p.device = EXL_DEVICE_CUDA;
     exl_model *m;
     require(exl_model_load(dir, &p, &m) == EXL_OK, "load model");
-    for (int v = 0; v < 3; v++)
-        if (vars[v][0])
-            unsetenv(vars[v]);
     const int32_t ks[] = {2, 3, 4, 5, 8, 9, 16};
     int mism = 0, rows = 0;
     double e = ref_decode_rows(m, ks, (int)(sizeof ks / sizeof ks[0]), &mism, &rows);
     exl_model_free(m);
-    const char *lp = env ? " (" : "", *rp = env ? ")" : "";
-    snprintf(name, sizeof name, "decode 2-16 rows == one row %s%s%s%s (%d rows)", model, lp, env ? env : "", rp, rows);
+    snprintf(name, sizeof name, "decode 2-16 rows == one row %s (%d rows)", model, rows);
     report(name, rows == 47 ? e : -1, 5e-3);
-    snprintf(name, sizeof name, "decode 2-16 rows argmax mismatches %s%s%s%s", model, lp, env ? env : "", rp);
+    snprintf(name, sizeof name, "decode 2-16 rows argmax mismatches %s", model);
     report(name, rows == 47 ? mism : -1, 0);
 }
 
-/* ---- decode-sized steps in one launch (cuda_qmma.cu: EXL_CUDA_QMMA_FUSED) and wide matrices on GEMV-A
- * (EXL_CUDA_QMMA_WIDE_A) */
+/* ---- a wide matrix (the head) at 5-16 decode rows on GEMV-A (cuda_qgemv_a.cuh) */
 
-/* The outputs of one decode step of rows rows through lg ([K] -> [N]): x · W (+ bias), or with up the GLU of x and up
- * first, added to base; env "NAME=0 ..." (up to two names) set while the step runs. Its buffers stay allocated until
- * the caller frees the result's twins (*keep), so that no later step matches this one's captured CUDA graph. */
-static float *qmma_step(exl_linear *lg, int64_t K, int64_t N, int32_t rows, const float *x, const float *up,
-                        const float *base, const char *env, void *keep[3]) {
-    char names[3][48] = {"", "", ""}, values[3][16] = {"", "", ""}; /* env: up to three NAME=VALUE, spaces between */
-    if (env)
-        sscanf(env, " %47[^=]=%15s %47[^=]=%15s %47[^=]=%15s", names[0], values[0], names[1], values[1], names[2],
-               values[2]);
-    for (int i = 0; i < 3; i++)
-        if (names[i][0])
-            setenv(names[i], values[i], 1);
-    float *dx = put(gpu, x, (size_t)rows * K * 4), *dup = up ? put(gpu, up, (size_t)rows * K * 4) : NULL;
-    float *og = put(gpu, base, (size_t)rows * N * 4);
+/* The outputs of one decode step of rows rows through lg ([K] -> [N]): x · W, with norm (NULL: none) the RMSNorm of
+ * x first (fused into the matmul's launch); on_a 0: with EXL_CUDA_QMMA_WIDE_A=0 (cuda_qmma.cu) while the step runs.
+ * Its buffers stay allocated until the caller frees them (*keep), so that no later step matches this one's captured
+ * CUDA graph. */
+static float *wide_step(exl_linear *lg, int64_t K, int64_t N, int32_t rows, const float *x, exl_vector *norm, int on_a,
+                        void *keep[3]) {
+    if (!on_a)
+        setenv("EXL_CUDA_QMMA_WIDE_A", "0", 1);
+    float *dx = put(gpu, x, (size_t)rows * K * 4), *dh = norm ? gpu->ops->alloc(gpu, (size_t)rows * K * 4) : NULL;
+    float *og = gpu->ops->alloc(gpu, (size_t)rows * N * 4);
     exl_batch b = decode_batch(rows);
     exl_graph gr = {0};
     exl_graph_reset(&gr, &b);
-    if (up)
-        add_node(&gr, (exl_node){.op = EXL_OP_GLU, .glu = {dx, dup, rows, (int32_t)K, 0}});
-    add_node(&gr, (exl_node){.op = EXL_OP_MATMUL, .matmul = {og, dx, lg, rows, (int32_t)K, (int32_t)N, up ? 1 : 0}});
+    if (norm)
+        add_node(&gr, (exl_node){.op = EXL_OP_RMSNORM, .rmsnorm = {dh, dx, norm, rows, (int32_t)K, 1e-5f}});
+    add_node(&gr, (exl_node){.op = EXL_OP_MATMUL, .matmul = {og, norm ? dh : dx, lg, rows, (int32_t)K, (int32_t)N, 0}});
     require(exl_graph_output(&gr, og, rows * N) == EXL_OK, "graph output");
     require(gpu->ops->graph_run(gpu, &gr) == EXL_OK, "graph_run");
     float *got = get(gpu, og, rows * N);
     exl_graph_free(&gr);
-    for (int i = 0; i < 3; i++)
-        if (names[i][0])
-            unsetenv(names[i]);
-    keep[0] = dx, keep[1] = dup, keep[2] = og;
+    unsetenv("EXL_CUDA_QMMA_WIDE_A");
+    keep[0] = dx, keep[1] = dh, keep[2] = og;
     return got;
 }
 
-/* One 7B-shaped matrix (g; bias: a random fp32 bias; glu: a GLU input accumulating into the residual) at 5-64 decode
- * rows: the one-launch path (EXL_CUDA_QMMA_FUSED=1), and the split sums alone fused (EXL_CUDA_QMMA_GATHER_ROWS=0 with
- * it), bit for bit equal to the three launches (EXL_CUDA_QMMA_FUSED=0), all with wide (the head) kept on
- * cuda_qmma.cu; with wide, at 5-16 rows GEMV-A (EXL_CUDA_QMMA_WIDE_A=1) within fp16 rounding of cuda_qmma.cu. */
-static void qmma_fused_case(const char *name, qgen *g, int bias, int glu, int wide) {
+/* g (a head-shaped matrix, more 128-column tiles than SMs) at 5, 8 (two blocks an SM), 9 and 16 rows (one, two n8
+ * tiles): GEMV-A, the default, within fp16 rounding of cuda_qmma.cu (EXL_CUDA_QMMA_WIDE_A=0); with norm, the
+ * RMSNorm computed by GEMV-A's blocks (5, 8 rows) or by a launch before (9, 16) */
+static void wide_a_case(const char *name, qgen *g, int norm) {
     const int64_t K = g->src.in_features, N = g->src.out_features;
-    float *b = bias ? rnd(N, -1, 1) : NULL;
-    g->src.bias = b, g->src.bias_dtype = EXL_DTYPE_F32;
     exl_linear *lg;
     require(gpu->ops->linear_init(gpu, &g->src, &lg) == EXL_OK, "linear gpu");
-    const int32_t rl[5] = {5, 8, 16, 32, 64};
-    const char *keep = wide ? "EXL_CUDA_QMMA_WIDE_A=0 " : "";
-    for (int ri = 0; ri < 5; ri++) {
+    exl_vector *vg = NULL;
+    uint16_t *nw16 = malloc(K * 2);
+    for (int64_t k = 0; k < K; k++)
+        nw16[k] = exl_f32_to_f16(0.5f + (float)k / K);
+    exl_dense_src vs = {EXL_DTYPE_F16, nw16};
+    if (norm)
+        require(gpu->ops->vector_init(gpu, &vs, K, 0.0f, &vg) == EXL_OK, "vector gpu");
+    const int32_t rl[4] = {5, 8, 9, 16};
+    for (int ri = 0; ri < 4; ri++) {
         const int32_t rows = rl[ri];
-        const int64_t n = rows * N;
-        float *x = rnd(rows * K, -1, 1), *up = glu ? rnd(rows * K, -1, 1) : NULL, *base = rnd(rows * N, -1, 1);
-        char env[3][96], full[160];
-        snprintf(env[0], sizeof env[0], "%sEXL_CUDA_QMMA_FUSED=0", keep);
-        snprintf(env[1], sizeof env[1], "%sEXL_CUDA_QMMA_FUSED=1", keep);
-        snprintf(env[2], sizeof env[2], "%sEXL_CUDA_QMMA_FUSED=1 EXL_CUDA_QMMA_GATHER_ROWS=0", keep);
-        const char *what[3] = {"", "qmma one launch == three", "qmma split sums fused == three"};
-        void *bufs[4][3] = {{0}};
-        float *got[4] = {0};
-        for (int v = 0; v < 3; v++) {
-            got[v] = qmma_step(lg, K, N, rows, x, up, base, env[v][0] ? env[v] : NULL, bufs[v]);
-            if (v == 0)
-                continue;
-            snprintf(full, sizeof full, "%s %s rows=%d", what[v], name, rows);
-            report(full, memcmp(got[v], got[0], (size_t)n * 4) ? fmax(ref_rel_err(got[v], got[0], n), 1e-30) : 0, 0);
-        }
-        if (wide && rows <= 16) {
-            got[3] = qmma_step(lg, K, N, rows, x, up, base, "EXL_CUDA_QMMA_WIDE_A=1 EXL_CUDA_QMMA_FUSED=1", bufs[3]);
-            snprintf(full, sizeof full, "wide matrix on GEMV-A ~ cuda_qmma.cu %s rows=%d", name, rows);
-            report(full, ref_rel_err(got[3], got[1], n), 5e-3);
-        }
-        for (int v = 0; v < 4; v++) {
+        float *x = rnd(rows * K, -1, 1);
+        void *bufs[2][3] = {{0}};
+        float *on_a = wide_step(lg, K, N, rows, x, vg, 1, bufs[0]),
+              *on_qmma = wide_step(lg, K, N, rows, x, vg, 0, bufs[1]);
+        char full[160];
+        snprintf(full, sizeof full, "wide matrix on GEMV-A ~ cuda_qmma.cu %s%s rows=%d", name, norm ? " + rmsnorm" : "",
+                 rows);
+        report(full, ref_rel_err(on_a, on_qmma, rows * N), 5e-3);
+        for (int v = 0; v < 2; v++)
             for (int i = 0; i < 3; i++)
                 if (bufs[v][i])
                     gpu->ops->free(gpu, bufs[v][i]);
-            free(got[v]);
-        }
-        free(x), free(up), free(base);
+        free(on_a), free(on_qmma), free(x);
     }
+    if (vg)
+        gpu->ops->vector_free(gpu, vg);
+    free(nw16);
     gpu->ops->linear_free(gpu, lg);
-    g->src.bias = NULL;
-    free(b);
 }
 
-/* 7B shapes: q_proj (EXL2 4/5 bits, its act-order permutation, a bias), gate (GPTQ act-order, a bias), down (EXL2
- * 4/3 bits, GLU input added to the residual), the head (EXL2 6 bits, 32000 columns) */
-static void test_qmma_fused(void) {
+/* The 7B head (EXL2 6 bits, 32000 columns), alone and after the final norm, and an 8-bit one (h8) after the norm */
+static void test_wide_a(void) {
     qgen g;
-    int bits[86], rows[86]; /* groups of 128 rows, wider bits first */
-    for (int i = 0; i < 86; i++)
-        rows[i] = 128, bits[i] = i < 8 ? 5 : 4;
-    qgen_exl2(&g, 4096, 4096, 32, bits, rows, &rng);
-    qmma_fused_case("exl2 q_proj 4096x4096 + bias", &g, 1, 0, 0);
-    qgen_free(&g);
-    qgen_gptq(&g, 4096, 11008, 4, 128, 1, 1, &rng);
-    qmma_fused_case("gptq act-order gate 4096x11008 + bias", &g, 1, 0, 0);
-    qgen_free(&g);
-    for (int i = 0; i < 86; i++)
-        bits[i] = i < 43 ? 4 : 3;
-    qgen_exl2(&g, 11008, 4096, 86, bits, rows, &rng);
-    qmma_fused_case("exl2 down 11008x4096 glu + residual", &g, 0, 1, 0);
+    int bits[32], rows[32];
+    for (int i = 0; i < 32; i++)
+        rows[i] = 128, bits[i] = 6;
+    qgen_exl2(&g, 4096, 32000, 32, bits, rows, &rng);
+    wide_a_case("exl2 head 4096x32000", &g, 0);
+    wide_a_case("exl2 head 4096x32000", &g, 1);
     qgen_free(&g);
     for (int i = 0; i < 32; i++)
-        bits[i] = 6;
+        bits[i] = 8;
     qgen_exl2(&g, 4096, 32000, 32, bits, rows, &rng);
-    qmma_fused_case("exl2 head 4096x32000", &g, 0, 0, 1);
+    wide_a_case("exl2 8-bit head 4096x32000", &g, 1);
     qgen_free(&g);
 }
 
@@ -4171,7 +4127,7 @@ static void test_quantize_exl2_speed(const char *shared) {
 }
 
 /* EXL_TEST_ONLY=GROUP[,GROUP...]: run only those groups of checks (ops, models, tp, split, kv, decode, rows, quantize,
- * sampling, graphs, spec, lora; qmma: rows's one-launch checks alone); unset: all */
+ * sampling, graphs, spec, lora; wide: rows's checks of the head on GEMV-A alone); unset: all */
 static int only(const char *group) {
     const char *list = getenv("EXL_TEST_ONLY");
     if (!list || !*list)
@@ -4256,62 +4212,17 @@ int main(int argc, char **argv) {
         test_decode_vs_cpu(shared, "rand-mixtral");
         test_decode_vs_cpu(shared, "rand-qwen3moe");
     }
-    if (only("rows") || only("qmma")) /* EXL_TEST_ONLY=qmma: these alone */
-        test_qmma_fused();
+    if (only("rows") || only("wide")) /* EXL_TEST_ONLY=wide: these alone */
+        test_wide_a();
     if (only("rows")) {
         test_decode_rows(shared, "rand-llama-exl2-5.0bpw-h8");
         test_decode_rows(shared, "rand-llama-gptq-4bit-g64-sym");
-        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", NULL);
-        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", NULL);
-        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym", NULL);
-        test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6", NULL);
-        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g64-sym", NULL);
-        test_decode_batch_rows(shared, "rand-gemma-exl2-4.0bpw-h6", NULL);
-        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6",
-                               "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_BLOCKS=1");
-        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6",
-                               "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_BLOCKS=1 EXL_CUDA_GEMV_MMA_STAGES=2");
-        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym",
-                               "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_BLOCKS=1 EXL_CUDA_GEMV_MMA_STAGES=3");
-        test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6",
-                               "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_BLOCKS=1");
-        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6",
-                               "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_K_WARPS=1");
-        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym",
-                               "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_BLOCKS=1 EXL_CUDA_GEMV_MMA_K_WARPS=1");
-        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6",
-                               "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_NORM_ROWS=16");
-        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym",
-                               "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_NORM_ROWS=1");
-        test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6",
-                               "EXL_CUDA_GEMV_MMA_ROWS=2 EXL_CUDA_GEMV_MMA_NORM_ROWS=16 EXL_CUDA_GEMV_MMA_K_WARPS=1");
-        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6",
-                               "EXL_CUDA_GEMV_MMA_K_WARPS=1 EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM=2");
-        test_decode_batch_rows(
-            shared, "rand-llama-gptq-4bit-g32-actorder-asym",
-            "EXL_CUDA_GEMV_MMA_K_WARPS=1 EXL_CUDA_GEMV_MMA_BLOCKS_PER_SM=2 EXL_CUDA_GEMV_MMA_BLOCKS=1");
-        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", "EXL_CUDA_GEMV_MMA_ROWS=5");
-        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", "EXL_CUDA_GEMV_MMA_ROWS=17");
-        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym", "EXL_CUDA_GEMV_MMA_ROWS=17");
-        /* the GEMV with the weights as the mma's A operand (cuda_qgemv_a.cuh): every fixture; one block a launch (the
-         * whole input in one block's loop: width changes inside a warp's run); the norm in every block or before;
-         * a row range that leaves the others to the default kernels; its one-block-an-SM variant */
-        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", "EXL_CUDA_GEMV_A=1");
-        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", "EXL_CUDA_GEMV_A=1");
-        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym", "EXL_CUDA_GEMV_A=1");
-        test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6", "EXL_CUDA_GEMV_A=1");
-        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g64-sym", "EXL_CUDA_GEMV_A=1");
-        test_decode_batch_rows(shared, "rand-gemma-exl2-4.0bpw-h6", "EXL_CUDA_GEMV_A=1");
-        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", "EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_MMA_BLOCKS=1");
-        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym",
-                               "EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_MMA_BLOCKS=1");
-        test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6", "EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_MMA_NORM_ROWS=16");
-        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", "EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_MMA_NORM_ROWS=1");
-        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", "EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_A_ROWS=5-9");
-        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6",
-                               "EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1");
-        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym",
-                               "EXL_CUDA_GEMV_A=1 EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1 EXL_CUDA_GEMV_MMA_BLOCKS=1");
+        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8");
+        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6");
+        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym");
+        test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6");
+        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g64-sym");
+        test_decode_batch_rows(shared, "rand-gemma-exl2-4.0bpw-h6");
         test_decode_rows(shared, "rand-mixtral"); /* 1-3 rows a step: the grouped GEMVs over several rows */
         test_decode_rows(shared, "rand-qwen3moe");
     }

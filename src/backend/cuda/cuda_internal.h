@@ -71,8 +71,6 @@ typedef struct exl_cuda_backend {
     int moe_host_routes;        /* EXL_CUDA_MOE_DEVICE=0: every mixture of experts waits for its routes on the
                                  * host, as prompts do (cuda_moe.cu), decode steps too (never captured then) */
     int32_t dequant_rows;       /* quantized matmuls of this many rows go through cuda_qgemm.cu */
-    int32_t gemv_mma_rows;      /* quantized matmuls of 2 .. EXL_CUDA_QGEMV_MAX_ROWS rows from this many on go through
-                                 * the GEMV on tensor cores (cuda_qgemv.cu; EXL_CUDA_GEMV_MMA_ROWS) */
     int exact_prefill;          /* EXL_CUDA_EXACT_PREFILL=1: many-row matmuls of prompt rows keep ~22 bits (activations
                                  * and decoded weights as fp16 hi + lo, cuda_matmul.cu); 0: plain fp16 */
     cudaStream_t stream;
@@ -84,7 +82,7 @@ typedef struct exl_cuda_backend {
     size_t scratch_bytes;
     float *gemv_partial; /* split-K partial sums of the GEMV kernels */
     size_t gemv_partial_bytes;
-    float *gemv_normed; /* the normed input of the GEMV on tensor cores */
+    float *gemv_normed; /* the input of GEMV-A normed by a launch of its own (cuda_qgemv_a.cuh) */
     size_t gemv_normed_bytes;
     unsigned *gemv_counters; /* per column tile arrival counters (self-resetting) */
     size_t gemv_counter_count;
@@ -442,13 +440,10 @@ void exl_cuda_run_rope_attention(exl_backend *be, float *out, float *q, float *k
  * (captured 16-64-job generator steps ran 3-11% faster than launched one by one,
  * bench/RESULTS.md); prompt pieces, which attention marks, run directly. */
 #define EXL_CUDA_GRAPH_MAX_ROWS 64
-/* Largest row count the quantized GEMV takes (cuda_qgemv.cu). EXL_CUDA_GEMV_MMA_ROWS=N sends N..16 rows to the GEMV
- * on tensor cores (one launch, the weights read once for all rows, streamed through shared memory with cp.async),
- * fewer to launches of up to 4 rows on CUDA cores. The default, 17, keeps 1-4 rows on CUDA cores and 5+ on
- * cuda_qmma.cu: on an H100 it beat the tensor-core GEMV at every row count but the head's 8-16 even after r2-rows3
- * (2 sequences a step 1.55x one against 2.35x; bench/RESULTS.md "decode of 2-16 rows"). */
+/* Largest row count the quantized GEMV takes (cuda_qgemv.cu): 1-4 rows on CUDA cores (qgemv_kernel), and a single
+ * wide matrix (the head) at 5-16 rows on tensor cores (GEMV-A, cuda_qgemv_a.cuh); other matrices of 5+ rows go to
+ * cuda_qmma.cu, which beat the GEMVs on tensor cores there on an H100 (bench/RESULTS.md "decode of 2-16 rows"). */
 #define EXL_CUDA_QGEMV_MAX_ROWS 16
-#define EXL_CUDA_GEMV_MMA_ROWS_DEFAULT 17
 /* Decode-sized steps: every sequence with at most EXL_CUDA_DECODE_MAX_Q new tokens (any number of rows), or at most
  * EXL_CUDA_VERIFY_MAX_Q (speculative decoding's verification, a draft's K + 1 tokens) in a step of at most
  * EXL_CUDA_VERIFY_MAX_ROWS rows. They are captured as CUDA graphs (cuda_plan.cu's graphable) and take the decode

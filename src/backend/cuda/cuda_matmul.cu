@@ -1,9 +1,9 @@
 /* cuda_matmul.cu - out = x·W + b on the GPU, alone or fused (exl_cuda_fused_mm).
  *
  * Few rows (decode): a GEMV that streams the weights once (dense fp16, one row: one warp per
- * output, 16-byte loads; quantized, up to EXL_CUDA_QGEMV_MAX_ROWS rows: cuda_qgemv.cu, which also fuses
- * norm/GLU/residual). Many rows: for quantized weights the tensor-core kernel of cuda_qmma.cu or, from
- * cb->dequant_rows rows, cuBLAS over weights decoded to fp16 (cuda_qgemm.cu); for dense
+ * output, 16-byte loads; quantized, up to 4 rows, and a wide matrix such as the head up to EXL_CUDA_QGEMV_MAX_ROWS:
+ * cuda_qgemv.cu, which also fuses norm/GLU/residual). Many rows: for quantized weights the tensor-core kernel of
+ * cuda_qmma.cu or, from cb->dequant_rows rows, cuBLAS over weights decoded to fp16 (cuda_qgemm.cu); for dense
  * fp16 weights cuBLAS (fp32 accumulation and output) directly. The activations of many rows are multiplied as
  * fp16 (one part), or with EXL_CUDA_EXACT_PREFILL=1 those of prompt rows as two fp16 parts (x = hi + lo: fp16
  * alone flips near-tied argmaxes of the reference logits). */

@@ -11,7 +11,7 @@
  *
  * Block: 8 warps x 16 columns = 128 columns, MT m16 tiles of rows (1, 2 or 4, as few as the
  * rows need: every decoded code feeds MT x parts mma), a range of chunks (split-K to fill one
- * wave of the GPU; the splits' partial sums are added in split order by a second kernel or the last block, so
+ * wave of the GPU; the splits' partial sums are added in split order by a second kernel, so
  * results do not depend on timing). The block's chunk descriptors are read into shared memory
  * first. Activations and code words are staged in shared memory 2-4 chunks at a time (the
  * block's 128 columns of a word row are 512 contiguous bytes, one warp's copy) in a ring of
@@ -20,13 +20,6 @@
  * requested before the wait for the previous kernel. Consecutive chunks of one group are
  * summed before their common scale is applied, and a group's scales and zeros are loaded once.
  *
- * Decode-sized steps (up to QMMA_FUSED_MAX_ROWS rows, hi alone) launch one kernel, not three
- * (with EXL_CUDA_QMMA_FUSED=1, not yet the default: unset, the three): the block gathers its own rows' activations (the GLU
- * applied) into its stages in the gather kernel's fragment order and rounding, and the last
- * split block of a (row tile, column tile) to finish (a counter per tile, reset by that block)
- * adds the splits' partial sums in split order, as the reduce kernel does: the same results,
- * bit for bit.
- *
  * The k order inside an mma is free as long as A and B agree: thread (g = lane / 4,
  * t = lane % 4) decodes pairs 4t .. 4t+3 of its column's chunk (for 4-bit codes, one word),
  * and k step s uses pairs 4t+2s and 4t+2s+1 as its B registers; the A registers are then
@@ -34,7 +27,6 @@
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_qdecode.cuh"
 
-#include <stdlib.h>
 #include <string.h>
 
 #define MMA_WARPS 8
@@ -43,7 +35,6 @@
 #define N_STAGES 3              /* stage buffers in the ring: two copies in flight while one is multiplied */
 #define FRAG_HALVES 512         /* one m16 tile of one chunk: 2 k steps x 32 lanes x 8 halves */
 #define W_STRIDE (MMA_COLS + 8) /* words per staged word row; +8 spreads t over banks */
-#define QMMA_FUSED_MAX_ROWS 64  /* decode-sized steps: one launch (the block gathers, the last split block adds) */
 
 /* The staged code words of a column's chunk (col: its first word row) that pairs 4t .. 4t+3
  * (slots 8t .. 8t+7) need. */
@@ -64,13 +55,10 @@ typedef struct group_regs {
 
 typedef struct qmma_args {
     exl_qmatrix q;
-    const __half *xh;    /* [2][row tiles of 16][n_chunks][FRAG_HALVES]: hi, then lo (qmma_gather_kernel;
-                       * lo neither written nor read with parts = 1); NULL: the block gathers x itself */
-    const float *x, *up; /* with xh NULL: the fp32 activations [rows, in] (up: the GLU's, or NULL) */
-    int32_t in, act;
-    float *out;         /* [rows, n_out] */
-    float *partial;     /* the split partials [split][rows][n_pad] (more than one split) */
-    unsigned *counters; /* [row tiles x col tiles] arrivals (zero at rest), or NULL: the reduce kernel adds */
+    const __half *xh; /* [2][row tiles of 16][n_chunks][FRAG_HALVES]: hi, then lo (qmma_gather_kernel;
+                       * lo neither written nor read with parts = 1) */
+    float *out;       /* [rows, n_out] */
+    float *partial;   /* the split partials [split][rows][n_pad] (more than one split) */
     const float *bias;
     int32_t rows, n_out;
     int32_t chunks_per_split;
@@ -174,30 +162,6 @@ __device__ __forceinline__ void chunk_step(const qmma_args &a, group_regs &gr, c
         load_group(a, next, col_base, g, t, gr);
 }
 
-/* One 16-byte vector of a chunk's activation fragments gathered from x (lane = vec % 32, k step vec / 32 of the
- * chunk's 64; tile row0), as qmma_gather_kernel writes it: halves h = 0..7 are rows g (+ 8 for odd h / 2) at slots
- * 8t + 4s + (h / 4) * 2 + h % 2. */
-__device__ __forceinline__ uint4 gather_vec(const qmma_args &a, int chunk, int vec, int row0) {
-    const int lane = vec % 32, slot0 = chunk * CHUNK + 8 * (lane % 4) + 4 * (vec / 32);
-    int src[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        src[j] = __ldg(a.q.slot_src + slot0 + j);
-    __half hv[8];
-#pragma unroll
-    for (int h = 0; h < 8; h++) {
-        const int64_t row = row0 + lane / 4 + (h / 2 & 1) * 8;
-        const int sv = src[(h / 4) * 2 + h % 2];
-        float v = row < a.rows && sv >= 0 ? a.x[row * a.in + sv] : 0.0f;
-        if (a.up && row < a.rows && sv >= 0)
-            v = exl_cuda_activate(v, a.act) * a.up[row * a.in + sv];
-        hv[h] = __float2half_rn(v);
-    }
-    uint4 r;
-    memcpy(&r, hv, sizeof r);
-    return r;
-}
-
 /* out[r, col .. col + 1] (+)= v (+ bias), the columns below n_out */
 __device__ __forceinline__ void store_out(const qmma_args &a, int r, int col, float v0, float v1) {
     float *o = a.out + (int64_t)r * a.n_out + col;
@@ -255,12 +219,7 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, 2) qmma_kernel(const __grid_co
         for (int i = 0; i < A_VECS; i++) {
             const int u = threadIdx.x / 64 + i * (MMA_WARPS * 32 / 64);
             const int ci = u % SC, m = u / SC % MT, part = u / (SC * MT), c = s * SC + ci;
-            if (c >= n_chunks || tile0 + m >= n_tiles)
-                continue;
-            if (P == 1 && !a.xh) /* gathered here: plain loads and a shared store, before the stage's barrier */
-                *(uint4 *)(dst + i * MMA_WARPS * 32 * 8) = gather_vec(a, c_begin + c, threadIdx.x % 64,
-                                                                      (tile0 + m) * 16);
-            else
+            if (c < n_chunks && tile0 + m < n_tiles)
                 copy16(dst + i * MMA_WARPS * 32 * 8,
                        x_src + (((int64_t)part * n_tiles + m) * a.q.n_chunks + c) * FRAG_HALVES);
         }
@@ -334,46 +293,6 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, 2) qmma_kernel(const __grid_co
                 else
                     store_out(a, r, col, v0, v1);
             }
-    if (!split || !a.counters)
-        return;
-    /* the last split block of this tile to arrive adds the partials in split order (as qmma_reduce_kernel) */
-    __shared__ int is_last;
-    __threadfence();
-    __syncthreads();
-    const unsigned tile = blockIdx.x * gridDim.y + blockIdx.y;
-    if (threadIdx.x == 0)
-        is_last = atomicAdd(&a.counters[tile], 1u) == gridDim.z - 1;
-    __syncthreads();
-    if (!is_last)
-        return;
-    __threadfence();
-    if (threadIdx.x == 0)
-        a.counters[tile] = 0; /* for the next launch or graph replay */
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int r = row0 + m * 16 + g + hf * 8, col = col_base + n * 8 + 2 * t;
-                if (r >= a.rows)
-                    continue;
-                const float *p = a.partial + (int64_t)r * a.q.n_pad + col;
-                const int64_t stride = (int64_t)a.rows * a.q.n_pad;
-                float2 s = make_float2(0.0f, 0.0f);
-                for (unsigned z0 = 0; z0 < gridDim.z; z0 += 8) { /* eight loads in flight, added in order */
-                    float2 v[8];
-#pragma unroll
-                    for (unsigned e = 0; e < 8; e++)
-                        v[e] = z0 + e < gridDim.z ? __ldcg((const float2 *)(p + (z0 + e) * stride))
-                                                  : make_float2(0.0f, 0.0f);
-#pragma unroll
-                    for (unsigned e = 0; e < 8; e++)
-                        if (z0 + e < gridDim.z)
-                            s.x += v[e].x, s.y += v[e].y;
-                }
-                store_out(a, r, col, s.x, s.y);
-            }
 }
 
 /* out (+)= the splits' partial sums in split order, + bias */
@@ -430,37 +349,6 @@ __global__ void qmma_gather_kernel(__half *dst, const float *x, const float *up,
         dst[total + i] = __float2half_rn(v - __half2float(hi));
 }
 
-/* EXL_CUDA_QMMA_FUSED=1: decode-sized steps in one launch (off by default until it has run on a GPU; 0 or unset: the
- * gather and reduce kernels too); EXL_CUDA_QMMA_GATHER_ROWS=N
- * (default QMMA_FUSED_MAX_ROWS): the blocks gather only up to N rows themselves (each block of a column tile reads
- * its rows' inputs again: col_tiles times the gather kernel's reads, scattered by the slot order), the reduce still
- * fused. Read at each call, so an A/B needs no new backend. */
-static int qmma_fused_on(void) {
-    const char *e = getenv("EXL_CUDA_QMMA_FUSED");
-    return e && !strcmp(e, "1");
-}
-
-static int qmma_gather_rows(void) {
-    const char *e = getenv("EXL_CUDA_QMMA_GATHER_ROWS");
-    return e && *e ? atoi(e) : QMMA_FUSED_MAX_ROWS;
-}
-
-/* n arrival counters (zero at rest) in cb->gemv_counters, shared with the GEMVs (one launch at a time uses them), or
- * NULL on failure */
-static unsigned *qmma_counters(exl_cuda_backend *cb, size_t n) {
-    if (n > cb->gemv_counter_count) {
-        size_t bytes = cb->gemv_counter_count * sizeof(unsigned);
-        if (!exl_cuda_ensure(cb, (void **)&cb->gemv_counters, &bytes, n * sizeof(unsigned), "matmul counters"))
-            return NULL;
-        cb->gemv_counter_count = n;
-        if (cudaMemsetAsync(cb->gemv_counters, 0, bytes, cb->stream) != cudaSuccess) {
-            exl_cuda_check_launch(cb, "matmul counters");
-            return NULL;
-        }
-    }
-    return cb->gemv_counters;
-}
-
 void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float *up, int act, const exl_linear *w,
                    int32_t rows, int accumulate, int parts) {
     static const qmma_kernel_fn kernels[3][2] = {{qmma_kernel<1, 1>, qmma_kernel<1, 2>},
@@ -470,25 +358,15 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
                                                       {qmma_blocks_per_sm<2, 1>, qmma_blocks_per_sm<2, 2>},
                                                       {qmma_blocks_per_sm<4, 1>, qmma_blocks_per_sm<4, 2>}};
     const exl_qmatrix *q = &w->q;
-    const int fused = rows <= QMMA_FUSED_MAX_ROWS && parts == 1 && qmma_fused_on();
-    const int gather_here = fused && rows <= qmma_gather_rows();
+    int64_t total = (int64_t)(rows + 15) / 16 * q->n_chunks * FRAG_HALVES; /* halves per part */
+    if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)total * sizeof(__half), "fp16 activations"))
+        return;
     const int mt = rows <= 16 ? 1 : rows <= 32 ? 2 : MAX_MT, mi = mt == 1 ? 0 : mt == 2 ? 1 : 2;
-    qmma_args a;
-    memset(&a, 0, sizeof a);
-    if (gather_here) {
-        a.x = x, a.up = up, a.act = act, a.in = w->in;
-    } else {
-        int64_t total = (int64_t)(rows + 15) / 16 * q->n_chunks * FRAG_HALVES; /* halves per part */
-        if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, 2 * (size_t)total * sizeof(__half),
-                             "fp16 activations"))
-            return;
-        __half *xh = (__half *)cb->scratch;
-        exl_cuda_launch(cb, qmma_gather_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, xh, x, up, act,
-                        q->slot_src, w->in, rows, total, q->n_chunks, parts);
-        if (!exl_cuda_check_launch(cb, "quantized matmul (activations)"))
-            return;
-        a.xh = xh;
-    }
+    __half *xh = (__half *)cb->scratch;
+    exl_cuda_launch(cb, qmma_gather_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, xh, x, up, act,
+                    q->slot_src, w->in, rows, total, q->n_chunks, parts);
+    if (!exl_cuda_check_launch(cb, "quantized matmul (activations)"))
+        return;
     const int sc = stage_chunks(mt, parts);
     const size_t smem_max = qmma_smem_bytes(mt, parts, q->n_chunks);
     const int per_sm = occupancy[mi][parts - 1](cb, smem_max);
@@ -505,7 +383,9 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
     int32_t splits = blocks >= want ? 1 : want / blocks;
     int32_t max_splits = (q->n_chunks + sc - 1) / sc;
     splits = splits < max_splits ? splits : max_splits;
-    a.q = *q, a.bias = w->bias, a.rows = rows, a.n_out = w->out;
+    qmma_args a;
+    memset(&a, 0, sizeof a);
+    a.q = *q, a.xh = xh, a.bias = w->bias, a.rows = rows, a.n_out = w->out;
     a.chunks_per_split = ((q->n_chunks + splits - 1) / splits + sc - 1) / sc * sc;
     splits = (q->n_chunks + a.chunks_per_split - 1) / a.chunks_per_split;
     a.accumulate = accumulate, a.out = out;
@@ -514,13 +394,11 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
         if (!exl_cuda_ensure(cb, (void **)&cb->gemv_partial, &cb->gemv_partial_bytes, bytes, "matmul partial sums"))
             return;
         a.partial = cb->gemv_partial;
-        if (fused && !(a.counters = qmma_counters(cb, (size_t)blocks)))
-            return;
     }
     dim3 grid((unsigned)row_tiles, (unsigned)col_tiles, (unsigned)splits);
     exl_cuda_launch(cb, kernels[mi][parts - 1], grid, dim3(MMA_WARPS * 32),
                     qmma_smem_bytes(mt, parts, a.chunks_per_split), a);
-    if (!exl_cuda_check_launch(cb, "quantized matmul (tensor cores)") || splits == 1 || a.counters)
+    if (!exl_cuda_check_launch(cb, "quantized matmul (tensor cores)") || splits == 1)
         return;
     int64_t n_sums = (int64_t)rows * w->out;
     exl_cuda_launch(cb, qmma_reduce_kernel, dim3((unsigned)((n_sums + 255) / 256)), dim3(256), 0, out, cb->gemv_partial,
