@@ -3727,7 +3727,8 @@ static float *lora_batch_logits(const char *shared, const char *model, exl_devic
  * to six splits, so =4's decode steps add every update in the reduces and its prompt step in the expand) and at 4
  * sequences of 6 uses (4 rows: the GEMV, its split sums onto outputs zeroed by the GEMV before; =4: the expand), on
  * the EXL2 and the fp16 base (cuBLAS: the expand; its GLU into down_proj is computed in place: no shrink beside
- * down_proj there); then greedy jobs of 6-8 uses a step with it and without, token for token. */
+ * down_proj there); then greedy jobs of 6-10 uses a step (4 of rand-llama, 8 of the EXL2 base) with it and without,
+ * token for token. */
 static void lora_overlap_case(const char *shared) {
     static const int modes[3] = {0, 1, 4};
     static const int twelve[LORA_SEQS] = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3}, four[4] = {3, 3, 0, 2};
