@@ -74,7 +74,7 @@ static void end_capture(exl_cuda_backend *cb, int keep) {
             drop_exec(sg);
         }
     }
-    if (!x && (e = cudaGraphInstantiate(&x, g, exl_cuda_lora_graph_flags())) != cudaSuccess) {
+    if (!x && (e = cudaGraphInstantiate(&x, g, 0)) != cudaSuccess) {
         cudaGraphDestroy(g);
         graphs_fail(cb, "instantiate", e);
         return;
