@@ -3587,11 +3587,10 @@ static void lora_fold_case(const char *shared, const exl_st_file *rf) {
     }
 }
 
-/* n_jobs (at most 8) greedy jobs of model (rand-llama's shapes), job i with set pick[i] of (a1, none, a2, 0.5 a1 +
- * a2), 16 tokens each, into out */
-static int lora_jobs_on(const char *shared, const char *model, int n_jobs, const int *pick, int32_t *out) {
+/* 4 greedy jobs of rand-llama, job i with set pick[i] of (a1, none, a2, 0.5 a1 + a2), 16 tokens each, into out */
+static int lora_jobs(const char *shared, const int *pick, int32_t *out) {
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
+    snprintf(dir, sizeof dir, "%s/models/rand-llama", shared);
     exl_model_params p = exl_model_default_params();
     p.device = EXL_DEVICE_CUDA;
     exl_model *m;
@@ -3606,10 +3605,10 @@ static int lora_jobs_on(const char *shared, const char *model, int n_jobs, const
     const int32_t n_uses[4] = {1, 0, 1, 2};
     exl_generator *g;
     require(exl_generator_init(m, tok, NULL, &g) == EXL_OK, "generator");
-    uint64_t ids[8];
-    for (int j = 0; j < n_jobs && j < 8; j++) {
-        int32_t prompt[16];
-        for (int i = 0; i < 16; i++)
+    uint64_t ids[4];
+    for (int j = 0; j < 4; j++) {
+        int32_t prompt[12];
+        for (int i = 0; i < 12; i++)
             prompt[i] = 3 + (j * 131 + i * 17) % 400;
         exl_job_params jp = exl_job_default_params();
         jp.ids = prompt, jp.n_ids = 6 + j, jp.max_new_tokens = 16, jp.ignore_eos = 1;
@@ -3617,16 +3616,11 @@ static int lora_jobs_on(const char *shared, const char *model, int n_jobs, const
         jp.lora = n_uses[pick[j]] ? sets[pick[j]] : NULL, jp.n_lora = n_uses[pick[j]];
         require(exl_generator_submit(g, &jp, &ids[j]) == EXL_OK, "submit");
     }
-    int n = drain(g, ids, n_jobs, 16, out);
+    int n = drain(g, ids, 4, 16, out);
     exl_generator_free(g);
     exl_tokenizer_free(tok);
     exl_model_free(m);
     return n;
-}
-
-/* 4 greedy jobs of rand-llama (lora_jobs_on) */
-static int lora_jobs(const char *shared, const int *pick, int32_t *out) {
-    return lora_jobs_on(shared, "rand-llama", 4, pick, out);
 }
 
 /* Logits of n_seqs sequences decoded together on model (rand-llama's shapes), sequence i with set set_of[i] of (a1,
@@ -3677,16 +3671,12 @@ static float *lora_batch_logits(const char *shared, const char *model, exl_devic
     return out;
 }
 
-/* The batch path's shrink on a second stream beside the matmul (EXL_CUDA_LORA_OVERLAP=1: cuda_lora_overlap.cu; 4:
- * the expand inside cuda_qmma.cu's split-sum reduces where they can take it) against the CPU and against the GPU
- * without it (=0), at 12 sequences a step (12 uses: the batch path; 12 rows: cuda_qmma.cu on the quantized base, two
- * to six splits, so =4's decode steps add every update in the reduces and its prompt step in the expand) and at 4
- * sequences of 6 uses (4 rows: the GEMV, its split sums onto outputs zeroed by the GEMV before; =4: the expand), on
- * the EXL2 and the fp16 base (cuBLAS: the expand; its GLU into down_proj is computed in place: no shrink beside
- * down_proj there); then greedy jobs of 6-10 uses a step (4 of rand-llama, 8 of the EXL2 base) with it and without,
- * token for token. */
+/* The batch path's shrink on a second stream beside the matmul (EXL_CUDA_LORA_OVERLAP=1: cuda_lora_overlap.cu)
+ * against the CPU and against the GPU without it (=0), at 12 sequences a step (12 uses: the batch path; 12 rows:
+ * cuda_qmma.cu on the quantized base) and at 4 sequences of 6 uses (4 rows: the GEMV, its split sums onto outputs
+ * zeroed by the GEMV before), on the EXL2 and the fp16 base (whose GLU into down_proj is computed in place: no
+ * shrink beside down_proj there); then greedy jobs of 6-8 uses a step with it and without, token for token. */
 static void lora_overlap_case(const char *shared) {
-    static const int modes[3] = {0, 1, 4};
     static const int twelve[LORA_SEQS] = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3}, four[4] = {3, 3, 0, 2};
     const char *const models[2] = {"rand-llama-exl2-5.0bpw-h8", "rand-llama"};
     env_saved saved = save_env("EXL_CUDA_LORA_OVERLAP");
@@ -3697,8 +3687,7 @@ static void lora_overlap_case(const char *shared) {
         int32_t vocab;
         float *want = lora_batch_logits(shared, model, EXL_DEVICE_CPU, n, set_of, &vocab), *old = NULL;
         const int64_t rows = (int64_t)(1 + LORA_STEPS) * n;
-        for (int mi = 0; mi < 3; mi++) {
-            const int mode = modes[mi];
+        for (int mode = 0; mode < 2; mode++) {
             char val[2] = {(char)('0' + mode), 0}, name[224];
             setenv("EXL_CUDA_LORA_OVERLAP", val, 1);
             float *got = lora_batch_logits(shared, model, EXL_DEVICE_CUDA, n, set_of, &vocab);
@@ -3728,26 +3717,19 @@ static void lora_overlap_case(const char *shared) {
         }
         free(want), free(old);
     }
-    /* 4 jobs of rand-llama (4 rows: the GEMV), and 8 of the EXL2 base (8 rows: cuda_qmma.cu, =4's reduces) */
-    static const int jobs[3][8] = {{3, 3, 3, 3}, {3, 3, 0, 2}, {3, 0, 2, 1, 3, 0, 2, 3}};
-    static const char *const what[3] = {"lora overlap=1, =4: greedy jobs of 8 uses a step == overlap=0",
-                                        "lora overlap=1, =4: greedy jobs of 6 uses a step == overlap=0",
-                                        "lora overlap=1, =4: 8 greedy jobs of the EXL2 base, 10 uses a step == "
-                                        "overlap=0"};
-    for (int j = 0; j < 3; j++) {
-        const int n_jobs = j < 2 ? 4 : 8;
-        const char *model = j < 2 ? "rand-llama" : "rand-llama-exl2-5.0bpw-h8";
-        int32_t want[128], got[128];
+    static const int jobs[2][4] = {{3, 3, 3, 3}, {3, 3, 0, 2}};
+    for (int j = 0; j < 2; j++) {
+        int32_t want[64], got[64];
         setenv("EXL_CUDA_LORA_OVERLAP", "0", 1);
-        int same = lora_jobs_on(shared, model, n_jobs, jobs[j], want) == 16 * n_jobs;
-        for (int mi = 1; mi < 3 && same; mi++) {
-            const char val[2] = {(char)('0' + modes[mi]), 0};
-            setenv("EXL_CUDA_LORA_OVERLAP", val, 1);
-            same = lora_jobs_on(shared, model, n_jobs, jobs[j], got) == 16 * n_jobs &&
-                   !memcmp(got, want, (size_t)16 * n_jobs * sizeof *got);
+        int same = lora_jobs(shared, jobs[j], want) == 64;
+        if (same) {
+            setenv("EXL_CUDA_LORA_OVERLAP", "1", 1);
+            same = lora_jobs(shared, jobs[j], got) == 64 && !memcmp(got, want, sizeof got);
         }
         restore_env(&saved, 1);
-        report(what[j], same ? 0 : 1, 0);
+        report(j ? "lora overlap=1: greedy jobs of 6 uses a step == overlap=0"
+                 : "lora overlap=1: greedy jobs of 8 uses a step == overlap=0",
+               same ? 0 : 1, 0);
     }
     free(saved.value);
 }

@@ -95,11 +95,6 @@ typedef struct exl_cuda_backend {
     cudaStream_t lora_side;
     cudaEvent_t lora_fork, lora_join;
     const exl_lora_node *lora_forked;
-    /* EXL_CUDA_LORA_OVERLAP=4: 1 where the forked node's updates may be added by cuda_qmma.cu's split-sum reduces,
-     * the outputs whose reduces took them (bit o; any: the second stream joined), and the bytes of lora_sgmv's t and
-     * ss (from byte 256) that may still hold a node's sums, no expand having set them back to zero (0: all zero) */
-    int lora_in_reduce, lora_taken;
-    size_t lora_dirty;
     float *attn_partial; /* split-K partials of decode attention */
     size_t attn_partial_bytes;
     __half *dequant; /* quantized weights decoded to fp16 hi and lo for cuBLAS (cuda_qgemm.cu) */
@@ -405,30 +400,16 @@ void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n);
 /* 1 if the plan may fold one-row lora nodes into their GEMVs (EXL_CUDA_LORA_GEMV, default 1; not with
  * EXL_CUDA_DETERMINISTIC) */
 int exl_cuda_lora_fold_on(const exl_cuda_backend *cb);
-/* The batch path's shrink beside a matmul (cuda_lora_overlap.cu; EXL_CUDA_LORA_OVERLAP=1 (default), 4 or 0: off):
+/* The batch path's shrink beside a matmul (cuda_lora_overlap.cu; EXL_CUDA_LORA_OVERLAP=1, 2 or 3, default off):
  * overlaps: 1 if the switch is on and the op takes n through the batch path, so that the plan may hand n to a matmul
- * beside it (cuda_plan.cu); fork (before that matmul f's launches): n's shrink on the second stream; join (after
- * them): n's expand on the backend's stream once the shrink is done (of the outputs no reduce took), or the whole op
- * where fork did not fork; side_close: the backend's stream waits for the second (a capture ending between fork and
- * join); settle: at the end of a step, the scratch set back to zero where a node left its sums in it (so that every
- * step, captured or replayed, starts with it zero); side_free: at destroy. */
+ * beside it (cuda_plan.cu); fork (before that matmul's launches): n's shrink on the second stream; join (after them):
+ * n's expand on the backend's stream once the shrink is done, or the whole op where fork did not fork; side_close:
+ * the backend's stream waits for the second (a capture ending between fork and join); side_free: at destroy. */
 int exl_cuda_lora_overlaps(const exl_cuda_backend *cb, const exl_lora_node *n);
-void exl_cuda_lora_fork(exl_cuda_backend *cb, const exl_lora_node *n, const exl_cuda_fused_mm *f);
+void exl_cuda_lora_fork(exl_cuda_backend *cb, const exl_lora_node *n);
 void exl_cuda_lora_join(exl_cuda_backend *cb, const exl_lora_node *n);
 void exl_cuda_lora_side_close(exl_cuda_backend *cb);
-void exl_cuda_lora_settle(exl_cuda_backend *cb);
 void exl_cuda_lora_side_free(exl_cuda_backend *cb);
-/* EXL_CUDA_LORA_OVERLAP=4: what a split-sum reduce adds of the forked node n's output o (the shrink's sums t and ss,
- * exl_cuda_lora_scratch's), and where: exl_cuda_lora_reduce_take gives it for the reduce about to be launched that
- * writes out [rows, width] when that is an output of the forked node whose updates no reduce took yet (joining the
- * second stream at the first), 0 otherwise (the join's expand adds them) */
-typedef struct exl_cuda_lora_reduce {
-    exl_lora_node n;
-    const float *t, *ss;
-    int32_t o;
-} exl_cuda_lora_reduce;
-int exl_cuda_lora_reduce_take(exl_cuda_backend *cb, const float *out, int32_t rows, int32_t width,
-                              exl_cuda_lora_reduce *r);
 void exl_cuda_run_rope_kv_store(exl_backend *be, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                                 const exl_batch *b, const exl_attn_shape *sh, int32_t rot_dim, const float *inv_freq,
                                 float attn_factor);

@@ -200,11 +200,10 @@ __global__ void __launch_bounds__(BATCH_THREADS, BATCH_SHRINK_BLOCKS)
 
 /* grid (tiles of BATCH_THREADS columns, each projection's starting at a tile; chunks); count: zero on entry. PLAIN:
  * a row's only use adds with a load and a store (its block is the only one adding to those columns), else atomically
- * (reductions: no round trip, but the L2's atomic rate). The outputs whose bit is set in skip are left alone (their
- * updates added by a split-sum reduce: cuda_lora_overlap.cu); their blocks count themselves all the same. */
+ * (reductions: no round trip, but the L2's atomic rate) */
 template <int NORM, int PLAIN>
 __global__ void __launch_bounds__(BATCH_THREADS, BATCH_EXPAND_BLOCKS)
-    lora_batch_expand(exl_lora_node n, float *t, float *ss, unsigned *count, int32_t skip) {
+    lora_batch_expand(exl_lora_node n, float *t, float *ss, unsigned *count) {
     __shared__ batch_chunk ch;
     __shared__ float ts[BATCH_CHUNK * BATCH_MAX_RANK];
     __shared__ int last;
@@ -232,7 +231,7 @@ __global__ void __launch_bounds__(BATCH_THREADS, BATCH_EXPAND_BLOCKS)
     unsigned arrived = 0;
     if (threadIdx.x == 0)
         arrived = atomicAdd(count, 1u);
-    for (int32_t b = 0; b < ch.n && c < width && !(skip >> o & 1);) {
+    for (int32_t b = 0; b < ch.n && c < width;) {
         const int32_t e = run_end(ch, b);
         if (b > 0) {
             f = n.factors[o][ch.slot[b]];
@@ -286,7 +285,7 @@ __global__ void __launch_bounds__(BATCH_THREADS, BATCH_EXPAND_BLOCKS)
         *count = 0;
 }
 
-int exl_cuda_lora_scratch_grow(exl_cuda_backend *cb, const exl_lora_node *n, float **t, float **ss, unsigned **sync) {
+int exl_cuda_lora_scratch(exl_cuda_backend *cb, const exl_lora_node *n, float **t, float **ss, unsigned **sync) {
     const int64_t t_floats = (int64_t)n->n_uses * n->n_out * n->max_rank;
     const size_t bytes = 256 + (size_t)(t_floats + n->n_uses) * sizeof(float);
     if (bytes > cb->lora_sgmv_bytes) {
@@ -296,28 +295,11 @@ int exl_cuda_lora_scratch_grow(exl_cuda_backend *cb, const exl_lora_node *n, flo
             exl_cuda_check_launch(cb, "LoRA counters");
             return 0;
         }
-        cb->lora_dirty = 0;
     }
     *sync = (unsigned *)cb->lora_sgmv;
     *t = (float *)((char *)cb->lora_sgmv + 256);
     *ss = *t + t_floats;
     return 1;
-}
-
-int exl_cuda_lora_scratch_clean(exl_cuda_backend *cb, cudaStream_t stream) {
-    if (!cb->lora_dirty)
-        return 1;
-    const cudaError_t e = cudaMemsetAsync((char *)cb->lora_sgmv + 256, 0, cb->lora_dirty, stream);
-    cb->lora_dirty = 0;
-    if (e != cudaSuccess) {
-        exl_cuda_check_launch(cb, "LoRA sums (zero)");
-        return 0;
-    }
-    return 1;
-}
-
-int exl_cuda_lora_scratch(exl_cuda_backend *cb, const exl_lora_node *n, float **t, float **ss, unsigned **sync) {
-    return exl_cuda_lora_scratch_grow(cb, n, t, ss, sync) && exl_cuda_lora_scratch_clean(cb, cb->stream);
 }
 
 int exl_cuda_lora_batch_on(void) {
@@ -345,16 +327,16 @@ void exl_cuda_lora_batch_shrink(exl_cuda_backend *cb, const exl_lora_node *n, fl
 }
 
 void exl_cuda_lora_batch_expand(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, unsigned *sync,
-                                int32_t skip, int plain) {
+                                int plain) {
     int32_t tiles = 0;
     for (int32_t o = 0; o < n->n_out; o++)
         tiles += (n->out_features[o] + BATCH_THREADS - 1) / BATCH_THREADS;
     const dim3 grid((unsigned)tiles, (unsigned)((n->n_uses + BATCH_CHUNK - 1) / BATCH_CHUNK));
-    void (*const kernels[2][2])(exl_lora_node, float *, float *, unsigned *,
-                                int32_t) = {{lora_batch_expand<0, 0>, lora_batch_expand<0, 1>},
-                                            {lora_batch_expand<1, 0>, lora_batch_expand<1, 1>}};
+    void (*const kernels[2][2])(exl_lora_node, float *, float *,
+                                unsigned *) = {{lora_batch_expand<0, 0>, lora_batch_expand<0, 1>},
+                                               {lora_batch_expand<1, 0>, lora_batch_expand<1, 1>}};
     exl_cuda_launch(cb, kernels[n->norm != NULL][plain != 0], grid, dim3(BATCH_THREADS), 0, *n, t, ss,
-                    sync + BATCH_COUNT, skip);
+                    sync + BATCH_COUNT);
     exl_cuda_check_launch(cb, "lora batch expand");
 }
 
@@ -364,5 +346,5 @@ void exl_cuda_lora_batch(exl_cuda_backend *cb, const exl_lora_node *n, int plain
     if (!exl_cuda_lora_scratch(cb, n, &t, &ss, &sync))
         return;
     exl_cuda_lora_batch_shrink(cb, n, t, ss, cb->stream, 1);
-    exl_cuda_lora_batch_expand(cb, n, t, ss, sync, 0, plain);
+    exl_cuda_lora_batch_expand(cb, n, t, ss, sync, plain);
 }

@@ -7,13 +7,8 @@
 
 /* The by-adapter paths' scratch for node n: 64 counters (self-resetting; the SGMV path uses 0 and 1, the batch path
  * 2), then t [n_uses * n_out * max_rank] and ss [n_uses] floats, all zero between launches (whoever adds to them
- * clears them in its last block), but after a node whose updates split-sum reduces added (EXL_CUDA_LORA_OVERLAP=4:
- * cb->lora_dirty bytes of them hold its sums until the next user sets them to zero). scratch: memory for n, zero on
- * the backend's stream; scratch_grow: memory for n alone (new memory set to zero on the backend's stream), and
- * scratch_clean: the sums a node left set to zero on stream. 0: failed (the backend's sticky error says so). */
+ * clears them in its last block). 0: no memory (the backend's sticky error says so). */
 int exl_cuda_lora_scratch(exl_cuda_backend *cb, const exl_lora_node *n, float **t, float **ss, unsigned **sync);
-int exl_cuda_lora_scratch_grow(exl_cuda_backend *cb, const exl_lora_node *n, float **t, float **ss, unsigned **sync);
-int exl_cuda_lora_scratch_clean(exl_cuda_backend *cb, cudaStream_t stream);
 
 /* EXL_CUDA_LORA_BATCH=2 or 3: steps of more uses than the fused path takes go through the batch path (read at each
  * call, as the other paths' switches; default 2); returns 2 or 3 (3: a row's only use adds its
@@ -29,12 +24,10 @@ int exl_cuda_lora_batch_takes(const exl_cuda_backend *cb, const exl_lora_node *n
  * on the backend's stream (failures: the sticky error). */
 void exl_cuda_lora_batch(exl_cuda_backend *cb, const exl_lora_node *n, int plain);
 /* Its two launches apart, into the scratch exl_cuda_lora_scratch gave (t, ss, sync): the shrink on stream, with
- * programmatic dependent launch where pdl is set (exl_cuda_launch_on); the expand on the backend's stream with it,
- * adding the updates of the outputs whose bit in skip is clear (plain: as EXL_CUDA_LORA_BATCH=3), t and ss zero
- * after it. */
+ * programmatic dependent launch where pdl is set (exl_cuda_launch_on), the expand on the backend's stream with it. */
 void exl_cuda_lora_batch_shrink(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, cudaStream_t stream,
                                 int pdl);
 void exl_cuda_lora_batch_expand(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, unsigned *sync,
-                                int32_t skip, int plain);
+                                int plain);
 
 #endif

@@ -1,6 +1,5 @@
 /* cuda_lora_overlap.cu - the lora op's batch path (cuda_lora_batch.cu) beside the matmul it goes with, its shrink off
- * the step's critical path (EXL_CUDA_LORA_OVERLAP=1 by default, r2-lora6, issue 33), its expand inside the matmul's
- * split-sum reduces (=4, r2-lora8), or neither (=0).
+ * the step's critical path (EXL_CUDA_LORA_OVERLAP=1 by default, 0: off; r2-lora6, issue 33).
  *
  * The shrink reads only the node's input (x, normed on the way or through the GLU), which the matmul beside the node
  * does not write: the projections' own matmul right before it (q/k/v, o, gate/up: the node adds to their outputs),
@@ -13,48 +12,30 @@
  *          on the backend's stream (after the matmul: the updates go onto its outputs, or onto ones it adds to).
  * In a captured step the two events are the CUDA graph's fork and join (legal during capture): the shrink becomes a
  * parallel branch beside the matmul's nodes. At 32 uses of a 7B layer the four shrinks were 56 of the batch path's
- * 97 us of kernel time (ncu); with =1 the expands (~41 us) stay on the critical path (H100: 32 jobs over 4 adapters
- * 0.801 -> 0.835 of the no-adapter rate). The shrink goes without programmatic dependent launch (a full dependency on
- * the kernel before the fork, which has the same meaning as the wait it would do), the expand with it. Lost and
- * removed (numbers in bench/LOG.md): the expand without PDL (0.817), the shrink at the greatest priority (0.811), the
- * expand on the second stream too, into a delta the reduce added (r2-lora7, 0.785: it competed with the matmul).
- *
- * =4: no expand launch where the matmul's outputs are finished by cuda_qmma.cu's split-sum reduce (a decode step's
- * quantized matmuls of 5 to 95 rows whose split-K has more than one split: every matmul of a 7B layer at 32 rows).
- * The reduce of each of the node's outputs adds the expand's update of its element (row r, column c) itself, beside
- * the bias, before it stores (or adds onto the residual: down_proj's, whose node is paired with the matmul after it):
- *   sum over the row's uses u of scale_u (times 1 / RMS of the row where the node has a norm) * t[u, o, j] * Bt[j, c],
- * the same math as the batch path's expand. The backend's stream joins the second right before the first of those
- * reduces (exl_cuda_lora_reduce_take, called by cuda_qmma.cu as it launches one): the shrink has the gather and the
- * split-K kernel of the node's first projection to hide in. Outputs no reduce took (a single split, the fused last-block
- * sums of EXL_CUDA_QMMA_FUSED, the GEMVs at up to 4 rows, cuBLAS's many rows, dense weights, prompts and verification
- * steps, which the fork does not offer) get theirs from the expand after the matmul, as with =1, skipping the others.
- * Pairing is offered only where the matmul's kernels store plain rows: no slot order, no zeroing for or by a GEMV
- * (the plan gives those to GEMVs alone, and cuda_matmul.cu refuses them elsewhere), the node's rows the matmul's.
- * The scratch: the expand sets t and ss back to zero in its last block; the reduces cannot (several launches, none
- * knowing it is the last reader), so a node whose outputs they all took leaves its sums there (cb->lora_dirty). The
- * next fork sets them to zero with a memset on the second stream right after its fork event, before its shrink: off
- * the critical path (the event orders it after every reduce that read them, and the shrink after it). Other users of
- * the scratch (the batch path run directly, SGMV) set them to zero on the backend's stream first, and so does the end
- * of every step (exl_cuda_lora_settle, one memset a step), so that a step starts with them zero whether it runs
- * directly, is captured or is replayed. */
+ * 97 us of kernel time (ncu); the expands (~41 us) stay on the critical path.
+ * The shrink goes without programmatic dependent launch (a full dependency on the kernel before the fork, which has
+ * the same meaning as the wait it would do); the expand with it (it may start while the matmul's last kernel ends,
+ * as any kernel after another; its dependency on the shrink is the join's).
+ * What the overlap can win depends on the block scheduler: cuda_qmma.cu's blocks (125 registers, 2 an SM) fill an
+ * SM's registers, so a shrink block (256 threads, ~102 registers) beside them takes the place of one of them until it
+ * ends, and the matmul's next kernels, launched early (PDL), hold their places while they wait. The shrink alone is
+ * latency-bound (~40% of the registers of the SMs it runs on, 10-19 us), so beside the matmul it should cost its
+ * share of the SMs' time, not its length; if it is starved instead (dispatched only where the matmul leaves room),
+ * the join waits for the rest. Variants that lost on an H100 (bench/RESULTS.md, removed): the expand without PDL
+ * (0.817 against 0.835), the shrink at the greatest stream priority (0.811), the expand on the second stream too
+ * (0.785), the expand inside cuda_qmma.cu's split-sum reduce (0.769 against 0.838). */
 #include "backend/cuda/cuda_lora_batch.cuh"
 
 #include <stdlib.h>
 
 #define OVERLAP_DEFAULT 1 /* EXL_CUDA_LORA_OVERLAP unset: 1 (H100: batch 32 over 4 adapters 0.801 -> 0.835) */
-#define OVERLAP_REDUCE 4  /* the expand inside the split-sum reduces */
-/* what a reduce's shared memory holds of a node (cuda_qmma.cu qmma_reduce_lora_kernel): t of its uses, then its
- * rows' updates over 32 columns: at most 16 + 16 KB */
-#define REDUCE_MAX_T 4096
-#define REDUCE_MAX_ROWS 128
 
-/* EXL_CUDA_LORA_OVERLAP: 1 or 4, else 0; read at each call (a plan compiled with it pairs its nodes; a benchmark
- * compares the modes with steps of different graphs) */
+/* EXL_CUDA_LORA_OVERLAP: 1, else 0; read at each call (a plan compiled with it pairs its nodes; a benchmark compares the
+ * modes with steps of different graphs) */
 static int overlap_mode(void) {
     const char *e = getenv("EXL_CUDA_LORA_OVERLAP");
     const int v = e && *e ? atoi(e) : OVERLAP_DEFAULT;
-    return v == 1 || v == OVERLAP_REDUCE ? v : 0;
+    return v == 1;
 }
 
 int exl_cuda_lora_overlaps(const exl_cuda_backend *cb, const exl_lora_node *n) {
@@ -86,55 +67,21 @@ static int side_ready(exl_cuda_backend *cb) {
     return 1;
 }
 
-/* 1 if the reduces of matmul f may add node n's updates (=4): a decode step's plain rows, the node's, and shared
- * memory enough for its t */
-static int reduce_offered(const exl_lora_node *n, const exl_cuda_fused_mm *f) {
-    int clears = 0;
-    for (int k = 0; k < 3; k++)
-        clears |= f->clear[k] != NULL;
-    return overlap_mode() == OVERLAP_REDUCE && f->decode && f->rows == n->rows && n->rows <= REDUCE_MAX_ROWS &&
-           (int64_t)n->n_uses * n->max_rank <= REDUCE_MAX_T && !f->out_map && !f->x_slots && !f->out_zeroed && !clears;
-}
-
-void exl_cuda_lora_fork(exl_cuda_backend *cb, const exl_lora_node *n, const exl_cuda_fused_mm *f) {
+void exl_cuda_lora_fork(exl_cuda_backend *cb, const exl_lora_node *n) {
     cb->lora_forked = NULL;
-    cb->lora_in_reduce = cb->lora_taken = 0;
     float *t, *ss;
     unsigned *sync;
     /* the scratch first: growing it ends a capture and sets it to zero on the backend's stream, before the fork */
     if (!overlap_mode() || !exl_cuda_lora_batch_takes(cb, n) || !side_ready(cb) ||
-        !exl_cuda_lora_scratch_grow(cb, n, &t, &ss, &sync))
+        !exl_cuda_lora_scratch(cb, n, &t, &ss, &sync))
         return;
     if (cudaEventRecord(cb->lora_fork, cb->stream) != cudaSuccess ||
         cudaStreamWaitEvent(cb->lora_side, cb->lora_fork, 0) != cudaSuccess) {
         exl_cuda_check_launch(cb, "LoRA fork");
         return;
     }
-    cb->lora_forked = n; /* from here the second stream is joined again (at the latest by side_close) */
-    exl_cuda_lora_scratch_clean(cb, cb->lora_side); /* sums a node left: after the fork, before the shrink */
     exl_cuda_lora_batch_shrink(cb, n, t, ss, cb->lora_side, 0);
-    cb->lora_in_reduce = reduce_offered(n, f);
-}
-
-int exl_cuda_lora_reduce_take(exl_cuda_backend *cb, const float *out, int32_t rows, int32_t width,
-                              exl_cuda_lora_reduce *r) {
-    const exl_lora_node *n = cb->lora_forked;
-    if (!n || !cb->lora_in_reduce || rows != n->rows)
-        return 0;
-    for (int32_t o = 0; o < n->n_out; o++) {
-        if (out != n->out[o] || width != n->out_features[o] || (cb->lora_taken >> o & 1))
-            continue;
-        float *t, *ss;
-        unsigned *sync;
-        if (!exl_cuda_lora_scratch_grow(cb, n, &t, &ss, &sync)) /* as the fork had it: no growth */
-            return 0;
-        if (!cb->lora_taken) /* the shrink's sums are needed from here */
-            exl_cuda_lora_side_close(cb);
-        cb->lora_taken |= 1 << o;
-        r->n = *n, r->t = t, r->ss = ss, r->o = o;
-        return 1;
-    }
-    return 0;
+    cb->lora_forked = n;
 }
 
 void exl_cuda_lora_side_close(exl_cuda_backend *cb) {
@@ -148,24 +95,13 @@ void exl_cuda_lora_join(exl_cuda_backend *cb, const exl_lora_node *n) {
         exl_cuda_run_lora(&cb->base, n);
         return;
     }
-    const int32_t taken = cb->lora_taken;
-    if (!taken)
-        exl_cuda_lora_side_close(cb);
+    exl_cuda_lora_side_close(cb);
     cb->lora_forked = NULL;
-    cb->lora_in_reduce = cb->lora_taken = 0;
     float *t, *ss;
     unsigned *sync;
-    if (!exl_cuda_lora_scratch_grow(cb, n, &t, &ss, &sync)) /* as the fork had it: no growth */
-        return;
-    if (taken == (1 << n->n_out) - 1) { /* every output's updates added by its reduce: the sums stay for the next */
-        const size_t bytes = (size_t)((int64_t)n->n_uses * n->n_out * n->max_rank + n->n_uses) * sizeof(float);
-        cb->lora_dirty = bytes > cb->lora_dirty ? bytes : cb->lora_dirty;
-        return;
-    }
-    exl_cuda_lora_batch_expand(cb, n, t, ss, sync, taken, exl_cuda_lora_batch_on() == 3);
+    if (exl_cuda_lora_scratch(cb, n, &t, &ss, &sync)) /* as the fork had it: no growth */
+        exl_cuda_lora_batch_expand(cb, n, t, ss, sync, exl_cuda_lora_batch_on() == 3);
 }
-
-void exl_cuda_lora_settle(exl_cuda_backend *cb) { exl_cuda_lora_scratch_clean(cb, cb->stream); }
 
 void exl_cuda_lora_side_free(exl_cuda_backend *cb) {
     if (!cb->lora_side)

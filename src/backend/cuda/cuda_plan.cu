@@ -20,8 +20,7 @@
  *   - KV L2 prefetch (decode steps): the GEMV before an attention asks L2 for the cache rows it will read;
  *   - LoRA (one-row decode steps): a lora node beside the GEMV of its projections is folded into it (first, so that
  *     the passes above see the launches as without adapters); with EXL_CUDA_LORA_OVERLAP, a lora node of the batch
- *     path is handed to the matmul beside it, its shrink on a second stream while the matmul runs (last; with =4
- *     the matmul's split-sum reduces add its updates where they can: cuda_lora_overlap.cu).
+ *     path is handed to the matmul beside it, its shrink on a second stream while the matmul runs (last).
  * A plan holds its own copy of the graph (nodes field by field, the batch's device side), which its launches
  * refer to and which cuda_graph.cu compares with the next steps' graphs. */
 #include "backend/cuda/cuda_internal.h"
@@ -750,7 +749,7 @@ void exl_cuda_plan_run(exl_cuda_backend *cb, const exl_cuda_plan *p) {
         case EXL_CUDA_RUN_NODE: run_node(cb, p, n); break;
         case EXL_CUDA_RUN_MATMUL: {
             if (l->side_lora)
-                exl_cuda_lora_fork(cb, l->side_lora, &l->mm);
+                exl_cuda_lora_fork(cb, l->side_lora);
             size_t need = exl_cuda_fused_scratch_need(cb, &l->mm) * sizeof(float);
             if (!need ||
                 exl_cuda_ensure(cb, (void **)&cb->fused_scratch, &cb->fused_scratch_bytes, need, "matmul scratch"))
@@ -783,7 +782,6 @@ void exl_cuda_plan_run(exl_cuda_backend *cb, const exl_cuda_plan *p) {
         case EXL_CUDA_RUN_GATHER_ADD: exl_cuda_run_gather_cols_add(be, &n[0].gather_cols, n[1].add.x); break;
         }
     }
-    exl_cuda_lora_settle(cb); /* LoRA sums the last paired node left (EXL_CUDA_LORA_OVERLAP=4) set to zero */
 }
 
 void exl_cuda_plan_free(exl_cuda_plan *p) {

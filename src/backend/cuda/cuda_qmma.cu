@@ -35,9 +35,6 @@
 #define N_STAGES 3              /* stage buffers in the ring: two copies in flight while one is multiplied */
 #define FRAG_HALVES 512         /* one m16 tile of one chunk: 2 k steps x 32 lanes x 8 halves */
 #define W_STRIDE (MMA_COLS + 8) /* words per staged word row; +8 spreads t over banks */
-#define REDUCE_LORA_WARPS 8     /* warps of a split-sum reduce that adds LoRA updates (32 columns a block) */
-#define REDUCE_LORA_PRE 16      /* ranks of Bt a lane of it holds in registers (more: loaded per use) */
-#define REDUCE_LORA_ROWS 4      /* rows a warp of it sums at a time */
 
 /* The staged code words of a column's chunk (col: its first word row) that pairs 4t .. 4t+3
  * (slots 8t .. 8t+7) need. */
@@ -313,102 +310,6 @@ __global__ void qmma_reduce_kernel(float *out, const float *partial, const float
     out[i] = accumulate ? out[i] + v : v;
 }
 
-/* The same sums with the LoRA updates of output l.o of the node forked beside the matmul added after the bias
- * (EXL_CUDA_LORA_OVERLAP=4, cuda_lora_overlap.cu): the math of the batch path's expand (cuda_lora_batch.cu), element
- * (r, c) gaining sum over the uses u of row r of scale_u (/ RMS of the row, NORM) * sum_j t[u, o, j] * Bt[j, c].
- * Block: 32 columns (a lane each, blockIdx.x) of rows rg * blockIdx.y .. + rg - 1, REDUCE_LORA_WARPS warps. Shared
- * memory: ts [uses][max_rank] (t of the output for the uses of those rows, which are consecutive, scaled), then upd
- * [rg][32] (the rows' updates). Warp w takes a run of the uses in by_adapter order, those of the block's rows (mostly
- * one adapter: Bt's values at its column loaded once for all of them, the first adapter's before the wait), and adds
- * each one's update into upd at its row; then rows w, w + warps, ... are summed as qmma_reduce_kernel sums them, a
- * few rows' partial sums in flight at a time. */
-template <int NORM>
-__global__ void __launch_bounds__(REDUCE_LORA_WARPS * 32)
-    qmma_reduce_lora_kernel(float *out, const float *partial, const float *bias, int32_t rows, int32_t cols,
-                            int64_t n_pad, int32_t splits, int32_t accumulate, int32_t rg, exl_cuda_lora_reduce l) {
-    extern __shared__ float reduce_smem[];
-    const exl_lora_node &n = l.n;
-    const int32_t R = n.max_rank, U = n.n_uses;
-    const int lane = (int)threadIdx.x % 32, warp = (int)threadIdx.x / 32;
-    const int32_t c = (int32_t)blockIdx.x * 32 + lane, r_lo = (int32_t)blockIdx.y * rg, r_hi = min(rows, r_lo + rg);
-    const bool in = c < cols;
-    const int32_t *order = n.by_adapter + 2 + U;
-    const int32_t per = (U + REDUCE_LORA_WARPS - 1) / REDUCE_LORA_WARPS, i0 = warp * per, i1 = min(U, i0 + per);
-    const int32_t u_lo = __ldg(n.row_uses + r_lo), u_hi = __ldg(n.row_uses + r_hi);
-    const exl_lora_factors *table = n.factors[l.o];
-    float *ts = reduce_smem, *upd = reduce_smem + (u_hi - u_lo) * R;
-    /* the use tables and the factors are constant within the step: read before the wait */
-    int32_t slot = -1;
-    exl_lora_factors f = {};
-    float bv[REDUCE_LORA_PRE];
-    auto load_bt = [&](int32_t s) {
-        slot = s, f = table[s];
-#pragma unroll
-        for (int j = 0; j < REDUCE_LORA_PRE; j++)
-            bv[j] = j < f.rank && in ? __ldg(f.bt + (int64_t)j * cols + c) : 0.0f;
-    };
-    for (int32_t i = i0; i < i1; i++) { /* the first of the block's uses */
-        const int32_t u = __ldg(order + i);
-        if (u >= u_lo && u < u_hi) {
-            load_bt(__ldg(n.use_slot + u));
-            break;
-        }
-    }
-    exl_pdl_start();
-    for (int32_t i = (int32_t)threadIdx.x; i < (u_hi - u_lo) * R; i += (int32_t)blockDim.x) {
-        const int32_t u = u_lo + i / R, j = i % R;
-        float v = __ldcg(l.t + ((int64_t)u * n.n_out + l.o) * R + j) * __ldg(n.use_scale + u);
-        if (NORM)
-            v *= rsqrtf(__ldcg(l.ss + u) / n.in_features + n.eps);
-        ts[i] = v;
-    }
-    for (int32_t i = (int32_t)threadIdx.x; i < rg * 32; i += (int32_t)blockDim.x)
-        upd[i] = 0.0f;
-    __syncthreads();
-    for (int32_t i = i0; i < i1; i++) {
-        const int32_t u = __ldg(order + i);
-        if (u < u_lo || u >= u_hi)
-            continue;
-        const int32_t s = __ldg(n.use_slot + u);
-        if (s != slot)
-            load_bt(s);
-        if (f.rank == 0 || !in)
-            continue;
-        const float *tu = ts + (u - u_lo) * R;
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < REDUCE_LORA_PRE; j++)
-            if (j < f.rank)
-                acc += tu[j] * bv[j];
-        for (int32_t j = REDUCE_LORA_PRE; j < f.rank; j++)
-            acc += tu[j] * __ldg(f.bt + (int64_t)j * cols + c);
-        atomicAdd(upd + (__ldg(n.use_row + u) - r_lo) * 32 + lane, acc);
-    }
-    __syncthreads();
-    constexpr int RW = REDUCE_LORA_ROWS, W = REDUCE_LORA_WARPS;
-    for (int32_t r0 = r_lo + warp; r0 < r_hi; r0 += RW * W) {
-        float v[RW];
-#pragma unroll
-        for (int k = 0; k < RW; k++)
-            v[k] = 0.0f;
-        for (int32_t sp = 0; sp < splits; sp++)
-#pragma unroll
-            for (int k = 0; k < RW; k++)
-                if (r0 + k * W < r_hi && in)
-                    v[k] += partial[((int64_t)sp * rows + r0 + k * W) * n_pad + c];
-#pragma unroll
-        for (int k = 0; k < RW; k++) {
-            const int32_t r = r0 + k * W;
-            if (r >= r_hi || !in)
-                continue;
-            float x = v[k] + (bias ? bias[c] : 0.0f);
-            x += upd[(r - r_lo) * 32 + lane];
-            float *o = out + (int64_t)r * cols + c;
-            *o = accumulate ? *o + x : x;
-        }
-    }
-}
-
 /* Blocks of qmma_kernel<MT, P> an SM of cb's device holds with smem bytes of shared memory (the attribute set once
  * per kernel, size and device), 0 when the launch cannot be configured. */
 template <int MT, int P>
@@ -499,21 +400,6 @@ void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float
                     qmma_smem_bytes(mt, parts, a.chunks_per_split), a);
     if (!exl_cuda_check_launch(cb, "quantized matmul (tensor cores)") || splits == 1)
         return;
-    exl_cuda_lora_reduce lora;
-    if (exl_cuda_lora_reduce_take(cb, out, rows, w->out, &lora)) { /* may join the LoRA shrink's stream */
-        /* row groups of a multiple of the warps' rows, enough blocks for about two an SM */
-        const int32_t col_blocks = (w->out + 31) / 32, max_groups = (rows + REDUCE_LORA_WARPS - 1) / REDUCE_LORA_WARPS;
-        int32_t groups = (2 * cb->n_sms + col_blocks - 1) / col_blocks;
-        groups = groups < 1 ? 1 : groups > max_groups ? max_groups : groups;
-        const int32_t rg = ((rows + groups - 1) / groups + REDUCE_LORA_WARPS - 1) / REDUCE_LORA_WARPS *
-                           REDUCE_LORA_WARPS;
-        const size_t smem = ((size_t)lora.n.n_uses * lora.n.max_rank + (size_t)rg * 32) * sizeof(float);
-        exl_cuda_launch(cb, lora.n.norm ? qmma_reduce_lora_kernel<1> : qmma_reduce_lora_kernel<0>,
-                        dim3((unsigned)col_blocks, (unsigned)((rows + rg - 1) / rg)), dim3(REDUCE_LORA_WARPS * 32),
-                        smem, out, cb->gemv_partial, w->bias, rows, w->out, q->n_pad, splits, accumulate, rg, lora);
-        exl_cuda_check_launch(cb, "quantized matmul (split sums, LoRA)");
-        return;
-    }
     int64_t n_sums = (int64_t)rows * w->out;
     exl_cuda_launch(cb, qmma_reduce_kernel, dim3((unsigned)((n_sums + 255) / 256)), dim3(256), 0, out, cb->gemv_partial,
                     w->bias, rows, w->out, q->n_pad, splits, accumulate);
