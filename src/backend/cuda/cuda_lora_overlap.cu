@@ -26,16 +26,16 @@
  *   sum over the row's uses u of scale_u (times 1 / RMS of the row where the node has a norm) * t[u, o, j] * Bt[j, c],
  * the same math as the batch path's expand. The backend's stream joins the second right before the first of those
  * reduces (exl_cuda_lora_reduce_take, called by cuda_qmma.cu as it launches one): the shrink has the gather and the
- * split-K kernel of the node's first projection to hide in. Outputs no reduce took (a single split, the fused last-block
- * sums of EXL_CUDA_QMMA_FUSED, the GEMVs at up to 4 rows, cuBLAS's many rows, dense weights, prompts and verification
- * steps, which the fork does not offer) get theirs from the expand after the matmul, as with =1, skipping the others.
+ * split-K kernel of the node's first projection to hide in. Outputs no reduce took (a single split, the GEMVs at up
+ * to 4 rows, cuBLAS's many rows, dense weights, prompts and verification steps, which the fork does not offer) get
+ * theirs from the expand after the matmul, as with =1, skipping the others.
  * Pairing is offered only where the matmul's kernels store plain rows: no slot order, no zeroing for or by a GEMV
  * (the plan gives those to GEMVs alone, and cuda_matmul.cu refuses them elsewhere), the node's rows the matmul's.
  * The scratch: the expand sets t and ss back to zero in its last block; the reduces cannot (several launches, none
  * knowing it is the last reader), so a node whose outputs they all took leaves its sums there (cb->lora_dirty). The
  * next fork sets them to zero with a memset on the second stream right after its fork event, before its shrink: off
  * the critical path (the event orders it after every reduce that read them, and the shrink after it). Other users of
- * the scratch (the batch path run directly, SGMV) set them to zero on the backend's stream first, and so does the end
+ * the scratch (the batch path run directly) set them to zero on the backend's stream first, and so does the end
  * of every step (exl_cuda_lora_settle, one memset a step), so that a step starts with them zero whether it runs
  * directly, is captured or is replayed. */
 #include "backend/cuda/cuda_lora_batch.cuh"
@@ -162,7 +162,7 @@ void exl_cuda_lora_join(exl_cuda_backend *cb, const exl_lora_node *n) {
         cb->lora_dirty = bytes > cb->lora_dirty ? bytes : cb->lora_dirty;
         return;
     }
-    exl_cuda_lora_batch_expand(cb, n, t, ss, sync, taken, exl_cuda_lora_batch_on() == 3);
+    exl_cuda_lora_batch_expand(cb, n, t, ss, sync, taken);
 }
 
 void exl_cuda_lora_settle(exl_cuda_backend *cb) { exl_cuda_lora_scratch_clean(cb, cb->stream); }
