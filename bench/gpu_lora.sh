@@ -3,9 +3,10 @@
 #   7B EXL2 (4-bit, random weights of Llama-2-7B's shape) batch-1 greedy decode with a rank-16 adapter on all seven
 #   projections vs none (target: overhead <= 10%), and 32 sequences spread over 4 adapters vs 32 with none (target:
 #   >= 85% of the no-adapter rate). Prints tests/gpu/gpu_lora_bench.c's markdown table: both cases through each path
-#   (the default: one row folded into the GEMVs, 32 uses a use at a time; the batch path, EXL_CUDA_LORA_BATCH=2 and 3;
-#   SGMV in one and two launches; r2-lora2's paths). The batch-32 case alone: through every path and the batch path's
-#   logits, bench/gpu_lora.sh DIR -- --only32 2; through the environment's, [EXL_CUDA_LORA_BATCH=2] ... --only32 1
+#   (the default: one row folded into the GEMVs, 32 uses through the batch path with its shrink beside the matmul;
+#   EXL_CUDA_LORA_OVERLAP=0; the lora launches, r2-lora2's paths). The batch-32 case alone: through every path
+#   and their logits, bench/gpu_lora.sh DIR -- --only32 2; through the environment's, [EXL_CUDA_LORA_OVERLAP=0] ...
+#   --only32 1
 #
 # usage (from the repo root): bench/gpu_lora.sh [DIR] [-- gpu_lora_bench args: --rank R --layers N --ctx C]
 #   DIR (default .gpu): bin/gpu_lora_bench built by tests/gpu/prepare.sh; without it, builds here (build-gpu,

@@ -6,27 +6,20 @@
  *             the same steps (the gathered lora op);
  * each case through every path the environment selects (the variants below: the default first, then each other one
  * with its variables set and every cached CUDA graph dropped, so that the steps are compiled and captured anew):
- *   default            one-row steps: the updates folded into side blocks of the GEMV launch where its blocks add
- *                      atomically (every 7B GEMV; cuda_lora_fold.cuh), no lora launch; 32 uses: shrink and expand a
- *                      use at a time, two launches a group;
- *   batch              EXL_CUDA_LORA_BATCH=2: 32 uses through cuda_lora_batch.cu (r2-lora5), two launches a group,
- *                      each a wide grid of short blocks; =3: the same, a row's only use added with a load and a
- *                      store instead of atomically;
- *   overlap            EXL_CUDA_LORA_OVERLAP=1: the batch path with each group's shrink on a second stream beside the
- *                      matmul it goes with (cuda_lora_overlap.cu, r2-lora6), the expand after it;
- *   in-block fold      EXL_CUDA_LORA_SIDE=0: one row folded into the GEMVs' own blocks (r2-lora3);
- *   SGMV               EXL_CUDA_LORA_SGMV=5: 32 uses by adapter (cuda_lora.cu), one launch a group;
- *   SGMV in two        the same with EXL_CUDA_LORA_SGMV_LAUNCHES=2: SGMV's shrink and expand as two launches;
- *   before (r2-lora2)  EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0: one row: the fused lora launch, one a group;
- *                      32 uses: shrink and expand a use at a time, two launches a group;
- *   two launches       the same with EXL_CUDA_LORA_FUSED_USES=0: shrink and expand at one row too.
+ *   default            one-row steps: the updates folded into the GEMV launch (cuda_lora_fold.cuh: side blocks where
+ *                      its blocks add atomically, every 7B GEMV but layer 0's q/k/v; else the in-block fold), no lora
+ *                      launch; 32 uses: the batch path (cuda_lora_batch.cu), each group's shrink on a second stream
+ *                      beside the matmul it goes with, the expand after it (cuda_lora_overlap.cu, r2-lora6);
+ *   overlap 0          EXL_CUDA_LORA_OVERLAP=0: the batch path's shrink after the matmul, on the same stream;
+ *   launches           EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_BATCH=0 (r2-lora2's paths): one row: the fused lora launch,
+ *                      one a group; 32 uses: shrink and expand a use at a time, two launches a group.
  * Prints a markdown table: tokens/s without and with adapters, and their ratio; then the logits of one step through
- * the default paths with SGMV, and through the batch path, against r2-lora2's (at this model's shapes, which
- * test_gpu's small fixtures do not reach: several runs a dot product, 8 adapters' uses a block).
+ * the default paths and the overlap modes against the launches' (at this model's shapes, which test_gpu's small
+ * fixtures do not reach: several runs a dot product, chunks of 8 uses of one adapter).
  *
  * --only32 1: the batch-32 cases alone, through the path the environment selects (none set: the default; e.g.
- * EXL_CUDA_LORA_BATCH=2 for the batch path), for a profiler or a quick A/B (no batch 1, no variants, no logits).
- * --only32 2: the batch-32 cases through every variant, and the batch path's logits (no batch 1).
+ * EXL_CUDA_LORA_OVERLAP=0), for a profiler or a quick A/B (no batch 1, no variants, no logits).
+ * --only32 2: the batch-32 cases through every variant, and their logits (no batch 1).
  *
  * usage: gpu_lora_bench [--layers N] [--rank R] [--ctx C] [--steps S] [--only32 1|2] */
 #include "model/lora.h"
@@ -198,22 +191,14 @@ typedef struct variant {
 
 static const variant variants[] = {
     {"default", {{NULL, NULL}}},
-    {"EXL_CUDA_LORA_BATCH=2 (batch path)", {{"EXL_CUDA_LORA_BATCH", "2"}}},
-    {"EXL_CUDA_LORA_BATCH=3 (batch path, plain adds)", {{"EXL_CUDA_LORA_BATCH", "3"}}},
-    {"EXL_CUDA_LORA_OVERLAP=1 (batch path, shrink beside the matmul)", {{"EXL_CUDA_LORA_OVERLAP", "1"}}},
-    {"EXL_CUDA_LORA_SIDE=0 (in-block fold)", {{"EXL_CUDA_LORA_SIDE", "0"}}},
-    {"EXL_CUDA_LORA_SGMV=5", {{"EXL_CUDA_LORA_SGMV", "5"}}},
-    {"EXL_CUDA_LORA_SGMV=5 EXL_CUDA_LORA_SGMV_LAUNCHES=2",
-     {{"EXL_CUDA_LORA_SGMV", "5"}, {"EXL_CUDA_LORA_SGMV_LAUNCHES", "2"}}},
-    {"EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (r2-lora2)",
-     {{"EXL_CUDA_LORA_GEMV", "0"}, {"EXL_CUDA_LORA_SGMV", "0"}}},
-    {"EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 EXL_CUDA_LORA_FUSED_USES=0",
-     {{"EXL_CUDA_LORA_GEMV", "0"}, {"EXL_CUDA_LORA_SGMV", "0"}, {"EXL_CUDA_LORA_FUSED_USES", "0"}}},
+    {"EXL_CUDA_LORA_OVERLAP=0 (batch path, shrink after the matmul)", {{"EXL_CUDA_LORA_OVERLAP", "0"}}},
+    {"EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_BATCH=0 (lora launches, r2-lora2)",
+     {{"EXL_CUDA_LORA_GEMV", "0"}, {"EXL_CUDA_LORA_BATCH", "0"}}},
 };
 
 /* the largest difference of one step's logits (n sequences at position ctx, each with its set: NULL the model's)
- * between the default paths with variable var set to val (EXL_CUDA_LORA_SGMV=5, EXL_CUDA_LORA_BATCH=2) and r2-lora2's
- * (EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0), relative to the largest logit; *argmax_diff: the sequences whose
+ * between the default paths with variable var set to val (var NULL: none) and the lora launches
+ * (EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_BATCH=0), relative to the largest logit; *argmax_diff: the sequences whose
  * argmax differs */
 static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pages, int32_t n, int32_t ctx,
                            const exl_lora_set *const *sets, const char *var, const char *val, int *argmax_diff) {
@@ -222,9 +207,9 @@ static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pag
     int32_t ids[BATCH];
     for (int k = 0; k < 2; k++) {
         if (k == 0)
-            setenv("EXL_CUDA_LORA_GEMV", "0", 1), setenv("EXL_CUDA_LORA_SGMV", "0", 1);
-        else
-            unsetenv("EXL_CUDA_LORA_GEMV"), unsetenv("EXL_CUDA_LORA_SGMV"), setenv(var, val, 1);
+            setenv("EXL_CUDA_LORA_GEMV", "0", 1), setenv("EXL_CUDA_LORA_BATCH", "0", 1);
+        else if (var)
+            setenv(var, val, 1);
         fresh_graphs(m);
         for (int32_t i = 0; i < n; i++) {
             ids[i] = 100 + i;
@@ -234,7 +219,9 @@ static double paths_differ(exl_model *m, exl_kv_cache *cache, const int32_t *pag
         lg[k] = malloc((size_t)n * V * sizeof(float));
         exl_lora_step_sets(m, sets, sets ? n : 0);
         EK(exl_model_forward(m, cache, st, n, lg[k]));
-        unsetenv("EXL_CUDA_LORA_GEMV"), unsetenv("EXL_CUDA_LORA_SGMV"), unsetenv(var);
+        unsetenv("EXL_CUDA_LORA_GEMV"), unsetenv("EXL_CUDA_LORA_BATCH");
+        if (var)
+            unsetenv(var);
     }
     double worst = 0, top = 0;
     *argmax_diff = 0;
@@ -309,9 +296,8 @@ int main(int argc, char **argv) {
         per_seq[i] = &sets[i % N_ADAPTERS];
     if (only32 == 1) {
         const double lora = decode_rate(m, cache, pages, BATCH, ctx, per_seq);
-        static const char *const vars[] = {"EXL_CUDA_LORA_BATCH",      "EXL_CUDA_LORA_OVERLAP",
-                                           "EXL_CUDA_LORA_SGMV",       "EXL_CUDA_LORA_SGMV_LAUNCHES",
-                                           "EXL_CUDA_LORA_FUSED_USES", "EXL_CUDA_DETERMINISTIC"};
+        static const char *const vars[] = {"EXL_CUDA_LORA_BATCH", "EXL_CUDA_LORA_OVERLAP", "EXL_CUDA_LORA_FUSED_USES",
+                                           "EXL_CUDA_DETERMINISTIC"};
         char path[256] = "";
         for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
             const char *v = getenv(vars[i]);
@@ -356,26 +342,19 @@ int main(int argc, char **argv) {
                N_ADAPTERS, variants[v].name, base32, lora32[v], lora32[v] / base32);
     }
     printf("(without adapters again, after them: batch 1 %.1f t/s, batch %d %.1f t/s)\n", again1, BATCH, again32);
-    int diff1, diff32, diff2, diff3;
+    int diff1, diff32, diff0;
     if (!only32) {
         EK(exl_model_set_lora(m, &one, 1));
-        const double e1 = paths_differ(m, cache, pages, 1, ctx, NULL, "EXL_CUDA_LORA_SGMV", "5", &diff1);
+        const double e1 = paths_differ(m, cache, pages, 1, ctx, NULL, NULL, NULL, &diff1);
         EK(exl_model_set_lora(m, NULL, 0));
-        const double e32 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_SGMV", "5", &diff32);
-        printf("logits of one step, default paths with EXL_CUDA_LORA_SGMV=5 against EXL_CUDA_LORA_GEMV=0 "
-               "EXL_CUDA_LORA_SGMV=0 (largest difference over the largest logit; argmax differing): batch 1 %.2e "
-               "(%d), batch %d %.2e (%d of %d)\n",
-               e1, diff1, BATCH, e32, diff32, BATCH);
+        printf("logits of one step at batch 1, the default (the fold) against EXL_CUDA_LORA_GEMV=0 "
+               "EXL_CUDA_LORA_BATCH=0 (largest difference over the largest logit; argmax differing): %.2e (%d)\n",
+               e1, diff1);
     }
-    const double e2 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_BATCH", "2", &diff2);
-    const double e3 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_BATCH", "3", &diff3);
-    printf("logits of one step at batch %d, the batch path against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_SGMV=0 (as "
-           "above): EXL_CUDA_LORA_BATCH=2 %.2e (%d of %d), =3 %.2e (%d of %d)\n",
-           BATCH, e2, diff2, BATCH, e3, diff3, BATCH);
-    int diff4;
-    const double e4 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_OVERLAP", "1", &diff4);
-    printf("logits of one step at batch %d, the shrink beside the matmul against EXL_CUDA_LORA_GEMV=0 "
-           "EXL_CUDA_LORA_SGMV=0 (as above): EXL_CUDA_LORA_OVERLAP=1 %.2e (%d of %d)\n",
-           BATCH, e4, diff4, BATCH);
+    const double e32 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, NULL, NULL, &diff32);
+    const double e0 = paths_differ(m, cache, pages, BATCH, ctx, per_seq, "EXL_CUDA_LORA_OVERLAP", "0", &diff0);
+    printf("logits of one step at batch %d, the batch path against EXL_CUDA_LORA_GEMV=0 EXL_CUDA_LORA_BATCH=0 (as "
+           "above): default (overlap 1) %.2e (%d of %d), EXL_CUDA_LORA_OVERLAP=0 %.2e (%d of %d)\n",
+           BATCH, e32, diff32, BATCH, e0, diff0, BATCH);
     return 0;
 }

@@ -3384,18 +3384,16 @@ static float *lora_op_on(exl_backend *be, const float *x, const float *out0, con
 
 /* the op on the GPU against the CPU: through the fused path with 4 uses (4 ranks a block), its input read in float4
  * loads (in 96), one value at a time (97) and a quarter a warp (8200), then with 9 uses (all ranks a block: 8, or 24
- * with 3 a warp; spans of 3 tiles, 3 spans in 7000 columns); through the two launches of EXL_CUDA_DETERMINISTIC; by
- * adapter (SGMV; the default from 5 uses) in one launch and in two (EXL_CUDA_LORA_SGMV_LAUNCHES=2); and through the
- * batch path (EXL_CUDA_LORA_BATCH=2, and 3: plain adds for rows of one use). The last three shapes spread 32 or 20 rows over 4 adapters (a few rows with 2
- * uses, so that chunks of 8 uses mix adapters): 7B's (rank 16, in 4096 and 11008), and ranks 72, 24, 8, 0 (more
- * pairs than a shrink warp loads at once, more ranks than an expand thread loads before it waits, an adapter that
- * leaves the projections alone) over 300 inputs (a partial slice). */
+ * with 3 a warp; spans of 3 tiles, 3 spans in 7000 columns); through the two launches of EXL_CUDA_DETERMINISTIC; and
+ * through the batch path (the default past the fused path). The last three shapes spread 32 or 20 rows over 4
+ * adapters (a few rows with 2 uses, so that chunks of 8 uses mix adapters): 7B's (rank 16, in 4096 and 11008), and
+ * ranks 72, 24, 8, 0 (more pairs than a shrink warp loads at once, more ranks than an expand thread loads before it
+ * waits, an adapter that leaves the projections alone) over 300 inputs (a partial slice). */
 static void lora_op_case(void) {
     /* the variables the paths set, as the run gave them (the later cases run with those) */
-    static const char *const vars[4] = {"EXL_CUDA_LORA_FUSED_USES", "EXL_CUDA_LORA_SGMV", "EXL_CUDA_LORA_SGMV_LAUNCHES",
-                                        "EXL_CUDA_LORA_BATCH"};
-    env_saved saved[4];
-    for (int i = 0; i < 4; i++)
+    static const char *const vars[2] = {"EXL_CUDA_LORA_FUSED_USES", "EXL_CUDA_LORA_BATCH"};
+    env_saved saved[2];
+    for (int i = 0; i < 2; i++)
         saved[i] = save_env(vars[i]);
     setenv("EXL_CUDA_DETERMINISTIC", "1", 1);
     exl_backend *split;
@@ -3420,19 +3418,16 @@ static void lora_op_case(void) {
         const float *const *ca = (const float *const *)a, *const *cb = (const float *const *)bt;
         static const char *const modes[3] = {"2 adapters, 0-2 uses a row, 2 outputs", "the input normed on the way",
                                              "the input through a GLU"};
-        for (int mode = 0; mode < 4; mode++) {
+        for (int mode = 0; mode < 3; mode++) {
             const int spread = shapes[k][8];
             float *c = lora_op_on(cpu, x, out0, ca, cb, ranks, n_slots, rows, in, outf, outf2, mode, spread);
-            static const char *const paths[6] = {"fused", "two launches",     "by adapter", "by adapter, 2 launches",
-                                                 "batch", "batch, plain adds"};
-            for (int path = 0; path < 6; path++) {
-                setenv("EXL_CUDA_LORA_FUSED_USES", path >= 2 ? "0" : "64", 1);
-                setenv("EXL_CUDA_LORA_SGMV", path == 2 || path == 3 ? "1" : "0", 1);
-                setenv("EXL_CUDA_LORA_SGMV_LAUNCHES", path == 3 ? "2" : "1", 1);
-                setenv("EXL_CUDA_LORA_BATCH", path == 4 ? "2" : path == 5 ? "3" : "0", 1);
+            static const char *const paths[3] = {"fused", "two launches", "batch"};
+            for (int path = 0; path < 3; path++) {
+                setenv("EXL_CUDA_LORA_FUSED_USES", path == 2 ? "0" : "64", 1);
+                setenv("EXL_CUDA_LORA_BATCH", "1", 1);
                 float *g = lora_op_on(path == 1 ? split : gpu, x, out0, ca, cb, ranks, n_slots, rows, in, outf, outf2,
                                       mode, spread);
-                restore_env(saved, 4);
+                restore_env(saved, 2);
                 char name[160];
                 snprintf(name, sizeof name, "lora op (%s, %d rows, in %d, out %d, ranks %d %d): %s", paths[path],
                          (int)rows, (int)in, (int)outf, (int)ranks[0], (int)ranks[1], modes[mode]);
@@ -3446,7 +3441,7 @@ static void lora_op_case(void) {
             free(a[i]), free(bt[i]);
     }
     split->ops->destroy(split);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 2; i++)
         free(saved[i].value);
 }
 
@@ -3540,15 +3535,16 @@ static float *lora_quant_logits(const char *shared, const char *const *adapters,
 
 /* The one-row GEMV with the updates folded in (cuda_lora_fold.cuh) against the lora launches (EXL_CUDA_LORA_GEMV=0),
  * token by token on the quantized base: a1 (q, k, v, o), a2 (gate, up, down: the GLU's input in slot order) and
- * 0.5 a1 + a2 (two uses a row); each with the fold in the GEMV's own blocks (EXL_CUDA_LORA_SIDE=0) and in side blocks
- * wherever the outputs take atomic adds (EXL_CUDA_LORA_SIDE=2: every GEMV of the fixture but the head's) */
+ * 0.5 a1 + a2 (two uses a row); each as the default folds them (the fixture's GEMVs take one split but down_proj's:
+ * the in-block fold, side blocks for down_proj) and with side blocks wherever the outputs take atomic adds
+ * (EXL_CUDA_LORA_SIDE=2: every GEMV of the fixture but the head's) */
 static void lora_fold_case(const char *shared, const exl_st_file *rf) {
     const exl_st_tensor *ids = exl_st_find(rf, "q_ids_b"); /* 200 tokens */
     require(ids != NULL, "lora reference ids");
     const int32_t len = (int32_t)ids->shape[0], vocab = 2048; /* the fixture's */
     const char *const names[3] = {"a1", "a2", "0.5 a1 + a2"};
     const char *const both[2] = {"rand-llama-lora-a1", "rand-llama-lora-a2"};
-    const char *const modes[2][2] = {{"0", "in-block"}, {"2", "side blocks"}};
+    const char *const modes[2][2] = {{"1", "default"}, {"2", "side blocks"}};
     const float scales[3][2] = {{1, 0}, {1, 0}, {0.5f, 1}};
     for (int c = 0; c < 6; c++) {
         const char *const *ad = c % 3 == 1 ? both + 1 : both;

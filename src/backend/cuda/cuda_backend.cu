@@ -151,7 +151,7 @@ static void cu_destroy(exl_backend *be) {
     cudaFree(cb->gemv_normed);
     cudaFree(cb->gemv_counters);
     cudaFree(cb->lora_fold);
-    cudaFree(cb->lora_sgmv);
+    cudaFree(cb->lora_sums);
     cudaFree(cb->top_k_buf);
     cudaFree(cb->mask_buf);
     cudaFree(cb->sample_buf);

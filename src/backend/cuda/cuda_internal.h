@@ -88,8 +88,8 @@ typedef struct exl_cuda_backend {
     size_t gemv_counter_count;
     void *lora_fold; /* LoRA updates folded into a GEMV: a counter, then partial sums (self-resetting) */
     size_t lora_fold_bytes;
-    void *lora_sgmv; /* the lora op by adapter (cuda_lora.cu): 2 counters (self-resetting), then partial sums */
-    size_t lora_sgmv_bytes;
+    void *lora_sums; /* the lora op's batch path (cuda_lora_batch.cu): a counter (self-resetting), then partial sums */
+    size_t lora_sums_bytes;
     /* the lora op's shrink beside a matmul (cuda_lora_overlap.cu): a second stream and its fork and join events
      * (created at the first fork), and the node whose shrink was forked onto it and not yet expanded (or NULL) */
     cudaStream_t lora_side;

@@ -1,7 +1,7 @@
 /* cuda_lora.cu - the lora op (graph.h): gathered low-rank updates, Punica / S-LoRA style, for 1-3 projections of one
  * input, x' being the input normed or through the GLU on the way where the node says so (the matmuls beside then keep
  * their fusions with the norm and the GLU). One-row decode steps do not come here at all where the plan folds the
- * node into the GEMV of its projections (cuda_lora_fold.cuh; EXL_CUDA_LORA_GEMV=0: not). Four paths, whatever the
+ * node into the GEMV of its projections (cuda_lora_fold.cuh; EXL_CUDA_LORA_GEMV=0: not). Three paths, whatever the
  * mix of adapters in the step:
  *
  * fused (decode steps: at most EXL_CUDA_LORA_FUSED_USES uses, default 4, ranks up to 256, and not
@@ -16,19 +16,11 @@
  *   a block asks L2 for its factors (constant within a step; ~160 MB fp32 for rank 16 on a 7B model, not resident
  *   between steps). A decode step's update of a group is one launch of a few microseconds instead of two
  *   latency-bound ones (bench/LOG.md).
- * by adapter (SGMV, Punica / S-LoRA: from EXL_CUDA_LORA_SGMV uses (default off: bench/RESULTS.md) to 64, the node's
- *   by_adapter given, ranks up to 256, not EXL_CUDA_DETERMINISTIC): the uses of one adapter together, so that its
- *   factors are read once for all its rows, not once a use. Shrink blocks (slice of 256 inputs, adapter, projection):
- *   x' of 8 of the adapter's uses over the slice staged, the projection's A rows over it read once for them, the
- *   slice's dots added atomically into t; expand blocks (tile of 256 columns, adapter): t staged (one load a value),
- *   Bt's column read once for all the adapter's uses, the updates added atomically (no read of the output back). One
- *   launch, whose expand blocks wait until every shrink block has counted itself, where they are fewer than the SMs
- *   hold at once (cuda_lora_fold.cuh's argument); else, or with EXL_CUDA_LORA_SGMV_LAUNCHES=2, two. The last expand
- *   block clears t and the counts for the next launch.
- * batch (EXL_CUDA_LORA_BATCH=2 or 3, past the fused path, not EXL_CUDA_DETERMINISTIC: cuda_lora_batch.cu), two launches of
- *   wide grids of short blocks: shrink split over slices of the input and chunks of 8 uses, expand over column tiles;
- *   with EXL_CUDA_LORA_OVERLAP the plan runs the shrink on a second stream beside a matmul (cuda_lora_overlap.cu).
- * split (more uses, or a fixed summation order), two launches:
+ * batch (past the fused path, up to 256 uses, the node's by_adapter given, not EXL_CUDA_DETERMINISTIC; off with
+ *   EXL_CUDA_LORA_BATCH=0: cuda_lora_batch.cu), two launches of wide grids of short blocks: shrink split over slices
+ *   of the input and chunks of 8 uses, expand over column tiles; with EXL_CUDA_LORA_OVERLAP (default 1) the plan runs
+ *   the shrink on a second stream beside a matmul (cuda_lora_overlap.cu).
+ * split (the rest: more uses, EXL_CUDA_LORA_BATCH=0, or a fixed summation order), two launches:
  *   shrink  one block per (use, projection and rank index): t[u, o, j] = scale_u * x'[row_u] · A_o,slot(u)[j], a
  *           block-wide dot product over the input features (ranks past the adapter's own give 0);
  *   expand  one thread per (row, output column of the projections side by side): out_o[r, c] += sum over r's uses u,
@@ -289,269 +281,6 @@ static void run_fused(exl_cuda_backend *cb, const exl_lora_node *n) {
     exl_cuda_check_launch(cb, "lora");
 }
 
-/* ---- by adapter (SGMV): the uses of one adapter together, its factors read once for all of them */
-
-#define SGMV_THREADS 256
-#define SGMV_SLICE 256  /* inputs a shrink block sums over */
-#define SGMV_USES 8     /* uses a shrink block multiplies at once (one register each) */
-#define SGMV_SEGMENTS 8 /* blocks a slice or column tile has for the adapters (more adapters: each several) */
-#define SGMV_TS 2048    /* floats of t an expand block stages at a time */
-/* default of EXL_CUDA_LORA_SGMV: 0, off (from 5 uses it measured 0.634 of the no-adapter rate at 32 jobs over 4
- * adapters against the two launches' 0.727 on an H100) */
-#define SGMV_MIN_USES 0
-/* and at most this many (decode batches: a shrink block takes an adapter's uses 8 at a time, one after another;
- * prompts' hundreds of rows keep the split path's parallelism) */
-#define SGMV_MAX_USES 64
-
-enum { SGMV_BOTH, SGMV_SHRINK, SGMV_EXPAND };
-
-/* Shrink, block (slice, segment slot, projection o): for each adapter s of its slot (s = slot, slot + segment slots,
- * ...) and each 8 of s's uses, stage x' of their rows over the slice (times the norm's weights; the RMS left to the
- * expand), then warp w takes o's ranks w, w + 8, ...: A's row over the slice read once for all 8 uses, their partial
- * dots added atomically to t[(u * n_out + o) * max_rank + j]; with a norm, the projection-0 blocks add each use's sum
- * of squares over the slice to ss[u]. Both are zero between launches (the last expand block clears them). */
-template <int MODE>
-__device__ void sgmv_shrink(const exl_lora_node &n, const float *norm_w, float *t, float *ss, int32_t slice,
-                            int32_t seg_slot, int32_t seg_slots, int32_t o) {
-    __shared__ float xs[SGMV_USES][SGMV_SLICE];
-    const int32_t *seg = n.by_adapter + 1, *order = seg + n.n_uses + 1, n_seg = n.by_adapter[0];
-    const int32_t k0 = slice * SGMV_SLICE, len = min(SGMV_SLICE, n.in_features - k0);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int32_t s = seg_slot; s < n_seg; s += seg_slots) {
-        const int32_t end = seg[s + 1];
-        const exl_lora_factors f = n.factors[o][n.use_slot[order[seg[s]]]];
-        for (int32_t c0 = seg[s]; c0 < end; c0 += SGMV_USES) {
-            const int32_t nu = min(SGMV_USES, end - c0);
-            __syncthreads(); /* xs read by the uses before */
-            for (int32_t i = threadIdx.x; i < SGMV_USES * SGMV_SLICE; i += SGMV_THREADS) {
-                const int32_t uu = i / SGMV_SLICE, k = i % SGMV_SLICE;
-                float v = 0.0f;
-                if (uu < nu && k < len) {
-                    const int64_t at = (int64_t)n.use_row[order[c0 + uu]] * n.in_features + k0 + k;
-                    v = n.x[at];
-                    if (MODE == INPUT_NORM)
-                        v *= norm_w[k0 + k];
-                    else if (MODE == INPUT_GLU)
-                        v = exl_cuda_activate(v, n.act) * n.up[at];
-                }
-                xs[uu][k] = v;
-            }
-            if (MODE == INPUT_NORM && o == 0 && warp < nu) { /* warp w: use w's sum of squares over the slice */
-                const float *xr = n.x + (int64_t)n.use_row[order[c0 + warp]] * n.in_features + k0;
-                float q = 0.0f;
-                for (int32_t k = lane; k < len; k += 32)
-                    q += xr[k] * xr[k];
-                q = warp_sum(q);
-                if (lane == 0)
-                    atomicAdd(ss + order[c0 + warp], q);
-            }
-            __syncthreads();
-            for (int32_t j = warp; j < f.rank; j += SGMV_THREADS / 32) {
-                const float *a = f.a + (int64_t)j * n.in_features + k0;
-                float acc[SGMV_USES];
-#pragma unroll
-                for (int uu = 0; uu < SGMV_USES; uu++)
-                    acc[uu] = 0.0f;
-#pragma unroll 8
-                for (int32_t k = lane; k < len; k += 32) {
-                    const float av = a[k];
-#pragma unroll
-                    for (int uu = 0; uu < SGMV_USES; uu++)
-                        acc[uu] += av * xs[uu][k];
-                }
-#pragma unroll
-                for (int uu = 0; uu < SGMV_USES; uu++) {
-                    const float v = warp_sum(acc[uu]);
-                    if (lane == 0 && uu < nu)
-                        atomicAdd(t + ((int64_t)order[c0 + uu] * n.n_out + o) * n.max_rank + j, v);
-                }
-            }
-        }
-    }
-}
-
-/* Expand, block (column tile of 256 of the projections side by side, segment slot): for each adapter of its slot,
- * each of its uses' t (times the use's scale and, with a norm, 1 / RMS of its row) staged, one load each, then each
- * thread adds to its column of each use's row: one read of Bt's column for all the adapter's uses (L1 after the
- * first), atomically (no round trip: the adds are not waited for) */
-__device__ void sgmv_expand(const exl_lora_node &n, const float *t, const float *ss, int32_t tile, int32_t seg_slot,
-                            int32_t seg_slots, int norm) {
-    __shared__ float ts[SGMV_TS];
-    const int32_t *seg = n.by_adapter + 1, *order = seg + n.n_uses + 1, n_seg = n.by_adapter[0];
-    int32_t c = tile * SGMV_THREADS + (int32_t)threadIdx.x, o = 0, t0 = 0;
-    for (; o < n.n_out; o++) { /* the tiles of each projection start at a tile */
-        const int32_t tiles = (n.out_features[o] + SGMV_THREADS - 1) / SGMV_THREADS;
-        if (tile < t0 + tiles)
-            break;
-        t0 += tiles;
-    }
-    if (o >= n.n_out)
-        return;
-    c -= t0 * SGMV_THREADS;
-    const int32_t width = n.out_features[o], per = SGMV_TS / n.max_rank;
-    for (int32_t s = seg_slot; s < n_seg; s += seg_slots) {
-        const int32_t end = seg[s + 1];
-        const exl_lora_factors f = n.factors[o][n.use_slot[order[seg[s]]]];
-        for (int32_t c0 = seg[s]; c0 < end && f.rank > 0; c0 += per) {
-            const int32_t nu = min(per, end - c0);
-            __syncthreads(); /* ts read by the uses before */
-            for (int32_t i = threadIdx.x; i < nu * f.rank; i += SGMV_THREADS) {
-                const int32_t uu = i / f.rank, j = i % f.rank, u = order[c0 + uu];
-                /* written by other blocks (of this launch, or the launch before): from L2 */
-                const float v = __ldcg(t + ((int64_t)u * n.n_out + o) * n.max_rank + j);
-                ts[uu * f.rank + j] = v * n.use_scale[u] *
-                                      (norm ? rsqrtf(__ldcg(ss + u) / n.in_features + n.eps) : 1.0f);
-            }
-            __syncthreads();
-            if (c >= width)
-                continue;
-            const float *bt = f.bt + c;
-            for (int32_t uu = 0; uu < nu; uu++) {
-                float acc = 0.0f;
-#pragma unroll 8
-                for (int32_t j = 0; j < f.rank; j++)
-                    acc += ts[uu * f.rank + j] * __ldg(bt + (int64_t)j * width);
-                atomicAdd(n.out[o] + (int64_t)n.use_row[order[c0 + uu]] * width + c, acc);
-            }
-        }
-    }
-}
-
-/* Before griddepcontrol.wait (the step's tables and the factors are constant within it): the block's factors asked
- * of L2, projection o's A rows over slice `at` (shrinks), or Bt's rows over column tile `at`, for the adapters of
- * segment slot `slot` of `slots` */
-__device__ void sgmv_prefetch(const exl_lora_node &n, int shrinks, int32_t at, int32_t slot, int32_t slots, int32_t o) {
-    const int32_t *seg = n.by_adapter + 1, *order = seg + n.n_uses + 1, n_seg = n.by_adapter[0];
-    int32_t col0 = 0;
-    if (!shrinks) {
-        for (o = 0; o < n.n_out; o++) {
-            const int32_t tiles = (n.out_features[o] + SGMV_THREADS - 1) / SGMV_THREADS;
-            if (at < tiles)
-                break;
-            at -= tiles;
-        }
-        if (o >= n.n_out)
-            return;
-        col0 = at * SGMV_THREADS;
-    }
-    for (int32_t s = slot; s < n_seg; s += slots) {
-        const exl_lora_factors f = n.factors[o][n.use_slot[order[seg[s]]]];
-        if (shrinks) {
-            const int32_t k0 = at * SGMV_SLICE, len = min(SGMV_SLICE, n.in_features - k0);
-            for (int32_t j = 0; j < f.rank; j++)
-                for (int32_t i = (int32_t)threadIdx.x * 32; i < len; i += SGMV_THREADS * 32)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(f.a + (int64_t)j * n.in_features + k0 + i));
-        } else {
-            const int32_t width = n.out_features[o];
-            for (int32_t k = threadIdx.x; k < f.rank * 8; k += SGMV_THREADS)
-                if (col0 + k % 8 * 32 < width)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(f.bt + (int64_t)(k / 8) * width + col0 + k % 8 * 32));
-        }
-    }
-}
-
-/* One launch of both (SGMV_BOTH: the first shrink_blocks blocks shrink and count themselves in sync[0], the rest
- * expand once all have; cuda_lora_fold.cuh's argument against hanging holds as the expand blocks, the only ones
- * waiting, are fewer than the SMs hold at once), or one of them (two launches). Every expand block counts itself in
- * sync[1]; the last clears t, ss and both counts for the next launch. Grid: 1-D, shrink blocks (slice, segment slot,
- * projection) then expand blocks (tile, segment slot). */
-template <int MODE>
-__global__ void __launch_bounds__(SGMV_THREADS)
-    lora_sgmv_kernel(exl_lora_node n, const float *norm_w, float *t, float *ss, unsigned *sync, int32_t shrink_slots,
-                     int32_t expand_slots, int32_t shrink_blocks, int32_t expand_blocks, int phase) {
-    exl_pdl_trigger();
-    const int32_t b = (int32_t)blockIdx.x;
-    const int shrinks = phase == SGMV_SHRINK || (phase == SGMV_BOTH && b < shrink_blocks);
-    if (shrinks) {
-        const int32_t per_slice = shrink_slots * n.n_out, slice = b / per_slice, slot = b % per_slice / n.n_out,
-                      o = b % n.n_out;
-        sgmv_prefetch(n, 1, slice, slot, shrink_slots, o);
-        exl_pdl_wait();
-        sgmv_shrink<MODE>(n, norm_w, t, ss, slice, slot, shrink_slots, o);
-        if (phase == SGMV_BOTH) { /* every warp's sums visible before the block counts itself */
-            __threadfence();
-            __syncthreads();
-            if (threadIdx.x == 0)
-                atomicAdd(sync, 1u);
-        }
-        return;
-    }
-    const int32_t e = phase == SGMV_BOTH ? b - shrink_blocks : b;
-    sgmv_prefetch(n, 0, e / expand_slots, e % expand_slots, expand_slots, 0);
-    exl_pdl_wait();
-    if (phase == SGMV_BOTH && e % expand_slots < n.by_adapter[0]) { /* a block with an adapter to expand */
-        if (threadIdx.x == 0)
-            while (atomicAdd(sync, 0u) < (unsigned)shrink_blocks)
-                __nanosleep(64);
-        __syncthreads();
-        __threadfence();
-    }
-    sgmv_expand(n, t, ss, e / expand_slots, e % expand_slots, expand_slots, MODE == INPUT_NORM);
-    __syncthreads(); /* the block's reads of t and ss done */
-    __shared__ int last;
-    if (threadIdx.x == 0)
-        last = atomicAdd(sync + 1, 1u) == (unsigned)expand_blocks - 1;
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence();
-    const int64_t nt = (int64_t)n.n_uses * n.n_out * n.max_rank;
-    for (int64_t i = threadIdx.x; i < nt + n.n_uses; i += SGMV_THREADS)
-        (i < nt ? t[i] : ss[i - nt]) = 0.0f;
-    if (threadIdx.x == 0)
-        sync[0] = 0, sync[1] = 0;
-}
-
-/* EXL_CUDA_LORA_SGMV: steps with at least this many uses take the SGMV path (0: never); EXL_CUDA_LORA_SGMV_LAUNCHES=2
- * makes it two launches instead of one (read at each call, as fused_max_uses) */
-static int32_t sgmv_min_uses(void) {
-    const char *e = getenv("EXL_CUDA_LORA_SGMV");
-    const int32_t min = e && *e ? atoi(e) : SGMV_MIN_USES;
-    return min <= 0 ? INT32_MAX : min;
-}
-
-static void run_sgmv(exl_cuda_backend *cb, const exl_lora_node *n) {
-    const int32_t slices = (n->in_features + SGMV_SLICE - 1) / SGMV_SLICE;
-    const int32_t shrink_slots = n->n_uses < SGMV_SEGMENTS ? n->n_uses : SGMV_SEGMENTS;
-    int32_t tiles = 0;
-    for (int32_t o = 0; o < n->n_out; o++)
-        tiles += (n->out_features[o] + SGMV_THREADS - 1) / SGMV_THREADS;
-    float *t, *ss;
-    unsigned *sync;
-    if (!exl_cuda_lora_scratch(cb, n, &t, &ss, &sync))
-        return;
-    const char *e = getenv("EXL_CUDA_LORA_SGMV_LAUNCHES");
-    /* one launch where the expand blocks (they wait) are fewer than the SMs hold at once: as many segment slots for
-     * them as that allows (at least one; 7B gate/up at 4 blocks an SM: 6) */
-    int per_sm = INT32_MAX, k_sm[3] = {0, 0, 0};
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k_sm[0], lora_sgmv_kernel<INPUT_PLAIN>, SGMV_THREADS, 0) ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k_sm[1], lora_sgmv_kernel<INPUT_NORM>, SGMV_THREADS, 0) ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k_sm[2], lora_sgmv_kernel<INPUT_GLU>, SGMV_THREADS, 0))
-        cudaGetLastError();
-    for (int k = 0; k < 3; k++)
-        per_sm = k_sm[k] < per_sm ? k_sm[k] : per_sm;
-    const int64_t room = ((int64_t)per_sm * cb->n_sms - 1) / tiles;
-    const int one = !(e && atoi(e) == 2) && room >= 1;
-    const int32_t expand_slots = one && room < shrink_slots ? (int32_t)room : shrink_slots;
-    const int32_t shrink = slices * shrink_slots * n->n_out, expand = tiles * expand_slots;
-    const float *norm_w = n->norm ? n->norm->v : NULL;
-    const int phases[2][2] = {{SGMV_BOTH, SGMV_BOTH}, {SGMV_SHRINK, SGMV_EXPAND}};
-    for (int k = 0; k < (one ? 1 : 2); k++) {
-        const int phase = phases[!one][k];
-        const dim3 grid((unsigned)(phase == SGMV_BOTH ? shrink + expand : phase == SGMV_SHRINK ? shrink : expand));
-        if (n->norm)
-            exl_cuda_launch(cb, lora_sgmv_kernel<INPUT_NORM>, grid, dim3(SGMV_THREADS), 0, *n, norm_w, t, ss, sync,
-                            shrink_slots, expand_slots, shrink, expand, phase);
-        else if (n->up)
-            exl_cuda_launch(cb, lora_sgmv_kernel<INPUT_GLU>, grid, dim3(SGMV_THREADS), 0, *n, norm_w, t, ss, sync,
-                            shrink_slots, expand_slots, shrink, expand, phase);
-        else
-            exl_cuda_launch(cb, lora_sgmv_kernel<INPUT_PLAIN>, grid, dim3(SGMV_THREADS), 0, *n, norm_w, t, ss, sync,
-                            shrink_slots, expand_slots, shrink, expand, phase);
-        exl_cuda_check_launch(cb, "lora (by adapter)");
-    }
-}
-
 /* ---- folded into the GEMV (cuda_lora_fold.cuh) */
 
 /* EXL_CUDA_LORA_GEMV=0: one-row steps keep the lora launches; read when a plan is compiled (a benchmark may compare
@@ -583,12 +312,7 @@ void exl_cuda_run_lora(exl_backend *be, const exl_lora_node *n) {
         return;
     }
     if (exl_cuda_lora_batch_takes(cb, n)) {
-        exl_cuda_lora_batch(cb, n, exl_cuda_lora_batch_on() == 3);
-        return;
-    }
-    if (n->by_adapter && n->n_uses >= sgmv_min_uses() && n->n_uses <= SGMV_MAX_USES && n->max_rank <= FUSED_MAX_RANK &&
-        !cb->deterministic) {
-        run_sgmv(cb, n);
+        exl_cuda_lora_batch(cb, n);
         return;
     }
     int32_t total = 0;

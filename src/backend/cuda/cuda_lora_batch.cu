@@ -1,6 +1,7 @@
-/* cuda_lora_batch.cu - the lora op for decode steps of many uses (32 jobs over a few adapters; EXL_CUDA_LORA_BATCH=2,
- * r2-lora5, issue 33): two launches, each a wide grid of short blocks, none with a long serial loop (the split path's
- * blocks each walk a whole input row: its down-projection shrink computes the GLU over 11008 inputs once per rank).
+/* cuda_lora_batch.cu - the lora op for decode steps of many uses (32 jobs over a few adapters; r2-lora5, issue 33;
+ * the default past the fused path, EXL_CUDA_LORA_BATCH=0: off): two launches, each a wide grid of short blocks, none
+ * with a long serial loop (the split path's blocks each walk a whole input row: its down-projection shrink computes
+ * the GLU over 11008 inputs once per rank).
  * The uses are taken in by_adapter order (graph.h) 8 at a time, "chunks" (8 uses of one adapter, or of two or more
  * where adapters have other than multiples of 8 uses: a block then takes each adapter's run of the chunk in turn).
  *
@@ -33,18 +34,15 @@
 #define BATCH_BT_PRE 16       /* ranks of Bt an expand thread loads before it waits */
 #define BATCH_MAX_RANK 256    /* a chunk's staged t: 8 KB */
 #define BATCH_MAX_USES 256    /* more (prompts): the split path */
-#define BATCH_COUNT 2         /* the counter of exl_cuda_lora_scratch's this path uses */
-#define BATCH_DEFAULT 2       /* EXL_CUDA_LORA_BATCH unset: this path (H100: batch 32 over 4 adapters 0.736 -> 0.803) */
 
 static_assert(BATCH_WARPS == BATCH_CHUNK, "a shrink warp stages one use of the chunk");
 static_assert(BATCH_SLICE == 4 * 32, "a shrink lane takes 4 inputs of the slice");
 
 enum { BATCH_PLAIN, BATCH_NORM, BATCH_GLU };
 
-/* a chunk's uses (by_adapter order): use, row, adapter slot and scale of each, and whether it is its row's only use,
- * shared by the block */
+/* a chunk's uses (by_adapter order): use, row, adapter slot and scale of each, shared by the block */
 struct batch_chunk {
-    int32_t use[BATCH_CHUNK], row[BATCH_CHUNK], slot[BATCH_CHUNK], alone[BATCH_CHUNK], n;
+    int32_t use[BATCH_CHUNK], row[BATCH_CHUNK], slot[BATCH_CHUNK], n;
     float scale[BATCH_CHUNK];
 };
 
@@ -56,7 +54,6 @@ static __device__ __forceinline__ void chunk_load(const exl_lora_node &n, int32_
     if (i < BATCH_CHUNK && first + i < n.n_uses) {
         const int32_t u = __ldg(order + first + i), row = __ldg(n.use_row + u);
         ch.use[i] = u, ch.row[i] = row, ch.slot[i] = __ldg(n.use_slot + u), ch.scale[i] = __ldg(n.use_scale + u);
-        ch.alone[i] = __ldg(n.row_uses + row + 1) - __ldg(n.row_uses + row) == 1;
     }
 }
 
@@ -198,10 +195,10 @@ __global__ void __launch_bounds__(BATCH_THREADS, BATCH_SHRINK_BLOCKS)
     }
 }
 
-/* grid (tiles of BATCH_THREADS columns, each projection's starting at a tile; chunks); count: zero on entry. PLAIN:
- * a row's only use adds with a load and a store (its block is the only one adding to those columns), else atomically
- * (reductions: no round trip, but the L2's atomic rate) */
-template <int NORM, int PLAIN>
+/* grid (tiles of BATCH_THREADS columns, each projection's starting at a tile; chunks); count: zero on entry. The
+ * updates are added atomically (reductions: no round trip; a load and a store for a row's only use measured no
+ * faster, bench/RESULTS.md). */
+template <int NORM>
 __global__ void __launch_bounds__(BATCH_THREADS, BATCH_EXPAND_BLOCKS)
     lora_batch_expand(exl_lora_node n, float *t, float *ss, unsigned *count) {
     __shared__ batch_chunk ch;
@@ -256,19 +253,9 @@ __global__ void __launch_bounds__(BATCH_THREADS, BATCH_EXPAND_BLOCKS)
                 acc[uu] += ts[uu * n.max_rank + j] * bj;
         }
         float *out = n.out[o] + c;
-        if (PLAIN) { /* the rows' current values loaded together, then stored */
-            float had[BATCH_CHUNK];
-#pragma unroll
-            for (int uu = 0; uu < BATCH_CHUNK; uu++)
-                had[uu] = uu >= b && uu < e && ch.alone[uu] ? __ldcg(out + (int64_t)ch.row[uu] * width) : 0.0f;
-#pragma unroll
-            for (int uu = 0; uu < BATCH_CHUNK; uu++)
-                if (uu >= b && uu < e && ch.alone[uu])
-                    out[(int64_t)ch.row[uu] * width] = had[uu] + acc[uu];
-        }
 #pragma unroll
         for (int uu = 0; uu < BATCH_CHUNK; uu++)
-            if (uu >= b && uu < e && !(PLAIN && ch.alone[uu]))
+            if (uu >= b && uu < e)
                 atomicAdd(out + (int64_t)ch.row[uu] * width, acc[uu]);
         b = e;
     }
@@ -288,24 +275,23 @@ __global__ void __launch_bounds__(BATCH_THREADS, BATCH_EXPAND_BLOCKS)
 int exl_cuda_lora_scratch(exl_cuda_backend *cb, const exl_lora_node *n, float **t, float **ss, unsigned **sync) {
     const int64_t t_floats = (int64_t)n->n_uses * n->n_out * n->max_rank;
     const size_t bytes = 256 + (size_t)(t_floats + n->n_uses) * sizeof(float);
-    if (bytes > cb->lora_sgmv_bytes) {
-        if (!exl_cuda_ensure(cb, &cb->lora_sgmv, &cb->lora_sgmv_bytes, bytes, "LoRA sums"))
+    if (bytes > cb->lora_sums_bytes) {
+        if (!exl_cuda_ensure(cb, &cb->lora_sums, &cb->lora_sums_bytes, bytes, "LoRA sums"))
             return 0;
-        if (cudaMemsetAsync(cb->lora_sgmv, 0, bytes, cb->stream) != cudaSuccess) { /* counters and sums start at 0 */
+        if (cudaMemsetAsync(cb->lora_sums, 0, bytes, cb->stream) != cudaSuccess) { /* counters and sums start at 0 */
             exl_cuda_check_launch(cb, "LoRA counters");
             return 0;
         }
     }
-    *sync = (unsigned *)cb->lora_sgmv;
-    *t = (float *)((char *)cb->lora_sgmv + 256);
+    *sync = (unsigned *)cb->lora_sums;
+    *t = (float *)((char *)cb->lora_sums + 256);
     *ss = *t + t_floats;
     return 1;
 }
 
 int exl_cuda_lora_batch_on(void) {
     const char *e = getenv("EXL_CUDA_LORA_BATCH");
-    const int v = e && *e ? atoi(e) : BATCH_DEFAULT;
-    return v == 2 || v == 3 ? v : 0;
+    return !(e && *e && atoi(e) == 0);
 }
 
 int exl_cuda_lora_batch_fits(const exl_lora_node *n) {
@@ -326,25 +312,23 @@ void exl_cuda_lora_batch_shrink(exl_cuda_backend *cb, const exl_lora_node *n, fl
     exl_cuda_check_launch(cb, "lora batch shrink");
 }
 
-void exl_cuda_lora_batch_expand(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, unsigned *sync,
-                                int plain) {
+void exl_cuda_lora_batch_expand(exl_cuda_backend *cb, const exl_lora_node *n, float *t, float *ss, unsigned *sync) {
     int32_t tiles = 0;
     for (int32_t o = 0; o < n->n_out; o++)
         tiles += (n->out_features[o] + BATCH_THREADS - 1) / BATCH_THREADS;
     const dim3 grid((unsigned)tiles, (unsigned)((n->n_uses + BATCH_CHUNK - 1) / BATCH_CHUNK));
-    void (*const kernels[2][2])(exl_lora_node, float *, float *,
-                                unsigned *) = {{lora_batch_expand<0, 0>, lora_batch_expand<0, 1>},
-                                               {lora_batch_expand<1, 0>, lora_batch_expand<1, 1>}};
-    exl_cuda_launch(cb, kernels[n->norm != NULL][plain != 0], grid, dim3(BATCH_THREADS), 0, *n, t, ss,
-                    sync + BATCH_COUNT);
+    if (n->norm)
+        exl_cuda_launch(cb, lora_batch_expand<1>, grid, dim3(BATCH_THREADS), 0, *n, t, ss, sync);
+    else
+        exl_cuda_launch(cb, lora_batch_expand<0>, grid, dim3(BATCH_THREADS), 0, *n, t, ss, sync);
     exl_cuda_check_launch(cb, "lora batch expand");
 }
 
-void exl_cuda_lora_batch(exl_cuda_backend *cb, const exl_lora_node *n, int plain) {
+void exl_cuda_lora_batch(exl_cuda_backend *cb, const exl_lora_node *n) {
     float *t, *ss;
     unsigned *sync;
     if (!exl_cuda_lora_scratch(cb, n, &t, &ss, &sync))
         return;
     exl_cuda_lora_batch_shrink(cb, n, t, ss, cb->stream, 1);
-    exl_cuda_lora_batch_expand(cb, n, t, ss, sync, plain);
+    exl_cuda_lora_batch_expand(cb, n, t, ss, sync);
 }

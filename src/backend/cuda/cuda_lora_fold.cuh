@@ -1,13 +1,15 @@
 /* cuda_lora_fold.cuh - a one-row decode step's LoRA updates folded into the GEMV launch of their projections
  * (cuda_qgemv.cu's qgemv_kernel<1>; the plan folds a lora node there, cuda_plan.cu), so that adapters add no launch.
- * Two ways (the kernel's instantiations EXL_LORA_IN_BLOCK and EXL_LORA_SIDE; no adapter: EXL_LORA_NONE, no LoRA
- * code at all):
- * - side blocks (exl_lora_side, at the end; EXL_CUDA_LORA_SIDE=1), where the launch's blocks add their sums to the
- *   output atomically (every decode GEMV of a 7B model): the GEMV's blocks store the runs of the dots as below, and a
- *   few extra blocks beside them do the expand (wait for the runs, sum them, add the updates atomically), so that no
- *   GEMV block has the expand's round trips after its chunk loop.
- * - in-block (the rest of this file, r2-lora3), where the blocks store their sums (one block a column tile merges):
- *   the updates ride on the GEMV's blocks, as follows.
+ * Two ways (the kernel's instantiations EXL_LORA_SIDE and EXL_LORA_IN_BLOCK; no adapter: EXL_LORA_NONE, no LoRA
+ * code at all), chosen by the launch (cuda_qgemv.cu lora_side_of):
+ * - side blocks (exl_lora_side, at the end), where the launch's blocks add their sums to the output atomically
+ *   (every decode GEMV of a 7B model but layer 0's q/k/v): the GEMV's blocks store the runs of the dots as below, and
+ *   a few extra blocks beside them do the expand (wait for the runs, sum them, add the updates atomically), so that
+ *   no GEMV block has the expand's round trips after its chunk loop (0.740 of the no-adapter rate on an H100 against
+ *   0.680 with the in-block fold everywhere: bench/RESULTS.md).
+ * - in-block (the rest of this file, r2-lora3) elsewhere: where the blocks store their sums (one block a column tile
+ *   merges: one split, or outputs neither zeroed nor accumulated), or more runs than a side block stages; the
+ *   updates ride on the GEMV's blocks, as follows.
  *
  * The update of a projection's column c is sum over the row's uses u and ranks j of t[u, j] * Bt[j, c], where
  * t[u, j] = scale_u * x' · A[j] (x' the normed or GLU input the GEMV reads). Shrink: the dot products (u, matrix i,

@@ -100,7 +100,7 @@ void exl_cuda_lora_join(exl_cuda_backend *cb, const exl_lora_node *n) {
     float *t, *ss;
     unsigned *sync;
     if (exl_cuda_lora_scratch(cb, n, &t, &ss, &sync)) /* as the fork had it: no growth */
-        exl_cuda_lora_batch_expand(cb, n, t, ss, sync, exl_cuda_lora_batch_on() == 3);
+        exl_cuda_lora_batch_expand(cb, n, t, ss, sync);
 }
 
 void exl_cuda_lora_side_free(exl_cuda_backend *cb) {

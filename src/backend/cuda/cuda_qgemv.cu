@@ -656,26 +656,26 @@ static exl_lora_fold lora_fold_of(const exl_cuda_backend *cb, const exl_cuda_fus
     return L;
 }
 
-/* EXL_CUDA_LORA_SIDE: 1 (default) side blocks where the launch's blocks add atomically anyway (they sum the runs the
- * GEMV's blocks leave and add the updates: 0.740 of the no-adapter rate against the in-block fold's 0.680 on an
- * H100, bench/RESULTS.md), 0 the in-block fold in every launch, 2 side blocks wherever the outputs allow atomic adds
- * (zeroed before, or accumulated: the tests' small matrices, which take no split); read when a step is launched or
- * captured */
-static int lora_side_mode(void) {
+/* EXL_CUDA_LORA_SIDE=2: side blocks wherever the outputs allow atomic adds (zeroed before, or accumulated: the
+ * tests' small matrices, which take no split), the launch's blocks then adding their sums atomically at one split
+ * too; else only where they add atomically anyway. Read when a step is launched or captured. */
+static int lora_side_forced(void) {
     const char *e = getenv("EXL_CUDA_LORA_SIDE");
-    return e && *e ? atoi(e) : 1;
+    return e && *e && atoi(e) == 2;
 }
 
-/* Side blocks (cuda_lora_fold.cuh) where the launch's blocks add their sums atomically: the dots whole (one piece)
- * and extra grid columns, as many as give each side block about one dot while the grid still fits the GPU at once
- * (BLOCKS_PER_SM an SM; one column at least) */
+/* Side blocks (cuda_lora_fold.cuh) where the launch's blocks add their sums atomically (every decode GEMV of a 7B
+ * model but layer 0's q/k/v, whose outputs no GEMV before zeroes; 0.740 of the no-adapter rate against the in-block
+ * fold's 0.680 on an H100, bench/RESULTS.md): extra grid columns, as many as give each side block about one dot
+ * while the grid still fits the GPU at once (BLOCKS_PER_SM an SM; one column at least). Elsewhere the in-block fold:
+ * launches whose blocks store their sums (one split, or outputs neither zeroed nor accumulated), and more runs than
+ * a side block stages. */
 static void lora_side_of(const exl_cuda_backend *cb, const exl_cuda_fused_mm *f, gemv_args *a, int split) {
     exl_lora_fold *L = &a->lora;
     const int32_t dots = L->n_uses * a->n_mats * L->max_rank, tiles = a->m[a->n_mats - 1].tile_end;
-    const int mode = lora_side_mode();
-    if (mode == 0 || !L->units || L->units > EXL_LORA_SIDE_MAX - 8) /* the runs and 8 sums of squares in red */
+    if (!L->units || L->units > EXL_LORA_SIDE_MAX - 8) /* the runs and 8 sums of squares in red */
         return;
-    if (mode == 2 && (f->accumulate || f->out_zeroed) && !cb->deterministic)
+    if (lora_side_forced() && (f->accumulate || f->out_zeroed) && !cb->deterministic)
         a->atomic_add = 1;
     if (!a->atomic_add)
         return;
