@@ -1,0 +1,368 @@
+/* cuda_qrows.cu - a lean quantized matmul for the few rows of decode and verification steps (up to 16), one launch
+ * (EXL_CUDA_QROWS=1; exl_cuda_qmma hands such steps here).
+ *
+ * The weights are the mma's A operand (m16: 16 output columns), the rows its B operand (n8: one n8 tile up to 8
+ * rows, two up to 16), so every decoded weight feeds one mma per 8 rows. Lane (g = lane / 4, t = lane % 4) of a warp
+ * owns columns 4g .. 4g + 3 of the warp's 32 (one 16-byte word of the column-tile layout) and decodes pairs
+ * 4t .. 4t + 3 of each (slots 8t .. 8t + 7, cuda_qdecode.cuh's quarter); column 4g + 2m is row g of A tile m and
+ * 4g + 2m + 1 its row g + 8, so the A fragment of k step s is (pair 4t + 2s, 4t + 2s + 1) of those two columns and
+ * the B fragment the activations of row g at slots 8t + 4s .. 8t + 4s + 3: one 16-byte shared load covers both k
+ * steps of a chunk. A chunk's two k steps are summed in fp32 and scaled by the columns' group scales (one FFMA an
+ * output element a chunk: the scale is not folded into the fp16 weights, which would round (q - z) * s to 11 bits).
+ *
+ * Block: 8 warps, 256 columns (one qw tile), a range of chunks (split-K to fill the GPU in about one wave). Each warp
+ * streams its 32 columns' code words, scales (and GPTQ zeros) chunk by chunk through a ring of QR_STAGES buffers of
+ * its own (cp.async, 16 bytes a lane; no block barrier in the loop), the first QR_STAGES - 1 requested before the
+ * wait for the previous kernel. The block gathers its rows' activations for its chunks itself (slot order, the GLU
+ * applied, rounded to fp16 as qmma_gather_kernel rounds them) into shared memory, row by row. With several splits
+ * each block stores its partial sums and the last block of a column tile to arrive (a counter per tile in
+ * cb->gemv_counters, reset by that block) adds them in split order: deterministic, no second launch. */
+#include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_qdecode.cuh"
+
+#include <string.h>
+
+#define QR_WARPS 8
+#define QR_COLS (QR_WARPS * 32) /* columns of a block: one EXL_QW_TILE */
+#define QR_STAGES 5             /* ring buffers a warp: four chunks in flight while one is multiplied */
+#define QR_WORD_BYTES 1024      /* a stage: up to 8 word rows of 32 columns, */
+#define QR_SCALE_AT 1024        /* then the 32 columns' scales, */
+#define QR_ZERO_AT 1088         /* then their zeros (GPTQ) */
+#define QR_STAGE_BYTES 1152
+#define QR_MAX_CPS 48     /* chunks a split at most (the shared activations) */
+#define QR_SPLIT_ROWS 128 /* splits x rows at most: the partial sums a tile's last block adds */
+
+static_assert(QR_COLS == EXL_QW_TILE, "a block's columns are one tile of qw");
+
+typedef struct qrows_args {
+    exl_qmatrix q;
+    const float *x, *up; /* [rows, in] fp32; up: the GLU's, or NULL */
+    int32_t in, act, rows, n_out;
+    int32_t chunks_per_split;
+    int32_t ld;         /* halves per row of the shared activations */
+    float *out;         /* [rows, n_out] */
+    float *partial;     /* [split][rows][n_pad] (more than one split) */
+    unsigned *counters; /* [column tiles], zero at rest (more than one split) */
+    const float *bias;
+    int32_t accumulate; /* out += */
+} qrows_args;
+
+__device__ __forceinline__ void qr_copy16(void *dst, const void *src) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+#else
+    *(uint4 *)dst = __ldg((const uint4 *)src);
+#endif
+}
+
+__device__ __forceinline__ void qr_commit(void) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void qr_wait(void) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/* Pairs 4t .. 4t+3 of a 4-bit column's chunk (its word t) as exact (q - z) pairs: the low nibbles of each byte pair
+ * or'ed into 1024 minus (1024 + z), the high ones in place, (1024 + 16 q) / 16 + (960 - (1024 + z)); one shift, four
+ * lop3 and four half2 operations for eight weights. */
+__device__ __forceinline__ void decode_word4(uint32_t w, __half2 zz, uint32_t (&pr)[4]) {
+    const uint32_t m = magic_1024(), hi = w >> 8;
+    const __half2 c = __hsub2(__float2half2_rn(960.0f), zz), s = __float2half2_rn(0.0625f);
+    pr[0] = half2_bits(__hsub2(u32_as_half2(and_or<0x000f000fu>(w, m)), zz));
+    pr[1] = half2_bits(__hfma2(u32_as_half2(and_or<0x00f000f0u>(w, m)), s, c));
+    pr[2] = half2_bits(__hsub2(u32_as_half2(and_or<0x000f000fu>(hi, m)), zz));
+    pr[3] = half2_bits(__hfma2(u32_as_half2(and_or<0x00f000f0u>(hi, m)), s, c));
+}
+
+/* One chunk of B-bit codes staged at st (this warp's 32 columns) times the activations bx (row 8n + g, slots
+ * 8t .. 8t + 7 of the chunk): decode this lane's four columns, two mma a row tile, scaled into acc. */
+template <int B, int NT>
+__device__ __forceinline__ void qrows_chunk(const unsigned char *st, bool gptq, int g, int t, const uint4 (&bx)[NT],
+                                            float (&acc)[2][NT][4]) {
+    __half2 zz[4];
+    if (gptq) {
+        const uint2 zr = *(const uint2 *)(st + QR_ZERO_AT + 8 * g);
+        const __half2 z01 = u32_as_half2(zr.x), z23 = u32_as_half2(zr.y), k = __float2half2_rn(1024.0f);
+        zz[0] = __hadd2(__low2half2(z01), k), zz[1] = __hadd2(__high2half2(z01), k);
+        zz[2] = __hadd2(__low2half2(z23), k), zz[3] = __hadd2(__high2half2(z23), k);
+    } else {
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            zz[c] = __float2half2_rn(1024.0f + (float)(1 << (B - 1)));
+    }
+    uint32_t pr[4][4]; /* [column 4g + c][pair 4t + j] */
+    if constexpr (B == 4) {
+        const uint4 wv = *(const uint4 *)(st + t * 128 + 16 * g);
+        decode_word4(wv.x, zz[0], pr[0]);
+        decode_word4(wv.y, zz[1], pr[1]);
+        decode_word4(wv.z, zz[2], pr[2]);
+        decode_word4(wv.w, zz[3], pr[3]);
+    } else {
+        uint32_t w[4][MAX_WORDS];
+#pragma unroll
+        for (int i = 0; i < MAX_WORDS; i++) {
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (i < quarter_words<B>())
+                v = *(const uint4 *)(st + (quarter_first<B>(t) + i) * 128 + 16 * g);
+            w[0][i] = v.x, w[1][i] = v.y, w[2][i] = v.z, w[3][i] = v.w;
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            decode_quarter<B>(w[c], t, zz[c], pr[c]);
+    }
+    const uint2 sr = *(const uint2 *)(st + QR_SCALE_AT + 8 * g);
+    const float2 s01 = __half22float2(u32_as_half2(sr.x)), s23 = __half22float2(u32_as_half2(sr.y));
+    const float sc[4] = {s01.x, s01.y, s23.x, s23.y};
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma16816(p, pr[2 * m][0], pr[2 * m + 1][0], pr[2 * m][1], pr[2 * m + 1][1], bx[n].x, bx[n].y);
+            mma16816(p, pr[2 * m][2], pr[2 * m + 1][2], pr[2 * m][3], pr[2 * m + 1][3], bx[n].z, bx[n].w);
+            acc[m][n][0] += sc[2 * m] * p[0];
+            acc[m][n][1] += sc[2 * m] * p[1];
+            acc[m][n][2] += sc[2 * m + 1] * p[2];
+            acc[m][n][3] += sc[2 * m + 1] * p[3];
+        }
+}
+
+/* out[r, col .. col + 1] (+)= v (+ bias), the columns below n_out */
+__device__ __forceinline__ void qrows_store(const qrows_args &a, int r, int col, float v0, float v1) {
+    float *o = a.out + (int64_t)r * a.n_out + col;
+    for (int i = 0; i < 2 && col + i < a.n_out; i++) {
+        const float v = (i ? v1 : v0) + (a.bias ? a.bias[col + i] : 0.0f);
+        o[i] = a.accumulate ? o[i] + v : v;
+    }
+}
+
+/* The last block of column tile blockIdx.x to finish: out (+)= the splits' partial sums in split order (+ bias),
+ * four columns a thread, eight splits' loads in flight. */
+__device__ void qrows_add_splits(const qrows_args &a) {
+    const int64_t stride = (int64_t)a.rows * a.q.n_pad;
+    const unsigned splits = gridDim.y;
+    for (int i = threadIdx.x; i < a.rows * (QR_COLS / 4); i += blockDim.x) {
+        const int r = i / (QR_COLS / 4), col = blockIdx.x * QR_COLS + i % (QR_COLS / 4) * 4;
+        const float *p = a.partial + (int64_t)r * a.q.n_pad + col;
+        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (unsigned z0 = 0; z0 < splits; z0 += 8) {
+            float4 v[8];
+#pragma unroll
+            for (unsigned e = 0; e < 8; e++)
+                v[e] = z0 + e < splits ? __ldcg((const float4 *)(p + (z0 + e) * stride))
+                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (unsigned e = 0; e < 8; e++)
+                if (z0 + e < splits)
+                    s.x += v[e].x, s.y += v[e].y, s.z += v[e].z, s.w += v[e].w;
+        }
+        qrows_store(a, r, col, s.x, s.y);
+        qrows_store(a, r, col + 2, s.z, s.w);
+    }
+}
+
+/* Block: 256 columns (blockIdx.x), chunks of split blockIdx.y; NT n8 tiles of rows (rows <= 8 NT). Shared memory:
+ * the warps' rings, the split's chunk descriptors, the activations [8 NT][ld] fp16. */
+template <int NT>
+__global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_constant__ qrows_args a) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    const int c_begin = blockIdx.y * a.chunks_per_split;
+    const int n_chunks = min(a.q.n_chunks - c_begin, a.chunks_per_split);
+    const int col0 = blockIdx.x * QR_COLS + warp * 32; /* this warp's 32 columns */
+    unsigned char *ring = smem + warp * QR_STAGES * QR_STAGE_BYTES;
+    int4 *meta = (int4 *)(smem + QR_WARPS * QR_STAGES * QR_STAGE_BYTES); /* word row, bits, group */
+    __half *xs = (__half *)(meta + QR_MAX_CPS);
+    const bool gptq = a.q.zeros != NULL;
+    exl_pdl_trigger();
+    for (int i = threadIdx.x; i < n_chunks; i += blockDim.x)
+        meta[i] = __ldg(a.q.chunks + c_begin + i);
+    __syncthreads();
+
+    /* chunk c's words (8 bits lanes, 16 bytes each), scales and zeros (4 lanes each) into its ring buffer; one
+     * commit group a chunk, empty past the end, so that wait_group counts chunks */
+    const uint32_t *w_col = exl_qw_col(a.q, col0);
+    auto request = [&](int c) {
+        if (c < n_chunks) {
+            const int4 m = meta[c];
+            const int units = 8 * m.y, all = units + (gptq ? 8 : 4);
+            unsigned char *st = ring + (c % QR_STAGES) * QR_STAGE_BYTES;
+            const int64_t gat = (int64_t)m.z * a.q.n_pad + col0;
+            for (int u = lane; u < all; u += 32) {
+                if (u < units)
+                    qr_copy16(st + 16 * u, w_col + (int64_t)(m.x + u / 8) * EXL_QW_TILE + 4 * (u % 8));
+                else if (u < units + 4)
+                    qr_copy16(st + QR_SCALE_AT + 16 * (u - units), a.q.scales + gat + 8 * (u - units));
+                else
+                    qr_copy16(st + QR_ZERO_AT + 16 * (u - units - 4), a.q.zeros + gat + 8 * (u - units - 4));
+            }
+        }
+        qr_commit();
+    };
+    for (int c = 0; c < QR_STAGES - 1; c++)
+        request(c);
+
+    /* the activations of the split's slots, row by row, after the previous kernel wrote them */
+    exl_pdl_wait();
+    const int span = n_chunks * CHUNK;
+    for (int s = threadIdx.x; s < span; s += blockDim.x) {
+        const int src = __ldg(a.q.slot_src + (int64_t)c_begin * CHUNK + s);
+        for (int r = 0; r < 8 * NT; r++) {
+            float v = 0.0f;
+            if (r < a.rows && src >= 0) {
+                v = a.x[(int64_t)r * a.in + src];
+                if (a.up)
+                    v = exl_cuda_activate(v, a.act) * a.up[(int64_t)r * a.in + src];
+            }
+            xs[r * a.ld + s] = __float2half_rn(v);
+        }
+    }
+    __syncthreads();
+
+    float acc[2][NT][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[m][n][i] = 0.0f;
+    const __half *xl = xs + g * a.ld + 8 * t;
+#pragma unroll 1
+    for (int c = 0; c < n_chunks; c++) {
+        qr_wait<QR_STAGES - 2>();
+        __syncwarp(); /* chunk c is in; every lane is done with the buffer chunk c - 1 used */
+        request(c + QR_STAGES - 1);
+        const unsigned char *st = ring + (c % QR_STAGES) * QR_STAGE_BYTES;
+        uint4 bx[NT];
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            bx[n] = *(const uint4 *)(xl + n * 8 * a.ld + c * CHUNK);
+        switch (meta[c].y) { /* the same in the whole warp */
+        case 4: qrows_chunk<4, NT>(st, gptq, g, t, bx, acc); break;
+        case 2: qrows_chunk<2, NT>(st, gptq, g, t, bx, acc); break;
+        case 3: qrows_chunk<3, NT>(st, gptq, g, t, bx, acc); break;
+        case 5: qrows_chunk<5, NT>(st, gptq, g, t, bx, acc); break;
+        case 6: qrows_chunk<6, NT>(st, gptq, g, t, bx, acc); break;
+        default: qrows_chunk<8, NT>(st, gptq, g, t, bx, acc); break;
+        }
+    }
+
+    /* C fragment of tile m, n8 tile n: c0, c1 at column 4g + 2m, rows 8n + 2t, 8n + 2t + 1; c2, c3 at column
+     * 4g + 2m + 1, the same rows */
+    const bool split = gridDim.y > 1;
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = 8 * n + 2 * t + h, col = col0 + 4 * g + 2 * m;
+                const float v0 = acc[m][n][h], v1 = acc[m][n][2 + h];
+                if (r >= a.rows)
+                    continue;
+                if (split)
+                    *(float2 *)(a.partial + ((int64_t)blockIdx.y * a.rows + r) * a.q.n_pad + col) = make_float2(v0, v1);
+                else
+                    qrows_store(a, r, col, v0, v1);
+            }
+    if (!split)
+        return;
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        is_last = atomicAdd(&a.counters[blockIdx.x], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!is_last)
+        return;
+    __threadfence();
+    if (threadIdx.x == 0)
+        a.counters[blockIdx.x] = 0; /* for the next launch or graph replay */
+    qrows_add_splits(a);
+}
+
+typedef void (*qrows_kernel_fn)(qrows_args);
+
+static size_t qrows_smem_bytes(int nt, int ld) {
+    return (size_t)QR_WARPS * QR_STAGES * QR_STAGE_BYTES + QR_MAX_CPS * sizeof(int4) + (size_t)8 * nt * ld * 2;
+}
+
+/* halves per activation row for cps chunks: a multiple of 64 plus 32, so that the rows of a lane quad's 16-byte
+ * loads fall on different banks */
+static int qrows_ld(int cps) { return (cps * CHUNK + 63) / 64 * 64 + 32; }
+
+/* Blocks of qrows_kernel<NT> an SM holds with its largest shared memory (the attribute set once per device), 0 when
+ * it cannot be configured */
+template <int NT>
+static int qrows_blocks_per_sm(const exl_cuda_backend *cb) {
+    static size_t allowed[EXL_CUDA_MAX_DEVICES];
+    const size_t smem = qrows_smem_bytes(NT, qrows_ld(QR_MAX_CPS));
+    if (!exl_cuda_smem_opt_in(cb, (const void *)qrows_kernel<NT>, smem, allowed))
+        return 0;
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qrows_kernel<NT>, QR_WARPS * 32, smem) == cudaSuccess ? n
+                                                                                                                   : 0;
+}
+
+/* n arrival counters (zero at rest) in cb->gemv_counters, shared with the other split kernels (one launch at a time
+ * uses them), or NULL on failure */
+static unsigned *qrows_counters(exl_cuda_backend *cb, size_t n) {
+    if (n > cb->gemv_counter_count) {
+        size_t bytes = cb->gemv_counter_count * sizeof(unsigned);
+        if (!exl_cuda_ensure(cb, (void **)&cb->gemv_counters, &bytes, n * sizeof(unsigned), "matmul counters"))
+            return NULL;
+        cb->gemv_counter_count = n;
+        if (cudaMemsetAsync(cb->gemv_counters, 0, bytes, cb->stream) != cudaSuccess) {
+            exl_cuda_check_launch(cb, "matmul counters");
+            return NULL;
+        }
+    }
+    return cb->gemv_counters;
+}
+
+int exl_cuda_qrows(exl_cuda_backend *cb, float *out, const float *x, const float *up, int act, const exl_linear *w,
+                   int32_t rows, int accumulate) {
+    if (rows < 1 || rows > EXL_CUDA_QROWS_MAX_ROWS || w->kind == EXL_LINEAR_DENSE)
+        return 0;
+    const exl_qmatrix *q = &w->q;
+    const int nt = rows <= 8 ? 1 : 2;
+    const int per_sm = nt == 1 ? qrows_blocks_per_sm<1>(cb) : qrows_blocks_per_sm<2>(cb);
+    if (per_sm < 1)
+        return 0; /* cuda_qmma.cu takes it */
+    /* split-K to fill one wave, at most QR_SPLIT_ROWS / rows splits (the last block's sums), at least enough for the
+     * shared activations */
+    const int32_t col_tiles = q->n_pad / QR_COLS;
+    int32_t splits = per_sm * cb->n_sms / col_tiles, most = QR_SPLIT_ROWS / rows;
+    splits = splits < most ? splits : most;
+    splits = splits > 1 ? splits : 1;
+    const int32_t least = (q->n_chunks + QR_MAX_CPS - 1) / QR_MAX_CPS;
+    splits = splits > least ? splits : least;
+    splits = splits < q->n_chunks ? splits : q->n_chunks;
+    qrows_args a;
+    memset(&a, 0, sizeof a);
+    a.chunks_per_split = (q->n_chunks + splits - 1) / splits;
+    splits = (q->n_chunks + a.chunks_per_split - 1) / a.chunks_per_split;
+    a.q = *q, a.x = x, a.up = up, a.in = w->in, a.act = act, a.rows = rows, a.n_out = w->out;
+    a.ld = qrows_ld(a.chunks_per_split), a.out = out, a.bias = w->bias, a.accumulate = accumulate;
+    if (splits > 1) {
+        const size_t bytes = (size_t)splits * rows * q->n_pad * sizeof(float);
+        if (!exl_cuda_ensure(cb, (void **)&cb->gemv_partial, &cb->gemv_partial_bytes, bytes, "matmul partial sums"))
+            return 1;
+        a.partial = cb->gemv_partial;
+        if (!(a.counters = qrows_counters(cb, (size_t)col_tiles)))
+            return 1;
+    }
+    const qrows_kernel_fn k = nt == 1 ? qrows_kernel<1> : qrows_kernel<2>;
+    exl_cuda_launch(cb, k, dim3((unsigned)col_tiles, (unsigned)splits), dim3(QR_WARPS * 32), qrows_smem_bytes(nt, a.ld),
+                    a);
+    exl_cuda_check_launch(cb, "quantized matmul (few rows)");
+    return 1;
+}
