@@ -73,8 +73,8 @@ typedef struct exl_cuda_backend {
     int32_t dequant_rows;       /* quantized matmuls of this many rows go through cuda_qgemm.cu */
     int32_t gemv_mma_rows;      /* quantized matmuls of 2 .. EXL_CUDA_QGEMV_MAX_ROWS rows from this many on go through
                                  * the GEMV on tensor cores (cuda_qgemv.cu; EXL_CUDA_GEMV_MMA_ROWS) */
-    int qrows;         /* EXL_CUDA_QROWS=1: up to EXL_CUDA_QROWS_MAX_ROWS rows of cuda_qmma.cu's on cuda_qrows.cu */
-    int exact_prefill; /* EXL_CUDA_EXACT_PREFILL=1: many-row matmuls of prompt rows keep ~22 bits (activations
+    int qrows;                  /* EXL_CUDA_QROWS=1: cuda_qmma.cu's steps of up to 16 rows on cuda_qrows.cu */
+    int exact_prefill;          /* EXL_CUDA_EXACT_PREFILL=1: many-row matmuls of prompt rows keep ~22 bits (activations
                                  * and decoded weights as fp16 hi + lo, cuda_matmul.cu); 0: plain fp16 */
     cudaStream_t stream;
     cublasHandle_t cublas;

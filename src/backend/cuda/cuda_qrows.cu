@@ -47,12 +47,14 @@ typedef struct qrows_args {
     int32_t accumulate; /* out += */
 } qrows_args;
 
-__device__ __forceinline__ void qr_copy16(void *dst, const void *src) {
+/* 16 bytes global -> shared (dst: a shared-window address), asynchronous */
+__device__ __forceinline__ void qr_copy16(unsigned dst, const void *src) {
 #if __CUDA_ARCH__ >= 800
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 #else
-    *(uint4 *)dst = __ldg((const uint4 *)src);
+    unsigned v0, v1, v2, v3;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "l"(src));
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(dst), "r"(v0), "r"(v1), "r"(v2), "r"(v3));
 #endif
 }
 
@@ -82,12 +84,12 @@ __device__ __forceinline__ void decode_word4(uint32_t w, __half2 zz, uint32_t (&
 }
 
 /* One chunk of B-bit codes staged at st (this warp's 32 columns) times the activations bx (row 8n + g, slots
- * 8t .. 8t + 7 of the chunk): decode this lane's four columns, two mma a row tile, scaled into acc. */
-template <int B, int NT>
-__device__ __forceinline__ void qrows_chunk(const unsigned char *st, bool gptq, int g, int t, const uint4 (&bx)[NT],
-                                            float (&acc)[2][NT][4]) {
+ * 8t .. 8t + 7 of the chunk): decode this lane's four columns, two mma a row tile, into p (unscaled). */
+template <int B, int NT, bool GPTQ>
+__device__ __forceinline__ void qrows_chunk(const unsigned char *st, int g, int t, const uint4 (&bx)[NT],
+                                            float (&p)[2][NT][4]) {
     __half2 zz[4];
-    if (gptq) {
+    if constexpr (GPTQ) {
         const uint2 zr = *(const uint2 *)(st + QR_ZERO_AT + 8 * g);
         const __half2 z01 = u32_as_half2(zr.x), z23 = u32_as_half2(zr.y), k = __float2half2_rn(1024.0f);
         zz[0] = __hadd2(__low2half2(z01), k), zz[1] = __hadd2(__high2half2(z01), k);
@@ -117,20 +119,15 @@ __device__ __forceinline__ void qrows_chunk(const unsigned char *st, bool gptq, 
         for (int c = 0; c < 4; c++)
             decode_quarter<B>(w[c], t, zz[c], pr[c]);
     }
-    const uint2 sr = *(const uint2 *)(st + QR_SCALE_AT + 8 * g);
-    const float2 s01 = __half22float2(u32_as_half2(sr.x)), s23 = __half22float2(u32_as_half2(sr.y));
-    const float sc[4] = {s01.x, s01.y, s23.x, s23.y};
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma16816(p, pr[2 * m][0], pr[2 * m + 1][0], pr[2 * m][1], pr[2 * m + 1][1], bx[n].x, bx[n].y);
-            mma16816(p, pr[2 * m][2], pr[2 * m + 1][2], pr[2 * m][3], pr[2 * m + 1][3], bx[n].z, bx[n].w);
-            acc[m][n][0] += sc[2 * m] * p[0];
-            acc[m][n][1] += sc[2 * m] * p[1];
-            acc[m][n][2] += sc[2 * m + 1] * p[2];
-            acc[m][n][3] += sc[2 * m + 1] * p[3];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                p[m][n][i] = 0.0f;
+            mma16816(p[m][n], pr[2 * m][0], pr[2 * m + 1][0], pr[2 * m][1], pr[2 * m + 1][1], bx[n].x, bx[n].y);
+            mma16816(p[m][n], pr[2 * m][2], pr[2 * m + 1][2], pr[2 * m][3], pr[2 * m + 1][3], bx[n].z, bx[n].w);
         }
 }
 
@@ -170,7 +167,7 @@ __device__ void qrows_add_splits(const qrows_args &a) {
 
 /* Block: 256 columns (blockIdx.x), chunks of split blockIdx.y; NT n8 tiles of rows (rows <= 8 NT). Shared memory:
  * the warps' rings, the split's chunk descriptors, the activations [8 NT][ld] fp16. */
-template <int NT>
+template <int NT, bool GPTQ>
 __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_constant__ qrows_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
@@ -180,34 +177,34 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
     unsigned char *ring = smem + warp * QR_STAGES * QR_STAGE_BYTES;
     int4 *meta = (int4 *)(smem + QR_WARPS * QR_STAGES * QR_STAGE_BYTES); /* word row, bits, group */
     __half *xs = (__half *)(meta + QR_MAX_CPS);
-    const bool gptq = a.q.zeros != NULL;
     exl_pdl_trigger();
     for (int i = threadIdx.x; i < n_chunks; i += blockDim.x)
         meta[i] = __ldg(a.q.chunks + c_begin + i);
     __syncthreads();
 
-    /* chunk c's words (8 bits lanes, 16 bytes each), scales and zeros (4 lanes each) into its ring buffer; one
-     * commit group a chunk, empty past the end, so that wait_group counts chunks */
-    const uint32_t *w_col = exl_qw_col(a.q, col0);
-    auto request = [&](int c) {
+    /* chunk c's words (lane l copies 16 bytes l and l + 32 of the 8 x bits), scales (lanes 0-3) and zeros (lanes
+     * 4-7) into ring buffer `slot`; one commit group a chunk, empty past the end, so that wait_group counts chunks.
+     * A lane's offsets do not depend on the chunk: planned once. */
+    const uint32_t *w0 = exl_qw_col(a.q, col0) + lane / 8 * EXL_QW_TILE + 4 * (lane % 8), *w1 = w0 + 4 * EXL_QW_TILE;
+    const __half *sz = (lane < 4 || !GPTQ ? a.q.scales : a.q.zeros) + col0 + 8 * (lane % 4);
+    const bool sz_copy = lane < (GPTQ ? 8 : 4);
+    const int word_row = lane / 8; /* of the first copy; the second's is 4 more */
+    const unsigned ring_lane = (unsigned)__cvta_generic_to_shared(ring + 16 * lane);
+    auto request = [&](int c, int slot) {
         if (c < n_chunks) {
             const int4 m = meta[c];
-            const int units = 8 * m.y, all = units + (gptq ? 8 : 4);
-            unsigned char *st = ring + (c % QR_STAGES) * QR_STAGE_BYTES;
-            const int64_t gat = (int64_t)m.z * a.q.n_pad + col0;
-            for (int u = lane; u < all; u += 32) {
-                if (u < units)
-                    qr_copy16(st + 16 * u, w_col + (int64_t)(m.x + u / 8) * EXL_QW_TILE + 4 * (u % 8));
-                else if (u < units + 4)
-                    qr_copy16(st + QR_SCALE_AT + 16 * (u - units), a.q.scales + gat + 8 * (u - units));
-                else
-                    qr_copy16(st + QR_ZERO_AT + 16 * (u - units - 4), a.q.zeros + gat + 8 * (u - units - 4));
-            }
+            const unsigned st = ring_lane + slot * QR_STAGE_BYTES;
+            if (word_row < m.y)
+                qr_copy16(st, w0 + (uint32_t)m.x * EXL_QW_TILE);
+            if (word_row + 4 < m.y)
+                qr_copy16(st + 512, w1 + (uint32_t)m.x * EXL_QW_TILE);
+            if (sz_copy)
+                qr_copy16(st + QR_SCALE_AT, sz + (uint32_t)m.z * (uint32_t)a.q.n_pad);
         }
         qr_commit();
     };
     for (int c = 0; c < QR_STAGES - 1; c++)
-        request(c);
+        request(c, c);
 
     /* the activations of the split's slots, row by row, after the previous kernel wrote them */
     exl_pdl_wait();
@@ -235,24 +232,44 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
             for (int i = 0; i < 4; i++)
                 acc[m][n][i] = 0.0f;
     const __half *xl = xs + g * a.ld + 8 * t;
+    int slot = 0; /* chunk c's buffer: c % QR_STAGES */
 #pragma unroll 1
     for (int c = 0; c < n_chunks; c++) {
         qr_wait<QR_STAGES - 2>();
         __syncwarp(); /* chunk c is in; every lane is done with the buffer chunk c - 1 used */
-        request(c + QR_STAGES - 1);
-        const unsigned char *st = ring + (c % QR_STAGES) * QR_STAGE_BYTES;
+        request(c + QR_STAGES - 1, slot == 0 ? QR_STAGES - 1 : slot - 1);
+        const unsigned char *st = ring + slot * QR_STAGE_BYTES;
+        slot = slot == QR_STAGES - 1 ? 0 : slot + 1;
         uint4 bx[NT];
 #pragma unroll
         for (int n = 0; n < NT; n++)
             bx[n] = *(const uint4 *)(xl + n * 8 * a.ld + c * CHUNK);
-        switch (meta[c].y) { /* the same in the whole warp */
-        case 4: qrows_chunk<4, NT>(st, gptq, g, t, bx, acc); break;
-        case 2: qrows_chunk<2, NT>(st, gptq, g, t, bx, acc); break;
-        case 3: qrows_chunk<3, NT>(st, gptq, g, t, bx, acc); break;
-        case 5: qrows_chunk<5, NT>(st, gptq, g, t, bx, acc); break;
-        case 6: qrows_chunk<6, NT>(st, gptq, g, t, bx, acc); break;
-        default: qrows_chunk<8, NT>(st, gptq, g, t, bx, acc); break;
-        }
+        float p[2][NT][4];
+        const int bits = meta[c].y; /* the same in the whole warp */
+        if (bits == 4)
+            qrows_chunk<4, NT, GPTQ>(st, g, t, bx, p);
+        else if (bits == 2)
+            qrows_chunk<2, NT, GPTQ>(st, g, t, bx, p);
+        else if (bits == 3)
+            qrows_chunk<3, NT, GPTQ>(st, g, t, bx, p);
+        else if (bits == 5)
+            qrows_chunk<5, NT, GPTQ>(st, g, t, bx, p);
+        else if (bits == 6)
+            qrows_chunk<6, NT, GPTQ>(st, g, t, bx, p);
+        else
+            qrows_chunk<8, NT, GPTQ>(st, g, t, bx, p);
+        const uint2 sr = *(const uint2 *)(st + QR_SCALE_AT + 8 * g);
+        const float2 s01 = __half22float2(u32_as_half2(sr.x)), s23 = __half22float2(u32_as_half2(sr.y));
+        const float sc[4] = {s01.x, s01.y, s23.x, s23.y};
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                acc[m][n][0] += sc[2 * m] * p[m][n][0];
+                acc[m][n][1] += sc[2 * m] * p[m][n][1];
+                acc[m][n][2] += sc[2 * m + 1] * p[m][n][2];
+                acc[m][n][3] += sc[2 * m + 1] * p[m][n][3];
+            }
     }
 
     /* C fragment of tile m, n8 tile n: c0, c1 at column 4g + 2m, rows 8n + 2t, 8n + 2t + 1; c2, c3 at column
@@ -290,6 +307,7 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
 }
 
 typedef void (*qrows_kernel_fn)(qrows_args);
+typedef int (*qrows_occupancy_fn)(const exl_cuda_backend *);
 
 static size_t qrows_smem_bytes(int nt, int ld) {
     return (size_t)QR_WARPS * QR_STAGES * QR_STAGE_BYTES + QR_MAX_CPS * sizeof(int4) + (size_t)8 * nt * ld * 2;
@@ -299,17 +317,18 @@ static size_t qrows_smem_bytes(int nt, int ld) {
  * loads fall on different banks */
 static int qrows_ld(int cps) { return (cps * CHUNK + 63) / 64 * 64 + 32; }
 
-/* Blocks of qrows_kernel<NT> an SM holds with its largest shared memory (the attribute set once per device), 0 when
+/* Blocks of qrows_kernel<NT, GPTQ> an SM holds with its largest shared memory (the attribute set once per device), 0 when
  * it cannot be configured */
-template <int NT>
+template <int NT, bool GPTQ>
 static int qrows_blocks_per_sm(const exl_cuda_backend *cb) {
     static size_t allowed[EXL_CUDA_MAX_DEVICES];
     const size_t smem = qrows_smem_bytes(NT, qrows_ld(QR_MAX_CPS));
-    if (!exl_cuda_smem_opt_in(cb, (const void *)qrows_kernel<NT>, smem, allowed))
+    if (!exl_cuda_smem_opt_in(cb, (const void *)qrows_kernel<NT, GPTQ>, smem, allowed))
         return 0;
     int n = 0;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qrows_kernel<NT>, QR_WARPS * 32, smem) == cudaSuccess ? n
-                                                                                                                   : 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qrows_kernel<NT, GPTQ>, QR_WARPS * 32, smem) == cudaSuccess
+               ? n
+               : 0;
 }
 
 /* n arrival counters (zero at rest) in cb->gemv_counters, shared with the other split kernels (one launch at a time
@@ -334,7 +353,12 @@ int exl_cuda_qrows(exl_cuda_backend *cb, float *out, const float *x, const float
         return 0;
     const exl_qmatrix *q = &w->q;
     const int nt = rows <= 8 ? 1 : 2;
-    const int per_sm = nt == 1 ? qrows_blocks_per_sm<1>(cb) : qrows_blocks_per_sm<2>(cb);
+    const int gptq = q->zeros != NULL, kind = 2 * (nt - 1) + gptq;
+    static const qrows_occupancy_fn occupancy[4] = {qrows_blocks_per_sm<1, false>, qrows_blocks_per_sm<1, true>,
+                                                    qrows_blocks_per_sm<2, false>, qrows_blocks_per_sm<2, true>};
+    static const qrows_kernel_fn kernels[4] = {qrows_kernel<1, false>, qrows_kernel<1, true>, qrows_kernel<2, false>,
+                                               qrows_kernel<2, true>};
+    const int per_sm = occupancy[kind](cb);
     if (per_sm < 1)
         return 0; /* cuda_qmma.cu takes it */
     /* split-K to fill one wave, at most QR_SPLIT_ROWS / rows splits (the last block's sums), at least enough for the
@@ -360,9 +384,8 @@ int exl_cuda_qrows(exl_cuda_backend *cb, float *out, const float *x, const float
         if (!(a.counters = qrows_counters(cb, (size_t)col_tiles)))
             return 1;
     }
-    const qrows_kernel_fn k = nt == 1 ? qrows_kernel<1> : qrows_kernel<2>;
-    exl_cuda_launch(cb, k, dim3((unsigned)col_tiles, (unsigned)splits), dim3(QR_WARPS * 32), qrows_smem_bytes(nt, a.ld),
-                    a);
+    exl_cuda_launch(cb, kernels[kind], dim3((unsigned)col_tiles, (unsigned)splits), dim3(QR_WARPS * 32),
+                    qrows_smem_bytes(nt, a.ld), a);
     exl_cuda_check_launch(cb, "quantized matmul (few rows)");
     return 1;
 }
