@@ -11,9 +11,9 @@
  * output element a chunk: the scale is not folded into the fp16 weights, which would round (q - z) * s to 11 bits).
  *
  * Block: 8 warps, 256 columns (one qw tile), a range of chunks (split-K to fill the GPU in about one wave). Each warp
- * streams its 32 columns' code words, scales (and GPTQ zeros) chunk by chunk through a ring of QR_STAGES buffers of
- * its own (cp.async, 16 bytes a lane; no block barrier in the loop), the first QR_STAGES - 1 requested before the
- * wait for the previous kernel. The block gathers its rows' activations for its chunks itself (slot order, the GLU
+ * streams its 32 columns' code words, scales (and GPTQ zeros) two chunks at a time (their word rows are consecutive)
+ * through a ring of QR_STAGES buffers of its own (cp.async, 16 bytes a lane; no block barrier in the loop), the first
+ * QR_STAGES - 1 requested before the wait for the previous kernel. The block gathers its rows' activations for its chunks itself (slot order, the GLU
  * applied, rounded to fp16 as qmma_gather_kernel rounds them) into shared memory, row by row. With several splits
  * each block stores its partial sums and the last block of a column tile to arrive (a counter per tile in
  * cb->gemv_counters, reset by that block) adds them in split order: deterministic, no second launch. */
@@ -24,11 +24,10 @@
 
 #define QR_WARPS 8
 #define QR_COLS (QR_WARPS * 32) /* columns of a block: one EXL_QW_TILE */
-#define QR_STAGES 5             /* ring buffers a warp: four chunks in flight while one is multiplied */
-#define QR_WORD_BYTES 1024      /* a stage: up to 8 word rows of 32 columns, */
-#define QR_SCALE_AT 1024        /* then the 32 columns' scales, */
-#define QR_ZERO_AT 1088         /* then their zeros (GPTQ) */
-#define QR_STAGE_BYTES 1152
+#define QR_STAGES 3      /* ring buffers a warp, two chunks each: four chunks in flight while two are multiplied */
+#define QR_SCALE_AT 2048 /* a buffer: up to 16 word rows of 32 columns, then the two chunks' scales, */
+#define QR_ZERO_AT 2176  /* then their zeros (GPTQ) */
+#define QR_STAGE_BYTES 2304
 #define QR_MAX_CPS 48     /* chunks a split at most (the shared activations) */
 #define QR_SPLIT_ROWS 128 /* splits x rows at most: the partial sums a tile's last block adds */
 
@@ -72,26 +71,26 @@ __device__ __forceinline__ void qr_wait(void) {
 }
 
 /* Pairs 4t .. 4t+3 of a 4-bit column's chunk (its word t) as exact (q - z) pairs: the low nibbles of each byte pair
- * or'ed into 1024 minus (1024 + z), the high ones in place, (1024 + 16 q) / 16 + (960 - (1024 + z)); one shift, four
- * lop3 and four half2 operations for eight weights. */
-__device__ __forceinline__ void decode_word4(uint32_t w, __half2 zz, uint32_t (&pr)[4]) {
+ * or'ed into 1024 minus zz = 1024 + z, the high ones in place, (1024 + 16 q) / 16 + c with c = 960 - zz; one shift,
+ * four lop3 and four half2 operations for eight weights. */
+__device__ __forceinline__ void decode_word4(uint32_t w, __half2 zz, __half2 c, uint32_t (&pr)[4]) {
     const uint32_t m = magic_1024(), hi = w >> 8;
-    const __half2 c = __hsub2(__float2half2_rn(960.0f), zz), s = __float2half2_rn(0.0625f);
+    const __half2 s = __float2half2_rn(0.0625f);
     pr[0] = half2_bits(__hsub2(u32_as_half2(and_or<0x000f000fu>(w, m)), zz));
     pr[1] = half2_bits(__hfma2(u32_as_half2(and_or<0x00f000f0u>(w, m)), s, c));
     pr[2] = half2_bits(__hsub2(u32_as_half2(and_or<0x000f000fu>(hi, m)), zz));
     pr[3] = half2_bits(__hfma2(u32_as_half2(and_or<0x00f000f0u>(hi, m)), s, c));
 }
 
-/* One chunk of B-bit codes staged at st (this warp's 32 columns) times the activations bx (row 8n + g, slots
+/* One chunk of B-bit codes staged at st (this warp's 32 columns; its zeros at zr) times the activations bx (row 8n + g, slots
  * 8t .. 8t + 7 of the chunk): decode this lane's four columns, two mma a row tile, into p (unscaled). */
 template <int B, int NT, bool GPTQ>
-__device__ __forceinline__ void qrows_chunk(const unsigned char *st, int g, int t, const uint4 (&bx)[NT],
-                                            float (&p)[2][NT][4]) {
-    __half2 zz[4];
+__device__ __forceinline__ void qrows_chunk(const unsigned char *st, const unsigned char *zr, int g, int t,
+                                            const uint4 (&bx)[NT], float (&p)[2][NT][4]) {
+    __half2 zz[4]; /* 1024 + z */
     if constexpr (GPTQ) {
-        const uint2 zr = *(const uint2 *)(st + QR_ZERO_AT + 8 * g);
-        const __half2 z01 = u32_as_half2(zr.x), z23 = u32_as_half2(zr.y), k = __float2half2_rn(1024.0f);
+        const uint2 zw = *(const uint2 *)(zr + 8 * g);
+        const __half2 z01 = u32_as_half2(zw.x), z23 = u32_as_half2(zw.y), k = __float2half2_rn(1024.0f);
         zz[0] = __hadd2(__low2half2(z01), k), zz[1] = __hadd2(__high2half2(z01), k);
         zz[2] = __hadd2(__low2half2(z23), k), zz[3] = __hadd2(__high2half2(z23), k);
     } else {
@@ -102,10 +101,12 @@ __device__ __forceinline__ void qrows_chunk(const unsigned char *st, int g, int 
     uint32_t pr[4][4]; /* [column 4g + c][pair 4t + j] */
     if constexpr (B == 4) {
         const uint4 wv = *(const uint4 *)(st + t * 128 + 16 * g);
-        decode_word4(wv.x, zz[0], pr[0]);
-        decode_word4(wv.y, zz[1], pr[1]);
-        decode_word4(wv.z, zz[2], pr[2]);
-        decode_word4(wv.w, zz[3], pr[3]);
+        const uint32_t wc[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+        for (int c = 0; c < 4; c++) /* 960 - (1024 + z): a constant for EXL2 */
+            decode_word4(wc[c], zz[c],
+                         GPTQ ? __hsub2(__float2half2_rn(960.0f), zz[c]) : __float2half2_rn(-64.0f - (1 << (B - 1))),
+                         pr[c]);
     } else {
         uint32_t w[4][MAX_WORDS];
 #pragma unroll
@@ -120,7 +121,7 @@ __device__ __forceinline__ void qrows_chunk(const unsigned char *st, int g, int 
             decode_quarter<B>(w[c], t, zz[c], pr[c]);
     }
 #pragma unroll
-    for (int m = 0; m < 2; m++)
+    for (int m = 0; m < 2; m++) /* A tile m: columns 4g + 2m (its row g) and 4g + 2m + 1 (row g + 8) */
 #pragma unroll
         for (int n = 0; n < NT; n++) {
 #pragma unroll
@@ -175,36 +176,43 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
     const int n_chunks = min(a.q.n_chunks - c_begin, a.chunks_per_split);
     const int col0 = blockIdx.x * QR_COLS + warp * 32; /* this warp's 32 columns */
     unsigned char *ring = smem + warp * QR_STAGES * QR_STAGE_BYTES;
-    int4 *meta = (int4 *)(smem + QR_WARPS * QR_STAGES * QR_STAGE_BYTES); /* word row, bits, group */
-    __half *xs = (__half *)(meta + QR_MAX_CPS);
+    /* the split's chunk descriptors: byte offset of the words in a column of the tile, bits, byte offset of the
+     * scales (and zeros) of the group */
+    int4 *meta = (int4 *)(smem + QR_WARPS * QR_STAGES * QR_STAGE_BYTES);
+    __half *xs = (__half *)(meta + QR_MAX_CPS + 1);
     exl_pdl_trigger();
-    for (int i = threadIdx.x; i < n_chunks; i += blockDim.x)
-        meta[i] = __ldg(a.q.chunks + c_begin + i);
+    for (int i = threadIdx.x; i <= n_chunks; i += blockDim.x) {            /* and one of 0 bits past the end */
+        const int4 m = __ldg(a.q.chunks + c_begin + min(i, n_chunks - 1)); /* word row, bits, group */
+        meta[i] = make_int4(m.x * EXL_QW_TILE * 4, i < n_chunks ? m.y : 0, m.z * a.q.n_pad * 2, 0);
+    }
     __syncthreads();
 
-    /* chunk c's words (lane l copies 16 bytes l and l + 32 of the 8 x bits), scales (lanes 0-3) and zeros (lanes
-     * 4-7) into ring buffer `slot`; one commit group a chunk, empty past the end, so that wait_group counts chunks.
-     * A lane's offsets do not depend on the chunk: planned once. */
-    const uint32_t *w0 = exl_qw_col(a.q, col0) + lane / 8 * EXL_QW_TILE + 4 * (lane % 8), *w1 = w0 + 4 * EXL_QW_TILE;
-    const __half *sz = (lane < 4 || !GPTQ ? a.q.scales : a.q.zeros) + col0 + 8 * (lane % 4);
-    const bool sz_copy = lane < (GPTQ ? 8 : 4);
-    const int word_row = lane / 8; /* of the first copy; the second's is 4 more */
+    /* Chunks 2u and 2u + 1 (consecutive word rows) into ring buffer `slot`: lane l copies 16 bytes of word rows
+     * l / 8 + 4k (k < 4) below their rows, lanes 0-7 the two chunks' scales, 8-15 their zeros (GPTQ); one commit
+     * group a pair, empty past the end, so that wait_group counts pairs. A lane's offsets are planned once. */
+    const int n_pairs = (n_chunks + 1) / 2, word_row = lane / 8;
+    /* (rebuilt from the arguments at each request: kept in registers they push the 9-16-row kernel into spills) */
+    const unsigned w_lane = word_row * EXL_QW_TILE * 4 + (warp * 32 + lane % 8 * 4) * 4;
+    const unsigned sz_lane = col0 * 2 + lane % 4 * 16;
+    const bool sz_copy = lane < (GPTQ ? 16 : 8), sz_second = lane / 4 % 2;
     const unsigned ring_lane = (unsigned)__cvta_generic_to_shared(ring + 16 * lane);
-    auto request = [&](int c, int slot) {
-        if (c < n_chunks) {
-            const int4 m = meta[c];
-            const unsigned st = ring_lane + slot * QR_STAGE_BYTES;
-            if (word_row < m.y)
-                qr_copy16(st, w0 + (uint32_t)m.x * EXL_QW_TILE);
-            if (word_row + 4 < m.y)
-                qr_copy16(st + 512, w1 + (uint32_t)m.x * EXL_QW_TILE);
-            if (sz_copy)
-                qr_copy16(st + QR_SCALE_AT, sz + (uint32_t)m.z * (uint32_t)a.q.n_pad);
-        }
+    auto request = [&](int u, int slot) {
+        const int c0 = min(2 * u, n_chunks), c1 = min(2 * u + 1, n_chunks); /* past the end: 0 bits */
+        const int4 m0 = meta[c0];
+        const int word_rows = m0.y + meta[c1].y;
+        const unsigned st = ring_lane + slot * QR_STAGE_BYTES;
+        const char *w = (const char *)(a.q.qw + (int64_t)blockIdx.x * a.q.word_rows * EXL_QW_TILE) + (w_lane + m0.x);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (word_row + 4 * k < word_rows)
+                qr_copy16(st + 512 * k, w + k * 4 * EXL_QW_TILE * 4);
+        const char *sz = (const char *)(lane < 8 || !GPTQ ? a.q.scales : a.q.zeros);
+        if (sz_copy) /* past the end: the last chunk's again, unused */
+            qr_copy16(st + QR_SCALE_AT, sz + (sz_lane + meta[sz_second ? c1 : c0].z));
         qr_commit();
     };
-    for (int c = 0; c < QR_STAGES - 1; c++)
-        request(c, c);
+    for (int u = 0; u < QR_STAGES - 1; u++)
+        request(u, u);
 
     /* the activations of the split's slots, row by row, after the previous kernel wrote them */
     exl_pdl_wait();
@@ -232,45 +240,53 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
             for (int i = 0; i < 4; i++)
                 acc[m][n][i] = 0.0f;
     const __half *xl = xs + g * a.ld + 8 * t;
-    int slot = 0; /* chunk c's buffer: c % QR_STAGES */
+    int slot = 0; /* pair u's buffer: u % QR_STAGES */
 #pragma unroll 1
-    for (int c = 0; c < n_chunks; c++) {
+    for (int u = 0; u < n_pairs; u++) {
         qr_wait<QR_STAGES - 2>();
-        __syncwarp(); /* chunk c is in; every lane is done with the buffer chunk c - 1 used */
-        request(c + QR_STAGES - 1, slot == 0 ? QR_STAGES - 1 : slot - 1);
+        __syncwarp(); /* pair u is in; every lane is done with the buffer pair u - 1 used */
+        request(u + QR_STAGES - 1, slot == 0 ? QR_STAGES - 1 : slot - 1);
         const unsigned char *st = ring + slot * QR_STAGE_BYTES;
         slot = slot == QR_STAGES - 1 ? 0 : slot + 1;
-        uint4 bx[NT];
+        const unsigned char *words = st;
+#pragma unroll 1
+        for (int c = 2 * u; c < 2 * u + 2 && c < n_chunks; c++) {
+            uint4 bx[NT];
 #pragma unroll
-        for (int n = 0; n < NT; n++)
-            bx[n] = *(const uint4 *)(xl + n * 8 * a.ld + c * CHUNK);
-        float p[2][NT][4];
-        const int bits = meta[c].y; /* the same in the whole warp */
-        if (bits == 4)
-            qrows_chunk<4, NT, GPTQ>(st, g, t, bx, p);
-        else if (bits == 2)
-            qrows_chunk<2, NT, GPTQ>(st, g, t, bx, p);
-        else if (bits == 3)
-            qrows_chunk<3, NT, GPTQ>(st, g, t, bx, p);
-        else if (bits == 5)
-            qrows_chunk<5, NT, GPTQ>(st, g, t, bx, p);
-        else if (bits == 6)
-            qrows_chunk<6, NT, GPTQ>(st, g, t, bx, p);
-        else
-            qrows_chunk<8, NT, GPTQ>(st, g, t, bx, p);
-        const uint2 sr = *(const uint2 *)(st + QR_SCALE_AT + 8 * g);
-        const float2 s01 = __half22float2(u32_as_half2(sr.x)), s23 = __half22float2(u32_as_half2(sr.y));
-        const float sc[4] = {s01.x, s01.y, s23.x, s23.y};
+            for (int n = 0; n < NT; n++)
+                bx[n] = *(const uint4 *)(xl + n * 8 * a.ld + c * CHUNK);
+            float p[2][NT][4];
+            const int bits = meta[c].y; /* the same in the whole warp */
+            const unsigned char *sz = st + QR_SCALE_AT + (c & 1) * 64;
+            if (bits == 4)
+                qrows_chunk<4, NT, GPTQ>(words, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
+            else if (bits == 2)
+                qrows_chunk<2, NT, GPTQ>(words, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
+            else if (bits == 3)
+                qrows_chunk<3, NT, GPTQ>(words, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
+            else if (bits == 5)
+                qrows_chunk<5, NT, GPTQ>(words, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
+            else if (bits == 6)
+                qrows_chunk<6, NT, GPTQ>(words, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
+            else
+                qrows_chunk<8, NT, GPTQ>(words, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
+            words += bits * 128;
+            const uint2 sr = *(const uint2 *)(sz + 8 * g);
+            const float2 s01 = __half22float2(u32_as_half2(sr.x)), s23 = __half22float2(u32_as_half2(sr.y));
+            const float sc[4] = {s01.x, s01.y, s23.x, s23.y};
 #pragma unroll
-        for (int m = 0; m < 2; m++)
+            for (int m = 0; m < 2; m++)
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                acc[m][n][0] += sc[2 * m] * p[m][n][0];
-                acc[m][n][1] += sc[2 * m] * p[m][n][1];
-                acc[m][n][2] += sc[2 * m + 1] * p[m][n][2];
-                acc[m][n][3] += sc[2 * m + 1] * p[m][n][3];
-            }
+                for (int n = 0; n < NT; n++) {
+                    acc[m][n][0] += sc[2 * m] * p[m][n][0];
+                    acc[m][n][1] += sc[2 * m] * p[m][n][1];
+                    acc[m][n][2] += sc[2 * m + 1] * p[m][n][2];
+                    acc[m][n][3] += sc[2 * m + 1] * p[m][n][3];
+                }
+        }
     }
+
+    qr_wait<0>(); /* the copies of the pairs past the end, before the block's shared memory goes */
 
     /* C fragment of tile m, n8 tile n: c0, c1 at column 4g + 2m, rows 8n + 2t, 8n + 2t + 1; c2, c3 at column
      * 4g + 2m + 1, the same rows */
@@ -310,7 +326,7 @@ typedef void (*qrows_kernel_fn)(qrows_args);
 typedef int (*qrows_occupancy_fn)(const exl_cuda_backend *);
 
 static size_t qrows_smem_bytes(int nt, int ld) {
-    return (size_t)QR_WARPS * QR_STAGES * QR_STAGE_BYTES + QR_MAX_CPS * sizeof(int4) + (size_t)8 * nt * ld * 2;
+    return (size_t)QR_WARPS * QR_STAGES * QR_STAGE_BYTES + (QR_MAX_CPS + 1) * sizeof(int4) + (size_t)8 * nt * ld * 2;
 }
 
 /* halves per activation row for cps chunks: a multiple of 64 plus 32, so that the rows of a lane quad's 16-byte
