@@ -2444,6 +2444,19 @@ static void test_qrows(const char *shared) {
         "rand-qwen2-exl2-4.0bpw-h6", "rand-llama-gptq-4bit-g64-sym", "rand-gemma-exl2-4.0bpw-h6"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
         test_decode_batch_rows(shared, models[i], "EXL_CUDA_QROWS=1");
+    /* 8 greedy jobs a step (decode steps of 8 rows, and fewer as jobs end) give the default path's tokens */
+    char dir[1024], tok_dir[1024], name[160];
+    snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
+    for (int i = 0; i < 3; i++) {
+        snprintf(dir, sizeof dir, "%s/models/%s", shared, models[i]);
+        int32_t want[8 * 16] = {0}, got[8 * 16] = {0};
+        const int nw = generate_batch(dir, tok_dir, 8, 1, NULL, want);
+        setenv("EXL_CUDA_QROWS", "1", 1);
+        const int ng = generate_batch(dir, tok_dir, 8, 1, NULL, got);
+        unsetenv("EXL_CUDA_QROWS");
+        snprintf(name, sizeof name, "qrows 8 greedy jobs == default path %s (%d tokens)", models[i], ng);
+        report(name, nw >= 8 * 14 && ng == nw ? (double)(memcmp(want, got, sizeof want) != 0) : 1.0, 0);
+    }
 }
 
 /* ---- host_gemm (the quantizer's fp32 products on host memory) */
