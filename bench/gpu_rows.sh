@@ -13,6 +13,7 @@
 # the GEMV with the weights as the mma's A operand (EXL_CUDA_GEMV_A=1; two blocks an SM, or one:
 # EXL_CUDA_GEMV_A_BLOCKS_PER_SM=1; from one row: EXL_CUDA_GEMV_A_ROWS=1), the rows-as-A tensor-core GEMV from
 # 2 rows (EXL_CUDA_GEMV_MMA_ROWS=2), the RMSNorm in every block only up to 2 rows (EXL_CUDA_GEMV_MMA_NORM_ROWS=2).
+# r2-rows6's: cuda_qrows.cu for 5-16 rows in one launch (EXL_CUDA_QROWS=1; its checks: test_gpu's "qrows" lines).
 # usage (from the repo root): bench/gpu_rows.sh [DIR]   DIR as tests/gpu/run.sh's (default .gpu: bin/ from
 # tests/gpu/prepare.sh, shared/ or staged fixtures); without DIR/bin it builds build-gpu here. TESTS=0, KERNELS=0,
 # STEPS=0 skip the three parts (about 3, 1 and 3 minutes on an H100), e.g. to keep a device call under 10 minutes;
@@ -39,13 +40,13 @@ git log -1 --format='commit %h %cd' 2>/dev/null
 if [ "${TESTS:-1}" != 0 ]; then
     EXL_TEST_ONLY=${EXL_TEST_ONLY:-rows} timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/rows_test_gpu.log" 2>&1
     echo "==== test_gpu (rc $?): decode of 2-16 rows against one row"
-    grep -E "decode 2-16 rows|qmma one launch|qmma split sums|wide matrix|^FAIL" "$out/rows_test_gpu.log"
+    grep -E "decode 2-16 rows|qmma one launch|qmma split sums|wide matrix|qrows|^FAIL" "$out/rows_test_gpu.log"
     tail -1 "$out/rows_test_gpu.log"
 fi
 if [ "${TESTS:-1}" != 0 ] && [ "${DET:-1}" != 0 ]; then
     EXL_TEST_ONLY=${EXL_TEST_ONLY:-rows} EXL_CUDA_DETERMINISTIC=1 timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/rows_test_gpu_det.log" 2>&1
     echo "==== test_gpu with EXL_CUDA_DETERMINISTIC=1 (rc $?): the split sums added by the last block"
-    grep -E "decode 2-16 rows|qmma one launch|qmma split sums|wide matrix|^FAIL" "$out/rows_test_gpu_det.log"
+    grep -E "decode 2-16 rows|qmma one launch|qmma split sums|wide matrix|qrows|^FAIL" "$out/rows_test_gpu_det.log"
     tail -1 "$out/rows_test_gpu_det.log"
 fi
 kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_QMMA_FUSED=1 EXL_CUDA_QMMA_FUSED=1,EXL_CUDA_QMMA_GATHER_ROWS=16 EXL_CUDA_QMMA_WIDE_A=1"}
