@@ -10,10 +10,13 @@
  * steps of a chunk. A chunk's two k steps are summed in fp32 and scaled by the columns' group scales (one FFMA an
  * output element a chunk: the scale is not folded into the fp16 weights, which would round (q - z) * s to 11 bits).
  *
- * Block: 8 warps, 256 columns (one qw tile), a range of chunks (split-K to fill the GPU in about one wave). Each warp
- * streams its 32 columns' code words, scales (and GPTQ zeros) two chunks at a time (their word rows are consecutive)
- * through a ring of QR_STAGES buffers of its own (cp.async, 16 bytes a lane; no block barrier in the loop), the first
- * QR_STAGES - 1 requested before the wait for the previous kernel. The block gathers its rows' activations for its chunks itself (slot order, the GLU
+ * Block: 8 warps, 256 columns (one qw tile), a range of chunks (split-K to fill the GPU in about one wave, whatever
+ * the rows). Each warp streams its 32 columns' code words, scales (and GPTQ zeros) two chunks at a time through a ring
+ * of QR_STAGES buffers of its own (cp.async, 16 bytes a lane; no block barrier in the loop), the first QR_STAGES - 1
+ * requested before the wait for the previous kernel: the split's words of a warp are one stream of 1 KB rows, so a
+ * lane's source is a pointer moved on by each pair's word rows, and a pair's descriptor (word rows, both widths, both
+ * scale rows) is one 16-byte shared load; a pair of two 4-bit chunks takes one unrolled path, other widths a
+ * dispatch a chunk. The block gathers its rows' activations for its chunks itself (slot order, the GLU
  * applied, rounded to fp16 as qmma_gather_kernel rounds them) into shared memory, row by row. With several splits
  * each block stores its partial sums and the last block of a column tile to arrive (a counter per tile in
  * cb->gemv_counters, reset by that block) adds them in split order: deterministic, no second launch. */
@@ -28,8 +31,8 @@
 #define QR_SCALE_AT 2048 /* a buffer: up to 16 word rows of 32 columns, then the two chunks' scales, */
 #define QR_ZERO_AT 2176  /* then their zeros (GPTQ) */
 #define QR_STAGE_BYTES 2304
-#define QR_MAX_CPS 48     /* chunks a split at most (the shared activations) */
-#define QR_SPLIT_ROWS 128 /* splits x rows at most: the partial sums a tile's last block adds */
+#define QR_MAX_CPS 48    /* chunks a split at most (the shared activations) */
+#define QR_MAX_SPLITS 16 /* splits at most: the partial sums a tile's last block adds */
 
 static_assert(QR_COLS == EXL_QW_TILE, "a block's columns are one tile of qw");
 
@@ -132,6 +135,25 @@ __device__ __forceinline__ void qrows_chunk(const unsigned char *st, const unsig
         }
 }
 
+/* acc += p scaled by the columns' group scales at sz (lane g's columns 4g .. 4g + 3): C fragment of tile m, n8
+ * tile n: c0, c1 at column 4g + 2m, c2, c3 at column 4g + 2m + 1 */
+template <int NT>
+__device__ __forceinline__ void qrows_scale(const unsigned char *sz, int g, const float (&p)[2][NT][4],
+                                            float (&acc)[2][NT][4]) {
+    const uint2 sr = *(const uint2 *)(sz + 8 * g);
+    const float2 s01 = __half22float2(u32_as_half2(sr.x)), s23 = __half22float2(u32_as_half2(sr.y));
+    const float sc[4] = {s01.x, s01.y, s23.x, s23.y};
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            acc[m][n][0] += sc[2 * m] * p[m][n][0];
+            acc[m][n][1] += sc[2 * m] * p[m][n][1];
+            acc[m][n][2] += sc[2 * m + 1] * p[m][n][2];
+            acc[m][n][3] += sc[2 * m + 1] * p[m][n][3];
+        }
+}
+
 /* out[r, col .. col + 1] (+)= v (+ bias), the columns below n_out */
 __device__ __forceinline__ void qrows_store(const qrows_args &a, int r, int col, float v0, float v1) {
     float *o = a.out + (int64_t)r * a.n_out + col;
@@ -150,7 +172,7 @@ __device__ void qrows_add_splits(const qrows_args &a) {
         const int r = i / (QR_COLS / 4), col = blockIdx.x * QR_COLS + i % (QR_COLS / 4) * 4;
         const float *p = a.partial + (int64_t)r * a.q.n_pad + col;
         float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (unsigned z0 = 0; z0 < splits; z0 += 8) {
+        for (unsigned z0 = 0; z0 < splits; z0 += 8) { /* (16 loads in flight spill the 9-16-row kernel) */
             float4 v[8];
 #pragma unroll
             for (unsigned e = 0; e < 8; e++)
@@ -166,68 +188,108 @@ __device__ void qrows_add_splits(const qrows_args &a) {
     }
 }
 
+/* The B fragments of a chunk (this lane's slots 8t .. 8t + 7 of rows g and 8 + g at xl) */
+template <int NT>
+__device__ __forceinline__ void qrows_load_x(const __half *xl, int ld, uint4 (&bx)[NT]) {
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+        bx[n] = *(const uint4 *)(xl + n * 8 * ld);
+}
+
+/* One chunk of width `bits` (any) at words, its scales (zeros) at sz, its activations at xl, into acc */
+template <int NT, bool GPTQ>
+__device__ __forceinline__ void qrows_any_chunk(int bits, const unsigned char *words, const unsigned char *sz,
+                                                const __half *xl, int ld, int g, int t, float (&acc)[2][NT][4]) {
+    uint4 bx[NT];
+    qrows_load_x(xl, ld, bx);
+    float p[2][NT][4];
+    const unsigned char *zr = sz + (QR_ZERO_AT - QR_SCALE_AT);
+    if (bits == 4)
+        qrows_chunk<4, NT, GPTQ>(words, zr, g, t, bx, p);
+    else if (bits == 2)
+        qrows_chunk<2, NT, GPTQ>(words, zr, g, t, bx, p);
+    else if (bits == 3)
+        qrows_chunk<3, NT, GPTQ>(words, zr, g, t, bx, p);
+    else if (bits == 5)
+        qrows_chunk<5, NT, GPTQ>(words, zr, g, t, bx, p);
+    else if (bits == 6)
+        qrows_chunk<6, NT, GPTQ>(words, zr, g, t, bx, p);
+    else
+        qrows_chunk<8, NT, GPTQ>(words, zr, g, t, bx, p);
+    qrows_scale(sz, g, p, acc);
+}
+
 /* Block: 256 columns (blockIdx.x), chunks of split blockIdx.y; NT n8 tiles of rows (rows <= 8 NT). Shared memory:
- * the warps' rings, the split's chunk descriptors, the activations [8 NT][ld] fp16. */
+ * the warps' rings, the split's pair descriptors, the activations [8 NT][ld] fp16. */
 template <int NT, bool GPTQ>
 __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_constant__ qrows_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int c_begin = blockIdx.y * a.chunks_per_split;
     const int n_chunks = min(a.q.n_chunks - c_begin, a.chunks_per_split);
+    const int n_pairs = (n_chunks + 1) / 2;
     const int col0 = blockIdx.x * QR_COLS + warp * 32; /* this warp's 32 columns */
     unsigned char *ring = smem + warp * QR_STAGES * QR_STAGE_BYTES;
-    /* the split's chunk descriptors: byte offset of the words in a column of the tile, bits, byte offset of the
-     * scales (and zeros) of the group */
-    int4 *meta = (int4 *)(smem + QR_WARPS * QR_STAGES * QR_STAGE_BYTES);
-    __half *xs = (__half *)(meta + QR_MAX_CPS + 1);
+    /* the split's chunk pairs (2u, 2u + 1) and one empty pair past the end: word rows of the pair, bits of its
+     * chunks (byte 0, byte 1; 0 past the end), byte offsets of their scale (and zero) rows of 32 columns */
+    int4 *pairs = (int4 *)(smem + QR_WARPS * QR_STAGES * QR_STAGE_BYTES);
+    __half *xs = (__half *)(pairs + QR_MAX_CPS / 2 + 1);
     exl_pdl_trigger();
-    for (int i = threadIdx.x; i <= n_chunks; i += blockDim.x) {            /* and one of 0 bits past the end */
-        const int4 m = __ldg(a.q.chunks + c_begin + min(i, n_chunks - 1)); /* word row, bits, group */
-        meta[i] = make_int4(m.x * EXL_QW_TILE * 4, i < n_chunks ? m.y : 0, m.z * a.q.n_pad * 2, 0);
+    for (int u = threadIdx.x; u <= n_pairs; u += blockDim.x) {
+        const int c0 = min(2 * u, n_chunks - 1), c1 = min(2 * u + 1, n_chunks - 1);
+        const int4 m0 = __ldg(a.q.chunks + c_begin + c0), m1 = __ldg(a.q.chunks + c_begin + c1);
+        const int b0 = u < n_pairs ? m0.y : 0, b1 = 2 * u + 1 < n_chunks ? m1.y : 0;
+        pairs[u] = make_int4(b0 + b1, b0 | b1 << 8, m0.z * a.q.n_pad * 2, m1.z * a.q.n_pad * 2);
     }
+    const int first_row = __ldg(a.q.chunks + c_begin).x;
     __syncthreads();
 
-    /* Chunks 2u and 2u + 1 (consecutive word rows) into ring buffer `slot`: lane l copies 16 bytes of word rows
-     * l / 8 + 4k (k < 4) below their rows, lanes 0-7 the two chunks' scales, 8-15 their zeros (GPTQ); one commit
-     * group a pair, empty past the end, so that wait_group counts pairs. A lane's offsets are planned once. */
-    const int n_pairs = (n_chunks + 1) / 2, word_row = lane / 8;
-    /* (rebuilt from the arguments at each request: kept in registers they push the 9-16-row kernel into spills) */
-    const unsigned w_lane = word_row * EXL_QW_TILE * 4 + (warp * 32 + lane % 8 * 4) * 4;
-    const unsigned sz_lane = col0 * 2 + lane % 4 * 16;
+    /* Pair u into ring buffer `slot`: lane l copies 16 bytes of the pair's word rows l / 8 + 4k (k < 4) from wsrc,
+     * which then moves past the pair's words (the warp's words of the split are one stream of 1 KB rows), lanes 0-7
+     * the two chunks' scales, 8-15 their zeros (GPTQ); one commit group a pair, empty past the end, so that
+     * wait_group counts pairs. */
+    const int word_row = lane / 8;
+    const char *wsrc = (const char *)(a.q.qw + ((int64_t)blockIdx.x * a.q.word_rows + first_row) * EXL_QW_TILE) +
+                       word_row * EXL_QW_TILE * 4 + (warp * 32 + lane % 8 * 4) * 4;
     const bool sz_copy = lane < (GPTQ ? 16 : 8), sz_second = lane / 4 % 2;
+    const char *sz_src = (const char *)(lane < 8 || !GPTQ ? a.q.scales : a.q.zeros) + col0 * 2 + lane % 4 * 16;
     const unsigned ring_lane = (unsigned)__cvta_generic_to_shared(ring + 16 * lane);
     auto request = [&](int u, int slot) {
-        const int c0 = min(2 * u, n_chunks), c1 = min(2 * u + 1, n_chunks); /* past the end: 0 bits */
-        const int4 m0 = meta[c0];
-        const int word_rows = m0.y + meta[c1].y;
+        const int4 d = pairs[min(u, n_pairs)];
         const unsigned st = ring_lane + slot * QR_STAGE_BYTES;
-        const char *w = (const char *)(a.q.qw + (int64_t)blockIdx.x * a.q.word_rows * EXL_QW_TILE) + (w_lane + m0.x);
 #pragma unroll
         for (int k = 0; k < 4; k++)
-            if (word_row + 4 * k < word_rows)
-                qr_copy16(st + 512 * k, w + k * 4 * EXL_QW_TILE * 4);
-        const char *sz = (const char *)(lane < 8 || !GPTQ ? a.q.scales : a.q.zeros);
+            if (word_row + 4 * k < d.x)
+                qr_copy16(st + 512 * k, wsrc + k * 4 * EXL_QW_TILE * 4);
+        wsrc += d.x * EXL_QW_TILE * 4;
         if (sz_copy) /* past the end: the last chunk's again, unused */
-            qr_copy16(st + QR_SCALE_AT, sz + (sz_lane + meta[sz_second ? c1 : c0].z));
+            qr_copy16(st + QR_SCALE_AT, sz_src + (sz_second ? d.w : d.z));
         qr_commit();
     };
     for (int u = 0; u < QR_STAGES - 1; u++)
         request(u, u);
 
-    /* the activations of the split's slots, row by row, after the previous kernel wrote them */
+    /* the activations of the split's slots, row by row, after the previous kernel wrote them: a thread's loads of
+     * every row of a slot are issued together */
     exl_pdl_wait();
     const int span = n_chunks * CHUNK;
     for (int s = threadIdx.x; s < span; s += blockDim.x) {
         const int src = __ldg(a.q.slot_src + (int64_t)c_begin * CHUNK + s);
-        for (int r = 0; r < 8 * NT; r++) {
-            float v = 0.0f;
-            if (r < a.rows && src >= 0) {
-                v = a.x[(int64_t)r * a.in + src];
-                if (a.up)
-                    v = exl_cuda_activate(v, a.act) * a.up[(int64_t)r * a.in + src];
-            }
-            xs[r * a.ld + s] = __float2half_rn(v);
+        float v[8 * NT], w[8 * NT];
+#pragma unroll
+        for (int r = 0; r < 8 * NT; r++)
+            v[r] = r < a.rows && src >= 0 ? a.x[(int64_t)r * a.in + src] : 0.0f;
+        if (a.up) {
+#pragma unroll
+            for (int r = 0; r < 8 * NT; r++)
+                w[r] = r < a.rows && src >= 0 ? a.up[(int64_t)r * a.in + src] : 0.0f;
+#pragma unroll
+            for (int r = 0; r < 8 * NT; r++)
+                v[r] = exl_cuda_activate(v[r], a.act) * w[r];
         }
+#pragma unroll
+        for (int r = 0; r < 8 * NT; r++)
+            xs[r * a.ld + s] = __float2half_rn(v[r]);
     }
     __syncthreads();
 
@@ -239,50 +301,31 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 acc[m][n][i] = 0.0f;
-    const __half *xl = xs + g * a.ld + 8 * t;
-    int slot = 0; /* pair u's buffer: u % QR_STAGES */
+    const __half *xl = xs + g * a.ld + 8 * t; /* pair u's activations: xl + 2 u CHUNK */
+    int slot = 0;                             /* pair u's buffer: u % QR_STAGES */
 #pragma unroll 1
-    for (int u = 0; u < n_pairs; u++) {
+    for (int u = 0; u < n_pairs; u++, xl += 2 * CHUNK) {
         qr_wait<QR_STAGES - 2>();
         __syncwarp(); /* pair u is in; every lane is done with the buffer pair u - 1 used */
         request(u + QR_STAGES - 1, slot == 0 ? QR_STAGES - 1 : slot - 1);
         const unsigned char *st = ring + slot * QR_STAGE_BYTES;
         slot = slot == QR_STAGES - 1 ? 0 : slot + 1;
-        const unsigned char *words = st;
-#pragma unroll 1
-        for (int c = 2 * u; c < 2 * u + 2 && c < n_chunks; c++) {
-            uint4 bx[NT];
+        const int widths = pairs[u].y; /* the same in the whole warp */
+        if (widths == (4 | 4 << 8)) {  /* two 4-bit chunks: word rows 0-3 and 4-7 */
 #pragma unroll
-            for (int n = 0; n < NT; n++)
-                bx[n] = *(const uint4 *)(xl + n * 8 * a.ld + c * CHUNK);
-            float p[2][NT][4];
-            const int bits = meta[c].y; /* the same in the whole warp */
-            const unsigned char *sz = st + QR_SCALE_AT + (c & 1) * 64;
-            if (bits == 4)
-                qrows_chunk<4, NT, GPTQ>(words, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
-            else if (bits == 2)
-                qrows_chunk<2, NT, GPTQ>(words, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
-            else if (bits == 3)
-                qrows_chunk<3, NT, GPTQ>(words, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
-            else if (bits == 5)
-                qrows_chunk<5, NT, GPTQ>(words, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
-            else if (bits == 6)
-                qrows_chunk<6, NT, GPTQ>(words, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
-            else
-                qrows_chunk<8, NT, GPTQ>(words, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
-            words += bits * 128;
-            const uint2 sr = *(const uint2 *)(sz + 8 * g);
-            const float2 s01 = __half22float2(u32_as_half2(sr.x)), s23 = __half22float2(u32_as_half2(sr.y));
-            const float sc[4] = {s01.x, s01.y, s23.x, s23.y};
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    acc[m][n][0] += sc[2 * m] * p[m][n][0];
-                    acc[m][n][1] += sc[2 * m] * p[m][n][1];
-                    acc[m][n][2] += sc[2 * m + 1] * p[m][n][2];
-                    acc[m][n][3] += sc[2 * m + 1] * p[m][n][3];
-                }
+            for (int h = 0; h < 2; h++) {
+                uint4 bx[NT];
+                qrows_load_x(xl + h * CHUNK, a.ld, bx);
+                float p[2][NT][4];
+                const unsigned char *sz = st + QR_SCALE_AT + h * 64;
+                qrows_chunk<4, NT, GPTQ>(st + h * 512, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
+                qrows_scale(sz, g, p, acc);
+            }
+        } else {
+            const int b0 = widths & 0xff, b1 = widths >> 8;
+            qrows_any_chunk<NT, GPTQ>(b0, st, st + QR_SCALE_AT, xl, a.ld, g, t, acc);
+            if (b1)
+                qrows_any_chunk<NT, GPTQ>(b1, st + b0 * 128, st + QR_SCALE_AT + 64, xl + CHUNK, a.ld, g, t, acc);
         }
     }
 
@@ -326,7 +369,8 @@ typedef void (*qrows_kernel_fn)(qrows_args);
 typedef int (*qrows_occupancy_fn)(const exl_cuda_backend *);
 
 static size_t qrows_smem_bytes(int nt, int ld) {
-    return (size_t)QR_WARPS * QR_STAGES * QR_STAGE_BYTES + (QR_MAX_CPS + 1) * sizeof(int4) + (size_t)8 * nt * ld * 2;
+    return (size_t)QR_WARPS * QR_STAGES * QR_STAGE_BYTES + (QR_MAX_CPS / 2 + 1) * sizeof(int4) +
+           (size_t)8 * nt * ld * 2;
 }
 
 /* halves per activation row for cps chunks: a multiple of 64 plus 32, so that the rows of a lane quad's 16-byte
@@ -377,13 +421,16 @@ int exl_cuda_qrows(exl_cuda_backend *cb, float *out, const float *x, const float
     const int per_sm = occupancy[kind](cb);
     if (per_sm < 1)
         return 0; /* cuda_qmma.cu takes it */
-    /* split-K to fill one wave, at most QR_SPLIT_ROWS / rows splits (the last block's sums), at least enough for the
-     * shared activations */
+    /* split-K to fill one wave whatever the rows (with fewer blocks than SMs x 2 the 9-16-row form ran at half its
+     * warps: down_proj 58.6 us), at most QR_MAX_SPLITS (the last block's sums), at least enough for the shared
+     * activations */
     const int32_t col_tiles = q->n_pad / QR_COLS;
-    int32_t splits = per_sm * cb->n_sms / col_tiles, most = QR_SPLIT_ROWS / rows;
-    splits = splits < most ? splits : most;
+    int32_t splits = per_sm * cb->n_sms / col_tiles;
+    splits = splits < QR_MAX_SPLITS ? splits : QR_MAX_SPLITS;
     splits = splits > 1 ? splits : 1;
     const int32_t least = (q->n_chunks + QR_MAX_CPS - 1) / QR_MAX_CPS;
+    if (least > QR_MAX_SPLITS)
+        return 0; /* cuda_qmma.cu takes it */
     splits = splits > least ? splits : least;
     splits = splits < q->n_chunks ? splits : q->n_chunks;
     qrows_args a;
