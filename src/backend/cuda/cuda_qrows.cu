@@ -303,15 +303,22 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
                 acc[m][n][i] = 0.0f;
     const __half *xl = xs + g * a.ld + 8 * t; /* pair u's activations: xl + 2 u CHUNK */
     int slot = 0;                             /* pair u's buffer: u % QR_STAGES */
-#pragma unroll 1
-    for (int u = 0; u < n_pairs; u++, xl += 2 * CHUNK) {
+    /* pair u is in, pair u + QR_STAGES - 1 requested: pair u's buffer */
+    auto next_pair = [&](int u) {
         qr_wait<QR_STAGES - 2>();
         __syncwarp(); /* pair u is in; every lane is done with the buffer pair u - 1 used */
         request(u + QR_STAGES - 1, slot == 0 ? QR_STAGES - 1 : slot - 1);
         const unsigned char *st = ring + slot * QR_STAGE_BYTES;
         slot = slot == QR_STAGES - 1 ? 0 : slot + 1;
-        const int widths = pairs[u].y; /* the same in the whole warp */
-        if (widths == (4 | 4 << 8)) {  /* two 4-bit chunks: word rows 0-3 and 4-7 */
+        return st;
+    };
+    /* runs of pairs of two 4-bit chunks (word rows 0-3 and 4-7 of the buffer) in a loop of their own, so that the
+     * other widths' registers do not weigh on it; each other pair, or the half pair at an odd end, between runs */
+    int u = 0;
+    while (u < n_pairs) {
+#pragma unroll 1
+        for (; u < n_pairs && pairs[u].y == (4 | 4 << 8); u++, xl += 2 * CHUNK) {
+            const unsigned char *st = next_pair(u);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 uint4 bx[NT];
@@ -321,12 +328,16 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
                 qrows_chunk<4, NT, GPTQ>(st + h * 512, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
                 qrows_scale(sz, g, p, acc);
             }
-        } else {
-            const int b0 = widths & 0xff, b1 = widths >> 8;
-            qrows_any_chunk<NT, GPTQ>(b0, st, st + QR_SCALE_AT, xl, a.ld, g, t, acc);
-            if (b1)
-                qrows_any_chunk<NT, GPTQ>(b1, st + b0 * 128, st + QR_SCALE_AT + 64, xl + CHUNK, a.ld, g, t, acc);
         }
+        if (u == n_pairs)
+            break;
+        const int widths = pairs[u].y;
+        const unsigned char *st = next_pair(u);
+        const int b0 = widths & 0xff, b1 = widths >> 8;
+        qrows_any_chunk<NT, GPTQ>(b0, st, st + QR_SCALE_AT, xl, a.ld, g, t, acc);
+        if (b1)
+            qrows_any_chunk<NT, GPTQ>(b1, st + b0 * 128, st + QR_SCALE_AT + 64, xl + CHUNK, a.ld, g, t, acc);
+        u++, xl += 2 * CHUNK;
     }
 
     qr_wait<0>(); /* the copies of the pairs past the end, before the block's shared memory goes */
