@@ -9,6 +9,9 @@
  * the B fragment the activations of row g at slots 8t + 4s .. 8t + 4s + 3: one 16-byte shared load covers both k
  * steps of a chunk. A chunk's two k steps are summed in fp32 and scaled by the columns' group scales (one FFMA an
  * output element a chunk: the scale is not folded into the fp16 weights, which would round (q - z) * s to 11 bits).
+ * EXL2 4-bit codes go to the mma as they lie in the word (1024 + q, 1024 + 16 q: four lop3 and a shift for eight
+ * weights), the high nibbles' activations divided by 16 in the gather, the mma starting from minus the offset this
+ * adds (a chunk's row's, summed once a block); other widths and GPTQ are decoded to exact (q - z).
  *
  * Block: 8 warps, 256 columns (one qw tile), a range of chunks (split-K to fill the GPU in about one wave, whatever
  * the rows). Each warp streams its 32 columns' code words, scales (and GPTQ zeros) two chunks at a time through a ring
@@ -85,11 +88,37 @@ __device__ __forceinline__ void decode_word4(uint32_t w, __half2 zz, __half2 c, 
     pr[3] = half2_bits(__hfma2(u32_as_half2(and_or<0x00f000f0u>(hi, m)), s, c));
 }
 
-/* One chunk of B-bit codes staged at st (this warp's 32 columns; its zeros at zr) times the activations bx (row 8n + g, slots
- * 8t .. 8t + 7 of the chunk): decode this lane's four columns, two mma a row tile, into p (unscaled). */
+/* d = c + a b for one m16n8k16 tile, c apart from d (several tiles start from the same c) */
+__device__ __forceinline__ void qr_mma_from(float (&d)[4], float4 c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%11,%12,%13};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c.x), "f"(c.y), "f"(c.z), "f"(c.w));
+#else
+    d[0] = c.x, d[1] = c.y, d[2] = c.z, d[3] = c.w;
+    mma16816(d, a0, a1, a2, a3, b0, b1);
+#endif
+}
+
+/* EXL2 4 bits: pairs 4t .. 4t+3 of a column's chunk (its word t) as they lie, 1024 + q (low nibbles) and
+ * 1024 + 16 q (high ones, whose activations the gather divided by 16): one shift and four lop3 for eight weights; the
+ * mma starts from minus the offset this adds (the kernel's kt) */
+__device__ __forceinline__ void raw_word4(uint32_t w, uint32_t (&pr)[4]) {
+    const uint32_t m = magic_1024(), hi = w >> 8;
+    pr[0] = and_or<0x000f000fu>(w, m);
+    pr[1] = and_or<0x00f000f0u>(w, m);
+    pr[2] = and_or<0x000f000fu>(hi, m);
+    pr[3] = and_or<0x00f000f0u>(hi, m);
+}
+
+/* One chunk of B-bit codes staged at st (this warp's 32 columns; its zeros at zr) times the activations bx (row 8n + g,
+ * slots 8t .. 8t + 7 of the chunk): decode this lane's four columns, two mma a row tile, into p (unscaled), starting
+ * from the chunk's offsets at kl (EXL2: n8 tile n's C fragment at kl + 16 n; 0 but at 4 bits). */
 template <int B, int NT, bool GPTQ>
-__device__ __forceinline__ void qrows_chunk(const unsigned char *st, const unsigned char *zr, int g, int t,
-                                            const uint4 (&bx)[NT], float (&p)[2][NT][4]) {
+__device__ __forceinline__ void qrows_chunk(const unsigned char *st, const unsigned char *zr, const float *kl, int g,
+                                            int t, const uint4 (&bx)[NT], float (&p)[2][NT][4]) {
     __half2 zz[4]; /* 1024 + z */
     if constexpr (GPTQ) {
         const uint2 zw = *(const uint2 *)(zr + 8 * g);
@@ -106,10 +135,11 @@ __device__ __forceinline__ void qrows_chunk(const unsigned char *st, const unsig
         const uint4 wv = *(const uint4 *)(st + t * 128 + 16 * g);
         const uint32_t wc[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
-        for (int c = 0; c < 4; c++) /* 960 - (1024 + z): a constant for EXL2 */
-            decode_word4(wc[c], zz[c],
-                         GPTQ ? __hsub2(__float2half2_rn(960.0f), zz[c]) : __float2half2_rn(-64.0f - (1 << (B - 1))),
-                         pr[c]);
+        for (int c = 0; c < 4; c++)
+            if constexpr (GPTQ)
+                decode_word4(wc[c], zz[c], __hsub2(__float2half2_rn(960.0f), zz[c]), pr[c]);
+            else
+                raw_word4(wc[c], pr[c]);
     } else {
         uint32_t w[4][MAX_WORDS];
 #pragma unroll
@@ -127,10 +157,8 @@ __device__ __forceinline__ void qrows_chunk(const unsigned char *st, const unsig
     for (int m = 0; m < 2; m++) /* A tile m: columns 4g + 2m (its row g) and 4g + 2m + 1 (row g + 8) */
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                p[m][n][i] = 0.0f;
-            mma16816(p[m][n], pr[2 * m][0], pr[2 * m + 1][0], pr[2 * m][1], pr[2 * m + 1][1], bx[n].x, bx[n].y);
+            const float4 k = GPTQ ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : *(const float4 *)(kl + 16 * n);
+            qr_mma_from(p[m][n], k, pr[2 * m][0], pr[2 * m + 1][0], pr[2 * m][1], pr[2 * m + 1][1], bx[n].x, bx[n].y);
             mma16816(p[m][n], pr[2 * m][2], pr[2 * m + 1][2], pr[2 * m][3], pr[2 * m + 1][3], bx[n].z, bx[n].w);
         }
 }
@@ -199,23 +227,24 @@ __device__ __forceinline__ void qrows_load_x(const __half *xl, int ld, uint4 (&b
 /* One chunk of width `bits` (any) at words, its scales (zeros) at sz, its activations at xl, into acc */
 template <int NT, bool GPTQ>
 __device__ __forceinline__ void qrows_any_chunk(int bits, const unsigned char *words, const unsigned char *sz,
-                                                const __half *xl, int ld, int g, int t, float (&acc)[2][NT][4]) {
+                                                const __half *xl, const float *kl, int ld, int g, int t,
+                                                float (&acc)[2][NT][4]) {
     uint4 bx[NT];
     qrows_load_x(xl, ld, bx);
     float p[2][NT][4];
     const unsigned char *zr = sz + (QR_ZERO_AT - QR_SCALE_AT);
     if (bits == 4)
-        qrows_chunk<4, NT, GPTQ>(words, zr, g, t, bx, p);
+        qrows_chunk<4, NT, GPTQ>(words, zr, kl, g, t, bx, p);
     else if (bits == 2)
-        qrows_chunk<2, NT, GPTQ>(words, zr, g, t, bx, p);
+        qrows_chunk<2, NT, GPTQ>(words, zr, kl, g, t, bx, p);
     else if (bits == 3)
-        qrows_chunk<3, NT, GPTQ>(words, zr, g, t, bx, p);
+        qrows_chunk<3, NT, GPTQ>(words, zr, kl, g, t, bx, p);
     else if (bits == 5)
-        qrows_chunk<5, NT, GPTQ>(words, zr, g, t, bx, p);
+        qrows_chunk<5, NT, GPTQ>(words, zr, kl, g, t, bx, p);
     else if (bits == 6)
-        qrows_chunk<6, NT, GPTQ>(words, zr, g, t, bx, p);
+        qrows_chunk<6, NT, GPTQ>(words, zr, kl, g, t, bx, p);
     else
-        qrows_chunk<8, NT, GPTQ>(words, zr, g, t, bx, p);
+        qrows_chunk<8, NT, GPTQ>(words, zr, kl, g, t, bx, p);
     qrows_scale(sz, g, p, acc);
 }
 
@@ -233,7 +262,9 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
     /* the split's chunk pairs (2u, 2u + 1) and one empty pair past the end: word rows of the pair, bits of its
      * chunks (byte 0, byte 1; 0 past the end), byte offsets of their scale (and zero) rows of 32 columns */
     int4 *pairs = (int4 *)(smem + QR_WARPS * QR_STAGES * QR_STAGE_BYTES);
-    __half *xs = (__half *)(pairs + QR_MAX_CPS / 2 + 1);
+    /* EXL2: the mma's start, [chunk][n8 tile][lane t] (-k(8n + 2t), -k(8n + 2t + 1)) twice, a C fragment */
+    float *kt = (float *)(pairs + QR_MAX_CPS / 2 + 1);
+    __half *xs = (__half *)(kt + QR_MAX_CPS * 32);
     exl_pdl_trigger();
     for (int u = threadIdx.x; u <= n_pairs; u += blockDim.x) {
         const int c0 = min(2 * u, n_chunks - 1), c1 = min(2 * u + 1, n_chunks - 1);
@@ -275,6 +306,9 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
     const int span = n_chunks * CHUNK;
     for (int s = threadIdx.x; s < span; s += blockDim.x) {
         const int src = __ldg(a.q.slot_src + (int64_t)c_begin * CHUNK + s);
+        /* EXL2 4 bits: the high nibbles' activations (slots 4i + 2, 4i + 3) divided by 16 (raw_word4) */
+        const int bits = pairs[s / (2 * CHUNK)].y >> (s / CHUNK % 2 * 8) & 0xff;
+        const float f = !GPTQ && (s & 2) && bits == 4 ? 0.0625f : 1.0f;
         float v[8 * NT], w[8 * NT];
 #pragma unroll
         for (int r = 0; r < 8 * NT; r++)
@@ -289,9 +323,31 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
         }
 #pragma unroll
         for (int r = 0; r < 8 * NT; r++)
-            xs[r * a.ld + s] = __float2half_rn(v[r]);
+            xs[r * a.ld + s] = __float2half_rn(v[r] * f);
     }
     __syncthreads();
+    if constexpr (!GPTQ) {
+        /* EXL2 4 bits: the raw halves' mma gives sum (1024 + q) b over the low slots + (1024 + 16 q) b over the high
+         * ones (b = x / 16 there) = sum (q - 8) x + 1032 sum_low b + 1152 sum_high b: the accumulator starts at minus
+         * that offset, a chunk's row's, summed here from the fp16 activations the mma reads */
+        for (int i = threadIdx.x; i < n_chunks * 16; i += blockDim.x) {
+            const int c = i / 16, r = i % 16;
+            float k = 0.0f;
+            if (r < 8 * NT && (pairs[c / 2].y >> (c % 2 * 8) & 0xff) == 4) {
+                const __half2 *xr = (const __half2 *)(xs + r * a.ld + c * CHUNK);
+                float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+                for (int j = 0; j < CHUNK / 2; j += 2) {
+                    const float2 l = __half22float2(xr[j]), h = __half22float2(xr[j + 1]);
+                    lo += l.x + l.y, hi += h.x + h.y;
+                }
+                k = -(1032.0f * lo + 1152.0f * hi);
+            }
+            float *kc = kt + c * 32 + r / 8 * 16 + r % 8 / 2 * 4 + r % 2;
+            kc[0] = k, kc[2] = k;
+        }
+        __syncthreads();
+    }
 
     float acc[2][NT][4];
 #pragma unroll
@@ -302,6 +358,7 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
             for (int i = 0; i < 4; i++)
                 acc[m][n][i] = 0.0f;
     const __half *xl = xs + g * a.ld + 8 * t; /* pair u's activations: xl + 2 u CHUNK */
+    const float *kl = kt + 4 * t;             /* pair u's offsets: kl + 64 u */
     int slot = 0;                             /* pair u's buffer: u % QR_STAGES */
     /* pair u is in, pair u + QR_STAGES - 1 requested: pair u's buffer */
     auto next_pair = [&](int u) {
@@ -317,7 +374,7 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
     int u = 0;
     while (u < n_pairs) {
 #pragma unroll 1
-        for (; u < n_pairs && pairs[u].y == (4 | 4 << 8); u++, xl += 2 * CHUNK) {
+        for (; u < n_pairs && pairs[u].y == (4 | 4 << 8); u++, xl += 2 * CHUNK, kl += 64) {
             const unsigned char *st = next_pair(u);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -325,7 +382,7 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
                 qrows_load_x(xl + h * CHUNK, a.ld, bx);
                 float p[2][NT][4];
                 const unsigned char *sz = st + QR_SCALE_AT + h * 64;
-                qrows_chunk<4, NT, GPTQ>(st + h * 512, sz + (QR_ZERO_AT - QR_SCALE_AT), g, t, bx, p);
+                qrows_chunk<4, NT, GPTQ>(st + h * 512, sz + (QR_ZERO_AT - QR_SCALE_AT), kl + 32 * h, g, t, bx, p);
                 qrows_scale(sz, g, p, acc);
             }
         }
@@ -334,10 +391,10 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
         const int widths = pairs[u].y;
         const unsigned char *st = next_pair(u);
         const int b0 = widths & 0xff, b1 = widths >> 8;
-        qrows_any_chunk<NT, GPTQ>(b0, st, st + QR_SCALE_AT, xl, a.ld, g, t, acc);
+        qrows_any_chunk<NT, GPTQ>(b0, st, st + QR_SCALE_AT, xl, kl, a.ld, g, t, acc);
         if (b1)
-            qrows_any_chunk<NT, GPTQ>(b1, st + b0 * 128, st + QR_SCALE_AT + 64, xl + CHUNK, a.ld, g, t, acc);
-        u++, xl += 2 * CHUNK;
+            qrows_any_chunk<NT, GPTQ>(b1, st + b0 * 128, st + QR_SCALE_AT + 64, xl + CHUNK, kl + 32, a.ld, g, t, acc);
+        u++, xl += 2 * CHUNK, kl += 64;
     }
 
     qr_wait<0>(); /* the copies of the pairs past the end, before the block's shared memory goes */
@@ -381,7 +438,7 @@ typedef int (*qrows_occupancy_fn)(const exl_cuda_backend *);
 
 static size_t qrows_smem_bytes(int nt, int ld) {
     return (size_t)QR_WARPS * QR_STAGES * QR_STAGE_BYTES + (QR_MAX_CPS / 2 + 1) * sizeof(int4) +
-           (size_t)8 * nt * ld * 2;
+           QR_MAX_CPS * 32 * sizeof(float) + (size_t)8 * nt * ld * 2;
 }
 
 /* halves per activation row for cps chunks: a multiple of 64 plus 32, so that the rows of a lane quad's 16-byte
