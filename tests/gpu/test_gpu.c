@@ -2335,8 +2335,10 @@ static float *qmma_step(exl_linear *lg, int64_t K, int64_t N, int32_t rows, cons
 
 /* One matrix (g; bias: a random fp32 bias; glu: a GLU input accumulating into the residual) at 5, 8, 9 and 16 decode
  * rows through cuda_qrows.cu (backend qb) against cuda_qmma.cu's three launches on the default backend (the same
- * fp16 activations: equal up to the order of the sums) and, with cpu_check (no GLU), against the CPU backend */
-static void qrows_case(exl_backend *qb, const char *name, qgen *g, int bias, int glu, int cpu_check) {
+ * fp16 activations: equal up to the order of the sums) and, with cpu_check (no GLU), against the CPU backend; amp
+ * scales the activations (in [-amp, amp], every 97th 20x more: cuda_qrows.cu's raw 4-bit sums start from a large
+ * offset that cancels) */
+static void qrows_case(exl_backend *qb, const char *name, qgen *g, int bias, int glu, int cpu_check, float amp) {
     const int64_t K = g->src.in_features, N = g->src.out_features;
     float *b = bias ? rnd(N, -1, 1) : NULL;
     g->src.bias = b, g->src.bias_dtype = EXL_DTYPE_F32;
@@ -2350,6 +2352,8 @@ static void qrows_case(exl_backend *qb, const char *name, qgen *g, int bias, int
         const int32_t rows = rl[ri];
         const int64_t n = rows * N;
         float *x = rnd(rows * K, -1, 1), *up = glu ? rnd(rows * K, -1, 1) : NULL, *base = rnd(rows * N, -1, 1);
+        for (int64_t i = 0; i < rows * K; i++)
+            x[i] *= i % 97 == 0 && amp != 1.0f ? 20.0f * amp : amp;
         void *bufs[2][3] = {{0}};
         float *got[2];
         char full[160];
@@ -2400,25 +2404,30 @@ static void test_qrows(const char *shared) {
     for (int i = 0; i < 12; i++)
         rows[i] = 128, bits[i] = widths[i % 6];
     qgen_exl2(&g, 1536, 768, 12, bits, rows, &rng);
-    qrows_case(qb, "exl2 2-8 bits 1536x768 + bias", &g, 1, 0, 1);
+    qrows_case(qb, "exl2 2-8 bits 1536x768 + bias", &g, 1, 0, 1, 1.0f);
     qgen_free(&g);
     for (int i = 0; i < 86; i++)
         rows[i] = 128, bits[i] = i < 8 ? 5 : 4;
     qgen_exl2(&g, 4096, 4096, 32, bits, rows, &rng);
-    qrows_case(qb, "exl2 q_proj 4096x4096 + bias", &g, 1, 0, 1);
+    qrows_case(qb, "exl2 q_proj 4096x4096 + bias", &g, 1, 0, 1, 1.0f);
+    qgen_free(&g);
+    for (int i = 0; i < 86; i++)
+        bits[i] = 4;
+    qgen_exl2(&g, 4096, 4096, 32, bits, rows, &rng);
+    qrows_case(qb, "exl2 4-bit q_proj 4096x4096 activations x50 + outliers", &g, 0, 0, 0, 50.0f);
     qgen_free(&g);
     qgen_gptq(&g, 4096, 11008, 4, 128, 1, 1, &rng);
-    qrows_case(qb, "gptq act-order gate 4096x11008 + bias", &g, 1, 0, 1);
+    qrows_case(qb, "gptq act-order gate 4096x11008 + bias", &g, 1, 0, 1, 1.0f);
     qgen_free(&g);
     for (int i = 0; i < 86; i++)
         bits[i] = i < 43 ? 4 : 3;
     qgen_exl2(&g, 11008, 4096, 86, bits, rows, &rng);
-    qrows_case(qb, "exl2 down 11008x4096 glu + residual", &g, 0, 1, 0);
+    qrows_case(qb, "exl2 down 11008x4096 glu + residual", &g, 0, 1, 0, 1.0f);
     qgen_free(&g);
     for (int i = 0; i < 32; i++)
         bits[i] = 6;
     qgen_exl2(&g, 4096, 32000, 32, bits, rows, &rng);
-    qrows_case(qb, "exl2 head 4096x32000", &g, 0, 0, 0);
+    qrows_case(qb, "exl2 head 4096x32000", &g, 0, 0, 0, 1.0f);
     qgen_free(&g);
     qb->ops->destroy(qb);
     static const char *models[] = {
