@@ -11,18 +11,20 @@
  * output element a chunk: the scale is not folded into the fp16 weights, which would round (q - z) * s to 11 bits).
  * EXL2 4-bit codes go to the mma as they lie in the word (1024 + q, 1024 + 16 q: four lop3 and a shift for eight
  * weights), the high nibbles' activations divided by 16 in the gather, the mma starting from minus the offset this
- * adds (a chunk's row's, summed once a block); other widths and GPTQ are decoded to exact (q - z).
+ * adds (a chunk's row's, summed once a matmul by the gather kernel); other widths and GPTQ are decoded to exact
+ * (q - z).
  *
  * Block: 8 warps, 256 columns (one qw tile), a range of chunks (split-K to fill the GPU in about one wave, whatever
  * the rows). Each warp streams its 32 columns' code words, scales (and GPTQ zeros) two chunks at a time through a ring
- * of QR_STAGES buffers of its own (cp.async, 16 bytes a lane; no block barrier in the loop), the first QR_STAGES - 1
- * requested before the wait for the previous kernel: the split's words of a warp are one stream of 1 KB rows, so a
- * lane's source is a pointer moved on by each pair's word rows, and a pair's descriptor (word rows, both widths, both
- * scale rows) is one 16-byte shared load; a pair of two 4-bit chunks takes one unrolled path, other widths a
- * dispatch a chunk. The block gathers its rows' activations for its chunks itself (slot order, the GLU
- * applied, rounded to fp16 as qmma_gather_kernel rounds them) into shared memory, row by row. With several splits
- * each block stores its partial sums and the last block of a column tile to arrive (a counter per tile in
- * cb->gemv_counters, reset by that block) adds them in split order: deterministic, no second launch. */
+ * of qr_stages() buffers of its own (cp.async, 16 bytes a lane; no block barrier in the loop), all but one requested
+ * before the wait for the previous kernel: the split's words of a warp are one stream of 1 KB rows, so a lane's source
+ * is a pointer moved on by each pair's word rows, and a pair's descriptor (word rows, both widths, both scale rows) is
+ * one 16-byte shared load; a pair of two 4-bit chunks takes one unrolled path, other widths a dispatch a chunk. A
+ * small kernel before (qrows_gather_kernel) gathers the rows' activations once a matmul (slot order, the GLU applied,
+ * rounded to fp16 as qmma_gather_kernel rounds them) with the 4-bit chunks' offsets; each block copies its chunks'
+ * share into shared memory (cp.async, L2 hits). With several splits each block stores its partial sums and the last
+ * block of a column tile to arrive (a counter per tile in cb->gemv_counters, reset by that block) adds them in split
+ * order: deterministic, no further launch. */
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_qdecode.cuh"
 
@@ -30,19 +32,23 @@
 
 #define QR_WARPS 8
 #define QR_COLS (QR_WARPS * 32) /* columns of a block: one EXL_QW_TILE */
-#define QR_STAGES 3      /* ring buffers a warp, two chunks each: four chunks in flight while two are multiplied */
-#define QR_SCALE_AT 2048 /* a buffer: up to 16 word rows of 32 columns, then the two chunks' scales, */
-#define QR_ZERO_AT 2176  /* then their zeros (GPTQ) */
+#define QR_SCALE_AT 2048        /* a buffer: up to 16 word rows of 32 columns, then the two chunks' scales, */
+#define QR_ZERO_AT 2176         /* then their zeros (GPTQ) */
 #define QR_STAGE_BYTES 2304
 #define QR_MAX_CPS 48    /* chunks a split at most (the shared activations) */
 #define QR_MAX_SPLITS 16 /* splits at most: the partial sums a tile's last block adds */
 
 static_assert(QR_COLS == EXL_QW_TILE, "a block's columns are one tile of qw");
 
+/* ring buffers a warp, two chunks each: stages - 1 pairs in flight while one is multiplied (<= 8 rows: 3 pairs, 3.4 KB
+ * a warp, 54 KB an SM at 4 bits; 9-16 rows: 2, the activations' shared memory is twice as large) */
+__host__ __device__ constexpr int qr_stages(int nt) { return nt == 1 ? 4 : 3; }
+
 typedef struct qrows_args {
     exl_qmatrix q;
-    const float *x, *up; /* [rows, in] fp32; up: the GLU's, or NULL */
-    int32_t in, act, rows, n_out;
+    const __half *xg; /* [8 NT][n_chunks * CHUNK] the activations in slot order (qrows_gather_kernel) */
+    const float *kg;  /* [n_chunks][32] the EXL2 4-bit chunks' offsets in the C fragment order, 0 elsewhere */
+    int32_t rows, n_out;
     int32_t chunks_per_split;
     int32_t ld;         /* halves per row of the shared activations */
     float *out;         /* [rows, n_out] */
@@ -248,10 +254,61 @@ __device__ __forceinline__ void qrows_any_chunk(int bits, const unsigned char *w
     qrows_scale(sz, g, p, acc);
 }
 
+/* The activations of every chunk (warp w of block b: chunk 8b + w, lane: its slot) for the 8 nt rows of the B operand
+ * (zeros past `rows`): slot order, the GLU applied, fp16 as qmma_gather_kernel rounds them, the high nibbles' (slots
+ * 4i + 2, 4i + 3) divided by 16 in EXL2 4-bit chunks (raw_word4), into xg [8 nt][n_chunks * CHUNK]; and such a
+ * chunk's offset (the raw halves' mma gives sum (1024 + q) b over the low slots + (1024 + 16 q) b over the high ones =
+ * sum (q - 8) x + 1032 sum_low b + 1152 sum_high b, b the fp16 values it reads), summed in fp32 for each row and
+ * stored negated in the mma's C fragment order into kg [n_chunks][32]: n8 tile n, lane t: (-k(8n + 2t),
+ * -k(8n + 2t + 1)) twice; 0 for other chunks. Once a matmul, so that the blocks only copy their chunks' share. */
+__global__ void qrows_gather_kernel(__half *xg, float *kg, const float *x, const float *up, int32_t act,
+                                    const int32_t *slot_src, const int4 *chunks, int32_t in, int32_t rows, int32_t nt,
+                                    int32_t n_chunks, int32_t raw4) {
+    exl_pdl_start(); /* xg, kg: the kernel before may still read them */
+    const int lane = threadIdx.x % 32, c = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (c >= n_chunks)
+        return;
+    const int src = __ldg(slot_src + c * CHUNK + lane);
+    const bool raw = raw4 && __ldg(chunks + c).y == 4, high = lane & 2;
+    const float f = raw && high ? 0.0625f : 1.0f;
+    const int64_t n_slots = (int64_t)n_chunks * CHUNK;
+    float v[16], w[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++)
+        v[r] = r < rows && src >= 0 ? x[(int64_t)r * in + src] : 0.0f;
+    if (up) {
+#pragma unroll
+        for (int r = 0; r < 16; r++)
+            w[r] = r < rows && src >= 0 ? up[(int64_t)r * in + src] : 0.0f;
+#pragma unroll
+        for (int r = 0; r < 16; r++)
+            v[r] = exl_cuda_activate(v[r], act) * w[r];
+    }
+    float k = 0.0f; /* row `lane`'s offset (lanes 0-15) */
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        if (r >= 8 * nt)
+            break;
+        const __half b = __float2half_rn(v[r] * f);
+        xg[r * n_slots + c * CHUNK + lane] = b;
+        float lo = high ? 0.0f : __half2float(b), hi = high ? __half2float(b) : 0.0f;
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2)
+            lo += __shfl_xor_sync(0xffffffffu, lo, o), hi += __shfl_xor_sync(0xffffffffu, hi, o);
+        if (lane == r)
+            k = raw ? -(1032.0f * lo + 1152.0f * hi) : 0.0f;
+    }
+    if (lane < 16) {
+        float *kc = kg + c * 32 + lane / 8 * 16 + lane % 8 / 2 * 4 + lane % 2;
+        kc[0] = k, kc[2] = k;
+    }
+}
+
 /* Block: 256 columns (blockIdx.x), chunks of split blockIdx.y; NT n8 tiles of rows (rows <= 8 NT). Shared memory:
  * the warps' rings, the split's pair descriptors, the activations [8 NT][ld] fp16. */
 template <int NT, bool GPTQ>
 __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_constant__ qrows_args a) {
+    constexpr int QR_STAGES = qr_stages(NT);
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int c_begin = blockIdx.y * a.chunks_per_split;
@@ -300,54 +357,24 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
     for (int u = 0; u < QR_STAGES - 1; u++)
         request(u, u);
 
-    /* the activations of the split's slots, row by row, after the previous kernel wrote them: a thread's loads of
-     * every row of a slot are issued together */
+    /* the split's activations and offsets (qrows_gather_kernel's, L2 hits), after it wrote them: one more commit group
+     * (waited for with the ring's first pairs: the ring's count of groups a pair only gains one) */
     exl_pdl_wait();
-    const int span = n_chunks * CHUNK;
-    for (int s = threadIdx.x; s < span; s += blockDim.x) {
-        const int src = __ldg(a.q.slot_src + (int64_t)c_begin * CHUNK + s);
-        /* EXL2 4 bits: the high nibbles' activations (slots 4i + 2, 4i + 3) divided by 16 (raw_word4) */
-        const int bits = pairs[s / (2 * CHUNK)].y >> (s / CHUNK % 2 * 8) & 0xff;
-        const float f = !GPTQ && (s & 2) && bits == 4 ? 0.0625f : 1.0f;
-        float v[8 * NT], w[8 * NT];
-#pragma unroll
-        for (int r = 0; r < 8 * NT; r++)
-            v[r] = r < a.rows && src >= 0 ? a.x[(int64_t)r * a.in + src] : 0.0f;
-        if (a.up) {
-#pragma unroll
-            for (int r = 0; r < 8 * NT; r++)
-                w[r] = r < a.rows && src >= 0 ? a.up[(int64_t)r * a.in + src] : 0.0f;
-#pragma unroll
-            for (int r = 0; r < 8 * NT; r++)
-                v[r] = exl_cuda_activate(v[r], a.act) * w[r];
+    {
+        const int q16 = n_chunks * CHUNK / 8; /* 16-byte pieces of a row's span */
+        const int64_t n_slots = (int64_t)a.q.n_chunks * CHUNK;
+        for (int i = threadIdx.x; i < 8 * NT * q16; i += blockDim.x) {
+            const int r = i / q16, p = i % q16;
+            qr_copy16((unsigned)__cvta_generic_to_shared(xs + r * a.ld + 8 * p),
+                      a.xg + r * n_slots + (int64_t)c_begin * CHUNK + 8 * p);
         }
-#pragma unroll
-        for (int r = 0; r < 8 * NT; r++)
-            xs[r * a.ld + s] = __float2half_rn(v[r] * f);
+        if constexpr (!GPTQ)
+            for (int i = threadIdx.x; i < n_chunks * 8; i += blockDim.x)
+                qr_copy16((unsigned)__cvta_generic_to_shared(kt + 4 * i), a.kg + (int64_t)c_begin * 32 + 4 * i);
+        qr_commit();
+        qr_wait<0>();
     }
     __syncthreads();
-    if constexpr (!GPTQ) {
-        /* EXL2 4 bits: the raw halves' mma gives sum (1024 + q) b over the low slots + (1024 + 16 q) b over the high
-         * ones (b = x / 16 there) = sum (q - 8) x + 1032 sum_low b + 1152 sum_high b: the accumulator starts at minus
-         * that offset, a chunk's row's, summed here from the fp16 activations the mma reads */
-        for (int i = threadIdx.x; i < n_chunks * 16; i += blockDim.x) {
-            const int c = i / 16, r = i % 16;
-            float k = 0.0f;
-            if (r < 8 * NT && (pairs[c / 2].y >> (c % 2 * 8) & 0xff) == 4) {
-                const __half2 *xr = (const __half2 *)(xs + r * a.ld + c * CHUNK);
-                float lo = 0.0f, hi = 0.0f;
-#pragma unroll
-                for (int j = 0; j < CHUNK / 2; j += 2) {
-                    const float2 l = __half22float2(xr[j]), h = __half22float2(xr[j + 1]);
-                    lo += l.x + l.y, hi += h.x + h.y;
-                }
-                k = -(1032.0f * lo + 1152.0f * hi);
-            }
-            float *kc = kt + c * 32 + r / 8 * 16 + r % 8 / 2 * 4 + r % 2;
-            kc[0] = k, kc[2] = k;
-        }
-        __syncthreads();
-    }
 
     float acc[2][NT][4];
 #pragma unroll
@@ -437,7 +464,7 @@ typedef void (*qrows_kernel_fn)(qrows_args);
 typedef int (*qrows_occupancy_fn)(const exl_cuda_backend *);
 
 static size_t qrows_smem_bytes(int nt, int ld) {
-    return (size_t)QR_WARPS * QR_STAGES * QR_STAGE_BYTES + (QR_MAX_CPS / 2 + 1) * sizeof(int4) +
+    return (size_t)QR_WARPS * qr_stages(nt) * QR_STAGE_BYTES + (QR_MAX_CPS / 2 + 1) * sizeof(int4) +
            QR_MAX_CPS * 32 * sizeof(float) + (size_t)8 * nt * ld * 2;
 }
 
@@ -505,7 +532,7 @@ int exl_cuda_qrows(exl_cuda_backend *cb, float *out, const float *x, const float
     memset(&a, 0, sizeof a);
     a.chunks_per_split = (q->n_chunks + splits - 1) / splits;
     splits = (q->n_chunks + a.chunks_per_split - 1) / a.chunks_per_split;
-    a.q = *q, a.x = x, a.up = up, a.in = w->in, a.act = act, a.rows = rows, a.n_out = w->out;
+    a.q = *q, a.rows = rows, a.n_out = w->out;
     a.ld = qrows_ld(a.chunks_per_split), a.out = out, a.bias = w->bias, a.accumulate = accumulate;
     if (splits > 1) {
         const size_t bytes = (size_t)splits * rows * q->n_pad * sizeof(float);
@@ -515,6 +542,15 @@ int exl_cuda_qrows(exl_cuda_backend *cb, float *out, const float *x, const float
         if (!(a.counters = qrows_counters(cb, (size_t)col_tiles)))
             return 1;
     }
+    const size_t xg_bytes = (size_t)8 * nt * q->n_chunks * CHUNK * sizeof(__half);
+    if (!exl_cuda_ensure(cb, &cb->scratch, &cb->scratch_bytes, xg_bytes + (size_t)q->n_chunks * 32 * sizeof(float),
+                         "fp16 activations"))
+        return 1;
+    a.xg = (const __half *)cb->scratch, a.kg = (const float *)((char *)cb->scratch + xg_bytes);
+    exl_cuda_launch(cb, qrows_gather_kernel, dim3((unsigned)((q->n_chunks + 7) / 8)), dim3(256), 0, (__half *)a.xg,
+                    (float *)a.kg, x, up, act, q->slot_src, q->chunks, w->in, rows, nt, q->n_chunks, !gptq);
+    if (!exl_cuda_check_launch(cb, "quantized matmul (few rows' activations)"))
+        return 1;
     exl_cuda_launch(cb, kernels[kind], dim3((unsigned)col_tiles, (unsigned)splits), dim3(QR_WARPS * 32),
                     qrows_smem_bytes(nt, a.ld), a);
     exl_cuda_check_launch(cb, "quantized matmul (few rows)");
