@@ -16,7 +16,7 @@
  *
  * Block: 8 warps, 256 columns (one qw tile), a range of chunks (split-K to fill the GPU in about one wave, whatever
  * the rows). Each warp streams its 32 columns' code words, scales (and GPTQ zeros) two chunks at a time through a ring
- * of qr_stages() buffers of its own (cp.async, 16 bytes a lane; no block barrier in the loop), all but one requested
+ * of QR_STAGES buffers of its own (cp.async, 16 bytes a lane; no block barrier in the loop), all but one requested
  * before the wait for the previous kernel: the split's words of a warp are one stream of 1 KB rows, so a lane's source
  * is a pointer moved on by each pair's word rows, and a pair's descriptor (word rows, both widths, both scale rows) is
  * one 16-byte shared load; a pair of two 4-bit chunks takes one unrolled path, other widths a dispatch a chunk. A
@@ -35,14 +35,15 @@
 #define QR_SCALE_AT 2048        /* a buffer: up to 16 word rows of 32 columns, then the two chunks' scales, */
 #define QR_ZERO_AT 2176         /* then their zeros (GPTQ) */
 #define QR_STAGE_BYTES 2304
-#define QR_MAX_CPS 48    /* chunks a split at most (the shared activations) */
 #define QR_MAX_SPLITS 16 /* splits at most: the partial sums a tile's last block adds */
 
 static_assert(QR_COLS == EXL_QW_TILE, "a block's columns are one tile of qw");
 
-/* ring buffers a warp, two chunks each: stages - 1 pairs in flight while one is multiplied (<= 8 rows: 3 pairs, 3.4 KB
- * a warp, 54 KB an SM at 4 bits; 9-16 rows: 2, the activations' shared memory is twice as large) */
-__host__ __device__ constexpr int qr_stages(int nt) { return nt == 1 ? 4 : 3; }
+/* ring buffers a warp, two chunks each: three pairs in flight while one is multiplied (3.4 KB a warp at 4 bits, 54 KB
+ * an SM with two blocks) */
+#define QR_STAGES 4
+/* chunks a split at most (its activations in shared memory: 8 nt rows of them; two blocks an SM) */
+__host__ __device__ constexpr int qr_max_cps(int nt) { return nt == 1 ? 48 : 24; }
 
 typedef struct qrows_args {
     exl_qmatrix q;
@@ -308,7 +309,7 @@ __global__ void qrows_gather_kernel(__half *xg, float *kg, const float *x, const
  * the warps' rings, the split's pair descriptors, the activations [8 NT][ld] fp16. */
 template <int NT, bool GPTQ>
 __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_constant__ qrows_args a) {
-    constexpr int QR_STAGES = qr_stages(NT);
+    constexpr int MAX_CPS = qr_max_cps(NT);
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int c_begin = blockIdx.y * a.chunks_per_split;
@@ -320,8 +321,8 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
      * chunks (byte 0, byte 1; 0 past the end), byte offsets of their scale (and zero) rows of 32 columns */
     int4 *pairs = (int4 *)(smem + QR_WARPS * QR_STAGES * QR_STAGE_BYTES);
     /* EXL2: the mma's start, [chunk][n8 tile][lane t] (-k(8n + 2t), -k(8n + 2t + 1)) twice, a C fragment */
-    float *kt = (float *)(pairs + QR_MAX_CPS / 2 + 1);
-    __half *xs = (__half *)(kt + QR_MAX_CPS * 32);
+    float *kt = (float *)(pairs + MAX_CPS / 2 + 1);
+    __half *xs = (__half *)(kt + MAX_CPS * 32);
     exl_pdl_trigger();
     for (int u = threadIdx.x; u <= n_pairs; u += blockDim.x) {
         const int c0 = min(2 * u, n_chunks - 1), c1 = min(2 * u + 1, n_chunks - 1);
@@ -464,8 +465,8 @@ typedef void (*qrows_kernel_fn)(qrows_args);
 typedef int (*qrows_occupancy_fn)(const exl_cuda_backend *);
 
 static size_t qrows_smem_bytes(int nt, int ld) {
-    return (size_t)QR_WARPS * qr_stages(nt) * QR_STAGE_BYTES + (QR_MAX_CPS / 2 + 1) * sizeof(int4) +
-           QR_MAX_CPS * 32 * sizeof(float) + (size_t)8 * nt * ld * 2;
+    return (size_t)QR_WARPS * QR_STAGES * QR_STAGE_BYTES + (qr_max_cps(nt) / 2 + 1) * sizeof(int4) +
+           qr_max_cps(nt) * 32 * sizeof(float) + (size_t)8 * nt * ld * 2;
 }
 
 /* halves per activation row for cps chunks: a multiple of 64 plus 32, so that the rows of a lane quad's 16-byte
@@ -477,7 +478,7 @@ static int qrows_ld(int cps) { return (cps * CHUNK + 63) / 64 * 64 + 32; }
 template <int NT, bool GPTQ>
 static int qrows_blocks_per_sm(const exl_cuda_backend *cb) {
     static size_t allowed[EXL_CUDA_MAX_DEVICES];
-    const size_t smem = qrows_smem_bytes(NT, qrows_ld(QR_MAX_CPS));
+    const size_t smem = qrows_smem_bytes(NT, qrows_ld(qr_max_cps(NT)));
     if (!exl_cuda_smem_opt_in(cb, (const void *)qrows_kernel<NT, GPTQ>, smem, allowed))
         return 0;
     int n = 0;
@@ -523,7 +524,7 @@ int exl_cuda_qrows(exl_cuda_backend *cb, float *out, const float *x, const float
     int32_t splits = per_sm * cb->n_sms / col_tiles;
     splits = splits < QR_MAX_SPLITS ? splits : QR_MAX_SPLITS;
     splits = splits > 1 ? splits : 1;
-    const int32_t least = (q->n_chunks + QR_MAX_CPS - 1) / QR_MAX_CPS;
+    const int32_t least = (q->n_chunks + qr_max_cps(nt) - 1) / qr_max_cps(nt);
     if (least > QR_MAX_SPLITS)
         return 0; /* cuda_qmma.cu takes it */
     splits = splits > least ? splits : least;
