@@ -9,6 +9,7 @@
 # reduce; the head's 5-16 rows on GEMV-A) with the head kept on cuda_qmma.cu (EXL_CUDA_QMMA_WIDE_A=0), and the steps
 # run the default. The variants measured and removed (the rows-as-m16 tensor-core GEMV, GEMV-A for every matrix,
 # cuda_qmma.cu in one launch) are in bench/LOG.md.
+# r2-rows6's: cuda_qrows.cu for 5-16 rows in one launch (EXL_CUDA_QROWS=1; its checks: test_gpu's "qrows" lines).
 # usage (from the repo root): bench/gpu_rows.sh [DIR]   DIR as tests/gpu/run.sh's (default .gpu: bin/ from
 # tests/gpu/prepare.sh, shared/ or staged fixtures); without DIR/bin it builds build-gpu here. TESTS=0, KERNELS=0,
 # STEPS=0 skip the three parts (about 3, 1 and 3 minutes on an H100), e.g. to keep a device call under 10 minutes;
@@ -35,13 +36,13 @@ git log -1 --format='commit %h %cd' 2>/dev/null
 if [ "${TESTS:-1}" != 0 ]; then
     EXL_TEST_ONLY=${EXL_TEST_ONLY:-rows} timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/rows_test_gpu.log" 2>&1
     echo "==== test_gpu (rc $?): decode of 2-16 rows against one row"
-    grep -E "decode 2-16 rows|wide matrix|^FAIL" "$out/rows_test_gpu.log"
+    grep -E "decode 2-16 rows|wide matrix|qrows|^FAIL" "$out/rows_test_gpu.log"
     tail -1 "$out/rows_test_gpu.log"
 fi
 if [ "${TESTS:-1}" != 0 ] && [ "${DET:-1}" != 0 ]; then
     EXL_TEST_ONLY=${EXL_TEST_ONLY:-rows} EXL_CUDA_DETERMINISTIC=1 timeout 300 "$bin/test_gpu" "$dir/shared" >"$out/rows_test_gpu_det.log" 2>&1
     echo "==== test_gpu with EXL_CUDA_DETERMINISTIC=1 (rc $?): the split sums added by the last block"
-    grep -E "decode 2-16 rows|wide matrix|^FAIL" "$out/rows_test_gpu_det.log"
+    grep -E "decode 2-16 rows|wide matrix|qrows|^FAIL" "$out/rows_test_gpu_det.log"
     tail -1 "$out/rows_test_gpu_det.log"
 fi
 kernel_cfgs=${KERNEL_CFGS:-"default EXL_CUDA_QMMA_WIDE_A=0"}

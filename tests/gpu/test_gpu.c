@@ -2207,20 +2207,25 @@ static void test_decode_rows(const char *shared, const char *model) {
  * matrices of 64, 128 and 640 columns (k/v_proj, qwen2's ffn) and GELU (gemma); the decode steps run every fused
  * case (norm first, GLU input, out_map and x_slots, accumulation into the residual, atomic adds of the splits; with
  * EXL_CUDA_DETERMINISTIC=1, as tests/gpu/run.sh runs test_gpu a second time, the split sums in shared order). */
-static void test_decode_batch_rows(const char *shared, const char *model) {
-    char dir[1024], name[224];
+static void test_decode_batch_rows(const char *shared, const char *model, const char *env) {
+    char dir[1024], name[224], var[64] = "", val[32] = "";
     snprintf(dir, sizeof dir, "%s/models/%s", shared, model);
+    if (env && sscanf(env, "%63[^=]=%31s", var, val) == 2) /* one NAME=VALUE, set while the backend starts */
+        setenv(var, val, 1);
     exl_model_params p = exl_model_default_params();
     p.device = EXL_DEVICE_CUDA;
     exl_model *m;
     require(exl_model_load(dir, &p, &m) == EXL_OK, "load model");
+    if (var[0])
+        unsetenv(var);
     const int32_t ks[] = {2, 3, 4, 5, 8, 9, 16};
     int mism = 0, rows = 0;
     double e = ref_decode_rows(m, ks, (int)(sizeof ks / sizeof ks[0]), &mism, &rows);
     exl_model_free(m);
-    snprintf(name, sizeof name, "decode 2-16 rows == one row %s (%d rows)", model, rows);
+    const char *lp = env ? " (" : "", *rp = env ? ")" : "";
+    snprintf(name, sizeof name, "decode 2-16 rows == one row %s%s%s%s (%d rows)", model, lp, env ? env : "", rp, rows);
     report(name, rows == 47 ? e : -1, 5e-3);
-    snprintf(name, sizeof name, "decode 2-16 rows argmax mismatches %s", model);
+    snprintf(name, sizeof name, "decode 2-16 rows argmax mismatches %s%s%s%s", model, lp, env ? env : "", rp);
     report(name, rows == 47 ? mism : -1, 0);
 }
 
@@ -2303,6 +2308,146 @@ static void test_wide_a(void) {
     qgen_exl2(&g, 4096, 32000, 32, bits, rows, &rng);
     wide_a_case("exl2 8-bit head 4096x32000", &g, 1);
     qgen_free(&g);
+}
+
+/* ---- cuda_qrows.cu (a backend started with EXL_CUDA_QROWS=1): decode steps of 5-16 rows in one launch */
+
+/* The outputs of one decode step of rows rows through lg ([K] -> [N]) on gpu: base + (the GLU of x and up, or x) · W
+ * with up, else x · W. Its buffers stay allocated until the caller frees them (*keep), so that no later step matches
+ * this one's captured CUDA graph. */
+static float *qmma_step(exl_linear *lg, int64_t K, int64_t N, int32_t rows, const float *x, const float *up,
+                        const float *base, void *keep[3]) {
+    float *dx = put(gpu, x, (size_t)rows * K * 4), *dup = up ? put(gpu, up, (size_t)rows * K * 4) : NULL;
+    float *og = put(gpu, base, (size_t)rows * N * 4);
+    exl_batch b = decode_batch(rows);
+    exl_graph gr = {0};
+    exl_graph_reset(&gr, &b);
+    if (up)
+        add_node(&gr, (exl_node){.op = EXL_OP_GLU, .glu = {dx, dup, rows, (int32_t)K, 0}});
+    add_node(&gr, (exl_node){.op = EXL_OP_MATMUL, .matmul = {og, dx, lg, rows, (int32_t)K, (int32_t)N, up ? 1 : 0}});
+    require(exl_graph_output(&gr, og, rows * N) == EXL_OK, "graph output");
+    require(gpu->ops->graph_run(gpu, &gr) == EXL_OK, "graph_run");
+    float *got = get(gpu, og, rows * N);
+    exl_graph_free(&gr);
+    keep[0] = dx, keep[1] = dup, keep[2] = og;
+    return got;
+}
+
+/* One matrix (g; bias: a random fp32 bias; glu: a GLU input accumulating into the residual) at 5, 8, 9 and 16 decode
+ * rows through cuda_qrows.cu (backend qb) against cuda_qmma.cu's three launches on the default backend (the same
+ * fp16 activations: equal up to the order of the sums) and, with cpu_check (no GLU), against the CPU backend; amp
+ * scales the activations (in [-amp, amp], every 97th 20x more: cuda_qrows.cu's raw 4-bit sums start from a large
+ * offset that cancels) */
+static void qrows_case(exl_backend *qb, const char *name, qgen *g, int bias, int glu, int cpu_check, float amp) {
+    const int64_t K = g->src.in_features, N = g->src.out_features;
+    float *b = bias ? rnd(N, -1, 1) : NULL;
+    g->src.bias = b, g->src.bias_dtype = EXL_DTYPE_F32;
+    exl_linear *lg, *lq, *lc = NULL;
+    require(gpu->ops->linear_init(gpu, &g->src, &lg) == EXL_OK, "linear gpu");
+    require(qb->ops->linear_init(qb, &g->src, &lq) == EXL_OK, "linear gpu (qrows)");
+    if (cpu_check && !glu)
+        require(cpu->ops->linear_init(cpu, &g->src, &lc) == EXL_OK, "linear cpu");
+    const int32_t rl[4] = {5, 8, 9, 16};
+    for (int ri = 0; ri < 4; ri++) {
+        const int32_t rows = rl[ri];
+        const int64_t n = rows * N;
+        float *x = rnd(rows * K, -1, 1), *up = glu ? rnd(rows * K, -1, 1) : NULL, *base = rnd(rows * N, -1, 1);
+        for (int64_t i = 0; i < rows * K; i++)
+            x[i] *= i % 97 == 0 && amp != 1.0f ? 20.0f * amp : amp;
+        void *bufs[2][3] = {{0}};
+        float *got[2];
+        char full[160];
+        got[0] = qmma_step(lg, K, N, rows, x, up, base, bufs[0]);
+        exl_backend *saved = gpu;
+        gpu = qb;
+        got[1] = qmma_step(lq, K, N, rows, x, up, base, bufs[1]);
+        gpu = saved;
+        snprintf(full, sizeof full, "qrows ~ qmma %s rows=%d", name, rows);
+        report(full, ref_rel_err(got[1], got[0], n), 5e-3);
+        if (lc) {
+            float *xc = put(cpu, x, (size_t)rows * K * 4), *oc = cpu->ops->alloc(cpu, (size_t)n * 4);
+            cpu->ops->matmul(cpu, oc, xc, lc, rows);
+            float *want = get(cpu, oc, n);
+            snprintf(full, sizeof full, "qrows ~ CPU %s rows=%d", name, rows);
+            report(full, ref_rel_err(got[1], want, n), 5e-3);
+            cpu->ops->free(cpu, xc), cpu->ops->free(cpu, oc);
+            free(want);
+        }
+        for (int v = 0; v < 2; v++) {
+            for (int i = 0; i < 3; i++)
+                if (bufs[v][i])
+                    (v ? qb : gpu)->ops->free(v ? qb : gpu, bufs[v][i]);
+            free(got[v]);
+        }
+        free(x), free(up), free(base);
+    }
+    gpu->ops->linear_free(gpu, lg);
+    qb->ops->linear_free(qb, lq);
+    if (lc)
+        cpu->ops->linear_free(cpu, lc);
+    g->src.bias = NULL;
+    free(b);
+}
+
+/* cuda_qrows.cu: the 7B shapes of test_qmma_fused, every EXL2 width (2-8 bits in one matrix), GPTQ (act-order, the
+ * asymmetric zeros) against cuda_qmma.cu and the CPU; then decode steps of 2-16 sequences of the fixtures against
+ * one-row decode (its 5-16-row steps on cuda_qrows.cu): EXL2 of mixed widths, GPTQ act-order asym and sym, qwen2's
+ * biases, gemma's GELU, the GLU input and the residual of every layer */
+static void test_qrows(const char *shared) {
+    exl_backend *qb;
+    setenv("EXL_CUDA_QROWS", "1", 1);
+    require(exl_backend_init(EXL_DEVICE_CUDA, 0, &qb) == EXL_OK, "cuda backend (EXL_CUDA_QROWS=1)");
+    unsetenv("EXL_CUDA_QROWS");
+    qgen g;
+    int bits[86], rows[86];
+    const int widths[6] = {2, 3, 4, 5, 6, 8};
+    for (int i = 0; i < 12; i++)
+        rows[i] = 128, bits[i] = widths[i % 6];
+    qgen_exl2(&g, 1536, 768, 12, bits, rows, &rng);
+    qrows_case(qb, "exl2 2-8 bits 1536x768 + bias", &g, 1, 0, 1, 1.0f);
+    qgen_free(&g);
+    for (int i = 0; i < 86; i++)
+        rows[i] = 128, bits[i] = i < 8 ? 5 : 4;
+    qgen_exl2(&g, 4096, 4096, 32, bits, rows, &rng);
+    qrows_case(qb, "exl2 q_proj 4096x4096 + bias", &g, 1, 0, 1, 1.0f);
+    qgen_free(&g);
+    for (int i = 0; i < 86; i++)
+        bits[i] = 4;
+    qgen_exl2(&g, 4096, 4096, 32, bits, rows, &rng);
+    qrows_case(qb, "exl2 4-bit q_proj 4096x4096 activations x50 + outliers", &g, 0, 0, 0, 50.0f);
+    qgen_free(&g);
+    qgen_gptq(&g, 4096, 11008, 4, 128, 1, 1, &rng);
+    qrows_case(qb, "gptq act-order gate 4096x11008 + bias", &g, 1, 0, 1, 1.0f);
+    qgen_free(&g);
+    for (int i = 0; i < 86; i++)
+        bits[i] = i < 43 ? 4 : 3;
+    qgen_exl2(&g, 11008, 4096, 86, bits, rows, &rng);
+    qrows_case(qb, "exl2 down 11008x4096 glu + residual", &g, 0, 1, 0, 1.0f);
+    qgen_free(&g);
+    for (int i = 0; i < 32; i++)
+        bits[i] = 6;
+    qgen_exl2(&g, 4096, 32000, 32, bits, rows, &rng);
+    qrows_case(qb, "exl2 head 4096x32000", &g, 0, 0, 0, 1.0f);
+    qgen_free(&g);
+    qb->ops->destroy(qb);
+    static const char *models[] = {
+        "rand-llama-exl2-5.0bpw-h8", "rand-llama-exl2-3.0bpw-h6",    "rand-llama-gptq-4bit-g32-actorder-asym",
+        "rand-qwen2-exl2-4.0bpw-h6", "rand-llama-gptq-4bit-g64-sym", "rand-gemma-exl2-4.0bpw-h6"};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
+        test_decode_batch_rows(shared, models[i], "EXL_CUDA_QROWS=1");
+    /* 8 greedy jobs a step (decode steps of 8 rows, and fewer as jobs end) give the default path's tokens */
+    char dir[1024], tok_dir[1024], name[160];
+    snprintf(tok_dir, sizeof tok_dir, "%s/models/rand-llama", shared);
+    for (int i = 0; i < 3; i++) {
+        snprintf(dir, sizeof dir, "%s/models/%s", shared, models[i]);
+        int32_t want[8 * 16] = {0}, got[8 * 16] = {0};
+        const int nw = generate_batch(dir, tok_dir, 8, 1, NULL, want);
+        setenv("EXL_CUDA_QROWS", "1", 1);
+        const int ng = generate_batch(dir, tok_dir, 8, 1, NULL, got);
+        unsetenv("EXL_CUDA_QROWS");
+        snprintf(name, sizeof name, "qrows 8 greedy jobs == default path %s (%d tokens)", models[i], ng);
+        report(name, nw >= 8 * 14 && ng == nw ? (double)(memcmp(want, got, sizeof want) != 0) : 1.0, 0);
+    }
 }
 
 /* ---- host_gemm (the quantizer's fp32 products on host memory) */
@@ -4123,7 +4268,8 @@ static void test_quantize_exl2_speed(const char *shared) {
 }
 
 /* EXL_TEST_ONLY=GROUP[,GROUP...]: run only those groups of checks (ops, models, tp, split, kv, decode, rows, quantize,
- * sampling, graphs, spec, lora; wide: rows's checks of the head on GEMV-A alone); unset: all */
+ * sampling, graphs, spec, lora; wide: rows's checks of the head on GEMV-A alone; qrows: cuda_qrows.cu's alone);
+ * unset: all */
 static int only(const char *group) {
     const char *list = getenv("EXL_TEST_ONLY");
     if (!list || !*list)
@@ -4210,15 +4356,17 @@ int main(int argc, char **argv) {
     }
     if (only("rows") || only("wide")) /* EXL_TEST_ONLY=wide: these alone */
         test_wide_a();
+    if (only("rows") || only("qrows")) /* EXL_TEST_ONLY=qrows: these alone */
+        test_qrows(shared);
     if (only("rows")) {
         test_decode_rows(shared, "rand-llama-exl2-5.0bpw-h8");
         test_decode_rows(shared, "rand-llama-gptq-4bit-g64-sym");
-        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8");
-        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6");
-        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym");
-        test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6");
-        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g64-sym");
-        test_decode_batch_rows(shared, "rand-gemma-exl2-4.0bpw-h6");
+        test_decode_batch_rows(shared, "rand-llama-exl2-5.0bpw-h8", NULL);
+        test_decode_batch_rows(shared, "rand-llama-exl2-3.0bpw-h6", NULL);
+        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g32-actorder-asym", NULL);
+        test_decode_batch_rows(shared, "rand-qwen2-exl2-4.0bpw-h6", NULL);
+        test_decode_batch_rows(shared, "rand-llama-gptq-4bit-g64-sym", NULL);
+        test_decode_batch_rows(shared, "rand-gemma-exl2-4.0bpw-h6", NULL);
         test_decode_rows(shared, "rand-mixtral"); /* 1-3 rows a step: the grouped GEMVs over several rows */
         test_decode_rows(shared, "rand-qwen3moe");
     }

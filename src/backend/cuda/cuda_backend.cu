@@ -436,6 +436,8 @@ EXL_CUDA_EXPORT exl_status exl_backend_cuda_create_on(int device, exl_backend **
     const char *moe = getenv("EXL_CUDA_MOE_DEVICE");
     cb->moe_host_routes = moe && !strcmp(moe, "0");
     cb->dequant_rows = dq && atoi(dq) > 0 ? atoi(dq) : EXL_CUDA_DEQUANT_ROWS_DEFAULT;
+    const char *qrows = getenv("EXL_CUDA_QROWS");
+    cb->qrows = !qrows || !*qrows ? EXL_CUDA_QROWS_AUTO : !strcmp(qrows, "1") ? EXL_CUDA_QROWS_ALL : EXL_CUDA_QROWS_OFF;
     const char *exact = getenv("EXL_CUDA_EXACT_PREFILL");
     cb->exact_prefill = exact && strcmp(exact, "0") != 0;
     e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);

@@ -71,6 +71,7 @@ typedef struct exl_cuda_backend {
     int moe_host_routes;        /* EXL_CUDA_MOE_DEVICE=0: every mixture of experts waits for its routes on the
                                  * host, as prompts do (cuda_moe.cu), decode steps too (never captured then) */
     int32_t dequant_rows;       /* quantized matmuls of this many rows go through cuda_qgemm.cu */
+    int qrows;                  /* which of cuda_qmma.cu's decode steps go to cuda_qrows.cu (EXL_CUDA_QROWS_*) */
     int exact_prefill;          /* EXL_CUDA_EXACT_PREFILL=1: many-row matmuls of prompt rows keep ~22 bits (activations
                                  * and decoded weights as fp16 hi + lo, cuda_matmul.cu); 0: plain fp16 */
     cudaStream_t stream;
@@ -306,6 +307,17 @@ const int32_t *exl_cuda_slot_order(const exl_linear *w, int32_t rows, int32_t wi
  * hi + lo (parts 2) or hi alone (parts 1); uses scratch */
 void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float *up, int act, const exl_linear *w,
                    int32_t rows, int accumulate, int parts);
+/* The same for rows <= EXL_CUDA_QROWS_MAX_ROWS, hi alone, in one launch (cuda_qrows.cu): 1 if it took the matmul,
+ * 0 to leave it to exl_cuda_qmma. Which matmuls exl_cuda_qmma offers it (EXL_CUDA_QROWS, read at backend start):
+ * AUTO (unset) up to EXL_CUDA_QROWS_AUTO_ROWS rows of a matrix with EXL_CUDA_QROWS_AUTO_WIDTH or more inputs or
+ * outputs, where it measured faster on an H100 (7B gate/up/down at 5-8 rows: gate 24.2 -> 19.7 us; q_proj-shaped
+ * matrices and 9-16 rows slower: bench/RESULTS.md); ALL (=1) every one up to 16 rows (tests); OFF (=0) none. */
+#define EXL_CUDA_QROWS_MAX_ROWS 16
+#define EXL_CUDA_QROWS_AUTO_ROWS 8
+#define EXL_CUDA_QROWS_AUTO_WIDTH 8192
+enum { EXL_CUDA_QROWS_OFF, EXL_CUDA_QROWS_AUTO, EXL_CUDA_QROWS_ALL };
+int exl_cuda_qrows(exl_cuda_backend *cb, float *out, const float *x, const float *up, int act, const exl_linear *w,
+                   int32_t rows, int accumulate);
 /* f's matmuls (quantized, of one input width; its norm or GLU applied to x, not both) through weights decoded to
  * fp16 and cuBLAS (cuda_qgemm.cu): the many-row path from cb->dequant_rows rows (EXL_CUDA_DEQUANT_ROWS, default
  * EXL_CUDA_DEQUANT_ROWS_DEFAULT). The activations are multiplied as fp16 hi + lo (parts 2) or hi alone (parts 1);

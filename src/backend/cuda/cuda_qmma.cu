@@ -351,6 +351,11 @@ __global__ void qmma_gather_kernel(__half *dst, const float *x, const float *up,
 
 void exl_cuda_qmma(exl_cuda_backend *cb, float *out, const float *x, const float *up, int act, const exl_linear *w,
                    int32_t rows, int accumulate, int parts) {
+    const int qrows = cb->qrows == EXL_CUDA_QROWS_ALL ||
+                      (cb->qrows == EXL_CUDA_QROWS_AUTO && rows <= EXL_CUDA_QROWS_AUTO_ROWS &&
+                       (w->in >= EXL_CUDA_QROWS_AUTO_WIDTH || w->out >= EXL_CUDA_QROWS_AUTO_WIDTH));
+    if (parts == 1 && qrows && exl_cuda_qrows(cb, out, x, up, act, w, rows, accumulate))
+        return;
     static const qmma_kernel_fn kernels[3][2] = {{qmma_kernel<1, 1>, qmma_kernel<1, 2>},
                                                  {qmma_kernel<2, 1>, qmma_kernel<2, 2>},
                                                  {qmma_kernel<4, 1>, qmma_kernel<4, 2>}};
