@@ -1,5 +1,6 @@
 /* cuda_qrows.cu - a lean quantized matmul for the few rows of decode and verification steps (up to 16), one launch
- * (EXL_CUDA_QROWS=1; exl_cuda_qmma hands such steps here).
+ * (exl_cuda_qmma hands it 5-8 rows of matrices 8192 or more wide by default, every step up to 16 rows with
+ * EXL_CUDA_QROWS=1: cuda_internal.h).
  *
  * The weights are the mma's A operand (m16: 16 output columns), the rows its B operand (n8: one n8 tile up to 8
  * rows, two up to 16), so every decoded weight feeds one mma per 8 rows. Lane (g = lane / 4, t = lane % 4) of a warp
