@@ -27,6 +27,7 @@
  * for o_proj; that matrix's launch then reads consecutive rows (gemv_args.out_map, x_slots).
  * The q/k/v launch of a decode step also asks L2 for the short sequences' KV cache rows that the
  * attention after it reads (exl_cuda_fused_mm.kv, kv_prefetch). */
+#include "backend/cuda/cuda_async.cuh"
 #include "backend/cuda/cuda_lora_fold.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_qdecode.cuh"

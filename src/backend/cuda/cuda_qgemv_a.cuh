@@ -40,29 +40,6 @@
 #define A_THREADS (A_WARPS * 32)
 #define A_L2_CHUNKS 8 /* chunks a warp asks L2 for before griddepcontrol.wait */
 
-/* the shared memory address of p, for cp.async */
-__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-/* 16 bytes from global memory to shared memory, through L2 only (not L1: no lane reads them twice) */
-__device__ __forceinline__ void cp_async16(unsigned dst, const void *src) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit(void) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait(void) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
 /* The activations in shared memory in the order the lanes read them: for rows g and g + 8 (g < 8) and chunk lc, 32
  * pairs, lane (g, t)'s k step s at 8t + 4s .. + 3: (row g, pair 4t + 2s), (row g + 8, same), (row g, 4t + 2s + 1),
  * (row g + 8, same); one 16-byte load a k step (a_multiply takes rows g of both loads for n8 tile 0, rows g + 8 for
@@ -438,11 +415,11 @@ __global__ void __launch_bounds__(A_THREADS, MB) qgemv_a_kernel(const __grid_con
     for (int i = tid; i < n_loc * (COL_TILE / 8); i += A_THREADS) {
         const int c = i / (COL_TILE / 8), p = i % (COL_TILE / 8);
         const int64_t at = (int64_t)desc[c].z * q.n_pad + tile_col + 8 * p;
-        cp_async16(smem_addr(scs + c * COL_TILE + 8 * p), q.scales + at);
+        exl_cp16(exl_smem_addr(scs + c * COL_TILE + 8 * p), q.scales + at);
         if (gptq)
-            cp_async16(smem_addr(zrs + c * COL_TILE + 8 * p), q.zeros + at);
+            exl_cp16(exl_smem_addr(zrs + c * COL_TILE + 8 * p), q.zeros + at);
     }
-    cp_async_commit();
+    exl_cp_commit();
     /* the first A_L2_CHUNKS chunks' words asked of L2 while the previous kernel ends and the activations are
      * gathered (the lanes of a t: a 128-byte row of the warp's features; all of a block's codes in q_proj's split) */
     for (int k = 0; k < n_loc && k < A_L2_CHUNKS; k++) {
@@ -457,7 +434,7 @@ __global__ void __launch_bounds__(A_THREADS, MB) qgemv_a_kernel(const __grid_con
         const int2 s = j == 0 ? sp[0] : j == 1 ? sp[1] : j == 2 ? sp[2] : j == 3 ? sp[3] : slot_pair(a, q, c0, i);
         a_gather_pair(a, R, s, inv_rms, xs, xs_stride, i);
     }
-    cp_async_wait<0>();
+    exl_cp_wait<0>();
     __syncthreads();
 
     float acc[2][NT][4];

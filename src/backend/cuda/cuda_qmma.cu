@@ -24,6 +24,7 @@
  * t = lane % 4) decodes pairs 4t .. 4t+3 of its column's chunk (for 4-bit codes, one word),
  * and k step s uses pairs 4t+2s and 4t+2s+1 as its B registers; the A registers are then
  * slots 8t+4s, 8t+4s+1 (a0: row g, a1: row g + 8) and 8t+4s+2, 8t+4s+3 (a2, a3). */
+#include "backend/cuda/cuda_async.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_qdecode.cuh"
 
@@ -77,29 +78,6 @@ __device__ __forceinline__ void load_group(const qmma_args &a, int2 meta, int co
         r.zz[n] = a.q.zeros ? half2_bits(zero_pair(a.q.zeros, at + n * 8 + g, meta_bits(meta))) : 0u;
         r.sc[n] = __ldg((const uint32_t *)(a.q.scales + at + n * 8 + 2 * t));
     }
-}
-
-/* 16 bytes global -> shared; asynchronous from sm_80 on. */
-__device__ __forceinline__ void copy16(void *dst, const void *src) {
-#if __CUDA_ARCH__ >= 800
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-#else
-    *(uint4 *)dst = __ldg((const uint4 *)src);
-#endif
-}
-
-__device__ __forceinline__ void copy_commit(void) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-template <int N>
-__device__ __forceinline__ void copy_wait(void) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
 }
 
 /* Chunks a stage holds: four, or two where MT m16 tiles of both activation parts would make
@@ -210,7 +188,8 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, 2) qmma_kernel(const __grid_co
         for (int ci = 0; ci < SC; ci++) {
             const int c = s * SC + ci;
             if (c < n_chunks && warp < meta_bits(meta[c]))
-                copy16(dst + ci * 8 * W_STRIDE, w_src + (uint32_t)(meta[c].x + warp) * (uint32_t)EXL_QW_TILE);
+                exl_cp16(exl_smem_addr(dst + ci * 8 * W_STRIDE),
+                         w_src + (uint32_t)(meta[c].x + warp) * (uint32_t)EXL_QW_TILE);
         }
     };
     auto copy_acts = [&](int s) {
@@ -220,8 +199,8 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, 2) qmma_kernel(const __grid_co
             const int u = threadIdx.x / 64 + i * (MMA_WARPS * 32 / 64);
             const int ci = u % SC, m = u / SC % MT, part = u / (SC * MT), c = s * SC + ci;
             if (c < n_chunks && tile0 + m < n_tiles)
-                copy16(dst + i * MMA_WARPS * 32 * 8,
-                       x_src + (((int64_t)part * n_tiles + m) * a.q.n_chunks + c) * FRAG_HALVES);
+                exl_cp16(exl_smem_addr(dst + i * MMA_WARPS * 32 * 8),
+                         x_src + (((int64_t)part * n_tiles + m) * a.q.n_chunks + c) * FRAG_HALVES);
         }
     };
     /* the ring: stage s in buffer s % N_STAGES, N_STAGES - 1 stages in flight; one copy group
@@ -233,7 +212,7 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, 2) qmma_kernel(const __grid_co
     for (int s = 0; s < N_STAGES - 1; s++) {
         if (s < n_stages)
             copy_acts(s);
-        copy_commit();
+        exl_cp_commit();
     }
 
     float acc[MT][2][4], part[MT][2][4];
@@ -249,12 +228,12 @@ __global__ void __launch_bounds__(MMA_WARPS * 32, 2) qmma_kernel(const __grid_co
         load_group(a, meta[0], col_base, g, t, gr);
 
     for (int st = 0; st < n_stages; st++) {
-        copy_wait<N_STAGES - 2>();
+        exl_cp_wait<N_STAGES - 2>();
         __syncthreads(); /* stage st is in; everyone is done with the buffer of stage st - 1 */
         const int nx = st + N_STAGES - 1;
         if (nx < n_stages)
             copy_words(nx), copy_acts(nx);
-        copy_commit();
+        exl_cp_commit();
         const __half *buf = sa + (st % N_STAGES) * SH + 8 * lane;
         const uint32_t *wbuf = sw + (st % N_STAGES) * SW;
 #pragma unroll 1

@@ -26,6 +26,7 @@
  * share into shared memory (cp.async, L2 hits). With several splits each block stores its partial sums and the last
  * block of a column tile to arrive (a counter per tile in cb->gemv_counters, reset by that block) adds them in split
  * order: deterministic, no further launch. */
+#include "backend/cuda/cuda_async.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_qdecode.cuh"
 
@@ -59,30 +60,6 @@ typedef struct qrows_args {
     const float *bias;
     int32_t accumulate; /* out += */
 } qrows_args;
-
-/* 16 bytes global -> shared (dst: a shared-window address), asynchronous */
-__device__ __forceinline__ void qr_copy16(unsigned dst, const void *src) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-#else
-    unsigned v0, v1, v2, v3;
-    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "l"(src));
-    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(dst), "r"(v0), "r"(v1), "r"(v2), "r"(v3));
-#endif
-}
-
-__device__ __forceinline__ void qr_commit(void) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-template <int N>
-__device__ __forceinline__ void qr_wait(void) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
 
 /* Pairs 4t .. 4t+3 of a 4-bit column's chunk (its word t) as exact (q - z) pairs: the low nibbles of each byte pair
  * or'ed into 1024 minus zz = 1024 + z, the high ones in place, (1024 + 16 q) / 16 + c with c = 960 - zz; one shift,
@@ -343,18 +320,18 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
                        word_row * EXL_QW_TILE * 4 + (warp * 32 + lane % 8 * 4) * 4;
     const bool sz_copy = lane < (GPTQ ? 16 : 8), sz_second = lane / 4 % 2;
     const char *sz_src = (const char *)(lane < 8 || !GPTQ ? a.q.scales : a.q.zeros) + col0 * 2 + lane % 4 * 16;
-    const unsigned ring_lane = (unsigned)__cvta_generic_to_shared(ring + 16 * lane);
+    const unsigned ring_lane = exl_smem_addr(ring + 16 * lane);
     auto request = [&](int u, int slot) {
         const int4 d = pairs[min(u, n_pairs)];
         const unsigned st = ring_lane + slot * QR_STAGE_BYTES;
 #pragma unroll
         for (int k = 0; k < 4; k++)
             if (word_row + 4 * k < d.x)
-                qr_copy16(st + 512 * k, wsrc + k * 4 * EXL_QW_TILE * 4);
+                exl_cp16(st + 512 * k, wsrc + k * 4 * EXL_QW_TILE * 4);
         wsrc += d.x * EXL_QW_TILE * 4;
         if (sz_copy) /* past the end: the last chunk's again, unused */
-            qr_copy16(st + QR_SCALE_AT, sz_src + (sz_second ? d.w : d.z));
-        qr_commit();
+            exl_cp16(st + QR_SCALE_AT, sz_src + (sz_second ? d.w : d.z));
+        exl_cp_commit();
     };
     for (int u = 0; u < QR_STAGES - 1; u++)
         request(u, u);
@@ -367,14 +344,13 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
         const int64_t n_slots = (int64_t)a.q.n_chunks * CHUNK;
         for (int i = threadIdx.x; i < 8 * NT * q16; i += blockDim.x) {
             const int r = i / q16, p = i % q16;
-            qr_copy16((unsigned)__cvta_generic_to_shared(xs + r * a.ld + 8 * p),
-                      a.xg + r * n_slots + (int64_t)c_begin * CHUNK + 8 * p);
+            exl_cp16(exl_smem_addr(xs + r * a.ld + 8 * p), a.xg + r * n_slots + (int64_t)c_begin * CHUNK + 8 * p);
         }
         if constexpr (!GPTQ)
             for (int i = threadIdx.x; i < n_chunks * 8; i += blockDim.x)
-                qr_copy16((unsigned)__cvta_generic_to_shared(kt + 4 * i), a.kg + (int64_t)c_begin * 32 + 4 * i);
-        qr_commit();
-        qr_wait<0>();
+                exl_cp16(exl_smem_addr(kt + 4 * i), a.kg + (int64_t)c_begin * 32 + 4 * i);
+        exl_cp_commit();
+        exl_cp_wait<0>();
     }
     __syncthreads();
 
@@ -391,7 +367,7 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
     int slot = 0;                             /* pair u's buffer: u % QR_STAGES */
     /* pair u is in, pair u + QR_STAGES - 1 requested: pair u's buffer */
     auto next_pair = [&](int u) {
-        qr_wait<QR_STAGES - 2>();
+        exl_cp_wait<QR_STAGES - 2>();
         __syncwarp(); /* pair u is in; every lane is done with the buffer pair u - 1 used */
         request(u + QR_STAGES - 1, slot == 0 ? QR_STAGES - 1 : slot - 1);
         const unsigned char *st = ring + slot * QR_STAGE_BYTES;
@@ -426,7 +402,7 @@ __global__ void __launch_bounds__(QR_WARPS * 32, 2) qrows_kernel(const __grid_co
         u++, xl += 2 * CHUNK, kl += 64;
     }
 
-    qr_wait<0>(); /* the copies of the pairs past the end, before the block's shared memory goes */
+    exl_cp_wait<0>(); /* the copies of the pairs past the end, before the block's shared memory goes */
 
     /* C fragment of tile m, n8 tile n: c0, c1 at column 4g + 2m, rows 8n + 2t, 8n + 2t + 1; c2, c3 at column
      * 4g + 2m + 1, the same rows */
