@@ -117,12 +117,11 @@ exl_status mu_convert_model(const char *src_dir, const char *dst_dir, exl_dtype 
     return st;
 }
 
-exl_quantize_params mu_quantize_params(const char *model, const char *out, int32_t rows, int32_t length) {
-    static char in[1024], cal[1024];
+exl_quantize_params mu_quantize_params_dir(const char *in, const char *out, int32_t rows, int32_t length) {
+    static char cal[1024];
     static const char *cal_list[1];
     snprintf(cal, sizeof cal, "%s", exl_test_shared("data/calibration/tiny.utf8"));
     cal_list[0] = cal;
-    snprintf(in, sizeof in, "%s/%s", exl_test_shared("models"), model);
     exl_quantize_params p = exl_quantize_default_params();
     p.in_dir = in;
     p.out_dir = out;
@@ -133,4 +132,10 @@ exl_quantize_params mu_quantize_params(const char *model, const char *out, int32
     p.n_threads = 2;
     p.device = EXL_DEVICE_CPU;
     return p;
+}
+
+exl_quantize_params mu_quantize_params(const char *model, const char *out, int32_t rows, int32_t length) {
+    static char in[1024];
+    snprintf(in, sizeof in, "%s/%s", exl_test_shared("models"), model);
+    return mu_quantize_params_dir(in, out, rows, length);
 }

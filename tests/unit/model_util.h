@@ -15,8 +15,10 @@ int mu_copy_file(const char *src, const char *dst);
 int mu_write_file(const char *path, const void *data, size_t n);
 /* Read a whole file (malloc'd). */
 char *mu_read_file(const char *path, size_t *n);
-/* Quantizer parameters for the tests: shared model `model` into `out`, calibrated on rows x length tokens of
- * tiny.utf8, two threads on the CPU, the rest exl_quantize_default_params' (static buffers: until the next call). */
+/* Quantizer parameters for the tests: the model directory `in` into `out`, calibrated on rows x length tokens of
+ * tiny.utf8, two threads on the CPU, the rest exl_quantize_default_params' (the calibration list in static memory). */
+exl_quantize_params mu_quantize_params_dir(const char *in, const char *out, int32_t rows, int32_t length);
+/* The same for the shared model `model` (its path in a static buffer: until the next call). */
 exl_quantize_params mu_quantize_params(const char *model, const char *out, int32_t rows, int32_t length);
 
 #endif

@@ -56,8 +56,7 @@
 
 /* ------------------------------------------------------------------ paths and parameters */
 
-static char g_tiny[1024], g_cal[1024];
-static const char *g_cal_list[1];
+static char g_tiny[1024];
 
 static const char *tiny_dir(void) {
     if (!g_tiny[0])
@@ -66,19 +65,9 @@ static const char *tiny_dir(void) {
 }
 
 static exl_quantize_params base_params(const char *in, const char *out, exl_quant_format fmt) {
-    if (!g_cal[0])
-        snprintf(g_cal, sizeof g_cal, "%s", exl_test_shared("data/calibration/tiny.utf8"));
-    g_cal_list[0] = g_cal;
-    exl_quantize_params p = exl_quantize_default_params();
-    p.in_dir = in;
-    p.out_dir = out;
+    /* on the CPU with QT_THREADS (2): byte-exact expectations; the GPU path is tests/gpu's */
+    exl_quantize_params p = mu_quantize_params_dir(in, out, QT_ROWS, QT_LENGTH);
     p.format = fmt;
-    p.calibration = g_cal_list;
-    p.n_calibration = 1;
-    p.rows = QT_ROWS;
-    p.length = QT_LENGTH;
-    p.n_threads = QT_THREADS;
-    p.device = EXL_DEVICE_CPU; /* byte-exact expectations; the GPU path is tests/gpu's */
     return p;
 }
 
